@@ -1,0 +1,99 @@
+// MoH-LLaMA decoder: RMSNorm, RoPE (rope_theta), SwiGLU MLP, grouped-query
+// attention with a KV cache, and per-token head gates from a MoH router.
+//
+// Forward() runs a batch of rows, each continuing its own sequence in its own
+// KV-cache slot with its own activation ratio. Rows are right-padded to the
+// longest; padding never influences a row's result (masked keys, no cache
+// writes). This lets one call serve a prefill, a decode step, or both mixed.
+//
+// Thread-compatibility: a loaded model is immutable; Forward() may run
+// concurrently on different KvCache objects (or disjoint slots is NOT enough:
+// one KvCache has one user at a time).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+#include "model/moh_router.h"
+#include "model/runtime.h"
+
+namespace moh {
+
+// One forward step over a batch of B rows.
+struct DecoderBatch {
+  // [B, T] int64 (any device): the new tokens of each row, right-padded.
+  at::Tensor token_ids;
+  std::vector<int32_t> num_tokens;       // valid tokens per row, in [1, T]
+  std::vector<int32_t> slots;            // KV-cache slot per row (distinct)
+  std::vector<int32_t> start_positions;  // tokens already cached in the slot
+  std::vector<float> ratios;             // activation ratio per row; <= 0: default
+  bool all_logits = false;    // logits at every position, else the last valid one
+  bool record_gates = false;  // also return the gates of every layer
+};
+
+struct DecoderOutput {
+  at::Tensor logits;  // float32 [B, V] (last valid position) or [B, T, V]
+  at::Tensor head_token_counts;  // int64 CPU [B, L, H]: tokens each head served
+  std::vector<at::Tensor> gates;  // when recorded: per layer float32 CPU [B, T, H]
+};
+
+class LlamaModel {
+ public:
+  // Loads `dir` (config.json + checkpoint). Every tensor of the checkpoint must
+  // be used and have the expected shape; errors name the file and tensor.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
+      const std::string& dir, const DeviceOptions& device_options);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
+      const std::string& dir, const LlamaConfig& config,
+      const at::TensorOptions& options);
+
+  // A KV cache with `num_slots` sequences of up to `max_seq_len` tokens
+  // (<= config().max_position_embeddings).
+  KvCache CreateKvCache(int64_t num_slots, int64_t max_seq_len) const;
+
+  // INVALID_ARGUMENT on inconsistent input (shapes, slots, positions beyond the
+  // cache, token ids outside the vocabulary); INTERNAL on a LibTorch error.
+  absl::StatusOr<DecoderOutput> Forward(const DecoderBatch& batch,
+                                        KvCache& cache) const;
+
+  const LlamaConfig& config() const { return config_; }
+  const at::TensorOptions& options() const { return options_; }
+
+ private:
+  struct Layer {
+    at::Tensor input_norm, post_norm;   // [C]
+    at::Tensor q_proj, k_proj, v_proj, o_proj;  // weights [out, in]
+    at::Tensor q_bias, k_bias, v_bias, o_bias;  // when attention_bias
+    at::Tensor gate_proj, up_proj, down_proj;
+    MohRouter router;
+  };
+
+  LlamaModel(LlamaConfig config, at::TensorOptions options)
+      : config_(std::move(config)), options_(options) {}
+  absl::Status Validate(const DecoderBatch& batch, const KvCache& cache) const;
+  absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
+                                                 KvCache& cache) const;
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor Attention(int64_t layer_index, const Layer& layer,
+                       const at::Tensor& x, const at::Tensor& positions,
+                       const at::Tensor& cache_index,
+                       const at::Tensor& attention_mask,
+                       const DecoderBatch& batch, KvCache& cache,
+                       at::Tensor* gates) const;
+
+  LlamaConfig config_;
+  at::TensorOptions options_;
+  at::Tensor embed_tokens_;  // [V, C]
+  at::Tensor lm_head_;       // [V, C] (aliases embed_tokens_ when tied)
+  at::Tensor final_norm_;
+  at::Tensor rope_cos_, rope_sin_;  // float32 [max_pos, head_dim]
+  std::vector<Layer> layers_;
+};
+
+}  // namespace moh

@@ -1,0 +1,86 @@
+#include "model/runtime.h"
+
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+
+namespace moh {
+
+absl::StatusOr<at::Device> ResolveDevice(absl::string_view name) {
+  const bool has_cuda = at::hasCUDA();
+  if (name == "auto" || name.empty()) {
+    return has_cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  }
+  if (name == "cpu") return at::Device(at::kCPU);
+  if (name == "cuda" || absl::StartsWith(name, "cuda:")) {
+    if (!has_cuda) {
+      return absl::FailedPreconditionError(
+          "device: CUDA requested but this LibTorch build has no CUDA device");
+    }
+    int index = 0;
+    if (name != "cuda" && !absl::SimpleAtoi(name.substr(5), &index)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device: bad CUDA index in \"", name, "\""));
+    }
+    const int count = at::detail::getCUDAHooks().getNumGPUs();
+    if (index < 0 || index >= count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device: CUDA index must be in [0, ", count, "), got ", index));
+    }
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", "
+                   "got \"",
+                   name, "\""));
+}
+
+absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
+                                            const at::Device& device) {
+  if (name == "auto" || name.empty()) {
+    return device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  }
+  if (name == "float32" || name == "fp32") return at::kFloat;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  if (name == "float16" || name == "fp16") return at::kHalf;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype must be \"auto\", \"float32\", \"bfloat16\" or \"float16\", got \"",
+      name, "\""));
+}
+
+absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
+    const DeviceOptions& options) {
+  auto device = ResolveDevice(options.device);
+  if (!device.ok()) return device.status();
+  auto dtype = ResolveDtype(options.dtype, *device);
+  if (!dtype.ok()) return dtype.status();
+  return at::TensorOptions().device(*device).dtype(*dtype);
+}
+
+void ConfigureCpuThreads(int num_threads) {
+  if (num_threads <= 0) {
+    num_threads = static_cast<int>(std::thread::hardware_concurrency());
+    if (num_threads <= 0) num_threads = 1;
+  }
+  at::set_num_threads(num_threads);
+}
+
+std::string DtypeName(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return "float32";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+}  // namespace moh

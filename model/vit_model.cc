@@ -1,0 +1,162 @@
+#include "model/vit_model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "model/checkpoint.h"
+#include "model/status_macros.h"
+
+namespace moh {
+
+absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
+    const std::string& dir, const DeviceOptions& device_options) {
+  MOH_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  if (config.family != ModelFamily::kVit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, "/config.json: not a moh_vit model"));
+  }
+  MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
+                       ResolveTensorOptions(device_options));
+  return Load(dir, config.vit, options);
+}
+
+absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
+    const std::string& dir, const VitConfig& config,
+    const at::TensorOptions& options) {
+  MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
+  std::unique_ptr<VitModel> model(new VitModel(config, options));
+  const at::ScalarType dtype = at::typeMetaToScalarType(options.dtype());
+  const int64_t c = config.hidden_size;
+  const int64_t inter = config.intermediate_size;
+  auto take = [&](const std::string& name,
+                  std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
+    MOH_ASSIGN_OR_RETURN(at::Tensor t, store.Take(name, shape, dtype));
+    return t.to(options.device());
+  };
+  const int64_t p = config.patch_size;
+  MOH_ASSIGN_OR_RETURN(model->patch_w_, take("patch_embed.proj.weight",
+                                             {c, config.num_channels, p, p}));
+  MOH_ASSIGN_OR_RETURN(model->patch_b_, take("patch_embed.proj.bias", {c}));
+  MOH_ASSIGN_OR_RETURN(model->cls_token_, take("cls_token", {1, 1, c}));
+  MOH_ASSIGN_OR_RETURN(model->pos_embed_,
+                       take("pos_embed", {1, 1 + config.num_patches(), c}));
+  MOH_ASSIGN_OR_RETURN(model->norm_w_, take("norm.weight", {c}));
+  MOH_ASSIGN_OR_RETURN(model->norm_b_, take("norm.bias", {c}));
+  const int64_t classes = config.labels.size();
+  MOH_ASSIGN_OR_RETURN(model->head_w_, take("head.weight", {classes, c}));
+  MOH_ASSIGN_OR_RETURN(model->head_b_, take("head.bias", {classes}));
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string pre = absl::StrCat("blocks.", l, ".");
+    Block b;
+    MOH_ASSIGN_OR_RETURN(b.norm1_w, take(pre + "norm1.weight", {c}));
+    MOH_ASSIGN_OR_RETURN(b.norm1_b, take(pre + "norm1.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(b.qkv_w, take(pre + "attn.qkv.weight", {3 * c, c}));
+    if (config.qkv_bias) {
+      MOH_ASSIGN_OR_RETURN(b.qkv_b, take(pre + "attn.qkv.bias", {3 * c}));
+    }
+    MOH_ASSIGN_OR_RETURN(b.proj_w, take(pre + "attn.proj.weight", {c, c}));
+    MOH_ASSIGN_OR_RETURN(b.proj_b, take(pre + "attn.proj.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(b.norm2_w, take(pre + "norm2.weight", {c}));
+    MOH_ASSIGN_OR_RETURN(b.norm2_b, take(pre + "norm2.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(b.fc1_w, take(pre + "mlp.fc1.weight", {inter, c}));
+    MOH_ASSIGN_OR_RETURN(b.fc1_b, take(pre + "mlp.fc1.bias", {inter}));
+    MOH_ASSIGN_OR_RETURN(b.fc2_w, take(pre + "mlp.fc2.weight", {c, inter}));
+    MOH_ASSIGN_OR_RETURN(b.fc2_b, take(pre + "mlp.fc2.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(b.router,
+                         MohRouter::Load(config.moh.router, config.moh.layers[l],
+                                         c, pre + "attn.", store, options));
+    model->blocks_.push_back(std::move(b));
+  }
+  MOH_RETURN_IF_ERROR(store.CheckAllTaken());
+  return model;
+}
+
+at::Tensor VitModel::NormalizePixels(const at::Tensor& pixels) const {
+  const int64_t ch = config_.num_channels;
+  at::Tensor mean = at::tensor(config_.image_mean).view({1, ch, 1, 1});
+  at::Tensor std = at::tensor(config_.image_std).view({1, ch, 1, 1});
+  return (pixels.to(at::kFloat).cpu() - mean) / std;
+}
+
+at::Tensor VitModel::LayerNorm(const at::Tensor& x, const at::Tensor& w,
+                               const at::Tensor& b) const {
+  return at::layer_norm(x, {x.size(-1)}, w, b, config_.layer_norm_eps);
+}
+
+absl::StatusOr<ClassifierOutput> VitModel::Forward(
+    const at::Tensor& pixels, const std::vector<float>& ratios,
+    bool record_gates) const {
+  const int64_t s = config_.image_size;
+  if (!pixels.defined() || pixels.dim() != 4 || pixels.size(0) < 1 ||
+      pixels.size(1) != config_.num_channels || pixels.size(2) != s ||
+      pixels.size(3) != s) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pixels must have shape [B, ", config_.num_channels, ", ",
+                     s, ", ", s, "], B >= 1"));
+  }
+  if (ratios.size() != static_cast<size_t>(pixels.size(0))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ratios needs one entry per row (", pixels.size(0), ")"));
+  }
+  for (size_t b = 0; b < ratios.size(); ++b) {
+    if (!(ratios[b] <= 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ratios[", b, "] must be in (0, 1] or <= 0 for the default, got ",
+          ratios[b]));
+    }
+  }
+  try {
+    const int64_t rows = pixels.size(0);
+    at::Tensor x = at::conv2d(pixels.to(options_), patch_w_, patch_b_,
+                              {config_.patch_size, config_.patch_size});
+    x = x.flatten(2).transpose(1, 2);  // [B, N, C]
+    x = at::cat({cls_token_.expand({rows, 1, -1}), x}, 1) + pos_embed_;
+    at::Tensor valid = at::ones({rows, x.size(1)},
+                                at::TensorOptions().dtype(at::kBool).device(x.device()));
+    ClassifierOutput out;
+    std::vector<at::Tensor> counts;
+    for (const Block& block : blocks_) {
+      at::Tensor gates;
+      x = x + Attention(block, LayerNorm(x, block.norm1_w, block.norm1_b),
+                        ratios, &gates);
+      at::Tensor hidden = at::gelu(
+          at::linear(LayerNorm(x, block.norm2_w, block.norm2_b), block.fc1_w,
+                     block.fc1_b));
+      x = x + at::linear(hidden, block.fc2_w, block.fc2_b);
+      counts.push_back(HeadTokenCounts(gates, valid).cpu());
+      if (record_gates) out.gates.push_back(gates.to(at::kFloat).cpu());
+    }
+    x = LayerNorm(x, norm_w_, norm_b_);
+    out.logits = at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat).cpu();
+    out.head_token_counts = at::stack(counts, 1);
+    return out;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("VitModel::Forward: ", e.what()));
+  }
+}
+
+at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
+                               const std::vector<float>& ratios,
+                               at::Tensor* gates) const {
+  const int64_t rows = x.size(0), tokens = x.size(1), c = x.size(2);
+  const int64_t heads = config_.num_heads, d = c / heads;
+  at::Tensor qkv = block.qkv_b.defined()
+                       ? at::linear(x, block.qkv_w, block.qkv_b)
+                       : at::linear(x, block.qkv_w);
+  qkv = qkv.view({rows, tokens, 3, heads, d}).permute({2, 0, 3, 1, 4});
+  at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];  // [B, H, N, D]
+  int64_t max_top_k = 0;
+  at::Tensor top_k = TopKPerToken(block.router.layer(), ratios, tokens,
+                                  x.device(), &max_top_k);
+  *gates = block.router
+               .Gates(x.reshape({rows * tokens, c}), at::Tensor(), top_k,
+                      max_top_k)
+               .view({rows, tokens, -1});
+  at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))),
+                                 k.transpose(-2, -1));
+  at::Tensor attn = at::matmul(at::softmax(scores, -1), v);  // [B, H, N, D]
+  attn = attn.transpose(1, 2) * gates->unsqueeze(-1);       // [B, N, H, D]
+  return at::linear(attn.reshape({rows, tokens, c}), block.proj_w, block.proj_b);
+}
+
+}  // namespace moh

@@ -1,0 +1,220 @@
+// In-process generation and label scoring on the reference fixtures.
+#include "model/generator.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/language_model.h"
+#include "nlohmann/json.hpp"
+
+namespace moh {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+const std::string kModelDir = std::string(MOH_FIXTURES_DIR) + "/llama_learned";
+
+json Golden() {
+  std::ifstream in(kModelDir + "/golden.json");
+  std::stringstream s;
+  s << in.rdbuf();
+  return json::parse(s.str());
+}
+
+bool IsValidUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (int k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+class GeneratorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto lm = LanguageModel::Load(kModelDir, DeviceOptions{"cpu", "float32"});
+    ASSERT_TRUE(lm.ok()) << lm.status();
+    lm_ = new LanguageModel(std::move(*lm));
+  }
+  static void TearDownTestSuite() { delete lm_; }
+
+  GenerationRequest Request(const std::string& prompt, int max_new_tokens) {
+    GenerationRequest r;
+    r.prompt_ids = lm_->tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+    r.sampling.max_new_tokens = max_new_tokens;
+    return r;
+  }
+
+  static LanguageModel* lm_;
+};
+
+LanguageModel* GeneratorTest::lm_ = nullptr;
+
+TEST_F(GeneratorTest, LoadsTokenizerAndEosFromDirectory) {
+  ASSERT_NE(lm_->tokenizer, nullptr);
+  EXPECT_THAT(lm_->eos_ids, ::testing::Contains(319));
+  auto ids = lm_->tokenizer->Encode("the cat", true);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), 318);  // <|begin_of_text|> from the post-processor
+}
+
+TEST_F(GeneratorTest, StreamedChunksAddUpToTheResult) {
+  Generator generator(*lm_->model, lm_->tokenizer.get(), {});
+  GenerationRequest request = Request("Once upon a time", 24);
+  request.sampling.temperature = 1.0f;
+  request.sampling.seed = 7;
+  std::string streamed;
+  std::vector<int32_t> streamed_ids;
+  auto results = generator.Generate({request}, [&](size_t row, const GenerationChunk& c) {
+    EXPECT_EQ(row, 0u);
+    EXPECT_TRUE(IsValidUtf8(c.text)) << "chunk splits a UTF-8 character";
+    streamed += c.text;
+    streamed_ids.insert(streamed_ids.end(), c.token_ids.begin(), c.token_ids.end());
+  });
+  ASSERT_TRUE(results.ok()) << results.status();
+  const GenerationResult& r = (*results)[0];
+  EXPECT_EQ(r.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(r.token_ids.size(), 24u);
+  EXPECT_EQ(streamed_ids, r.token_ids);
+  EXPECT_EQ(streamed, r.text);
+  auto decoded = lm_->tokenizer->Decode(r.token_ids, /*skip_special_tokens=*/true);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(r.text, *decoded);
+  EXPECT_EQ(r.prompt_tokens, static_cast<int32_t>(request.prompt_ids.size()));
+}
+
+TEST_F(GeneratorTest, SeededSamplingIsReproducibleWhateverTheBatch) {
+  Generator generator(*lm_->model, lm_->tokenizer.get(), {});
+  GenerationRequest request = Request("the", 16);
+  request.sampling.temperature = 1.2f;
+  request.sampling.top_p = 0.95f;
+  request.sampling.top_k = 50;
+  request.sampling.seed = 1234;
+  GenerationRequest other = Request("a much longer prompt that pads the batch", 5);
+  other.ratio = 0.5f;
+  auto alone = generator.Generate({request});
+  auto batched = generator.Generate({other, request, other});
+  ASSERT_TRUE(alone.ok() && batched.ok());
+  EXPECT_EQ((*alone)[0].token_ids, (*batched)[1].token_ids);
+  request.sampling.seed = 4321;
+  auto reseeded = generator.Generate({request});
+  ASSERT_TRUE(reseeded.ok());
+  EXPECT_NE((*alone)[0].token_ids, (*reseeded)[0].token_ids);
+}
+
+TEST_F(GeneratorTest, EosEndsTheSequence) {
+  const json golden = Golden();
+  const json& c = golden["cases"][0];
+  const auto greedy = c["greedy"].get<std::vector<int32_t>>();
+  // Declare a greedy token that did not occur before it an EOS: generation
+  // stops right there.
+  size_t k = 1;
+  while (k + 1 < greedy.size() &&
+         std::find(greedy.begin(), greedy.begin() + k, greedy[k]) != greedy.begin() + k) {
+    ++k;
+  }
+  Generator generator(*lm_->model, lm_->tokenizer.get(), {greedy[k]});
+  GenerationRequest request;
+  request.prompt_ids = golden["prompts"][c["prompt"].get<int>()].get<std::vector<int32_t>>();
+  request.sampling.max_new_tokens = 8;
+  request.ratio = c["ratio"].get<float>();
+  auto results = generator.Generate({request});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].finish_reason, FinishReason::kEos);
+  EXPECT_EQ((*results)[0].token_ids,
+            std::vector<int32_t>(greedy.begin(), greedy.begin() + k + 1));
+}
+
+TEST_F(GeneratorTest, StopStringTruncatesTheText) {
+  Generator generator(*lm_->model, lm_->tokenizer.get(), {});
+  GenerationRequest request = Request("Once upon a time", 20);
+  auto full = generator.Generate({request});
+  ASSERT_TRUE(full.ok());
+  const std::string text = (*full)[0].text;
+  ASSERT_GE(text.size(), 6u) << text;
+  const std::string stop = text.substr(3, 3);
+  request.sampling.stop = {stop};
+  auto stopped = generator.Generate({request});
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ((*stopped)[0].finish_reason, FinishReason::kStop);
+  EXPECT_EQ((*stopped)[0].text, text.substr(0, text.find(stop)));
+}
+
+TEST_F(GeneratorTest, RatioChangesEffectiveRatio) {
+  Generator generator(*lm_->model, lm_->tokenizer.get(), {});
+  GenerationRequest low = Request("the cat sat", 4);
+  low.ratio = 0.5f;
+  GenerationRequest full = low;
+  full.ratio = 1.0f;
+  auto results = generator.Generate({low, full});
+  ASSERT_TRUE(results.ok());
+  EXPECT_DOUBLE_EQ((*results)[0].effective_ratio, 0.5);  // S=2 + K=2 of 8 heads
+  EXPECT_DOUBLE_EQ((*results)[1].effective_ratio, 1.0);
+  // Counts cover prompt + generated tokens but the last, per (layer, head).
+  const int64_t processed = low.prompt_ids.size() + 3;
+  EXPECT_EQ((*results)[1].head_token_counts.sum().item<int64_t>(), processed * 2 * 8);
+}
+
+TEST_F(GeneratorTest, RejectsBadRequestsNamingTheField) {
+  Generator generator(*lm_->model, lm_->tokenizer.get(), {});
+  struct Case {
+    std::function<void(GenerationRequest&)> mutate;
+    std::string message;
+  } cases[] = {
+      {[](GenerationRequest& r) { r.prompt_ids.clear(); }, "prompt_ids must have 1 to 255 tokens"},
+      {[](GenerationRequest& r) { r.prompt_ids.assign(300, 1); }, "prompt_ids must have 1 to 255 tokens"},
+      {[](GenerationRequest& r) { r.prompt_ids[0] = 320; }, "prompt_ids must be in [0, 320)"},
+      {[](GenerationRequest& r) { r.sampling.max_new_tokens = 0; }, "max_new_tokens"},
+      {[](GenerationRequest& r) { r.sampling.max_new_tokens = 1000; }, "max_new_tokens"},
+      {[](GenerationRequest& r) { r.sampling.top_p = 1.5f; }, "top_p"},
+      {[](GenerationRequest& r) { r.sampling.temperature = -1.0f; }, "temperature"},
+      {[](GenerationRequest& r) { r.ratio = 1.5f; }, "ratio must be in (0, 1]"},
+      {[](GenerationRequest& r) { r.ratio = -0.5f; }, "ratio must be in (0, 1]"},
+      {[](GenerationRequest& r) { r.ratio = std::nanf(""); }, "ratio must be in (0, 1]"},
+  };
+  for (auto& c : cases) {
+    GenerationRequest request = Request("hello", 4);
+    c.mutate(request);
+    auto results = generator.Generate({Request("fine", 2), request});
+    ASSERT_FALSE(results.ok()) << c.message;
+    EXPECT_EQ(results.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(results.status().message()), HasSubstr(c.message));
+  }
+}
+
+TEST_F(GeneratorTest, LabelScoresMatchReferenceLogits) {
+  // log p(label | context) from the reference's logits of the whole prompt.
+  const json golden = Golden();
+  for (const json& c : golden["cases"]) {
+    const auto prompt = golden["prompts"][c["prompt"].get<int>()].get<std::vector<int32_t>>();
+    const size_t context_len = 3;
+    std::vector<int32_t> context(prompt.begin(), prompt.begin() + context_len);
+    std::vector<std::vector<int32_t>> labels = {
+        {prompt.begin() + context_len, prompt.end()}, {prompt[context_len]}};
+    auto scores = ScoreLabels(*lm_->model, context, labels, c["ratio"].get<float>());
+    ASSERT_TRUE(scores.ok()) << scores.status();
+    for (size_t i = 0; i < labels.size(); ++i) {
+      double expected = 0;
+      for (size_t j = 0; j < labels[i].size(); ++j) {
+        std::vector<float> row = c["logits"][context_len + j - 1].get<std::vector<float>>();
+        at::Tensor log_probs = at::log_softmax(at::tensor(row), 0);
+        expected += log_probs[labels[i][j]].item<float>();
+      }
+      EXPECT_NEAR((*scores)[i], expected, 1e-3 * std::max(1.0, std::abs(expected)));
+    }
+  }
+  auto empty = ScoreLabels(*lm_->model, {1, 2}, {}, 0.0f);
+  EXPECT_FALSE(empty.ok());
+}
+
+}  // namespace
+}  // namespace moh

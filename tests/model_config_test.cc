@@ -1,0 +1,161 @@
+#include "model/model_config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace moh {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kLlamaBase[] = R"("model_type": "llama", "hidden_size": 64,
+  "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2,
+  "intermediate_size": 128, "vocab_size": 100, "rope_theta": 500000.0)";
+
+absl::StatusOr<ModelConfig> Parse(const std::string& extra) {
+  return ParseModelConfig(std::string("{") + kLlamaBase + extra + "}", "cfg.json");
+}
+
+void ExpectError(const std::string& extra, const std::string& message) {
+  auto config = Parse(extra);
+  ASSERT_FALSE(config.ok()) << extra;
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("cfg.json"));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(message)) << extra;
+}
+
+TEST(ModelConfigTest, PlainLlamaIsDense) {
+  auto config = Parse("");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const LlamaConfig& c = config->llama;
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.moh.router, RouterKind::kDense);
+  ASSERT_EQ(c.moh.layers.size(), 2u);
+  EXPECT_EQ(c.moh.layers[0].shared_heads, 8);
+  EXPECT_DOUBLE_EQ(c.moh.DefaultRatio(), 1.0);
+  EXPECT_DOUBLE_EQ(c.moh.MinRatio(), 1.0);
+  EXPECT_EQ(c.moh.layers[0].TopKForRatio(0.5f), 0);
+}
+
+TEST(ModelConfigTest, ReleasedMohLlama3ConfigUsesQueryNormDefaults) {
+  auto config = Parse(R"(, "architectures": ["LlamaForCausalLM"],
+      "auto_map": {"AutoModelForCausalLM": "modeling_llama.LlamaForCausalLM"},
+      "eos_token_id": [7, 9], "bos_token_id": 1)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const MohConfig& moh = config->llama.moh;
+  EXPECT_EQ(moh.router, RouterKind::kQueryNorm);
+  EXPECT_EQ(moh.layers[1].shared_heads, 4);
+  EXPECT_EQ(moh.layers[1].top_k, 2);
+  EXPECT_DOUBLE_EQ(moh.DefaultRatio(), 0.75);
+  EXPECT_DOUBLE_EQ(moh.MinRatio(), 0.5);
+  EXPECT_THAT(config->llama.eos_token_ids, ::testing::ElementsAre(7, 9));
+  EXPECT_EQ(config->llama.bos_token_id, 1);
+}
+
+TEST(ModelConfigTest, ArchitectureAloneIdentifiesLlama) {
+  auto config = ParseModelConfig(R"({"architectures": ["LlamaForCausalLM"],
+      "hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1,
+      "intermediate_size": 32, "vocab_size": 10})", "cfg.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->family, ModelFamily::kLlama);
+}
+
+TEST(ModelConfigTest, LearnedRouterWithPerLayerTopK) {
+  auto config = Parse(R"(, "moh_router": "learned", "moh_shared_heads": 2,
+      "moh_routed_top_k": [3, 2])");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const MohConfig& moh = config->llama.moh;
+  EXPECT_EQ(moh.router, RouterKind::kLearned);
+  EXPECT_EQ(moh.layers[0].top_k, 3);
+  EXPECT_EQ(moh.layers[1].top_k, 2);
+  EXPECT_DOUBLE_EQ(moh.DefaultRatio(), (5.0 + 4.0) / 16.0);
+  EXPECT_DOUBLE_EQ(moh.MinRatio(), 0.25);
+}
+
+TEST(ModelConfigTest, TopKForRatioFollowsSpecFormula) {
+  // H = 8, S = 2, R = 6: K = clamp(floor(r * 8 + 0.5) - 2, 0, 6).
+  MohLayerConfig layer{8, 2, 3};
+  EXPECT_EQ(layer.TopKForRatio(0.0f), 3);   // default
+  EXPECT_EQ(layer.TopKForRatio(-1.0f), 3);  // default
+  EXPECT_EQ(layer.TopKForRatio(0.5f), 2);
+  EXPECT_EQ(layer.TopKForRatio(0.75f), 4);
+  EXPECT_EQ(layer.TopKForRatio(0.8125f), 5);  // 6.5 rounds up
+  EXPECT_EQ(layer.TopKForRatio(1.0f), 6);
+  EXPECT_EQ(layer.TopKForRatio(0.1f), 0);
+  MohLayerConfig unrouted{6, 6, 0};
+  EXPECT_EQ(unrouted.TopKForRatio(0.5f), 0);
+}
+
+TEST(ModelConfigTest, RejectsBadMohFields) {
+  ExpectError(R"(, "moh_router": "magic")", "moh_router");
+  ExpectError(R"(, "moh_shared_heads": 2, "moh_routed_top_k": [3])",
+              "one per layer (2)");
+  ExpectError(R"(, "moh_shared_heads": 2, "moh_routed_top_k": 7)",
+              "must be in [0, 6]");
+  ExpectError(R"(, "moh_shared_heads": 9, "moh_routed_top_k": 1)",
+              "moh_shared_heads' must be in [0, 8]");
+  ExpectError(R"(, "moh_shared_heads": 2, "moh_routed_top_k": 0)",
+              "requires moh_shared_heads == num_attention_heads");
+  ExpectError(R"(, "moh_router": "learned", "moh_routed_top_k": 2)",
+              "moh_shared_heads' is required");
+  ExpectError(R"(, "moh_shared_heads": "two", "moh_routed_top_k": 2)",
+              "must be an integer");
+}
+
+TEST(ModelConfigTest, RejectsBadLlamaFields) {
+  ExpectError(R"(, "num_key_value_heads": 3)", "must divide num_attention_heads");
+  ExpectError(R"(, "hidden_act": "gelu")", "hidden_act");
+  ExpectError(R"(, "rope_scaling": {"type": "linear", "factor": 2.0})",
+              "rope_scaling");
+  ExpectError(R"(, "eos_token_id": 100)", "eos_token_id' must be in [0, 99]");
+  auto missing = ParseModelConfig(R"({"model_type": "llama"})", "cfg.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("'vocab_size' is required"));
+}
+
+TEST(ModelConfigTest, RejectsBadJsonAndUnknownModelType) {
+  auto bad = ParseModelConfig("{\"model_type\": ", "cfg.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("cfg.json: not valid JSON"));
+  auto bert = ParseModelConfig(R"({"model_type": "bert"})", "cfg.json");
+  ASSERT_FALSE(bert.ok());
+  EXPECT_THAT(std::string(bert.status().message()), HasSubstr("\"bert\""));
+}
+
+constexpr char kVit[] = R"({"model_type": "moh_vit", "image_size": 16,
+  "patch_size": 4, "num_channels": 3, "hidden_size": 48,
+  "num_hidden_layers": 3, "num_attention_heads": 6, "intermediate_size": 96,
+  "labels": ["a", "b"], "image_mean": [0.5, 0.5, 0.5],
+  "image_std": [0.25, 0.25, 0.25], "moh_router": "learned",
+  "moh_shared_heads": [2, 1, 6], "moh_routed_top_k": [2, 3, 0]})";
+
+TEST(ModelConfigTest, VitWithPerLayerSharedHeads) {
+  auto config = ParseModelConfig(kVit, "vit.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const VitConfig& c = config->vit;
+  EXPECT_EQ(config->family, ModelFamily::kVit);
+  EXPECT_EQ(c.num_patches(), 16);
+  EXPECT_EQ(c.labels.size(), 2u);
+  EXPECT_EQ(c.moh.layers[2].routed_heads(), 0);
+  EXPECT_DOUBLE_EQ(c.moh.DefaultRatio(), (4.0 + 4.0 + 6.0) / 18.0);
+}
+
+TEST(ModelConfigTest, VitRejectsMissingLabelsAndBadPatch) {
+  std::string no_labels = kVit;
+  no_labels.replace(no_labels.find("\"labels\""), 18, "\"labelz\": [\"a\"]");
+  auto config = ParseModelConfig(no_labels, "vit.json");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("'labels'"));
+  std::string bad_patch = kVit;
+  bad_patch.replace(bad_patch.find("\"patch_size\": 4"), 15, "\"patch_size\": 5");
+  config = ParseModelConfig(bad_patch, "vit.json");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()),
+              HasSubstr("must divide image_size"));
+}
+
+}  // namespace
+}  // namespace moh

@@ -1,0 +1,347 @@
+// Compares the C++ models with the independent Python reference
+// (tests/reference/moh_reference.py, a transcription of the official MoH code)
+// on the tiny checkpoints that tests/reference/make_fixtures.py generates.
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/generator.h"
+#include "model/llama_model.h"
+#include "model/vit_model.h"
+#include "nlohmann/json.hpp"
+
+namespace moh {
+namespace {
+
+using nlohmann::json;
+
+const std::string kFixtures = MOH_FIXTURES_DIR;
+
+json ReadGolden(const std::string& model) {
+  std::ifstream in(kFixtures + "/" + model + "/golden.json");
+  EXPECT_TRUE(in.good()) << "missing fixture " << model;
+  std::stringstream s;
+  s << in.rdbuf();
+  return json::parse(s.str());
+}
+
+at::Tensor ToTensor(const json& nested) {
+  std::vector<float> flat;
+  std::vector<int64_t> shape;
+  const json* level = &nested;
+  while (level->is_array()) {
+    shape.push_back(level->size());
+    if (level->empty()) break;
+    level = &(*level)[0];
+  }
+  std::function<void(const json&)> walk = [&](const json& j) {
+    if (j.is_array()) {
+      for (const json& x : j) walk(x);
+    } else {
+      flat.push_back(j.get<float>());
+    }
+  };
+  walk(nested);
+  return at::tensor(flat).view(shape);
+}
+
+// |actual - expected| <= 1e-4 relative to the magnitude of the expected values.
+void ExpectClose(const at::Tensor& actual, const at::Tensor& expected,
+                 const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const double scale = std::max(1.0, expected.abs().max().item<double>());
+  const double diff = (actual - expected).abs().max().item<double>();
+  EXPECT_LE(diff, 1e-4 * scale) << what;
+}
+
+void ExpectSameHeads(const at::Tensor& gates, const at::Tensor& expected,
+                     const std::string& what) {
+  ASSERT_EQ(gates.sizes(), expected.sizes()) << what;
+  EXPECT_TRUE(at::equal(gates != 0, expected != 0))
+      << what << ": different head selection";
+  ExpectClose(gates, expected, what + " gate values");
+}
+
+const json& FindCase(const json& golden, double ratio, int index,
+                     const char* key) {
+  for (const json& c : golden["cases"]) {
+    if (c["ratio"].get<double>() == ratio && c[key].get<int>() == index) return c;
+  }
+  ADD_FAILURE() << "no golden case ratio=" << ratio << " " << key << "=" << index;
+  static const json empty;
+  return empty;
+}
+
+std::vector<int32_t> Ints(const json& j) { return j.get<std::vector<int32_t>>(); }
+
+class LlamaGoldenTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    golden_ = ReadGolden(GetParam());
+    auto model = LlamaModel::Load(kFixtures + "/" + GetParam(),
+                                  DeviceOptions{"cpu", "float32"});
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+  }
+
+  // Runs the prompts `prompt_index` at `ratios` as one padded batch (optionally
+  // fed in two chunks) and checks every row against its golden case.
+  void CheckBatch(const std::vector<int>& prompt_index,
+                  const std::vector<float>& ratios, int chunks = 1) {
+    const int64_t n = prompt_index.size();
+    std::vector<std::vector<int32_t>> prompts;
+    int64_t width = 0;
+    for (int p : prompt_index) {
+      prompts.push_back(Ints(golden_["prompts"][p]));
+      width = std::max<int64_t>(width, prompts.back().size());
+    }
+    KvCache cache = model_->CreateKvCache(n + 1, 64);
+    std::vector<at::Tensor> logits(n), gates_by_row(n);
+    std::vector<std::vector<at::Tensor>> gates(n);
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      DecoderBatch batch;
+      batch.all_logits = true;
+      batch.record_gates = true;
+      batch.token_ids = at::zeros({n, width}, at::kLong);
+      std::vector<std::pair<int64_t, int64_t>> spans;
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t len = prompts[b].size();
+        const int64_t begin = chunk == 0 ? 0 : len / 2;
+        const int64_t end = chunks == 1 || chunk == 1 ? len : len / 2;
+        for (int64_t t = begin; t < end; ++t) {
+          batch.token_ids[b][t - begin] = prompts[b][t];
+        }
+        batch.num_tokens.push_back(end - begin);
+        batch.slots.push_back(n - b);  // slots need not follow rows
+        batch.start_positions.push_back(begin);
+        batch.ratios.push_back(ratios[b]);
+        spans.emplace_back(begin, end);
+      }
+      auto out = model_->Forward(batch, cache);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t len = spans[b].second - spans[b].first;
+        at::Tensor l = out->logits[b].narrow(0, 0, len);
+        logits[b] = logits[b].defined() ? at::cat({logits[b], l}) : l;
+        for (size_t layer = 0; layer < out->gates.size(); ++layer) {
+          at::Tensor g = out->gates[layer][b].narrow(0, 0, len);
+          if (gates[b].size() <= layer) {
+            gates[b].push_back(g);
+          } else {
+            gates[b][layer] = at::cat({gates[b][layer], g});
+          }
+        }
+      }
+    }
+    for (int64_t b = 0; b < n; ++b) {
+      const json& expected = FindCase(golden_, ratios[b], prompt_index[b], "prompt");
+      const std::string what = GetParam() + " prompt " +
+                               std::to_string(prompt_index[b]) + " ratio " +
+                               std::to_string(ratios[b]);
+      ExpectClose(logits[b], ToTensor(expected["logits"]), what + " logits");
+      ASSERT_EQ(gates[b].size(), expected["gates"].size());
+      for (size_t layer = 0; layer < gates[b].size(); ++layer) {
+        ExpectSameHeads(gates[b][layer], ToTensor(expected["gates"][layer]),
+                        what + " layer " + std::to_string(layer));
+      }
+    }
+  }
+
+  json golden_;
+  std::unique_ptr<LlamaModel> model_;
+};
+
+TEST_P(LlamaGoldenTest, EachPromptAloneMatchesReference) {
+  for (const json& r : golden_["ratios"]) {
+    for (size_t p = 0; p < golden_["prompts"].size(); ++p) {
+      CheckBatch({static_cast<int>(p)}, {r.get<float>()});
+    }
+  }
+}
+
+TEST_P(LlamaGoldenTest, PaddedBatchAtOneRatioMatchesReference) {
+  for (const json& r : golden_["ratios"]) {
+    const float ratio = r.get<float>();
+    CheckBatch({0, 1, 2}, {ratio, ratio, ratio});
+  }
+}
+
+TEST_P(LlamaGoldenTest, MixedRatiosInOneBatchMatchReference) {
+  CheckBatch({0, 1, 2, 1}, {0.5f, 1.0f, 0.0f, 0.75f});
+  CheckBatch({2, 0, 1}, {0.75f, 0.0f, 0.5f});
+}
+
+TEST_P(LlamaGoldenTest, ChunkedPrefillMatchesReference) {
+  CheckBatch({1, 2}, {0.5f, 0.0f}, /*chunks=*/2);
+}
+
+TEST_P(LlamaGoldenTest, GreedyContinuationsMatchReference) {
+  Generator generator(*model_, nullptr, /*eos_ids=*/{});
+  std::vector<GenerationRequest> requests;
+  std::vector<const json*> expected;
+  for (const json& c : golden_["cases"]) {
+    GenerationRequest request;
+    request.prompt_ids = Ints(golden_["prompts"][c["prompt"].get<int>()]);
+    request.sampling.max_new_tokens = golden_["new_tokens"].get<int>();
+    request.ratio = c["ratio"].get<float>();
+    requests.push_back(request);
+    expected.push_back(&c);
+  }
+  // All (prompt, ratio) cases in one batch: mixed ratios and lengths.
+  auto results = generator.Generate(requests);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ((*results)[i].token_ids, Ints((*expected[i])["greedy"]))
+        << "prompt " << (*expected[i])["prompt"] << " ratio "
+        << (*expected[i])["ratio"];
+    EXPECT_EQ((*results)[i].finish_reason, FinishReason::kLength);
+  }
+}
+
+TEST_P(LlamaGoldenTest, EffectiveRatioMatchesReference) {
+  for (const json& c : golden_["cases"]) {
+    auto prompt = Ints(golden_["prompts"][c["prompt"].get<int>()]);
+    KvCache cache = model_->CreateKvCache(1, 64);
+    DecoderBatch batch;
+    batch.token_ids = at::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()))
+                          .view({1, -1});
+    batch.num_tokens = {static_cast<int32_t>(prompt.size())};
+    batch.slots = {0};
+    batch.start_positions = {0};
+    batch.ratios = {c["ratio"].get<float>()};
+    auto out = model_->Forward(batch, cache);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_NEAR(EffectiveRatio(out->head_token_counts[0], prompt.size()),
+                c["effective_ratio"].get<double>(), 1e-9);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaGoldenTest,
+                         ::testing::Values("llama_qnorm", "llama_learned"));
+
+TEST(LlamaFormatsTest, SafetensorsShardedAndBinGiveIdenticalLogits) {
+  at::Tensor reference;
+  for (const char* dir :
+       {"llama_learned", "llama_learned_sharded", "llama_learned_bin"}) {
+    auto model = LlamaModel::Load(kFixtures + "/" + dir, DeviceOptions{"cpu", "float32"});
+    ASSERT_TRUE(model.ok()) << dir << ": " << model.status();
+    KvCache cache = (*model)->CreateKvCache(1, 16);
+    DecoderBatch batch;
+    batch.token_ids = at::arange(1, 9, at::kLong).view({1, 8});
+    batch.num_tokens = {8};
+    batch.slots = {0};
+    batch.start_positions = {0};
+    batch.ratios = {0.0f};
+    batch.all_logits = true;
+    auto out = (*model)->Forward(batch, cache);
+    ASSERT_TRUE(out.ok()) << out.status();
+    if (!reference.defined()) {
+      reference = out->logits;
+    } else {
+      EXPECT_TRUE(at::equal(reference, out->logits)) << dir;
+    }
+  }
+}
+
+TEST(LlamaConfigTest, ReleasedMohLlama3ConfigGetsQueryNormRouter) {
+  auto model = LlamaModel::Load(kFixtures + "/llama_qnorm", DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const MohConfig& moh = (*model)->config().moh;
+  EXPECT_EQ(moh.router, RouterKind::kQueryNorm);
+  for (const MohLayerConfig& layer : moh.layers) {
+    EXPECT_EQ(layer.shared_heads, 4);
+    EXPECT_EQ(layer.top_k, 2);
+  }
+  EXPECT_DOUBLE_EQ(moh.DefaultRatio(), 0.75);
+}
+
+TEST(LlamaForwardTest, RejectsBadBatchesWithoutTouchingTheCache) {
+  auto model = LlamaModel::Load(kFixtures + "/llama_learned", DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  KvCache cache = (*model)->CreateKvCache(2, 16);
+  auto make = [] {
+    DecoderBatch b;
+    b.token_ids = at::ones({1, 4}, at::kLong);
+    b.num_tokens = {4};
+    b.slots = {0};
+    b.start_positions = {0};
+    b.ratios = {0.0f};
+    return b;
+  };
+  struct Case {
+    std::function<void(DecoderBatch&)> mutate;
+    std::string message;
+  } cases[] = {
+      {[](DecoderBatch& b) { b.token_ids[0][1] = 320; }, "token_ids must be in [0, 320)"},
+      {[](DecoderBatch& b) { b.token_ids[0][1] = -1; }, "token_ids must be in [0, 320)"},
+      {[](DecoderBatch& b) { b.num_tokens = {5}; }, "num_tokens[0] must be in [1, 4]"},
+      {[](DecoderBatch& b) { b.slots = {2}; }, "slots[0] must be in [0, 2)"},
+      {[](DecoderBatch& b) { b.start_positions = {13}; }, "must lie in [0, 16)"},
+      {[](DecoderBatch& b) { b.ratios = {std::nanf("")}; }, "ratios[0] must be in (0, 1]"},
+      {[](DecoderBatch& b) { b.ratios = {1.5f}; }, "ratios[0] must be in (0, 1]"},
+      {[](DecoderBatch& b) { b.ratios = {}; }, "one entry per row"},
+  };
+  for (auto& c : cases) {
+    DecoderBatch batch = make();
+    c.mutate(batch);
+    auto out = (*model)->Forward(batch, cache);
+    ASSERT_FALSE(out.ok()) << c.message;
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr(c.message));
+  }
+  EXPECT_EQ(cache.keys(0).abs().sum().item<float>(), 0.0f);
+}
+
+class VitGoldenTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    golden_ = ReadGolden("vit_learned");
+    auto model = VitModel::Load(kFixtures + "/vit_learned", DeviceOptions{"cpu", "float32"});
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+  }
+  void CheckBatch(const std::vector<int>& images, const std::vector<float>& ratios) {
+    std::vector<at::Tensor> pixels;
+    for (int i : images) pixels.push_back(ToTensor(golden_["images"][i]));
+    auto out = model_->Forward(at::stack(pixels), ratios, /*record_gates=*/true);
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (size_t b = 0; b < images.size(); ++b) {
+      const json& expected = FindCase(golden_, ratios[b], images[b], "image");
+      const std::string what = "image " + std::to_string(images[b]) + " ratio " +
+                               std::to_string(ratios[b]);
+      ExpectClose(out->logits[b], ToTensor(expected["logits"]), what + " logits");
+      for (size_t layer = 0; layer < out->gates.size(); ++layer) {
+        ExpectSameHeads(out->gates[layer][b], ToTensor(expected["gates"][layer]),
+                        what + " layer " + std::to_string(layer));
+      }
+      const int64_t tokens = 1 + model_->config().num_patches();
+      EXPECT_NEAR(EffectiveRatio(out->head_token_counts[b], tokens),
+                  expected["effective_ratio"].get<double>(), 1e-9) << what;
+    }
+  }
+  json golden_;
+  std::unique_ptr<VitModel> model_;
+};
+
+TEST_F(VitGoldenTest, EachRatioMatchesReference) {
+  for (const json& r : golden_["ratios"]) {
+    const float ratio = r.get<float>();
+    CheckBatch({0, 1, 2}, {ratio, ratio, ratio});
+    CheckBatch({1}, {ratio});
+  }
+}
+
+TEST_F(VitGoldenTest, MixedRatiosInOneBatchMatchReference) {
+  CheckBatch({0, 1, 2, 0}, {0.5f, 1.0f, 0.0f, 0.75f});
+}
+
+TEST_F(VitGoldenTest, RejectsWrongPixelShape) {
+  auto out = model_->Forward(at::zeros({1, 3, 8, 8}), {0.0f});
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()),
+              ::testing::HasSubstr("pixels must have shape [B, 3, 16, 16]"));
+}
+
+}  // namespace
+}  // namespace moh
