@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -520,6 +521,19 @@ absl::StatusOr<TensorStore> ReadTorchBinFile(const std::string& path) {
   MOH_ASSIGN_OR_RETURN(std::string prefix, ArchivePrefix(path, archive));
   const std::string pkl_name = prefix + "data.pkl";
   MOH_ASSIGN_OR_RETURN(ZipArchive::Entry pkl, archive.StoredEntry(pkl_name));
+  // torch >= 2.1 records the byte order of the storages; older files are
+  // little-endian.
+  if (archive.entries().count(prefix + "byteorder") != 0) {
+    MOH_ASSIGN_OR_RETURN(ZipArchive::Entry order,
+                         archive.StoredEntry(prefix + "byteorder"));
+    const std::string_view value(
+        reinterpret_cast<const char*>(file->data()) + order.data_offset,
+        order.size);
+    if (value != "little") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": storages are not little-endian (byteorder entry)"));
+    }
+  }
   Unpickler unpickler(absl::StrCat(path, "/", pkl_name),
                       file->data() + pkl.data_offset, pkl.size, archive,
                       prefix);

@@ -154,7 +154,7 @@ TEST_F(CheckpointTest, AllLayoutsGiveTheSameTensors) {
   EXPECT_EQ(reference.Get("golden.ids")->scalar_type(), at::kInt);
   EXPECT_EQ(reference.Get("golden.ids")->data_ptr<int32_t>()[2], 2147483647);
   EXPECT_EQ(reference.Get("golden.positions")->data_ptr<int64_t>()[0],
-            -3LL << 40);
+            -3 * (1LL << 40));
   EXPECT_EQ(reference.Get("scalar")->dim(), 0);
 }
 
@@ -644,6 +644,16 @@ TEST_F(CheckpointTest, BinCompressedEntry) {
   const std::string path = Generated("compressed") + "/pytorch_model.bin";
   ExpectError(ReadTorchBinFile(path).status(),
               absl::StatusCode::kInvalidArgument, {path, "compressed"});
+}
+
+TEST_F(CheckpointTest, BinByteOrder) {
+  absl::StatusOr<TensorStore> little =
+      ReadTorchBinFile(Generated("little_endian") + "/pytorch_model.bin");
+  ASSERT_TRUE(little.ok()) << little.status();
+  EXPECT_EQ(little->Get("w")->data_ptr<float>()[11], 11.0f);
+  const std::string big = Generated("big_endian") + "/pytorch_model.bin";
+  ExpectError(ReadTorchBinFile(big).status(),
+              absl::StatusCode::kInvalidArgument, {big, "little-endian"});
 }
 
 }  // namespace

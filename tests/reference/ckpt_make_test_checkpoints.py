@@ -123,6 +123,15 @@ def rewrite_as_zip64(src, dst):
         f.write(data[:cd_offset] + cd + record + locator + end)
 
 
+def with_byteorder(src, dst, order):
+    """src plus the byteorder entry torch >= 2.1 writes."""
+    with open(src, "rb") as f, open(dst, "wb") as g:
+        g.write(f.read())
+    with zipfile.ZipFile(dst, "a", zipfile.ZIP_STORED) as z:
+        prefix = z.namelist()[0].split("/")[0]
+        z.writestr(prefix + "/byteorder", order)
+
+
 def main():
     out = sys.argv[1]
     tensors = state_dict()
@@ -134,6 +143,8 @@ def main():
     save_views(out)
     one = os.path.join(mkdir(out, "one_tensor"), "pytorch_model.bin")
     torch.save({"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}, one)
+    with_byteorder(one, os.path.join(mkdir(out, "little_endian"), "pytorch_model.bin"), "little")
+    with_byteorder(one, os.path.join(mkdir(out, "big_endian"), "pytorch_model.bin"), "big")
     recompress(one, os.path.join(mkdir(out, "compressed"), "pytorch_model.bin"))
     rewrite_as_zip64(os.path.join(out, "single_bin", "pytorch_model.bin"),
                      os.path.join(mkdir(out, "zip64"), "pytorch_model.bin"))
