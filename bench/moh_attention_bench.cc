@@ -1,0 +1,119 @@
+// One MoH attention layer (a single-layer MoH-LLaMA with a tiny MLP and
+// vocabulary, so attention dominates) at activation ratios 0.5 ... 1.0.
+//
+// Prefill: one 512-token prompt. Decode: 16 sequences with 512 cached tokens
+// each, one new token per sequence. The head-sparse kernels that make lower
+// ratios cheaper are a later issue; this measures today's cost per ratio.
+//
+//   build/bench/moh_attention_bench --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+
+#include "absl/strings/str_cat.h"
+#include "model/llama_model.h"
+
+namespace moh {
+namespace {
+
+constexpr int64_t kHidden = 1024, kHeads = 16, kKvHeads = 4, kShared = 4;
+constexpr int64_t kPrompt = 512, kDecodeRows = 16;
+
+std::unique_ptr<LlamaModel> MakeLayer() {
+  LlamaConfig c;
+  c.vocab_size = 16;
+  c.hidden_size = kHidden;
+  c.intermediate_size = 16;
+  c.num_layers = 1;
+  c.num_heads = kHeads;
+  c.num_kv_heads = kKvHeads;
+  c.head_dim = kHidden / kHeads;
+  c.max_position_embeddings = 1024;
+  c.moh.router = RouterKind::kLearned;
+  c.moh.layers = {MohLayerConfig{kHeads, kShared, (kHeads - kShared) / 2}};
+  const int64_t d = c.head_dim;
+  at::manual_seed(0);
+  TensorStore store;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    (void)store.Insert(name, at::randn(shape) * 0.05, "random");
+  };
+  add("model.embed_tokens.weight", {c.vocab_size, kHidden});
+  add("lm_head.weight", {c.vocab_size, kHidden});
+  add("model.norm.weight", {kHidden});
+  const std::string p = "model.layers.0.";
+  add(p + "input_layernorm.weight", {kHidden});
+  add(p + "post_attention_layernorm.weight", {kHidden});
+  add(p + "self_attn.q_proj.weight", {kHeads * d, kHidden});
+  add(p + "self_attn.k_proj.weight", {kKvHeads * d, kHidden});
+  add(p + "self_attn.v_proj.weight", {kKvHeads * d, kHidden});
+  add(p + "self_attn.o_proj.weight", {kHidden, kHeads * d});
+  add(p + "self_attn.wg.weight", {kHeads - kShared, kHidden});
+  add(p + "self_attn.wg_0.weight", {2, kHidden});
+  add(p + "self_attn.wg_1.weight", {kShared, kHidden});
+  add(p + "mlp.gate_proj.weight", {c.intermediate_size, kHidden});
+  add(p + "mlp.up_proj.weight", {c.intermediate_size, kHidden});
+  add(p + "mlp.down_proj.weight", {kHidden, c.intermediate_size});
+  auto model = LlamaModel::FromTensors(c, store, at::TensorOptions().dtype(at::kFloat));
+  if (!model.ok()) {
+    fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
+    std::abort();
+  }
+  return std::move(*model);
+}
+
+const LlamaModel& Layer() {
+  static const LlamaModel* model = MakeLayer().release();
+  return *model;
+}
+
+float RatioArg(const benchmark::State& state) { return state.range(0) / 1000.0f; }
+
+void BM_AttentionPrefill(benchmark::State& state) {
+  const LlamaModel& model = Layer();
+  KvCache cache = model.CreateKvCache(1, kPrompt);
+  DecoderBatch batch;
+  batch.token_ids = at::randint(16, {1, kPrompt}, at::kLong);
+  batch.num_tokens = {static_cast<int32_t>(kPrompt)};
+  batch.slots = {0};
+  batch.start_positions = {0};
+  batch.ratios = {RatioArg(state)};
+  for (auto _ : state) {
+    auto out = model.Forward(batch, cache);
+    benchmark::DoNotOptimize(out);
+  }
+  state.counters["tokens/s"] = benchmark::Counter(
+      static_cast<double>(kPrompt), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_AttentionDecode(benchmark::State& state) {
+  const LlamaModel& model = Layer();
+  KvCache cache = model.CreateKvCache(kDecodeRows, kPrompt + 1);
+  DecoderBatch batch;
+  batch.token_ids = at::randint(16, {kDecodeRows, 1}, at::kLong);
+  for (int64_t b = 0; b < kDecodeRows; ++b) {
+    batch.num_tokens.push_back(1);
+    batch.slots.push_back(b);
+    batch.start_positions.push_back(kPrompt);
+    batch.ratios.push_back(RatioArg(state));
+  }
+  for (auto _ : state) {
+    auto out = model.Forward(batch, cache);
+    benchmark::DoNotOptimize(out);
+  }
+  state.counters["tokens/s"] = benchmark::Counter(
+      static_cast<double>(kDecodeRows), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Ratios in thousandths: 0.5, 0.625, 0.75, 0.875, 1.0.
+#define MOH_RATIOS ->Arg(500)->Arg(625)->Arg(750)->Arg(875)->Arg(1000)
+BENCHMARK(BM_AttentionPrefill) MOH_RATIOS->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace moh
+
+int main(int argc, char** argv) {
+  at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -54,6 +54,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
     const std::string& dir, const LlamaConfig& config,
     const at::TensorOptions& options) {
   MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
+  return FromTensors(config, store, options);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
+    const LlamaConfig& config, TensorStore& store,
+    const at::TensorOptions& options) {
   std::unique_ptr<LlamaModel> model(new LlamaModel(config, options));
   const at::ScalarType dtype = at::typeMetaToScalarType(options.dtype());
   const int64_t c = config.hidden_size;

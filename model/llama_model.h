@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
+#include "model/checkpoint.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "model/moh_router.h"
@@ -51,6 +52,10 @@ class LlamaModel {
       const std::string& dir, const DeviceOptions& device_options);
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
       const std::string& dir, const LlamaConfig& config,
+      const at::TensorOptions& options);
+  // Builds the model from tensors named as in a Hugging Face checkpoint.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> FromTensors(
+      const LlamaConfig& config, TensorStore& store,
       const at::TensorOptions& options);
 
   // A KV cache with `num_slots` sequences of up to `max_seq_len` tokens

@@ -145,7 +145,8 @@ TEST(ModelConfigTest, VitWithPerLayerSharedHeads) {
 
 TEST(ModelConfigTest, VitRejectsMissingLabelsAndBadPatch) {
   std::string no_labels = kVit;
-  no_labels.replace(no_labels.find("\"labels\""), 18, "\"labelz\": [\"a\"]");
+  const std::string labels = R"("labels": ["a", "b"])";
+  no_labels.replace(no_labels.find(labels), labels.size(), R"("labelz": ["a"])");
   auto config = ParseModelConfig(no_labels, "vit.json");
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("'labels'"));
