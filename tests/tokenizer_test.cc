@@ -380,6 +380,50 @@ TEST(MetaspaceTokenizerTest, MetaspacePreTokenizerAndDecoder) {
               ElementsAre(1, 273, 2, 278));
 }
 
+TEST(TokenizerOptionsTest, SingleWordAddedToken) {
+  auto tok = MustLoadEdited(kMetaspace, [](nlohmann::json& j) {
+    j["added_tokens"][3]["single_word"] = true;
+    j["added_tokens"][3]["lstrip"] = false;
+    j["added_tokens"][3]["rstrip"] = false;
+  });
+  ASSERT_NE(tok, nullptr);
+  // Glued to "Hello" it is not a word: < s e p > go through byte fallback
+  // (<0x3C>=63, <0x73>=118, e=261, <0x70>=115, <0x3E>=65).
+  EXPECT_THAT(tok->Encode("Hello<sep>", false),
+              ElementsAre(273, 63, 118, 261, 115, 65));
+  // Without lstrip/rstrip the spaces stay: "▁Hello▁" and "▁▁world".
+  EXPECT_THAT(tok->Encode("Hello <sep> world", false),
+              ElementsAre(273, 259, 282, 259, 278));
+}
+
+TEST(TokenizerOptionsTest, SplitRemovedAndNoDecoder) {
+  auto tok = MustLoadEdited(kByteLevel, [](nlohmann::json& j) {
+    j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Split"},
+                                              {"pattern", {{"String", " "}}},
+                                              {"behavior", "Removed"},
+                                              {"invert", false}};
+    j["decoder"] = nullptr;
+  });
+  ASSERT_NE(tok, nullptr);
+  // "Hello" | "world" (space removed): w o r l d -> w, or, ld.
+  EXPECT_THAT(tok->Encode("Hello world", false),
+              ElementsAre(259, 86, 261, 263));
+  // Without a decoder HF joins the raw tokens with spaces.
+  EXPECT_EQ(tok->Decode({259, 264}, false).value_or("ERROR"), "Hello Ġworld");
+  Stream(*tok, {300, 259, 264}, false);
+}
+
+TEST(TokenizerOptionsTest, StripStopHoldsTrailingSpaces) {
+  auto tok = MustLoadEdited(kMetaspace, [](nlohmann::json& j) {
+    j["decoder"]["decoders"][3]["stop"] = 1;
+  });
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->Decode({273, 259}, true).value_or("ERROR"), "Hello");
+  EXPECT_THAT(Stream(*tok, {273, 259, 278}, true),
+              ElementsAre("Hello", "", "  world", ""));
+  EXPECT_THAT(Stream(*tok, {273, 259}, true), ElementsAre("Hello", "", ""));
+}
+
 // --------------------------------------------------- Incremental decoding --
 
 TEST(IncrementalDecoderTest, ByteLevelHoldsIncompleteCharacters) {
