@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/llama_model.h"
+#include "model/runtime.h"
 
 namespace moh {
 namespace {
@@ -111,7 +112,7 @@ BENCHMARK(BM_AttentionDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
 }  // namespace moh
 
 int main(int argc, char** argv) {
-  at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  moh::ConfigureCpuThreads(0);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
