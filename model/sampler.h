@@ -1,0 +1,149 @@
+// Token sampling for generation: per-request sampling settings, their
+// validation, a per-sequence Sampler and a streaming stop-string matcher.
+//
+// Sampling order (HF/vLLM convention): repetition penalty -> greedy argmax if
+// temperature == 0 -> divide by temperature -> top-k -> top-p -> softmax ->
+// one draw by inverse CDF from the sequence's own RNG.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace moh {
+
+// Limits on SamplingParams::stop enforced by ValidateSamplingParams.
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxStopStringBytes = 256;
+
+// Per-request sampling settings; the defaults are what an omitted field means.
+struct SamplingParams {
+  // Upper bound on generated tokens; >= 1 and <= the server's limit.
+  int32_t max_new_tokens = 64;
+  // Softmax temperature, >= 0 and finite. 0 means greedy (argmax); top_k,
+  // top_p and the seed are then irrelevant.
+  float temperature = 0.0f;
+  // Keep only the k highest logits; 0 (or k >= vocab) means off.
+  int32_t top_k = 0;
+  // Nucleus sampling: keep the smallest set of most probable tokens whose
+  // probability (renormalised after top-k) sums to >= top_p, at least one
+  // token. In (0, 1]; 1 means off.
+  float top_p = 1.0f;
+  // RNG seed. Unset: seeded from std::random_device (see Sampler::seed()).
+  std::optional<uint64_t> seed;
+  // CTRL/HF repetition penalty, > 0 and finite; 1 means off. For each token
+  // already in the prompt or output: logit > 0 ? logit / p : logit * p.
+  float repetition_penalty = 1.0f;
+  // Generation stops when the output contains one of these; the output is
+  // truncated before it. At most kMaxStopStrings, each 1..kMaxStopStringBytes
+  // bytes.
+  std::vector<std::string> stop;
+};
+
+// Returns OK, or INVALID_ARGUMENT naming the first bad field and its allowed
+// range, e.g. "sampling.top_p must be in (0, 1], got 1.5". NaN is rejected
+// everywhere a float is checked.
+absl::Status ValidateSamplingParams(const SamplingParams& params,
+                                    int32_t max_new_tokens_limit);
+
+// Chooses the next token of one sequence.
+//
+// Deterministic for a given seed and the same logits and history, whatever
+// else runs in the process or the batch: it owns its RNG (std::mt19937_64)
+// and never touches LibTorch's global generator. Ties are broken towards the
+// lowest token id (greedy argmax, the top-k cut, the top-p order). NaN logits
+// count as -inf; if every logit is -inf, token 0 is returned.
+//
+// Not thread-safe; use one Sampler per sequence. Expects params that passed
+// ValidateSamplingParams.
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+
+  // logits: 1-D floating tensor [vocab] on any device, any strides; it is
+  // copied once into a CPU float32 buffer and never modified. history: prompt
+  // and generated ids so far, for the repetition penalty (each distinct id
+  // is penalised once; ids outside [0, vocab) are ignored). Returns a token
+  // id in [0, vocab). Throws c10::Error if logits is not a non-empty 1-D
+  // floating tensor, like the LibTorch calls around it.
+  int32_t Sample(const at::Tensor& logits, absl::Span<const int32_t> history);
+
+  const SamplingParams& params() const { return params_; }
+  // The seed in use: params().seed, or the one drawn when it was unset, so
+  // that a nondeterministic request can be reported and replayed.
+  uint64_t seed() const { return seed_; }
+
+ private:
+  struct Candidate {
+    float logit;
+    float weight;  // unnormalised probability, exp((logit - max) / T)
+    int32_t id;
+  };
+
+  // Copies logits into logits_.
+  void LoadLogits(const at::Tensor& logits);
+  void ApplyRepetitionPenalty(absl::Span<const int32_t> history);
+  // Strict order of preference: higher logit, then lower id.
+  static bool Better(const Candidate& a, const Candidate& b);
+  // Sets top_ to every token, by id. Weights are left unset.
+  void SelectAll();
+  // Sets top_ to the n best tokens (all if n >= vocab), best first. Weights
+  // are left unset.
+  void SelectTop(size_t n);
+  // Inverse-CDF draw from `pool`, in its order; `total` is the sum of its
+  // weights.
+  int32_t Draw(absl::Span<const Candidate> pool, double total);
+  // Draws from the smallest top_[0, n) with n in (from, to] whose weight
+  // reaches `threshold` (n = to if none does). top_[from, to) must be sorted
+  // best first and `mass` must be the weight of top_[0, from).
+  int32_t DrawNucleus(size_t from, size_t to, double mass, double threshold);
+
+  SamplingParams params_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  // Scratch buffers reused across calls.
+  std::vector<float> logits_;       // by token id
+  std::vector<Candidate> top_;      // the tokens a draw chooses from
+  std::vector<uint8_t> penalized_;  // by token id, all 0 between calls
+};
+
+// Finds stop strings in streamed text.
+//
+// Feed the decoded text as it grows. Each Push returns the text that is safe
+// to emit: text that could still be the start of a stop string is held back,
+// and so is an incomplete UTF-8 sequence at the end (so emitted pieces of
+// valid UTF-8 are valid UTF-8). When a stop string appears, the output is
+// truncated right before the earliest match (HF/TGI behaviour), `stopped` is
+// set, and every later Push returns nothing. Empty stop strings are ignored.
+// Not thread-safe.
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stops);
+
+  struct Result {
+    std::string emit;
+    bool stopped = false;
+  };
+  // new_text: decoded text since the last Push.
+  Result Push(std::string_view new_text);
+  // At the end of generation: returns whatever was held back (empty once
+  // stopped) and clears it.
+  std::string Flush();
+
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+}  // namespace moh
