@@ -52,7 +52,8 @@ std::unique_ptr<LlamaModel> MakeLayer() {
   add(p + "mlp.gate_proj.weight", {c.intermediate_size, kHidden});
   add(p + "mlp.up_proj.weight", {c.intermediate_size, kHidden});
   add(p + "mlp.down_proj.weight", {kHidden, c.intermediate_size});
-  auto model = LlamaModel::FromTensors(c, store, at::TensorOptions().dtype(at::kFloat));
+  auto model =
+      LlamaModel::FromTensors(c, store, at::TensorOptions().dtype(at::kFloat));
   if (!model.ok()) {
     fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
     std::abort();
@@ -65,7 +66,9 @@ const LlamaModel& Layer() {
   return *model;
 }
 
-float RatioArg(const benchmark::State& state) { return state.range(0) / 1000.0f; }
+float RatioArg(const benchmark::State& state) {
+  return state.range(0) / 1000.0f;
+}
 
 void BM_AttentionPrefill(benchmark::State& state) {
   const LlamaModel& model = Layer();
@@ -80,8 +83,9 @@ void BM_AttentionPrefill(benchmark::State& state) {
     auto out = model.Forward(batch, cache);
     benchmark::DoNotOptimize(out);
   }
-  state.counters["tokens/s"] = benchmark::Counter(
-      static_cast<double>(kPrompt), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(kPrompt),
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_AttentionDecode(benchmark::State& state) {
@@ -99,8 +103,9 @@ void BM_AttentionDecode(benchmark::State& state) {
     auto out = model.Forward(batch, cache);
     benchmark::DoNotOptimize(out);
   }
-  state.counters["tokens/s"] = benchmark::Counter(
-      static_cast<double>(kDecodeRows), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(kDecodeRows),
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Ratios in thousandths: 0.5, 0.625, 0.75, 0.875, 1.0.

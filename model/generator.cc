@@ -52,8 +52,8 @@ absl::Status ValidateRatio(float ratio, const char* field) {
 }
 
 double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens) {
-  const int64_t pairs = tokens * head_token_counts.size(-1) *
-                        head_token_counts.size(-2);
+  const int64_t pairs =
+      tokens * head_token_counts.size(-1) * head_token_counts.size(-2);
   if (pairs == 0) return 0.0;
   return static_cast<double>(head_token_counts.sum().item<int64_t>()) / pairs;
 }
@@ -97,7 +97,8 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
     MOH_RETURN_IF_ERROR(Validate(requests[i], i));
     const int64_t prompt = requests[i].prompt_ids.size();
     width = std::max(width, prompt);
-    max_len = std::max<int64_t>(max_len, prompt + requests[i].sampling.max_new_tokens);
+    max_len = std::max<int64_t>(max_len,
+                                prompt + requests[i].sampling.max_new_tokens);
   }
   const int64_t n = requests.size();
   KvCache cache = model_.CreateKvCache(n, max_len);
@@ -137,8 +138,8 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
       result.token_ids.push_back(token);
       GenerationChunk chunk;
       chunk.token_ids.push_back(token);
-      const bool eos = std::find(eos_ids_.begin(), eos_ids_.end(), token) !=
-                       eos_ids_.end();
+      const bool eos =
+          std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
       if (row.decoder && !eos) {
         MOH_ASSIGN_OR_RETURN(std::string text, row.decoder->Push(token));
         StopStringMatcher::Result matched = row.stop_matcher.Push(text);
@@ -157,7 +158,8 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
         row.done = true;
         result.finish_reason = FinishReason::kLength;
       }
-      if (row.done && row.decoder && result.finish_reason != FinishReason::kStop) {
+      if (row.done && row.decoder &&
+          result.finish_reason != FinishReason::kStop) {
         StopStringMatcher::Result tail =
             row.stop_matcher.Push(row.decoder->Flush());
         chunk.text += tail.emit;
@@ -245,7 +247,8 @@ absl::StatusOr<std::vector<double>> ScoreLabels(
   for (int64_t b = 0; b < n; ++b) {
     double total = 0;
     for (size_t j = 0; j < label_ids[b].size(); ++j) {
-      // The token at position context + j is predicted at position context + j - 1.
+      // The token at position context + j is predicted at position context + j
+      // - 1.
       total += log_probs[b][context + j - 1][label_ids[b][j]].item<float>();
     }
     scores.push_back(total);

@@ -2,19 +2,19 @@
 //
 // Generator runs a static batch of requests to completion: one prefill of all
 // prompts, then decode steps over the rows still running; rows finish
-// independently (EOS, stop string, max_new_tokens). Each row has its own sampler
-// (seeded → reproducible whatever else is in the batch), its own activation
-// ratio, and streams UTF-8-safe text through an optional callback.
+// independently (EOS, stop string, max_new_tokens). Each row has its own
+// sampler (seeded → reproducible whatever else is in the batch), its own
+// activation ratio, and streams UTF-8-safe text through an optional callback.
 // This is the reference loop for tools, tests and benchmarks; the server drives
 // LlamaModel::Forward through its own continuous-batching scheduler.
 // Thread-compatible: one Generate() call at a time per Generator.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
 #include "model/llama_model.h"
@@ -43,8 +43,8 @@ struct GenerationResult {
   std::string text;                // decoded, stop string excluded
   FinishReason finish_reason = FinishReason::kLength;
   int32_t prompt_tokens = 0;
-  at::Tensor head_token_counts;    // int64 [L, H] over prompt and output
-  double effective_ratio = 1.0;    // used (token, head) pairs / all pairs
+  at::Tensor head_token_counts;  // int64 [L, H] over prompt and output
+  double effective_ratio = 1.0;  // used (token, head) pairs / all pairs
 };
 
 class Generator {

@@ -9,10 +9,10 @@
 // Not thread-safe: one owner (the thread running the model) at a time.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 namespace moh {
 

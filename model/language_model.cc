@@ -13,8 +13,8 @@ namespace moh {
 namespace {
 
 // eos_token_id of generation_config.json (an int or a list), if any.
-absl::StatusOr<std::vector<int32_t>> GenerationConfigEos(const std::string& path,
-                                                         int32_t vocab_size) {
+absl::StatusOr<std::vector<int32_t>> GenerationConfigEos(
+    const std::string& path, int32_t vocab_size) {
   std::vector<int32_t> ids;
   std::ifstream in(path);
   if (!in) return ids;
@@ -22,7 +22,8 @@ absl::StatusOr<std::vector<int32_t>> GenerationConfigEos(const std::string& path
   s << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(s.str(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a JSON object"));
   }
   if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return ids;
   nlohmann::json eos = j["eos_token_id"];
@@ -30,8 +31,9 @@ absl::StatusOr<std::vector<int32_t>> GenerationConfigEos(const std::string& path
   for (const auto& id : eos) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
         id.get<int64_t>() >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": field 'eos_token_id' must hold ids in [0, ", vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": field 'eos_token_id' must hold ids in [0, ",
+                       vocab_size, ")"));
     }
     ids.push_back(id.get<int32_t>());
   }
@@ -49,15 +51,17 @@ absl::StatusOr<LanguageModel> LanguageModel::Load(const std::string& dir,
   if (std::filesystem::exists(tokenizer_path)) {
     MOH_ASSIGN_OR_RETURN(lm.tokenizer, Tokenizer::FromFile(tokenizer_path));
     if (lm.tokenizer->vocab_size() > vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          tokenizer_path, ": has ", lm.tokenizer->vocab_size(),
-          " tokens but the model's vocab_size is ", vocab));
+      return absl::InvalidArgumentError(
+          absl::StrCat(tokenizer_path, ": has ", lm.tokenizer->vocab_size(),
+                       " tokens but the model's vocab_size is ", vocab));
     }
   }
   lm.eos_ids = lm.model->config().eos_token_ids;
-  MOH_ASSIGN_OR_RETURN(std::vector<int32_t> generation_eos,
-                       GenerationConfigEos(dir + "/generation_config.json", vocab));
-  lm.eos_ids.insert(lm.eos_ids.end(), generation_eos.begin(), generation_eos.end());
+  MOH_ASSIGN_OR_RETURN(
+      std::vector<int32_t> generation_eos,
+      GenerationConfigEos(dir + "/generation_config.json", vocab));
+  lm.eos_ids.insert(lm.eos_ids.end(), generation_eos.begin(),
+                    generation_eos.end());
   if (lm.tokenizer && lm.tokenizer->eos_id()) {
     lm.eos_ids.push_back(*lm.tokenizer->eos_id());
   }

@@ -69,13 +69,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   auto take = [&](const std::string& name,
                   std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
     MOH_ASSIGN_OR_RETURN(at::Tensor t, store.Take(name, shape, dtype));
-    return CatchTorch("moving weights to device",
-                      [&]() -> absl::StatusOr<at::Tensor> {
-                        return t.to(options.device());
-                      });
+    return CatchTorch(
+        "moving weights to device",
+        [&]() -> absl::StatusOr<at::Tensor> { return t.to(options.device()); });
   };
-  MOH_ASSIGN_OR_RETURN(model->embed_tokens_,
-                       take("model.embed_tokens.weight", {config.vocab_size, c}));
+  MOH_ASSIGN_OR_RETURN(model->embed_tokens_, take("model.embed_tokens.weight",
+                                                  {config.vocab_size, c}));
   MOH_ASSIGN_OR_RETURN(model->final_norm_, take("model.norm.weight", {c}));
   if (config.tie_word_embeddings) {
     model->lm_head_ = model->embed_tokens_;
@@ -86,26 +85,38 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   for (int64_t l = 0; l < config.num_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     Layer layer;
-    MOH_ASSIGN_OR_RETURN(layer.input_norm, take(p + "input_layernorm.weight", {c}));
+    MOH_ASSIGN_OR_RETURN(layer.input_norm,
+                         take(p + "input_layernorm.weight", {c}));
     MOH_ASSIGN_OR_RETURN(layer.post_norm,
                          take(p + "post_attention_layernorm.weight", {c}));
-    MOH_ASSIGN_OR_RETURN(layer.q_proj, take(p + "self_attn.q_proj.weight", {q_dim, c}));
-    MOH_ASSIGN_OR_RETURN(layer.k_proj, take(p + "self_attn.k_proj.weight", {kv_dim, c}));
-    MOH_ASSIGN_OR_RETURN(layer.v_proj, take(p + "self_attn.v_proj.weight", {kv_dim, c}));
-    MOH_ASSIGN_OR_RETURN(layer.o_proj, take(p + "self_attn.o_proj.weight", {c, q_dim}));
+    MOH_ASSIGN_OR_RETURN(layer.q_proj,
+                         take(p + "self_attn.q_proj.weight", {q_dim, c}));
+    MOH_ASSIGN_OR_RETURN(layer.k_proj,
+                         take(p + "self_attn.k_proj.weight", {kv_dim, c}));
+    MOH_ASSIGN_OR_RETURN(layer.v_proj,
+                         take(p + "self_attn.v_proj.weight", {kv_dim, c}));
+    MOH_ASSIGN_OR_RETURN(layer.o_proj,
+                         take(p + "self_attn.o_proj.weight", {c, q_dim}));
     if (config.attention_bias) {
-      MOH_ASSIGN_OR_RETURN(layer.q_bias, take(p + "self_attn.q_proj.bias", {q_dim}));
-      MOH_ASSIGN_OR_RETURN(layer.k_bias, take(p + "self_attn.k_proj.bias", {kv_dim}));
-      MOH_ASSIGN_OR_RETURN(layer.v_bias, take(p + "self_attn.v_proj.bias", {kv_dim}));
-      MOH_ASSIGN_OR_RETURN(layer.o_bias, take(p + "self_attn.o_proj.bias", {c}));
+      MOH_ASSIGN_OR_RETURN(layer.q_bias,
+                           take(p + "self_attn.q_proj.bias", {q_dim}));
+      MOH_ASSIGN_OR_RETURN(layer.k_bias,
+                           take(p + "self_attn.k_proj.bias", {kv_dim}));
+      MOH_ASSIGN_OR_RETURN(layer.v_bias,
+                           take(p + "self_attn.v_proj.bias", {kv_dim}));
+      MOH_ASSIGN_OR_RETURN(layer.o_bias,
+                           take(p + "self_attn.o_proj.bias", {c}));
     }
     const int64_t inter = config.intermediate_size;
-    MOH_ASSIGN_OR_RETURN(layer.gate_proj, take(p + "mlp.gate_proj.weight", {inter, c}));
-    MOH_ASSIGN_OR_RETURN(layer.up_proj, take(p + "mlp.up_proj.weight", {inter, c}));
-    MOH_ASSIGN_OR_RETURN(layer.down_proj, take(p + "mlp.down_proj.weight", {c, inter}));
-    MOH_ASSIGN_OR_RETURN(layer.router,
-                         MohRouter::Load(config.moh.router, config.moh.layers[l],
-                                         c, p + "self_attn.", store, options));
+    MOH_ASSIGN_OR_RETURN(layer.gate_proj,
+                         take(p + "mlp.gate_proj.weight", {inter, c}));
+    MOH_ASSIGN_OR_RETURN(layer.up_proj,
+                         take(p + "mlp.up_proj.weight", {inter, c}));
+    MOH_ASSIGN_OR_RETURN(layer.down_proj,
+                         take(p + "mlp.down_proj.weight", {c, inter}));
+    MOH_ASSIGN_OR_RETURN(
+        layer.router, MohRouter::Load(config.moh.router, config.moh.layers[l],
+                                      c, p + "self_attn.", store, options));
     model->layers_.push_back(std::move(layer));
   }
   MOH_RETURN_IF_ERROR(store.CheckAllTaken());
@@ -113,8 +124,9 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   // RoPE tables, computed as the official LlamaRotaryEmbedding does.
   const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
   at::Tensor inv_freq =
-      1.0 / at::pow(config.rope_theta, at::arange(0, d, 2, f32.dtype(at::kLong))
-                                           .to(at::kFloat) / static_cast<double>(d));
+      1.0 / at::pow(config.rope_theta,
+                    at::arange(0, d, 2, f32.dtype(at::kLong)).to(at::kFloat) /
+                        static_cast<double>(d));
   at::Tensor t = at::arange(config.max_position_embeddings, f32);
   at::Tensor freqs = at::outer(t, inv_freq);
   at::Tensor emb = at::cat({freqs, freqs}, -1);
@@ -123,17 +135,20 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   return model;
 }
 
-KvCache LlamaModel::CreateKvCache(int64_t num_slots, int64_t max_seq_len) const {
-  return KvCache(config_.num_layers, num_slots,
-                 std::min<int64_t>(max_seq_len, config_.max_position_embeddings),
-                 config_.num_kv_heads, config_.head_dim, options_);
+KvCache LlamaModel::CreateKvCache(int64_t num_slots,
+                                  int64_t max_seq_len) const {
+  return KvCache(
+      config_.num_layers, num_slots,
+      std::min<int64_t>(max_seq_len, config_.max_position_embeddings),
+      config_.num_kv_heads, config_.head_dim, options_);
 }
 
 absl::Status LlamaModel::Validate(const DecoderBatch& batch,
                                   const KvCache& cache) const {
   const at::Tensor& ids = batch.token_ids;
   if (!ids.defined() || ids.dim() != 2 || ids.size(0) < 1 || ids.size(1) < 1) {
-    return absl::InvalidArgumentError("token_ids must be a [B, T] tensor, B, T >= 1");
+    return absl::InvalidArgumentError(
+        "token_ids must be a [B, T] tensor, B, T >= 1");
   }
   if (ids.scalar_type() != at::kLong) {
     return absl::InvalidArgumentError("token_ids must be int64");
@@ -142,19 +157,22 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
   const int64_t width = ids.size(1);
   if (batch.num_tokens.size() != rows || batch.slots.size() != rows ||
       batch.start_positions.size() != rows || batch.ratios.size() != rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_tokens, slots, start_positions and ratios need one entry per row (",
-        rows, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_tokens, slots, start_positions and ratios need one "
+                     "entry per row (",
+                     rows, ")"));
   }
   std::set<int32_t> seen_slots;
   for (size_t b = 0; b < rows; ++b) {
     if (batch.num_tokens[b] < 1 || batch.num_tokens[b] > width) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "num_tokens[", b, "] must be in [1, ", width, "], got ", batch.num_tokens[b]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_tokens[", b, "] must be in [1, ", width, "], got ",
+                       batch.num_tokens[b]));
     }
     if (batch.slots[b] < 0 || batch.slots[b] >= cache.num_slots()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "slots[", b, "] must be in [0, ", cache.num_slots(), "), got ", batch.slots[b]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("slots[", b, "] must be in [0, ", cache.num_slots(),
+                       "), got ", batch.slots[b]));
     }
     if (!seen_slots.insert(batch.slots[b]).second) {
       return absl::InvalidArgumentError(
@@ -162,14 +180,16 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
     }
     const int64_t end = int64_t{batch.start_positions[b]} + batch.num_tokens[b];
     if (batch.start_positions[b] < 0 || end > cache.max_seq_len()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row ", b, ": positions [", batch.start_positions[b], ", ", end,
-          ") must lie in [0, ", cache.max_seq_len(), ") (max sequence length)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", b, ": positions [", batch.start_positions[b],
+                       ", ", end, ") must lie in [0, ", cache.max_seq_len(),
+                       ") (max sequence length)"));
     }
     const float r = batch.ratios[b];
     if (!(r <= 1.0f)) {  // also rejects NaN
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ratios[", b, "] must be in (0, 1] or <= 0 for the default, got ", r));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ratios[", b,
+                       "] must be in (0, 1] or <= 0 for the default, got ", r));
     }
   }
   const int64_t lo = ids.min().item<int64_t>();
@@ -185,9 +205,8 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
 absl::StatusOr<DecoderOutput> LlamaModel::Forward(const DecoderBatch& batch,
                                                   KvCache& cache) const {
   MOH_RETURN_IF_ERROR(Validate(batch, cache));
-  return CatchTorch("LlamaModel::Forward", [&]() {
-    return ForwardUnchecked(batch, cache);
-  });
+  return CatchTorch("LlamaModel::Forward",
+                    [&]() { return ForwardUnchecked(batch, cache); });
 }
 
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
@@ -206,7 +225,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   at::Tensor ids = batch.token_ids.to(device);
   at::Tensor start = HostLongs(batch.start_positions).to(device);
   at::Tensor count = HostLongs(batch.num_tokens).to(device);
-  at::Tensor t = at::arange(width, at::TensorOptions().dtype(at::kLong).device(device));
+  at::Tensor t =
+      at::arange(width, at::TensorOptions().dtype(at::kLong).device(device));
   at::Tensor valid = t.unsqueeze(0) < count.unsqueeze(1);  // [B, T]
   // Padding positions repeat the last valid one: in range, never written.
   at::Tensor positions =
@@ -214,14 +234,14 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
 
   int64_t kv_len = 0;
   for (int64_t b = 0; b < rows; ++b) {
-    kv_len = std::max<int64_t>(kv_len, int64_t{batch.start_positions[b]} +
-                                           batch.num_tokens[b]);
+    kv_len = std::max<int64_t>(
+        kv_len, int64_t{batch.start_positions[b]} + batch.num_tokens[b]);
   }
   // Key j is visible to query (b, t) iff j <= position(b, t) and j < end(b).
   at::Tensor j = at::arange(kv_len, t.options());
-  at::Tensor visible = (j.view({1, 1, kv_len}) <= positions.unsqueeze(2)) &
-                       (j.view({1, 1, kv_len}) <
-                        (start + count).view({rows, 1, 1}));
+  at::Tensor visible =
+      (j.view({1, 1, kv_len}) <= positions.unsqueeze(2)) &
+      (j.view({1, 1, kv_len}) < (start + count).view({rows, 1, 1}));
   at::Tensor attention_mask =
       at::zeros({rows, width, kv_len}, options_.dtype(at::kFloat))
           .masked_fill_(visible.logical_not(),
@@ -230,9 +250,12 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   // Where the valid tokens go in the cache: (slot, position) pairs.
   at::Tensor flat_valid = valid.flatten().nonzero().squeeze(1);
   at::Tensor slots = HostLongs(batch.slots).to(device);
-  at::Tensor cache_index = at::stack(
-      {slots.unsqueeze(1).expand({rows, width}).flatten().index_select(0, flat_valid),
-       positions.flatten().index_select(0, flat_valid), flat_valid});
+  at::Tensor cache_index =
+      at::stack({slots.unsqueeze(1)
+                     .expand({rows, width})
+                     .flatten()
+                     .index_select(0, flat_valid),
+                 positions.flatten().index_select(0, flat_valid), flat_valid});
 
   DecoderOutput out;
   std::vector<at::Tensor> counts;
@@ -281,9 +304,11 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
                .view({rows, width, heads});
 
   at::Tensor cos = rope_cos_.index_select(0, positions.flatten())
-                       .view({rows, width, 1, d}).to(x.scalar_type());
+                       .view({rows, width, 1, d})
+                       .to(x.scalar_type());
   at::Tensor sin = rope_sin_.index_select(0, positions.flatten())
-                       .view({rows, width, 1, d}).to(x.scalar_type());
+                       .view({rows, width, 1, d})
+                       .to(x.scalar_type());
   q = q.view({rows, width, heads, d});
   k = k.view({rows, width, kv_heads, d});
   q = q * cos + RotateHalf(q) * sin;
@@ -293,29 +318,36 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   at::Tensor& value_cache = cache.values(layer_index);
   at::Tensor slot_index = cache_index[0], pos_index = cache_index[1];
   at::Tensor token_index = cache_index[2];
-  key_cache.index_put_({slot_index, pos_index},
-                       k.reshape({rows * width, kv_heads, d}).index_select(0, token_index));
-  value_cache.index_put_({slot_index, pos_index},
-                         v.reshape({rows * width, kv_heads, d}).index_select(0, token_index));
+  key_cache.index_put_(
+      {slot_index, pos_index},
+      k.reshape({rows * width, kv_heads, d}).index_select(0, token_index));
+  value_cache.index_put_(
+      {slot_index, pos_index},
+      v.reshape({rows * width, kv_heads, d}).index_select(0, token_index));
 
   const int64_t kv_len = attention_mask.size(2);
   at::Tensor slots = HostLongs(batch.slots).to(x.device());
-  at::Tensor keys = key_cache.index_select(0, slots).narrow(1, 0, kv_len)
+  at::Tensor keys = key_cache.index_select(0, slots)
+                        .narrow(1, 0, kv_len)
                         .permute({0, 2, 3, 1});  // [B, KV, D, L]
-  at::Tensor values = value_cache.index_select(0, slots).narrow(1, 0, kv_len)
+  at::Tensor values = value_cache.index_select(0, slots)
+                          .narrow(1, 0, kv_len)
                           .permute({0, 2, 1, 3});  // [B, KV, L, D]
   // Head h reads key/value head h / group (repeat_kv).
-  at::Tensor queries = q.permute({0, 2, 1, 3})
-                           .reshape({rows, kv_heads, group * width, d});
-  at::Tensor scores = at::matmul(queries, keys) / std::sqrt(static_cast<double>(d));
+  at::Tensor queries =
+      q.permute({0, 2, 1, 3}).reshape({rows, kv_heads, group * width, d});
+  at::Tensor scores =
+      at::matmul(queries, keys) / std::sqrt(static_cast<double>(d));
   scores = scores.view({rows, kv_heads, group, width, kv_len}).to(at::kFloat) +
            attention_mask.view({rows, 1, 1, width, kv_len});
   at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
-  at::Tensor attn = at::matmul(probs.view({rows, kv_heads, group * width, kv_len}), values)
-                        .view({rows, heads, width, d})
-                        .permute({0, 2, 1, 3});  // [B, T, H, D]
+  at::Tensor attn =
+      at::matmul(probs.view({rows, kv_heads, group * width, kv_len}), values)
+          .view({rows, heads, width, d})
+          .permute({0, 2, 1, 3});  // [B, T, H, D]
   attn = attn * gates->unsqueeze(-1);
-  return Linear(attn.reshape({rows, width, heads * d}), layer.o_proj, layer.o_bias);
+  return Linear(attn.reshape({rows, width, heads * d}), layer.o_proj,
+                layer.o_bias);
 }
 
 }  // namespace moh

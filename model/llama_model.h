@@ -11,11 +11,11 @@
 // one KvCache has one user at a time).
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint.h"
@@ -33,15 +33,16 @@ struct DecoderBatch {
   std::vector<int32_t> num_tokens;       // valid tokens per row, in [1, T]
   std::vector<int32_t> slots;            // KV-cache slot per row (distinct)
   std::vector<int32_t> start_positions;  // tokens already cached in the slot
-  std::vector<float> ratios;             // activation ratio per row; <= 0: default
-  bool all_logits = false;    // logits at every position, else the last valid one
+  std::vector<float> ratios;  // activation ratio per row; <= 0: default
+  bool all_logits = false;  // logits at every position, else the last valid one
   bool record_gates = false;  // also return the gates of every layer
 };
 
 struct DecoderOutput {
   at::Tensor logits;  // float32 [B, V] (last valid position) or [B, T, V]
   at::Tensor head_token_counts;  // int64 CPU [B, L, H]: tokens each head served
-  std::vector<at::Tensor> gates;  // when recorded: per layer float32 CPU [B, T, H]
+  std::vector<at::Tensor>
+      gates;  // when recorded: per layer float32 CPU [B, T, H]
 };
 
 class LlamaModel {
@@ -72,7 +73,7 @@ class LlamaModel {
 
  private:
   struct Layer {
-    at::Tensor input_norm, post_norm;   // [C]
+    at::Tensor input_norm, post_norm;           // [C]
     at::Tensor q_proj, k_proj, v_proj, o_proj;  // weights [out, in]
     at::Tensor q_bias, k_bias, v_bias, o_bias;  // when attention_bias
     at::Tensor gate_proj, up_proj, down_proj;

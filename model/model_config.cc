@@ -92,7 +92,8 @@ class ConfigReader {
       }
       for (size_t i = 0; i < v.size(); ++i) {
         MOH_ASSIGN_OR_RETURN(
-            int32_t x, IntValue(v[i], absl::StrCat(field, "[", i, "]"), lo, hi));
+            int32_t x,
+            IntValue(v[i], absl::StrCat(field, "[", i, "]"), lo, hi));
         out.push_back(x);
       }
       return out;
@@ -154,14 +155,14 @@ absl::StatusOr<MohConfig> ParseMoh(const ConfigReader& r, int32_t num_layers,
   }
   if (moh.router != RouterKind::kDense) {
     if (r.Has("moh_shared_heads")) {
-      MOH_ASSIGN_OR_RETURN(shared, r.PerLayerInt("moh_shared_heads", num_layers,
-                                                 0, num_heads));
+      MOH_ASSIGN_OR_RETURN(
+          shared, r.PerLayerInt("moh_shared_heads", num_layers, 0, num_heads));
     } else if (moh.router == RouterKind::kLearned) {
       return r.Error("moh_shared_heads", "is required for moh_router learned");
     }
     if (r.Has("moh_routed_top_k")) {
-      MOH_ASSIGN_OR_RETURN(top_k, r.PerLayerInt("moh_routed_top_k", num_layers,
-                                                0, num_heads));
+      MOH_ASSIGN_OR_RETURN(
+          top_k, r.PerLayerInt("moh_routed_top_k", num_layers, 0, num_heads));
     } else if (moh.router == RouterKind::kLearned) {
       return r.Error("moh_routed_top_k", "is required for moh_router learned");
     }
@@ -177,7 +178,8 @@ absl::StatusOr<MohConfig> ParseMoh(const ConfigReader& r, int32_t num_layers,
     }
     if (top_k[l] == 0 && routed != 0) {
       return r.Error("moh_routed_top_k",
-                     absl::StrCat("layer ", l, ": is 0, which requires "
+                     absl::StrCat("layer ", l,
+                                  ": is 0, which requires "
                                   "moh_shared_heads == num_attention_heads (",
                                   num_heads, "), got ", shared[l]));
     }
@@ -203,9 +205,8 @@ absl::StatusOr<LlamaConfig> ParseLlama(const ConfigReader& r) {
   MOH_ASSIGN_OR_RETURN(c.num_layers, r.Int("num_hidden_layers", 1, 1024, {}));
   MOH_ASSIGN_OR_RETURN(c.num_heads,
                        r.Int("num_attention_heads", 1, c.hidden_size, {}));
-  MOH_ASSIGN_OR_RETURN(
-      c.num_kv_heads,
-      r.Int("num_key_value_heads", 1, c.num_heads, c.num_heads));
+  MOH_ASSIGN_OR_RETURN(c.num_kv_heads, r.Int("num_key_value_heads", 1,
+                                             c.num_heads, c.num_heads));
   if (c.num_heads % c.num_kv_heads != 0) {
     return r.Error("num_key_value_heads",
                    absl::StrCat("must divide num_attention_heads (",
@@ -219,8 +220,8 @@ absl::StatusOr<LlamaConfig> ParseLlama(const ConfigReader& r) {
   MOH_ASSIGN_OR_RETURN(
       c.head_dim, r.Int("head_dim", 2, kMaxDim, c.hidden_size / c.num_heads));
   if (c.head_dim % 2 != 0) {
-    return r.Error("head_dim", absl::StrCat("must be even for RoPE, got ",
-                                            c.head_dim));
+    return r.Error("head_dim",
+                   absl::StrCat("must be even for RoPE, got ", c.head_dim));
   }
   MOH_ASSIGN_OR_RETURN(c.rms_norm_eps, r.Double("rms_norm_eps", 0, 1, 1e-6));
   MOH_ASSIGN_OR_RETURN(c.rope_theta, r.Double("rope_theta", 1, 1e12, 10000.0));
@@ -247,8 +248,9 @@ absl::StatusOr<LlamaConfig> ParseLlama(const ConfigReader& r) {
     if (eos.is_array()) {
       for (size_t i = 0; i < eos.size(); ++i) {
         MOH_ASSIGN_OR_RETURN(
-            int32_t id, r.IntValue(eos[i], absl::StrCat("eos_token_id[", i, "]"),
-                                   0, c.vocab_size - 1));
+            int32_t id,
+            r.IntValue(eos[i], absl::StrCat("eos_token_id[", i, "]"), 0,
+                       c.vocab_size - 1));
         c.eos_token_ids.push_back(id);
       }
     } else {
@@ -260,8 +262,7 @@ absl::StatusOr<LlamaConfig> ParseLlama(const ConfigReader& r) {
   const RouterKind released = NamesMohModelingCode(r.raw())
                                   ? RouterKind::kQueryNorm
                                   : RouterKind::kDense;
-  MOH_ASSIGN_OR_RETURN(c.moh,
-                       ParseMoh(r, c.num_layers, c.num_heads, released));
+  MOH_ASSIGN_OR_RETURN(c.moh, ParseMoh(r, c.num_layers, c.num_heads, released));
   return c;
 }
 
@@ -276,7 +277,8 @@ absl::StatusOr<std::vector<float>> FloatList(const ConfigReader& r,
   std::vector<float> out;
   for (const json& x : v) {
     if (!x.is_number()) {
-      return r.Error(field, absl::StrCat("must be a list of ", size, " numbers"));
+      return r.Error(field,
+                     absl::StrCat("must be a list of ", size, " numbers"));
     }
     out.push_back(x.get<float>());
   }
@@ -288,9 +290,9 @@ absl::StatusOr<VitConfig> ParseVit(const ConfigReader& r) {
   MOH_ASSIGN_OR_RETURN(c.image_size, r.Int("image_size", 1, 8192, {}));
   MOH_ASSIGN_OR_RETURN(c.patch_size, r.Int("patch_size", 1, c.image_size, {}));
   if (c.image_size % c.patch_size != 0) {
-    return r.Error("patch_size", absl::StrCat("must divide image_size (",
-                                              c.image_size, "), got ",
-                                              c.patch_size));
+    return r.Error("patch_size",
+                   absl::StrCat("must divide image_size (", c.image_size,
+                                "), got ", c.patch_size));
   }
   MOH_ASSIGN_OR_RETURN(c.num_channels, r.Int("num_channels", 1, 16, 3));
   MOH_ASSIGN_OR_RETURN(c.hidden_size, r.Int("hidden_size", 1, 1 << 16, {}));
@@ -304,7 +306,8 @@ absl::StatusOr<VitConfig> ParseVit(const ConfigReader& r) {
   }
   MOH_ASSIGN_OR_RETURN(c.intermediate_size,
                        r.Int("intermediate_size", 1, 1 << 20, {}));
-  MOH_ASSIGN_OR_RETURN(c.layer_norm_eps, r.Double("layer_norm_eps", 0, 1, 1e-6));
+  MOH_ASSIGN_OR_RETURN(c.layer_norm_eps,
+                       r.Double("layer_norm_eps", 0, 1, 1e-6));
   MOH_ASSIGN_OR_RETURN(c.qkv_bias, r.Bool("qkv_bias", true));
   if (!r.Has("labels") || !r.raw()["labels"].is_array() ||
       r.raw()["labels"].empty()) {
@@ -324,7 +327,8 @@ absl::StatusOr<VitConfig> ParseVit(const ConfigReader& r) {
   MOH_ASSIGN_OR_RETURN(
       c.moh, ParseMoh(r, c.num_layers, c.num_heads, RouterKind::kDense));
   if (c.moh.router == RouterKind::kQueryNorm) {
-    return r.Error("moh_router", "must be \"learned\" or \"dense\" for moh_vit");
+    return r.Error("moh_router",
+                   "must be \"learned\" or \"dense\" for moh_vit");
   }
   return c;
 }
@@ -347,8 +351,8 @@ int32_t MohLayerConfig::TopKForRatio(float ratio) const {
   const int32_t routed = routed_heads();
   if (routed == 0) return 0;
   if (!(ratio > 0)) return top_k;
-  const int64_t heads =
-      static_cast<int64_t>(std::floor(static_cast<double>(ratio) * num_heads + 0.5));
+  const int64_t heads = static_cast<int64_t>(
+      std::floor(static_cast<double>(ratio) * num_heads + 0.5));
   return static_cast<int32_t>(
       std::clamp<int64_t>(heads - shared_heads, 0, routed));
 }
@@ -375,8 +379,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                              const std::string& source) {
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not valid JSON"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
   }
   if (!j.is_object()) {
     return absl::InvalidArgumentError(
@@ -400,10 +403,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     config.family = ModelFamily::kLlama;
     MOH_ASSIGN_OR_RETURN(config.llama, ParseLlama(r));
   } else {
-    return r.Error("model_type",
-                   absl::StrCat("must be \"llama\" (or architectures "
-                                "[\"LlamaForCausalLM\"]) or \"moh_vit\", got \"",
-                                model_type, "\""));
+    return r.Error(
+        "model_type",
+        absl::StrCat("must be \"llama\" (or architectures "
+                     "[\"LlamaForCausalLM\"]) or \"moh_vit\", got \"",
+                     model_type, "\""));
   }
   return config;
 }

@@ -4,7 +4,8 @@
 // `LlamaForCausalLM` architecture) and MoH-ViT classifiers (`model_type:
 // "moh_vit"`). The MoH settings of each layer (shared heads S, trained routed
 // top-K, router kind) are resolved here once, following SPEC §1:
-//   - `moh_router`, `moh_shared_heads`, `moh_routed_top_k` (int or per-layer list)
+//   - `moh_router`, `moh_shared_heads`, `moh_routed_top_k` (int or per-layer
+//   list)
 //     give a learned- or query-norm-router model;
 //   - a LLaMA config without MoH fields whose `auto_map` names its own
 //     `modeling_llama` (the released MoH-LLaMA3-8B) gets the query-norm router

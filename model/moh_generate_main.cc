@@ -14,9 +14,11 @@
 #include "model/generator.h"
 #include "model/language_model.h"
 
-ABSL_FLAG(std::string, model_dir, "", "Model directory (config.json, weights, tokenizer.json)");
+ABSL_FLAG(std::string, model_dir, "",
+          "Model directory (config.json, weights, tokenizer.json)");
 ABSL_FLAG(std::string, prompt, "Once upon a time", "Prompt text");
-ABSL_FLAG(float, ratio, 0.0f, "Activation ratio in (0, 1]; 0 = the model's default");
+ABSL_FLAG(float, ratio, 0.0f,
+          "Activation ratio in (0, 1]; 0 = the model's default");
 ABSL_FLAG(int32_t, max_new_tokens, 32, "Tokens to generate");
 ABSL_FLAG(float, temperature, 0.0f, "Sampling temperature; 0 = greedy");
 ABSL_FLAG(int32_t, top_k, 0, "Top-k sampling; 0 = off");
@@ -30,7 +32,8 @@ ABSL_FLAG(int32_t, threads, 0, "CPU threads for LibTorch; 0 = one per core");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Generates text with a MoH language model, in process.");
+  absl::SetProgramUsageMessage(
+      "Generates text with a MoH language model, in process.");
   absl::ParseCommandLine(argc, argv);
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   if (dir.empty()) {
@@ -40,7 +43,8 @@ int main(int argc, char** argv) {
   moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
   const auto load_start = std::chrono::steady_clock::now();
   auto lm = moh::LanguageModel::Load(
-      dir, moh::DeviceOptions{absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_dtype)});
+      dir, moh::DeviceOptions{absl::GetFlag(FLAGS_device),
+                              absl::GetFlag(FLAGS_dtype)});
   if (!lm.ok()) {
     std::cerr << "moh-generate: " << lm.status().message() << "\n";
     return 1;
@@ -50,11 +54,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double load_s = std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - load_start).count();
+                            std::chrono::steady_clock::now() - load_start)
+                            .count();
   const moh::LlamaConfig& config = lm->model->config();
-  std::fprintf(stderr, "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio %.3f\n",
+  std::fprintf(stderr,
+               "loaded %s in %.2fs: %d layers, %d heads, router %s, default "
+               "ratio %.3f\n",
                dir.c_str(), load_s, config.num_layers, config.num_heads,
-               moh::RouterKindName(config.moh.router), config.moh.DefaultRatio());
+               moh::RouterKindName(config.moh.router),
+               config.moh.DefaultRatio());
 
   moh::GenerationRequest request;
   request.prompt_ids = lm->tokenizer->Encode(absl::GetFlag(FLAGS_prompt), true);
@@ -65,16 +73,19 @@ int main(int argc, char** argv) {
   request.sampling.top_p = absl::GetFlag(FLAGS_top_p);
   request.sampling.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
   request.sampling.stop = absl::GetFlag(FLAGS_stop);
-  if (absl::GetFlag(FLAGS_seed) >= 0) request.sampling.seed = absl::GetFlag(FLAGS_seed);
+  if (absl::GetFlag(FLAGS_seed) >= 0)
+    request.sampling.seed = absl::GetFlag(FLAGS_seed);
 
   moh::Generator generator(*lm->model, lm->tokenizer.get(), lm->eos_ids);
   std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
   const auto start = std::chrono::steady_clock::now();
-  auto results = generator.Generate({request}, [](size_t, const moh::GenerationChunk& chunk) {
-    std::cout << chunk.text << std::flush;
-  });
+  auto results = generator.Generate(
+      {request}, [](size_t, const moh::GenerationChunk& chunk) {
+        std::cout << chunk.text << std::flush;
+      });
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   std::cout << "\n";
   if (!results.ok()) {
     std::cerr << "moh-generate: " << results.status().message() << "\n";
@@ -89,11 +100,13 @@ int main(int argc, char** argv) {
                r.token_ids.size() / std::max(seconds, 1e-9));
   if (absl::GetFlag(FLAGS_routing)) {
     const at::Tensor counts = r.head_token_counts;  // [L, H]
-    std::fprintf(stderr, "tokens served per head (rows: layers, columns: heads)\n");
+    std::fprintf(stderr,
+                 "tokens served per head (rows: layers, columns: heads)\n");
     for (int64_t l = 0; l < counts.size(0); ++l) {
       std::fprintf(stderr, "layer %3lld:", static_cast<long long>(l));
       for (int64_t h = 0; h < counts.size(1); ++h) {
-        std::fprintf(stderr, " %5lld", static_cast<long long>(counts[l][h].item<int64_t>()));
+        std::fprintf(stderr, " %5lld",
+                     static_cast<long long>(counts[l][h].item<int64_t>()));
       }
       std::fprintf(stderr, "\n");
     }

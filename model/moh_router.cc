@@ -72,20 +72,20 @@ at::Tensor MohRouter::LearnedGates(const at::Tensor& x, const at::Tensor& top_k,
   if (layer_.routed_heads() == 0) {
     // A layer without routing: softmax over all (shared) heads, times S.
     if (shared == 1) return at::ones({x.size(0), 1}, x.options());
-    return at::softmax(at::matmul(x, wg_1_.t()), 1) * static_cast<double>(shared);
+    return at::softmax(at::matmul(x, wg_1_.t()), 1) *
+           static_cast<double>(shared);
   }
   at::Tensor gates = at::softmax(at::matmul(x, wg_.t()), 1);
   at::Tensor routed = gates * TopKMask(gates, top_k, max_top_k);
-  at::Tensor denom = at::clamp_min(
-      routed.sum(1, /*keepdim=*/true),
-      std::numeric_limits<float>::epsilon());
+  at::Tensor denom = at::clamp_min(routed.sum(1, /*keepdim=*/true),
+                                   std::numeric_limits<float>::epsilon());
   routed = routed / denom * top_k.unsqueeze(1).to(routed.scalar_type());
   if (shared == 0) return routed;
   at::Tensor weight_0 = at::softmax(at::matmul(x, wg_0_.t()), 1) * 2.0;
-  at::Tensor shared_gates =
-      shared > 1 ? at::softmax(at::matmul(x, wg_1_.t()), 1) *
-                       static_cast<double>(shared)
-                 : at::ones({x.size(0), 1}, x.options());
+  at::Tensor shared_gates = shared > 1
+                                ? at::softmax(at::matmul(x, wg_1_.t()), 1) *
+                                      static_cast<double>(shared)
+                                : at::ones({x.size(0), 1}, x.options());
   shared_gates = shared_gates * weight_0.narrow(1, 0, 1);
   routed = routed * weight_0.narrow(1, 1, 1);
   return at::cat({shared_gates, routed}, 1);

@@ -2,17 +2,17 @@
 //
 // A router turns the attention input of each token into one gate per head
 // ([N, H], 0 = the head is not used by that token). Heads [0, S) are shared,
-// heads [S, H) are routed; K may differ per token (each batch row brings its own
-// activation ratio). With the trained K, the gates equal the official code:
-//   learned    — MoH-DiT/MoH-ViT `MoHAttention.forward` (two-stage softmax gates)
-//   query_norm — MoH-LLaMA3 `LlamaAttention.forward` (binary mask from ||q_h||)
-//   dense      — every gate is 1.
+// heads [S, H) are routed; K may differ per token (each batch row brings its
+// own activation ratio). With the trained K, the gates equal the official code:
+//   learned    — MoH-DiT/MoH-ViT `MoHAttention.forward` (two-stage softmax
+//   gates) query_norm — MoH-LLaMA3 `LlamaAttention.forward` (binary mask from
+//   ||q_h||) dense      — every gate is 1.
 // Thread-compatible: Gates() is const and may run concurrently.
 #pragma once
 
-#include <vector>
-
 #include <ATen/ATen.h>
+
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint.h"
@@ -23,7 +23,8 @@ namespace moh {
 class MohRouter {
  public:
   // Takes the router weights of one layer from `store`: `<prefix>wg.weight`
-  // [R, C] (when R > 0), `<prefix>wg_0.weight` [2, C] (when R > 0 and S > 0) and
+  // [R, C] (when R > 0), `<prefix>wg_0.weight` [2, C] (when R > 0 and S > 0)
+  // and
   // `<prefix>wg_1.weight` [S, C] (when S > 1), converted to `options`.
   static absl::StatusOr<MohRouter> Load(RouterKind kind,
                                         const MohLayerConfig& layer,

@@ -1,13 +1,13 @@
 #include "model/runtime.h"
 
-#include <thread>
-
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
+#include <thread>
+
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 
 namespace moh {
 
@@ -48,9 +48,10 @@ absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
   if (name == "float32" || name == "fp32") return at::kFloat;
   if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
   if (name == "float16" || name == "fp16") return at::kHalf;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "dtype must be \"auto\", \"float32\", \"bfloat16\" or \"float16\", got \"",
-      name, "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype must be \"auto\", \"float32\", \"bfloat16\" or "
+                   "\"float16\", got \"",
+                   name, "\""));
 }
 
 absl::StatusOr<at::TensorOptions> ResolveTensorOptions(

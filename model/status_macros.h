@@ -8,10 +8,10 @@
 #define MOH_CONCAT(a, b) MOH_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define MOH_RETURN_IF_ERROR(expr)               \
-  do {                                          \
-    ::absl::Status moh_status_ = (expr);        \
-    if (!moh_status_.ok()) return moh_status_;  \
+#define MOH_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::absl::Status moh_status_ = (expr);       \
+    if (!moh_status_.ok()) return moh_status_; \
   } while (0)
 
 // `lhs = value of expr` (an absl::StatusOr<T>), or returns its error.

@@ -62,9 +62,9 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
     MOH_ASSIGN_OR_RETURN(b.fc1_b, take(pre + "mlp.fc1.bias", {inter}));
     MOH_ASSIGN_OR_RETURN(b.fc2_w, take(pre + "mlp.fc2.weight", {c, inter}));
     MOH_ASSIGN_OR_RETURN(b.fc2_b, take(pre + "mlp.fc2.bias", {c}));
-    MOH_ASSIGN_OR_RETURN(b.router,
-                         MohRouter::Load(config.moh.router, config.moh.layers[l],
-                                         c, pre + "attn.", store, options));
+    MOH_ASSIGN_OR_RETURN(
+        b.router, MohRouter::Load(config.moh.router, config.moh.layers[l], c,
+                                  pre + "attn.", store, options));
     model->blocks_.push_back(std::move(b));
   }
   MOH_RETURN_IF_ERROR(store.CheckAllTaken());
@@ -95,8 +95,8 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
                      s, ", ", s, "], B >= 1"));
   }
   if (ratios.size() != static_cast<size_t>(pixels.size(0))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ratios needs one entry per row (", pixels.size(0), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ratios needs one entry per row (", pixels.size(0), ")"));
   }
   for (size_t b = 0; b < ratios.size(); ++b) {
     if (!(ratios[b] <= 1.0f)) {
@@ -111,23 +111,25 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
                               {config_.patch_size, config_.patch_size});
     x = x.flatten(2).transpose(1, 2);  // [B, N, C]
     x = at::cat({cls_token_.expand({rows, 1, -1}), x}, 1) + pos_embed_;
-    at::Tensor valid = at::ones({rows, x.size(1)},
-                                at::TensorOptions().dtype(at::kBool).device(x.device()));
+    at::Tensor valid =
+        at::ones({rows, x.size(1)},
+                 at::TensorOptions().dtype(at::kBool).device(x.device()));
     ClassifierOutput out;
     std::vector<at::Tensor> counts;
     for (const Block& block : blocks_) {
       at::Tensor gates;
       x = x + Attention(block, LayerNorm(x, block.norm1_w, block.norm1_b),
                         ratios, &gates);
-      at::Tensor hidden = at::gelu(
-          at::linear(LayerNorm(x, block.norm2_w, block.norm2_b), block.fc1_w,
-                     block.fc1_b));
+      at::Tensor hidden =
+          at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
+                              block.fc1_w, block.fc1_b));
       x = x + at::linear(hidden, block.fc2_w, block.fc2_b);
       counts.push_back(HeadTokenCounts(gates, valid).cpu());
       if (record_gates) out.gates.push_back(gates.to(at::kFloat).cpu());
     }
     x = LayerNorm(x, norm_w_, norm_b_);
-    out.logits = at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat).cpu();
+    out.logits =
+        at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat).cpu();
     out.head_token_counts = at::stack(counts, 1);
     return out;
   } catch (const std::exception& e) {
@@ -148,15 +150,16 @@ at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
   int64_t max_top_k = 0;
   at::Tensor top_k = TopKPerToken(block.router.layer(), ratios, tokens,
                                   x.device(), &max_top_k);
-  *gates = block.router
-               .Gates(x.reshape({rows * tokens, c}), at::Tensor(), top_k,
-                      max_top_k)
-               .view({rows, tokens, -1});
+  *gates =
+      block.router
+          .Gates(x.reshape({rows * tokens, c}), at::Tensor(), top_k, max_top_k)
+          .view({rows, tokens, -1});
   at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))),
                                  k.transpose(-2, -1));
   at::Tensor attn = at::matmul(at::softmax(scores, -1), v);  // [B, H, N, D]
-  attn = attn.transpose(1, 2) * gates->unsqueeze(-1);       // [B, N, H, D]
-  return at::linear(attn.reshape({rows, tokens, c}), block.proj_w, block.proj_b);
+  attn = attn.transpose(1, 2) * gates->unsqueeze(-1);        // [B, N, H, D]
+  return at::linear(attn.reshape({rows, tokens, c}), block.proj_w,
+                    block.proj_b);
 }
 
 }  // namespace moh

@@ -7,11 +7,11 @@
 // concurrently.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
 #include "model/model_config.h"
@@ -23,7 +23,8 @@ namespace moh {
 struct ClassifierOutput {
   at::Tensor logits;             // float32 CPU [B, num_classes]
   at::Tensor head_token_counts;  // int64 CPU [B, L, H]
-  std::vector<at::Tensor> gates;  // when recorded: per layer float32 CPU [B, N, H]
+  std::vector<at::Tensor>
+      gates;  // when recorded: per layer float32 CPU [B, N, H]
 };
 
 class VitModel {
@@ -40,7 +41,8 @@ class VitModel {
                                            const std::vector<float>& ratios,
                                            bool record_gates = false) const;
 
-  // (pixels in [0, 1] - image_mean) / image_std, per channel; pixels [B, C, S, S].
+  // (pixels in [0, 1] - image_mean) / image_std, per channel; pixels [B, C, S,
+  // S].
   at::Tensor NormalizePixels(const at::Tensor& pixels) const;
 
   const VitConfig& config() const { return config_; }

@@ -12,8 +12,8 @@
 namespace moh {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 const std::string kModelDir = std::string(MOH_FIXTURES_DIR) + "/llama_learned";
 
@@ -28,7 +28,11 @@ bool IsValidUtf8(const std::string& s) {
   size_t i = 0;
   while (i < s.size()) {
     const unsigned char c = s[i];
-    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    const int len = c < 0x80         ? 1
+                    : (c >> 5) == 6  ? 2
+                    : (c >> 4) == 14 ? 3
+                    : (c >> 3) == 30 ? 4
+                                     : 0;
     if (len == 0 || i + len > s.size()) return false;
     for (int k = 1; k < len; ++k) {
       if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
@@ -74,19 +78,22 @@ TEST_F(GeneratorTest, StreamedChunksAddUpToTheResult) {
   request.sampling.seed = 7;
   std::string streamed;
   std::vector<int32_t> streamed_ids;
-  auto results = generator.Generate({request}, [&](size_t row, const GenerationChunk& c) {
-    EXPECT_EQ(row, 0u);
-    EXPECT_TRUE(IsValidUtf8(c.text)) << "chunk splits a UTF-8 character";
-    streamed += c.text;
-    streamed_ids.insert(streamed_ids.end(), c.token_ids.begin(), c.token_ids.end());
-  });
+  auto results =
+      generator.Generate({request}, [&](size_t row, const GenerationChunk& c) {
+        EXPECT_EQ(row, 0u);
+        EXPECT_TRUE(IsValidUtf8(c.text)) << "chunk splits a UTF-8 character";
+        streamed += c.text;
+        streamed_ids.insert(streamed_ids.end(), c.token_ids.begin(),
+                            c.token_ids.end());
+      });
   ASSERT_TRUE(results.ok()) << results.status();
   const GenerationResult& r = (*results)[0];
   EXPECT_EQ(r.finish_reason, FinishReason::kLength);
   EXPECT_EQ(r.token_ids.size(), 24u);
   EXPECT_EQ(streamed_ids, r.token_ids);
   EXPECT_EQ(streamed, r.text);
-  auto decoded = lm_->tokenizer->Decode(r.token_ids, /*skip_special_tokens=*/true);
+  auto decoded =
+      lm_->tokenizer->Decode(r.token_ids, /*skip_special_tokens=*/true);
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(r.text, *decoded);
   EXPECT_EQ(r.prompt_tokens, static_cast<int32_t>(request.prompt_ids.size()));
@@ -99,7 +106,8 @@ TEST_F(GeneratorTest, SeededSamplingIsReproducibleWhateverTheBatch) {
   request.sampling.top_p = 0.95f;
   request.sampling.top_k = 50;
   request.sampling.seed = 1234;
-  GenerationRequest other = Request("a much longer prompt that pads the batch", 5);
+  GenerationRequest other =
+      Request("a much longer prompt that pads the batch", 5);
   other.ratio = 0.5f;
   auto alone = generator.Generate({request});
   auto batched = generator.Generate({other, request, other});
@@ -118,13 +126,14 @@ TEST_F(GeneratorTest, EosEndsTheSequence) {
   // Declare a greedy token that did not occur before it an EOS: generation
   // stops right there.
   size_t k = 1;
-  while (k + 1 < greedy.size() &&
-         std::find(greedy.begin(), greedy.begin() + k, greedy[k]) != greedy.begin() + k) {
+  while (k + 1 < greedy.size() && std::find(greedy.begin(), greedy.begin() + k,
+                                            greedy[k]) != greedy.begin() + k) {
     ++k;
   }
   Generator generator(*lm_->model, lm_->tokenizer.get(), {greedy[k]});
   GenerationRequest request;
-  request.prompt_ids = golden["prompts"][c["prompt"].get<int>()].get<std::vector<int32_t>>();
+  request.prompt_ids =
+      golden["prompts"][c["prompt"].get<int>()].get<std::vector<int32_t>>();
   request.sampling.max_new_tokens = 8;
   request.ratio = c["ratio"].get<float>();
   auto results = generator.Generate({request});
@@ -161,7 +170,8 @@ TEST_F(GeneratorTest, RatioChangesEffectiveRatio) {
   EXPECT_DOUBLE_EQ((*results)[1].effective_ratio, 1.0);
   // Counts cover prompt + generated tokens but the last, per (layer, head).
   const int64_t processed = low.prompt_ids.size() + 3;
-  EXPECT_EQ((*results)[1].head_token_counts.sum().item<int64_t>(), processed * 2 * 8);
+  EXPECT_EQ((*results)[1].head_token_counts.sum().item<int64_t>(),
+            processed * 2 * 8);
 }
 
 TEST_F(GeneratorTest, RejectsBadRequestsNamingTheField) {
@@ -170,16 +180,24 @@ TEST_F(GeneratorTest, RejectsBadRequestsNamingTheField) {
     std::function<void(GenerationRequest&)> mutate;
     std::string message;
   } cases[] = {
-      {[](GenerationRequest& r) { r.prompt_ids.clear(); }, "prompt_ids must have 1 to 255 tokens"},
-      {[](GenerationRequest& r) { r.prompt_ids.assign(300, 1); }, "prompt_ids must have 1 to 255 tokens"},
-      {[](GenerationRequest& r) { r.prompt_ids[0] = 320; }, "prompt_ids must be in [0, 320)"},
-      {[](GenerationRequest& r) { r.sampling.max_new_tokens = 0; }, "max_new_tokens"},
-      {[](GenerationRequest& r) { r.sampling.max_new_tokens = 1000; }, "max_new_tokens"},
+      {[](GenerationRequest& r) { r.prompt_ids.clear(); },
+       "prompt_ids must have 1 to 255 tokens"},
+      {[](GenerationRequest& r) { r.prompt_ids.assign(300, 1); },
+       "prompt_ids must have 1 to 255 tokens"},
+      {[](GenerationRequest& r) { r.prompt_ids[0] = 320; },
+       "prompt_ids must be in [0, 320)"},
+      {[](GenerationRequest& r) { r.sampling.max_new_tokens = 0; },
+       "max_new_tokens"},
+      {[](GenerationRequest& r) { r.sampling.max_new_tokens = 1000; },
+       "max_new_tokens"},
       {[](GenerationRequest& r) { r.sampling.top_p = 1.5f; }, "top_p"},
-      {[](GenerationRequest& r) { r.sampling.temperature = -1.0f; }, "temperature"},
+      {[](GenerationRequest& r) { r.sampling.temperature = -1.0f; },
+       "temperature"},
       {[](GenerationRequest& r) { r.ratio = 1.5f; }, "ratio must be in (0, 1]"},
-      {[](GenerationRequest& r) { r.ratio = -0.5f; }, "ratio must be in (0, 1]"},
-      {[](GenerationRequest& r) { r.ratio = std::nanf(""); }, "ratio must be in (0, 1]"},
+      {[](GenerationRequest& r) { r.ratio = -0.5f; },
+       "ratio must be in (0, 1]"},
+      {[](GenerationRequest& r) { r.ratio = std::nanf(""); },
+       "ratio must be in (0, 1]"},
   };
   for (auto& c : cases) {
     GenerationRequest request = Request("hello", 4);
@@ -195,21 +213,25 @@ TEST_F(GeneratorTest, LabelScoresMatchReferenceLogits) {
   // log p(label | context) from the reference's logits of the whole prompt.
   const json golden = Golden();
   for (const json& c : golden["cases"]) {
-    const auto prompt = golden["prompts"][c["prompt"].get<int>()].get<std::vector<int32_t>>();
+    const auto prompt =
+        golden["prompts"][c["prompt"].get<int>()].get<std::vector<int32_t>>();
     const size_t context_len = 3;
     std::vector<int32_t> context(prompt.begin(), prompt.begin() + context_len);
     std::vector<std::vector<int32_t>> labels = {
         {prompt.begin() + context_len, prompt.end()}, {prompt[context_len]}};
-    auto scores = ScoreLabels(*lm_->model, context, labels, c["ratio"].get<float>());
+    auto scores =
+        ScoreLabels(*lm_->model, context, labels, c["ratio"].get<float>());
     ASSERT_TRUE(scores.ok()) << scores.status();
     for (size_t i = 0; i < labels.size(); ++i) {
       double expected = 0;
       for (size_t j = 0; j < labels[i].size(); ++j) {
-        std::vector<float> row = c["logits"][context_len + j - 1].get<std::vector<float>>();
+        std::vector<float> row =
+            c["logits"][context_len + j - 1].get<std::vector<float>>();
         at::Tensor log_probs = at::log_softmax(at::tensor(row), 0);
         expected += log_probs[labels[i][j]].item<float>();
       }
-      EXPECT_NEAR((*scores)[i], expected, 1e-3 * std::max(1.0, std::abs(expected)));
+      EXPECT_NEAR((*scores)[i], expected,
+                  1e-3 * std::max(1.0, std::abs(expected)));
     }
   }
   auto empty = ScoreLabels(*lm_->model, {1, 2}, {}, 0.0f);

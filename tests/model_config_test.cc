@@ -13,7 +13,8 @@ constexpr char kLlamaBase[] = R"("model_type": "llama", "hidden_size": 64,
   "intermediate_size": 128, "vocab_size": 100, "rope_theta": 500000.0)";
 
 absl::StatusOr<ModelConfig> Parse(const std::string& extra) {
-  return ParseModelConfig(std::string("{") + kLlamaBase + extra + "}", "cfg.json");
+  return ParseModelConfig(std::string("{") + kLlamaBase + extra + "}",
+                          "cfg.json");
 }
 
 void ExpectError(const std::string& extra, const std::string& message) {
@@ -21,7 +22,8 @@ void ExpectError(const std::string& extra, const std::string& message) {
   ASSERT_FALSE(config.ok()) << extra;
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("cfg.json"));
-  EXPECT_THAT(std::string(config.status().message()), HasSubstr(message)) << extra;
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(message))
+      << extra;
 }
 
 TEST(ModelConfigTest, PlainLlamaIsDense) {
@@ -57,7 +59,8 @@ TEST(ModelConfigTest, ReleasedMohLlama3ConfigUsesQueryNormDefaults) {
 TEST(ModelConfigTest, ArchitectureAloneIdentifiesLlama) {
   auto config = ParseModelConfig(R"({"architectures": ["LlamaForCausalLM"],
       "hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1,
-      "intermediate_size": 32, "vocab_size": 10})", "cfg.json");
+      "intermediate_size": 32, "vocab_size": 10})",
+                                 "cfg.json");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->family, ModelFamily::kLlama);
 }
@@ -105,7 +108,8 @@ TEST(ModelConfigTest, RejectsBadMohFields) {
 }
 
 TEST(ModelConfigTest, RejectsBadLlamaFields) {
-  ExpectError(R"(, "num_key_value_heads": 3)", "must divide num_attention_heads");
+  ExpectError(R"(, "num_key_value_heads": 3)",
+              "must divide num_attention_heads");
   ExpectError(R"(, "hidden_act": "gelu")", "hidden_act");
   ExpectError(R"(, "rope_scaling": {"type": "linear", "factor": 2.0})",
               "rope_scaling");
@@ -119,7 +123,8 @@ TEST(ModelConfigTest, RejectsBadLlamaFields) {
 TEST(ModelConfigTest, RejectsBadJsonAndUnknownModelType) {
   auto bad = ParseModelConfig("{\"model_type\": ", "cfg.json");
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("cfg.json: not valid JSON"));
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("cfg.json: not valid JSON"));
   auto bert = ParseModelConfig(R"({"model_type": "bert"})", "cfg.json");
   ASSERT_FALSE(bert.ok());
   EXPECT_THAT(std::string(bert.status().message()), HasSubstr("\"bert\""));
@@ -146,12 +151,14 @@ TEST(ModelConfigTest, VitWithPerLayerSharedHeads) {
 TEST(ModelConfigTest, VitRejectsMissingLabelsAndBadPatch) {
   std::string no_labels = kVit;
   const std::string labels = R"("labels": ["a", "b"])";
-  no_labels.replace(no_labels.find(labels), labels.size(), R"("labelz": ["a"])");
+  no_labels.replace(no_labels.find(labels), labels.size(),
+                    R"("labelz": ["a"])");
   auto config = ParseModelConfig(no_labels, "vit.json");
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("'labels'"));
   std::string bad_patch = kVit;
-  bad_patch.replace(bad_patch.find("\"patch_size\": 4"), 15, "\"patch_size\": 5");
+  bad_patch.replace(bad_patch.find("\"patch_size\": 4"), 15,
+                    "\"patch_size\": 5");
   config = ParseModelConfig(bad_patch, "vit.json");
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(std::string(config.status().message()),

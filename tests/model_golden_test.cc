@@ -66,14 +66,18 @@ void ExpectSameHeads(const at::Tensor& gates, const at::Tensor& expected,
 const json& FindCase(const json& golden, double ratio, int index,
                      const char* key) {
   for (const json& c : golden["cases"]) {
-    if (c["ratio"].get<double>() == ratio && c[key].get<int>() == index) return c;
+    if (c["ratio"].get<double>() == ratio && c[key].get<int>() == index)
+      return c;
   }
-  ADD_FAILURE() << "no golden case ratio=" << ratio << " " << key << "=" << index;
+  ADD_FAILURE() << "no golden case ratio=" << ratio << " " << key << "="
+                << index;
   static const json empty;
   return empty;
 }
 
-std::vector<int32_t> Ints(const json& j) { return j.get<std::vector<int32_t>>(); }
+std::vector<int32_t> Ints(const json& j) {
+  return j.get<std::vector<int32_t>>();
+}
 
 class LlamaGoldenTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -135,7 +139,8 @@ class LlamaGoldenTest : public ::testing::TestWithParam<std::string> {
       }
     }
     for (int64_t b = 0; b < n; ++b) {
-      const json& expected = FindCase(golden_, ratios[b], prompt_index[b], "prompt");
+      const json& expected =
+          FindCase(golden_, ratios[b], prompt_index[b], "prompt");
       const std::string what = GetParam() + " prompt " +
                                std::to_string(prompt_index[b]) + " ratio " +
                                std::to_string(ratios[b]);
@@ -204,8 +209,9 @@ TEST_P(LlamaGoldenTest, EffectiveRatioMatchesReference) {
     auto prompt = Ints(golden_["prompts"][c["prompt"].get<int>()]);
     KvCache cache = model_->CreateKvCache(1, 64);
     DecoderBatch batch;
-    batch.token_ids = at::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()))
-                          .view({1, -1});
+    batch.token_ids =
+        at::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()))
+            .view({1, -1});
     batch.num_tokens = {static_cast<int32_t>(prompt.size())};
     batch.slots = {0};
     batch.start_positions = {0};
@@ -224,7 +230,8 @@ TEST(LlamaFormatsTest, SafetensorsShardedAndBinGiveIdenticalLogits) {
   at::Tensor reference;
   for (const char* dir :
        {"llama_learned", "llama_learned_sharded", "llama_learned_bin"}) {
-    auto model = LlamaModel::Load(kFixtures + "/" + dir, DeviceOptions{"cpu", "float32"});
+    auto model = LlamaModel::Load(kFixtures + "/" + dir,
+                                  DeviceOptions{"cpu", "float32"});
     ASSERT_TRUE(model.ok()) << dir << ": " << model.status();
     KvCache cache = (*model)->CreateKvCache(1, 16);
     DecoderBatch batch;
@@ -245,7 +252,8 @@ TEST(LlamaFormatsTest, SafetensorsShardedAndBinGiveIdenticalLogits) {
 }
 
 TEST(LlamaConfigTest, ReleasedMohLlama3ConfigGetsQueryNormRouter) {
-  auto model = LlamaModel::Load(kFixtures + "/llama_qnorm", DeviceOptions{"cpu", "float32"});
+  auto model = LlamaModel::Load(kFixtures + "/llama_qnorm",
+                                DeviceOptions{"cpu", "float32"});
   ASSERT_TRUE(model.ok()) << model.status();
   const MohConfig& moh = (*model)->config().moh;
   EXPECT_EQ(moh.router, RouterKind::kQueryNorm);
@@ -257,7 +265,8 @@ TEST(LlamaConfigTest, ReleasedMohLlama3ConfigGetsQueryNormRouter) {
 }
 
 TEST(LlamaForwardTest, RejectsBadBatchesWithoutTouchingTheCache) {
-  auto model = LlamaModel::Load(kFixtures + "/llama_learned", DeviceOptions{"cpu", "float32"});
+  auto model = LlamaModel::Load(kFixtures + "/llama_learned",
+                                DeviceOptions{"cpu", "float32"});
   ASSERT_TRUE(model.ok()) << model.status();
   KvCache cache = (*model)->CreateKvCache(2, 16);
   auto make = [] {
@@ -273,13 +282,19 @@ TEST(LlamaForwardTest, RejectsBadBatchesWithoutTouchingTheCache) {
     std::function<void(DecoderBatch&)> mutate;
     std::string message;
   } cases[] = {
-      {[](DecoderBatch& b) { b.token_ids[0][1] = 320; }, "token_ids must be in [0, 320)"},
-      {[](DecoderBatch& b) { b.token_ids[0][1] = -1; }, "token_ids must be in [0, 320)"},
-      {[](DecoderBatch& b) { b.num_tokens = {5}; }, "num_tokens[0] must be in [1, 4]"},
+      {[](DecoderBatch& b) { b.token_ids[0][1] = 320; },
+       "token_ids must be in [0, 320)"},
+      {[](DecoderBatch& b) { b.token_ids[0][1] = -1; },
+       "token_ids must be in [0, 320)"},
+      {[](DecoderBatch& b) { b.num_tokens = {5}; },
+       "num_tokens[0] must be in [1, 4]"},
       {[](DecoderBatch& b) { b.slots = {2}; }, "slots[0] must be in [0, 2)"},
-      {[](DecoderBatch& b) { b.start_positions = {13}; }, "must lie in [0, 16)"},
-      {[](DecoderBatch& b) { b.ratios = {std::nanf("")}; }, "ratios[0] must be in (0, 1]"},
-      {[](DecoderBatch& b) { b.ratios = {1.5f}; }, "ratios[0] must be in (0, 1]"},
+      {[](DecoderBatch& b) { b.start_positions = {13}; },
+       "must lie in [0, 16)"},
+      {[](DecoderBatch& b) { b.ratios = {std::nanf("")}; },
+       "ratios[0] must be in (0, 1]"},
+      {[](DecoderBatch& b) { b.ratios = {1.5f}; },
+       "ratios[0] must be in (0, 1]"},
       {[](DecoderBatch& b) { b.ratios = {}; }, "one entry per row"},
   };
   for (auto& c : cases) {
@@ -288,7 +303,8 @@ TEST(LlamaForwardTest, RejectsBadBatchesWithoutTouchingTheCache) {
     auto out = (*model)->Forward(batch, cache);
     ASSERT_FALSE(out.ok()) << c.message;
     EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr(c.message));
+    EXPECT_THAT(std::string(out.status().message()),
+                ::testing::HasSubstr(c.message));
   }
   EXPECT_EQ(cache.keys(0).abs().sum().item<float>(), 0.0f);
 }
@@ -297,27 +313,33 @@ class VitGoldenTest : public ::testing::Test {
  protected:
   void SetUp() override {
     golden_ = ReadGolden("vit_learned");
-    auto model = VitModel::Load(kFixtures + "/vit_learned", DeviceOptions{"cpu", "float32"});
+    auto model = VitModel::Load(kFixtures + "/vit_learned",
+                                DeviceOptions{"cpu", "float32"});
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
   }
-  void CheckBatch(const std::vector<int>& images, const std::vector<float>& ratios) {
+  void CheckBatch(const std::vector<int>& images,
+                  const std::vector<float>& ratios) {
     std::vector<at::Tensor> pixels;
     for (int i : images) pixels.push_back(ToTensor(golden_["images"][i]));
-    auto out = model_->Forward(at::stack(pixels), ratios, /*record_gates=*/true);
+    auto out =
+        model_->Forward(at::stack(pixels), ratios, /*record_gates=*/true);
     ASSERT_TRUE(out.ok()) << out.status();
     for (size_t b = 0; b < images.size(); ++b) {
       const json& expected = FindCase(golden_, ratios[b], images[b], "image");
-      const std::string what = "image " + std::to_string(images[b]) + " ratio " +
-                               std::to_string(ratios[b]);
-      ExpectClose(out->logits[b], ToTensor(expected["logits"]), what + " logits");
+      const std::string what = "image " + std::to_string(images[b]) +
+                               " ratio " + std::to_string(ratios[b]);
+      ExpectClose(out->logits[b], ToTensor(expected["logits"]),
+                  what + " logits");
       for (size_t layer = 0; layer < out->gates.size(); ++layer) {
-        ExpectSameHeads(out->gates[layer][b], ToTensor(expected["gates"][layer]),
+        ExpectSameHeads(out->gates[layer][b],
+                        ToTensor(expected["gates"][layer]),
                         what + " layer " + std::to_string(layer));
       }
       const int64_t tokens = 1 + model_->config().num_patches();
       EXPECT_NEAR(EffectiveRatio(out->head_token_counts[b], tokens),
-                  expected["effective_ratio"].get<double>(), 1e-9) << what;
+                  expected["effective_ratio"].get<double>(), 1e-9)
+          << what;
     }
   }
   json golden_;
