@@ -26,16 +26,6 @@ at::Tensor HostLongs(const std::vector<int32_t>& values) {
                     at::kLong);
 }
 
-// Wraps a LibTorch call so that its exceptions become a status.
-template <typename Fn>
-auto CatchTorch(const char* what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
@@ -69,7 +59,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   auto take = [&](const std::string& name,
                   std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
     MOH_ASSIGN_OR_RETURN(at::Tensor t, store.Take(name, shape, dtype));
-    return CatchTorch(
+    return CatchTorchErrors(
         "moving weights to device",
         [&]() -> absl::StatusOr<at::Tensor> { return t.to(options.device()); });
   };
@@ -205,8 +195,8 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
 absl::StatusOr<DecoderOutput> LlamaModel::Forward(const DecoderBatch& batch,
                                                   KvCache& cache) const {
   MOH_RETURN_IF_ERROR(Validate(batch, cache));
-  return CatchTorch("LlamaModel::Forward",
-                    [&]() { return ForwardUnchecked(batch, cache); });
+  return CatchTorchErrors("LlamaModel::Forward",
+                          [&]() { return ForwardUnchecked(batch, cache); });
 }
 
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,

@@ -47,7 +47,14 @@ absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
   }
   if (name == "float32" || name == "fp32") return at::kFloat;
   if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
-  if (name == "float16" || name == "fp16") return at::kHalf;
+  if (name == "float16" || name == "fp16") {
+    if (!device.is_cuda()) {
+      return absl::InvalidArgumentError(
+          "dtype \"float16\" needs a CUDA device; on CPU use \"float32\" or "
+          "\"bfloat16\"");
+    }
+    return at::kHalf;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("dtype must be \"auto\", \"float32\", \"bfloat16\" or "
                    "\"float16\", got \"",

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace moh {
@@ -31,5 +32,19 @@ absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
 void ConfigureCpuThreads(int num_threads);
 
 std::string DtypeName(at::ScalarType dtype);
+
+// Runs `fn` (returning an absl::Status or StatusOr) and turns a LibTorch
+// exception into INTERNAL "<what>: <cause>", without LibTorch's backtrace.
+template <typename Fn>
+auto CatchTorchErrors(const char* what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+}
 
 }  // namespace moh

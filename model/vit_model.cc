@@ -31,7 +31,9 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
   auto take = [&](const std::string& name,
                   std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
     MOH_ASSIGN_OR_RETURN(at::Tensor t, store.Take(name, shape, dtype));
-    return t.to(options.device());
+    return CatchTorchErrors(
+        "moving weights to device",
+        [&]() -> absl::StatusOr<at::Tensor> { return t.to(options.device()); });
   };
   const int64_t p = config.patch_size;
   MOH_ASSIGN_OR_RETURN(model->patch_w_, take("patch_embed.proj.weight",
@@ -105,36 +107,35 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
           ratios[b]));
     }
   }
-  try {
-    const int64_t rows = pixels.size(0);
-    at::Tensor x = at::conv2d(pixels.to(options_), patch_w_, patch_b_,
-                              {config_.patch_size, config_.patch_size});
-    x = x.flatten(2).transpose(1, 2);  // [B, N, C]
-    x = at::cat({cls_token_.expand({rows, 1, -1}), x}, 1) + pos_embed_;
-    at::Tensor valid =
-        at::ones({rows, x.size(1)},
-                 at::TensorOptions().dtype(at::kBool).device(x.device()));
-    ClassifierOutput out;
-    std::vector<at::Tensor> counts;
-    for (const Block& block : blocks_) {
-      at::Tensor gates;
-      x = x + Attention(block, LayerNorm(x, block.norm1_w, block.norm1_b),
-                        ratios, &gates);
-      at::Tensor hidden =
-          at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
-                              block.fc1_w, block.fc1_b));
-      x = x + at::linear(hidden, block.fc2_w, block.fc2_b);
-      counts.push_back(HeadTokenCounts(gates, valid).cpu());
-      if (record_gates) out.gates.push_back(gates.to(at::kFloat).cpu());
-    }
-    x = LayerNorm(x, norm_w_, norm_b_);
-    out.logits =
-        at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat).cpu();
-    out.head_token_counts = at::stack(counts, 1);
-    return out;
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("VitModel::Forward: ", e.what()));
-  }
+  return CatchTorchErrors(
+      "VitModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
+        const int64_t rows = pixels.size(0);
+        at::Tensor x = at::conv2d(pixels.to(options_), patch_w_, patch_b_,
+                                  {config_.patch_size, config_.patch_size});
+        x = x.flatten(2).transpose(1, 2);  // [B, N, C]
+        x = at::cat({cls_token_.expand({rows, 1, -1}), x}, 1) + pos_embed_;
+        at::Tensor valid =
+            at::ones({rows, x.size(1)},
+                     at::TensorOptions().dtype(at::kBool).device(x.device()));
+        ClassifierOutput out;
+        std::vector<at::Tensor> counts;
+        for (const Block& block : blocks_) {
+          at::Tensor gates;
+          x = x + Attention(block, LayerNorm(x, block.norm1_w, block.norm1_b),
+                            ratios, &gates);
+          at::Tensor hidden =
+              at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
+                                  block.fc1_w, block.fc1_b));
+          x = x + at::linear(hidden, block.fc2_w, block.fc2_b);
+          counts.push_back(HeadTokenCounts(gates, valid).cpu());
+          if (record_gates) out.gates.push_back(gates.to(at::kFloat).cpu());
+        }
+        x = LayerNorm(x, norm_w_, norm_b_);
+        out.logits =
+            at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat).cpu();
+        out.head_token_counts = at::stack(counts, 1);
+        return out;
+      });
 }
 
 at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,

@@ -367,3 +367,58 @@ TEST_F(VitGoldenTest, RejectsWrongPixelShape) {
 
 }  // namespace
 }  // namespace moh
+
+namespace moh {
+namespace {
+
+// The bf16 path (the default on CUDA) runs on CPU too: close to fp32.
+TEST(LlamaDtypeTest, BFloat16StaysCloseToFloat32) {
+  at::Tensor logits[2];
+  const char* dtypes[] = {"float32", "bfloat16"};
+  for (int i = 0; i < 2; ++i) {
+    auto model = LlamaModel::Load(kFixtures + "/llama_qnorm",
+                                  DeviceOptions{"cpu", dtypes[i]});
+    ASSERT_TRUE(model.ok()) << model.status();
+    KvCache cache = (*model)->CreateKvCache(1, 16);
+    EXPECT_EQ(cache.keys(0).scalar_type(), i == 0 ? at::kFloat : at::kBFloat16);
+    DecoderBatch batch;
+    batch.token_ids = at::arange(3, 11, at::kLong).view({1, 8});
+    batch.num_tokens = {8};
+    batch.slots = {0};
+    batch.start_positions = {0};
+    batch.ratios = {0.0f};
+    auto out = (*model)->Forward(batch, cache);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->logits.scalar_type(), at::kFloat);
+    logits[i] = out->logits;
+  }
+  const double scale = logits[0].abs().max().item<double>();
+  EXPECT_LE((logits[1] - logits[0]).abs().max().item<double>(), 0.1 * scale);
+}
+
+TEST(DeviceOptionsTest, RejectsUnknownDevicesAndDtypes) {
+  auto fp16 = ResolveTensorOptions(DeviceOptions{"cpu", "float16"});
+  ASSERT_FALSE(fp16.ok());
+  EXPECT_THAT(std::string(fp16.status().message()),
+              ::testing::HasSubstr("needs a CUDA device"));
+  auto tpu = ResolveTensorOptions(DeviceOptions{"tpu", "auto"});
+  ASSERT_FALSE(tpu.ok());
+  EXPECT_THAT(std::string(tpu.status().message()),
+              ::testing::HasSubstr("device must be"));
+  auto f64 = ResolveTensorOptions(DeviceOptions{"cpu", "float64"});
+  ASSERT_FALSE(f64.ok());
+  EXPECT_THAT(std::string(f64.status().message()),
+              ::testing::HasSubstr("dtype must be"));
+  if (!at::hasCUDA()) {
+    auto cuda = ResolveTensorOptions(DeviceOptions{"cuda", "auto"});
+    ASSERT_FALSE(cuda.ok());
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+    auto automatic = ResolveTensorOptions(DeviceOptions{"auto", "auto"});
+    ASSERT_TRUE(automatic.ok());
+    EXPECT_EQ(automatic->device().type(), at::kCPU);
+    EXPECT_EQ(at::typeMetaToScalarType(automatic->dtype()), at::kFloat);
+  }
+}
+
+}  // namespace
+}  // namespace moh
