@@ -1,0 +1,554 @@
+#include "service/metrics.h"
+
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "prometheus/client_metric.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/metric_type.h"
+
+namespace moh {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+constexpr int kNumRpcs = 3;
+constexpr int kNumBatchKinds = 3;
+constexpr int kNumCodes = 17;  // absl::StatusCode (== grpc::StatusCode) 0..16.
+constexpr int kUnknownCode = 2;
+
+// Indexed by absl::StatusCode, which numbers codes exactly as gRPC does.
+constexpr std::array<const char*, kNumCodes> kCodeNames = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
+int CodeIndex(absl::StatusCode code) {
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < kNumCodes ? i : kUnknownCode;
+}
+
+int RpcIndex(Rpc rpc) {
+  const int i = static_cast<int>(rpc);
+  return i >= 0 && i < kNumRpcs ? i : -1;
+}
+
+int BatchKindIndex(BatchKind kind) {
+  const int i = static_cast<int>(kind);
+  return i >= 0 && i < kNumBatchKinds ? i : -1;
+}
+
+// Request and queue latency: 1 ms .. 60 s, roughly 1-2.5-5 per decade.
+Histogram::BucketBoundaries DurationBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+          0.5,   1,      2.5,   5,    10,    20,   30,  60};
+}
+
+// Queue waits are often sub-millisecond; start at 100 us.
+Histogram::BucketBoundaries QueueBuckets() {
+  Histogram::BucketBoundaries b = {0.0001, 0.00025, 0.0005};
+  for (double v : DurationBuckets()) b.push_back(v);
+  return b;
+}
+
+// Time to first token: finer between 10 ms and 1 s, up to 60 s.
+Histogram::BucketBoundaries TtftBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2,
+          0.3,   0.5,    0.75,  1,    2.5,  5,    7.5,  10,   20,  40,   60};
+}
+
+// Inter-token latency: one decode step, 1 ms .. 5 s, finest below 100 ms.
+Histogram::BucketBoundaries ItlBuckets() {
+  return {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025,
+          0.03,  0.04,   0.05,  0.075,  0.1,  0.15,  0.2,  0.3,
+          0.4,   0.5,    0.75,  1,      2.5,  5};
+}
+
+// Rows per model step: powers of two 1 .. 256.
+Histogram::BucketBoundaries BatchSizeBuckets() {
+  Histogram::BucketBoundaries b;
+  for (int v = 1; v <= 256; v *= 2) b.push_back(v);
+  return b;
+}
+
+// Effective activation ratio: 0.05 .. 1.0 in steps of 0.05, computed as k/20
+// so that bounds such as 0.5 and 0.75 are exact. Separates every k/16, k/12,
+// k/8 ratio into its own bucket.
+Histogram::BucketBoundaries ActivationRatioBuckets() {
+  Histogram::BucketBoundaries b;
+  for (int k = 1; k <= 20; ++k) b.push_back(k / 20.0);
+  return b;
+}
+
+// BuildCounter()/BuildGauge()/BuildHistogram() with name and help, registered.
+template <typename Builder>
+auto& Register(Builder builder, const char* name, const char* help,
+               prometheus::Registry& r) {
+  return builder.Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+const char* RpcName(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kGenerate:
+      return "Generate";
+    case Rpc::kClassify:
+      return "Classify";
+    case Rpc::kListModels:
+      return "ListModels";
+  }
+  return "Unknown";
+}
+
+const char* BatchKindName(BatchKind kind) {
+  switch (kind) {
+    case BatchKind::kPrefill:
+      return "prefill";
+    case BatchKind::kDecode:
+      return "decode";
+    case BatchKind::kClassify:
+      return "classify";
+  }
+  return "unknown";
+}
+
+struct Metrics::Families {
+  explicit Families(prometheus::Registry& r)
+      : requests(Register(prometheus::BuildCounter(), "moh_requests_total",
+                          "Finished RPCs by model, rpc and gRPC status code.",
+                          r)),
+        request_duration(Register(
+            prometheus::BuildHistogram(), "moh_request_duration_seconds",
+            "RPC latency from arrival to the final response.", r)),
+        queue_duration(
+            Register(prometheus::BuildHistogram(), "moh_queue_duration_seconds",
+                     "Time from submission to start of compute.", r)),
+        ttft(Register(prometheus::BuildHistogram(),
+                      "moh_time_to_first_token_seconds",
+                      "Time from arrival to the first generated token.", r)),
+        itl(Register(
+            prometheus::BuildHistogram(), "moh_inter_token_latency_seconds",
+            "Time between consecutive generated tokens of a stream.", r)),
+        prompt_tokens(Register(prometheus::BuildCounter(),
+                               "moh_prompt_tokens_total",
+                               "Prompt tokens processed (prefill).", r)),
+        generated_tokens(Register(prometheus::BuildCounter(),
+                                  "moh_generated_tokens_total",
+                                  "Tokens generated (decode).", r)),
+        batch_size(Register(prometheus::BuildHistogram(), "moh_batch_size",
+                            "Rows in one model step, by kind.", r)),
+        running(Register(prometheus::BuildGauge(), "moh_requests_running",
+                         "Requests currently being computed.", r)),
+        waiting(Register(prometheus::BuildGauge(), "moh_requests_waiting",
+                         "Requests queued, not yet started.", r)),
+        kv_cache_usage(Register(prometheus::BuildGauge(),
+                                "moh_kv_cache_usage_ratio",
+                                "Fraction of the KV cache in use (0..1).", r)),
+        activation_ratio(
+            Register(prometheus::BuildHistogram(), "moh_activation_ratio",
+                     "Effective fraction of attention heads activated per "
+                     "token, one observation per finished request.",
+                     r)),
+        head_tokens(Register(prometheus::BuildCounter(),
+                             "moh_head_tokens_total",
+                             "Tokens routed to each attention head.", r)),
+        ratio_lowered(Register(
+            prometheus::BuildCounter(), "moh_activation_ratio_lowered_total",
+            "Times adaptive mode lowered the activation ratio.", r)),
+        load_seconds(Register(prometheus::BuildGauge(),
+                              "moh_model_load_seconds",
+                              "Seconds it took to load the model.", r)) {}
+
+  Family<Counter>& requests;
+  Family<Histogram>& request_duration;
+  Family<Histogram>& queue_duration;
+  Family<Histogram>& ttft;
+  Family<Histogram>& itl;
+  Family<Counter>& prompt_tokens;
+  Family<Counter>& generated_tokens;
+  Family<Histogram>& batch_size;
+  Family<Gauge>& running;
+  Family<Gauge>& waiting;
+  Family<Gauge>& kv_cache_usage;
+  Family<Histogram>& activation_ratio;
+  Family<Counter>& head_tokens;
+  Family<Counter>& ratio_lowered;
+  Family<Gauge>& load_seconds;
+};
+
+struct ModelMetrics::Impl {
+  std::string model;
+  Family<Counter>* requests_family = nullptr;
+  // requests[rpc][code], created on first use under mu.
+  absl::Mutex mu;
+  std::array<std::array<std::atomic<Counter*>, kNumCodes>, kNumRpcs> requests{};
+  std::array<Histogram*, kNumRpcs> request_duration{};
+  std::array<Histogram*, kNumRpcs> queue_duration{};
+  Histogram* ttft = nullptr;
+  Histogram* itl = nullptr;
+  Counter* prompt_tokens = nullptr;
+  Counter* generated_tokens = nullptr;
+  std::array<Histogram*, kNumBatchKinds> batch_size{};
+  Gauge* running = nullptr;
+  Gauge* waiting = nullptr;
+  Gauge* kv_cache_usage = nullptr;
+  Histogram* activation_ratio = nullptr;
+  std::vector<Counter*> head_tokens;  // [layer * num_heads + head]; fixed.
+  std::atomic<bool> head_size_mismatch_logged{false};
+  Counter* ratio_lowered = nullptr;
+  Gauge* load_seconds = nullptr;
+
+  Counter* RequestCounter(int rpc, int code) {
+    Counter* c = requests[rpc][code].load(std::memory_order_acquire);
+    if (c != nullptr) return c;
+    absl::MutexLock lock(&mu);
+    c = requests[rpc][code].load(std::memory_order_relaxed);
+    if (c == nullptr) {
+      c = &requests_family->Add({{"model", model},
+                                 {"rpc", RpcName(static_cast<Rpc>(rpc))},
+                                 {"code", kCodeNames[code]}});
+      requests[rpc][code].store(c, std::memory_order_release);
+    }
+    return c;
+  }
+};
+
+void ModelMetrics::RequestFinished(Rpc rpc, absl::StatusCode code,
+                                   absl::Duration duration) {
+  const int r = RpcIndex(rpc);
+  if (r < 0) return;
+  impl_->RequestCounter(r, CodeIndex(code))->Increment();
+  impl_->request_duration[r]->Observe(absl::ToDoubleSeconds(duration));
+}
+
+void ModelMetrics::QueueTime(Rpc rpc, absl::Duration wait) {
+  const int r = RpcIndex(rpc);
+  if (r < 0) return;
+  impl_->queue_duration[r]->Observe(absl::ToDoubleSeconds(wait));
+}
+
+void ModelMetrics::TimeToFirstToken(absl::Duration ttft) {
+  impl_->ttft->Observe(absl::ToDoubleSeconds(ttft));
+}
+
+void ModelMetrics::InterTokenLatency(absl::Duration itl) {
+  impl_->itl->Observe(absl::ToDoubleSeconds(itl));
+}
+
+void ModelMetrics::PromptTokens(int64_t n) {
+  if (n > 0) impl_->prompt_tokens->Increment(static_cast<double>(n));
+}
+
+void ModelMetrics::GeneratedTokens(int64_t n) {
+  if (n > 0) impl_->generated_tokens->Increment(static_cast<double>(n));
+}
+
+void ModelMetrics::BatchSize(BatchKind kind, int64_t rows) {
+  const int k = BatchKindIndex(kind);
+  if (k < 0) return;
+  impl_->batch_size[k]->Observe(static_cast<double>(rows));
+}
+
+void ModelMetrics::SetRunning(int64_t n) {
+  impl_->running->Set(static_cast<double>(n));
+}
+
+void ModelMetrics::SetWaiting(int64_t n) {
+  impl_->waiting->Set(static_cast<double>(n));
+}
+
+void ModelMetrics::SetKvCacheUsage(double ratio) {
+  impl_->kv_cache_usage->Set(ratio);
+}
+
+void ModelMetrics::ActivationRatio(double effective_ratio) {
+  if (std::isnan(effective_ratio)) return;
+  impl_->activation_ratio->Observe(effective_ratio);
+}
+
+void ModelMetrics::HeadTokens(const std::vector<int64_t>& counts) {
+  const std::vector<Counter*>& heads = impl_->head_tokens;
+  if (heads.empty()) return;
+  if (counts.size() != heads.size()) {
+    if (!impl_->head_size_mismatch_logged.exchange(true)) {
+      std::cerr << "moh metrics: HeadTokens for model '" << impl_->model
+                << "' got " << counts.size() << " counts, expected "
+                << heads.size() << "; ignored (logged once)\n";
+    }
+    return;
+  }
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > 0) heads[i]->Increment(static_cast<double>(counts[i]));
+  }
+}
+
+void ModelMetrics::RatioLowered() { impl_->ratio_lowered->Increment(); }
+
+void ModelMetrics::SetLoadSeconds(double seconds) {
+  impl_->load_seconds->Set(seconds);
+}
+
+// Standard process_* metrics read from /proc at scrape time, plus
+// moh_gpu_memory_bytes{device} from the optional reader.
+class Metrics::ProcessCollector : public prometheus::Collectable {
+ public:
+  ProcessCollector()
+      : clk_tck_(static_cast<double>(sysconf(_SC_CLK_TCK))),
+        page_size_(static_cast<double>(sysconf(_SC_PAGESIZE))) {
+    Stat stat;
+    const double btime = ReadBootTime();
+    if (ReadStat(&stat) && btime > 0 && clk_tck_ > 0) {
+      start_time_seconds_ = btime + stat.starttime / clk_tck_;
+    }
+  }
+
+  void SetGpuMemoryReader(
+      std::function<std::map<std::string, double>()> reader) {
+    absl::MutexLock lock(&mu_);
+    gpu_reader_ = std::move(reader);
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    Stat stat;
+    if (ReadStat(&stat)) {
+      if (clk_tck_ > 0) {
+        out.push_back(Single("process_cpu_seconds_total",
+                             "Total user and system CPU time spent in seconds.",
+                             prometheus::MetricType::Counter,
+                             (stat.utime + stat.stime) / clk_tck_));
+      }
+      out.push_back(Single(
+          "process_resident_memory_bytes", "Resident memory size in bytes.",
+          prometheus::MetricType::Gauge, stat.rss_pages * page_size_));
+      out.push_back(Single("process_virtual_memory_bytes",
+                           "Virtual memory size in bytes.",
+                           prometheus::MetricType::Gauge, stat.vsize_bytes));
+    }
+    if (start_time_seconds_ > 0) {
+      out.push_back(
+          Single("process_start_time_seconds",
+                 "Start time of the process since unix epoch in seconds.",
+                 prometheus::MetricType::Gauge, start_time_seconds_));
+    }
+    const int fds = CountOpenFds();
+    if (fds >= 0) {
+      out.push_back(Single("process_open_fds",
+                           "Number of open file descriptors.",
+                           prometheus::MetricType::Gauge, fds));
+    }
+    rlimit lim{};
+    if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+      out.push_back(Single(
+          "process_max_fds", "Maximum number of open file descriptors.",
+          prometheus::MetricType::Gauge, static_cast<double>(lim.rlim_cur)));
+    }
+    std::function<std::map<std::string, double>()> reader;
+    {
+      absl::MutexLock lock(&mu_);
+      reader = gpu_reader_;
+    }
+    if (reader) {
+      std::map<std::string, double> usage = reader();
+      if (!usage.empty()) {
+        prometheus::MetricFamily gpu;
+        gpu.name = "moh_gpu_memory_bytes";
+        gpu.help = "GPU memory in use in bytes, by device.";
+        gpu.type = prometheus::MetricType::Gauge;
+        for (const auto& [device, bytes] : usage) {
+          prometheus::ClientMetric m;
+          m.label.push_back({"device", device});
+          m.gauge.value = bytes;
+          gpu.metric.push_back(std::move(m));
+        }
+        out.push_back(std::move(gpu));
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Stat {
+    double utime = 0, stime = 0, starttime = 0, vsize_bytes = 0, rss_pages = 0;
+  };
+
+  static prometheus::MetricFamily Single(std::string name, std::string help,
+                                         prometheus::MetricType type,
+                                         double value) {
+    prometheus::MetricFamily f;
+    f.name = std::move(name);
+    f.help = std::move(help);
+    f.type = type;
+    prometheus::ClientMetric m;
+    if (type == prometheus::MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
+    f.metric.push_back(std::move(m));
+    return f;
+  }
+
+  // /proc/self/stat, see proc(5). The command name (field 2) may contain
+  // spaces and parentheses, so fields are counted after its last ')'.
+  static bool ReadStat(Stat* stat) {
+    std::ifstream in("/proc/self/stat");
+    std::string line;
+    if (!std::getline(in, line)) return false;
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) return false;
+    std::istringstream fields(line.substr(close + 1));
+    std::vector<std::string> f;  // f[0] is field 3 (state).
+    for (std::string s; fields >> s;) f.push_back(s);
+    if (f.size() < 22) return false;
+    auto at = [&](int field) {
+      return std::strtod(f[field - 3].c_str(), nullptr);
+    };
+    stat->utime = at(14);
+    stat->stime = at(15);
+    stat->starttime = at(22);
+    stat->vsize_bytes = at(23);
+    stat->rss_pages = at(24);
+    return true;
+  }
+
+  static double ReadBootTime() {
+    std::ifstream in("/proc/stat");
+    for (std::string key; in >> key;) {
+      if (key == "btime") {
+        double btime = 0;
+        in >> btime;
+        return btime;
+      }
+      in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    return 0;
+  }
+
+  // Entries of /proc/self/fd, not counting the one used to list them.
+  static int CountOpenFds() {
+    DIR* dir = opendir("/proc/self/fd");
+    if (dir == nullptr) return -1;
+    const std::string self = std::to_string(dirfd(dir));
+    int n = 0;
+    while (dirent* e = readdir(dir)) {
+      if (e->d_name[0] == '.' || self == e->d_name) continue;
+      ++n;
+    }
+    closedir(dir);
+    return n;
+  }
+
+  const double clk_tck_;
+  const double page_size_;
+  double start_time_seconds_ = 0;
+  mutable absl::Mutex mu_;
+  std::function<std::map<std::string, double>()> gpu_reader_
+      ABSL_GUARDED_BY(mu_);
+};
+
+Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
+    : registry_(std::move(registry)),
+      process_collector_(std::make_shared<ProcessCollector>()),
+      families_(std::make_unique<Families>(*registry_)) {}
+
+Metrics::~Metrics() = default;
+
+ModelMetrics* Metrics::ForModel(const std::string& name, int num_layers,
+                                int num_heads, bool head_metrics) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<ModelMetrics>& slot = models_[name];
+  if (slot != nullptr) return slot.get();
+
+  Families& f = *families_;
+  auto impl = std::make_shared<ModelMetrics::Impl>();
+  impl->model = name;
+  impl->requests_family = &f.requests;
+  const prometheus::Labels model = {{"model", name}};
+  auto with = [&](const char* key, const std::string& value) {
+    prometheus::Labels l = model;
+    l.emplace(key, value);
+    return l;
+  };
+  for (int r = 0; r < kNumRpcs; ++r) {
+    const char* rpc = RpcName(static_cast<Rpc>(r));
+    impl->request_duration[r] =
+        &f.request_duration.Add(with("rpc", rpc), DurationBuckets());
+    impl->queue_duration[r] =
+        &f.queue_duration.Add(with("rpc", rpc), QueueBuckets());
+    impl->RequestCounter(r, static_cast<int>(absl::StatusCode::kOk));
+  }
+  impl->ttft = &f.ttft.Add(model, TtftBuckets());
+  impl->itl = &f.itl.Add(model, ItlBuckets());
+  impl->prompt_tokens = &f.prompt_tokens.Add(model);
+  impl->generated_tokens = &f.generated_tokens.Add(model);
+  for (int k = 0; k < kNumBatchKinds; ++k) {
+    impl->batch_size[k] = &f.batch_size.Add(
+        with("kind", BatchKindName(static_cast<BatchKind>(k))),
+        BatchSizeBuckets());
+  }
+  impl->running = &f.running.Add(model);
+  impl->waiting = &f.waiting.Add(model);
+  impl->kv_cache_usage = &f.kv_cache_usage.Add(model);
+  impl->activation_ratio =
+      &f.activation_ratio.Add(model, ActivationRatioBuckets());
+  if (head_metrics && num_layers > 0 && num_heads > 0) {
+    impl->head_tokens.reserve(static_cast<size_t>(num_layers) * num_heads);
+    for (int l = 0; l < num_layers; ++l) {
+      for (int h = 0; h < num_heads; ++h) {
+        impl->head_tokens.push_back(
+            &f.head_tokens.Add({{"model", name},
+                                {"layer", std::to_string(l)},
+                                {"head", std::to_string(h)}}));
+      }
+    }
+  }
+  impl->ratio_lowered = &f.ratio_lowered.Add(model);
+  impl->load_seconds = &f.load_seconds.Add(model);
+
+  slot.reset(new ModelMetrics());
+  slot->impl_ = std::move(impl);
+  return slot.get();
+}
+
+void Metrics::SetGpuMemoryReader(
+    std::function<std::map<std::string, double>()> reader) {
+  process_collector_->SetGpuMemoryReader(std::move(reader));
+}
+
+std::vector<std::weak_ptr<prometheus::Collectable>> Metrics::Collectables()
+    const {
+  return {registry_, process_collector_};
+}
+
+}  // namespace moh
