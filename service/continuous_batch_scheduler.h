@@ -1,0 +1,121 @@
+// Continuous (iteration-level) batching for Generate (SPEC §4).
+//
+// One loop thread owns the language model's KV cache and every sequence in
+// flight; RPC threads only Submit() jobs and Cancel() them. Each step() of the
+// loop admits waiting jobs into free KV-cache slots, then runs ONE model
+// forward that mixes a decode token for every generating sequence with prompt
+// chunks of newly admitted ones (prefill chunked under prefill_token_budget),
+// samples, and streams the new text to each job's observer. Sequences leave the
+// batch as soon as they finish, are cancelled, or pass their deadline. Rows
+// with different activation ratios share one batch (K per row).
+//
+// KV memory: every sequence reserves prompt + max_new_tokens positions of its
+// slot at admission, so admission never over-commits the cache.
+//
+// Adaptive activation: a job with 0 < min_ratio < ratio runs at min_ratio when,
+// at its admission, more than `adaptive_queue_depth` jobs are waiting.
+//
+// Threading: Submit/Cancel/StopAccepting/counters are thread-safe. Observer
+// callbacks run on the loop thread, must not block, and must not call back into
+// the scheduler except Cancel().
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "model/generator.h"
+#include "model/language_model.h"
+#include "model/sampler.h"
+#include "service/metrics.h"
+
+namespace moh {
+
+// One generation request as the scheduler sees it (already tokenized).
+struct GenerationJob {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;  // max_new_tokens already resolved (>= 1)
+  float ratio = 0.0f;       // (0, 1], or 0 for the model's default
+  float min_ratio = 0.0f;   // adaptive floor; 0 = never lowered
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// What a job produced, delivered once at its end.
+struct GenerationSummary {
+  FinishReason finish_reason = FinishReason::kLength;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  double effective_ratio = 1.0;  // used (token, head) pairs / all pairs
+  float applied_ratio = 0.0f;    // the ratio it ran at (after adaptive lowering;
+                                 // 0 = the model's default)
+  int64_t routed_tokens = 0;     // tokens processed (each once per layer)
+  std::vector<int64_t> head_tokens;  // [num_layers * num_heads], row-major
+};
+
+// Receives one job's output. Exactly one of OnFinished / OnError is called,
+// last. Called on the scheduler's loop thread; must not block.
+class GenerationObserver {
+ public:
+  virtual ~GenerationObserver() = default;
+  // New text (whole UTF-8 characters) and token ids since the last chunk.
+  virtual void OnChunk(const GenerationChunk& chunk) = 0;
+  // The job ended normally, or was cancelled (finish_reason kCancelled).
+  virtual void OnFinished(const GenerationSummary& summary) = 0;
+  // DEADLINE_EXCEEDED (its deadline passed, possibly before any compute),
+  // UNAVAILABLE (the scheduler shut down), INTERNAL (a model error).
+  virtual void OnError(const absl::Status& status) = 0;
+};
+
+class ContinuousBatchScheduler {
+ public:
+  struct Options {
+    std::string model_name;              // for logs and thread names
+    int32_t max_running = 16;            // KV-cache slots
+    int32_t max_seq_len = 0;             // prompt + output per sequence; 0 = model max
+    int32_t max_queued_requests = 256;   // waiting jobs before RESOURCE_EXHAUSTED
+    int32_t prefill_token_budget = 512;  // prompt tokens per step, >= 1
+    int32_t adaptive_queue_depth = 0;    // 0 = adaptive activation off
+  };
+
+  // `model` must outlive the scheduler; `metrics` may be null.
+  // INVALID_ARGUMENT naming a bad option and its range.
+  static absl::StatusOr<std::unique_ptr<ContinuousBatchScheduler>> Create(
+      const Options& options, const LanguageModel& model,
+      ModelMetrics* metrics);
+  // Stops the loop; jobs still queued or running get OnError(UNAVAILABLE).
+  ~ContinuousBatchScheduler();
+
+  // Validates `job` (INVALID_ARGUMENT naming the field and allowed range:
+  // prompt length, token ids, prompt + max_new_tokens <= max_seq_len, sampling
+  // params, ratio, min_ratio <= ratio), then queues it and returns its id. Never
+  // blocks. RESOURCE_EXHAUSTED when max_queued_requests jobs are waiting;
+  // UNAVAILABLE after StopAccepting(). Only on OK does the observer get called.
+  absl::StatusOr<uint64_t> Submit(GenerationJob job,
+                                  std::shared_ptr<GenerationObserver> observer);
+
+  // Cancels job `id` if it is still queued or running: it leaves the batch at
+  // the next step and its observer gets OnFinished(kCancelled). No-op for
+  // unknown or finished ids.
+  void Cancel(uint64_t id);
+
+  // Drain: later Submit() calls get UNAVAILABLE; queued and running jobs
+  // continue to completion.
+  void StopAccepting();
+
+  int64_t num_running() const;  // sequences holding a slot
+  int64_t num_waiting() const;  // queued, not yet admitted
+  int32_t max_seq_len() const;
+
+  class Impl;
+
+ private:
+  explicit ContinuousBatchScheduler(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moh
