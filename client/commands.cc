@@ -1,0 +1,199 @@
+#include "client/commands.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/head_load_table.h"
+#include "client/interrupt_watcher.h"
+#include "client/text_table.h"
+
+namespace moh::client {
+namespace {
+
+using moh::v1::ModelInfo;
+
+// "24 x 8 heads (2 shared + 6 routed, top-3)"; runs of identical layers are
+// grouped, different runs joined with "; ".
+std::string SummarizeLayers(const ModelInfo& info) {
+  std::vector<std::string> groups;
+  int i = 0;
+  while (i < info.layers_size()) {
+    const moh::v1::LayerHeads& layer = info.layers(i);
+    int j = i + 1;
+    while (j < info.layers_size() &&
+           info.layers(j).SerializeAsString() == layer.SerializeAsString()) {
+      ++j;
+    }
+    std::string group =
+        absl::StrFormat("%d x %d heads", j - i, layer.num_heads());
+    if (layer.shared_heads() > 0 || layer.routed_heads() > 0) {
+      absl::StrAppendFormat(&group, " (%d shared + %d routed, top-%d)",
+                            layer.shared_heads(), layer.routed_heads(),
+                            layer.default_top_k());
+    }
+    groups.push_back(std::move(group));
+    i = j;
+  }
+  return groups.empty() ? "-" : absl::StrJoin(groups, "; ");
+}
+
+const char* StateName(ModelInfo::State state) {
+  switch (state) {
+    case ModelInfo::LOADING:
+      return "LOADING";
+    case ModelInfo::READY:
+      return "READY";
+    case ModelInfo::FAILED:
+      return "FAILED";
+    default:
+      return "UNSPECIFIED";
+  }
+}
+
+std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
+
+void PrintActivation(float effective, float applied) {
+  absl::FPrintF(stderr, "activation: effective %.3f, applied ratio %.3f\n",
+                effective, applied);
+}
+
+// The head-load table, with shared heads marked when ListModels tells which.
+void PrintHeadLoad(moh::v1::Inference::StubInterface& stub,
+                   const std::string& model, const moh::v1::Routing& routing,
+                   const CallOptions& call) {
+  std::vector<int32_t> shared;
+  grpc::ClientContext context;
+  ConfigureContext(call, &context);
+  CancelOnInterrupt cancel(&context);
+  moh::v1::ListModelsResponse models;
+  if (stub.ListModels(&context, moh::v1::ListModelsRequest(), &models).ok()) {
+    shared = SharedHeadsFor(models, model, routing);
+  }
+  std::fputs(FormatHeadLoadTable(routing, shared).c_str(), stderr);
+}
+
+}  // namespace
+
+int RunListModels(moh::v1::Inference::StubInterface& stub,
+                  const CallOptions& call) {
+  grpc::ClientContext context;
+  ConfigureContext(call, &context);
+  CancelOnInterrupt cancel(&context);
+  moh::v1::ListModelsResponse response;
+  const grpc::Status status =
+      stub.ListModels(&context, moh::v1::ListModelsRequest(), &response);
+  if (!status.ok()) return ReportRpcError(status);
+
+  TextTable table({"NAME", "FAMILY", "ROUTER", "LAYERS", "RATIO", "MIN_RATIO",
+                   "DEVICE", "DTYPE", "MAX_SEQ", "STATE", "REASON"});
+  for (int c : {4, 5, 8}) table.AlignRight(c);
+  for (const ModelInfo& info : response.models()) {
+    table.AddRow(
+        {info.name(), OrDash(info.family()), OrDash(info.router()),
+         SummarizeLayers(info), absl::StrFormat("%.3f", info.default_ratio()),
+         absl::StrFormat("%.3f", info.min_ratio()), OrDash(info.device()),
+         OrDash(info.dtype()),
+         info.max_seq_len() > 0 ? absl::StrCat(info.max_seq_len()) : "-",
+         StateName(info.state()), info.failure_reason()});
+  }
+  std::fputs(table.Render().c_str(), stdout);
+  if (response.models_size() == 0) std::fputs("(no models)\n", stdout);
+  return kExitOk;
+}
+
+int RunGenerate(moh::v1::Inference::StubInterface& stub,
+                const moh::v1::GenerateRequest& request,
+                const CallOptions& call) {
+  moh::v1::GenerateResponse last;
+  bool ends_with_newline = true;
+  grpc::Status status;
+  {
+    grpc::ClientContext context;
+    ConfigureContext(call, &context);
+    CancelOnInterrupt cancel(&context);
+    std::unique_ptr<grpc::ClientReaderInterface<moh::v1::GenerateResponse>>
+        reader = stub.Generate(&context, request);
+    moh::v1::GenerateResponse message;
+    while (reader->Read(&message)) {
+      const std::string& text = message.text();
+      if (!text.empty()) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+        ends_with_newline = text.back() == '\n';
+      }
+      last.Swap(&message);
+    }
+    status = reader->Finish();
+  }
+  // Keeps the summary on its own line in a terminal; pipes get the text as is.
+  if (!ends_with_newline && isatty(STDOUT_FILENO)) std::fputs("\n", stdout);
+  std::fflush(stdout);
+  if (!status.ok()) return ReportRpcError(status);
+
+  absl::FPrintF(stderr, "finish_reason: %s\n",
+                moh::v1::FinishReason_Name(last.finish_reason()));
+  absl::FPrintF(stderr, "usage: prompt_tokens %d, completion_tokens %d\n",
+                last.usage().prompt_tokens(), last.usage().completion_tokens());
+  PrintActivation(last.effective_activation_ratio(), last.activation_ratio());
+  if (request.include_routing()) {
+    PrintHeadLoad(stub, request.model(), last.routing(), call);
+  }
+  return kExitOk;
+}
+
+int RunClassify(moh::v1::Inference::StubInterface& stub,
+                const moh::v1::ClassifyRequest& request,
+                const CallOptions& call) {
+  grpc::ClientContext context;
+  ConfigureContext(call, &context);
+  CancelOnInterrupt cancel(&context);
+  moh::v1::ClassifyResponse response;
+  const grpc::Status status = stub.Classify(&context, request, &response);
+  if (!status.ok()) return ReportRpcError(status);
+
+  const bool text = request.input_case() == moh::v1::ClassifyRequest::kText;
+  std::vector<std::string> header = {"LABEL", "INDEX", "SCORE"};
+  if (text) header.push_back("LOG_LIKELIHOOD");
+  TextTable table(std::move(header));
+  for (int c : {1, 2, 3}) table.AlignRight(c);
+  for (const moh::v1::ClassScore& c : response.classes()) {
+    std::vector<std::string> row = {c.label(), absl::StrCat(c.index()),
+                                    absl::StrFormat("%.4f", c.score())};
+    if (text) row.push_back(absl::StrFormat("%.4f", c.log_likelihood()));
+    table.AddRow(std::move(row));
+  }
+  std::fputs(table.Render().c_str(), stdout);
+  std::fflush(stdout);
+  PrintActivation(response.effective_activation_ratio(),
+                  response.activation_ratio());
+  if (request.include_routing()) {
+    PrintHeadLoad(stub, request.model(), response.routing(), call);
+  }
+  return kExitOk;
+}
+
+int RunHealthCheck(grpc::health::v1::Health::StubInterface& stub,
+                   const std::string& service, const CallOptions& call) {
+  using grpc::health::v1::HealthCheckResponse;
+  grpc::ClientContext context;
+  ConfigureContext(call, &context);
+  CancelOnInterrupt cancel(&context);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  HealthCheckResponse response;
+  const grpc::Status status = stub.Check(&context, request, &response);
+  if (!status.ok()) return ReportRpcError(status);
+  std::printf(
+      "%s\n",
+      HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
+  return response.status() == HealthCheckResponse::SERVING ? kExitOk
+                                                           : kExitFailure;
+}
+
+}  // namespace moh::client

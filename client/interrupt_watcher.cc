@@ -1,0 +1,74 @@
+#include "client/interrupt_watcher.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace moh::client {
+namespace {
+
+struct WatcherState {
+  absl::Mutex mu;
+  grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  std::atomic<int> signal{0};
+};
+
+// Leaked on purpose: the detached watcher thread may outlive main's statics.
+WatcherState& State() {
+  static WatcherState* const state = new WatcherState;
+  return *state;
+}
+
+sigset_t InterruptSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+void WatchSignals() {
+  const sigset_t set = InterruptSignals();
+  WatcherState& state = State();
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (state.signal.exchange(sig) != 0) _exit(128 + sig);
+    absl::MutexLock lock(&state.mu);
+    if (state.context == nullptr) _exit(128 + sig);
+    state.context->TryCancel();
+  }
+}
+
+}  // namespace
+
+void InstallInterruptWatcher() {
+  const sigset_t set = InterruptSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  State();
+  std::thread(WatchSignals).detach();
+}
+
+int InterruptSignal() { return State().signal.load(); }
+
+CancelOnInterrupt::CancelOnInterrupt(grpc::ClientContext* context) {
+  WatcherState& state = State();
+  absl::MutexLock lock(&state.mu);
+  state.context = context;
+  // A signal that came before the context existed cancels it right away.
+  if (state.signal.load() != 0) context->TryCancel();
+}
+
+CancelOnInterrupt::~CancelOnInterrupt() {
+  WatcherState& state = State();
+  absl::MutexLock lock(&state.mu);
+  state.context = nullptr;
+}
+
+}  // namespace moh::client

@@ -1,0 +1,288 @@
+#!/usr/bin/python3
+"""A small Python client for moh-server (the moh.v1.Inference gRPC API).
+
+An example for users of languages other than C++: it needs only grpcio and
+protobuf, plus the message module generated from proto/moh/v1/inference.proto
+(gen_stubs.sh, or generate_stubs() below; generated code is never kept in git).
+
+    from moh_client import MohClient
+    client = MohClient("localhost:50051", stub_dir="build/python")
+    for model in client.list_models():
+        print(model.name, model.family, model.state)
+    for chunk in client.generate("Once upon a time", max_new_tokens=32):
+        print(chunk.text, end="", flush=True)
+    print(client.classify(text="I loved it", labels=["positive", "negative"]))
+
+As a program (Debian: run with /usr/bin/python3, which has grpcio):
+
+    moh_client.py [--server=HOST:PORT] [--stubs=DIR] models
+    moh_client.py generate "PROMPT" [--model=M] [--max_new_tokens=N] [--ratio=R]
+    moh_client.py classify IMAGE_FILE [--top_n=N] | --text=T --labels=a,b
+
+RPC errors print "moh_client: <CODE>: <details>" and exit 1; bad usage exits 2.
+"""
+
+import argparse
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import grpc
+
+_PROTO_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                           "..", "proto")
+_SERVICE = "/moh.v1.Inference/"
+
+
+def generate_stubs(out_dir, proto_root=_PROTO_ROOT):
+    """Writes out_dir/moh/v1/inference_pb2.py with the system protoc."""
+    protoc = os.environ.get("PROTOC") or shutil.which("protoc")
+    if protoc is None:
+        raise RuntimeError("protoc not found (Debian: protobuf-compiler)")
+    os.makedirs(out_dir, exist_ok=True)
+    subprocess.run([
+        protoc, "--proto_path=" + proto_root, "--python_out=" + out_dir,
+        os.path.join(proto_root, "moh", "v1", "inference.proto")
+    ],
+                   check=True)
+    return out_dir
+
+
+def load_api(stub_dir=None):
+    """Returns the moh.v1 message module, generating it when needed.
+
+    With stub_dir, that directory is put first on sys.path and the module is
+    generated there if it is missing; without, an importable module is used
+    as is, else one is generated into a fresh temporary directory.
+    """
+    if stub_dir is None:
+        try:
+            return importlib.import_module("moh.v1.inference_pb2")
+        except ImportError:
+            stub_dir = tempfile.mkdtemp(prefix="moh_stubs_")
+    stub_dir = os.path.abspath(stub_dir)
+    if not os.path.exists(
+            os.path.join(stub_dir, "moh", "v1", "inference_pb2.py")):
+        generate_stubs(stub_dir)
+    if stub_dir not in sys.path:
+        sys.path.insert(0, stub_dir)
+    importlib.invalidate_caches()
+    return importlib.import_module("moh.v1.inference_pb2")
+
+
+def build_generate_request(pb,
+                           prompt=None,
+                           token_ids=None,
+                           model="",
+                           max_new_tokens=None,
+                           temperature=None,
+                           top_k=0,
+                           top_p=None,
+                           seed=None,
+                           stop=(),
+                           repetition_penalty=None,
+                           ratio=0.0,
+                           min_ratio=0.0,
+                           include_routing=False):
+    """A GenerateRequest; None leaves an optional sampling field unset."""
+    if (prompt is None) == (not token_ids):
+        raise ValueError("give exactly one of prompt or token_ids")
+    request = pb.GenerateRequest(model=model,
+                                 include_routing=include_routing)
+    if prompt is not None:
+        request.prompt = prompt
+    request.token_ids.extend(token_ids or [])
+    sampling = request.sampling
+    for name, value in (("max_new_tokens", max_new_tokens),
+                        ("temperature", temperature), ("top_p", top_p),
+                        ("seed", seed), ("repetition_penalty",
+                                         repetition_penalty)):
+        if value is not None:
+            setattr(sampling, name, value)
+    sampling.top_k = top_k
+    sampling.stop.extend(stop)
+    request.activation.ratio = ratio
+    request.activation.min_ratio = min_ratio
+    return request
+
+
+def build_classify_request(pb,
+                           image=None,
+                           text=None,
+                           labels=(),
+                           model="",
+                           top_n=0,
+                           ratio=0.0,
+                           min_ratio=0.0,
+                           include_routing=False):
+    """A ClassifyRequest for encoded image bytes, or text with labels."""
+    if (image is None) == (text is None):
+        raise ValueError("give exactly one of image or text")
+    request = pb.ClassifyRequest(model=model,
+                                 top_n=top_n,
+                                 include_routing=include_routing)
+    if image is not None:
+        request.image = image
+    else:
+        request.text = text
+    request.labels.extend(labels)
+    request.activation.ratio = ratio
+    request.activation.min_ratio = min_ratio
+    return request
+
+
+class MohClient:
+    """A connection to moh-server. Methods raise grpc.RpcError on failure."""
+
+    def __init__(self, target="localhost:50051", timeout=None, stub_dir=None):
+        self.pb = load_api(stub_dir)
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(target)
+        pb = self.pb
+        self._list_models = self.channel.unary_unary(
+            _SERVICE + "ListModels",
+            request_serializer=pb.ListModelsRequest.SerializeToString,
+            response_deserializer=pb.ListModelsResponse.FromString)
+        self._generate = self.channel.unary_stream(
+            _SERVICE + "Generate",
+            request_serializer=pb.GenerateRequest.SerializeToString,
+            response_deserializer=pb.GenerateResponse.FromString)
+        self._classify = self.channel.unary_unary(
+            _SERVICE + "Classify",
+            request_serializer=pb.ClassifyRequest.SerializeToString,
+            response_deserializer=pb.ClassifyResponse.FromString)
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def list_models(self):
+        """The hosted models: a list of moh.v1.ModelInfo."""
+        return list(
+            self._list_models(self.pb.ListModelsRequest(),
+                              timeout=self.timeout).models)
+
+    def generate(self, prompt=None, **kwargs):
+        """Streams GenerateResponse messages (see build_generate_request).
+
+        The returned iterator is also the call: its cancel() stops the
+        generation on the server.
+        """
+        request = build_generate_request(self.pb, prompt, **kwargs)
+        return self._generate(request, timeout=self.timeout)
+
+    def classify(self, **kwargs):
+        """A ClassifyResponse (see build_classify_request)."""
+        request = build_classify_request(self.pb, **kwargs)
+        return self._classify(request, timeout=self.timeout)
+
+
+def _print_models(models, pb):
+    for m in models:
+        heads = ",".join(
+            "%d/%d/%d" % (l.num_heads, l.shared_heads, l.routed_heads)
+            for l in m.layers)
+        print("%-20s %-6s %-10s ratio %.3f (min %.3f) %s %s max_seq %d %s %s"
+              % (m.name, m.family, m.router, m.default_ratio, m.min_ratio,
+                 m.device, m.dtype, m.max_seq_len,
+                 pb.ModelInfo.State.Name(m.state), m.failure_reason))
+        print("    heads/shared/routed per layer: " + (heads or "-"))
+
+
+def _run(args, client):
+    pb = client.pb
+    if args.command == "models":
+        _print_models(client.list_models(), pb)
+        return 0
+    activation = dict(ratio=args.ratio, min_ratio=args.min_ratio)
+    if args.command == "generate":
+        last = None
+        call = client.generate(args.prompt,
+                               model=args.model,
+                               max_new_tokens=args.max_new_tokens,
+                               temperature=args.temperature,
+                               seed=args.seed,
+                               **activation)
+        try:
+            for last in call:
+                sys.stdout.write(last.text)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            call.cancel()
+            return 130
+        sys.stdout.write("\n")
+        if last is not None:
+            print("finish_reason: %s, usage: %d + %d tokens, activation "
+                  "%.3f (ratio %.3f)" %
+                  (pb.FinishReason.Name(last.finish_reason),
+                   last.usage.prompt_tokens, last.usage.completion_tokens,
+                   last.effective_activation_ratio, last.activation_ratio),
+                  file=sys.stderr)
+        return 0
+    if (args.image is None) == (args.text is None):
+        raise ValueError("classify needs IMAGE_FILE or --text")
+    image = None
+    if args.image is not None:
+        with open(args.image, "rb") as f:
+            image = f.read()
+    labels = args.labels.split(",") if args.labels else []
+    response = client.classify(image=image,
+                               text=args.text,
+                               labels=labels,
+                               model=args.model,
+                               top_n=args.top_n,
+                               **activation)
+    for c in response.classes:
+        print("%-24s %5d %.4f %.4f" %
+              (c.label, c.index, c.score, c.log_likelihood))
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="moh_client.py",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--server", default="localhost:50051")
+    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--stubs",
+                        default=None,
+                        help="directory for the generated message module")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("models", help="list the hosted models")
+    gen = sub.add_parser("generate", help="stream a completion")
+    gen.add_argument("prompt")
+    gen.add_argument("--max_new_tokens", type=int, default=None)
+    gen.add_argument("--temperature", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=None)
+    cls = sub.add_parser("classify", help="classify an image or score labels")
+    cls.add_argument("image", nargs="?", default=None)
+    cls.add_argument("--text", default=None)
+    cls.add_argument("--labels", default="")
+    cls.add_argument("--top_n", type=int, default=0)
+    for p in (gen, cls):
+        p.add_argument("--model", default="")
+        p.add_argument("--ratio", type=float, default=0.0)
+        p.add_argument("--min_ratio", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    try:
+        with MohClient(args.server, args.timeout, args.stubs) as client:
+            return _run(args, client)
+    except grpc.RpcError as e:
+        print("moh_client: %s: %s" % (e.code().name, e.details()),
+              file=sys.stderr)
+        return 1
+    except ValueError as e:
+        parser.print_usage(sys.stderr)
+        print("moh_client: %s" % e, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
