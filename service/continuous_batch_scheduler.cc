@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <deque>
 #include <exception>
@@ -182,7 +183,10 @@ class ContinuousBatchScheduler::Impl {
   // Waits for work, then drops cancelled and expired jobs and admits queued
   // ones into free slots. Returns false when the scheduler is stopping.
   bool Admit();
-  // One model forward over every running sequence.
+  // The rows of the next step: every decode, then prompt chunks.
+  std::vector<BatchRow> PlanStep() const;
+  DecoderBatch BuildBatch(const std::vector<BatchRow>& rows) const;
+  // One model forward over the planned rows; samples and streams.
   void Step();
   // Samples the next token of `seq` from its logits and streams it.
   absl::Status SampleAndEmit(Sequence& seq, const at::Tensor& logits);
@@ -369,7 +373,7 @@ bool ContinuousBatchScheduler::Impl::Admit() {
   return true;
 }
 
-void ContinuousBatchScheduler::Impl::Step() {
+std::vector<BatchRow> ContinuousBatchScheduler::Impl::PlanStep() const {
   // Decode rows first, then prompt chunks in admission order under the budget.
   std::vector<BatchRow> rows;
   std::vector<int> prefilling;
@@ -380,7 +384,6 @@ void ContinuousBatchScheduler::Impl::Step() {
       prefilling.push_back(i);
     }
   }
-  const int64_t decode_rows = rows.size();
   std::sort(prefilling.begin(), prefilling.end(), [this](int a, int b) {
     return slots_[a].seq->id < slots_[b].seq->id;
   });
@@ -392,16 +395,20 @@ void ContinuousBatchScheduler::Impl::Step() {
     budget -= n;
     rows.push_back(BatchRow{index, n, true});
   }
-  if (rows.empty()) return;
+  return rows;
+}
 
-  const int64_t batch_rows = rows.size();
+DecoderBatch ContinuousBatchScheduler::Impl::BuildBatch(
+    const std::vector<BatchRow>& rows) const {
   int64_t width = 0;
-  for (const BatchRow& row : rows)
+  for (const BatchRow& row : rows) {
     width = std::max<int64_t>(width, row.num_tokens);
+  }
   DecoderBatch batch;
-  batch.token_ids = at::zeros({batch_rows, width}, at::kLong);
+  batch.token_ids = at::zeros({static_cast<int64_t>(rows.size()), width},
+                              at::kLong);  // right-padded
   auto ids = batch.token_ids.accessor<int64_t, 2>();
-  for (int64_t b = 0; b < batch_rows; ++b) {
+  for (size_t b = 0; b < rows.size(); ++b) {
     const Sequence& seq = *slots_[rows[b].slot].seq;
     for (int32_t t = 0; t < rows[b].num_tokens; ++t) {
       ids[b][t] = seq.history[seq.cached + t];
@@ -411,6 +418,16 @@ void ContinuousBatchScheduler::Impl::Step() {
     batch.start_positions.push_back(seq.cached);
     batch.ratios.push_back(seq.applied_ratio);
   }
+  return batch;
+}
+
+void ContinuousBatchScheduler::Impl::Step() {
+  const std::vector<BatchRow> rows = PlanStep();
+  if (rows.empty()) return;
+  const int64_t batch_rows = rows.size();
+  const int64_t decode_rows = std::count_if(
+      rows.begin(), rows.end(), [](const BatchRow& r) { return !r.prefill; });
+  const DecoderBatch batch = BuildBatch(rows);
   if (metrics_ != nullptr) {
     if (batch_rows > decode_rows) {
       metrics_->BatchSize(BatchKind::kPrefill, batch_rows - decode_rows);
@@ -593,29 +610,21 @@ ContinuousBatchScheduler::Create(const Options& options,
   if (resolved.max_seq_len == 0) {
     resolved.max_seq_len = std::min(model_max, kDefaultMaxSeqLenCap);
   }
-  if (resolved.max_seq_len < 2 || resolved.max_seq_len > model_max) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_seq_len must be 0 (model default) or in [2, ", model_max,
-        "] (max_position_embeddings), got ", options.max_seq_len));
-  }
-  if (options.max_running < 1 || options.max_running > kMaxRunningLimit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_running must be in [1, ", kMaxRunningLimit, "], got ",
-                     options.max_running));
-  }
-  if (options.max_queued_requests < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_queued_requests must be >= 1, got ", options.max_queued_requests));
-  }
-  if (options.prefill_token_budget < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefill_token_budget must be >= 1, got ",
-                     options.prefill_token_budget));
-  }
-  if (options.adaptive_queue_depth < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("adaptive_queue_depth must be >= 0 (0 = off), got ",
-                     options.adaptive_queue_depth));
+  const struct {
+    const char* name;
+    int64_t value, min, max;
+  } checks[] = {
+      {"max_seq_len", resolved.max_seq_len, 2, model_max},
+      {"max_running", options.max_running, 1, kMaxRunningLimit},
+      {"max_queued_requests", options.max_queued_requests, 1, INT32_MAX},
+      {"prefill_token_budget", options.prefill_token_budget, 1, INT32_MAX},
+      {"adaptive_queue_depth", options.adaptive_queue_depth, 0, INT32_MAX},
+  };
+  for (const auto& c : checks) {
+    if (c.value < c.min || c.value > c.max) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          c.name, " must be in [", c.min, ", ", c.max, "], got ", c.value));
+    }
   }
   std::unique_ptr<Impl> impl;
   try {

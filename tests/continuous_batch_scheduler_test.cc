@@ -225,6 +225,21 @@ class ContinuousBatchSchedulerTest : public ::testing::Test {
     return sum;
   }
 
+  // Observations of histogram `name` with label kind=`kind`.
+  uint64_t HistogramCount(const std::string& name, const std::string& kind) {
+    for (const auto& family : metrics_registry_->Collect()) {
+      if (family.name != name) continue;
+      for (const auto& m : family.metric) {
+        for (const auto& label : m.label) {
+          if (label.name == "kind" && label.value == kind) {
+            return m.histogram.sample_count;
+          }
+        }
+      }
+    }
+    return 0;
+  }
+
   static LanguageModel* lm_;
   static std::vector<GoldenCase> cases_;
   std::shared_ptr<prometheus::Registry> metrics_registry_;
@@ -320,6 +335,15 @@ TEST_F(ContinuousBatchSchedulerTest, ChunkedPrefillMatchesUnchunked) {
       ratios_out[k].push_back(r->summary().effective_ratio);
       EXPECT_EQ(r->summary().routed_tokens,
                 static_cast<int64_t>(r->summary().prompt_tokens + 12 - 1));
+    }
+    if (k == 0) {
+      // At most 3 prompt tokens per step: the prompts took many steps.
+      int64_t prompt_tokens = 0;
+      for (const GenerationJob& job : jobs)
+        prompt_tokens += job.prompt_ids.size();
+      EXPECT_EQ(CounterSum("moh_prompt_tokens_total"), prompt_tokens);
+      EXPECT_GE(HistogramCount("moh_batch_size", "prefill"),
+                (prompt_tokens + 2) / 3);
     }
     ++k;
   }
