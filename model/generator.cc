@@ -202,7 +202,7 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
   return results;
 }
 
-absl::StatusOr<std::vector<double>> ScoreLabels(
+absl::StatusOr<LabelScores> ScoreLabels(
     const LlamaModel& model, const std::vector<int32_t>& context_ids,
     const std::vector<std::vector<int32_t>>& label_ids, float ratio) {
   MOH_RETURN_IF_ERROR(ValidateRatio(ratio, "ratio"));
@@ -242,7 +242,8 @@ absl::StatusOr<std::vector<double>> ScoreLabels(
   KvCache cache = model.CreateKvCache(n, width);
   MOH_ASSIGN_OR_RETURN(DecoderOutput out, model.Forward(batch, cache));
   at::Tensor log_probs = at::log_softmax(out.logits, -1).cpu();  // [B, T, V]
-  std::vector<double> scores;
+  LabelScores scores;
+  scores.head_token_counts = out.head_token_counts.sum(0);
   const int64_t context = context_ids.size();
   for (int64_t b = 0; b < n; ++b) {
     double total = 0;
@@ -251,7 +252,8 @@ absl::StatusOr<std::vector<double>> ScoreLabels(
       // - 1.
       total += log_probs[b][context + j - 1][label_ids[b][j]].item<float>();
     }
-    scores.push_back(total);
+    scores.log_likelihoods.push_back(total);
+    scores.tokens += context + label_ids[b].size();
   }
   return scores;
 }

@@ -75,7 +75,12 @@ class Generator {
 // Log-likelihood of each candidate label given `context_ids`:
 // sum over label tokens of log p(label token | context, previous label tokens),
 // all labels scored in one batch at activation ratio `ratio` (0 = default).
-absl::StatusOr<std::vector<double>> ScoreLabels(
+struct LabelScores {
+  std::vector<double> log_likelihoods;  // one per label
+  at::Tensor head_token_counts;         // int64 [L, H] over every row
+  int64_t tokens = 0;                   // tokens processed over every row
+};
+absl::StatusOr<LabelScores> ScoreLabels(
     const LlamaModel& model, const std::vector<int32_t>& context_ids,
     const std::vector<std::vector<int32_t>>& label_ids, float ratio);
 

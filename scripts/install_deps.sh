@@ -7,9 +7,13 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread
-  libabsl-dev nlohmann-json3-dev libpcre2-dev
+  libabsl-dev nlohmann-json3-dev libpcre2-dev libstb-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch python3-numpy
+  python3-grpcio python3-protobuf python3-pytest
+  prometheus curl
 )
 
 missing=()

@@ -230,10 +230,14 @@ TEST_F(GeneratorTest, LabelScoresMatchReferenceLogits) {
         at::Tensor log_probs = at::log_softmax(at::tensor(row), 0);
         expected += log_probs[labels[i][j]].item<float>();
       }
-      EXPECT_NEAR((*scores)[i], expected,
+      EXPECT_NEAR(scores->log_likelihoods[i], expected,
                   1e-3 * std::max(1.0, std::abs(expected)));
     }
   }
+  auto half = ScoreLabels(*lm_->model, {1, 2, 3}, {{4}, {5, 6}}, 0.5f);
+  ASSERT_TRUE(half.ok());
+  EXPECT_EQ(half->tokens, 4 + 5);
+  EXPECT_DOUBLE_EQ(EffectiveRatio(half->head_token_counts, half->tokens), 0.5);
   auto empty = ScoreLabels(*lm_->model, {1, 2}, {}, 0.0f);
   EXPECT_FALSE(empty.ok());
 }

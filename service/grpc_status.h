@@ -1,0 +1,13 @@
+// The one place where the core's absl::Status becomes a gRPC status.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+
+namespace moh {
+
+// Same code (absl and gRPC share the numbering), same message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace moh

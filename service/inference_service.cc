@@ -1,0 +1,310 @@
+#include "service/inference_service.h"
+
+#include <chrono>
+#include <deque>
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "service/grpc_status.h"
+#include "service/log.h"
+
+namespace moh {
+namespace {
+
+absl::Time Deadline(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return v1::LENGTH;
+    case FinishReason::kStop:
+      return v1::STOP;
+    case FinishReason::kEos:
+      return v1::EOS;
+    case FinishReason::kCancelled:
+      return v1::CANCELLED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+SamplingParams FromProto(const v1::SamplingParams& p) {
+  SamplingParams s;
+  s.max_new_tokens = p.has_max_new_tokens() ? p.max_new_tokens() : -1;
+  s.temperature = p.has_temperature() ? p.temperature() : 0.0f;
+  s.top_k = p.top_k();
+  s.top_p = p.has_top_p() ? p.top_p() : 1.0f;
+  if (p.has_seed()) s.seed = p.seed();
+  s.stop.assign(p.stop().begin(), p.stop().end());
+  s.repetition_penalty =
+      p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
+  return s;
+}
+
+// Streams one Generate call. The scheduler's loop thread produces messages
+// (through Observer); gRPC completes writes on its own threads. The reactor
+// finishes only after the scheduler's final callback (or when Submit failed),
+// so the observer never outlives it in use, and deletes itself in OnDone.
+class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(ModelManager* models, grpc::CallbackServerContext* context,
+                  const v1::GenerateRequest& request)
+      : start_(absl::Now()), include_routing_(request.include_routing()) {
+    auto found = models->Find(request.model(), /*want_language_model=*/true);
+    if (!found.ok()) {
+      Finish(ToGrpcStatus(found.status()));
+      return;
+    }
+    model_ = *found;
+    metrics_ = model_->metrics();
+    GenerateCall call;
+    if (!request.prompt().empty()) call.prompt = request.prompt();
+    if (!request.token_ids().empty()) {
+      call.token_ids.emplace(request.token_ids().begin(),
+                             request.token_ids().end());
+    }
+    call.sampling = FromProto(request.sampling());
+    call.ratio = request.activation().ratio();
+    call.min_ratio = request.activation().min_ratio();
+    call.deadline = Deadline(context);
+    auto observer = std::make_shared<Observer>(this);
+    auto id = model_->Generate(std::move(call), observer);
+    if (!id.ok()) {
+      FinishWith(id.status());
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    id_ = *id;
+    submitted_ = true;
+  }
+
+  void OnCancel() override {
+    bool submitted;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      submitted = submitted_;
+    }
+    // The scheduler answers with OnFinished(kCancelled); Finish happens there.
+    if (submitted) model_->CancelGenerate(id_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.pop_front();
+      writing_ = false;
+      if (!ok) queue_.clear();  // the stream is gone; nothing more to send
+      if (!queue_.empty()) {
+        writing_ = true;
+        StartWrite(&queue_.front());
+      } else if (final_status_) {
+        finish = final_status_;
+      }
+    }
+    if (finish) FinishWith(*finish);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  class Observer : public GenerationObserver {
+   public:
+    explicit Observer(GenerateReactor* reactor) : reactor_(reactor) {}
+    void OnChunk(const GenerationChunk& chunk) override {
+      v1::GenerateResponse response;
+      response.set_text(chunk.text);
+      response.mutable_token_ids()->Add(chunk.token_ids.begin(),
+                                        chunk.token_ids.end());
+      reactor_->Send(std::move(response), std::nullopt);
+    }
+    void OnFinished(const GenerationSummary& summary) override {
+      v1::GenerateResponse response;
+      response.set_finish_reason(ToProto(summary.finish_reason));
+      response.mutable_usage()->set_prompt_tokens(summary.prompt_tokens);
+      response.mutable_usage()->set_completion_tokens(
+          summary.completion_tokens);
+      response.set_effective_activation_ratio(summary.effective_ratio);
+      response.set_activation_ratio(summary.applied_ratio);
+      if (reactor_->include_routing_) {
+        *response.mutable_routing() =
+            ToRouting(summary.head_tokens, reactor_->model_->num_layers(),
+                      summary.routed_tokens);
+      }
+      reactor_->Send(std::move(response), absl::OkStatus());
+    }
+    void OnError(const absl::Status& status) override {
+      reactor_->Send(std::nullopt, status);
+    }
+
+   private:
+    GenerateReactor* const reactor_;
+  };
+
+  // Queues `response` (if any); with `done`, finishes the call once every
+  // queued message has been written.
+  void Send(std::optional<v1::GenerateResponse> response,
+            std::optional<absl::Status> done) {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) {
+        if (!done) return;
+        queue_.clear();
+        response.reset();
+        if (done->ok()) done = absl::CancelledError("cancelled by the client");
+      }
+      if (response) queue_.push_back(std::move(*response));
+      if (done) final_status_ = ToGrpcStatus(*done);
+      if (!writing_ && !queue_.empty()) {
+        writing_ = true;
+        StartWrite(&queue_.front());
+      } else if (!writing_ && final_status_) {
+        finish = final_status_;
+      }
+    }
+    if (finish) FinishWith(*finish);
+  }
+
+  void FinishWith(const absl::Status& status) {
+    FinishWith(ToGrpcStatus(status));
+  }
+  // Records the request and finishes; the reactor may be deleted right after.
+  void FinishWith(const grpc::Status& status) {
+    if (metrics_ != nullptr) {
+      metrics_->RequestFinished(
+          Rpc::kGenerate, static_cast<absl::StatusCode>(status.error_code()),
+          absl::Now() - start_);
+    }
+    Finish(status);
+  }
+
+  const absl::Time start_;
+  const bool include_routing_;
+  HostedModel* model_ = nullptr;
+  ModelMetrics* metrics_ = nullptr;
+  uint64_t id_ = 0;
+
+  absl::Mutex mu_;
+  bool submitted_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+ClassifyCall FromProto(const v1::ClassifyRequest& request) {
+  ClassifyCall call;
+  switch (request.input_case()) {
+    case v1::ClassifyRequest::kImage:
+      call.image = request.image();
+      break;
+    case v1::ClassifyRequest::kPixels:
+      call.pixels.emplace(std::vector<int64_t>(request.pixels().shape().begin(),
+                                               request.pixels().shape().end()),
+                          std::vector<float>(request.pixels().data().begin(),
+                                             request.pixels().data().end()));
+      break;
+    case v1::ClassifyRequest::kText:
+      call.text = request.text();
+      break;
+    case v1::ClassifyRequest::INPUT_NOT_SET:
+      break;
+  }
+  call.labels.assign(request.labels().begin(), request.labels().end());
+  call.top_n = request.top_n();
+  call.ratio = request.activation().ratio();
+  call.min_ratio = request.activation().min_ratio();
+  return call;
+}
+
+}  // namespace
+
+v1::Routing ToRouting(const std::vector<int64_t>& head_tokens,
+                      int32_t num_layers, int64_t tokens) {
+  v1::Routing routing;
+  routing.set_tokens(tokens);
+  if (num_layers <= 0 || head_tokens.size() % num_layers != 0) return routing;
+  const size_t heads = head_tokens.size() / num_layers;
+  for (int32_t l = 0; l < num_layers; ++l) {
+    v1::LayerRouting* layer = routing.add_layers();
+    layer->set_layer(l);
+    layer->mutable_head_tokens()->Add(head_tokens.begin() + l * heads,
+                                      head_tokens.begin() + (l + 1) * heads);
+  }
+  return routing;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  return new GenerateReactor(models_, context, *request);
+}
+
+grpc::ServerUnaryReactor* InferenceService::Classify(
+    grpc::CallbackServerContext* context, const v1::ClassifyRequest* request,
+    v1::ClassifyResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  const bool want_lm = request->input_case() == v1::ClassifyRequest::kText;
+  auto found = models_->Find(request->model(), want_lm);
+  if (!found.ok()) {
+    reactor->Finish(ToGrpcStatus(found.status()));
+    return reactor;
+  }
+  HostedModel* model = *found;
+  ModelMetrics* metrics = model->metrics();
+  auto finish = [reactor, metrics, start](const absl::Status& status) {
+    if (metrics != nullptr) {
+      metrics->RequestFinished(Rpc::kClassify, status.code(),
+                               absl::Now() - start);
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  ClassifyCall call = FromProto(*request);
+  call.deadline = Deadline(context);
+  const bool include_routing = request->include_routing();
+  absl::Status status = model->Classify(
+      std::move(call), [response, finish, include_routing,
+                        model](absl::StatusOr<ClassifyResult> result) {
+        if (!result.ok()) {
+          finish(result.status());
+          return;
+        }
+        for (const ClassScoreResult& c : result->classes) {
+          v1::ClassScore* score = response->add_classes();
+          score->set_label(c.label);
+          score->set_index(c.index);
+          score->set_score(c.score);
+          score->set_log_likelihood(c.log_likelihood);
+        }
+        response->set_effective_activation_ratio(result->effective_ratio);
+        response->set_activation_ratio(result->applied_ratio);
+        if (include_routing) {
+          *response->mutable_routing() = ToRouting(
+              result->head_tokens, model->num_layers(), result->routed_tokens);
+        }
+        finish(absl::OkStatus());
+      });
+  if (!status.ok()) finish(status);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::ListModels(
+    grpc::CallbackServerContext* context, const v1::ListModelsRequest*,
+    v1::ListModelsResponse* response) {
+  for (v1::ModelInfo& info : models_->List()) {
+    *response->add_models() = std::move(info);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace moh

@@ -1,0 +1,51 @@
+// The models a server hosts, by name, and their lifecycle.
+//
+// Models load in the background (one after another, in config order) so that
+// the server answers ListModels and health checks while they load.
+// Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "moh/v1/inference.pb.h"
+#include "moh/v1/server_config.pb.h"
+#include "service/hosted_model.h"
+#include "service/metrics.h"
+
+namespace moh {
+
+class ModelManager {
+ public:
+  // `config` must be resolved (ResolveServerConfig). Starts loading at once.
+  ModelManager(const v1::ServerConfig& config, Metrics* metrics);
+  ~ModelManager();
+
+  // Blocks until every model has finished loading (READY or FAILED).
+  void WaitLoaded();
+  // Every model finished loading and is READY.
+  bool AllReady() const;
+
+  // The model named `name`, or for an empty name the only model, or else the
+  // first (in config order) whose kind suits the request: a language model
+  // when `want_language_model`, else an image classifier. NOT_FOUND naming
+  // the hosted models otherwise.
+  absl::StatusOr<HostedModel*> Find(absl::string_view name,
+                                    bool want_language_model) const;
+
+  std::vector<v1::ModelInfo> List() const;
+
+  // Drain: no model accepts new work; work already accepted completes.
+  void StopAccepting();
+  bool Idle() const;
+
+ private:
+  std::vector<std::unique_ptr<HostedModel>> models_;
+  std::thread loader_;
+};
+
+}  // namespace moh
