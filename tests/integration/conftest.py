@@ -1,0 +1,174 @@
+"""Session fixtures of the moh-server integration tests.
+
+The binaries and data come from the environment (CTest sets them):
+  MOH_SERVER      path of moh-server
+  MOH_CLIENT      path of moh-client
+  MOH_FIXTURES    directory written by tests/reference/make_fixtures.py
+  MOH_SOURCE_DIR  repository root (for client/python and proto/)
+Defaults: SOURCE_DIR/build/{service/moh-server,client/moh-client,fixtures}.
+
+Servers are real processes on free loopback ports, configured through a
+text-format file in a temporary directory, killed at teardown. Each server's
+log stays in that directory; when a test fails, the part of every server log
+written during that test is attached to the failure report.
+"""
+import importlib
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+import moh_testlib as lib
+
+_SERVERS = []  # every MohServer started in this session
+
+
+def _check_inputs():
+    missing = [
+        "%s=%s" % (what, path)
+        for what, path in (("MOH_SERVER", lib.SERVER), ("MOH_CLIENT",
+                                                        lib.CLIENT))
+        if not os.access(path, os.X_OK)
+    ]
+    for model in ("llama_learned", "vit_learned"):
+        if not os.path.isfile(os.path.join(lib.FIXTURES, model, "golden.json")):
+            missing.append("MOH_FIXTURES=%s (no %s/golden.json)" %
+                           (lib.FIXTURES, model))
+    if missing:
+        pytest.exit("integration tests need: " + ", ".join(missing) +
+                    " (build moh-server moh-client moh_demo_models, or set "
+                    "the environment variables)", returncode=1)
+
+
+def pytest_sessionstart(session):
+    _check_inputs()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    if call.when == "setup":
+        item._moh_log_offsets = {id(s): len(s.log()) for s in _SERVERS}
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    offsets = getattr(item, "_moh_log_offsets", {})
+    for server in _SERVERS:
+        text = server.log()[offsets.get(id(server), 0):]
+        if not text:
+            continue
+        lines = text.splitlines()
+        if len(lines) > 150:
+            lines = ["... (%d lines before; full log: %s)" %
+                     (len(lines) - 150, server.log_path)] + lines[-150:]
+        report.sections.append(("moh-server log: %s (%s)" %
+                                (server.name, server.log_path),
+                                "\n".join(lines)))
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("moh_integration"))
+
+
+@pytest.fixture(scope="session")
+def api(workdir):
+    """The generated moh.v1 modules: api.pb (messages), api.grpc (stubs)."""
+    stub_dir = os.path.join(workdir, "stubs")
+    subprocess.run([
+        "bash",
+        os.path.join(lib.SOURCE_DIR, "client", "python", "gen_stubs.sh"),
+        stub_dir
+    ],
+                   check=True,
+                   timeout=120)
+    sys.path.insert(0, stub_dir)
+    importlib.invalidate_caches()
+    pb = importlib.import_module("moh.v1.inference_pb2")
+    pb_grpc = importlib.import_module("moh.v1.inference_pb2_grpc")
+    return types.SimpleNamespace(pb=pb, grpc=pb_grpc, stub_dir=stub_dir)
+
+
+def _start(server, **kwargs):
+    _SERVERS.append(server)
+    return server.start(**kwargs)
+
+
+@pytest.fixture(scope="session")
+def start_server(workdir):
+    """start_server(name, models, **MohServer kwargs) -> a started MohServer,
+    killed at the end of the session (tests may stop it earlier)."""
+    started = []
+
+    def start(name, models, wait_serving=True, **kwargs):
+        server = lib.MohServer(name, workdir, models, **kwargs)
+        started.append(server)
+        return _start(server, wait_serving=wait_serving)
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture
+def server_factory(workdir):
+    """Like start_server, but the servers die at the end of the test."""
+    started = []
+
+    def start(name, models, wait_serving=True, **kwargs):
+        server = lib.MohServer(name, workdir, models, **kwargs)
+        started.append(server)
+        return _start(server, wait_serving=wait_serving)
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+def lm_dir():
+    return os.path.join(lib.FIXTURES, "llama_learned")
+
+
+def vit_dir():
+    return os.path.join(lib.FIXTURES, "vit_learned")
+
+
+@pytest.fixture(scope="session")
+def main_server(start_server, api):
+    """demo-lm (llama_learned) and demo-vit (vit_learned), metrics on."""
+    return start_server("main", [
+        ("demo-lm", lm_dir(), "generation { max_running: 4 }"),
+        ("demo-vit", vit_dir(), ""),
+    ])
+
+
+@pytest.fixture(scope="session")
+def stub(main_server, api):
+    return api.grpc.InferenceStub(main_server.channel())
+
+
+@pytest.fixture(scope="session")
+def long_lm_dir(workdir):
+    """The fixture LM that never ends with EOS, 512 positions (for requests
+    that must keep a slot busy for hundreds of steps)."""
+    return lib.make_long_lm(lm_dir(), os.path.join(workdir, "llama_long"), 512)
+
+
+@pytest.fixture(scope="session")
+def lm_golden():
+    with open(os.path.join(lm_dir(), "golden.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def vit_golden():
+    with open(os.path.join(vit_dir(), "golden.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def decoder():
+    return lib.ByteLevelDecoder(os.path.join(lm_dir(), "tokenizer.json"))

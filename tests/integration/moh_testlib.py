@@ -1,0 +1,484 @@
+"""Helpers for the moh-server integration tests (used by conftest.py and the tests).
+
+Everything here talks to real processes over loopback: MohServer starts the real
+moh-server binary with a text-format config in a temporary directory, waits for
+grpc.health.v1 SERVING, and keeps its log; the gRPC health and reflection
+messages are hand-encoded (Debian's python3-grpcio ships neither grpc_health nor
+grpc_reflection); /metrics is scraped and parsed into samples.
+
+Every wait is bounded (wait_until) and every RPC carries a timeout.
+"""
+import json
+import math
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.environ.get("MOH_SOURCE_DIR") or os.path.dirname(
+    os.path.dirname(HERE))
+_BUILD = os.path.join(SOURCE_DIR, "build")
+SERVER = os.environ.get("MOH_SERVER") or os.path.join(_BUILD, "service",
+                                                      "moh-server")
+CLIENT = os.environ.get("MOH_CLIENT") or os.path.join(_BUILD, "client",
+                                                      "moh-client")
+FIXTURES = os.environ.get("MOH_FIXTURES") or os.path.join(_BUILD, "fixtures")
+
+RPC_TIMEOUT = 60.0  # seconds; every RPC in the tests has a deadline
+START_TIMEOUT = 90.0  # seconds for a server to become SERVING
+
+# The tiny fixture LM (tests/reference/make_fixtures.py).
+LM_VOCAB = 320
+LM_BOS, LM_EOS = 318, 319
+LM_LAYERS, LM_HEADS, LM_SHARED, LM_TOP_K = 2, 8, 2, (3, 2)
+
+
+class Timeout(AssertionError):
+    pass
+
+
+def wait_until(predicate, timeout, what, interval=0.02):
+    """Polls predicate() until it returns a truthy value (returned) or fails."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise Timeout("timed out after %.0f s waiting for %s (last: %r)" %
+                          (timeout, what, last))
+        time.sleep(interval)
+
+
+def free_port():
+    """A currently free loopback TCP port (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- protobuf wire format, for the messages we have no generated code for ---
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def encode_string_field(field, value):
+    data = value.encode("utf-8") if isinstance(value, str) else value
+    return _varint(field << 3 | 2) + _varint(len(data)) + data
+
+
+def decode_fields(data):
+    """[(field_number, value)]: ints for varints, bytes for length-delimited."""
+    fields, i = [], 0
+
+    def read_varint():
+        nonlocal i
+        shift = result = 0
+        while True:
+            b = data[i]
+            i += 1
+            result |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return result
+
+    while i < len(data):
+        key = read_varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            fields.append((field, read_varint()))
+        elif wire == 2:
+            n = read_varint()
+            fields.append((field, data[i:i + n]))
+            i += n
+        elif wire == 1:
+            fields.append((field, data[i:i + 8]))
+            i += 8
+        elif wire == 5:
+            fields.append((field, data[i:i + 4]))
+            i += 4
+        else:
+            raise ValueError("unsupported wire type %d" % wire)
+    return fields
+
+
+HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING",
+                 3: "SERVICE_UNKNOWN"}
+
+
+def health_check(channel, service="", timeout=5.0):
+    """grpc.health.v1.Health/Check -> "SERVING", "NOT_SERVING", ...
+
+    Raises grpc.RpcError on RPC failure.
+    """
+    check = channel.unary_unary("/grpc.health.v1.Health/Check")
+    request = encode_string_field(1, service) if service else b""
+    response = check(request, timeout=timeout)
+    status = 0
+    for field, value in decode_fields(response):
+        if field == 1:
+            status = value
+    return HEALTH_STATUS.get(status, str(status))
+
+
+def reflection_request(channel, requests, timeout=10.0):
+    """Sends encoded ServerReflectionRequests on one ServerReflectionInfo stream
+    (v1alpha) and returns the raw responses."""
+    info = channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+    return list(info(iter(requests), timeout=timeout))
+
+
+# --- Prometheus text format ---
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text):
+    """{(name, frozenset(labels.items())): value} of a /metrics page."""
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            raise ValueError("unparsable metrics line: %r" % line)
+        labels = frozenset(_LABEL.findall(m.group(2) or ""))
+        samples[(m.group(1), labels)] = float(m.group(3))
+    return samples
+
+
+def metric_value(samples, name, **labels):
+    """Sum of the samples of `name` whose labels include `labels` (0 if none)."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items()
+               if n == name and want <= set(ls))
+
+
+def metric_series(samples, name, **labels):
+    """[(labels dict, value)] of the samples of `name` including `labels`."""
+    want = set(labels.items())
+    return [(dict(ls), v) for (n, ls), v in samples.items()
+            if n == name and want <= set(ls)]
+
+
+def http_get(url, timeout=10.0):
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode("utf-8")
+
+
+# --- moh-server processes ---
+
+
+def _textproto_string(s):
+    return json.dumps(s)  # a JSON string literal is a valid textproto one here
+
+
+class MohServer:
+    """One moh-server process on free loopback ports, configured by a file.
+
+    models: list of (name, model_dir, extra textproto for the ModelConfig).
+    """
+
+    def __init__(self, name, workdir, models, drain_timeout=60, threads=1,
+                 metrics=True, extra=""):
+        self.name = name
+        self.workdir = workdir
+        self.models = models
+        self.drain_timeout = drain_timeout
+        self.threads = threads
+        self.metrics = metrics
+        self.extra = extra
+        self.proc = None
+        self.port = self.metrics_port = None
+        self.log_path = os.path.join(workdir, name + ".log")
+        self.config_path = os.path.join(workdir, name + ".textproto")
+        self._channel = None
+
+    # Configuration and lifetime.
+
+    def config_text(self):
+        lines = [
+            "port: %d" % self.port,
+            "metrics_port: %d" % (self.metrics_port if self.metrics else -1),
+            'host: "127.0.0.1"',
+            "drain_timeout_seconds: %g" % self.drain_timeout,
+            "threads: %d" % self.threads,
+        ]
+        if self.extra:
+            lines.append(self.extra)
+        for name, model_dir, model_extra in self.models:
+            lines.append("models { name: %s model_dir: %s %s }" %
+                         (_textproto_string(name),
+                          _textproto_string(model_dir), model_extra))
+        return "\n".join(lines) + "\n"
+
+    def start(self, wait_serving=True, attempts=3):
+        """Starts the process; retries on a port taken in the meantime."""
+        for attempt in range(attempts):
+            self.port = free_port()
+            self.metrics_port = free_port() if self.metrics else None
+            with open(self.config_path, "w") as f:
+                f.write(self.config_text())
+            log = open(self.log_path, "ab")
+            log.write(("=== %s (attempt %d): %s --config=%s\n" %
+                       (self.name, attempt + 1, SERVER,
+                        self.config_path)).encode())
+            log.flush()
+            self.proc = subprocess.Popen([SERVER, "--config=" + self.config_path],
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+            log.close()
+            listening = wait_until(
+                lambda: self.proc.poll() is not None or
+                "listening on" in self.log(), 30, "%s to listen" % self.name)
+            if self.proc.poll() is None:
+                break
+            if "cannot listen" not in self.log() or attempt + 1 == attempts:
+                raise AssertionError("%s exited with %s at start:\n%s" %
+                                     (self.name, self.proc.returncode,
+                                      self.log()))
+            del listening
+        if wait_serving:
+            self.wait_health("SERVING")
+        return self
+
+    def wait_health(self, want, timeout=START_TIMEOUT, service=""):
+        def status():
+            if self.proc.poll() is not None:
+                raise AssertionError("%s exited with %s:\n%s" %
+                                     (self.name, self.proc.returncode,
+                                      self.log()))
+            try:
+                return health_check(self.channel(), service, timeout=2) == want
+            except Exception:  # grpc.RpcError while the port opens
+                return False
+
+        wait_until(status, timeout, "%s health %s" % (self.name, want),
+                   interval=0.05)
+
+    def kill(self):
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def terminate_and_wait(self, timeout=90):
+        """SIGTERM; returns the exit status (kills after `timeout` s)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            raise AssertionError("%s did not exit within %d s of SIGTERM" %
+                                 (self.name, timeout))
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    # Clients.
+
+    @property
+    def target(self):
+        return "127.0.0.1:%d" % self.port
+
+    def channel(self):
+        import grpc
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.target)
+        return self._channel
+
+    def new_channel(self):
+        import grpc
+        return grpc.insecure_channel(self.target)
+
+    def scrape(self):
+        return http_get("http://127.0.0.1:%d/metrics" % self.metrics_port)
+
+    def samples(self):
+        return parse_metrics(self.scrape())
+
+
+# --- the fixture tokenizer (byte-level BPE), for checking streamed text ---
+
+
+def _bytes_to_unicode():
+    bs = (list(range(ord("!"), ord("~") + 1)) +
+          list(range(ord("\xa1"), ord("\xac") + 1)) +
+          list(range(ord("\xae"), ord("\xff") + 1)))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+class ByteLevelDecoder:
+    """Decodes token ids of a byte-level BPE tokenizer.json (no specials)."""
+
+    def __init__(self, tokenizer_json):
+        with open(tokenizer_json) as f:
+            t = json.load(f)
+        byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+        self.special = {a["id"] for a in t["added_tokens"] if a["special"]}
+        self.token_bytes = {
+            i: bytes(byte_of[c] for c in tok)
+            for tok, i in t["model"]["vocab"].items()
+        }
+
+    def decode(self, ids):
+        data = b"".join(self.token_bytes[i] for i in ids
+                        if i not in self.special)
+        return data.decode("utf-8", "replace")
+
+
+# --- checkpoints derived from the fixtures ---
+
+
+def make_long_lm(src_dir, dst_dir, max_positions):
+    """A copy of the fixture LM that never picks EOS greedily and has more
+    positions, for requests that must run for many steps.
+
+    The LM has tied embeddings, so zeroing embedding row EOS makes its logit
+    always exactly 0, below the greedy winner among 319 random-weight logits
+    spread over about +-20 (checked: the tests assert finish_reason LENGTH).
+    """
+    import shutil
+    os.makedirs(dst_dir, exist_ok=True)
+    for name in ("model.safetensors", "tokenizer.json",
+                 "generation_config.json"):
+        shutil.copy(os.path.join(src_dir, name), os.path.join(dst_dir, name))
+    with open(os.path.join(src_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config.get("tie_word_embeddings"), config
+    config["max_position_embeddings"] = max_positions
+    with open(os.path.join(dst_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(dst_dir, "model.safetensors"), "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        t = header["model.embed_tokens.weight"]
+        assert t["dtype"] == "F32", t
+        cols = t["shape"][1]
+        f.seek(8 + n + t["data_offsets"][0] + LM_EOS * cols * 4)
+        f.write(b"\0" * cols * 4)
+    return dst_dir
+
+
+# --- images ---
+
+
+def encode_png(pixels):
+    """PNG (8-bit RGB) bytes of a [3][H][W] list of floats in [0, 1]."""
+    import zlib
+    c, h, w = len(pixels), len(pixels[0]), len(pixels[0][0])
+    assert c == 3
+    raw = bytearray()
+    for y in range(h):
+        raw.append(0)  # filter: none
+        for x in range(w):
+            for ch in range(3):
+                v = pixels[ch][y][x]
+                raw.append(max(0, min(255, int(round(v * 255)))))
+
+    def chunk(kind, data):
+        body = kind + data
+        return (struct.pack(">I", len(data)) + body +
+                struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF))
+
+    return (b"\x89PNG\r\n\x1a\n" +
+            chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(bytes(raw))) + chunk(b"IEND", b""))
+
+
+def quantize(pixels):
+    """The [C][H][W] values an 8-bit PNG of `pixels` decodes to."""
+    return [[[max(0, min(255, int(round(v * 255)))) / 255.0 for v in row]
+             for row in ch] for ch in pixels]
+
+
+def softmax(xs):
+    m = max(xs)
+    e = [math.exp(x - m) for x in xs]
+    s = sum(e)
+    return [v / s for v in e]
+
+
+# --- requests ---
+
+
+def generate_request(pb, prompt=None, token_ids=None, model="demo-lm",
+                     ratio=0.0, min_ratio=0.0, include_routing=False,
+                     **sampling):
+    """A GenerateRequest; `sampling` sets SamplingParams fields (stop: list)."""
+    request = pb.GenerateRequest(model=model, include_routing=include_routing)
+    if prompt is not None:
+        request.prompt = prompt
+    if token_ids is not None:
+        request.token_ids.extend(token_ids)
+    for name, value in sampling.items():
+        if name == "stop":
+            request.sampling.stop.extend(value)
+        else:
+            setattr(request.sampling, name, value)
+    request.activation.ratio = ratio
+    request.activation.min_ratio = min_ratio
+    return request
+
+
+def run_generate(stub, request, timeout=RPC_TIMEOUT):
+    """All messages of one Generate stream (raises grpc.RpcError)."""
+    return list(stub.Generate(request, timeout=timeout))
+
+
+def token_ids_of(messages):
+    return [t for m in messages for t in m.token_ids]
+
+
+def rpc_error(call, *args, **kwargs):
+    """The grpc.RpcError that call(*args) raises (consuming a stream); fails
+    if it succeeds."""
+    import grpc
+    try:
+        result = call(*args, **kwargs)
+        if hasattr(result, "__iter__") and not hasattr(result, "SerializeToString"):
+            result = list(result)
+    except grpc.RpcError as e:
+        return e
+    raise AssertionError("expected an RPC error, got %r" % (result,))
+
+
+def expected_top_k(ratio, num_heads=LM_HEADS, shared=LM_SHARED,
+                   trained=LM_TOP_K):
+    """Per-layer K the server must use for `ratio` (SPEC §1)."""
+    if ratio == 0:
+        return list(trained)
+    k = math.floor(ratio * num_heads + 0.5) - shared
+    return [max(0, min(num_heads - shared, k))] * len(trained)

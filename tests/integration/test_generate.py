@@ -1,0 +1,209 @@
+"""Generate over the wire equals the independent reference's greedy generation.
+
+The goldens (tests/reference, make_fixtures.py) hold, for each prompt and
+activation ratio, the 8 tokens greedy decoding produces in the Python reference
+model, and the effective activation ratio it computed.
+"""
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import moh_testlib as lib
+
+with open(os.path.join(lib.FIXTURES, "llama_learned", "golden.json")) as f:
+    _GOLDEN = json.load(f)
+CASES = _GOLDEN["cases"]
+CASE_IDS = ["ratio%g-prompt%d" % (c["ratio"], c["prompt"]) for c in CASES]
+
+
+def golden_request(api, case, include_routing=True):
+    return lib.generate_request(api.pb,
+                                token_ids=_GOLDEN["prompts"][case["prompt"]],
+                                max_new_tokens=_GOLDEN["new_tokens"],
+                                temperature=0.0,
+                                ratio=case["ratio"],
+                                include_routing=include_routing)
+
+
+def check_golden_stream(api, case, messages):
+    prompt = _GOLDEN["prompts"][case["prompt"]]
+    assert messages, "empty stream"
+    last = messages[-1]
+    for m in messages[:-1]:
+        assert m.finish_reason == api.pb.FINISH_REASON_UNSPECIFIED, m
+    assert lib.token_ids_of(messages) == case["greedy"]
+    # The goldens never reach EOS within 8 tokens.
+    assert last.finish_reason == api.pb.LENGTH, last
+    assert last.usage.prompt_tokens == len(prompt)
+    assert last.usage.completion_tokens == _GOLDEN["new_tokens"]
+    assert last.effective_activation_ratio == pytest.approx(
+        case["effective_ratio"], abs=1e-5)
+    if case["ratio"] == 0.5:
+        assert last.effective_activation_ratio == pytest.approx(0.5, abs=1e-6)
+    if case["ratio"] == 1.0:
+        assert last.effective_activation_ratio == pytest.approx(1.0, abs=1e-6)
+    check_routing(last, case["ratio"])
+
+
+def check_routing(last, ratio):
+    """Per-layer head loads consistent with usage and the ratio's K."""
+    routing = last.routing
+    # Every prompt token and every generated token but the last one went
+    # through the model once.
+    tokens = last.usage.prompt_tokens + last.usage.completion_tokens - 1
+    assert routing.tokens == tokens, routing
+    assert [l.layer for l in routing.layers] == list(range(lib.LM_LAYERS))
+    top_k = lib.expected_top_k(ratio)
+    used = 0
+    for layer, k in zip(routing.layers, top_k):
+        heads = list(layer.head_tokens)
+        assert len(heads) == lib.LM_HEADS, layer
+        # Shared heads serve every token; each token uses S + K heads.
+        assert heads[:lib.LM_SHARED] == [tokens] * lib.LM_SHARED, layer
+        assert all(0 <= h <= tokens for h in heads), layer
+        assert sum(heads) == tokens * (lib.LM_SHARED + k), (layer, k)
+        used += sum(heads)
+    assert last.effective_activation_ratio == pytest.approx(
+        used / (tokens * lib.LM_HEADS * lib.LM_LAYERS), abs=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_greedy_stream_equals_reference(api, stub, case):
+    messages = lib.run_generate(stub, golden_request(api, case))
+    check_golden_stream(api, case, messages)
+
+
+def test_without_include_routing_no_routing(api, stub):
+    messages = lib.run_generate(stub,
+                                golden_request(api, CASES[0],
+                                               include_routing=False))
+    assert lib.token_ids_of(messages) == CASES[0]["greedy"]
+    assert not messages[-1].HasField("routing")
+
+
+def _run_together(api, stub, cases):
+    """Starts one stream per case at the same moment; returns their messages."""
+    barrier = threading.Barrier(len(cases), timeout=30)
+
+    def one(case):
+        call = stub.Generate(golden_request(api, case), timeout=lib.RPC_TIMEOUT)
+        barrier.wait()
+        return list(call)
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        return list(pool.map(one, cases))
+
+
+def test_two_concurrent_streams_with_different_ratios(api, stub):
+    # Same prompt, ratios 0.5 and 1.0, in flight together: each gets what it
+    # gets alone (K is per row of a shared batch).
+    by_ratio = {(c["prompt"], c["ratio"]): c for c in CASES}
+    pairs = [[by_ratio[(p, 0.5)], by_ratio[(p, 1.0)]]
+             for p in range(len(_GOLDEN["prompts"]))]
+    # Otherwise mixing up the rows' ratios would go unnoticed.
+    assert any(a["greedy"] != b["greedy"] for a, b in pairs)
+    for pair in pairs:
+        for case, messages in zip(pair, _run_together(api, stub, pair)):
+            check_golden_stream(api, case, messages)
+
+
+def test_all_golden_cases_concurrently(api, stub):
+    # 12 streams on a server with max_running 4: some wait, all still match.
+    results = _run_together(api, stub, CASES)
+    for case, messages in zip(CASES, results):
+        check_golden_stream(api, case, messages)
+
+
+def test_text_prompt_streams_chunks_that_concatenate(api, stub, decoder):
+    request = lib.generate_request(api.pb,
+                                   prompt="Once upon a time",
+                                   max_new_tokens=16,
+                                   include_routing=True)
+    messages = lib.run_generate(stub, request)
+    # The first tokens arrive in their own messages, before the final one.
+    assert len(messages) > 2, messages
+    assert messages[0].token_ids and not messages[0].finish_reason
+    last = messages[-1]
+    assert last.finish_reason == api.pb.LENGTH
+    ids = lib.token_ids_of(messages)
+    assert len(ids) == last.usage.completion_tokens == 16
+    text = "".join(m.text for m in messages)
+    assert text == decoder.decode(ids)
+    assert text.strip(), "generated text is empty"
+    # prompt_tokens counts the BOS the tokenizer adds.
+    assert last.usage.prompt_tokens > 1
+    check_routing(last, 0.0)
+
+
+def test_stop_string_ends_before_the_match(api, stub):
+    base = lib.generate_request(api.pb, prompt="Once upon a time",
+                                max_new_tokens=16)
+    full = "".join(m.text for m in lib.run_generate(stub, base))
+    # A stop string from the middle of the greedy text.
+    start = len(full) // 2
+    stop = full[start:start + 2]
+    assert len(stop) == 2 and "\ufffd" not in stop, full
+    expected = full[:full.index(stop)]
+    request = lib.generate_request(api.pb, prompt="Once upon a time",
+                                   max_new_tokens=16, stop=[stop, "zzzz"])
+    messages = lib.run_generate(stub, request)
+    last = messages[-1]
+    assert last.finish_reason == api.pb.STOP, last
+    assert "".join(m.text for m in messages) == expected
+    assert last.usage.completion_tokens == len(lib.token_ids_of(messages))
+    assert last.usage.completion_tokens < 16
+
+
+def test_eos_finishes_the_stream(api, stub):
+    # With the fixture model, some short prompts reach EOS well within 200
+    # tokens at ratio 1.0 (found by trying; the model is deterministic).
+    finishes = {}
+    for prompt in ("the", "a", "x"):
+        request = lib.generate_request(api.pb, prompt=prompt,
+                                       max_new_tokens=200, ratio=1.0)
+        messages = lib.run_generate(stub, request)
+        last = messages[-1]
+        finishes[prompt] = api.pb.FinishReason.Name(last.finish_reason)
+        if last.finish_reason == api.pb.EOS:
+            ids = lib.token_ids_of(messages)
+            assert ids[-1] == lib.LM_EOS
+            assert lib.LM_EOS not in ids[:-1]
+            assert last.usage.completion_tokens == len(ids) < 200
+    assert "EOS" in finishes.values(), finishes
+
+
+def test_seeded_sampling_is_reproducible(api, stub):
+    def sample(seed):
+        request = lib.generate_request(api.pb, prompt="Once upon a time",
+                                       max_new_tokens=24, temperature=1.0,
+                                       top_k=50, top_p=0.95, seed=seed)
+        messages = lib.run_generate(stub, request)
+        assert messages[-1].finish_reason in (api.pb.LENGTH, api.pb.EOS)
+        return lib.token_ids_of(messages)
+
+    first = sample(7)
+    assert sample(7) == first
+    assert all(0 <= t < lib.LM_VOCAB for t in first)
+    others = [sample(seed) for seed in (8, 9, 10)]
+    assert any(o != first for o in others), "the seed has no effect"
+
+
+def test_default_model_is_used_when_model_is_empty(api, stub):
+    # Two models are served; Generate with model "" goes to the only LM.
+    case = CASES[0]
+    request = golden_request(api, case)
+    request.model = ""
+    check_golden_stream(api, case, lib.run_generate(stub, request))
+
+
+def test_adaptive_min_ratio_without_load_keeps_the_ratio(api, stub):
+    # adaptive is off on this server: min_ratio is accepted and ignored.
+    case = next(c for c in CASES if c["ratio"] == 1.0)
+    request = golden_request(api, case)
+    request.activation.min_ratio = 0.5
+    messages = lib.run_generate(stub, request)
+    check_golden_stream(api, case, messages)
+    assert messages[-1].activation_ratio == pytest.approx(1.0)
