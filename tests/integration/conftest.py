@@ -57,10 +57,11 @@ def pytest_runtest_makereport(item, call):
         return
     offsets = getattr(item, "_moh_log_offsets", {})
     for server in _SERVERS:
-        text = server.log()[offsets.get(id(server), 0):]
-        if not text:
-            continue
-        lines = text.splitlines()
+        log = server.log()
+        lines = log[offsets.get(id(server), 0):].splitlines()
+        if not lines:
+            lines = ["(nothing new during this test; the last lines:)"
+                     ] + log.splitlines()[-20:]
         if len(lines) > 150:
             lines = ["... (%d lines before; full log: %s)" %
                      (len(lines) - 150, server.log_path)] + lines[-150:]
@@ -152,9 +153,9 @@ def stub(main_server, api):
 
 @pytest.fixture(scope="session")
 def long_lm_dir(workdir):
-    """The fixture LM that never ends with EOS, 512 positions (for requests
+    """The fixture LM that never ends with EOS, 2048 positions (for requests
     that must keep a slot busy for hundreds of steps)."""
-    return lib.make_long_lm(lm_dir(), os.path.join(workdir, "llama_long"), 512)
+    return lib.make_long_lm(lm_dir(), os.path.join(workdir, "llama_long"), 2048)
 
 
 @pytest.fixture(scope="session")

@@ -221,6 +221,7 @@ class MohServer:
             'host: "127.0.0.1"',
             "drain_timeout_seconds: %g" % self.drain_timeout,
             "threads: %d" % self.threads,
+            "log_requests: true",
         ]
         if self.extra:
             lines.append(self.extra)

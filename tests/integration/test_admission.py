@@ -1,0 +1,211 @@
+"""Cancellation, deadlines and queue limits on a server with ONE generation
+slot (max_running 1) and room for two waiting requests (max_queued_requests 2).
+
+A long request (the "occupant", hundreds of greedy tokens of the fixture LM
+patched never to end with EOS) holds the slot, so whatever comes next waits.
+Whether something was computed is read from the server's own counters.
+"""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+import moh_testlib as lib
+
+MODEL = "long"
+OCCUPANT_TOKENS = 2000  # + 14 prompt tokens <= max_seq_len 2048
+
+
+@pytest.fixture(scope="module")
+def server(start_server, long_lm_dir):
+    return start_server("one_slot", [
+        (MODEL, long_lm_dir,
+         "generation { max_running: 1 max_queued_requests: 2 "
+         "max_seq_len: 2048 }"),
+    ])
+
+
+@pytest.fixture(scope="module")
+def stub(server, api):
+    return api.grpc.InferenceStub(server.channel())
+
+
+def gauges(server):
+    samples = server.samples()
+    return (lib.metric_value(samples, "moh_requests_running", model=MODEL),
+            lib.metric_value(samples, "moh_requests_waiting", model=MODEL))
+
+
+@pytest.fixture(autouse=True)
+def idle_server(server):
+    """Each test starts and ends with nothing running or waiting."""
+    lib.wait_until(lambda: gauges(server) == (0, 0), 60, "an idle server")
+    yield
+    lib.wait_until(lambda: gauges(server) == (0, 0), 60, "an idle server")
+
+
+def counter(server, name, **labels):
+    return lib.metric_value(server.samples(), name, model=MODEL, **labels)
+
+
+def occupant_request(api, max_new_tokens=OCCUPANT_TOKENS):
+    return lib.generate_request(api.pb, model=MODEL, prompt="Once upon a time",
+                                max_new_tokens=max_new_tokens)
+
+
+class Occupant:
+    """A long stream read on a background thread."""
+
+    def __init__(self, stub, request):
+        self.call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
+        self.messages = []
+        self.error = None
+        self.started = threading.Event()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        assert self.started.wait(30), "the occupant produced nothing"
+
+    def _read(self):
+        try:
+            for m in self.call:
+                self.messages.append(m)
+                self.started.set()
+        except grpc.RpcError as e:
+            self.error = e
+        finally:
+            self.started.set()
+            self.done.set()
+
+    def join(self):
+        self.thread.join(lib.RPC_TIMEOUT + 10)
+        assert not self.thread.is_alive()
+        return self.messages
+
+
+def test_cancel_mid_stream_frees_the_slot(api, server, stub):
+    running_before, _ = gauges(server)
+    generated_before = counter(server, "moh_generated_tokens_total")
+    cancelled_before = counter(server, "moh_requests_total", rpc="Generate",
+                               code="CANCELLED")
+    call = stub.Generate(occupant_request(api), timeout=lib.RPC_TIMEOUT)
+    received = [next(call) for _ in range(3)]
+    assert all(m.token_ids for m in received)
+    assert gauges(server)[0] == running_before + 1
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as error:
+        list(call)
+    assert error.value.code() == grpc.StatusCode.CANCELLED
+    # The slot is freed: the running gauge is back where it was ...
+    lib.wait_until(lambda: gauges(server)[0] == running_before, 30,
+                   "moh_requests_running back to %d" % running_before)
+    lib.wait_until(
+        lambda: counter(server, "moh_requests_total", rpc="Generate",
+                        code="CANCELLED") == cancelled_before + 1, 30,
+        "moh_requests_total{code=CANCELLED} + 1")
+    # ... the work stopped early ...
+    generated = counter(server, "moh_generated_tokens_total") - generated_before
+    assert 3 <= generated < OCCUPANT_TOKENS
+    # ... and the one slot serves the next request.
+    messages = lib.run_generate(stub, occupant_request(api, 5))
+    assert messages[-1].finish_reason == api.pb.LENGTH
+    assert messages[-1].usage.completion_tokens == 5
+
+
+def test_cancel_while_queued(api, server, stub):
+    occupant = Occupant(stub, occupant_request(api))
+    queued = stub.Generate(occupant_request(api, 5), timeout=lib.RPC_TIMEOUT)
+    lib.wait_until(lambda: gauges(server) == (1, 1), 30, "one waiting request")
+    queued.cancel()
+    lib.wait_until(lambda: gauges(server)[1] == 0, 30,
+                   "moh_requests_waiting back to 0")
+    with pytest.raises(grpc.RpcError) as error:
+        list(queued)
+    assert error.value.code() == grpc.StatusCode.CANCELLED
+    assert not occupant.done.is_set(), "occupant too short to test this"
+    messages = occupant.join()
+    assert occupant.error is None
+    assert messages[-1].finish_reason == api.pb.LENGTH
+    assert messages[-1].usage.completion_tokens == OCCUPANT_TOKENS
+
+
+def test_deadline_passing_in_the_queue_is_never_computed(api, server, stub):
+    generated_before = counter(server, "moh_generated_tokens_total")
+    prompt_before = counter(server, "moh_prompt_tokens_total")
+    occupant = Occupant(stub, occupant_request(api))
+    # Waits behind the occupant; its 0.2 s deadline passes in the queue.
+    short = lib.generate_request(api.pb, model=MODEL, prompt="hi",
+                                 max_new_tokens=4)
+    error = lib.rpc_error(lib.run_generate, stub, short, timeout=0.2)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+    assert not occupant.done.is_set(), (
+        "the occupant finished before the short deadline: it did not keep "
+        "the slot busy, so this test proves nothing")
+    messages = occupant.join()
+    assert occupant.error is None, occupant.error
+    last = messages[-1]
+    assert last.finish_reason == api.pb.LENGTH
+    assert last.usage.completion_tokens == OCCUPANT_TOKENS
+    # Only the occupant was computed.
+    lib.wait_until(
+        lambda: counter(server, "moh_generated_tokens_total") -
+        generated_before >= OCCUPANT_TOKENS, 30, "the occupant's tokens")
+    assert (counter(server, "moh_generated_tokens_total") - generated_before
+            == OCCUPANT_TOKENS)
+    assert (counter(server, "moh_prompt_tokens_total") - prompt_before ==
+            last.usage.prompt_tokens)
+
+
+def test_zero_deadline_gets_deadline_exceeded(api, server, stub):
+    # gRPC carries deadlines with millisecond resolution, so a deadline "now"
+    # may reach the server as up to 1 ms ahead, and a step may run in it:
+    # "never computed" is checked on a queued request above, not here.
+    ok_before = counter(server, "moh_requests_total", rpc="Generate", code="OK")
+    request = lib.generate_request(api.pb, model=MODEL, prompt="hi",
+                                   max_new_tokens=4)
+    for _ in range(3):
+        error = lib.rpc_error(lib.run_generate, stub, request, timeout=0.0)
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+    messages = lib.run_generate(stub, request)
+    assert messages[-1].usage.completion_tokens == 4
+    lib.wait_until(
+        lambda: counter(server, "moh_requests_total", rpc="Generate",
+                        code="OK") >= ok_before + 1, 30, "the OK request")
+    assert counter(server, "moh_requests_total", rpc="Generate",
+                   code="OK") == ok_before + 1
+
+
+def test_burst_beyond_the_queue_is_rejected_at_once(api, server, stub):
+    exhausted_before = counter(server, "moh_requests_total", rpc="Generate",
+                               code="RESOURCE_EXHAUSTED")
+    occupant = Occupant(stub, occupant_request(api))
+    burst = 6
+    barrier = threading.Barrier(burst, timeout=30)
+    request = lib.generate_request(api.pb, model=MODEL, prompt="hi",
+                                   max_new_tokens=4)
+
+    def one(_):
+        barrier.wait()
+        try:
+            return ("OK", lib.run_generate(stub, request), None)
+        except grpc.RpcError as e:
+            # Rejected before the occupant (hundreds of steps) is done.
+            return (e.code().name, e.details(), occupant.done.is_set())
+
+    with ThreadPoolExecutor(burst) as pool:
+        results = list(pool.map(one, range(burst)))
+    codes = sorted(r[0] for r in results)
+    assert codes == ["OK"] * 2 + ["RESOURCE_EXHAUSTED"] * (burst - 2), results
+    for code, detail, occupant_done in results:
+        if code == "OK":
+            assert detail[-1].finish_reason == api.pb.LENGTH
+            assert detail[-1].usage.completion_tokens == 4
+        else:
+            assert "max_queued_requests" in detail, detail
+            assert occupant_done is False, "rejected only after the occupant"
+    messages = occupant.join()
+    assert messages[-1].finish_reason == api.pb.LENGTH
+    assert messages[-1].usage.completion_tokens == OCCUPANT_TOKENS
+    assert (counter(server, "moh_requests_total", rpc="Generate",
+                    code="RESOURCE_EXHAUSTED") == exhausted_before + burst - 2)
