@@ -13,7 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch python3-numpy
   python3-grpcio python3-protobuf python3-pytest
-  prometheus curl
+  prometheus curl zlib1g-dev
 )
 
 missing=()

@@ -1,0 +1,108 @@
+#include "service/server_config.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace moh {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string WriteTemp(const std::string& text) {
+  char path[] = "/tmp/moh_config_XXXXXX";
+  const int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
+  const std::string path = WriteTemp(R"(
+    port: 6000
+    models { model_dir: "/models/lm/" batching { max_batch_size: 8 } }
+    models { name: "vit" model_dir: "/models/vit" generation { max_running: 4 } }
+  )");
+  auto config = ReadServerConfigFile(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(ResolveServerConfig(&*config).ok());
+  EXPECT_EQ(config->port(), 6000);
+  EXPECT_EQ(config->metrics_port(), 9464);
+  EXPECT_EQ(config->host(), "0.0.0.0");
+  EXPECT_DOUBLE_EQ(config->drain_timeout_seconds(), 30.0);
+  const v1::ModelConfig& lm = config->models(0);
+  EXPECT_EQ(lm.name(), "lm");  // the directory's base name
+  EXPECT_EQ(lm.device(), "auto");
+  EXPECT_EQ(lm.batching().max_batch_size(), 8);
+  EXPECT_DOUBLE_EQ(lm.batching().max_queue_delay_ms(), 5.0);
+  EXPECT_EQ(lm.batching().max_queued_requests(), 256);
+  EXPECT_EQ(lm.generation().max_running(), 16);
+  EXPECT_EQ(lm.generation().prefill_token_budget(), 512);
+  EXPECT_EQ(lm.generation().default_max_new_tokens(), 64);
+  EXPECT_EQ(config->models(1).generation().max_running(), 4);
+  std::remove(path.c_str());
+}
+
+TEST(ServerConfigTest, ParseErrorNamesFileAndLine) {
+  const std::string path = WriteTemp("port: 1\nmodels { nmae: \"x\" }\n");
+  auto config = ReadServerConfigFile(path);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(path));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("line 2"));
+  std::remove(path.c_str());
+  EXPECT_EQ(ReadServerConfigFile("/nonexistent/moh.conf").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
+  struct Case {
+    std::string text;
+    std::string message;
+  } cases[] = {
+      {"port: 70000 models { model_dir: \"m\" }", "port must be in [1, 65535]"},
+      {"metrics_port: -5 models { model_dir: \"m\" }", "metrics_port"},
+      {"port: 7000 metrics_port: 7000 models { model_dir: \"m\" }",
+       "metrics_port must differ from port"},
+      {"threads: -1 models { model_dir: \"m\" }", "threads must be >= 0"},
+      {"", "models: at least one model"},
+      {"models { name: \"x\" }", "models[0].model_dir must be set"},
+      {"models { model_dir: \"m\" batching { max_batch_size: -1 } }",
+       "models[0].batching.max_batch_size must be in [1, 4096]"},
+      {"models { model_dir: \"m\" batching { max_queue_delay_ms: -1 } }",
+       "models[0].batching.max_queue_delay_ms"},
+      {"models { model_dir: \"m\" } models { model_dir: \"n\" generation { "
+       "max_running: 99999 } }",
+       "models[1].generation.max_running must be in [1, 4096]"},
+      {"models { model_dir: \"m\" generation { max_seq_len: -1 } }",
+       "models[0].generation.max_seq_len"},
+      {"models { model_dir: \"m\" adaptive { queue_depth: -1 } }",
+       "models[0].adaptive.queue_depth"},
+      {"models { model_dir: \"a/m\" } models { model_dir: \"b/m\" }",
+       "models[1].name \"m\" is used by another model"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = WriteTemp(c.text);
+    auto config = ReadServerConfigFile(path);
+    std::remove(path.c_str());
+    ASSERT_TRUE(config.ok()) << c.text << ": " << config.status();
+    absl::Status status = ResolveServerConfig(&*config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message)) << c.text;
+  }
+}
+
+TEST(ServerConfigTest, DemoConfigServesBothDemoModels) {
+  v1::ServerConfig config = DemoServerConfig("/demo");
+  ASSERT_TRUE(ResolveServerConfig(&config).ok());
+  ASSERT_EQ(config.models_size(), 2);
+  EXPECT_EQ(config.models(0).name(), "demo-lm");
+  EXPECT_EQ(config.models(0).model_dir(), "/demo/llama_learned");
+  EXPECT_EQ(config.models(1).name(), "demo-vit");
+}
+
+}  // namespace
+}  // namespace moh
