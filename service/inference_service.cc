@@ -34,6 +34,16 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+// Every finished request: its metrics and, at debug level, one log line.
+void RecordRequest(ModelMetrics* metrics, Rpc rpc, absl::string_view model,
+                   absl::StatusCode code, absl::Time start) {
+  const absl::Duration duration = absl::Now() - start;
+  if (metrics != nullptr) metrics->RequestFinished(rpc, code, duration);
+  MOH_LOG(Debug) << RpcName(rpc) << " model=" << model
+                 << " code=" << absl::StatusCodeToString(code)
+                 << " duration=" << duration;
+}
+
 SamplingParams FromProto(const v1::SamplingParams& p) {
   SamplingParams s;
   s.max_new_tokens = p.has_max_new_tokens() ? p.max_new_tokens() : -1;
@@ -58,7 +68,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       : start_(absl::Now()), include_routing_(request.include_routing()) {
     auto found = models->Find(request.model(), /*want_language_model=*/true);
     if (!found.ok()) {
-      Finish(ToGrpcStatus(found.status()));
+      FinishWith(found.status());
       return;
     }
     model_ = *found;
@@ -79,9 +89,15 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       FinishWith(id.status());
       return;
     }
-    absl::MutexLock lock(&mu_);
-    id_ = *id;
-    submitted_ = true;
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = *id;
+      submitted_ = true;
+      cancelled = cancelled_;
+    }
+    // A cancellation that arrived while the job was being submitted.
+    if (cancelled) model_->CancelGenerate(id_);
   }
 
   void OnCancel() override {
@@ -178,11 +194,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
   // Records the request and finishes; the reactor may be deleted right after.
   void FinishWith(const grpc::Status& status) {
-    if (metrics_ != nullptr) {
-      metrics_->RequestFinished(
-          Rpc::kGenerate, static_cast<absl::StatusCode>(status.error_code()),
-          absl::Now() - start_);
-    }
+    RecordRequest(metrics_, Rpc::kGenerate, model_ ? model_->name() : "",
+                  static_cast<absl::StatusCode>(status.error_code()), start_);
     Finish(status);
   }
 
@@ -255,16 +268,15 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
   const bool want_lm = request->input_case() == v1::ClassifyRequest::kText;
   auto found = models_->Find(request->model(), want_lm);
   if (!found.ok()) {
+    RecordRequest(nullptr, Rpc::kClassify, request->model(),
+                  found.status().code(), start);
     reactor->Finish(ToGrpcStatus(found.status()));
     return reactor;
   }
   HostedModel* model = *found;
   ModelMetrics* metrics = model->metrics();
-  auto finish = [reactor, metrics, start](const absl::Status& status) {
-    if (metrics != nullptr) {
-      metrics->RequestFinished(Rpc::kClassify, status.code(),
-                               absl::Now() - start);
-    }
+  auto finish = [reactor, metrics, start, model](const absl::Status& status) {
+    RecordRequest(metrics, Rpc::kClassify, model->name(), status.code(), start);
     reactor->Finish(ToGrpcStatus(status));
   };
   ClassifyCall call = FromProto(*request);

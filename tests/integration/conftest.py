@@ -129,20 +129,12 @@ def server_factory(workdir):
         server.kill()
 
 
-def lm_dir():
-    return os.path.join(lib.FIXTURES, "llama_learned")
-
-
-def vit_dir():
-    return os.path.join(lib.FIXTURES, "vit_learned")
-
-
 @pytest.fixture(scope="session")
 def main_server(start_server, api):
     """demo-lm (llama_learned) and demo-vit (vit_learned), metrics on."""
     return start_server("main", [
-        ("demo-lm", lm_dir(), "generation { max_running: 4 }"),
-        ("demo-vit", vit_dir(), ""),
+        ("demo-lm", lib.LM_DIR, "generation { max_running: 4 }"),
+        ("demo-vit", lib.VIT_DIR, ""),
     ])
 
 
@@ -155,21 +147,21 @@ def stub(main_server, api):
 def long_lm_dir(workdir):
     """The fixture LM that never ends with EOS, 2048 positions (for requests
     that must keep a slot busy for hundreds of steps)."""
-    return lib.make_long_lm(lm_dir(), os.path.join(workdir, "llama_long"), 2048)
+    return lib.make_long_lm(lib.LM_DIR, os.path.join(workdir, "llama_long"), 2048)
 
 
 @pytest.fixture(scope="session")
 def lm_golden():
-    with open(os.path.join(lm_dir(), "golden.json")) as f:
+    with open(os.path.join(lib.LM_DIR, "golden.json")) as f:
         return json.load(f)
 
 
 @pytest.fixture(scope="session")
 def vit_golden():
-    with open(os.path.join(vit_dir(), "golden.json")) as f:
+    with open(os.path.join(lib.VIT_DIR, "golden.json")) as f:
         return json.load(f)
 
 
 @pytest.fixture(scope="session")
 def decoder():
-    return lib.ByteLevelDecoder(os.path.join(lm_dir(), "tokenizer.json"))
+    return lib.ByteLevelDecoder(os.path.join(lib.LM_DIR, "tokenizer.json"))

@@ -16,6 +16,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -28,6 +29,8 @@ SERVER = os.environ.get("MOH_SERVER") or os.path.join(_BUILD, "service",
 CLIENT = os.environ.get("MOH_CLIENT") or os.path.join(_BUILD, "client",
                                                       "moh-client")
 FIXTURES = os.environ.get("MOH_FIXTURES") or os.path.join(_BUILD, "fixtures")
+LM_DIR = os.path.join(FIXTURES, "llama_learned")
+VIT_DIR = os.path.join(FIXTURES, "vit_learned")
 
 RPC_TIMEOUT = 60.0  # seconds; every RPC in the tests has a deadline
 START_TIMEOUT = 90.0  # seconds for a server to become SERVING
@@ -195,10 +198,12 @@ class MohServer:
     """One moh-server process on free loopback ports, configured by a file.
 
     models: list of (name, model_dir, extra textproto for the ModelConfig).
+    flags: instead of a config file, these command-line flags (with
+    "{port}" and "{metrics_port}" in them replaced by the chosen ports).
     """
 
     def __init__(self, name, workdir, models, drain_timeout=60, threads=1,
-                 metrics=True, extra=""):
+                 metrics=True, extra="", flags=None):
         self.name = name
         self.workdir = workdir
         self.models = models
@@ -206,6 +211,7 @@ class MohServer:
         self.threads = threads
         self.metrics = metrics
         self.extra = extra
+        self.flags = flags
         self.proc = None
         self.port = self.metrics_port = None
         self.log_path = os.path.join(workdir, name + ".log")
@@ -236,27 +242,36 @@ class MohServer:
         for attempt in range(attempts):
             self.port = free_port()
             self.metrics_port = free_port() if self.metrics else None
-            with open(self.config_path, "w") as f:
-                f.write(self.config_text())
+            if self.flags is None:
+                with open(self.config_path, "w") as f:
+                    f.write(self.config_text())
+                command = [SERVER, "--config=" + self.config_path]
+            else:
+                command = [SERVER] + [
+                    f.format(port=self.port, metrics_port=self.metrics_port)
+                    for f in self.flags
+                ]
+            offset = len(self.log())
             log = open(self.log_path, "ab")
-            log.write(("=== %s (attempt %d): %s --config=%s\n" %
-                       (self.name, attempt + 1, SERVER,
-                        self.config_path)).encode())
+            log.write(("=== %s (attempt %d): %s\n" %
+                       (self.name, attempt + 1, " ".join(command))).encode())
             log.flush()
-            self.proc = subprocess.Popen([SERVER, "--config=" + self.config_path],
-                                         stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(command,
+                                         stdout=log,
+                                         stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
             log.close()
-            listening = wait_until(
+            wait_until(
                 lambda: self.proc.poll() is not None or
-                "listening on" in self.log(), 30, "%s to listen" % self.name)
+                "listening on" in self.log()[offset:], 30,
+                "%s to listen" % self.name)
             if self.proc.poll() is None:
                 break
-            if "cannot listen" not in self.log() or attempt + 1 == attempts:
+            if ("cannot listen" not in self.log()[offset:] or
+                    attempt + 1 == attempts):
                 raise AssertionError("%s exited with %s at start:\n%s" %
                                      (self.name, self.proc.returncode,
                                       self.log()))
-            del listening
         if wait_serving:
             self.wait_health("SERVING")
         return self
@@ -483,3 +498,34 @@ def expected_top_k(ratio, num_heads=LM_HEADS, shared=LM_SHARED,
         return list(trained)
     k = math.floor(ratio * num_heads + 0.5) - shared
     return [max(0, min(num_heads - shared, k))] * len(trained)
+
+
+class Occupant:
+    """A Generate stream read on a background thread (started: the first
+    message arrived; done: the stream ended; error: its grpc.RpcError)."""
+
+    def __init__(self, stub, request):
+        self.call = stub.Generate(request, timeout=RPC_TIMEOUT)
+        self.messages = []
+        self.error = None
+        self.started = threading.Event()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        assert self.started.wait(30), "the occupant produced nothing"
+
+    def _read(self):
+        try:
+            for m in self.call:
+                self.messages.append(m)
+                self.started.set()
+        except Exception as e:  # grpc.RpcError
+            self.error = e
+        finally:
+            self.started.set()
+            self.done.set()
+
+    def join(self):
+        self.thread.join(RPC_TIMEOUT + 10)
+        assert not self.thread.is_alive()
+        return self.messages

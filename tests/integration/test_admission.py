@@ -54,36 +54,6 @@ def occupant_request(api, max_new_tokens=OCCUPANT_TOKENS):
                                 max_new_tokens=max_new_tokens)
 
 
-class Occupant:
-    """A long stream read on a background thread."""
-
-    def __init__(self, stub, request):
-        self.call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
-        self.messages = []
-        self.error = None
-        self.started = threading.Event()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-        assert self.started.wait(30), "the occupant produced nothing"
-
-    def _read(self):
-        try:
-            for m in self.call:
-                self.messages.append(m)
-                self.started.set()
-        except grpc.RpcError as e:
-            self.error = e
-        finally:
-            self.started.set()
-            self.done.set()
-
-    def join(self):
-        self.thread.join(lib.RPC_TIMEOUT + 10)
-        assert not self.thread.is_alive()
-        return self.messages
-
-
 def test_cancel_mid_stream_frees_the_slot(api, server, stub):
     running_before, _ = gauges(server)
     generated_before = counter(server, "moh_generated_tokens_total")
@@ -114,7 +84,7 @@ def test_cancel_mid_stream_frees_the_slot(api, server, stub):
 
 
 def test_cancel_while_queued(api, server, stub):
-    occupant = Occupant(stub, occupant_request(api))
+    occupant = lib.Occupant(stub, occupant_request(api))
     queued = stub.Generate(occupant_request(api, 5), timeout=lib.RPC_TIMEOUT)
     lib.wait_until(lambda: gauges(server) == (1, 1), 30, "one waiting request")
     queued.cancel()
@@ -133,7 +103,7 @@ def test_cancel_while_queued(api, server, stub):
 def test_deadline_passing_in_the_queue_is_never_computed(api, server, stub):
     generated_before = counter(server, "moh_generated_tokens_total")
     prompt_before = counter(server, "moh_prompt_tokens_total")
-    occupant = Occupant(stub, occupant_request(api))
+    occupant = lib.Occupant(stub, occupant_request(api))
     # Waits behind the occupant; its 0.2 s deadline passes in the queue.
     short = lib.generate_request(api.pb, model=MODEL, prompt="hi",
                                  max_new_tokens=4)
@@ -179,7 +149,7 @@ def test_zero_deadline_gets_deadline_exceeded(api, server, stub):
 def test_burst_beyond_the_queue_is_rejected_at_once(api, server, stub):
     exhausted_before = counter(server, "moh_requests_total", rpc="Generate",
                                code="RESOURCE_EXHAUSTED")
-    occupant = Occupant(stub, occupant_request(api))
+    occupant = lib.Occupant(stub, occupant_request(api))
     burst = 6
     barrier = threading.Barrier(burst, timeout=30)
     request = lib.generate_request(api.pb, model=MODEL, prompt="hi",
