@@ -31,7 +31,9 @@ namespace moh {
 struct GenerateCall {
   std::optional<std::string> prompt;
   std::optional<std::vector<int32_t>> token_ids;
-  SamplingParams sampling;  // max_new_tokens < 0: the configured default
+  SamplingParams sampling;  // max_new_tokens is ignored: see below
+  // Tokens to generate; unset: the model's configured default.
+  std::optional<int32_t> max_new_tokens;
   float ratio = 0.0f;
   float min_ratio = 0.0f;
   absl::Time deadline = absl::InfiniteFuture();

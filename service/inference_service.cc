@@ -46,7 +46,6 @@ void RecordRequest(ModelMetrics* metrics, Rpc rpc, absl::string_view model,
 
 SamplingParams FromProto(const v1::SamplingParams& p) {
   SamplingParams s;
-  s.max_new_tokens = p.has_max_new_tokens() ? p.max_new_tokens() : -1;
   s.temperature = p.has_temperature() ? p.temperature() : 0.0f;
   s.top_k = p.top_k();
   s.top_p = p.has_top_p() ? p.top_p() : 1.0f;
@@ -80,6 +79,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
                              request.token_ids().end());
     }
     call.sampling = FromProto(request.sampling());
+    if (request.sampling().has_max_new_tokens()) {
+      call.max_new_tokens = request.sampling().max_new_tokens();
+    }
     call.ratio = request.activation().ratio();
     call.min_ratio = request.activation().min_ratio();
     call.deadline = Deadline(context);
