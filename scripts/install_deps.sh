@@ -2,6 +2,10 @@
 # Installs every Debian 12 package moh-serve needs to build, test and run.
 # Idempotent: packages already present are skipped; apt is touched only when
 # something is missing. Must run as root (or with sudo available).
+#   --runtime            only the shared libraries moh-server/moh-client need
+#                        (the container image's runtime stage)
+#   --runtime-no-torch   the same without Debian's LibTorch (CUDA images bring
+#                        their own)
 set -euo pipefail
 
 PACKAGES=(
@@ -12,9 +16,19 @@ PACKAGES=(
   prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch python3-numpy
-  python3-grpcio python3-protobuf python3-pytest
+  python3-grpcio python3-protobuf python3-pytest python3-yaml
   prometheus curl zlib1g-dev
 )
+RUNTIME_PACKAGES=(
+  libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32
+  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libpcre2-8-0 libstb0
+)
+case "${1:-}" in
+  --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13 libopenblas0-pthread) ;;
+  --runtime-no-torch) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
+  "") ;;
+  *) echo "usage: $0 [--runtime | --runtime-no-torch]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
