@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/checkpoint.h"
+#include "model/head_sparse_attention.h"
 #include "model/status_macros.h"
 
 namespace moh {
@@ -247,14 +248,16 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
                      .index_select(0, flat_valid),
                  positions.flatten().index_select(0, flat_valid), flat_valid});
 
+  const Step step{batch, valid,       positions,     start + count,
+                  slots, cache_index, attention_mask};
   DecoderOutput out;
   std::vector<at::Tensor> counts;
   at::Tensor h = at::embedding(embed_tokens_, ids);  // [B, T, C]
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     at::Tensor gates;
-    h = h + Attention(l, layer, RmsNorm(h, layer.input_norm), positions,
-                      cache_index, attention_mask, batch, cache, &gates);
+    h = h +
+        Attention(l, layer, RmsNorm(h, layer.input_norm), step, cache, &gates);
     at::Tensor x = RmsNorm(h, layer.post_norm);
     h = h + at::linear(at::silu(at::linear(x, layer.gate_proj)) *
                            at::linear(x, layer.up_proj),
@@ -271,65 +274,115 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   return out;
 }
 
-at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
-                                 const at::Tensor& x,
-                                 const at::Tensor& positions,
-                                 const at::Tensor& cache_index,
-                                 const at::Tensor& attention_mask,
-                                 const DecoderBatch& batch, KvCache& cache,
-                                 at::Tensor* gates) const {
-  const int64_t rows = x.size(0), width = x.size(1);
-  const int64_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
-  const int64_t d = config_.head_dim, group = heads / kv_heads;
-  at::Tensor q = Linear(x, layer.q_proj, layer.q_bias);
-  at::Tensor k = Linear(x, layer.k_proj, layer.k_bias);
-  at::Tensor v = Linear(x, layer.v_proj, layer.v_bias);
+bool LlamaModel::UseHeadSparse(const Layer& layer,
+                               const DecoderBatch& batch) const {
+  switch (attention_mode_) {
+    case AttentionMode::kDense:
+      return false;
+    case AttentionMode::kHeadSparse:
+      return true;
+    case AttentionMode::kAuto:
+      break;
+  }
+  const MohLayerConfig& moh = layer.router.layer();
+  if (layer.router.kind() == RouterKind::kDense || moh.routed_heads() == 0) {
+    return false;
+  }
+  for (float ratio : batch.ratios) {
+    if (moh.TopKForRatio(ratio) < moh.routed_heads()) return true;
+  }
+  return false;
+}
 
-  int64_t max_top_k = 0;
-  at::Tensor top_k = TopKPerToken(layer.router.layer(), batch.ratios, width,
-                                  x.device(), &max_top_k);
-  *gates = layer.router
-               .Gates(x.reshape({rows * width, -1}),
-                      q.reshape({rows * width, heads, d}), top_k, max_top_k)
-               .view({rows, width, heads});
-
+at::Tensor LlamaModel::Rotate(const at::Tensor& x,
+                              const at::Tensor& positions) const {
+  // x [..., D] at positions [...] (one position per vector).
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(config_.head_dim);
   at::Tensor cos = rope_cos_.index_select(0, positions.flatten())
-                       .view({rows, width, 1, d})
+                       .view(shape)
                        .to(x.scalar_type());
   at::Tensor sin = rope_sin_.index_select(0, positions.flatten())
-                       .view({rows, width, 1, d})
+                       .view(shape)
                        .to(x.scalar_type());
-  q = q.view({rows, width, heads, d});
-  k = k.view({rows, width, kv_heads, d});
-  q = q * cos + RotateHalf(q) * sin;
-  k = k * cos + RotateHalf(k) * sin;
+  return x * cos + RotateHalf(x) * sin;
+}
 
+at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
+                                 const at::Tensor& x, const Step& step,
+                                 KvCache& cache, at::Tensor* gates) const {
+  const int64_t rows = x.size(0), width = x.size(1), n = rows * width;
+  const int64_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
+  const int64_t d = config_.head_dim, group = heads / kv_heads;
+  const bool sparse = UseHeadSparse(layer, step.batch);
+  at::Tensor x_flat = x.reshape({n, -1});
+  // The query-norm router reads every query; the learned one only x.
+  at::Tensor q;
+  if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
+    q = Linear(x, layer.q_proj, layer.q_bias).view({rows, width, heads, d});
+  }
+  int64_t max_top_k = 0;
+  at::Tensor top_k = TopKPerToken(layer.router.layer(), step.batch.ratios,
+                                  width, x.device(), &max_top_k);
+  *gates = layer.router
+               .Gates(x_flat, q.defined() ? q.view({n, heads, d}) : q, top_k,
+                      max_top_k)
+               .view({rows, width, heads});
+
+  at::Tensor k = Linear(x, layer.k_proj, layer.k_bias);
+  at::Tensor v = Linear(x, layer.v_proj, layer.v_bias);
+  k = Rotate(k.view({rows, width, kv_heads, d}),
+             step.positions.unsqueeze(2).expand({rows, width, kv_heads}));
   at::Tensor& key_cache = cache.keys(layer_index);
   at::Tensor& value_cache = cache.values(layer_index);
-  at::Tensor slot_index = cache_index[0], pos_index = cache_index[1];
-  at::Tensor token_index = cache_index[2];
+  at::Tensor token_index = step.cache_index[2];
+  const std::initializer_list<at::indexing::TensorIndex> where = {
+      step.cache_index[0], step.cache_index[1]};
   key_cache.index_put_(
-      {slot_index, pos_index},
-      k.reshape({rows * width, kv_heads, d}).index_select(0, token_index));
+      where, k.reshape({n, kv_heads, d}).index_select(0, token_index));
   value_cache.index_put_(
-      {slot_index, pos_index},
-      v.reshape({rows * width, kv_heads, d}).index_select(0, token_index));
+      where, v.reshape({n, kv_heads, d}).index_select(0, token_index));
 
-  const int64_t kv_len = attention_mask.size(2);
-  at::Tensor slots = HostLongs(batch.slots).to(x.device());
-  at::Tensor keys = key_cache.index_select(0, slots)
-                        .narrow(1, 0, kv_len)
-                        .permute({0, 2, 3, 1});  // [B, KV, D, L]
-  at::Tensor values = value_cache.index_select(0, slots)
-                          .narrow(1, 0, kv_len)
+  const int64_t kv_len = step.attention_mask.size(2);
+  at::Tensor keys = key_cache.narrow(1, 0, kv_len)
+                        .index_select(0, step.slots)
+                        .permute({0, 2, 1, 3});  // [B, KV, L, D]
+  at::Tensor values = value_cache.narrow(1, 0, kv_len)
+                          .index_select(0, step.slots)
                           .permute({0, 2, 1, 3});  // [B, KV, L, D]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+
+  if (sparse) {
+    HeadSparseAttentionInputs in;
+    in.x = x_flat;
+    // Padding tokens select nothing: they are never computed.
+    in.gates = gates->reshape({n, heads}) *
+               step.valid.reshape({n, 1}).to(gates->scalar_type());
+    in.q_weight = layer.q_proj;
+    in.q_bias = layer.q_bias;
+    if (q.defined()) in.q_full = q.view({n, heads, d});
+    in.rotate = [this](const at::Tensor& queries, const at::Tensor& positions) {
+      return Rotate(queries, positions);
+    };
+    in.keys = keys;
+    in.values = values;
+    in.token_row =
+        at::arange(rows, step.slots.options()).repeat_interleave(width);
+    in.token_pos = step.positions.flatten();
+    in.row_len = step.row_len;
+    in.o_weight = layer.o_proj;
+    in.o_bias = layer.o_bias;
+    in.scale = scale;
+    return HeadSparseAttention(in).view({rows, width, -1});
+  }
+
+  q = Rotate(q, step.positions.unsqueeze(2).expand({rows, width, heads}));
   // Head h reads key/value head h / group (repeat_kv).
   at::Tensor queries =
       q.permute({0, 2, 1, 3}).reshape({rows, kv_heads, group * width, d});
-  at::Tensor scores =
-      at::matmul(queries, keys) / std::sqrt(static_cast<double>(d));
+  at::Tensor scores = at::matmul(queries, keys.transpose(2, 3)) * scale;
   scores = scores.view({rows, kv_heads, group, width, kv_len}).to(at::kFloat) +
-           attention_mask.view({rows, 1, 1, width, kv_len});
+           step.attention_mask.view({rows, 1, 1, width, kv_len});
   at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
   at::Tensor attn =
       at::matmul(probs.view({rows, kv_heads, group * width, kv_len}), values)

@@ -71,6 +71,13 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   const at::TensorOptions& options() const { return options_; }
 
+  // How attention is computed. kAuto: head-sparse (only the selected (token,
+  // head) pairs) when some row uses fewer than all heads, dense otherwise.
+  // kDense always computes every head (the official code's way); tests and
+  // benchmarks compare the two. Set before use; not thread-safe to change.
+  enum class AttentionMode { kAuto, kDense, kHeadSparse };
+  void set_attention_mode(AttentionMode mode) { attention_mode_ = mode; }
+
  private:
   struct Layer {
     at::Tensor input_norm, post_norm;           // [C]
@@ -86,11 +93,21 @@ class LlamaModel {
   absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
                                                  KvCache& cache) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  // What every layer of one Forward shares.
+  struct Step {
+    const DecoderBatch& batch;
+    at::Tensor valid;        // [B, T] bool: real (not padding) tokens
+    at::Tensor positions;    // [B, T] int64
+    at::Tensor row_len;      // [B] int64: keys in each row after this step
+    at::Tensor slots;        // [B] int64
+    at::Tensor cache_index;  // [3, M]: slot, position, flat token of valid ones
+    at::Tensor attention_mask;  // [B, T, L] float, 0 or -inf (dense path)
+  };
+  // Whether this layer computes only the selected (token, head) pairs.
+  bool UseHeadSparse(const Layer& layer, const DecoderBatch& batch) const;
+  at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
-                       const at::Tensor& x, const at::Tensor& positions,
-                       const at::Tensor& cache_index,
-                       const at::Tensor& attention_mask,
-                       const DecoderBatch& batch, KvCache& cache,
+                       const at::Tensor& x, const Step& step, KvCache& cache,
                        at::Tensor* gates) const;
 
   LlamaConfig config_;
@@ -100,6 +117,7 @@ class LlamaModel {
   at::Tensor final_norm_;
   at::Tensor rope_cos_, rope_sin_;  // float32 [max_pos, head_dim]
   std::vector<Layer> layers_;
+  AttentionMode attention_mode_ = AttentionMode::kAuto;
 };
 
 }  // namespace moh

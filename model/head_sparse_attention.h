@@ -1,0 +1,44 @@
+// Attention computed only for the (token, head) pairs a MoH router selected.
+//
+// MoH's official code computes every head and multiplies unselected ones by
+// zero. Here, for each head, only the tokens that selected it get a query
+// projection, attention scores, softmax, weighted values and an output
+// projection (the head's columns of o_proj); keys and values stay complete
+// (SPEC §1: other tokens may select a head this token skipped). The result
+// equals the dense computation up to float rounding.
+//
+// Tokens are flattened over a batch of rows; each token attends to the keys
+// of its own row up to its position (causal) and below the row's length.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+
+namespace moh {
+
+struct HeadSparseAttentionInputs {
+  at::Tensor x;         // [N, C] attention input of every token
+  at::Tensor gates;     // [N, H]; 0 = the pair is skipped
+  at::Tensor q_weight;  // [H * D, C]
+  at::Tensor q_bias;    // [H * D] or undefined
+  // [N, H, D] queries already projected (a router that needed them): used
+  // instead of q_weight when defined. Not yet rotated.
+  at::Tensor q_full;
+  // Rotates queries [n, D] at positions [n] (RoPE); empty = none.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> rotate;
+  at::Tensor keys;       // [B, KV, L, D] (head h reads KV head h / (H / KV))
+  at::Tensor values;     // [B, KV, L, D]
+  at::Tensor token_row;  // [N] int64: the row of each token
+  at::Tensor token_pos;  // [N] int64: keys j <= token_pos are visible
+  at::Tensor row_len;    // [B] int64: keys j < row_len are visible
+  at::Tensor o_weight;   // [C, H * D]
+  at::Tensor o_bias;     // [C] or undefined
+  double scale = 1.0;    // applied to q·k
+};
+
+// Returns [N, C]: sum over selected heads h of gate * attention_h projected by
+// o_proj's columns of h, plus o_bias.
+at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in);
+
+}  // namespace moh
