@@ -162,7 +162,9 @@ def demo_model_names():
     """The directories DemoServerConfig expects under --demo_dir."""
     source = read("service/server_config.cc")
     body = source[source.index("DemoServerConfig("):]
-    names = re.findall(r'demo_dir\s*\+\s*"/([^"]+)"', body)
+    body = body[:body.find("\n}\n") + 1 or None]
+    # demo_dir + "/x", StrCat(demo_dir, "/x"), path(demo_dir) / "x"
+    names = re.findall(r'demo_dir\)?\s*[+,/]\s*"/?([^"]+)"', body)
     assert names, "cannot find the demo model directories in DemoServerConfig"
     return names
 

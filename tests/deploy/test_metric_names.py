@@ -143,7 +143,7 @@ def queries(rendered):
         if isinstance(node, dict):
             for key, value in node.items():
                 if key in ("expr", "definition") and isinstance(value, str):
-                    out["dashboard %s %s" % (where, key)] = value
+                    out["dashboard #%d %r %s" % (len(out), where, key)] = value
                 else:
                     walk(value, node.get("title", node.get("name", where)))
         elif isinstance(node, list):
@@ -151,6 +151,8 @@ def queries(rendered):
                 walk(item, where)
 
     walk(dashboard, "")
+    assert sum(k.startswith("dashboard") for k in out) == sum(
+        1 for _ in re.finditer(r'"(?:expr|definition)":', json.dumps(dashboard)))
     return out
 
 
