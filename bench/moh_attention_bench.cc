@@ -8,6 +8,8 @@
 //   build/bench/moh_attention_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "model/llama_model.h"
 #include "model/runtime.h"
@@ -61,8 +63,12 @@ std::unique_ptr<LlamaModel> MakeLayer() {
   return std::move(*model);
 }
 
-const LlamaModel& Layer() {
-  static const LlamaModel* model = MakeLayer().release();
+// The layer, computing every head (sparse = 0) or only the selected (token,
+// head) pairs (sparse = 1).
+const LlamaModel& Layer(const benchmark::State& state) {
+  static LlamaModel* model = MakeLayer().release();
+  model->set_attention_mode(state.range(1) == 0 ? AttentionMode::kDense
+                                                : AttentionMode::kAuto);
   return *model;
 }
 
@@ -71,7 +77,7 @@ float RatioArg(const benchmark::State& state) {
 }
 
 void BM_AttentionPrefill(benchmark::State& state) {
-  const LlamaModel& model = Layer();
+  const LlamaModel& model = Layer(state);
   KvCache cache = model.CreateKvCache(1, kPrompt);
   DecoderBatch batch;
   batch.token_ids = at::randint(16, {1, kPrompt}, at::kLong);
@@ -89,7 +95,7 @@ void BM_AttentionPrefill(benchmark::State& state) {
 }
 
 void BM_AttentionDecode(benchmark::State& state) {
-  const LlamaModel& model = Layer();
+  const LlamaModel& model = Layer(state);
   KvCache cache = model.CreateKvCache(kDecodeRows, kPrompt + 1);
   DecoderBatch batch;
   batch.token_ids = at::randint(16, {kDecodeRows, 1}, at::kLong);
@@ -108,8 +114,10 @@ void BM_AttentionDecode(benchmark::State& state) {
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Ratios in thousandths: 0.5, 0.625, 0.75, 0.875, 1.0.
-#define MOH_RATIOS ->Arg(500)->Arg(625)->Arg(750)->Arg(875)->Arg(1000)
+// Ratios in thousandths (0.5 ... 1.0) x {dense, head-sparse}.
+#define MOH_RATIOS                \
+  ->ArgNames({"ratio", "sparse"}) \
+      ->ArgsProduct({{500, 625, 750, 875, 1000}, {0, 1}})
 BENCHMARK(BM_AttentionPrefill) MOH_RATIOS->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
 
@@ -117,7 +125,9 @@ BENCHMARK(BM_AttentionDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
 }  // namespace moh
 
 int main(int argc, char** argv) {
-  moh::ConfigureCpuThreads(0);
+  // MOH_BENCH_THREADS=N pins LibTorch's thread count (default: every core).
+  const char* threads = std::getenv("MOH_BENCH_THREADS");
+  moh::ConfigureCpuThreads(threads != nullptr ? std::atoi(threads) : 0);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -4,6 +4,26 @@
 
 namespace moh {
 
+bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
+                   const std::vector<float>& ratios) {
+  switch (mode) {
+    case AttentionMode::kDense:
+      return false;
+    case AttentionMode::kHeadSparse:
+      return true;
+    case AttentionMode::kAuto:
+      break;
+  }
+  const MohLayerConfig& layer = router.layer();
+  if (router.kind() == RouterKind::kDense || layer.routed_heads() == 0) {
+    return false;
+  }
+  for (float ratio : ratios) {
+    if (layer.TopKForRatio(ratio) < layer.routed_heads()) return true;
+  }
+  return false;
+}
+
 at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in) {
   const int64_t n = in.x.size(0);
   const int64_t heads = in.gates.size(1);

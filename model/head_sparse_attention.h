@@ -14,8 +14,21 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <vector>
+
+#include "model/moh_router.h"
 
 namespace moh {
+
+// How a model computes attention. kAuto: head-sparse when some row of the
+// batch uses fewer than all heads of the layer, dense otherwise (no overhead
+// at ratio 1.0). kDense computes every head, as the official code does; tests
+// and benchmarks compare the two.
+enum class AttentionMode { kAuto, kDense, kHeadSparse };
+
+// Whether a layer routed by `router` runs head-sparse for rows at `ratios`.
+bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
+                   const std::vector<float>& ratios);
 
 struct HeadSparseAttentionInputs {
   at::Tensor x;         // [N, C] attention input of every token

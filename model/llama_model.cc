@@ -274,26 +274,6 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   return out;
 }
 
-bool LlamaModel::UseHeadSparse(const Layer& layer,
-                               const DecoderBatch& batch) const {
-  switch (attention_mode_) {
-    case AttentionMode::kDense:
-      return false;
-    case AttentionMode::kHeadSparse:
-      return true;
-    case AttentionMode::kAuto:
-      break;
-  }
-  const MohLayerConfig& moh = layer.router.layer();
-  if (layer.router.kind() == RouterKind::kDense || moh.routed_heads() == 0) {
-    return false;
-  }
-  for (float ratio : batch.ratios) {
-    if (moh.TopKForRatio(ratio) < moh.routed_heads()) return true;
-  }
-  return false;
-}
-
 at::Tensor LlamaModel::Rotate(const at::Tensor& x,
                               const at::Tensor& positions) const {
   // x [..., D] at positions [...] (one position per vector).
@@ -314,7 +294,8 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   const int64_t rows = x.size(0), width = x.size(1), n = rows * width;
   const int64_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
   const int64_t d = config_.head_dim, group = heads / kv_heads;
-  const bool sparse = UseHeadSparse(layer, step.batch);
+  const bool sparse =
+      UseHeadSparse(attention_mode_, layer.router, step.batch.ratios);
   at::Tensor x_flat = x.reshape({n, -1});
   // The query-norm router reads every query; the learned one only x.
   at::Tensor q;

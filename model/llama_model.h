@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint.h"
+#include "model/head_sparse_attention.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
 #include "model/moh_router.h"
@@ -71,11 +72,8 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   const at::TensorOptions& options() const { return options_; }
 
-  // How attention is computed. kAuto: head-sparse (only the selected (token,
-  // head) pairs) when some row uses fewer than all heads, dense otherwise.
-  // kDense always computes every head (the official code's way); tests and
-  // benchmarks compare the two. Set before use; not thread-safe to change.
-  enum class AttentionMode { kAuto, kDense, kHeadSparse };
+  // See AttentionMode (head_sparse_attention.h). Set before use; not
+  // thread-safe to change while Forward runs.
   void set_attention_mode(AttentionMode mode) { attention_mode_ = mode; }
 
  private:
@@ -103,8 +101,6 @@ class LlamaModel {
     at::Tensor cache_index;  // [3, M]: slot, position, flat token of valid ones
     at::Tensor attention_mask;  // [B, T, L] float, 0 or -inf (dense path)
   };
-  // Whether this layer computes only the selected (token, head) pairs.
-  bool UseHeadSparse(const Layer& layer, const DecoderBatch& batch) const;
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
                        const at::Tensor& x, const Step& step, KvCache& cache,

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/checkpoint.h"
+#include "model/head_sparse_attention.h"
 #include "model/status_macros.h"
 
 namespace moh {
@@ -142,21 +143,47 @@ at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
                                const std::vector<float>& ratios,
                                at::Tensor* gates) const {
   const int64_t rows = x.size(0), tokens = x.size(1), c = x.size(2);
-  const int64_t heads = config_.num_heads, d = c / heads;
+  const int64_t heads = config_.num_heads, d = c / heads, n = rows * tokens;
+  int64_t max_top_k = 0;
+  at::Tensor top_k = TopKPerToken(block.router.layer(), ratios, tokens,
+                                  x.device(), &max_top_k);
+  at::Tensor x_flat = x.reshape({n, c});
+  *gates = block.router.Gates(x_flat, at::Tensor(), top_k, max_top_k)
+               .view({rows, tokens, -1});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+
+  if (UseHeadSparse(attention_mode_, block.router, ratios)) {
+    // Keys and values for every token; queries only where selected.
+    at::Tensor kv_w = block.qkv_w.narrow(0, c, 2 * c);
+    at::Tensor kv = block.qkv_b.defined()
+                        ? at::linear(x, kv_w, block.qkv_b.narrow(0, c, 2 * c))
+                        : at::linear(x, kv_w);
+    kv = kv.view({rows, tokens, 2, heads, d}).permute({2, 0, 3, 1, 4});
+    HeadSparseAttentionInputs in;
+    in.x = x_flat;
+    in.gates = gates->reshape({n, heads});
+    in.q_weight = block.qkv_w.narrow(0, 0, c);
+    if (block.qkv_b.defined()) in.q_bias = block.qkv_b.narrow(0, 0, c);
+    in.keys = kv[0];    // [B, H, N, D]
+    in.values = kv[1];  // [B, H, N, D]
+    const at::TensorOptions longs =
+        at::TensorOptions().dtype(at::kLong).device(x.device());
+    in.token_row = at::arange(rows, longs).repeat_interleave(tokens);
+    // Every token sees every token of its image.
+    in.token_pos = at::full({n}, tokens - 1, longs);
+    in.row_len = at::full({rows}, tokens, longs);
+    in.o_weight = block.proj_w;
+    in.o_bias = block.proj_b;
+    in.scale = scale;
+    return HeadSparseAttention(in).view({rows, tokens, c});
+  }
+
   at::Tensor qkv = block.qkv_b.defined()
                        ? at::linear(x, block.qkv_w, block.qkv_b)
                        : at::linear(x, block.qkv_w);
   qkv = qkv.view({rows, tokens, 3, heads, d}).permute({2, 0, 3, 1, 4});
   at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];  // [B, H, N, D]
-  int64_t max_top_k = 0;
-  at::Tensor top_k = TopKPerToken(block.router.layer(), ratios, tokens,
-                                  x.device(), &max_top_k);
-  *gates =
-      block.router
-          .Gates(x.reshape({rows * tokens, c}), at::Tensor(), top_k, max_top_k)
-          .view({rows, tokens, -1});
-  at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))),
-                                 k.transpose(-2, -1));
+  at::Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));
   at::Tensor attn = at::matmul(at::softmax(scores, -1), v);  // [B, H, N, D]
   attn = attn.transpose(1, 2) * gates->unsqueeze(-1);        // [B, N, H, D]
   return at::linear(attn.reshape({rows, tokens, c}), block.proj_w,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/head_sparse_attention.h"
 #include "model/model_config.h"
 #include "model/moh_router.h"
 #include "model/runtime.h"
@@ -46,6 +47,8 @@ class VitModel {
   at::Tensor NormalizePixels(const at::Tensor& pixels) const;
 
   const VitConfig& config() const { return config_; }
+  // See AttentionMode (head_sparse_attention.h). Set before use.
+  void set_attention_mode(AttentionMode mode) { attention_mode_ = mode; }
   const at::TensorOptions& options() const { return options_; }
 
  private:
@@ -68,6 +71,7 @@ class VitModel {
   at::Tensor patch_w_, patch_b_, cls_token_, pos_embed_;
   at::Tensor norm_w_, norm_b_, head_w_, head_b_;
   std::vector<Block> blocks_;
+  AttentionMode attention_mode_ = AttentionMode::kAuto;
 };
 
 }  // namespace moh

@@ -439,9 +439,8 @@ TEST_P(HeadSparseTest, MatchesDenseForPrefillAndDecode) {
   const std::vector<int32_t> lengths = {7, 3, 5, 1};
   std::vector<DecoderOutput> outputs[2];
   for (int mode = 0; mode < 2; ++mode) {
-    (*model)->set_attention_mode(mode == 0
-                                     ? LlamaModel::AttentionMode::kDense
-                                     : LlamaModel::AttentionMode::kHeadSparse);
+    (*model)->set_attention_mode(mode == 0 ? AttentionMode::kDense
+                                           : AttentionMode::kHeadSparse);
     KvCache cache = (*model)->CreateKvCache(4, 32);
     at::manual_seed(3);
     at::Tensor prompt = at::randint(300, {4, 7}, at::kLong);
@@ -478,6 +477,30 @@ TEST_P(HeadSparseTest, MatchesDenseForPrefillAndDecode) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HeadSparseTest,
                          ::testing::Values("llama_qnorm", "llama_learned"));
+
+}  // namespace
+}  // namespace moh
+
+namespace moh {
+namespace {
+
+TEST(VitHeadSparseTest, MatchesDenseOnMixedRatios) {
+  auto model = VitModel::Load(kFixtures + "/vit_learned",
+                              DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  at::manual_seed(5);
+  at::Tensor pixels = at::randn({4, 3, 16, 16});
+  const std::vector<float> ratios = {0.5f, 0.0f, 1.0f, 0.75f};
+  (*model)->set_attention_mode(AttentionMode::kDense);
+  auto dense = (*model)->Forward(pixels, ratios);
+  (*model)->set_attention_mode(AttentionMode::kHeadSparse);
+  auto sparse = (*model)->Forward(pixels, ratios);
+  ASSERT_TRUE(dense.ok() && sparse.ok());
+  EXPECT_TRUE(at::equal(dense->head_token_counts, sparse->head_token_counts));
+  const double scale = std::max(1.0, dense->logits.abs().max().item<double>());
+  EXPECT_LE((dense->logits - sparse->logits).abs().max().item<double>(),
+            1e-4 * scale);
+}
 
 }  // namespace
 }  // namespace moh
