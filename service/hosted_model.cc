@@ -230,9 +230,8 @@ absl::StatusOr<uint64_t> HostedModel::Generate(
     job.prompt_ids = std::move(*call.token_ids);
   }
   job.sampling = std::move(call.sampling);
-  if (job.sampling.max_new_tokens < 0) {
-    job.sampling.max_new_tokens = config_.generation().default_max_new_tokens();
-  }
+  job.sampling.max_new_tokens = call.max_new_tokens.value_or(
+      config_.generation().default_max_new_tokens());
   job.ratio = call.ratio;
   job.min_ratio = call.min_ratio;
   job.deadline = call.deadline;

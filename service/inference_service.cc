@@ -117,9 +117,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);
-      queue_.pop_front();
+      queue_.pop_front();  // the message just written
       writing_ = false;
-      if (!ok) queue_.clear();  // the stream is gone; nothing more to send
+      if (!ok) DropUnsent();  // the stream is gone; nothing more to send
       if (!queue_.empty()) {
         writing_ = true;
         StartWrite(&queue_.front());
@@ -175,7 +175,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       absl::MutexLock lock(&mu_);
       if (cancelled_) {
         if (!done) return;
-        queue_.clear();
+        DropUnsent();
         response.reset();
         if (done->ok()) done = absl::CancelledError("cancelled by the client");
       }
@@ -189,6 +189,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       }
     }
     if (finish) FinishWith(*finish);
+  }
+
+  // Discards queued messages, but never the one gRPC is writing (it holds a
+  // pointer to it until OnWriteDone).
+  void DropUnsent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queue_.erase(writing_ ? std::next(queue_.begin()) : queue_.begin(),
+                 queue_.end());
   }
 
   void FinishWith(const absl::Status& status) {
