@@ -203,10 +203,6 @@ def test_generate_open_loop_json_to_stdout(lm_server):
     assert 1.5 <= result["elapsed_s"] < 2 + 20
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="moh-server ignores sampling.max_new_tokens (always the default "
-    "64): hosted_model.cc never reads GenerateCall::max_new_tokens")
 def test_max_new_tokens_bounds_generated_tokens(lm_server, tmp_path):
     result, _ = run_bench_json(tmp_path, "--server=" + lm_server,
                                "--requests=4",
