@@ -323,14 +323,17 @@ class MohServer:
         return "127.0.0.1:%d" % self.port
 
     def channel(self):
-        import grpc
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.target)
+            self._channel = self.new_channel()
         return self._channel
 
     def new_channel(self):
+        """A channel of its own: no connection shared with other channels
+        (gRPC shares them per target by default, also across servers that
+        reuse a port)."""
         import grpc
-        return grpc.insecure_channel(self.target)
+        return grpc.insecure_channel(
+            self.target, options=[("grpc.use_local_subchannel_pool", 1)])
 
     def scrape(self):
         return http_get("http://127.0.0.1:%d/metrics" % self.metrics_port)
@@ -469,9 +472,45 @@ def generate_request(pb, prompt=None, token_ids=None, model="demo-lm",
     return request
 
 
+# grpcio 1.51 calls have been seen to outlive their deadline on a channel
+# whose server had just exited; a watchdog cancels them so a test fails
+# instead of hanging.
+WATCHDOG_GRACE = 15.0
+
+
+class ClientHang(AssertionError):
+    pass
+
+
+def drain_stream(call, timeout, sink=None):
+    """Reads a response stream to its end (a list, or appended to sink);
+    cancels it WATCHDOG_GRACE s after its deadline (raising ClientHang)."""
+    fired = threading.Event()
+
+    def fire():
+        fired.set()
+        call.cancel()
+
+    watchdog = threading.Timer(timeout + WATCHDOG_GRACE, fire)
+    watchdog.daemon = True
+    watchdog.start()
+    messages = [] if sink is None else sink
+    try:
+        for m in call:
+            messages.append(m)
+    except Exception:
+        if fired.is_set():
+            raise ClientHang("the stream outlived its %g s deadline by %g s "
+                             "(client-side hang)" % (timeout, WATCHDOG_GRACE))
+        raise
+    finally:
+        watchdog.cancel()
+    return messages
+
+
 def run_generate(stub, request, timeout=RPC_TIMEOUT):
     """All messages of one Generate stream (raises grpc.RpcError)."""
-    return list(stub.Generate(request, timeout=timeout))
+    return drain_stream(stub.Generate(request, timeout=timeout), timeout)
 
 
 def token_ids_of(messages):
@@ -500,13 +539,25 @@ def expected_top_k(ratio, num_heads=LM_HEADS, shared=LM_SHARED,
     return [max(0, min(num_heads - shared, k))] * len(trained)
 
 
+class _SignallingList(list):
+    """A list that sets its owner's `started` event on the first append."""
+
+    def __init__(self, owner):
+        super().__init__()
+        self._owner = owner
+
+    def append(self, item):
+        super().append(item)
+        self._owner.started.set()
+
+
 class Occupant:
     """A Generate stream read on a background thread (started: the first
     message arrived; done: the stream ended; error: its grpc.RpcError)."""
 
     def __init__(self, stub, request):
         self.call = stub.Generate(request, timeout=RPC_TIMEOUT)
-        self.messages = []
+        self.messages = _SignallingList(self)
         self.error = None
         self.started = threading.Event()
         self.done = threading.Event()
@@ -516,16 +567,14 @@ class Occupant:
 
     def _read(self):
         try:
-            for m in self.call:
-                self.messages.append(m)
-                self.started.set()
-        except Exception as e:  # grpc.RpcError
+            drain_stream(self.call, RPC_TIMEOUT, sink=self.messages)
+        except Exception as e:  # grpc.RpcError or ClientHang
             self.error = e
         finally:
             self.started.set()
             self.done.set()
 
     def join(self):
-        self.thread.join(RPC_TIMEOUT + 10)
+        self.thread.join(RPC_TIMEOUT + WATCHDOG_GRACE + 10)
         assert not self.thread.is_alive()
         return self.messages

@@ -58,14 +58,8 @@ CASES = [
     ("max_new_tokens_beyond_max_seq_len_with_prompt",
      G(token_ids=[5] * 200, max_new_tokens=57), INVALID,
      ["sampling.max_new_tokens", "56"]),
-    pytest.param(
-        "max_new_tokens_negative", G(prompt="hi", max_new_tokens=-3), INVALID,
-        ["sampling.max_new_tokens"],
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="server bug: an explicit negative max_new_tokens is taken "
-            "as unset (HostedModel::Generate maps < 0 to the default) and "
-            "generates instead of INVALID_ARGUMENT")),
+    ("max_new_tokens_negative", G(prompt="hi", max_new_tokens=-3), INVALID,
+     ["sampling.max_new_tokens"]),
     ("top_p_0", G(prompt="hi", top_p=0.0), INVALID, ["sampling.top_p"]),
     ("top_p_1.5", G(prompt="hi", top_p=1.5), INVALID, ["sampling.top_p"]),
     ("temperature_negative", G(prompt="hi", temperature=-1.0), INVALID,
