@@ -5,9 +5,7 @@ The demo LM has max_seq_len 256 and vocab 320; the demo ViT takes [3, 16, 16]
 pixels and has 5 classes.
 """
 import json
-import math
 import os
-import threading
 
 import grpc
 import pytest
