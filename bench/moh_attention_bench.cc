@@ -1,9 +1,12 @@
-// One MoH attention layer (a single-layer MoH-LLaMA with a tiny MLP and
-// vocabulary, so attention dominates) at activation ratios 0.5 ... 1.0.
-//
+// MoH attention at activation ratios 0.5 ... 1.0, computing every head
+// (sparse:0, the official code's way) or only the selected (token, head) pairs
+// (sparse:1), side by side in one run.
+//   BM_Attention*: one attention-heavy layer (hidden 1024, 16 heads, 4 KV
+//                  heads, 4 shared; tiny MLP and vocabulary).
+//   BM_Model*:     a small whole MoH-LLaMA (4 layers, hidden 512, 8 heads,
+//                  2 shared, SwiGLU 1376, vocabulary 4096).
 // Prefill: one 512-token prompt. Decode: 16 sequences with 512 cached tokens
-// each, one new token per sequence. The head-sparse kernels that make lower
-// ratios cheaper are a later issue; this measures today's cost per ratio.
+// each, one new token per sequence. MOH_BENCH_THREADS=N pins the threads.
 //
 //   build/bench/moh_attention_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -17,43 +20,56 @@
 namespace moh {
 namespace {
 
-constexpr int64_t kHidden = 1024, kHeads = 16, kKvHeads = 4, kShared = 4;
 constexpr int64_t kPrompt = 512, kDecodeRows = 16;
 
-std::unique_ptr<LlamaModel> MakeLayer() {
+struct Shape {
+  int64_t layers, hidden, heads, kv_heads, shared, intermediate, vocab;
+};
+// Attention-heavy: one layer, a tiny MLP and vocabulary.
+constexpr Shape kLayerShape = {1, 1024, 16, 4, 4, 16, 16};
+// A small whole model (MLP and vocabulary included).
+constexpr Shape kModelShape = {4, 512, 8, 8, 2, 1376, 4096};
+
+std::unique_ptr<LlamaModel> MakeModel(const Shape& shape) {
   LlamaConfig c;
-  c.vocab_size = 16;
-  c.hidden_size = kHidden;
-  c.intermediate_size = 16;
-  c.num_layers = 1;
-  c.num_heads = kHeads;
-  c.num_kv_heads = kKvHeads;
-  c.head_dim = kHidden / kHeads;
+  c.vocab_size = shape.vocab;
+  c.hidden_size = shape.hidden;
+  c.intermediate_size = shape.intermediate;
+  c.num_layers = shape.layers;
+  c.num_heads = shape.heads;
+  c.num_kv_heads = shape.kv_heads;
+  c.head_dim = shape.hidden / shape.heads;
   c.max_position_embeddings = 1024;
   c.moh.router = RouterKind::kLearned;
-  c.moh.layers = {MohLayerConfig{kHeads, kShared, (kHeads - kShared) / 2}};
-  const int64_t d = c.head_dim;
+  const int64_t h = shape.heads, s = shape.shared, d = c.head_dim;
+  c.moh.layers.assign(
+      shape.layers,
+      MohLayerConfig{static_cast<int32_t>(h), static_cast<int32_t>(s),
+                     static_cast<int32_t>((h - s) / 2)});
   at::manual_seed(0);
   TensorStore store;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-    (void)store.Insert(name, at::randn(shape) * 0.05, "random");
+  auto add = [&](const std::string& name, std::vector<int64_t> dims) {
+    (void)store.Insert(name, at::randn(dims) * 0.05, "random");
   };
-  add("model.embed_tokens.weight", {c.vocab_size, kHidden});
-  add("lm_head.weight", {c.vocab_size, kHidden});
-  add("model.norm.weight", {kHidden});
-  const std::string p = "model.layers.0.";
-  add(p + "input_layernorm.weight", {kHidden});
-  add(p + "post_attention_layernorm.weight", {kHidden});
-  add(p + "self_attn.q_proj.weight", {kHeads * d, kHidden});
-  add(p + "self_attn.k_proj.weight", {kKvHeads * d, kHidden});
-  add(p + "self_attn.v_proj.weight", {kKvHeads * d, kHidden});
-  add(p + "self_attn.o_proj.weight", {kHidden, kHeads * d});
-  add(p + "self_attn.wg.weight", {kHeads - kShared, kHidden});
-  add(p + "self_attn.wg_0.weight", {2, kHidden});
-  add(p + "self_attn.wg_1.weight", {kShared, kHidden});
-  add(p + "mlp.gate_proj.weight", {c.intermediate_size, kHidden});
-  add(p + "mlp.up_proj.weight", {c.intermediate_size, kHidden});
-  add(p + "mlp.down_proj.weight", {kHidden, c.intermediate_size});
+  const int64_t hidden = shape.hidden, inter = shape.intermediate;
+  add("model.embed_tokens.weight", {c.vocab_size, hidden});
+  add("lm_head.weight", {c.vocab_size, hidden});
+  add("model.norm.weight", {hidden});
+  for (int64_t l = 0; l < shape.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {hidden});
+    add(p + "post_attention_layernorm.weight", {hidden});
+    add(p + "self_attn.q_proj.weight", {h * d, hidden});
+    add(p + "self_attn.k_proj.weight", {shape.kv_heads * d, hidden});
+    add(p + "self_attn.v_proj.weight", {shape.kv_heads * d, hidden});
+    add(p + "self_attn.o_proj.weight", {hidden, h * d});
+    add(p + "self_attn.wg.weight", {h - s, hidden});
+    add(p + "self_attn.wg_0.weight", {2, hidden});
+    add(p + "self_attn.wg_1.weight", {s, hidden});
+    add(p + "mlp.gate_proj.weight", {inter, hidden});
+    add(p + "mlp.up_proj.weight", {inter, hidden});
+    add(p + "mlp.down_proj.weight", {hidden, inter});
+  }
   auto model =
       LlamaModel::FromTensors(c, store, at::TensorOptions().dtype(at::kFloat));
   if (!model.ok()) {
@@ -63,24 +79,26 @@ std::unique_ptr<LlamaModel> MakeLayer() {
   return std::move(*model);
 }
 
-// The layer, computing every head (sparse = 0) or only the selected (token,
-// head) pairs (sparse = 1).
-const LlamaModel& Layer(const benchmark::State& state) {
-  static LlamaModel* model = MakeLayer().release();
-  model->set_attention_mode(state.range(1) == 0 ? AttentionMode::kDense
-                                                : AttentionMode::kAuto);
-  return *model;
+// A model of `shape`, computing every head (sparse = 0) or only the selected
+// (token, head) pairs (sparse = 1).
+const LlamaModel& Model(const Shape& shape, const benchmark::State& state) {
+  static LlamaModel* layer = MakeModel(kLayerShape).release();
+  static LlamaModel* model = MakeModel(kModelShape).release();
+  LlamaModel* m = &shape == &kLayerShape ? layer : model;
+  m->set_attention_mode(state.range(1) == 0 ? AttentionMode::kDense
+                                            : AttentionMode::kAuto);
+  return *m;
 }
 
 float RatioArg(const benchmark::State& state) {
   return state.range(0) / 1000.0f;
 }
 
-void BM_AttentionPrefill(benchmark::State& state) {
-  const LlamaModel& model = Layer(state);
+void Prefill(benchmark::State& state, const Shape& shape) {
+  const LlamaModel& model = Model(shape, state);
   KvCache cache = model.CreateKvCache(1, kPrompt);
   DecoderBatch batch;
-  batch.token_ids = at::randint(16, {1, kPrompt}, at::kLong);
+  batch.token_ids = at::randint(shape.vocab, {1, kPrompt}, at::kLong);
   batch.num_tokens = {static_cast<int32_t>(kPrompt)};
   batch.slots = {0};
   batch.start_positions = {0};
@@ -94,11 +112,11 @@ void BM_AttentionPrefill(benchmark::State& state) {
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_AttentionDecode(benchmark::State& state) {
-  const LlamaModel& model = Layer(state);
+void Decode(benchmark::State& state, const Shape& shape) {
+  const LlamaModel& model = Model(shape, state);
   KvCache cache = model.CreateKvCache(kDecodeRows, kPrompt + 1);
   DecoderBatch batch;
-  batch.token_ids = at::randint(16, {kDecodeRows, 1}, at::kLong);
+  batch.token_ids = at::randint(shape.vocab, {kDecodeRows, 1}, at::kLong);
   for (int64_t b = 0; b < kDecodeRows; ++b) {
     batch.num_tokens.push_back(1);
     batch.slots.push_back(b);
@@ -118,8 +136,14 @@ void BM_AttentionDecode(benchmark::State& state) {
 #define MOH_RATIOS                \
   ->ArgNames({"ratio", "sparse"}) \
       ->ArgsProduct({{500, 625, 750, 875, 1000}, {0, 1}})
+void BM_AttentionPrefill(benchmark::State& s) { Prefill(s, kLayerShape); }
+void BM_AttentionDecode(benchmark::State& s) { Decode(s, kLayerShape); }
+void BM_ModelPrefill(benchmark::State& s) { Prefill(s, kModelShape); }
+void BM_ModelDecode(benchmark::State& s) { Decode(s, kModelShape); }
 BENCHMARK(BM_AttentionPrefill) MOH_RATIOS->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ModelPrefill) MOH_RATIOS->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ModelDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace moh

@@ -30,6 +30,10 @@ ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads for LibTorch; 0 = one per core");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
+ABSL_FLAG(int32_t, batch, 1,
+          "Generate this many copies of the request in one batch (throughput "
+          "measurement; only the first is printed)");
+ABSL_FLAG(int32_t, repeat, 1, "Run the whole generation this many times");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -77,12 +81,23 @@ int main(int argc, char** argv) {
     request.sampling.seed = absl::GetFlag(FLAGS_seed);
 
   moh::Generator generator(*lm->model, lm->tokenizer.get(), lm->eos_ids);
+  const int32_t batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  const int32_t repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  const std::vector<moh::GenerationRequest> requests(batch, request);
   std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
+  absl::StatusOr<std::vector<moh::GenerationResult>> results;
+  int64_t total_tokens = 0;
   const auto start = std::chrono::steady_clock::now();
-  auto results = generator.Generate(
-      {request}, [](size_t, const moh::GenerationChunk& chunk) {
-        std::cout << chunk.text << std::flush;
-      });
+  for (int32_t i = 0; i < repeat; ++i) {
+    results = generator.Generate(
+        requests, [i](size_t row, const moh::GenerationChunk& chunk) {
+          if (i == 0 && row == 0) std::cout << chunk.text << std::flush;
+        });
+    if (!results.ok()) break;
+    for (const moh::GenerationResult& r : *results) {
+      total_tokens += r.token_ids.size();
+    }
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -91,13 +106,20 @@ int main(int argc, char** argv) {
     std::cerr << "moh-generate: " << results.status().message() << "\n";
     return 1;
   }
+  if (batch > 1 || repeat > 1) {
+    std::fprintf(stderr,
+                 "batch=%d repeat=%d generated_tokens=%lld time=%.3fs "
+                 "tokens_per_s=%.2f\n",
+                 batch, repeat, static_cast<long long>(total_tokens), seconds,
+                 total_tokens / std::max(seconds, 1e-9));
+  }
   const moh::GenerationResult& r = (*results)[0];
   std::fprintf(stderr,
                "finish_reason=%s prompt_tokens=%d completion_tokens=%zu "
                "effective_ratio=%.4f time=%.3fs (%.1f tokens/s)\n",
                moh::FinishReasonName(r.finish_reason), r.prompt_tokens,
-               r.token_ids.size(), r.effective_ratio, seconds,
-               r.token_ids.size() / std::max(seconds, 1e-9));
+               r.token_ids.size(), r.effective_ratio, seconds / repeat,
+               r.token_ids.size() * repeat / std::max(seconds, 1e-9));
   if (absl::GetFlag(FLAGS_routing)) {
     const at::Tensor counts = r.head_token_counts;  // [L, H]
     std::fprintf(stderr,
