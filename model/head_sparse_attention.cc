@@ -34,30 +34,48 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in) {
   const int64_t group = heads / kv_heads;
   const at::TensorOptions long_options = in.token_row.options();
 
+  // One contiguous copy keeps each KV head's slice a strided batch of
+  // matrices that bmm reads in place.
+  const at::Tensor all_keys = in.keys.contiguous();
+  const at::Tensor all_values = in.values.contiguous();
+  const at::Tensor selected = in.gates != 0;  // [N, H]
   at::Tensor out = at::zeros({n, in.o_weight.size(0)}, in.x.options());
-  at::Tensor selected = (in.gates != 0).t().contiguous();  // [H, N]
-  // Selected tokens per head, per row: sizes the padded query block.
   at::Tensor j = at::arange(kv_len, long_options).view({1, 1, kv_len});
-  for (int64_t h = 0; h < heads; ++h) {
-    at::Tensor idx = selected[h].nonzero().squeeze(1);  // ascending
-    const int64_t count = idx.size(0);
+  // The query heads sharing a KV head attend together: their keys and values
+  // are read once for every selected (token, head) pair of the group.
+  for (int64_t kv = 0; kv < kv_heads; ++kv) {
+    // Selected pairs, ordered by token (so by row), then by head.
+    at::Tensor pairs = selected.narrow(1, kv * group, group).nonzero();
+    const int64_t count = pairs.size(0);
     if (count == 0) continue;
-    at::Tensor q;
-    if (in.q_full.defined()) {
-      q = in.q_full.index_select(0, idx).select(1, h);
-    } else {
-      at::Tensor w = in.q_weight.narrow(0, h * d, d);
-      at::Tensor x = in.x.index_select(0, idx);
-      q = in.q_bias.defined() ? at::linear(x, w, in.q_bias.narrow(0, h * d, d))
-                              : at::linear(x, w);
+    at::Tensor token = pairs.select(1, 0).contiguous();
+    at::Tensor local_head = pairs.select(1, 1).contiguous();
+    at::Tensor pos = in.token_pos.index_select(0, token);
+    // Queries of each pair, projected head by head (only selected tokens).
+    at::Tensor q = at::empty({count, d}, in.x.options());
+    std::vector<at::Tensor> members(group);
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t h = kv * group + g;
+      members[g] = (local_head == g).nonzero().squeeze(1);
+      if (members[g].size(0) == 0) continue;
+      at::Tensor tokens = token.index_select(0, members[g]);
+      at::Tensor qh;
+      if (in.q_full.defined()) {
+        qh = in.q_full.index_select(0, tokens).select(1, h);
+      } else {
+        at::Tensor w = in.q_weight.narrow(0, h * d, d);
+        at::Tensor x = in.x.index_select(0, tokens);
+        qh = in.q_bias.defined()
+                 ? at::linear(x, w, in.q_bias.narrow(0, h * d, d))
+                 : at::linear(x, w);
+      }
+      q.index_copy_(0, members[g], qh);
     }
-    at::Tensor pos = in.token_pos.index_select(0, idx);
     if (in.rotate) q = in.rotate(q, pos);
 
-    // Pad each row's selected queries into a [B, Tq, D] block. Tokens of a
-    // row are contiguous in idx, so a token's slot in its row is its index in
-    // idx minus the index of the row's first token.
-    at::Tensor row = in.token_row.index_select(0, idx);
+    // Pad each row's pairs into a [B, Tq, D] block: a pair's slot is its
+    // index minus the index of its row's first pair.
+    at::Tensor row = in.token_row.index_select(0, token);
     at::Tensor per_row = at::bincount(row, {}, rows);
     const int64_t width = per_row.max().item<int64_t>();
     at::Tensor first = at::cumsum(per_row, 0) - per_row;
@@ -69,9 +87,8 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in) {
     at::Tensor query_pos = at::zeros({rows, width}, long_options);
     query_pos.index_put_({row, slot}, pos);
 
-    const int64_t kv = h / group;
-    at::Tensor keys = in.keys.select(1, kv);      // [B, L, D]
-    at::Tensor values = in.values.select(1, kv);  // [B, L, D]
+    at::Tensor keys = all_keys.select(1, kv);      // [B, L, D]
+    at::Tensor values = all_values.select(1, kv);  // [B, L, D]
     at::Tensor scores =
         at::bmm(queries, keys.transpose(1, 2)).to(at::kFloat) * in.scale;
     at::Tensor visible =
@@ -79,9 +96,17 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in) {
     scores.masked_fill_(visible.logical_not(),
                         -std::numeric_limits<float>::infinity());
     at::Tensor probs = at::softmax(scores, -1).to(values.scalar_type());
-    at::Tensor attn = at::bmm(probs, values).index({row, slot});  // [n_h, D]
-    attn = attn * in.gates.index_select(0, idx).select(1, h).unsqueeze(1);
-    out.index_add_(0, idx, at::linear(attn, in.o_weight.narrow(1, h * d, d)));
+    at::Tensor attn = at::bmm(probs, values).index({row, slot});  // [P, D]
+    // Each head's pairs go through that head's columns of the output
+    // projection, weighted by their gates.
+    for (int64_t g = 0; g < group; ++g) {
+      if (members[g].size(0) == 0) continue;
+      const int64_t h = kv * group + g;
+      at::Tensor tokens = token.index_select(0, members[g]);
+      at::Tensor a = attn.index_select(0, members[g]) *
+                     in.gates.index_select(0, tokens).select(1, h).unsqueeze(1);
+      out.index_add_(0, tokens, at::linear(a, in.o_weight.narrow(1, h * d, d)));
+    }
   }
   if (in.o_bias.defined()) out += in.o_bias;
   return out;
