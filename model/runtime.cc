@@ -3,8 +3,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
-#include <thread>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -71,11 +69,7 @@ absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
 }
 
 void ConfigureCpuThreads(int num_threads) {
-  if (num_threads <= 0) {
-    num_threads = static_cast<int>(std::thread::hardware_concurrency());
-    if (num_threads <= 0) num_threads = 1;
-  }
-  at::set_num_threads(num_threads);
+  at::set_num_threads(num_threads > 0 ? num_threads : 1);
 }
 
 std::string DtypeName(at::ScalarType dtype) {

@@ -27,8 +27,11 @@ absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
 absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
     const DeviceOptions& options);
 
-// Sets LibTorch's intra-op thread count (<= 0: one per available core).
-// Debian's LibTorch otherwise defaults to a single thread.
+// Sets LibTorch's intra-op (OpenMP) thread count; <= 0 means the default, 1.
+// Matrix products run on OpenBLAS's own threads (every core) either way. A
+// second, OpenMP pool of spinning threads oversubscribes small or shared CPUs:
+// on the 2-core CI machine, 2 intra-op threads made the model benchmarks
+// 5-10x slower than 1 while other processes ran.
 void ConfigureCpuThreads(int num_threads);
 
 std::string DtypeName(at::ScalarType dtype);
