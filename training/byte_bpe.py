@@ -1,0 +1,163 @@
+"""Byte-level BPE (GPT-2 style) learned from a text, written as a Hugging Face tokenizer.json.
+
+The format is the one model/tokenizer.h reads and tests/reference/make_fixtures.py
+writes: 256 byte tokens (id = byte value, GPT-2 bytes_to_unicode spelling), then one
+token per merge, then the special tokens; ByteLevel pre-tokenizer (GPT-2 regex) and
+decoder; a TemplateProcessing post-processor that puts <|begin_of_text|> first.
+"""
+import re
+
+BOS_TOKEN = "<|begin_of_text|>"
+EOS_TOKEN = "<|end_of_text|>"
+
+# The GPT-2 pre-tokenizer regex restricted to what `re` expresses; equal to it on
+# ASCII text (\p{L} -> [^\W\d_], \p{N} -> \d).  The corpus is ASCII.
+PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
+
+
+def bytes_to_unicode():
+    """GPT-2's reversible byte -> printable unicode character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+
+
+B2U = bytes_to_unicode()
+
+
+def _word_counts(text):
+    counts = {}
+    for w in PRETOKENIZE.findall(text):
+        counts[w] = counts.get(w, 0) + 1
+    return counts
+
+
+def train(text, num_merges):
+    """Returns the merges [(left, right)] learned from `text` (most frequent pair first,
+    ties broken by the pair's spelling), with incremental pair counts."""
+    words, freqs = [], []
+    for w, c in _word_counts(text).items():
+        words.append([B2U[b] for b in w.encode("utf-8")])
+        freqs.append(c)
+    pair_count, where = {}, {}
+    for i, w in enumerate(words):
+        for p in zip(w, w[1:]):
+            pair_count[p] = pair_count.get(p, 0) + freqs[i]
+            where.setdefault(p, set()).add(i)
+    merges = []
+    while len(merges) < num_merges:
+        if not pair_count:
+            raise RuntimeError("BPE: text too short for %d merges" % num_merges)
+        best = min(pair_count, key=lambda p: (-pair_count[p], p))
+        merges.append(best)
+        merged = best[0] + best[1]
+        for i in sorted(where.pop(best, ())):
+            w, c = words[i], freqs[i]
+            for p in zip(w, w[1:]):  # remove this word's old pairs
+                pair_count[p] -= c
+                if pair_count[p] == 0:
+                    del pair_count[p]
+            out, j = [], 0
+            while j < len(w):
+                if j + 1 < len(w) and w[j] == best[0] and w[j + 1] == best[1]:
+                    out.append(merged)
+                    j += 2
+                else:
+                    out.append(w[j])
+                    j += 1
+            words[i] = out
+            for p in zip(out, out[1:]):
+                pair_count[p] = pair_count.get(p, 0) + c
+                where.setdefault(p, set()).add(i)
+        pair_count.pop(best, None)
+    return merges
+
+
+class Encoder:
+    """Encodes text with the learned merges exactly as the HF BPE model does: the
+    lowest-ranked adjacent pair is merged first, repeatedly."""
+
+    def __init__(self, merges):
+        self.vocab = {B2U[b]: b for b in range(256)}
+        for left, right in merges:
+            self.vocab[left + right] = len(self.vocab)
+        self.ranks = {p: i for i, p in enumerate(merges)}
+        self.bos = len(self.vocab)
+        self.eos = self.bos + 1
+        self.vocab_size = self.eos + 1
+        self.merges = list(merges)
+        self.id_to_bytes = {}
+        u2b = {u: b for b, u in B2U.items()}
+        for token, i in self.vocab.items():
+            self.id_to_bytes[i] = bytes(u2b[ch] for ch in token)
+        self._cache = {}
+
+    def _word(self, w):
+        ids = self._cache.get(w)
+        if ids is not None:
+            return ids
+        parts = [B2U[b] for b in w.encode("utf-8")]
+        while len(parts) > 1:
+            ranked = [(self.ranks.get(p, 1 << 30), k) for k, p in enumerate(zip(parts, parts[1:]))]
+            rank, k = min(ranked)
+            if rank == 1 << 30:
+                break
+            parts[k:k + 2] = [parts[k] + parts[k + 1]]
+        ids = [self.vocab[p] for p in parts]
+        self._cache[w] = ids
+        return ids
+
+    def encode(self, text, bos=False):
+        ids = [self.bos] if bos else []
+        for w in PRETOKENIZE.findall(text):
+            ids.extend(self._word(w))
+        return ids
+
+    def decode(self, ids):
+        return b"".join(self.id_to_bytes.get(i, b"") for i in ids).decode("utf-8", "replace")
+
+    def tokenizer_json(self):
+        def special(i, content):
+            return {"id": i, "content": content, "single_word": False, "lstrip": False,
+                    "rstrip": False, "normalized": False, "special": True}
+
+        return {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": [special(self.bos, BOS_TOKEN), special(self.eos, EOS_TOKEN)],
+            "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                              "use_regex": True},
+            "post_processor": {
+                "type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": BOS_TOKEN, "type_id": 0}},
+                           {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": BOS_TOKEN, "type_id": 0}},
+                         {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": BOS_TOKEN, "type_id": 1}},
+                         {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {BOS_TOKEN: {"id": BOS_TOKEN, "ids": [self.bos], "tokens": [BOS_TOKEN]}},
+            },
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                        "use_regex": True},
+            "model": {
+                "type": "BPE",
+                "dropout": None,
+                "unk_token": None,
+                "continuing_subword_prefix": None,
+                "end_of_word_suffix": None,
+                "fuse_unk": False,
+                "byte_fallback": False,
+                "ignore_merges": False,
+                "vocab": self.vocab,
+                "merges": ["%s %s" % m for m in self.merges],
+            },
+        }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Reproduces the shipped demo models: installs the Debian packages the recipe needs
+# (corpus, digits data, torch), trains models/demo-vit and models/demo-lm (fixed
+# seeds, one LibTorch thread each) and prints the time taken. See training/README.md.
+#   bash training/train_all.sh [OUT_DIR]     # default OUT_DIR: models
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-models}
+
+PACKAGES=(python3 python3-torch python3-numpy python3-sklearn bible-kjv-text bible-kjv)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "train_all: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Debian's torch calls OpenBLAS; its threads must not compete with LibTorch's.
+export OPENBLAS_NUM_THREADS=1
+start=$(date +%s)
+/usr/bin/python3 training/train_demo_vit.py --out "$out/demo-vit"
+/usr/bin/python3 training/train_demo_lm.py --out "$out/demo-lm"
+echo "train_all: demo-vit and demo-lm written to $out/ in $(( $(date +%s) - start )) s"
+du -sh "$out/demo-vit" "$out/demo-lm"
