@@ -153,10 +153,10 @@ v1::ServerConfig DemoServerConfig(const std::string& demo_dir) {
   v1::ServerConfig config;
   v1::ModelConfig* lm = config.add_models();
   lm->set_name("demo-lm");
-  lm->set_model_dir(demo_dir + "/llama_learned");
+  lm->set_model_dir(demo_dir + "/demo-lm");
   v1::ModelConfig* vit = config.add_models();
   vit->set_name("demo-vit");
-  vit->set_model_dir(demo_dir + "/vit_learned");
+  vit->set_model_dir(demo_dir + "/demo-vit");
   return config;
 }
 

@@ -18,8 +18,9 @@ absl::StatusOr<v1::ServerConfig> ReadServerConfigFile(const std::string& path);
 // "models[1].batching.max_batch_size must be in [1, 4096], got 0").
 absl::Status ResolveServerConfig(v1::ServerConfig* config);
 
-// The shipped demo models under `demo_dir`: "demo-lm" (a MoH-LLaMA) and
-// "demo-vit" (a MoH-ViT).
+// The shipped demo models under `demo_dir` (the repository's models/, see
+// training/README.md): "demo-lm" (a MoH-LLaMA, `demo_dir`/demo-lm) and
+// "demo-vit" (a MoH-ViT digit classifier, `demo_dir`/demo-vit).
 v1::ServerConfig DemoServerConfig(const std::string& demo_dir);
 
 }  // namespace moh

@@ -100,8 +100,9 @@ TEST(ServerConfigTest, DemoConfigServesBothDemoModels) {
   ASSERT_TRUE(ResolveServerConfig(&config).ok());
   ASSERT_EQ(config.models_size(), 2);
   EXPECT_EQ(config.models(0).name(), "demo-lm");
-  EXPECT_EQ(config.models(0).model_dir(), "/demo/llama_learned");
+  EXPECT_EQ(config.models(0).model_dir(), "/demo/demo-lm");
   EXPECT_EQ(config.models(1).name(), "demo-vit");
+  EXPECT_EQ(config.models(1).model_dir(), "/demo/demo-vit");
 }
 
 }  // namespace
