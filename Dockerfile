@@ -72,12 +72,8 @@ RUN --mount=type=cache,target=/root/.cache/ccache \
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
           -DMOH_BUILD_TESTS=OFF -DMOH_BUILD_BENCH=OFF ${MOH_CMAKE_ARGS} \
  && bash scripts/build.sh moh-server moh-client
-# The demo models: the repository's models/ directory (the trained demo
-# models). A checkout without it gets the tiny random-weight models the test
-# suite generates, laid out as the server's demo directory expects them.
-RUN mkdir -p /opt/moh \
- && if [ -d models ]; then cp -a models /opt/moh/models; \
-    else /usr/bin/python3 tests/reference/make_fixtures.py /opt/moh/models > /dev/null; fi
+# The demo models: the repository's models/ directory (demo-lm, demo-vit).
+RUN mkdir -p /opt/moh && cp -a models /opt/moh/models
 
 # ---- runtime: shared libraries only ----
 FROM ${DEBIAN_IMAGE} AS runtime-cpu

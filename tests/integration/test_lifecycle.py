@@ -169,7 +169,7 @@ def test_command_line_flags_serve_one_model(api, server_factory):
 
 def test_demo_dir_serves_the_demo_models(api, server_factory):
     server = server_factory("demo", [], metrics=False, flags=[
-        "--demo_dir=" + lib.FIXTURES, "--port={port}", "--metrics_port=-1",
+        "--demo_dir=" + os.path.join(lib.SOURCE_DIR, "models"), "--port={port}", "--metrics_port=-1",
         "--host=127.0.0.1", "--threads=1"
     ])
     models = list_models(api, server)
