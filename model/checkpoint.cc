@@ -175,6 +175,12 @@ absl::StatusOr<at::Tensor> TensorStore::Get(std::string_view name) const {
 absl::StatusOr<at::Tensor> TensorStore::Take(std::string_view name,
                                              at::IntArrayRef shape,
                                              at::ScalarType dtype) {
+  return Take(name, shape, at::TensorOptions().dtype(dtype));
+}
+
+absl::StatusOr<at::Tensor> TensorStore::Take(std::string_view name,
+                                             at::IntArrayRef shape,
+                                             const at::TensorOptions& options) {
   const Entry* entry = Find(name);
   if (entry == nullptr) return MissingError(name);
   if (!entry->tensor.sizes().equals(shape)) {
@@ -185,12 +191,13 @@ absl::StatusOr<at::Tensor> TensorStore::Take(std::string_view name,
   at::Tensor copy;
   try {
     // A fresh buffer: the result never aliases the (read-only) mapping.
-    copy = at::empty(shape, at::TensorOptions().dtype(dtype));
+    copy = at::empty(shape, options);
     copy.copy_(entry->tensor);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(
         entry->source_file, ": cannot convert tensor '", AsAbsl(name), "' to ",
-        c10::toString(dtype), ": ", e.what_without_backtrace()));
+        c10::toString(at::typeMetaToScalarType(options.dtype())), " on ",
+        options.device().str(), ": ", e.what_without_backtrace()));
   }
   taken_.emplace(name);
   return copy;

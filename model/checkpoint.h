@@ -58,6 +58,10 @@ class TensorStore {
   // the mmap). Marks the tensor as taken. NOT_FOUND as Get.
   absl::StatusOr<at::Tensor> Take(std::string_view name, at::IntArrayRef shape,
                                   at::ScalarType dtype);
+  // As above, converted to `options` (dtype and device) in one copy: weights
+  // go straight from the mapping to, e.g., the GPU.
+  absl::StatusOr<at::Tensor> Take(std::string_view name, at::IntArrayRef shape,
+                                  const at::TensorOptions& options);
 
   // INVALID_ARGUMENT naming every tensor never taken
   // ("unexpected tensor '<name>' in <file>", joined by "; "), else OK.

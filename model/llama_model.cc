@@ -52,17 +52,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
     const LlamaConfig& config, TensorStore& store,
     const at::TensorOptions& options) {
   std::unique_ptr<LlamaModel> model(new LlamaModel(config, options));
-  const at::ScalarType dtype = at::typeMetaToScalarType(options.dtype());
   const int64_t c = config.hidden_size;
   const int64_t d = config.head_dim;
   const int64_t q_dim = config.num_heads * d;
   const int64_t kv_dim = config.num_kv_heads * d;
-  auto take = [&](const std::string& name,
-                  std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
-    MOH_ASSIGN_OR_RETURN(at::Tensor t, store.Take(name, shape, dtype));
-    return CatchTorchErrors(
-        "moving weights to device",
-        [&]() -> absl::StatusOr<at::Tensor> { return t.to(options.device()); });
+  auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+    return store.Take(name, shape, options);
   };
   MOH_ASSIGN_OR_RETURN(model->embed_tokens_, take("model.embed_tokens.weight",
                                                   {config.vocab_size, c}));

@@ -35,8 +35,7 @@ absl::StatusOr<MohRouter> MohRouter::Load(RouterKind kind,
   const int64_t shared = layer.shared_heads;
   const int64_t routed = layer.routed_heads();
   auto take = [&](const char* name, int64_t rows) {
-    return store.Take(prefix + name, {rows, hidden_size},
-                      at::typeMetaToScalarType(options.dtype()));
+    return store.Take(prefix + name, {rows, hidden_size}, options);
   };
   if (routed > 0) {
     MOH_ASSIGN_OR_RETURN(router.wg_, take("wg.weight", routed));
@@ -46,9 +45,6 @@ absl::StatusOr<MohRouter> MohRouter::Load(RouterKind kind,
   }
   if (shared > 1) {
     MOH_ASSIGN_OR_RETURN(router.wg_1_, take("wg_1.weight", shared));
-  }
-  for (at::Tensor* w : {&router.wg_, &router.wg_0_, &router.wg_1_}) {
-    if (w->defined()) *w = w->to(options.device());
   }
   return router;
 }

@@ -26,15 +26,10 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
     const at::TensorOptions& options) {
   MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
   std::unique_ptr<VitModel> model(new VitModel(config, options));
-  const at::ScalarType dtype = at::typeMetaToScalarType(options.dtype());
   const int64_t c = config.hidden_size;
   const int64_t inter = config.intermediate_size;
-  auto take = [&](const std::string& name,
-                  std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
-    MOH_ASSIGN_OR_RETURN(at::Tensor t, store.Take(name, shape, dtype));
-    return CatchTorchErrors(
-        "moving weights to device",
-        [&]() -> absl::StatusOr<at::Tensor> { return t.to(options.device()); });
+  auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+    return store.Take(name, shape, options);
   };
   const int64_t p = config.patch_size;
   MOH_ASSIGN_OR_RETURN(model->patch_w_, take("patch_embed.proj.weight",
