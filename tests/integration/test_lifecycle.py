@@ -233,7 +233,9 @@ def test_sigterm_drains_running_streams_then_exits_0(api, drain_server):
     assert "draining" in server.log()
 
 
-@pytest.mark.xfail(strict=True,
+# Not strict: the race does not happen in every run, and an XPASS must not
+# fail CI.
+@pytest.mark.xfail(strict=False,
                    reason="server bug: a request arriving between the end of "
                    "the drain and exit (server->Shutdown) is answered "
                    "CANCELLED instead of UNAVAILABLE (seen in most trials)")
