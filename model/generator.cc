@@ -9,24 +9,14 @@
 namespace moh {
 namespace {
 
-// Per-row decoding state of one generation.
+// Per-row state of one generation.
 struct Row {
-  Row(const GenerationRequest& r, const Tokenizer* tokenizer)
-      : request(r),
-        sampler(r.sampling),
-        stop_matcher(r.sampling.stop),
-        history(r.prompt_ids) {
-    if (tokenizer != nullptr) {
-      decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
-    }
-  }
+  Row(const GenerationRequest& r, const Tokenizer* tokenizer,
+      const std::vector<int32_t>& eos_ids)
+      : request(r), output(r.sampling, r.prompt_ids, tokenizer, eos_ids) {}
   const GenerationRequest& request;
-  Sampler sampler;
-  StopStringMatcher stop_matcher;
-  std::optional<IncrementalDecoder> decoder;
-  std::vector<int32_t> history;
+  SequenceOutput output;
   GenerationResult result;
-  bool done = false;
 };
 
 }  // namespace
@@ -43,6 +33,51 @@ const char* FinishReasonName(FinishReason reason) {
       return "CANCELLED";
   }
   return "UNKNOWN";
+}
+
+SequenceOutput::SequenceOutput(const SamplingParams& sampling,
+                               std::vector<int32_t> prompt_ids,
+                               const Tokenizer* tokenizer,
+                               std::vector<int32_t> eos_ids)
+    : max_new_tokens_(sampling.max_new_tokens),
+      eos_ids_(std::move(eos_ids)),
+      sampler_(sampling),
+      stop_matcher_(sampling.stop),
+      history_(std::move(prompt_ids)) {
+  if (tokenizer != nullptr) {
+    decoder_.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  }
+}
+
+absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
+  const int32_t token = sampler_.Sample(logits, history_);
+  history_.push_back(token);
+  ++generated_;
+  GenerationChunk chunk;
+  chunk.token_ids.push_back(token);
+  const bool eos =
+      std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+  if (decoder_ && !eos) {
+    MOH_ASSIGN_OR_RETURN(std::string text, decoder_->Push(token));
+    StopStringMatcher::Result matched = stop_matcher_.Push(text);
+    chunk.text = std::move(matched.emit);
+    if (matched.stopped) finish_ = FinishReason::kStop;
+  }
+  if (!finish_ && eos) finish_ = FinishReason::kEos;
+  if (!finish_ && generated_ >= max_new_tokens_)
+    finish_ = FinishReason::kLength;
+  if (finish_ && decoder_ && *finish_ != FinishReason::kStop) {
+    // Text held back by the decoder or the stop matcher is released (or
+    // completes a stop string) at the end.
+    StopStringMatcher::Result tail = stop_matcher_.Push(decoder_->Flush());
+    chunk.text += tail.emit;
+    if (tail.stopped) {
+      finish_ = FinishReason::kStop;
+    } else {
+      chunk.text += stop_matcher_.Flush();
+    }
+  }
+  return chunk;
 }
 
 absl::Status ValidateRatio(float ratio, const char* field) {
@@ -104,7 +139,9 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
   KvCache cache = model_.CreateKvCache(n, max_len);
   std::vector<Row> rows;
   rows.reserve(n);
-  for (const GenerationRequest& r : requests) rows.emplace_back(r, tokenizer_);
+  for (const GenerationRequest& r : requests) {
+    rows.emplace_back(r, tokenizer_, eos_ids_);
+  }
 
   // Prefill every prompt in one padded batch.
   DecoderBatch batch;
@@ -133,45 +170,15 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
       result.head_token_counts = result.head_token_counts.defined()
                                      ? result.head_token_counts + counts
                                      : counts;
-      const int32_t token = row.sampler.Sample(logits[i], row.history);
-      row.history.push_back(token);
-      result.token_ids.push_back(token);
-      GenerationChunk chunk;
-      chunk.token_ids.push_back(token);
-      const bool eos =
-          std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
-      if (row.decoder && !eos) {
-        MOH_ASSIGN_OR_RETURN(std::string text, row.decoder->Push(token));
-        StopStringMatcher::Result matched = row.stop_matcher.Push(text);
-        chunk.text = std::move(matched.emit);
-        if (matched.stopped) {
-          row.done = true;
-          result.finish_reason = FinishReason::kStop;
-        }
-      }
-      if (eos && !row.done) {
-        row.done = true;
-        result.finish_reason = FinishReason::kEos;
-      }
-      if (!row.done && static_cast<int32_t>(result.token_ids.size()) >=
-                           row.request.sampling.max_new_tokens) {
-        row.done = true;
-        result.finish_reason = FinishReason::kLength;
-      }
-      if (row.done && row.decoder &&
-          result.finish_reason != FinishReason::kStop) {
-        StopStringMatcher::Result tail =
-            row.stop_matcher.Push(row.decoder->Flush());
-        chunk.text += tail.emit;
-        if (tail.stopped) {
-          result.finish_reason = FinishReason::kStop;
-        } else {
-          chunk.text += row.stop_matcher.Flush();
-        }
-      }
+      MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, row.output.Next(logits[i]));
+      result.token_ids.insert(result.token_ids.end(), chunk.token_ids.begin(),
+                              chunk.token_ids.end());
       result.text += chunk.text;
+      if (row.output.finish_reason()) {
+        result.finish_reason = *row.output.finish_reason();
+      }
       if (on_chunk) on_chunk(active[i], chunk);
-      if (!row.done) still_active.push_back(active[i]);
+      if (!row.output.finish_reason()) still_active.push_back(active[i]);
     }
     active = std::move(still_active);
     if (active.empty()) break;
@@ -181,10 +188,10 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
     batch.token_ids = at::empty({a, 1}, at::kLong);
     for (int64_t i = 0; i < a; ++i) {
       const Row& row = rows[active[i]];
-      batch.token_ids[i][0] = row.history.back();
+      batch.token_ids[i][0] = row.output.history().back();
       batch.num_tokens.push_back(1);
       batch.slots.push_back(active[i]);
-      batch.start_positions.push_back(row.history.size() - 1);
+      batch.start_positions.push_back(row.output.history().size() - 1);
       batch.ratios.push_back(row.request.ratio);
     }
   }

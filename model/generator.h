@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,39 @@ struct GenerationResult {
   int32_t prompt_tokens = 0;
   at::Tensor head_token_counts;  // int64 [L, H] over prompt and output
   double effective_ratio = 1.0;  // used (token, head) pairs / all pairs
+};
+
+// One sequence's output as its tokens are sampled: the sampler (own seeded
+// RNG), EOS, stop strings, max_new_tokens and UTF-8-safe incremental text.
+// Generator and the server's scheduler drive one per sequence. Not thread-safe.
+class SequenceOutput {
+ public:
+  // `tokenizer` may be null (no text, no stop strings).
+  SequenceOutput(const SamplingParams& sampling,
+                 std::vector<int32_t> prompt_ids, const Tokenizer* tokenizer,
+                 std::vector<int32_t> eos_ids);
+
+  // Samples the next token from `logits` ([vocab]) and returns what it adds to
+  // the stream: its id, and the text that is now safe to emit (a stop string
+  // and anything after it never is). Sets finish_reason() on the last token.
+  absl::StatusOr<GenerationChunk> Next(const at::Tensor& logits);
+
+  // Set once the sequence has ended.
+  const std::optional<FinishReason>& finish_reason() const { return finish_; }
+  const std::vector<int32_t>& history() const {
+    return history_;
+  }  // prompt + output
+  int32_t generated() const { return generated_; }
+
+ private:
+  const int32_t max_new_tokens_;
+  const std::vector<int32_t> eos_ids_;
+  Sampler sampler_;
+  StopStringMatcher stop_matcher_;
+  std::optional<IncrementalDecoder> decoder_;
+  std::vector<int32_t> history_;
+  int32_t generated_ = 0;
+  std::optional<FinishReason> finish_;
 };
 
 class Generator {

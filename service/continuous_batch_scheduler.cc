@@ -50,20 +50,14 @@ enum class SlotState {
 // A sequence holding a KV-cache slot. Owned by the loop thread.
 struct Sequence {
   Sequence(QueuedJob queued, float ratio, const Tokenizer* tokenizer,
-           size_t num_head_counters)
+           const std::vector<int32_t>& eos_ids, size_t num_head_counters)
       : id(queued.id),
         job(std::move(queued.job)),
         observer(std::move(queued.observer)),
         submit_time(queued.submit_time),
         applied_ratio(ratio),
-        sampler(job.sampling),
-        stop_matcher(job.sampling.stop),
-        history(job.prompt_ids),
-        head_tokens(num_head_counters, 0) {
-    if (tokenizer != nullptr) {
-      decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
-    }
-  }
+        output(job.sampling, job.prompt_ids, tokenizer, eos_ids),
+        head_tokens(num_head_counters, 0) {}
 
   int32_t prompt_len() const { return job.prompt_ids.size(); }
   // KV positions reserved at admission: the most this sequence can fill.
@@ -76,12 +70,8 @@ struct Sequence {
   std::shared_ptr<GenerationObserver> observer;
   absl::Time submit_time;
   float applied_ratio;
-  Sampler sampler;
-  StopStringMatcher stop_matcher;
-  std::optional<IncrementalDecoder> decoder;
-  std::vector<int32_t> history;      // prompt, then generated ids
+  SequenceOutput output;             // sampling, stop strings, text
   int32_t cached = 0;                // positions filled in the KV cache
-  int32_t generated = 0;             // sampled tokens
   int64_t processed = 0;             // tokens run through the model
   std::vector<int64_t> head_tokens;  // [L * H]
   absl::Time last_token_time;
@@ -339,7 +329,7 @@ bool ContinuousBatchScheduler::Impl::Admit() {
   for (RejectedJob& r : rejected) {
     if (r.status.ok()) {
       const float ratio = r.job.job.ratio;
-      Sequence seq(std::move(r.job), ratio, nullptr, num_head_counters_);
+      Sequence seq(std::move(r.job), ratio, nullptr, {}, num_head_counters_);
       seq.finish_reason = FinishReason::kCancelled;
       seq.observer->OnFinished(Summarize(seq));
     } else {
@@ -366,8 +356,9 @@ bool ContinuousBatchScheduler::Impl::Admit() {
       if (lowered) metrics_->RatioLowered();
     }
     Slot& slot = slots_[next_slot];
-    slot.seq = std::make_unique<Sequence>(
-        std::move(job), ratio, lm_.tokenizer.get(), num_head_counters_);
+    slot.seq =
+        std::make_unique<Sequence>(std::move(job), ratio, lm_.tokenizer.get(),
+                                   lm_.eos_ids, num_head_counters_);
     slot.state = SlotState::kPrefilling;
   }
   return true;
@@ -411,7 +402,7 @@ DecoderBatch ContinuousBatchScheduler::Impl::BuildBatch(
   for (size_t b = 0; b < rows.size(); ++b) {
     const Sequence& seq = *slots_[rows[b].slot].seq;
     for (int32_t t = 0; t < rows[b].num_tokens; ++t) {
-      ids[b][t] = seq.history[seq.cached + t];
+      ids[b][t] = seq.output.history()[seq.cached + t];
     }
     batch.num_tokens.push_back(rows[b].num_tokens);
     batch.slots.push_back(rows[b].slot);
@@ -487,10 +478,11 @@ void ContinuousBatchScheduler::Impl::Step() {
 
 absl::Status ContinuousBatchScheduler::Impl::SampleAndEmit(
     Sequence& seq, const at::Tensor& logits) {
-  const int32_t token = seq.sampler.Sample(logits, seq.history);
+  const bool first = seq.output.generated() == 0;
+  MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, seq.output.Next(logits));
   const absl::Time now = absl::Now();
   if (metrics_ != nullptr) {
-    if (seq.generated == 0) {
+    if (first) {
       metrics_->TimeToFirstToken(now - seq.submit_time);
     } else {
       metrics_->InterTokenLatency(now - seq.last_token_time);
@@ -498,41 +490,11 @@ absl::Status ContinuousBatchScheduler::Impl::SampleAndEmit(
     metrics_->GeneratedTokens(1);
   }
   seq.last_token_time = now;
-  seq.history.push_back(token);
-  ++seq.generated;
-
-  GenerationChunk chunk;
-  chunk.token_ids.push_back(token);
-  std::optional<FinishReason> done;
-  const bool eos = std::find(lm_.eos_ids.begin(), lm_.eos_ids.end(), token) !=
-                   lm_.eos_ids.end();
-  if (seq.decoder && !eos) {
-    MOH_ASSIGN_OR_RETURN(std::string text, seq.decoder->Push(token));
-    StopStringMatcher::Result matched = seq.stop_matcher.Push(text);
-    chunk.text = std::move(matched.emit);
-    if (matched.stopped) done = FinishReason::kStop;
-  }
-  if (!done && eos) done = FinishReason::kEos;
-  if (!done && seq.generated >= seq.job.sampling.max_new_tokens) {
-    done = FinishReason::kLength;
-  }
-  if (done && seq.decoder && *done != FinishReason::kStop) {
-    // Text held back by the decoder or the stop matcher is released (or
-    // completes a stop string) at the end.
-    StopStringMatcher::Result tail =
-        seq.stop_matcher.Push(seq.decoder->Flush());
-    chunk.text += tail.emit;
-    if (tail.stopped) {
-      done = FinishReason::kStop;
-    } else {
-      chunk.text += seq.stop_matcher.Flush();
-    }
-  }
   // Every sampled id is streamed at once, even when its text is held back.
   seq.observer->OnChunk(chunk);
-  if (done) {
+  if (seq.output.finish_reason()) {
     seq.finished = true;
-    seq.finish_reason = *done;
+    seq.finish_reason = *seq.output.finish_reason();
   }
   return absl::OkStatus();
 }
@@ -572,7 +534,7 @@ GenerationSummary ContinuousBatchScheduler::Impl::Summarize(
   GenerationSummary summary;
   summary.finish_reason = seq.finish_reason;
   summary.prompt_tokens = seq.prompt_len();
-  summary.completion_tokens = seq.generated;
+  summary.completion_tokens = seq.output.generated();
   summary.applied_ratio = seq.applied_ratio;
   summary.routed_tokens = seq.processed;
   summary.head_tokens = seq.head_tokens;
