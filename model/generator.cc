@@ -86,6 +86,22 @@ absl::Status ValidateRatio(float ratio, const char* field) {
       field, " must be in (0, 1] (or 0 for the model's default), got ", ratio));
 }
 
+absl::Status ValidateActivation(float ratio, float min_ratio,
+                                double default_ratio) {
+  MOH_RETURN_IF_ERROR(ValidateRatio(ratio, "activation.ratio"));
+  // Slack for comparing a float min_ratio with a default computed in double.
+  constexpr double kSlack = 1e-6;
+  const double ceiling = ratio > 0.0f ? ratio : default_ratio;
+  if (min_ratio != 0.0f &&
+      !(min_ratio > 0.0f && min_ratio <= ceiling + kSlack)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "activation.min_ratio must be 0 (off) or in (0, ", ceiling,
+        "] (activation.ratio", ratio > 0.0f ? "" : ", the model's default",
+        "), got ", min_ratio));
+  }
+  return absl::OkStatus();
+}
+
 double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens) {
   const int64_t pairs =
       tokens * head_token_counts.size(-1) * head_token_counts.size(-2);

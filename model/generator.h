@@ -124,4 +124,10 @@ double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens);
 // Checks an activation ratio from a request: 0 (default) or in (0, 1].
 absl::Status ValidateRatio(float ratio, const char* field);
 
+// Checks a request's activation (fields activation.ratio,
+// activation.min_ratio): ratio as ValidateRatio; min_ratio 0 (off) or in (0,
+// ratio], where ratio 0 stands for the model's `default_ratio`.
+absl::Status ValidateActivation(float ratio, float min_ratio,
+                                double default_ratio);
+
 }  // namespace moh

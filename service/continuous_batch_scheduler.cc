@@ -23,8 +23,6 @@ namespace {
 
 constexpr int32_t kDefaultMaxSeqLenCap = 4096;
 constexpr int32_t kMaxRunningLimit = 4096;
-// Slack when comparing a request's min_ratio with a ratio computed in double.
-constexpr double kRatioSlack = 1e-6;
 
 // A job accepted by Submit, not yet holding a slot.
 struct QueuedJob {
@@ -248,15 +246,8 @@ absl::Status ContinuousBatchScheduler::Impl::Validate(
     return absl::InvalidArgumentError(
         "sampling.stop needs a model with a tokenizer");
   }
-  MOH_RETURN_IF_ERROR(ValidateRatio(job.ratio, "activation.ratio"));
-  const double ratio = ReferenceRatio(job.ratio);
-  if (job.min_ratio != 0.0f &&
-      !(job.min_ratio > 0.0f && job.min_ratio <= ratio + kRatioSlack)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "activation.min_ratio must be 0 (off) or in (0, ", ratio,
-        "] (activation.ratio", job.ratio > 0.0f ? "" : ", the model's default",
-        "), got ", job.min_ratio));
-  }
+  MOH_RETURN_IF_ERROR(
+      ValidateActivation(job.ratio, job.min_ratio, default_ratio_));
   return absl::OkStatus();
 }
 

@@ -23,18 +23,6 @@ std::vector<int64_t> Flatten(const at::Tensor& counts) {
                               c.data_ptr<int64_t>() + c.numel());
 }
 
-absl::Status ValidateActivation(float ratio, float min_ratio,
-                                double default_ratio) {
-  MOH_RETURN_IF_ERROR(ValidateRatio(ratio, "activation.ratio"));
-  const double ceiling = ratio > 0 ? ratio : default_ratio;
-  if (!(min_ratio == 0.0f || (min_ratio > 0.0f && min_ratio <= ceiling))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("activation.min_ratio must be 0 (off) or in (0, ", ceiling,
-                     "] (at most activation.ratio), got ", min_ratio));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 float HostedModel::AdaptRatio(float ratio, float min_ratio,
