@@ -2,6 +2,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -68,8 +72,41 @@ absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
   return at::TensorOptions().device(*device).dtype(*dtype);
 }
 
+namespace {
+
+// OpenBLAS's threading model: 0 sequential, 1 pthreads, 2 OpenMP; -1 when
+// the BLAS in use is not OpenBLAS.
+int OpenBlasParallelism() {
+  using Fn = int (*)();
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  return fn != nullptr ? fn() : -1;
+}
+
+}  // namespace
+
 void ConfigureCpuThreads(int num_threads) {
-  at::set_num_threads(num_threads > 0 ? num_threads : 1);
+  if (num_threads <= 0) {
+    num_threads = OpenBlasParallelism() == 2
+                      ? std::max(1u, std::thread::hardware_concurrency())
+                      : 1;
+  }
+  at::set_num_threads(num_threads);
+}
+
+std::string CpuThreadingSummary() {
+  const char* blas = "unknown BLAS";
+  switch (OpenBlasParallelism()) {
+    case 0:
+      blas = "OpenBLAS (sequential)";
+      break;
+    case 1:
+      blas = "OpenBLAS (pthreads: own thread pool)";
+      break;
+    case 2:
+      blas = "OpenBLAS (OpenMP: shared thread pool)";
+      break;
+  }
+  return absl::StrCat(at::get_num_threads(), " intra-op threads, ", blas);
 }
 
 std::string DtypeName(at::ScalarType dtype) {

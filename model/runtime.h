@@ -27,12 +27,16 @@ absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
 absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
     const DeviceOptions& options);
 
-// Sets LibTorch's intra-op (OpenMP) thread count; <= 0 means the default, 1.
-// Matrix products run on OpenBLAS's own threads (every core) either way. A
-// second, OpenMP pool of spinning threads oversubscribes small or shared CPUs:
-// on the 2-core CI machine, 2 intra-op threads made the model benchmarks
-// 5-10x slower than 1 while other processes ran.
+// Sets LibTorch's intra-op (OpenMP) thread count; <= 0 means the default:
+// every core when OpenBLAS is its OpenMP build (LibTorch and OpenBLAS then
+// share one pool, and a matrix product inside at::parallel_for runs on its
+// caller's thread), 1 otherwise. With OpenBLAS's pthreads build two pools of
+// spinning threads oversubscribe the cores: on the 2-core CI machine that made
+// batched decode 5-50x slower, so there OpenBLAS alone threads the products.
 void ConfigureCpuThreads(int num_threads);
+
+// One line for logs: intra-op threads and the BLAS threading in use.
+std::string CpuThreadingSummary();
 
 std::string DtypeName(at::ScalarType dtype);
 

@@ -10,7 +10,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-openmp
   libabsl-dev nlohmann-json3-dev libpcre2-dev libstb-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev
@@ -24,7 +24,7 @@ RUNTIME_PACKAGES=(
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libpcre2-8-0 libstb0
 )
 case "${1:-}" in
-  --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13 libopenblas0-pthread) ;;
+  --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13 libopenblas0-openmp) ;;
   --runtime-no-torch) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
   "") ;;
   *) echo "usage: $0 [--runtime | --runtime-no-torch]" >&2; exit 2 ;;

@@ -44,7 +44,8 @@ ABSL_FLAG(double, drain_timeout, 0,
           "Seconds in-flight requests may run after SIGTERM (default 30)");
 ABSL_FLAG(
     int32_t, threads, 0,
-    "LibTorch intra-op threads (default 1; matrix products use every core)");
+    "LibTorch intra-op threads (0 = the default: every core with "
+    "OpenBLAS's OpenMP build, else 1; see model/runtime.h)");
 ABSL_FLAG(std::string, demo_dir, MOH_DEFAULT_DEMO_DIR,
           "Where the demo models live (used when no model is configured)");
 ABSL_FLAG(bool, verbose, false, "Log every request (debug level)");
@@ -113,6 +114,7 @@ int Run() {
   }
   if (config->log_requests()) SetLogLevel(LogLevel::kDebug);
   ConfigureCpuThreads(config->threads());
+  MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();
 
   auto registry = std::make_shared<prometheus::Registry>();
   Metrics metrics(registry);

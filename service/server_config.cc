@@ -131,7 +131,7 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
               std::string("drain_timeout_seconds"), 30.0, 0.001, 86400.0);
   if (config->threads() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "threads must be >= 0 (0 = the default, 1), got ", config->threads()));
+        "threads must be >= 0 (0 = the default), got ", config->threads()));
   }
   if (config->models().empty()) {
     return absl::InvalidArgumentError("models: at least one model is needed");
