@@ -4,16 +4,23 @@
 
 namespace moh {
 
+bool CpuPairKernelApplies(const at::TensorOptions& options) {
+  return options.device().is_cpu() && options.dtype() == at::kFloat;
+}
+
 bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
-                   const std::vector<float>& ratios) {
+                   const std::vector<float>& ratios,
+                   const at::TensorOptions& options) {
   switch (mode) {
     case AttentionMode::kDense:
       return false;
     case AttentionMode::kHeadSparse:
+    case AttentionMode::kHeadSparseAten:
       return true;
     case AttentionMode::kAuto:
       break;
   }
+  if (CpuPairKernelApplies(options)) return true;
   const MohLayerConfig& layer = router.layer();
   if (router.kind() == RouterKind::kDense || layer.routed_heads() == 0) {
     return false;
@@ -24,20 +31,31 @@ bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
   return false;
 }
 
-at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in) {
+at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
+                               bool aten_only) {
+  if (!aten_only && CpuPairKernelApplies(in.x.options()) &&
+      CpuPairKernelApplies(in.key_cache.options())) {
+    return HeadSparseAttentionCpu(in);
+  }
   const int64_t n = in.x.size(0);
   const int64_t heads = in.gates.size(1);
-  const int64_t rows = in.keys.size(0);
-  const int64_t kv_heads = in.keys.size(1);
-  const int64_t kv_len = in.keys.size(2);
-  const int64_t d = in.keys.size(3);
+  const int64_t rows = in.row_slot.size(0);
+  const int64_t kv_heads = in.key_cache.size(2);
+  const int64_t kv_len = in.row_len.max().item<int64_t>();
+  const int64_t d = in.key_cache.size(3);
   const int64_t group = heads / kv_heads;
   const at::TensorOptions long_options = in.token_row.options();
 
-  // One contiguous copy keeps each KV head's slice a strided batch of
-  // matrices that bmm reads in place.
-  const at::Tensor all_keys = in.keys.contiguous();
-  const at::Tensor all_values = in.values.contiguous();
+  // Each row's keys and values as [B, KV, L, D], one contiguous copy: each
+  // KV head's slice is then a strided batch of matrices that bmm reads.
+  auto gather = [&](const at::Tensor& cache) {
+    return cache.narrow(1, 0, kv_len)
+        .index_select(0, in.row_slot)
+        .permute({0, 2, 1, 3})
+        .contiguous();
+  };
+  const at::Tensor all_keys = gather(in.key_cache);
+  const at::Tensor all_values = gather(in.value_cache);
   const at::Tensor selected = in.gates != 0;  // [N, H]
   at::Tensor out = at::zeros({n, in.o_weight.size(0)}, in.x.options());
   at::Tensor j = at::arange(kv_len, long_options).view({1, 1, kv_len});

@@ -20,15 +20,24 @@
 
 namespace moh {
 
-// How a model computes attention. kAuto: head-sparse when some row of the
-// batch uses fewer than all heads of the layer, dense otherwise (no overhead
-// at ratio 1.0). kDense computes every head, as the official code does; tests
-// and benchmarks compare the two.
-enum class AttentionMode { kAuto, kDense, kHeadSparse };
+// How a model computes attention.
+//   kDense:      every head, as the official code does (the reference that
+//                tests and benchmarks compare against).
+//   kHeadSparse: only the selected (token, head) pairs: on CPU in float32 the
+//                pair kernel (head_sparse_attention_cpu.cc: one matrix product
+//                per head and per block of queries, keys read in place from
+//                the cache, causal key blocks skipped), elsewhere ATen ops.
+//   kHeadSparseAten: the ATen-ops pair path everywhere (tests compare it).
+//   kAuto:       the CPU pair kernel whenever it applies (it beats kDense even
+//                with every head), else head-sparse when some row of the
+//                batch uses fewer than all heads of the layer, else dense.
+enum class AttentionMode { kAuto, kDense, kHeadSparse, kHeadSparseAten };
 
-// Whether a layer routed by `router` runs head-sparse for rows at `ratios`.
+// Whether a layer routed by `router` runs pair by pair (HeadSparseAttention)
+// for rows at `ratios`, with activations of `options`.
 bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
-                   const std::vector<float>& ratios);
+                   const std::vector<float>& ratios,
+                   const at::TensorOptions& options);
 
 struct HeadSparseAttentionInputs {
   at::Tensor x;         // [N, C] attention input of every token
@@ -40,8 +49,12 @@ struct HeadSparseAttentionInputs {
   at::Tensor q_full;
   // Rotates queries [n, D] at positions [n] (RoPE); empty = none.
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> rotate;
-  at::Tensor keys;       // [B, KV, L, D] (head h reads KV head h / (H / KV))
-  at::Tensor values;     // [B, KV, L, D]
+  // [S, L, KV, D] keys and values (a KV cache, or [B, L, KV, D] computed
+  // for this batch); the last dimension contiguous. Row b reads slot
+  // row_slot[b]; head h reads KV head h / (H / KV).
+  at::Tensor key_cache;
+  at::Tensor value_cache;
+  at::Tensor row_slot;   // [B] int64
   at::Tensor token_row;  // [N] int64: the row of each token
   at::Tensor token_pos;  // [N] int64: keys j <= token_pos are visible
   at::Tensor row_len;    // [B] int64: keys j < row_len are visible
@@ -51,7 +64,14 @@ struct HeadSparseAttentionInputs {
 };
 
 // Returns [N, C]: sum over selected heads h of gate * attention_h projected by
-// o_proj's columns of h, plus o_bias.
-at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in);
+// o_proj's columns of h, plus o_bias. `aten_only` skips the CPU pair kernel.
+at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
+                               bool aten_only = false);
+
+// Whether the CPU pair kernel handles activations and caches of `options`.
+bool CpuPairKernelApplies(const at::TensorOptions& options);
+
+// The CPU pair kernel (head_sparse_attention_cpu.cc); float32 on CPU only.
+at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs& in);
 
 }  // namespace moh

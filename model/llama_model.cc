@@ -290,7 +290,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   const int64_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
   const int64_t d = config_.head_dim, group = heads / kv_heads;
   const bool sparse =
-      UseHeadSparse(attention_mode_, layer.router, step.batch.ratios);
+      UseHeadSparse(attention_mode_, layer.router, step.batch.ratios, options_);
   at::Tensor x_flat = x.reshape({n, -1});
   // The query-norm router reads every query; the learned one only x.
   at::Tensor q;
@@ -319,15 +319,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   value_cache.index_put_(
       where, v.reshape({n, kv_heads, d}).index_select(0, token_index));
 
-  const int64_t kv_len = step.attention_mask.size(2);
-  at::Tensor keys = key_cache.narrow(1, 0, kv_len)
-                        .index_select(0, step.slots)
-                        .permute({0, 2, 1, 3});  // [B, KV, L, D]
-  at::Tensor values = value_cache.narrow(1, 0, kv_len)
-                          .index_select(0, step.slots)
-                          .permute({0, 2, 1, 3});  // [B, KV, L, D]
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-
   if (sparse) {
     HeadSparseAttentionInputs in;
     in.x = x_flat;
@@ -340,8 +332,9 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
     in.rotate = [this](const at::Tensor& queries, const at::Tensor& positions) {
       return Rotate(queries, positions);
     };
-    in.keys = keys;
-    in.values = values;
+    in.key_cache = key_cache;
+    in.value_cache = value_cache;
+    in.row_slot = step.slots;
     in.token_row =
         at::arange(rows, step.slots.options()).repeat_interleave(width);
     in.token_pos = step.positions.flatten();
@@ -349,9 +342,18 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
     in.o_weight = layer.o_proj;
     in.o_bias = layer.o_bias;
     in.scale = scale;
-    return HeadSparseAttention(in).view({rows, width, -1});
+    return HeadSparseAttention(
+               in, attention_mode_ == AttentionMode::kHeadSparseAten)
+        .view({rows, width, -1});
   }
 
+  const int64_t kv_len = step.attention_mask.size(2);
+  at::Tensor keys = key_cache.narrow(1, 0, kv_len)
+                        .index_select(0, step.slots)
+                        .permute({0, 2, 1, 3});  // [B, KV, L, D]
+  at::Tensor values = value_cache.narrow(1, 0, kv_len)
+                          .index_select(0, step.slots)
+                          .permute({0, 2, 1, 3});  // [B, KV, L, D]
   q = Rotate(q, step.positions.unsqueeze(2).expand({rows, width, heads}));
   // Head h reads key/value head h / group (repeat_kv).
   at::Tensor queries =

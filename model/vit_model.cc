@@ -147,22 +147,23 @@ at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
                .view({rows, tokens, -1});
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
 
-  if (UseHeadSparse(attention_mode_, block.router, ratios)) {
+  if (UseHeadSparse(attention_mode_, block.router, ratios, x.options())) {
     // Keys and values for every token; queries only where selected.
     at::Tensor kv_w = block.qkv_w.narrow(0, c, 2 * c);
     at::Tensor kv = block.qkv_b.defined()
                         ? at::linear(x, kv_w, block.qkv_b.narrow(0, c, 2 * c))
                         : at::linear(x, kv_w);
-    kv = kv.view({rows, tokens, 2, heads, d}).permute({2, 0, 3, 1, 4});
+    kv = kv.view({rows, tokens, 2, heads, d});
     HeadSparseAttentionInputs in;
     in.x = x_flat;
     in.gates = gates->reshape({n, heads});
     in.q_weight = block.qkv_w.narrow(0, 0, c);
     if (block.qkv_b.defined()) in.q_bias = block.qkv_b.narrow(0, 0, c);
-    in.keys = kv[0];    // [B, H, N, D]
-    in.values = kv[1];  // [B, H, N, D]
+    in.key_cache = kv.select(2, 0);    // [B, N, H, D]
+    in.value_cache = kv.select(2, 1);  // [B, N, H, D]
     const at::TensorOptions longs =
         at::TensorOptions().dtype(at::kLong).device(x.device());
+    in.row_slot = at::arange(rows, longs);
     in.token_row = at::arange(rows, longs).repeat_interleave(tokens);
     // Every token sees every token of its image.
     in.token_pos = at::full({n}, tokens - 1, longs);
@@ -170,7 +171,9 @@ at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
     in.o_weight = block.proj_w;
     in.o_bias = block.proj_b;
     in.scale = scale;
-    return HeadSparseAttention(in).view({rows, tokens, c});
+    return HeadSparseAttention(
+               in, attention_mode_ == AttentionMode::kHeadSparseAten)
+        .view({rows, tokens, c});
   }
 
   at::Tensor qkv = block.qkv_b.defined()
