@@ -5,8 +5,9 @@
 //                  heads, 4 shared; tiny MLP and vocabulary).
 //   BM_Model*:     a small whole MoH-LLaMA (4 layers, hidden 512, 8 heads,
 //                  2 shared, SwiGLU 1376, vocabulary 4096).
-// Prefill: one 512-token prompt. Decode: 16 sequences with 512 cached tokens
-// each, one new token per sequence. MOH_BENCH_THREADS=N pins the threads.
+// Prefill: one prompt (2048 tokens for the layer, 512 for the model). Decode:
+// 16 sequences with 512 cached tokens each, one new token per sequence.
+// MOH_BENCH_THREADS=N pins the threads.
 //
 //   build/bench/moh_attention_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -20,7 +21,7 @@
 namespace moh {
 namespace {
 
-constexpr int64_t kPrompt = 512, kDecodeRows = 16;
+constexpr int64_t kLayerPrompt = 2048, kPrompt = 512, kDecodeRows = 16;
 
 struct Shape {
   int64_t layers, hidden, heads, kv_heads, shared, intermediate, vocab;
@@ -39,7 +40,7 @@ std::unique_ptr<LlamaModel> MakeModel(const Shape& shape) {
   c.num_heads = shape.heads;
   c.num_kv_heads = shape.kv_heads;
   c.head_dim = shape.hidden / shape.heads;
-  c.max_position_embeddings = 1024;
+  c.max_position_embeddings = kLayerPrompt;
   c.moh.router = RouterKind::kLearned;
   const int64_t h = shape.heads, s = shape.shared, d = c.head_dim;
   c.moh.layers.assign(
@@ -94,12 +95,12 @@ float RatioArg(const benchmark::State& state) {
   return state.range(0) / 1000.0f;
 }
 
-void Prefill(benchmark::State& state, const Shape& shape) {
+void Prefill(benchmark::State& state, const Shape& shape, int64_t prompt) {
   const LlamaModel& model = Model(shape, state);
-  KvCache cache = model.CreateKvCache(1, kPrompt);
+  KvCache cache = model.CreateKvCache(1, prompt);
   DecoderBatch batch;
-  batch.token_ids = at::randint(shape.vocab, {1, kPrompt}, at::kLong);
-  batch.num_tokens = {static_cast<int32_t>(kPrompt)};
+  batch.token_ids = at::randint(shape.vocab, {1, prompt}, at::kLong);
+  batch.num_tokens = {static_cast<int32_t>(prompt)};
   batch.slots = {0};
   batch.start_positions = {0};
   batch.ratios = {RatioArg(state)};
@@ -108,7 +109,7 @@ void Prefill(benchmark::State& state, const Shape& shape) {
     benchmark::DoNotOptimize(out);
   }
   state.counters["tokens/s"] =
-      benchmark::Counter(static_cast<double>(kPrompt),
+      benchmark::Counter(static_cast<double>(prompt),
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -136,9 +137,13 @@ void Decode(benchmark::State& state, const Shape& shape) {
 #define MOH_RATIOS                \
   ->ArgNames({"ratio", "sparse"}) \
       ->ArgsProduct({{500, 625, 750, 875, 1000}, {0, 1}})
-void BM_AttentionPrefill(benchmark::State& s) { Prefill(s, kLayerShape); }
+void BM_AttentionPrefill(benchmark::State& s) {
+  Prefill(s, kLayerShape, kLayerPrompt);
+}
 void BM_AttentionDecode(benchmark::State& s) { Decode(s, kLayerShape); }
-void BM_ModelPrefill(benchmark::State& s) { Prefill(s, kModelShape); }
+void BM_ModelPrefill(benchmark::State& s) {
+  Prefill(s, kModelShape, kPrompt);
+}
 void BM_ModelDecode(benchmark::State& s) { Decode(s, kModelShape); }
 BENCHMARK(BM_AttentionPrefill) MOH_RATIOS->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);

@@ -5,7 +5,8 @@ Every figure is a ratio of two measurements taken side by side in the same
 run (interleaved where they are separate processes), because the machines
 this runs on are shared and noisy:
 
-  1. attention layer time, head-sparse at ratio r / every head computed;
+  1. attention layer time, head-sparse at ratio r / every head computed
+     (dense as the official code does, and the pair kernel at ratio 1.0);
   2. whole-model prefill and decode tokens/s at each ratio (head-sparse), and
      relative to computing every head;
   3. serving overhead: moh-server throughput (moh-bench, closed loop at
@@ -155,11 +156,18 @@ def main():
     m = attention_tables(build, 0.05 if quick else 0.5, 1 if quick else 3)
     say("## 1. Attention layer: head-sparse time / every head computed\n")
     say("One attention-heavy layer (hidden 1024, 16 heads, 4 KV heads, 4 "
-        "shared), 512-token prompt; decode: 16 sequences over 512 cached "
-        "tokens. Target: ratio r costs at most (r + 0.1) of dense.\n")
-    say("| ratio | prefill dense ms | prefill sparse ms | sparse/dense | "
-        "target | decode dense ms | decode sparse ms | sparse/dense |")
-    say("|---|---|---|---|---|---|---|---|")
+        "shared), 2048-token prompt; decode: 16 sequences over 512 cached "
+        "tokens. Two baselines compute every head: *dense* as the official "
+        "MoH code does (every head, the whole masked score square), and the "
+        "*pair kernel at ratio 1.0* (moh-serve's CPU kernel with every head "
+        "selected; it skips causal key blocks, as the head-sparse runs do). "
+        "Target: ratio r costs at most (r + 0.1) of the faster of the two.\n")
+    say("| ratio | prefill dense ms | prefill head-sparse ms | / dense | "
+        "/ pair kernel at 1.0 | target | decode dense ms | decode "
+        "head-sparse ms | / dense | / pair kernel at 1.0 |")
+    say("|---|---|---|---|---|---|---|---|---|---|")
+    pk, _ = m[("BM_AttentionPrefill", 1000, 1)]
+    dk, _ = m[("BM_AttentionDecode", 1000, 1)]
     for r in RATIOS:
         pd, _ = m[("BM_AttentionPrefill", r, 0)]
         ps, _ = m[("BM_AttentionPrefill", r, 1)]
@@ -168,14 +176,15 @@ def main():
         target = ""
         if r in (500, 750):
             limit = r / 1000 + 0.1
-            target = "≤ %.2f %s" % (limit, "met" if ps / pd <= limit else
-                                    "MISSED")
-        say("| %.3f | %.1f | %.1f | %.2f | %s | %.2f | %.2f | %.2f |" %
-            (r / 1000, pd, ps, ps / pd, target, dd, ds, ds / dd))
+            target = "≤ %.2f %s" % (limit, "met" if ps / min(pd, pk) <= limit
+                                    else "MISSED")
+        say("| %.3f | %.1f | %.1f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | "
+            "%.2f |" % (r / 1000, pd, ps, ps / pd, ps / pk, target, dd, ds,
+                        ds / dd, ds / dk))
     say("\n## 2. Whole model: tokens/s at each ratio\n")
     say("A 4-layer MoH-LLaMA (hidden 512, 8 heads, 2 shared, SwiGLU 1376, "
-        "vocabulary 4096); head-sparse execution, and its speed-up over "
-        "computing every head.\n")
+        "vocabulary 4096), 512-token prompt; head-sparse execution, and its "
+        "speed-up over computing every head the official (dense) way.\n")
     say("| ratio | prefill tokens/s | vs every head | decode tokens/s | "
         "vs every head |")
     say("|---|---|---|---|---|")

@@ -118,22 +118,23 @@ at::Tensor HeadRowsOf(const at::Tensor& weight, const std::vector<int64_t>& head
   return parts.size() == 1 ? parts[0] : at::cat(parts, dim);
 }
 
-// Softmax of scores[i, 0..visible[i]) in place; entries beyond become 0.
-void MaskedSoftmax(float* scores, int64_t rows, int64_t cols,
-                   const int64_t* visible) {
+// Softmax of scores[i, 0..visible[i]) into probs[i]; entries beyond are 0.
+void MaskedSoftmax(const float* scores, float* probs, int64_t rows,
+                   int64_t cols, const int64_t* visible) {
   for (int64_t i = 0; i < rows; ++i) {
-    float* s = scores + i * cols;
+    const float* s = scores + i * cols;
+    float* p = probs + i * cols;
     const int64_t n = visible[i];
     float max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) max = std::max(max, s[j]);
     float sum = 0;
     for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - max);
-      sum += s[j];
+      p[j] = std::exp(s[j] - max);
+      sum += p[j];
     }
     const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-    std::fill(s + n, s + cols, 0.0f);
+    for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+    std::fill(p + n, p + cols, 0.0f);
   }
 }
 
@@ -295,13 +296,14 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs& in) {
   for (const WorkItem& item : items) max_keys = std::max(max_keys, item.keys);
   const float scale = static_cast<float>(in.scale);
   ParallelPull(static_cast<int64_t>(items.size()), [&](int64_t index) {
-    thread_local std::vector<float> queries, scores, outputs;
+    thread_local std::vector<float> queries, scores, probs, outputs;
     thread_local std::vector<int64_t> visible;
     const WorkItem& item = items[index];
     const int64_t m = item.queries, len = item.keys;
     queries.resize(m * d);
     outputs.resize(m * d);
     scores.resize(m * len);
+    probs.resize(m * len);
     visible.resize(m);
     // This item's queries, packed [m, D].
     int64_t at = 0;
@@ -322,9 +324,9 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs& in) {
     // Column-major view: scores^T [len, m] = K [len, D] . queries^T.
     Gemm(/*transpose_a=*/true, len, m, d, scale, k, key_ld, queries.data(), d,
          scores.data(), len);
-    MaskedSoftmax(scores.data(), m, len, visible.data());
+    MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
     // outputs^T [D, m] = V^T [D, len] . probs^T [len, m].
-    Gemm(/*transpose_a=*/false, d, m, len, 1.0f, v, value_ld, scores.data(),
+    Gemm(/*transpose_a=*/false, d, m, len, 1.0f, v, value_ld, probs.data(),
          len, outputs.data(), d);
     at = 0;
     for (const Segment& s : item.segments) {

@@ -428,7 +428,12 @@ namespace {
 
 // Head-sparse execution (only selected (token, head) pairs) equals the dense
 // computation of every head, for prefill and decode, mixed ratios, both
-// routers.
+// routers: the CPU pair kernel, the ATen pair path and kAuto (the kernel even
+// where every head is used).
+constexpr AttentionMode kPairModes[] = {AttentionMode::kHeadSparse,
+                                        AttentionMode::kHeadSparseAten,
+                                        AttentionMode::kAuto};
+
 class HeadSparseTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HeadSparseTest, MatchesDenseForPrefillAndDecode) {
@@ -437,10 +442,10 @@ TEST_P(HeadSparseTest, MatchesDenseForPrefillAndDecode) {
   ASSERT_TRUE(model.ok()) << model.status();
   const std::vector<float> ratios = {0.5f, 0.0f, 1.0f, 0.75f};
   const std::vector<int32_t> lengths = {7, 3, 5, 1};
-  std::vector<DecoderOutput> outputs[2];
-  for (int mode = 0; mode < 2; ++mode) {
+  std::vector<DecoderOutput> outputs[4];
+  for (int mode = 0; mode < 4; ++mode) {
     (*model)->set_attention_mode(mode == 0 ? AttentionMode::kDense
-                                           : AttentionMode::kHeadSparse);
+                                           : kPairModes[mode - 1]);
     KvCache cache = (*model)->CreateKvCache(4, 32);
     at::manual_seed(3);
     at::Tensor prompt = at::randint(300, {4, 7}, at::kLong);
@@ -460,18 +465,60 @@ TEST_P(HeadSparseTest, MatchesDenseForPrefillAndDecode) {
       for (int b = 0; b < 4; ++b) start[b] += batch.num_tokens[b];
     }
   }
-  for (size_t step = 0; step < outputs[0].size(); ++step) {
-    const DecoderOutput& dense = outputs[0][step];
-    const DecoderOutput& sparse = outputs[1][step];
-    EXPECT_TRUE(at::equal(dense.head_token_counts, sparse.head_token_counts));
-    for (int b = 0; b < 4; ++b) {
-      const int64_t len = step == 0 ? lengths[b] : 1;
-      at::Tensor d = dense.logits[b].narrow(0, 0, len);
-      at::Tensor s = sparse.logits[b].narrow(0, 0, len);
-      const double scale = std::max(1.0, d.abs().max().item<double>());
-      EXPECT_LE((d - s).abs().max().item<double>(), 1e-4 * scale)
-          << "step " << step << " row " << b;
+  for (int mode = 1; mode < 4; ++mode) {
+    for (size_t step = 0; step < outputs[0].size(); ++step) {
+      const DecoderOutput& dense = outputs[0][step];
+      const DecoderOutput& sparse = outputs[mode][step];
+      EXPECT_TRUE(at::equal(dense.head_token_counts, sparse.head_token_counts));
+      for (int b = 0; b < 4; ++b) {
+        const int64_t len = step == 0 ? lengths[b] : 1;
+        at::Tensor d = dense.logits[b].narrow(0, 0, len);
+        at::Tensor s = sparse.logits[b].narrow(0, 0, len);
+        const double scale = std::max(1.0, d.abs().max().item<double>());
+        EXPECT_LE((d - s).abs().max().item<double>(), 1e-4 * scale)
+            << "mode " << mode << " step " << step << " row " << b;
+      }
     }
+  }
+}
+
+// A long prompt in chunks (several query blocks per head, causal key blocks
+// skipped) next to a decoding row: the pair kernel equals dense.
+TEST(HeadSparseKernelTest, LongChunkedPromptMatchesDense) {
+  auto model = LlamaModel::Load(kFixtures + "/llama_learned",
+                                DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  at::manual_seed(11);
+  at::Tensor prompt = at::randint(300, {2, 150}, at::kLong);
+  std::vector<at::Tensor> logits[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    (*model)->set_attention_mode(mode == 0 ? AttentionMode::kDense
+                                           : AttentionMode::kHeadSparse);
+    KvCache cache = (*model)->CreateKvCache(2, 160);
+    std::vector<int32_t> start = {0, 0};
+    for (int chunk = 0; chunk < 3; ++chunk) {
+      DecoderBatch batch;
+      batch.all_logits = true;
+      // Row 0: the prompt in chunks of 50; row 1: 3 tokens, then one a step.
+      const int32_t row1 = chunk == 0 ? 3 : 1;
+      batch.token_ids = prompt.narrow(1, chunk * 50, 50).clone();
+      batch.num_tokens = {50, row1};
+      batch.slots = {1, 0};
+      batch.start_positions = start;
+      batch.ratios = {0.5f, 0.75f};
+      auto out = (*model)->Forward(batch, cache);
+      ASSERT_TRUE(out.ok()) << out.status();
+      logits[mode].push_back(out->logits);
+      start[0] += 50;
+      start[1] += row1;
+    }
+  }
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    at::Tensor d = logits[0][i], s = logits[1][i];
+    d = at::cat({d[0], d[1].narrow(0, 0, i == 0 ? 3 : 1)});
+    s = at::cat({s[0], s[1].narrow(0, 0, i == 0 ? 3 : 1)});
+    const double scale = std::max(1.0, d.abs().max().item<double>());
+    EXPECT_LE((d - s).abs().max().item<double>(), 1e-4 * scale) << "chunk " << i;
   }
 }
 
@@ -493,13 +540,17 @@ TEST(VitHeadSparseTest, MatchesDenseOnMixedRatios) {
   const std::vector<float> ratios = {0.5f, 0.0f, 1.0f, 0.75f};
   (*model)->set_attention_mode(AttentionMode::kDense);
   auto dense = (*model)->Forward(pixels, ratios);
-  (*model)->set_attention_mode(AttentionMode::kHeadSparse);
-  auto sparse = (*model)->Forward(pixels, ratios);
-  ASSERT_TRUE(dense.ok() && sparse.ok());
-  EXPECT_TRUE(at::equal(dense->head_token_counts, sparse->head_token_counts));
+  ASSERT_TRUE(dense.ok());
   const double scale = std::max(1.0, dense->logits.abs().max().item<double>());
-  EXPECT_LE((dense->logits - sparse->logits).abs().max().item<double>(),
-            1e-4 * scale);
+  for (AttentionMode mode : kPairModes) {
+    (*model)->set_attention_mode(mode);
+    auto sparse = (*model)->Forward(pixels, ratios);
+    ASSERT_TRUE(sparse.ok());
+    EXPECT_TRUE(at::equal(dense->head_token_counts, sparse->head_token_counts));
+    EXPECT_LE((dense->logits - sparse->logits).abs().max().item<double>(),
+              1e-4 * scale)
+        << "mode " << static_cast<int>(mode);
+  }
 }
 
 }  // namespace
