@@ -13,6 +13,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "model/llama_model.h"
@@ -154,9 +155,12 @@ BENCHMARK(BM_ModelDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
 }  // namespace moh
 
 int main(int argc, char** argv) {
-  // MOH_BENCH_THREADS=N pins LibTorch's thread count (default: every core).
+  // MOH_BENCH_THREADS=N pins LibTorch's thread count (default: every core;
+  // nothing else runs beside the benchmark).
   const char* threads = std::getenv("MOH_BENCH_THREADS");
-  moh::ConfigureCpuThreads(threads != nullptr ? std::atoi(threads) : 0);
+  moh::ConfigureCpuThreads(
+      threads != nullptr ? std::atoi(threads)
+                         : static_cast<int>(std::thread::hardware_concurrency()));
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

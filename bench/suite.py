@@ -129,6 +129,9 @@ def main():
     parser.add_argument("--vit_dir")
     parser.add_argument("--quick", action="store_true",
                         help="fewer repetitions (a smoke run, noisier)")
+    parser.add_argument("--sections", default="1,2,3,4",
+                        help="comma-separated sections to run (1-2 share one "
+                        "benchmark run)")
     args = parser.parse_args()
     build = os.path.abspath(args.build)
 
@@ -151,6 +154,19 @@ def main():
                          os.cpu_count(),
                          datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M")))
 
+    sections = set(args.sections.split(","))
+    if sections & {"1", "2"}:
+        model_sections(say, build, quick)
+    if sections & {"3", "4"}:
+        server_sections(say, build, quick, lm_dir, vit_dir, sections)
+
+    text = "\n".join(lines) + "\n"
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+
+
+def model_sections(say, build, quick):
     print("1-2. attention layer and model (moh_attention_bench) ...",
           file=sys.stderr)
     m = attention_tables(build, 0.05 if quick else 0.5, 1 if quick else 3)
@@ -196,76 +212,79 @@ def main():
         say("| %.3f | %.0f | %.2f× | %.0f | %.2f× |" %
             (r / 1000, pt, pd / ps, dt, dd / ds))
 
+
+PROMPT = "Once upon a time"
+
+
+def server_sections(say, build, quick, lm_dir, vit_dir, sections):
     with tempfile.TemporaryDirectory() as workdir:
-        concurrency = 8
-        prompt = "Once upon a time"
-        tokens = 32
-        print("3. serving overhead ...", file=sys.stderr)
         server = Server(build, [("lm", lm_dir), ("vit", vit_dir)], workdir,
                         max_running=32)
         try:
-            rounds = 1 if quick else 3
-            served, local = [], []
-            for _ in range(rounds):
-                local.append(in_process_tokens_per_s(
-                    build, lm_dir, concurrency, 2 if quick else 4, prompt,
-                    tokens))
-                result = bench(build, server, "--rpc=generate", "--model=lm",
-                               "--prompt=" + prompt,
-                               "--max_new_tokens=%d" % tokens,
-                               "--concurrency=%d" % concurrency,
-                               "--requests=%d" % (concurrency *
-                                                  (2 if quick else 4)),
-                               "--warmup_requests=%d" % concurrency)
-                served.append(result["throughput"]["tokens_per_s"])
-            s, l = statistics.median(served), statistics.median(local)
-            say("\n## 3. Serving overhead\n")
-            say("Model `%s`, greedy, prompt \"%s\", %d new tokens, %d "
-                "sequences at a time: moh-server driven by moh-bench (closed "
-                "loop) against moh-generate --batch %d in process; medians of "
-                "%d interleaved rounds. Target: server ≥ 0.9 × in process.\n" %
-                (os.path.relpath(lm_dir, ROOT), prompt, tokens, concurrency,
-                 concurrency, rounds))
-            say("| in process tokens/s | server tokens/s | server / in "
-                "process | target |")
-            say("|---|---|---|---|")
-            say("| %.1f | %.1f | %.2f | ≥ 0.90 %s |" %
-                (l, s, s / l, "met" if s / l >= 0.9 else "MISSED"))
-
-            print("4. batching gain ...", file=sys.stderr)
-            say("\n## 4. Batching gain: throughput at concurrency 32 / 1\n")
-            say("| RPC | requests/s at 1 | requests/s at 32 | gain | target |")
-            say("|---|---|---|---|---|")
-            with open(os.path.join(vit_dir, "config.json")) as f:
-                vit = json.load(f)
-            shape = "%d,%d,%d" % (vit.get("num_channels", 3),
-                                  vit["image_size"], vit["image_size"])
-            cases = [
-                ("Generate", ["--rpc=generate", "--model=lm",
-                              "--prompt=" + prompt, "--max_new_tokens=16"]),
-                ("Classify", ["--rpc=classify", "--model=vit",
-                              "--pixels_shape=" + shape]),
-            ]
-            for name, flags in cases:
-                rates = {}
-                for c in (1, 32):
-                    n = max(c * (2 if quick else 4), 8 if quick else 16)
-                    result = bench(build, server, *flags,
-                                   "--concurrency=%d" % c,
-                                   "--requests=%d" % n,
-                                   "--warmup_requests=%d" % min(c, 8))
-                    rates[c] = result["throughput"]["requests_per_s"]
-                gain = rates[32] / rates[1]
-                say("| %s | %.1f | %.1f | %.1f× | ≥ 5× %s |" %
-                    (name, rates[1], rates[32], gain,
-                     "met" if gain >= 5 else "MISSED"))
+            if "3" in sections:
+                serving_overhead(say, build, server, quick, lm_dir)
+            if "4" in sections:
+                batching_gain(say, build, server, quick, vit_dir)
         finally:
             server.stop()
 
-    text = "\n".join(lines) + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+
+def serving_overhead(say, build, server, quick, lm_dir):
+    print("3. serving overhead ...", file=sys.stderr)
+    concurrency, tokens = 8, 32
+    rounds = 1 if quick else 3
+    served, local = [], []
+    for _ in range(rounds):
+        local.append(in_process_tokens_per_s(
+            build, lm_dir, concurrency, 2 if quick else 4, PROMPT, tokens))
+        result = bench(build, server, "--rpc=generate", "--model=lm",
+                       "--prompt=" + PROMPT, "--max_new_tokens=%d" % tokens,
+                       "--concurrency=%d" % concurrency,
+                       "--requests=%d" % (concurrency * (2 if quick else 4)),
+                       "--warmup_requests=%d" % concurrency)
+        served.append(result["throughput"]["tokens_per_s"])
+    s, l = statistics.median(served), statistics.median(local)
+    say("\n## 3. Serving overhead\n")
+    say("Model `%s`, greedy, prompt \"%s\", %d new tokens, %d sequences at a "
+        "time: moh-server driven by moh-bench (closed loop) against "
+        "moh-generate --batch %d in process; medians of %d interleaved "
+        "rounds. Target: server ≥ 0.9 × in process.\n" %
+        (os.path.relpath(lm_dir, ROOT), PROMPT, tokens, concurrency,
+         concurrency, rounds))
+    say("| in process tokens/s | server tokens/s | server / in process | "
+        "target |")
+    say("|---|---|---|---|")
+    say("| %.1f | %.1f | %.2f | ≥ 0.90 %s |" %
+        (l, s, s / l, "met" if s / l >= 0.9 else "MISSED"))
+
+
+def batching_gain(say, build, server, quick, vit_dir):
+    print("4. batching gain ...", file=sys.stderr)
+    say("\n## 4. Batching gain: throughput at concurrency 32 / 1\n")
+    say("| RPC | requests/s at 1 | requests/s at 32 | gain | target |")
+    say("|---|---|---|---|---|")
+    with open(os.path.join(vit_dir, "config.json")) as f:
+        vit = json.load(f)
+    shape = "%d,%d,%d" % (vit.get("num_channels", 3), vit["image_size"],
+                          vit["image_size"])
+    cases = [
+        ("Generate", ["--rpc=generate", "--model=lm", "--prompt=" + PROMPT,
+                      "--max_new_tokens=16"]),
+        ("Classify", ["--rpc=classify", "--model=vit",
+                      "--pixels_shape=" + shape]),
+    ]
+    for name, flags in cases:
+        rates = {}
+        for c in (1, 32):
+            n = max(c * (2 if quick else 4), 8 if quick else 16)
+            result = bench(build, server, *flags, "--concurrency=%d" % c,
+                           "--requests=%d" % n,
+                           "--warmup_requests=%d" % min(c, 8))
+            rates[c] = result["throughput"]["requests_per_s"]
+        gain = rates[32] / rates[1]
+        say("| %s | %.1f | %.1f | %.1f× | ≥ 5× %s |" %
+            (name, rates[1], rates[32], gain,
+             "met" if gain >= 5 else "MISSED"))
 
 
 if __name__ == "__main__":

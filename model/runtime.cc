@@ -86,9 +86,11 @@ int OpenBlasParallelism() {
 
 void ConfigureCpuThreads(int num_threads) {
   if (num_threads <= 0) {
-    num_threads = OpenBlasParallelism() == 2
-                      ? std::max(1u, std::thread::hardware_concurrency())
-                      : 1;
+    // Every core but one, which stays free for the gRPC, tokenizer and
+    // metrics threads: an OpenMP thread that loses its core to them stalls
+    // every parallel region (its partner spins at the barrier).
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    num_threads = OpenBlasParallelism() == 2 ? std::max(1, cores - 1) : 1;
   }
   at::set_num_threads(num_threads);
 }

@@ -27,12 +27,15 @@ absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
 absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
     const DeviceOptions& options);
 
-// Sets LibTorch's intra-op (OpenMP) thread count; <= 0 means the default:
-// every core when OpenBLAS is its OpenMP build (LibTorch and OpenBLAS then
-// share one pool, and a matrix product inside at::parallel_for runs on its
-// caller's thread), 1 otherwise. With OpenBLAS's pthreads build two pools of
-// spinning threads oversubscribe the cores: on the 2-core CI machine that made
-// batched decode 5-50x slower, so there OpenBLAS alone threads the products.
+// Sets LibTorch's intra-op (OpenMP) thread count; <= 0 means the default.
+// With OpenBLAS's OpenMP build, LibTorch and OpenBLAS share one pool and a
+// matrix product inside at::parallel_for runs on its caller's thread; the
+// default is then every core but one (left to the gRPC, tokenizer and metrics
+// threads: an OpenMP thread that loses its core stalls each parallel region
+// while its partner spins at the barrier). With the pthreads build, two pools
+// of spinning threads oversubscribe the cores (on the 2-core CI machine that
+// made batched decode 5-50x slower), so the default is 1 and OpenBLAS alone
+// threads the products.
 void ConfigureCpuThreads(int num_threads);
 
 // One line for logs: intra-op threads and the BLAS threading in use.
