@@ -142,9 +142,7 @@ void BM_AttentionPrefill(benchmark::State& s) {
   Prefill(s, kLayerShape, kLayerPrompt);
 }
 void BM_AttentionDecode(benchmark::State& s) { Decode(s, kLayerShape); }
-void BM_ModelPrefill(benchmark::State& s) {
-  Prefill(s, kModelShape, kPrompt);
-}
+void BM_ModelPrefill(benchmark::State& s) { Prefill(s, kModelShape, kPrompt); }
 void BM_ModelDecode(benchmark::State& s) { Decode(s, kModelShape); }
 BENCHMARK(BM_AttentionPrefill) MOH_RATIOS->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
@@ -159,8 +157,9 @@ int main(int argc, char** argv) {
   // nothing else runs beside the benchmark).
   const char* threads = std::getenv("MOH_BENCH_THREADS");
   moh::ConfigureCpuThreads(
-      threads != nullptr ? std::atoi(threads)
-                         : static_cast<int>(std::thread::hardware_concurrency()));
+      threads != nullptr
+          ? std::atoi(threads)
+          : static_cast<int>(std::thread::hardware_concurrency()));
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

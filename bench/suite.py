@@ -45,24 +45,23 @@ def run(cmd, **kwargs):
                           **kwargs)
 
 
-def attention_tables(build, min_time, repetitions):
-    """Medians of moh_attention_bench, keyed by (benchmark, ratio, sparse)."""
-    out = run([os.path.join(build, "bench", "moh_attention_bench"),
-               "--benchmark_format=json",
-               "--benchmark_min_time=%g" % min_time,
-               "--benchmark_repetitions=%d" % repetitions] +
-              (["--benchmark_report_aggregates_only=true"]
-               if repetitions > 1 else [])).stdout
-    medians = {}
-    for b in json.loads(out)["benchmarks"]:
-        # With repetitions, keep the medians; a single run has no aggregates.
-        if b.get("aggregate_name", "median") != "median":
-            continue
-        # e.g. BM_AttentionPrefill/ratio:500/sparse:1
-        name, ratio, sparse = b["run_name"].split("/")
-        medians[(name, int(ratio.split(":")[1]), int(sparse.split(":")[1]))] = (
-            b["real_time"], b.get("tokens/s"))
-    return medians
+def attention_tables(build, min_time, rounds):
+    """Medians over `rounds` whole runs of moh_attention_bench (so every
+    configuration is measured in each round, interleaved in time), keyed by
+    (benchmark, ratio, sparse): (real time ms, tokens/s)."""
+    runs = {}
+    for _ in range(rounds):
+        out = run([os.path.join(build, "bench", "moh_attention_bench"),
+                   "--benchmark_format=json",
+                   "--benchmark_min_time=%g" % min_time]).stdout
+        for b in json.loads(out)["benchmarks"]:
+            # e.g. BM_AttentionPrefill/ratio:500/sparse:1
+            name, ratio, sparse = b["run_name"].split("/")
+            key = (name, int(ratio.split(":")[1]), int(sparse.split(":")[1]))
+            runs.setdefault(key, []).append((b["real_time"], b.get("tokens/s")))
+    return {key: (statistics.median(t for t, _ in values),
+                  statistics.median(r for _, r in values))
+            for key, values in runs.items()}
 
 
 class Server:
@@ -169,7 +168,8 @@ def main():
 def model_sections(say, build, quick):
     print("1-2. attention layer and model (moh_attention_bench) ...",
           file=sys.stderr)
-    m = attention_tables(build, 0.05 if quick else 0.5, 1 if quick else 3)
+    rounds = 1 if quick else 5
+    m = attention_tables(build, 0.05 if quick else 0.3, rounds)
     say("## 1. Attention layer: head-sparse time / every head computed\n")
     say("One attention-heavy layer (hidden 1024, 16 heads, 4 KV heads, 4 "
         "shared), 2048-token prompt; decode: 16 sequences over 512 cached "
@@ -177,7 +177,9 @@ def model_sections(say, build, quick):
         "MoH code does (every head, the whole masked score square), and the "
         "*pair kernel at ratio 1.0* (moh-serve's CPU kernel with every head "
         "selected; it skips causal key blocks, as the head-sparse runs do). "
-        "Target: ratio r costs at most (r + 0.1) of the faster of the two.\n")
+        "Medians of %d rounds, each running every configuration. Target: "
+        "ratio r costs at most (r + 0.1) of the faster of the two.\n" %
+        rounds)
     say("| ratio | prefill dense ms | prefill head-sparse ms | / dense | "
         "/ pair kernel at 1.0 | target | decode dense ms | decode "
         "head-sparse ms | / dense | / pair kernel at 1.0 |")

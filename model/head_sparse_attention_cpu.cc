@@ -61,19 +61,16 @@ constexpr int64_t kMinParallelWork = 1 << 20;
 // `work` (multiply-adds in all) is too small to share.
 template <typename Fn>
 void ParallelPull(int64_t count, int64_t work, const Fn &fn) {
-  if (count == 0)
-    return;
+  if (count == 0) return;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
   if (threads < 2 || work < kMinParallelWork) {
-    for (int64_t i = 0; i < count; ++i)
-      fn(i);
+    for (int64_t i = 0; i < count; ++i) fn(i);
     return;
   }
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      for (int64_t i = next++; i < count; i = next++)
-        fn(i);
+      for (int64_t i = next++; i < count; i = next++) fn(i);
     }
   });
 }
@@ -95,7 +92,7 @@ struct Segment {
 // Up to kQueryBlock queries of one row that read one KV head.
 struct WorkItem {
   int64_t row, kv_head;
-  int64_t keys; // keys [0, keys) cover every query of the item
+  int64_t keys;  // keys [0, keys) cover every query of the item
   std::vector<Segment> segments;
   int64_t queries = 0;
 };
@@ -107,8 +104,8 @@ std::vector<int64_t> ToVector(const at::Tensor &t) {
 }
 
 // Contiguous [first, last] ranges of sorted `heads`, as (first, count).
-std::vector<std::pair<int64_t, int64_t>>
-Runs(const std::vector<int64_t> &heads) {
+std::vector<std::pair<int64_t, int64_t>> Runs(
+    const std::vector<int64_t> &heads) {
   std::vector<std::pair<int64_t, int64_t>> runs;
   for (int64_t h : heads) {
     if (!runs.empty() && runs.back().first + runs.back().second == h) {
@@ -141,21 +138,19 @@ void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
     float *p = probs + i * cols;
     const int64_t n = visible[i];
     float max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j)
-      max = std::max(max, s[j]);
+    for (int64_t j = 0; j < n; ++j) max = std::max(max, s[j]);
     float sum = 0;
     for (int64_t j = 0; j < n; ++j) {
       p[j] = std::exp(s[j] - max);
       sum += p[j];
     }
     const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j)
-      p[j] *= inv;
+    for (int64_t j = 0; j < n; ++j) p[j] *= inv;
     std::fill(p + n, p + cols, 0.0f);
   }
 }
 
-} // namespace
+}  // namespace
 
 at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const int64_t n = in.x.size(0);
@@ -184,19 +179,16 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
         any = true;
       }
     }
-    if (any)
-      active.push_back(t);
+    if (any) active.push_back(t);
   }
   at::Tensor out = at::zeros({n, in.o_weight.size(0)}, in.x.options());
   if (active.empty()) {
-    if (in.o_bias.defined())
-      out += in.o_bias;
+    if (in.o_bias.defined()) out += in.o_bias;
     return out;
   }
   std::vector<int64_t> full, routed;
   for (int64_t h = 0; h < heads; ++h) {
-    if (head_tokens[h].empty())
-      continue;
+    if (head_tokens[h].empty()) continue;
     (head_tokens[h].size() == active.size() ? full : routed).push_back(h);
   }
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
@@ -280,8 +272,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
       WorkItem item{b, kv, 0, {}, 0};
       for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
         const HeadRows &r = rows_of[h];
-        if (r.count == 0)
-          continue;
+        if (r.count == 0) continue;
         const int64_t *begin = std::lower_bound(
             r.tokens, r.tokens + r.count, b,
             [&](int64_t t, int64_t row) { return token_row[t] < row; });
@@ -302,8 +293,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
           }
         }
       }
-      if (item.queries > 0)
-        items.push_back(std::move(item));
+      if (item.queries > 0) items.push_back(std::move(item));
     }
   }
   std::sort(items.begin(), items.end(),
@@ -317,8 +307,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const int64_t key_ld = in.key_cache.stride(1);
   const int64_t value_ld = in.value_cache.stride(1);
   int64_t max_keys = 0;
-  for (const WorkItem &item : items)
-    max_keys = std::max(max_keys, item.keys);
+  for (const WorkItem &item : items) max_keys = std::max(max_keys, item.keys);
   const float scale = static_cast<float>(in.scale);
   int64_t attention_work = 0;
   for (const WorkItem &item : items) {
@@ -373,8 +362,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
     const int64_t f = static_cast<int64_t>(full.size());
     at::Tensor g =
         gates.index_select(1, at::from_blob(full.data(), {f}, longs));
-    if (!all_active)
-      g = g.index_select(0, active_index);
+    if (!all_active) g = g.index_select(0, active_index);
     at::Tensor a = (q_full.view({num_active, f, d}) * g.unsqueeze(2))
                        .view({num_active, f * d});
     at::Tensor y = at::linear(a, HeadRowsOf(in.o_weight, full, d, 1));
@@ -387,7 +375,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   // Routed heads: each thread owns a block of output columns, so their
   // scatter-adds into `out` never overlap.
   if (num_pairs > 0) {
-    std::vector<int64_t> pair_flat(num_pairs); // token * H + head
+    std::vector<int64_t> pair_flat(num_pairs);  // token * H + head
     for (int64_t h : routed) {
       for (int64_t i = 0; i < rows_of[h].count; ++i) {
         pair_flat[first_pair[h] + i] = rows_of[h].tokens[i] * heads + h;
@@ -403,8 +391,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
     ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
       const int64_t c0 = block * width;
       const int64_t cols = std::min(width, out_cols - c0);
-      if (cols <= 0)
-        return;
+      if (cols <= 0) return;
       at::Tensor out_cols_view = out.narrow(1, c0, cols);
       for (int64_t h : routed) {
         const int64_t count = static_cast<int64_t>(head_tokens[h].size());
@@ -415,9 +402,8 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
       }
     });
   }
-  if (in.o_bias.defined())
-    out += in.o_bias;
+  if (in.o_bias.defined()) out += in.o_bias;
   return out;
 }
 
-} // namespace moh
+}  // namespace moh

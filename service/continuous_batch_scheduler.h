@@ -51,9 +51,9 @@ struct GenerationSummary {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   double effective_ratio = 1.0;  // used (token, head) pairs / all pairs
-  float applied_ratio = 0.0f;    // the ratio it ran at (after adaptive lowering;
-                                 // 0 = the model's default)
-  int64_t routed_tokens = 0;     // tokens processed (each once per layer)
+  float applied_ratio = 0.0f;  // the ratio it ran at (after adaptive lowering;
+                               // 0 = the model's default)
+  int64_t routed_tokens = 0;   // tokens processed (each once per layer)
   std::vector<int64_t> head_tokens;  // [num_layers * num_heads], row-major
 };
 
@@ -74,10 +74,11 @@ class GenerationObserver {
 class ContinuousBatchScheduler {
  public:
   struct Options {
-    std::string model_name;              // for logs and thread names
-    int32_t max_running = 16;            // KV-cache slots
-    int32_t max_seq_len = 0;             // prompt + output per sequence; 0 = model max
-    int32_t max_queued_requests = 256;   // waiting jobs before RESOURCE_EXHAUSTED
+    std::string model_name;    // for logs and thread names
+    int32_t max_running = 16;  // KV-cache slots
+    int32_t max_seq_len = 0;   // prompt + output per sequence; 0 = model max
+    // Waiting jobs before RESOURCE_EXHAUSTED.
+    int32_t max_queued_requests = 256;
     int32_t prefill_token_budget = 512;  // prompt tokens per step, >= 1
     int32_t adaptive_queue_depth = 0;    // 0 = adaptive activation off
   };
@@ -92,8 +93,8 @@ class ContinuousBatchScheduler {
 
   // Validates `job` (INVALID_ARGUMENT naming the field and allowed range:
   // prompt length, token ids, prompt + max_new_tokens <= max_seq_len, sampling
-  // params, ratio, min_ratio <= ratio), then queues it and returns its id. Never
-  // blocks. RESOURCE_EXHAUSTED when max_queued_requests jobs are waiting;
+  // params, ratio, min_ratio <= ratio), then queues it and returns its id.
+  // Never blocks. RESOURCE_EXHAUSTED when max_queued_requests jobs are waiting;
   // UNAVAILABLE after StopAccepting(). Only on OK does the observer get called.
   absl::StatusOr<uint64_t> Submit(GenerationJob job,
                                   std::shared_ptr<GenerationObserver> observer);

@@ -42,10 +42,9 @@ ABSL_FLAG(std::string, dtype, "",
           "auto, float32, bfloat16 or float16 (default auto)");
 ABSL_FLAG(double, drain_timeout, 0,
           "Seconds in-flight requests may run after SIGTERM (default 30)");
-ABSL_FLAG(
-    int32_t, threads, 0,
-    "LibTorch intra-op threads (0 = the default: every core but one with "
-    "OpenBLAS's OpenMP build, else 1; see model/runtime.h)");
+ABSL_FLAG(int32_t, threads, 0,
+          "LibTorch intra-op threads (0 = the default: every core but one with "
+          "OpenBLAS's OpenMP build, else 1; see model/runtime.h)");
 ABSL_FLAG(std::string, demo_dir, MOH_DEFAULT_DEMO_DIR,
           "Where the demo models live (used when no model is configured)");
 ABSL_FLAG(bool, verbose, false, "Log every request (debug level)");

@@ -18,7 +18,8 @@ void Chunk(std::string& png, const char* type, const std::string& data) {
   Put32(png, data.size());
   std::string body = std::string(type, 4) + data;
   png += body;
-  Put32(png, crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size()));
+  Put32(png,
+        crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size()));
 }
 
 // An 8-bit RGB PNG whose pixel (x, y) is (r(x, y), g(x, y), b(x, y)).
@@ -51,8 +52,8 @@ std::string Png(int width, int height, int (*r)(int, int), int (*g)(int, int),
 
 TEST(ImageDecoderTest, DecodesPngAtModelSize) {
   const std::string png = Png(
-      4, 4, [](int x, int) { return x * 64; }, [](int, int y) { return y * 64; },
-      [](int, int) { return 255; });
+      4, 4, [](int x, int) { return x * 64; },
+      [](int, int y) { return y * 64; }, [](int, int) { return 255; });
   auto image = DecodeImage(png, 3, 4);
   ASSERT_TRUE(image.ok()) << image.status();
   ASSERT_EQ(image->sizes(), (std::vector<int64_t>{3, 4, 4}));

@@ -518,7 +518,8 @@ TEST(HeadSparseKernelTest, LongChunkedPromptMatchesDense) {
     d = at::cat({d[0], d[1].narrow(0, 0, i == 0 ? 3 : 1)});
     s = at::cat({s[0], s[1].narrow(0, 0, i == 0 ? 3 : 1)});
     const double scale = std::max(1.0, d.abs().max().item<double>());
-    EXPECT_LE((d - s).abs().max().item<double>(), 1e-4 * scale) << "chunk " << i;
+    EXPECT_LE((d - s).abs().max().item<double>(), 1e-4 * scale)
+        << "chunk " << i;
   }
 }
 
