@@ -20,11 +20,11 @@ PACKAGES=(
   prometheus curl zlib1g-dev
 )
 RUNTIME_PACKAGES=(
-  libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32
+  libopenblas0-openmp libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libpcre2-8-0 libstb0
 )
 case "${1:-}" in
-  --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13 libopenblas0-openmp) ;;
+  --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13) ;;
   --runtime-no-torch) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
   "") ;;
   *) echo "usage: $0 [--runtime | --runtime-no-torch]" >&2; exit 2 ;;
