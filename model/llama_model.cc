@@ -223,16 +223,6 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     kv_len = std::max<int64_t>(
         kv_len, int64_t{batch.start_positions[b]} + batch.num_tokens[b]);
   }
-  // Key j is visible to query (b, t) iff j <= position(b, t) and j < end(b).
-  at::Tensor j = at::arange(kv_len, t.options());
-  at::Tensor visible =
-      (j.view({1, 1, kv_len}) <= positions.unsqueeze(2)) &
-      (j.view({1, 1, kv_len}) < (start + count).view({rows, 1, 1}));
-  at::Tensor attention_mask =
-      at::zeros({rows, width, kv_len}, options_.dtype(at::kFloat))
-          .masked_fill_(visible.logical_not(),
-                        -std::numeric_limits<float>::infinity());
-
   // Where the valid tokens go in the cache: (slot, position) pairs.
   at::Tensor flat_valid = valid.flatten().nonzero().squeeze(1);
   at::Tensor slots = HostLongs(batch.slots).to(device);
@@ -243,8 +233,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
                      .index_select(0, flat_valid),
                  positions.flatten().index_select(0, flat_valid), flat_valid});
 
-  const Step step{batch, valid,       positions,     start + count,
-                  slots, cache_index, attention_mask};
+  const Step step{batch, valid,       positions, start + count,
+                  slots, cache_index, kv_len,    {}};
   DecoderOutput out;
   std::vector<at::Tensor> counts;
   at::Tensor h = at::embedding(embed_tokens_, ids);  // [B, T, C]
@@ -281,6 +271,23 @@ at::Tensor LlamaModel::Rotate(const at::Tensor& x,
                        .view(shape)
                        .to(x.scalar_type());
   return x * cos + RotateHalf(x) * sin;
+}
+
+const at::Tensor& LlamaModel::AttentionMask(const Step& step) const {
+  if (!step.attention_mask.defined()) {
+    // Key j is visible to query (b, t) iff j <= position(b, t), j < end(b).
+    const int64_t rows = step.positions.size(0);
+    const int64_t width = step.positions.size(1);
+    at::Tensor j = at::arange(step.kv_len, step.positions.options())
+                       .view({1, 1, step.kv_len});
+    at::Tensor visible = (j <= step.positions.unsqueeze(2)) &
+                         (j < step.row_len.view({rows, 1, 1}));
+    step.attention_mask =
+        at::zeros({rows, width, step.kv_len}, options_.dtype(at::kFloat))
+            .masked_fill_(visible.logical_not(),
+                          -std::numeric_limits<float>::infinity());
+  }
+  return step.attention_mask;
 }
 
 at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
@@ -347,7 +354,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
         .view({rows, width, -1});
   }
 
-  const int64_t kv_len = step.attention_mask.size(2);
+  const int64_t kv_len = step.kv_len;
   at::Tensor keys = key_cache.narrow(1, 0, kv_len)
                         .index_select(0, step.slots)
                         .permute({0, 2, 1, 3});  // [B, KV, L, D]
@@ -360,7 +367,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
       q.permute({0, 2, 1, 3}).reshape({rows, kv_heads, group * width, d});
   at::Tensor scores = at::matmul(queries, keys.transpose(2, 3)) * scale;
   scores = scores.view({rows, kv_heads, group, width, kv_len}).to(at::kFloat) +
-           step.attention_mask.view({rows, 1, 1, width, kv_len});
+           AttentionMask(step).view({rows, 1, 1, width, kv_len});
   at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
   at::Tensor attn =
       at::matmul(probs.view({rows, kv_heads, group * width, kv_len}), values)

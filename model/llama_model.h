@@ -99,8 +99,12 @@ class LlamaModel {
     at::Tensor row_len;      // [B] int64: keys in each row after this step
     at::Tensor slots;        // [B] int64
     at::Tensor cache_index;  // [3, M]: slot, position, flat token of valid ones
-    at::Tensor attention_mask;  // [B, T, L] float, 0 or -inf (dense path)
+    int64_t kv_len;          // keys the longest row reads
+    // [B, T, kv_len] float, 0 or -inf: built by the first layer that runs
+    // the dense path (the pair paths mask by position themselves).
+    mutable at::Tensor attention_mask;
   };
+  const at::Tensor& AttentionMask(const Step& step) const;
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
                        const at::Tensor& x, const Step& step, KvCache& cache,
