@@ -223,9 +223,8 @@ def server_sections(say, build, quick, lm_dir, vit_dir, sections):
         models = [("lm", lm_dir), ("vit", vit_dir)]
         if "3" in sections:
             bench_lm = os.path.join(workdir, "bench-lm")
-            run(["/usr/bin/python3" if os.path.exists("/usr/bin/python3")
-                 else sys.executable,
-                 os.path.join(ROOT, "bench", "make_bench_lm.py"),
+            run([sys.executable, os.path.join(ROOT, "bench",
+                                              "make_bench_lm.py"),
                  "--out=" + bench_lm, "--demo_dir=" + lm_dir])
             models.append(("bench-lm", bench_lm))
         server = Server(build, models, workdir, max_running=32)

@@ -196,15 +196,15 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const bool all_active = num_active == n;
   at::Tensor active_index = at::from_blob(active.data(), {num_active}, longs);
   at::Tensor active_pos = in.token_pos.index_select(0, active_index);
+  const int64_t f = static_cast<int64_t>(full.size());
+  at::Tensor full_index = at::from_blob(full.data(), {f}, longs);
 
   // Queries. Full heads: one product over the active tokens, [A, F * D].
   std::vector<HeadRows> rows_of(heads);
   at::Tensor q_full;
   if (!full.empty()) {
-    const int64_t f = static_cast<int64_t>(full.size());
     if (in.q_full.defined()) {
-      at::Tensor q =
-          in.q_full.index_select(1, at::from_blob(full.data(), {f}, longs));
+      at::Tensor q = in.q_full.index_select(1, full_index);
       q_full = all_active ? q : q.index_select(0, active_index);
     } else {
       at::Tensor x = all_active ? in.x : in.x.index_select(0, active_index);
@@ -359,9 +359,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
 
   // Output projection, weighted by the gates. Full heads: one product.
   if (!full.empty()) {
-    const int64_t f = static_cast<int64_t>(full.size());
-    at::Tensor g =
-        gates.index_select(1, at::from_blob(full.data(), {f}, longs));
+    at::Tensor g = gates.index_select(1, full_index);
     if (!all_active) g = g.index_select(0, active_index);
     at::Tensor a = (q_full.view({num_active, f, d}) * g.unsqueeze(2))
                        .view({num_active, f * d});
