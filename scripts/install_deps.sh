@@ -2,11 +2,16 @@
 # Installs every Debian 12 package moh-serve needs to build, test and run.
 # Idempotent: packages already present are skipped; apt is touched only when
 # something is missing. Must run as root (or with sudo available).
+#   (no option)          the default build: Debian's LibTorch 1.13 (CPU)
+#   --torch=wheel        also the second build's LibTorch: the PyPI torch wheel
+#                        (2.x with CUDA, version pinned in torch_wheel.env) in
+#                        the virtual environment $MOH_TORCH_VENV
 #   --runtime            only the shared libraries moh-server/moh-client need
 #                        (the container image's runtime stage)
 #   --runtime-no-torch   the same without Debian's LibTorch (CUDA images bring
-#                        their own)
+#                        the wheel's)
 set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -23,11 +28,16 @@ RUNTIME_PACKAGES=(
   libopenblas0-openmp libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libpcre2-8-0 libstb0
 )
+torch_wheel=0
 case "${1:-}" in
+  --torch=wheel) torch_wheel=1; PACKAGES+=(python3-venv) ;;
+  --torch=debian | "") ;;
   --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13) ;;
   --runtime-no-torch) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
-  "") ;;
-  *) echo "usage: $0 [--runtime | --runtime-no-torch]" >&2; exit 2 ;;
+  *)
+    echo "usage: $0 [--torch=debian | --torch=wheel | --runtime | --runtime-no-torch]" >&2
+    exit 2
+    ;;
 esac
 
 missing=()
@@ -39,12 +49,26 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-echo "install_deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ "$torch_wheel" = 1 ]; then
+  # shellcheck source=torch_wheel.env
+  . "$here/torch_wheel.env"
+  py="$MOH_TORCH_VENV/bin/python"
+  if [ -x "$py" ] && [ "$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null)" = \
+      "$MOH_TORCH_WHEEL_VERSION" ]; then
+    echo "install_deps: torch $MOH_TORCH_WHEEL_VERSION present in $MOH_TORCH_VENV"
+  else
+    echo "install_deps: installing torch==$MOH_TORCH_WHEEL_VERSION (PyPI, CUDA) into $MOH_TORCH_VENV"
+    /usr/bin/python3 -m venv "$MOH_TORCH_VENV"
+    "$MOH_TORCH_VENV/bin/pip" install -q --disable-pip-version-check \
+      "torch==$MOH_TORCH_WHEEL_VERSION"
+  fi
+fi

@@ -1,7 +1,44 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, and runs every test.
+# The test command: installs what is missing, builds, and runs every test on
+# both LibTorch builds, 
+#   1. Debian's LibTorch 1.13 (CPU), in build/.
+#   2. The PyPI torch wheel's LibTorch 2.x (CUDA), in build-cuda/: every target,
+#      a check that moh-server links libtorch_cuda, and the whole suite again
+#      (the CUDA build runs on CPU too; tests labelled `gpu` run on a GPU when
+#      one is present and report themselves skipped otherwise). Needs the CUDA
+#      toolkit (nvcc in $CUDA_HOME, default /usr/local/cuda).
+# MOH_TEST_WHEEL: 1 runs step 2, 0 skips it, auto (the default) runs it when
+# the CUDA toolkit is there and says why when not. Under CI (CI=true) auto
+# means 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=torch_wheel.env
+. scripts/torch_wheel.env
+
+ctest_build() {
+  ctest --test-dir "$1" --output-on-failure -j2 --timeout 900
+}
+
+want() {  # want VALUE PREREQUISITE_OK : decides auto
+  case "$1" in
+    1) return 0 ;;
+    0) return 1 ;;
+    *) [ "${CI:-}" = true ] || [ "$2" = 1 ] ;;
+  esac
+}
+
 bash scripts/install_deps.sh
 bash scripts/build.sh
-ctest --test-dir build --output-on-failure -j2 --timeout 900
+ctest_build build
+
+have_nvcc=0
+[ -x "$MOH_CUDA_HOME/bin/nvcc" ] && have_nvcc=1
+if want "${MOH_TEST_WHEEL:-auto}" "$have_nvcc"; then
+  bash scripts/install_deps.sh --torch=wheel
+  bash scripts/build.sh --torch=wheel
+  ctest_build build-cuda
+else
+  echo "test.sh: skipping the LibTorch ${MOH_TORCH_WHEEL_VERSION} CUDA build:" \
+    "no nvcc in $MOH_CUDA_HOME/bin (set CUDA_HOME, or MOH_TEST_WHEEL=0 to silence)"
+fi
+

@@ -11,15 +11,18 @@
 #include <signal.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "model/device_context.h"
 #include "model/runtime.h"
 #include "prometheus/exposer.h"
 #include "service/inference_service.h"
@@ -113,10 +116,21 @@ int Run() {
   }
   if (config->log_requests()) SetLogLevel(LogLevel::kDebug);
   ConfigureCpuThreads(config->threads());
+  MOH_LOG(Info) << LibTorchBuildSummary();
   MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();
 
   auto registry = std::make_shared<prometheus::Registry>();
   Metrics metrics(registry);
+  if (CudaBuild()) {
+    metrics.SetGpuMemoryReader([] {
+      std::map<std::string, double> bytes;
+      for (const GpuMemoryStats& gpu : GpuMemory()) {
+        bytes[absl::StrCat("cuda:", gpu.device)] =
+            static_cast<double>(gpu.allocated_bytes);
+      }
+      return bytes;
+    });
+  }
   std::unique_ptr<prometheus::Exposer> exposer;
   if (config->metrics_port() > 0) {
     const std::string address =
@@ -202,6 +216,11 @@ int main(int argc, char** argv) {
       "Serves Mixture-of-Head models over gRPC.\n"
       "  moh-server [--model_dir=DIR | --config=FILE] [--port=50051] "
       "[--metrics_port=9464]");
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] {
+    return absl::StrCat("moh-server\n", moh::LibTorchBuildSummary(), "\n");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   return moh::Run();
 }

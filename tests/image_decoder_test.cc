@@ -75,7 +75,7 @@ TEST(ImageDecoderTest, ResizesAndConvertsToGrey) {
 TEST(ImageDecoderTest, RejectsBadInputNamingTheField) {
   for (const std::string& bytes :
        {std::string(), std::string("not an image"),
-        std::string("\x89PNG\r\n\x1a\n", 8) + "truncated"}) {
+        std::string("\x89PNG\r\n\x1a\ntruncated", 17)}) {
     auto image = DecodeImage(bytes, 3, 16);
     ASSERT_FALSE(image.ok());
     EXPECT_EQ(image.status().code(), absl::StatusCode::kInvalidArgument);

@@ -1,0 +1,76 @@
+// What a model needs from its device beyond tensors: on CUDA, a current device
+// and a stream of its own for the thread doing the model's work, host buffers
+// that copy to the device without a sync, and the caching allocator's memory
+// figures. One interface, two implementations: device_context_cuda.cc when
+// the LibTorch in use has CUDA (the PyPI wheel's), device_context_cpu.cc
+// otherwise (Debian's), where every call is a cheap no-op.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moh {
+
+// "LibTorch 2.12.1 (CUDA 13.0 build, 1 GPU visible)" or
+// "LibTorch 1.13.0 (CPU build)": for logs and --version.
+std::string LibTorchBuildSummary();
+
+// Whether this binary was built against a CUDA LibTorch.
+bool CudaBuild();
+
+// Caching-allocator memory of one CUDA device, in bytes.
+struct GpuMemoryStats {
+  int device = 0;
+  int64_t allocated_bytes = 0;  // held by live tensors
+  int64_t reserved_bytes = 0;   // held by the caching allocator (>= allocated)
+};
+
+// One entry per visible CUDA device (empty on CPU builds or without GPUs).
+// Reads counters only: no sync, no allocation on the device.
+std::vector<GpuMemoryStats> GpuMemory();
+
+// A model's device context. On CUDA: the model's device and a stream taken
+// from LibTorch's pool when the context is made; Enter() makes both current
+// on the calling thread until the returned scope ends, so the kernels of
+// different models (and of the model and other threads) do not serialize on
+// the default stream. On CPU: nothing. Thread-compatible: one Enter() per
+// thread at a time; the context outlives its scopes.
+class DeviceContext {
+ public:
+  class Scope {
+   public:
+    virtual ~Scope() = default;
+  };
+
+  explicit DeviceContext(at::Device device);
+  ~DeviceContext();
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  const at::Device& device() const { return device_; }
+  std::unique_ptr<Scope> Enter() const;
+
+  // Copies a host tensor to the device without blocking the host: through a
+  // pinned staging buffer on CUDA (reused while large enough; the copy is
+  // ordered on the model's stream before any later kernel of it), a plain
+  // (cheap) conversion on CPU. Call inside a scope. `host` must stay unchanged
+  // until the copy has run; the staging buffer is not reused before the
+  // stream has consumed it.
+  at::Tensor Upload(const at::Tensor& host) const;
+
+  // Copies `device_tensor` to host memory (pinned on CUDA) asynchronously and
+  // waits once for the model's stream: the one sync a step needs to read
+  // results on the host.
+  at::Tensor Download(const at::Tensor& device_tensor) const;
+
+ private:
+  struct Impl;
+  at::Device device_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moh
