@@ -33,6 +33,10 @@ struct GpuMemoryStats {
 // Reads counters only: no sync, no allocation on the device.
 std::vector<GpuMemoryStats> GpuMemory();
 
+// Total memory of `device` in bytes when it is a CUDA device; -1 otherwise
+// (host memory is the operating system's to account).
+int64_t DeviceMemoryCapacity(const at::Device& device);
+
 // A model's device context. On CUDA: the model's device and a stream taken
 // from LibTorch's pool when the context is made; Enter() makes both current
 // on the calling thread until the returned scope ends, so the kernels of
@@ -62,10 +66,10 @@ class DeviceContext {
   // stream has consumed it.
   at::Tensor Upload(const at::Tensor& host) const;
 
-  // Copies `device_tensor` to host memory (pinned on CUDA) asynchronously and
-  // waits once for the model's stream: the one sync a step needs to read
-  // results on the host.
-  at::Tensor Download(const at::Tensor& device_tensor) const;
+  // Copies `tensors` to host memory (pinned on CUDA) asynchronously and waits
+  // once for the model's stream: the one sync a step needs to read its
+  // results on the host. Call inside a scope.
+  std::vector<at::Tensor> Download(const std::vector<at::Tensor>& tensors) const;
 
  private:
   struct Impl;

@@ -15,6 +15,8 @@ std::string LibTorchBuildSummary() {
 
 std::vector<GpuMemoryStats> GpuMemory() { return {}; }
 
+int64_t DeviceMemoryCapacity(const at::Device&) { return -1; }
+
 struct DeviceContext::Impl {};
 
 DeviceContext::DeviceContext(at::Device device)
@@ -30,8 +32,9 @@ at::Tensor DeviceContext::Upload(const at::Tensor& host) const {
   return host.to(device_);
 }
 
-at::Tensor DeviceContext::Download(const at::Tensor& device_tensor) const {
-  return device_tensor.cpu();
+std::vector<at::Tensor> DeviceContext::Download(
+    const std::vector<at::Tensor>& tensors) const {
+  return tensors;  // already on the host
 }
 
 }  // namespace moh

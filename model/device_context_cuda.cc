@@ -38,6 +38,12 @@ std::vector<GpuMemoryStats> GpuMemory() {
   return out;
 }
 
+int64_t DeviceMemoryCapacity(const at::Device& device) {
+  if (!device.is_cuda()) return -1;
+  return static_cast<int64_t>(
+      at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+}
+
 struct DeviceContext::Impl {
   std::optional<c10::cuda::CUDAStream> stream;
 };
@@ -72,20 +78,27 @@ std::unique_ptr<DeviceContext::Scope> DeviceContext::Enter() const {
 }
 
 at::Tensor DeviceContext::Upload(const at::Tensor& host) const {
-  if (!device_.is_cuda()) return host.to(device_);
+  if (!device_.is_cuda() || !host.is_cpu()) return host.to(device_);
   // pin_memory() takes a block of LibTorch's caching host allocator, which
   // records the copy's stream and reuses the block only after it ran.
   return host.pin_memory().to(device_, /*non_blocking=*/true);
 }
 
-at::Tensor DeviceContext::Download(const at::Tensor& device_tensor) const {
-  if (!device_tensor.is_cuda()) return device_tensor.cpu();
-  at::Tensor host = at::empty(
-      device_tensor.sizes(),
-      device_tensor.options().device(at::kCPU).pinned_memory(true));
-  host.copy_(device_tensor, /*non_blocking=*/true);
-  c10::cuda::getCurrentCUDAStream(device_tensor.device().index())
-      .synchronize();
+std::vector<at::Tensor> DeviceContext::Download(
+    const std::vector<at::Tensor>& tensors) const {
+  std::vector<at::Tensor> host;
+  bool wait = false;
+  for (const at::Tensor& t : tensors) {
+    if (!t.is_cuda()) {
+      host.push_back(t);
+      continue;
+    }
+    host.push_back(at::empty(t.sizes(),
+                             t.options().device(at::kCPU).pinned_memory(true)));
+    host.back().copy_(t, /*non_blocking=*/true);
+    wait = true;
+  }
+  if (wait) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
   return host;
 }
 

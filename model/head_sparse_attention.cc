@@ -21,6 +21,10 @@ bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
       break;
   }
   if (CpuPairKernelApplies(options)) return true;
+  // Elsewhere (CUDA) the ATen pair path waits for the device several times
+  // per layer (nonzero, item); dense attention with gates, as the official
+  // code computes it, runs without a single host-device sync.
+  if (!options.device().is_cpu()) return false;
   const MohLayerConfig& layer = router.layer();
   if (router.kind() == RouterKind::kDense || layer.routed_heads() == 0) {
     return false;

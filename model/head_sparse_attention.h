@@ -29,8 +29,11 @@ namespace moh {
 //                the cache, causal key blocks skipped), elsewhere ATen ops.
 //   kHeadSparseAten: the ATen-ops pair path everywhere (tests compare it).
 //   kAuto:       the CPU pair kernel whenever it applies (it beats kDense even
-//                with every head), else head-sparse when some row of the
-//                batch uses fewer than all heads of the layer, else dense.
+//                with every head); on CUDA dense (no host-device sync: the
+//                ATen pair path waits for the device several times a layer,
+//                and a GPU pair kernel is future work); else (CPU, bf16)
+//                head-sparse when some row of the batch uses fewer than all
+//                heads of the layer, else dense.
 enum class AttentionMode { kAuto, kDense, kHeadSparse, kHeadSparseAten };
 
 // Whether a layer routed by `router` runs pair by pair (HeadSparseAttention)

@@ -5,7 +5,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
+#include "model/dense_attention.h"
 #include "model/head_sparse_attention.h"
 #include "model/status_macros.h"
 
@@ -20,11 +22,6 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-at::Tensor HostLongs(const std::vector<int32_t>& values) {
-  return at::tensor(std::vector<int64_t>(values.begin(), values.end()),
-                    at::kLong);
 }
 
 }  // namespace
@@ -123,10 +120,38 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
 
 KvCache LlamaModel::CreateKvCache(int64_t num_slots,
                                   int64_t max_seq_len) const {
+  // Zeroed on the model's stream, before any Forward that reads it.
+  const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
   return KvCache(
       config_.num_layers, num_slots,
       std::min<int64_t>(max_seq_len, config_.max_position_embeddings),
       config_.num_kv_heads, config_.head_dim, options_);
+}
+
+absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
+                                         int64_t max_seq_len) const {
+  const at::Device device = options_.device();
+  const int64_t capacity = DeviceMemoryCapacity(device);
+  if (capacity < 0) return absl::OkStatus();
+  int64_t in_use = 0;  // this model's weights and whatever else is resident
+  for (const GpuMemoryStats& gpu : GpuMemory()) {
+    if (gpu.device == device.index()) in_use = gpu.reserved_bytes;
+  }
+  const int64_t positions =
+      std::min<int64_t>(max_seq_len, config_.max_position_embeddings);
+  const int64_t kv_bytes = 2 * config_.num_layers * num_slots * positions *
+                           config_.num_kv_heads * config_.head_dim *
+                           static_cast<int64_t>(options_.dtype().itemsize());
+  const int64_t needed = in_use + kv_bytes + attention_workspace_bytes_;
+  // 10% stays free for activations and the CUDA context's own allocations.
+  if (needed <= capacity / 10 * 9) return absl::OkStatus();
+  constexpr double kGiB = 1 << 30;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s: %.2f GiB in use + KV cache of %d slots x %d positions (%.2f GiB) + "
+      "attention workspace (%.2f GiB) exceed 90%% of its %.2f GiB: lower "
+      "generation.max_running or generation.max_seq_len",
+      device.str(), in_use / kGiB, num_slots, positions, kv_bytes / kGiB,
+      attention_workspace_bytes_ / kGiB, capacity / kGiB));
 }
 
 absl::Status LlamaModel::Validate(const DecoderBatch& batch,
@@ -205,40 +230,81 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
 
 absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     const DecoderBatch& batch, KvCache& cache) const {
-  const at::Device device = options_.device();
+  // The model's device and stream (CUDA) for everything below.
+  const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
   const int64_t rows = batch.token_ids.size(0);
   const int64_t width = batch.token_ids.size(1);
-  at::Tensor ids = batch.token_ids.to(device);
-  at::Tensor start = HostLongs(batch.start_positions).to(device);
-  at::Tensor count = HostLongs(batch.num_tokens).to(device);
-  at::Tensor t =
-      at::arange(width, at::TensorOptions().dtype(at::kLong).device(device));
-  at::Tensor valid = t.unsqueeze(0) < count.unsqueeze(1);  // [B, T]
-  // Padding positions repeat the last valid one: in range, never written.
-  at::Tensor positions =
-      start.unsqueeze(1) + at::minimum(t.unsqueeze(0), count.unsqueeze(1) - 1);
+  const int64_t num_layers = static_cast<int64_t>(layers_.size());
 
+  // Every per-step index is computed on the host and uploaded in one pinned,
+  // non-blocking copy: nothing here waits for the device. Layout of `host`:
+  // positions [B*T] | valid [B*T] | row_len [B] | slots [B] | last [B] |
+  // top_k [L*B] | cache slot, position, flat token [3*M].
+  std::vector<int64_t> host(rows * width * 2 + rows * (3 + num_layers));
+  std::vector<int64_t> cache_slot, cache_pos, cache_token;
+  int64_t* positions_host = host.data();
+  int64_t* valid_host = positions_host + rows * width;
+  int64_t* row_len_host = valid_host + rows * width;
+  int64_t* slots_host = row_len_host + rows;
+  int64_t* last_host = slots_host + rows;
+  int64_t* top_k_host = last_host + rows;
   int64_t kv_len = 0;
   for (int64_t b = 0; b < rows; ++b) {
-    kv_len = std::max<int64_t>(
-        kv_len, int64_t{batch.start_positions[b]} + batch.num_tokens[b]);
+    const int64_t start = batch.start_positions[b];
+    const int64_t count = batch.num_tokens[b];
+    for (int64_t t = 0; t < width; ++t) {
+      // Padding positions repeat the last valid one: in range, never written.
+      positions_host[b * width + t] = start + std::min(t, count - 1);
+      valid_host[b * width + t] = t < count;
+      if (t < count) {
+        cache_slot.push_back(batch.slots[b]);
+        cache_pos.push_back(start + t);
+        cache_token.push_back(b * width + t);
+      }
+    }
+    row_len_host[b] = start + count;
+    slots_host[b] = batch.slots[b];
+    last_host[b] = count - 1;
+    kv_len = std::max(kv_len, start + count);
   }
-  // Where the valid tokens go in the cache: (slot, position) pairs.
-  at::Tensor flat_valid = valid.flatten().nonzero().squeeze(1);
-  at::Tensor slots = HostLongs(batch.slots).to(device);
-  at::Tensor cache_index =
-      at::stack({slots.unsqueeze(1)
-                     .expand({rows, width})
-                     .flatten()
-                     .index_select(0, flat_valid),
-                 positions.flatten().index_select(0, flat_valid), flat_valid});
+  std::vector<int64_t> max_top_k(num_layers, 0);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const MohLayerConfig& layer = layers_[l].router.layer();
+    for (int64_t b = 0; b < rows; ++b) {
+      const int64_t k = layer.TopKForRatio(batch.ratios[b]);
+      top_k_host[l * rows + b] = k;
+      max_top_k[l] = std::max(max_top_k[l], k);
+    }
+  }
+  const int64_t m = static_cast<int64_t>(cache_token.size());
+  for (const auto* part : {&cache_slot, &cache_pos, &cache_token}) {
+    host.insert(host.end(), part->begin(), part->end());
+  }
+  const at::Tensor device_ints = context_->Upload(
+      at::from_blob(host.data(), {static_cast<int64_t>(host.size())},
+                    at::kLong));
+  int64_t offset = 0;
+  auto next = [&](std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t dim : shape) n *= dim;
+    at::Tensor part = device_ints.narrow(0, offset, n).view(shape);
+    offset += n;
+    return part;
+  };
+  const at::Tensor positions = next({rows, width});
+  const at::Tensor valid = next({rows, width}) != 0;
+  const at::Tensor row_len = next({rows});
+  const at::Tensor slots = next({rows});
+  const at::Tensor last = next({rows});
+  const at::Tensor top_k = next({num_layers, rows});
+  const at::Tensor cache_index = next({3, m});
+  const at::Tensor ids = context_->Upload(batch.token_ids);
 
-  const Step step{batch, valid,       positions, start + count,
-                  slots, cache_index, kv_len,    {}};
-  DecoderOutput out;
-  std::vector<at::Tensor> counts;
+  const Step step{batch,       valid,     positions, row_len, slots,
+                  cache_index, top_k,     max_top_k, kv_len};
+  std::vector<at::Tensor> counts, gates_per_layer;
   at::Tensor h = at::embedding(embed_tokens_, ids);  // [B, T, C]
-  for (size_t l = 0; l < layers_.size(); ++l) {
+  for (int64_t l = 0; l < num_layers; ++l) {
     const Layer& layer = layers_[l];
     at::Tensor gates;
     h = h +
@@ -247,15 +313,22 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     h = h + at::linear(at::silu(at::linear(x, layer.gate_proj)) *
                            at::linear(x, layer.up_proj),
                        layer.down_proj);
-    counts.push_back(HeadTokenCounts(gates, valid).cpu());
-    if (batch.record_gates) out.gates.push_back(gates.to(at::kFloat).cpu());
+    counts.push_back(HeadTokenCounts(gates, valid));
+    if (batch.record_gates) gates_per_layer.push_back(gates.to(at::kFloat));
   }
   if (!batch.all_logits) {
-    at::Tensor last = (count - 1);
-    h = h.index({at::arange(rows, t.options()), last});  // [B, C]
+    h = h.index({at::arange(rows, last.options()), last});  // [B, C]
   }
-  out.logits = at::linear(RmsNorm(h, final_norm_), lm_head_).to(at::kFloat);
-  out.head_token_counts = at::stack(counts, 1);  // [B, L, H]
+  // One copy to the host and one wait for the whole step's results.
+  std::vector<at::Tensor> results = {
+      at::linear(RmsNorm(h, final_norm_), lm_head_).to(at::kFloat),
+      at::stack(counts, 1)};  // [B, L, H]
+  results.insert(results.end(), gates_per_layer.begin(), gates_per_layer.end());
+  results = context_->Download(results);
+  DecoderOutput out;
+  out.logits = results[0];
+  out.head_token_counts = results[1];
+  out.gates.assign(results.begin() + 2, results.end());
   return out;
 }
 
@@ -273,23 +346,6 @@ at::Tensor LlamaModel::Rotate(const at::Tensor& x,
   return x * cos + RotateHalf(x) * sin;
 }
 
-const at::Tensor& LlamaModel::AttentionMask(const Step& step) const {
-  if (!step.attention_mask.defined()) {
-    // Key j is visible to query (b, t) iff j <= position(b, t), j < end(b).
-    const int64_t rows = step.positions.size(0);
-    const int64_t width = step.positions.size(1);
-    at::Tensor j = at::arange(step.kv_len, step.positions.options())
-                       .view({1, 1, step.kv_len});
-    at::Tensor visible = (j <= step.positions.unsqueeze(2)) &
-                         (j < step.row_len.view({rows, 1, 1}));
-    step.attention_mask =
-        at::zeros({rows, width, step.kv_len}, options_.dtype(at::kFloat))
-            .masked_fill_(visible.logical_not(),
-                          -std::numeric_limits<float>::infinity());
-  }
-  return step.attention_mask;
-}
-
 at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
                                  const at::Tensor& x, const Step& step,
                                  KvCache& cache, at::Tensor* gates) const {
@@ -304,9 +360,9 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
     q = Linear(x, layer.q_proj, layer.q_bias).view({rows, width, heads, d});
   }
-  int64_t max_top_k = 0;
-  at::Tensor top_k = TopKPerToken(layer.router.layer(), step.batch.ratios,
-                                  width, x.device(), &max_top_k);
+  const int64_t max_top_k = step.max_top_k[layer_index];
+  const at::Tensor top_k =
+      step.top_k[layer_index].unsqueeze(1).expand({rows, width}).reshape({n});
   *gates = layer.router
                .Gates(x_flat, q.defined() ? q.view({n, heads, d}) : q, top_k,
                       max_top_k)
@@ -354,26 +410,18 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
         .view({rows, width, -1});
   }
 
-  const int64_t kv_len = step.kv_len;
-  at::Tensor keys = key_cache.narrow(1, 0, kv_len)
-                        .index_select(0, step.slots)
-                        .permute({0, 2, 1, 3});  // [B, KV, L, D]
-  at::Tensor values = value_cache.narrow(1, 0, kv_len)
-                          .index_select(0, step.slots)
-                          .permute({0, 2, 1, 3});  // [B, KV, L, D]
-  q = Rotate(q, step.positions.unsqueeze(2).expand({rows, width, heads}));
-  // Head h reads key/value head h / group (repeat_kv).
-  at::Tensor queries =
-      q.permute({0, 2, 1, 3}).reshape({rows, kv_heads, group * width, d});
-  at::Tensor scores = at::matmul(queries, keys.transpose(2, 3)) * scale;
-  scores = scores.view({rows, kv_heads, group, width, kv_len}).to(at::kFloat) +
-           AttentionMask(step).view({rows, 1, 1, width, kv_len});
-  at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
-  at::Tensor attn =
-      at::matmul(probs.view({rows, kv_heads, group * width, kv_len}), values)
-          .view({rows, heads, width, d})
-          .permute({0, 2, 1, 3});  // [B, T, H, D]
-  attn = attn * gates->unsqueeze(-1);
+  DenseAttentionInputs dense;
+  dense.queries =
+      Rotate(q, step.positions.unsqueeze(2).expand({rows, width, heads}));
+  dense.key_cache = key_cache;
+  dense.value_cache = value_cache;
+  dense.row_slot = step.slots;
+  dense.positions = step.positions;
+  dense.row_len = step.row_len;
+  dense.kv_len = step.kv_len;
+  dense.scale = scale;
+  dense.workspace_bytes = attention_workspace_bytes_;
+  at::Tensor attn = DenseAttention(dense) * gates->unsqueeze(-1);
   return Linear(attn.reshape({rows, width, heads * d}), layer.o_proj,
                 layer.o_bias);
 }

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint.h"
+#include "model/device_context.h"
 #include "model/head_sparse_attention.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
@@ -26,6 +27,9 @@
 #include "model/runtime.h"
 
 namespace moh {
+
+// Default bound on the dense attention workspace of one step: 256 MiB.
+inline constexpr int64_t kDefaultAttentionWorkspaceBytes = int64_t{256} << 20;
 
 // One forward step over a batch of B rows.
 struct DecoderBatch {
@@ -41,6 +45,8 @@ struct DecoderBatch {
 
 struct DecoderOutput {
   at::Tensor logits;  // float32 [B, V] (last valid position) or [B, T, V]
+  // float32 logits and every tensor below are on the host (CPU) whatever
+  // the model's device: one copy and one wait per Forward.
   at::Tensor head_token_counts;  // int64 CPU [B, L, H]: tokens each head served
   std::vector<at::Tensor>
       gates;  // when recorded: per layer float32 CPU [B, T, H]
@@ -64,6 +70,13 @@ class LlamaModel {
   // (<= config().max_position_embeddings).
   KvCache CreateKvCache(int64_t num_slots, int64_t max_seq_len) const;
 
+  // RESOURCE_EXHAUSTED, naming the sizes, when the model's weights, a KV
+  // cache of `num_slots` x `max_seq_len` and the attention workspace bound
+  // (set_attention_workspace_bytes) would not fit the device's memory (CUDA;
+  // always OK on CPU). Checked before the cache is allocated, so that a
+  // model configured too large fails alone instead of failing its requests.
+  absl::Status CheckMemoryFits(int64_t num_slots, int64_t max_seq_len) const;
+
   // INVALID_ARGUMENT on inconsistent input (shapes, slots, positions beyond the
   // cache, token ids outside the vocabulary); INTERNAL on a LibTorch error.
   absl::StatusOr<DecoderOutput> Forward(const DecoderBatch& batch,
@@ -75,6 +88,14 @@ class LlamaModel {
   // See AttentionMode (head_sparse_attention.h). Set before use; not
   // thread-safe to change while Forward runs.
   void set_attention_mode(AttentionMode mode) { attention_mode_ = mode; }
+  // Bound on the dense path's per-chunk attention workspace (scores and
+  // mask; see dense_attention.h). Same contract as set_attention_mode.
+  void set_attention_workspace_bytes(int64_t bytes) {
+    attention_workspace_bytes_ = bytes;
+  }
+  int64_t attention_workspace_bytes() const {
+    return attention_workspace_bytes_;
+  }
 
  private:
   struct Layer {
@@ -86,7 +107,9 @@ class LlamaModel {
   };
 
   LlamaModel(LlamaConfig config, at::TensorOptions options)
-      : config_(std::move(config)), options_(options) {}
+      : config_(std::move(config)),
+        options_(options),
+        context_(std::make_unique<DeviceContext>(options.device())) {}
   absl::Status Validate(const DecoderBatch& batch, const KvCache& cache) const;
   absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
                                                  KvCache& cache) const;
@@ -99,12 +122,10 @@ class LlamaModel {
     at::Tensor row_len;      // [B] int64: keys in each row after this step
     at::Tensor slots;        // [B] int64
     at::Tensor cache_index;  // [3, M]: slot, position, flat token of valid ones
-    int64_t kv_len;          // keys the longest row reads
-    // [B, T, kv_len] float, 0 or -inf: built by the first layer that runs
-    // the dense path (the pair paths mask by position themselves).
-    mutable at::Tensor attention_mask;
+    at::Tensor top_k;        // [L, B] int64: routed heads per row and layer
+    std::vector<int64_t> max_top_k;  // [L]: the largest K of each layer
+    int64_t kv_len;                  // keys the longest row reads
   };
-  const at::Tensor& AttentionMask(const Step& step) const;
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
                        const at::Tensor& x, const Step& step, KvCache& cache,
@@ -112,12 +133,14 @@ class LlamaModel {
 
   LlamaConfig config_;
   at::TensorOptions options_;
+  std::unique_ptr<DeviceContext> context_;
   at::Tensor embed_tokens_;  // [V, C]
   at::Tensor lm_head_;       // [V, C] (aliases embed_tokens_ when tied)
   at::Tensor final_norm_;
   at::Tensor rope_cos_, rope_sin_;  // float32 [max_pos, head_dim]
   std::vector<Layer> layers_;
   AttentionMode attention_mode_ = AttentionMode::kAuto;
+  int64_t attention_workspace_bytes_ = kDefaultAttentionWorkspaceBytes;
 };
 
 }  // namespace moh

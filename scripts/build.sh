@@ -37,7 +37,7 @@ case "$torch" in
       exit 1
     fi
     export PATH="$MOH_CUDA_HOME/bin:$PATH"
-    prefix="$("$MOH_TORCH_VENV/bin/python" -c \
+    prefix="$("$MOH_TORCH_VENV/bin/python" -W ignore -c \
       'import torch.utils; print(torch.utils.cmake_prefix_path)')"
     args=(-DCMAKE_PREFIX_PATH="$prefix"
       -DCMAKE_CUDA_COMPILER="$MOH_CUDA_HOME/bin/nvcc"

@@ -89,6 +89,8 @@ absl::Status HostedModel::LoadUnchecked() {
     options.max_queued_requests = g.max_queued_requests();
     options.prefill_token_budget = g.prefill_token_budget();
     options.adaptive_queue_depth = config_.adaptive().queue_depth();
+    MOH_RETURN_IF_ERROR(lm_->model->CheckMemoryFits(options.max_running,
+                                                    options.max_seq_len));
     MOH_ASSIGN_OR_RETURN(scheduler_, ContinuousBatchScheduler::Create(
                                          options, *lm_, model_metrics_));
   } else {

@@ -1,0 +1,129 @@
+// Dense attention with a bounded workspace: chunking the queries never
+// changes the result, and one chunk's scores and mask stay under the budget.
+#include "model/dense_attention.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "model/llama_model.h"
+
+namespace moh {
+namespace {
+
+const std::string kFixtures = MOH_FIXTURES_DIR;
+
+int64_t ChunkWorkspace(int64_t rows, int64_t heads, int64_t chunk,
+                       int64_t kv_len) {
+  return rows * chunk * kv_len * (heads * 4 + 1);
+}
+
+TEST(DenseAttentionQueryChunkTest, LargestChunkUnderTheBudget) {
+  // 64 rows, 32 heads, a 2048-token prompt chunk over 2048 keys (the 8B
+  // case): unchunked it would take 64*32*2048*2048*4 bytes = 32 GiB.
+  const int64_t budget = int64_t{256} << 20;
+  const int64_t chunk = DenseAttentionQueryChunk(64, 32, 2048, 2048, budget);
+  EXPECT_GE(chunk, 1);
+  EXPECT_LE(ChunkWorkspace(64, 32, chunk, 2048), budget);
+  EXPECT_GT(ChunkWorkspace(64, 32, chunk + 1, 2048), budget);
+  // Small steps take one chunk; a budget below one query gives chunks of 1.
+  EXPECT_EQ(DenseAttentionQueryChunk(2, 4, 16, 32, budget), 16);
+  EXPECT_EQ(DenseAttentionQueryChunk(2, 4, 16, 32, 1), 1);
+}
+
+// softmax(q k^T * scale + mask) v with every tensor materialized.
+at::Tensor Reference(const DenseAttentionInputs& in) {
+  const int64_t rows = in.queries.size(0), width = in.queries.size(1);
+  const int64_t heads = in.queries.size(2), d = in.queries.size(3);
+  const int64_t group = heads / in.key_cache.size(2);
+  at::Tensor keys = in.key_cache.narrow(1, 0, in.kv_len)
+                        .index_select(0, in.row_slot)
+                        .repeat_interleave(group, 2);  // [B, L, H, D]
+  at::Tensor values = in.value_cache.narrow(1, 0, in.kv_len)
+                          .index_select(0, in.row_slot)
+                          .repeat_interleave(group, 2);
+  at::Tensor scores =
+      at::einsum("bthd,blhd->bhtl", {in.queries, keys}) * in.scale;
+  at::Tensor j = at::arange(in.kv_len).view({1, 1, 1, in.kv_len});
+  at::Tensor visible = (j <= in.positions.view({rows, 1, width, 1})) &
+                       (j < in.row_len.view({rows, 1, 1, 1}));
+  scores.masked_fill_(visible.logical_not(),
+                      -std::numeric_limits<float>::infinity());
+  return at::einsum("bhtl,blhd->bthd", {at::softmax(scores, -1), values})
+      .view({rows, width, heads, d});
+}
+
+TEST(DenseAttentionTest, ChunkedEqualsOneSoftmax) {
+  at::manual_seed(7);
+  DenseAttentionInputs in;
+  const int64_t rows = 3, width = 9, heads = 4, kv_heads = 2, d = 8;
+  in.queries = at::randn({rows, width, heads, d});
+  in.key_cache = at::randn({4, 24, kv_heads, d});
+  in.value_cache = at::randn({4, 24, kv_heads, d});
+  in.row_slot = at::tensor(std::vector<int64_t>{2, 0, 3});
+  // Row 0: a 9-token prompt; row 1: decoding at 14 (padded); row 2: 4
+  // tokens continuing at 5 (padding repeats its last position).
+  std::vector<int64_t> pos;
+  for (int64_t t = 0; t < width; ++t) pos.push_back(t);
+  for (int64_t t = 0; t < width; ++t) pos.push_back(14);
+  for (int64_t t = 0; t < width; ++t) pos.push_back(5 + std::min<int64_t>(t, 3));
+  in.positions = at::tensor(pos).view({rows, width});
+  in.row_len = at::tensor(std::vector<int64_t>{9, 15, 9});
+  in.kv_len = 15;
+  in.scale = 0.35;
+  const at::Tensor expected = Reference(in);
+  for (int64_t budget : {int64_t{1} << 30, int64_t{2000}, int64_t{1}}) {
+    in.workspace_bytes = budget;
+    const at::Tensor got = DenseAttention(in);
+    ASSERT_EQ(got.sizes(), expected.sizes());
+    EXPECT_LE((got - expected).abs().max().item<double>(), 1e-5)
+        << "workspace " << budget;
+  }
+}
+
+// Through the model: a 150-token prompt in chunks beside a decoding row gives
+// the same logits with a 4 KiB workspace (one query a chunk) as with the
+// default one.
+TEST(DenseAttentionTest, ModelOutputDoesNotDependOnTheWorkspace) {
+  auto model = LlamaModel::Load(kFixtures + "/llama_learned",
+                                DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  (*model)->set_attention_mode(AttentionMode::kDense);
+  at::manual_seed(11);
+  const at::Tensor prompt = at::randint(300, {2, 150}, at::kLong);
+  std::vector<at::Tensor> logits[2];
+  for (int run = 0; run < 2; ++run) {
+    (*model)->set_attention_workspace_bytes(
+        run == 0 ? kDefaultAttentionWorkspaceBytes : 4096);
+    KvCache cache = (*model)->CreateKvCache(2, 160);
+    std::vector<int32_t> start = {0, 0};
+    for (int chunk = 0; chunk < 3; ++chunk) {
+      DecoderBatch batch;
+      batch.all_logits = true;
+      const int32_t row1 = chunk == 0 ? 3 : 1;
+      batch.token_ids = prompt.narrow(1, chunk * 50, 50).clone();
+      batch.num_tokens = {50, row1};
+      batch.slots = {1, 0};
+      batch.start_positions = start;
+      batch.ratios = {0.5f, 1.0f};
+      auto out = (*model)->Forward(batch, cache);
+      ASSERT_TRUE(out.ok()) << out.status();
+      logits[run].push_back(at::cat(
+          {out->logits[0], out->logits[1].narrow(0, 0, row1)}));
+      start[0] += 50;
+      start[1] += row1;
+    }
+  }
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    const double scale =
+        std::max(1.0, logits[0][i].abs().max().item<double>());
+    EXPECT_LE((logits[0][i] - logits[1][i]).abs().max().item<double>(),
+              1e-4 * scale)
+        << "chunk " << i;
+  }
+}
+
+}  // namespace
+}  // namespace moh

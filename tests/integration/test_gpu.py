@@ -1,0 +1,81 @@
+"""GPU suite, through the real moh-server (`ctest -L gpu`; also collected by
+the integration suite). Skipped, saying so, when moh-server sees no CUDA
+device (`moh-server --version`): every CPU-only machine, and CUDA builds
+without a GPU, such as this project's CI.
+
+The same fixture LM is served twice, on cuda (bf16, the default there) and on
+cpu (fp32), and asked the same streamed, greedy requests at several ratios."""
+import re
+import subprocess
+
+import pytest
+
+import moh_testlib as lib
+
+
+def visible_gpus():
+    out = subprocess.run([lib.SERVER, "--version"], capture_output=True,
+                         text=True, timeout=120).stdout
+    match = re.search(r"(\d+) GPUs? visible", out)
+    return int(match.group(1)) if match else 0
+
+
+pytestmark = pytest.mark.skipif(
+    visible_gpus() == 0, reason="no CUDA device visible to moh-server")
+
+
+@pytest.fixture(scope="module")
+def gpu_server(start_server, api):
+    return start_server("gpu", [
+        ("lm-cuda", lib.LM_DIR, 'device: "cuda" generation { max_running: 4 }'),
+        ("lm-cpu", lib.LM_DIR, 'device: "cpu" generation { max_running: 4 }'),
+        ("vit-cuda", lib.VIT_DIR, 'device: "cuda"'),
+    ])
+
+
+def test_models_report_cuda_and_bfloat16(gpu_server, api):
+    stub = api.grpc.InferenceStub(gpu_server.channel())
+    models = {m.name: m for m in stub.ListModels(
+        api.pb.ListModelsRequest(), timeout=lib.RPC_TIMEOUT).models}
+    assert models["lm-cuda"].device.startswith("cuda")
+    assert models["lm-cuda"].dtype == "bfloat16"
+    assert models["lm-cpu"].device == "cpu"
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.0, 0.75, 1.0])
+def test_streamed_generation_on_cuda_matches_cpu(gpu_server, api, ratio):
+    stub = api.grpc.InferenceStub(gpu_server.channel())
+    results = {}
+    for model in ("lm-cuda", "lm-cpu"):
+        request = lib.generate_request(api.pb, token_ids=[5, 9, 17, 33],
+                                       model=model, ratio=ratio,
+                                       max_new_tokens=12)
+        messages = lib.run_generate(stub, request)
+        assert len(messages) > 1, "not streamed"
+        results[model] = messages
+    cuda, cpu = results["lm-cuda"], results["lm-cpu"]
+    assert cuda[-1].usage.completion_tokens == 12
+    # K per token is fixed by the ratio: the fraction of (token, head) pairs
+    # computed is the same whatever bf16 rounding does to the selections.
+    assert cuda[-1].effective_activation_ratio == pytest.approx(
+        cpu[-1].effective_activation_ratio, abs=1e-6)
+    # bf16 greedy decoding follows fp32 until a near tie: the first tokens
+    # agree.
+    assert lib.token_ids_of(cuda)[:2] == lib.token_ids_of(cpu)[:2]
+
+
+def test_mixed_ratios_in_one_cuda_batch(gpu_server, api):
+    stub = api.grpc.InferenceStub(gpu_server.channel())
+    calls = [stub.Generate(lib.generate_request(
+        api.pb, token_ids=[3, 4, 5], model="lm-cuda", ratio=r,
+        max_new_tokens=16), timeout=lib.RPC_TIMEOUT)
+             for r in (0.5, 0.75, 1.0, 0.0)]
+    for call in calls:
+        messages = lib.drain_stream(call, lib.RPC_TIMEOUT)
+        assert messages[-1].usage.completion_tokens == 16
+
+
+def test_gpu_memory_metric(gpu_server, api):
+    samples = gpu_server.samples()
+    used = lib.metric_value(samples, "moh_gpu_memory_bytes", device="cuda:0")
+    assert used is not None and used > 0
