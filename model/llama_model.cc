@@ -267,15 +267,12 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     last_host[b] = count - 1;
     kv_len = std::max(kv_len, start + count);
   }
-  std::vector<int64_t> max_top_k(num_layers, 0);
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const MohLayerConfig& layer = layers_[l].router.layer();
-    for (int64_t b = 0; b < rows; ++b) {
-      const int64_t k = layer.TopKForRatio(batch.ratios[b]);
-      top_k_host[l * rows + b] = k;
-      max_top_k[l] = std::max(max_top_k[l], k);
-    }
+  std::vector<int64_t> top_k_rows, max_top_k;
+  for (const Layer& layer : layers_) {
+    max_top_k.push_back(AppendTopKPerToken(layer.router.layer(), batch.ratios,
+                                           1, &top_k_rows));
   }
+  std::copy(top_k_rows.begin(), top_k_rows.end(), top_k_host);
   const int64_t m = static_cast<int64_t>(cache_token.size());
   for (const auto* part : {&cache_slot, &cache_pos, &cache_token}) {
     host.insert(host.end(), part->begin(), part->end());

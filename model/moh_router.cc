@@ -104,19 +104,16 @@ at::Tensor MohRouter::QueryNormGates(const at::Tensor& query,
   return at::cat({at::ones({n, shared}, query.options()), mask}, 1);
 }
 
-at::Tensor TopKPerToken(const MohLayerConfig& layer,
-                        const std::vector<float>& ratios,
-                        int64_t tokens_per_row, const at::Device& device,
-                        int64_t* max_top_k) {
-  std::vector<int64_t> per_row;
-  per_row.reserve(ratios.size());
-  *max_top_k = 0;
+int64_t AppendTopKPerToken(const MohLayerConfig& layer,
+                           const std::vector<float>& ratios,
+                           int64_t tokens_per_row, std::vector<int64_t>* top_k) {
+  int64_t max_top_k = 0;
   for (float r : ratios) {
-    per_row.push_back(layer.TopKForRatio(r));
-    *max_top_k = std::max(*max_top_k, per_row.back());
+    const int64_t k = layer.TopKForRatio(r);
+    top_k->insert(top_k->end(), tokens_per_row, k);
+    max_top_k = std::max(max_top_k, k);
   }
-  at::Tensor k = at::tensor(per_row, at::kLong);
-  return k.repeat_interleave(tokens_per_row).to(device);
+  return max_top_k;
 }
 
 at::Tensor HeadTokenCounts(const at::Tensor& gates, const at::Tensor& valid) {

@@ -58,12 +58,12 @@ class MohRouter {
 };
 
 // Per-token routed K of one layer for a batch whose row b has `ratios[b]`
-// (<= 0: trained K) and `tokens_per_row` tokens: a [rows * tokens_per_row]
-// int64 tensor on `device`; *max_top_k receives its maximum.
-at::Tensor TopKPerToken(const MohLayerConfig& layer,
-                        const std::vector<float>& ratios,
-                        int64_t tokens_per_row, const at::Device& device,
-                        int64_t* max_top_k);
+// (<= 0: trained K) and `tokens_per_row` tokens: appends rows *
+// tokens_per_row values to `*top_k` (host memory: a whole step's K are
+// uploaded to the device at once) and returns their maximum.
+int64_t AppendTopKPerToken(const MohLayerConfig& layer,
+                           const std::vector<float>& ratios,
+                           int64_t tokens_per_row, std::vector<int64_t>* top_k);
 
 // Tokens each head served: counts nonzero gates of valid tokens.
 // gates [B, T, H], valid [B, T] bool → [B, H] int64.

@@ -105,43 +105,66 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
   }
   return CatchTorchErrors(
       "VitModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
+        // The model's device and stream (CUDA) for everything below.
+        const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
         const int64_t rows = pixels.size(0);
-        at::Tensor x = at::conv2d(pixels.to(options_), patch_w_, patch_b_,
-                                  {config_.patch_size, config_.patch_size});
+        const int64_t tokens = config_.num_patches() + 1;
+        // Each block's K per token, computed on the host and uploaded once.
+        std::vector<int64_t> top_k_host;
+        std::vector<int64_t> max_top_k;
+        for (const Block& block : blocks_) {
+          max_top_k.push_back(AppendTopKPerToken(block.router.layer(), ratios,
+                                                 tokens, &top_k_host));
+        }
+        const at::Tensor top_k =
+            context_
+                ->Upload(at::from_blob(
+                    top_k_host.data(),
+                    {static_cast<int64_t>(blocks_.size()), rows * tokens},
+                    at::kLong));
+        at::Tensor x =
+            at::conv2d(context_->Upload(pixels).to(options_), patch_w_,
+                       patch_b_, {config_.patch_size, config_.patch_size});
         x = x.flatten(2).transpose(1, 2);  // [B, N, C]
         x = at::cat({cls_token_.expand({rows, 1, -1}), x}, 1) + pos_embed_;
         at::Tensor valid =
             at::ones({rows, x.size(1)},
                      at::TensorOptions().dtype(at::kBool).device(x.device()));
-        ClassifierOutput out;
-        std::vector<at::Tensor> counts;
-        for (const Block& block : blocks_) {
+        std::vector<at::Tensor> counts, gates_per_layer;
+        for (size_t l = 0; l < blocks_.size(); ++l) {
+          const Block& block = blocks_[l];
           at::Tensor gates;
           x = x + Attention(block, LayerNorm(x, block.norm1_w, block.norm1_b),
-                            ratios, &gates);
+                            ratios, top_k[l], max_top_k[l], &gates);
           at::Tensor hidden =
               at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
                                   block.fc1_w, block.fc1_b));
           x = x + at::linear(hidden, block.fc2_w, block.fc2_b);
-          counts.push_back(HeadTokenCounts(gates, valid).cpu());
-          if (record_gates) out.gates.push_back(gates.to(at::kFloat).cpu());
+          counts.push_back(HeadTokenCounts(gates, valid));
+          if (record_gates) gates_per_layer.push_back(gates.to(at::kFloat));
         }
         x = LayerNorm(x, norm_w_, norm_b_);
-        out.logits =
-            at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat).cpu();
-        out.head_token_counts = at::stack(counts, 1);
+        // One copy to the host and one wait for the whole batch's results.
+        std::vector<at::Tensor> results = {
+            at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat),
+            at::stack(counts, 1)};
+        results.insert(results.end(), gates_per_layer.begin(),
+                       gates_per_layer.end());
+        results = context_->Download(results);
+        ClassifierOutput out;
+        out.logits = results[0];
+        out.head_token_counts = results[1];
+        out.gates.assign(results.begin() + 2, results.end());
         return out;
       });
 }
 
 at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
                                const std::vector<float>& ratios,
+                               const at::Tensor& top_k, int64_t max_top_k,
                                at::Tensor* gates) const {
   const int64_t rows = x.size(0), tokens = x.size(1), c = x.size(2);
   const int64_t heads = config_.num_heads, d = c / heads, n = rows * tokens;
-  int64_t max_top_k = 0;
-  at::Tensor top_k = TopKPerToken(block.router.layer(), ratios, tokens,
-                                  x.device(), &max_top_k);
   at::Tensor x_flat = x.reshape({n, c});
   *gates = block.router.Gates(x_flat, at::Tensor(), top_k, max_top_k)
                .view({rows, tokens, -1});

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/device_context.h"
 #include "model/head_sparse_attention.h"
 #include "model/model_config.h"
 #include "model/moh_router.h"
@@ -59,15 +60,20 @@ class VitModel {
   };
 
   VitModel(VitConfig config, at::TensorOptions options)
-      : config_(std::move(config)), options_(options) {}
+      : config_(std::move(config)),
+        options_(options),
+        context_(std::make_unique<DeviceContext>(options.device())) {}
   at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w,
                        const at::Tensor& b) const;
+  // top_k: [B * N] int64 on the device, routed heads per token.
   at::Tensor Attention(const Block& block, const at::Tensor& x,
                        const std::vector<float>& ratios,
+                       const at::Tensor& top_k, int64_t max_top_k,
                        at::Tensor* gates) const;
 
   VitConfig config_;
   at::TensorOptions options_;
+  std::unique_ptr<DeviceContext> context_;
   at::Tensor patch_w_, patch_b_, cls_token_, pos_embed_;
   at::Tensor norm_w_, norm_b_, head_w_, head_b_;
   std::vector<Block> blocks_;

@@ -89,6 +89,8 @@ absl::Status HostedModel::LoadUnchecked() {
     options.max_queued_requests = g.max_queued_requests();
     options.prefill_token_budget = g.prefill_token_budget();
     options.adaptive_queue_depth = config_.adaptive().queue_depth();
+    lm_->model->set_attention_workspace_bytes(
+        int64_t{g.attention_workspace_mb()} << 20);
     MOH_RETURN_IF_ERROR(lm_->model->CheckMemoryFits(options.max_running,
                                                     options.max_seq_len));
     MOH_ASSIGN_OR_RETURN(scheduler_, ContinuousBatchScheduler::Create(

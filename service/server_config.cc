@@ -88,6 +88,8 @@ absl::Status ResolveModel(const std::string& path, v1::ModelConfig* m) {
               path + ".generation.prefill_token_budget", 512, 1, 1 << 20);
   MOH_DEFAULT(g, default_max_new_tokens,
               path + ".generation.default_max_new_tokens", 64, 1, 1 << 20);
+  MOH_DEFAULT(g, attention_workspace_mb,
+              path + ".generation.attention_workspace_mb", 256, 1, 1 << 16);
   if (m->adaptive().queue_depth() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ".adaptive.queue_depth must be >= 0 (0 = off), got ",

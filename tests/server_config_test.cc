@@ -42,6 +42,7 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(lm.generation().max_running(), 16);
   EXPECT_EQ(lm.generation().prefill_token_budget(), 512);
   EXPECT_EQ(lm.generation().default_max_new_tokens(), 64);
+  EXPECT_EQ(lm.generation().attention_workspace_mb(), 256);
   EXPECT_EQ(config->models(1).generation().max_running(), 4);
   std::remove(path.c_str());
 }
@@ -79,6 +80,9 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "models[1].generation.max_running must be in [1, 4096]"},
       {"models { model_dir: \"m\" generation { max_seq_len: -1 } }",
        "models[0].generation.max_seq_len"},
+      {"models { model_dir: \"m\" generation { attention_workspace_mb: "
+       "100000 } }",
+       "models[0].generation.attention_workspace_mb must be in [1, 65536]"},
       {"models { model_dir: \"m\" adaptive { queue_depth: -1 } }",
        "models[0].adaptive.queue_depth"},
       {"models { model_dir: \"a/m\" } models { model_dir: \"b/m\" }",
