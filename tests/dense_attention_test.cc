@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/llama_model.h"
+#include "tests/llama_test_util.h"
 
 namespace moh {
 namespace {
@@ -91,30 +92,13 @@ TEST(DenseAttentionTest, ModelOutputDoesNotDependOnTheWorkspace) {
                                 DeviceOptions{"cpu", "float32"});
   ASSERT_TRUE(model.ok()) << model.status();
   (*model)->set_attention_mode(AttentionMode::kDense);
-  at::manual_seed(11);
-  const at::Tensor prompt = at::randint(300, {2, 150}, at::kLong);
   std::vector<at::Tensor> logits[2];
   for (int run = 0; run < 2; ++run) {
     (*model)->set_attention_workspace_bytes(
         run == 0 ? kDefaultAttentionWorkspaceBytes : 4096);
-    KvCache cache = (*model)->CreateKvCache(2, 160);
-    std::vector<int32_t> start = {0, 0};
-    for (int chunk = 0; chunk < 3; ++chunk) {
-      DecoderBatch batch;
-      batch.all_logits = true;
-      const int32_t row1 = chunk == 0 ? 3 : 1;
-      batch.token_ids = prompt.narrow(1, chunk * 50, 50).clone();
-      batch.num_tokens = {50, row1};
-      batch.slots = {1, 0};
-      batch.start_positions = start;
-      batch.ratios = {0.5f, 1.0f};
-      auto out = (*model)->Forward(batch, cache);
-      ASSERT_TRUE(out.ok()) << out.status();
-      logits[run].push_back(at::cat(
-          {out->logits[0], out->logits[1].narrow(0, 0, row1)}));
-      start[0] += 50;
-      start[1] += row1;
-    }
+    auto out = ChunkedPromptBesideDecode(**model, {0.5f, 1.0f});
+    ASSERT_TRUE(out.ok()) << out.status();
+    logits[run] = *out;
   }
   for (size_t i = 0; i < logits[0].size(); ++i) {
     const double scale =
