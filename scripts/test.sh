@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test on
-# both LibTorch builds, 
+# both LibTorch builds, then the container image test.
 #   1. Debian's LibTorch 1.13 (CPU), in build/.
 #   2. The PyPI torch wheel's LibTorch 2.x (CUDA), in build-cuda/: every target,
 #      a check that moh-server links libtorch_cuda, and the whole suite again
 #      (the CUDA build runs on CPU too; tests labelled `gpu` run on a GPU when
 #      one is present and report themselves skipped otherwise). Needs the CUDA
 #      toolkit (nvcc in $CUDA_HOME, default /usr/local/cuda).
-# MOH_TEST_WHEEL: 1 runs step 2, 0 skips it, auto (the default) runs it when
-# the CUDA toolkit is there and says why when not. Under CI (CI=true) auto
-# means 1.
+#   3. The CPU container image, built with buildah and served from
+#      (tests/image_test.sh).
+# MOH_TEST_WHEEL and MOH_TEST_IMAGE: 1 runs that step, 0 skips it, auto (the
+# default) runs it when its prerequisite is there (the CUDA toolkit; root for
+# buildah) and says why when not. Under CI (CI=true) auto means 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=torch_wheel.env
@@ -42,3 +44,11 @@ else
     "no nvcc in $MOH_CUDA_HOME/bin (set CUDA_HOME, or MOH_TEST_WHEEL=0 to silence)"
 fi
 
+is_root=0
+[ "$(id -u)" -eq 0 ] && is_root=1
+if want "${MOH_TEST_IMAGE:-auto}" "$is_root"; then
+  bash tests/image_test.sh
+else
+  echo "test.sh: skipping the container image test: buildah's chroot" \
+    "isolation needs root (MOH_TEST_IMAGE=0 to silence)"
+fi

@@ -105,9 +105,11 @@ def test_readme_and_dockerfile_use_the_same_install_script(dockerfile):
             for c in shell_commands(rest)]
     installs = runs_script(runs, INSTALL)
     # The build installs exactly what the README's commands install (no
-    # arguments); the runtime stage the --runtime subset of the same script.
+    # arguments: Debian's LibTorch; --torch=wheel: the CUDA build's); the
+    # runtime stage the --runtime subset of the same script.
     assert [INSTALL] in installs, installs
-    assert all(len(w) == 1 for w in readme), readme
+    assert all(w[1:] in ([], ["--torch=wheel"]) for w in readme), readme
+    assert any(w[1:] == ["--torch=wheel"] for w in installs), installs
     assert any(w[1:2] == ["--runtime"] for w in installs), installs
     builds = runs_script(runs, BUILD)
     assert any({"moh-server", "moh-client"} <= set(w[1:]) for w in builds), builds
@@ -193,13 +195,24 @@ def test_image_serves_the_demo_models(dockerfile):
             assert '"%s"' % name in fixtures, name
 
 
-def test_cuda_variant_points_cmake_at_libtorch(dockerfile):
+def test_cuda_variant_uses_the_ci_torch_wheel(dockerfile):
+    """The CUDA variant builds against the LibTorch of CI's CUDA build: the
+    PyPI torch wheel that `install_deps.sh --torch=wheel` installs, built with
+    `build.sh --torch=wheel`; its runtime has no Debian LibTorch and carries
+    the wheel's libraries from that stage."""
     all_stages = stages(dockerfile)
     assert "torch-cuda" in all_stages and "runtime-cuda" in all_stages
-    text = " ".join(rest for _, rest in all_stages["torch-cuda"])
-    assert "-DTorch_DIR=/opt/libtorch/share/cmake/Torch" in text
+    cuda = all_stages["torch-cuda"]
+    runs = [c for w, rest in cuda if w == "RUN" for c in shell_commands(rest)]
+    assert [INSTALL, "--torch=wheel"] in runs_script(runs, INSTALL), runs
+    assert ("ENV", "MOH_TORCH=wheel") in cuda
+    assert ("ENV", "MOH_TORCH=debian") in all_stages["torch-cpu"]
+    build = [c for w, rest in all_stages["build"] if w == "RUN"
+             for c in shell_commands(rest)]
+    assert any(w[1:2] == ["--torch=$MOH_TORCH"]
+               for w in runs_script(build, BUILD)), build
     runtime = " ".join(rest for _, rest in all_stages["runtime-cuda"])
-    assert "--runtime-no-torch" in runtime and "/opt/libtorch/lib" in runtime
+    assert "--runtime-no-torch" in runtime and "--from=torch-cuda" in runtime
 
 
 def test_dockerignore_keeps_build_trees_out():
