@@ -277,6 +277,7 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   for (const auto* part : {&cache_slot, &cache_pos, &cache_token}) {
     host.insert(host.end(), part->begin(), part->end());
   }
+  // On CPU the step's index tensors alias `host`, which outlives them.
   const at::Tensor device_ints = context_->Upload(
       at::from_blob(host.data(), {static_cast<int64_t>(host.size())},
                     at::kLong));
