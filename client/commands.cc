@@ -43,19 +43,6 @@ std::string SummarizeLayers(const ModelInfo& info) {
   return groups.empty() ? "-" : absl::StrJoin(groups, "; ");
 }
 
-const char* StateName(ModelInfo::State state) {
-  switch (state) {
-    case ModelInfo::LOADING:
-      return "LOADING";
-    case ModelInfo::READY:
-      return "READY";
-    case ModelInfo::FAILED:
-      return "FAILED";
-    default:
-      return "UNSPECIFIED";
-  }
-}
-
 std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
 
 void PrintActivation(float effective, float applied) {
@@ -100,7 +87,7 @@ int RunListModels(moh::v1::Inference::StubInterface& stub,
          absl::StrFormat("%.3f", info.min_ratio()), OrDash(info.device()),
          OrDash(info.dtype()),
          info.max_seq_len() > 0 ? absl::StrCat(info.max_seq_len()) : "-",
-         StateName(info.state()), info.failure_reason()});
+         ModelInfo::State_Name(info.state()), info.failure_reason()});
   }
   std::fputs(table.Render().c_str(), stdout);
   if (response.models_size() == 0) std::fputs("(no models)\n", stdout);

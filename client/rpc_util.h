@@ -6,6 +6,8 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/status.h>
 
+#include <string>
+
 #include "absl/time/time.h"
 
 namespace moh::client {
@@ -25,7 +27,7 @@ struct CallOptions {
 void ConfigureContext(const CallOptions& options, grpc::ClientContext* context);
 
 // "INVALID_ARGUMENT" etc.; "UNKNOWN_CODE" for a value outside the enum.
-const char* StatusCodeName(grpc::StatusCode code);
+std::string StatusCodeName(grpc::StatusCode code);
 
 // Prints "moh-client: <CODE_NAME>: <message>" to stderr (or that the call was
 // interrupted) and returns the exit status: 128 + signal after an interrupt,

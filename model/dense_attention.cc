@@ -21,8 +21,9 @@ namespace {
 // [B, KV, L, D] keys or values of each row.
 at::Tensor Gather(const at::Tensor& cache, const at::Tensor& row_slot,
                   int64_t kv_len) {
-  return cache.narrow(1, 0, kv_len).index_select(0, row_slot).permute(
-      {0, 2, 1, 3});
+  return cache.narrow(1, 0, kv_len)
+      .index_select(0, row_slot)
+      .permute({0, 2, 1, 3});
 }
 
 // [B, t, L] bool: which keys each query of the chunk sees.
@@ -44,18 +45,18 @@ at::Tensor ChunkAttention(const at::Tensor& q, const at::Tensor& keys,
   // so that keys and values are read as they are, without repeat_kv.
   at::Tensor out = at::scaled_dot_product_attention(
       q.reshape({rows, kv_heads, group * width, d}), keys, values,
-      visible.unsqueeze(1).unsqueeze(2)
+      visible.unsqueeze(1)
+          .unsqueeze(2)
           .expand({rows, 1, group, width, kv_len})
           .reshape({rows, 1, group * width, kv_len}),
       /*dropout_p=*/0.0, /*is_causal=*/false, scale);
   return out.view({rows, kv_heads, group, width, d});
 #else
-  at::Tensor scores =
-      at::matmul(q.reshape({rows, kv_heads, group * width, d}),
-                 keys.transpose(2, 3))
-          .view({rows, kv_heads, group, width, kv_len})
-          .to(at::kFloat) *
-      scale;
+  at::Tensor scores = at::matmul(q.reshape({rows, kv_heads, group * width, d}),
+                                 keys.transpose(2, 3))
+                          .view({rows, kv_heads, group, width, kv_len})
+                          .to(at::kFloat) *
+                      scale;
   scores.masked_fill_(visible.logical_not().view({rows, 1, 1, width, kv_len}),
                       -std::numeric_limits<float>::infinity());
   at::Tensor probs = at::softmax(scores, -1).to(values.scalar_type());
@@ -73,8 +74,8 @@ at::Tensor DenseAttention(const DenseAttentionInputs& in) {
   const at::Tensor keys = Gather(in.key_cache, in.row_slot, in.kv_len);
   const at::Tensor values = Gather(in.value_cache, in.row_slot, in.kv_len);
   // [B, KV, G, T, D]: head h = kv * G + g.
-  const at::Tensor q = in.queries.permute({0, 2, 1, 3}).reshape(
-      {rows, kv_heads, group, width, d});
+  const at::Tensor q = in.queries.permute({0, 2, 1, 3})
+                           .reshape({rows, kv_heads, group, width, d});
   const int64_t chunk = DenseAttentionQueryChunk(rows, heads, width, in.kv_len,
                                                  in.workspace_bytes);
   at::Tensor out = at::empty({rows, width, heads, d}, in.queries.options());

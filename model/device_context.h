@@ -69,7 +69,8 @@ class DeviceContext {
   // Copies `tensors` to host memory (pinned on CUDA) asynchronously and waits
   // once for the model's stream: the one sync a step needs to read its
   // results on the host. Call inside a scope.
-  std::vector<at::Tensor> Download(const std::vector<at::Tensor>& tensors) const;
+  std::vector<at::Tensor> Download(
+      const std::vector<at::Tensor>& tensors) const;
 
  private:
   struct Impl;

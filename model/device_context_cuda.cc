@@ -65,8 +65,8 @@ class NoScope final : public DeviceContext::Scope {};
 DeviceContext::DeviceContext(at::Device device)
     : device_(device), impl_(std::make_unique<Impl>()) {
   if (device_.is_cuda()) {
-    impl_->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false,
-                                                 device_.index());
+    impl_->stream =
+        c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
   }
 }
 
@@ -93,8 +93,8 @@ std::vector<at::Tensor> DeviceContext::Download(
       host.push_back(t);
       continue;
     }
-    host.push_back(at::empty(t.sizes(),
-                             t.options().device(at::kCPU).pinned_memory(true)));
+    host.push_back(
+        at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true)));
     host.back().copy_(t, /*non_blocking=*/true);
     wait = true;
   }

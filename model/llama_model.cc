@@ -269,8 +269,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   }
   std::vector<int64_t> top_k_rows, max_top_k;
   for (const Layer& layer : layers_) {
-    max_top_k.push_back(AppendTopKPerToken(layer.router.layer(), batch.ratios,
-                                           1, &top_k_rows));
+    max_top_k.push_back(
+        AppendTopKPerToken(layer.router.layer(), batch.ratios, 1, &top_k_rows));
   }
   std::copy(top_k_rows.begin(), top_k_rows.end(), top_k_host);
   const int64_t m = static_cast<int64_t>(cache_token.size());
@@ -278,9 +278,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     host.insert(host.end(), part->begin(), part->end());
   }
   // On CPU the step's index tensors alias `host`, which outlives them.
-  const at::Tensor device_ints = context_->Upload(
-      at::from_blob(host.data(), {static_cast<int64_t>(host.size())},
-                    at::kLong));
+  const at::Tensor device_ints = context_->Upload(at::from_blob(
+      host.data(), {static_cast<int64_t>(host.size())}, at::kLong));
   int64_t offset = 0;
   auto next = [&](std::vector<int64_t> shape) {
     int64_t n = 1;
@@ -298,8 +297,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   const at::Tensor cache_index = next({3, m});
   const at::Tensor ids = context_->Upload(batch.token_ids);
 
-  const Step step{batch,       valid,     positions, row_len, slots,
-                  cache_index, top_k,     max_top_k, kv_len};
+  const Step step{batch,       valid, positions, row_len, slots,
+                  cache_index, top_k, max_top_k, kv_len};
   std::vector<at::Tensor> counts, gates_per_layer;
   at::Tensor h = at::embedding(embed_tokens_, ids);  // [B, T, C]
   for (int64_t l = 0; l < num_layers; ++l) {

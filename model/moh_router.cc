@@ -106,7 +106,8 @@ at::Tensor MohRouter::QueryNormGates(const at::Tensor& query,
 
 int64_t AppendTopKPerToken(const MohLayerConfig& layer,
                            const std::vector<float>& ratios,
-                           int64_t tokens_per_row, std::vector<int64_t>* top_k) {
+                           int64_t tokens_per_row,
+                           std::vector<int64_t>* top_k) {
   int64_t max_top_k = 0;
   for (float r : ratios) {
     const int64_t k = layer.TopKForRatio(r);

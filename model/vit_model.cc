@@ -116,12 +116,9 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
           max_top_k.push_back(AppendTopKPerToken(block.router.layer(), ratios,
                                                  tokens, &top_k_host));
         }
-        const at::Tensor top_k =
-            context_
-                ->Upload(at::from_blob(
-                    top_k_host.data(),
-                    {static_cast<int64_t>(blocks_.size()), rows * tokens},
-                    at::kLong));
+        const at::Tensor top_k = context_->Upload(at::from_blob(
+            top_k_host.data(),
+            {static_cast<int64_t>(blocks_.size()), rows * tokens}, at::kLong));
         at::Tensor x =
             at::conv2d(context_->Upload(pixels).to(options_), patch_w_,
                        patch_b_, {config_.patch_size, config_.patch_size});

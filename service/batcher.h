@@ -54,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "service/clock.h"
+#include "service/draining.h"
 
 namespace moh {
 
@@ -220,8 +221,7 @@ absl::Status Batcher<Task>::Schedule(Task&& task) {
   }
   absl::MutexLock lock(&mu_);
   if (stopping_) {
-    return absl::UnavailableError(
-        absl::StrCat(options_.name, " is stopping; no new tasks accepted"));
+    return DrainingError();
   }
   if (num_queued_ >= static_cast<size_t>(options_.max_queued_requests)) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "model/status_macros.h"
 #include "model/tokenizer.h"
+#include "service/draining.h"
 
 namespace moh {
 namespace {
@@ -129,10 +130,7 @@ class ContinuousBatchScheduler::Impl {
     uint64_t id;
     {
       absl::MutexLock lock(&mu_);
-      if (!accepting_) {
-        return absl::UnavailableError(
-            "server is draining and accepts no new requests");
-      }
+      if (!accepting_) return DrainingError();
       if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_requests) {
         return absl::ResourceExhaustedError(
             absl::StrCat("too many requests waiting (max_queued_requests = ",

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/runtime.h"
 #include "model/status_macros.h"
+#include "service/draining.h"
 #include "service/log.h"
 
 namespace moh {
@@ -91,8 +92,8 @@ absl::Status HostedModel::LoadUnchecked() {
     options.adaptive_queue_depth = config_.adaptive().queue_depth();
     lm_->model->set_attention_workspace_bytes(
         int64_t{g.attention_workspace_mb()} << 20);
-    MOH_RETURN_IF_ERROR(lm_->model->CheckMemoryFits(options.max_running,
-                                                    options.max_seq_len));
+    MOH_RETURN_IF_ERROR(
+        lm_->model->CheckMemoryFits(options.max_running, options.max_seq_len));
     MOH_ASSIGN_OR_RETURN(scheduler_, ContinuousBatchScheduler::Create(
                                          options, *lm_, model_metrics_));
   } else {
@@ -152,8 +153,7 @@ absl::Status HostedModel::CheckReady() const {
   absl::MutexLock lock(&mu_);
   switch (state_) {
     case State::kReady:
-      return accepting_ ? absl::OkStatus()
-                        : absl::UnavailableError("server is draining");
+      return accepting_ ? absl::OkStatus() : DrainingError();
     case State::kLoading:
       return absl::UnavailableError(
           absl::StrCat("model '", name(), "' is still loading"));

@@ -31,27 +31,6 @@ constexpr int kNumBatchKinds = 3;
 constexpr int kNumCodes = 17;  // absl::StatusCode (== grpc::StatusCode) 0..16.
 constexpr int kUnknownCode = 2;
 
-// Indexed by absl::StatusCode, which numbers codes exactly as gRPC does.
-constexpr std::array<const char*, kNumCodes> kCodeNames = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-};
-
 int CodeIndex(absl::StatusCode code) {
   const int i = static_cast<int>(code);
   return i >= 0 && i < kNumCodes ? i : kUnknownCode;
@@ -234,9 +213,11 @@ struct ModelMetrics::Impl {
     absl::MutexLock lock(&mu);
     c = requests[rpc][code].load(std::memory_order_relaxed);
     if (c == nullptr) {
-      c = &requests_family->Add({{"model", model},
-                                 {"rpc", RpcName(static_cast<Rpc>(rpc))},
-                                 {"code", kCodeNames[code]}});
+      c = &requests_family->Add(
+          {{"model", model},
+           {"rpc", RpcName(static_cast<Rpc>(rpc))},
+           {"code",
+            absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}});
       requests[rpc][code].store(c, std::memory_order_release);
     }
     return c;

@@ -69,7 +69,8 @@ TEST(DenseAttentionTest, ChunkedEqualsOneSoftmax) {
   std::vector<int64_t> pos;
   for (int64_t t = 0; t < width; ++t) pos.push_back(t);
   for (int64_t t = 0; t < width; ++t) pos.push_back(14);
-  for (int64_t t = 0; t < width; ++t) pos.push_back(5 + std::min<int64_t>(t, 3));
+  for (int64_t t = 0; t < width; ++t)
+    pos.push_back(5 + std::min<int64_t>(t, 3));
   in.positions = at::tensor(pos).view({rows, width});
   in.row_len = at::tensor(std::vector<int64_t>{9, 15, 9});
   in.kv_len = 15;
@@ -101,8 +102,7 @@ TEST(DenseAttentionTest, ModelOutputDoesNotDependOnTheWorkspace) {
     logits[run] = *out;
   }
   for (size_t i = 0; i < logits[0].size(); ++i) {
-    const double scale =
-        std::max(1.0, logits[0][i].abs().max().item<double>());
+    const double scale = std::max(1.0, logits[0][i].abs().max().item<double>());
     EXPECT_LE((logits[0][i] - logits[1][i]).abs().max().item<double>(),
               1e-4 * scale)
         << "chunk " << i;

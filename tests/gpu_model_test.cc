@@ -50,8 +50,8 @@ TEST_P(GpuModelTest, Bf16OnCudaMatchesFp32OnCpuAtMixedRatios) {
   for (int step = 0; step < 4; ++step) {
     DecoderBatch batch;
     batch.token_ids = step == 0 ? prompt : at::randint(300, {4, 1}, at::kLong);
-    batch.num_tokens =
-        step == 0 ? std::vector<int32_t>{7, 3, 5, 1} : std::vector<int32_t>(4, 1);
+    batch.num_tokens = step == 0 ? std::vector<int32_t>{7, 3, 5, 1}
+                                 : std::vector<int32_t>(4, 1);
     batch.slots = {3, 0, 2, 1};
     batch.start_positions = start;
     batch.ratios = {0.5f, 0.0f, 1.0f, 0.75f};
@@ -70,8 +70,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelTest,
 
 TEST(GpuVitTest, Bf16OnCudaMatchesFp32OnCpu) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  auto cuda = VitModel::Load(kFixtures + "/vit_learned",
-                             DeviceOptions{"cuda", "auto"});
+  auto cuda =
+      VitModel::Load(kFixtures + "/vit_learned", DeviceOptions{"cuda", "auto"});
   auto cpu = VitModel::Load(kFixtures + "/vit_learned",
                             DeviceOptions{"cpu", "float32"});
   ASSERT_TRUE(cuda.ok()) << cuda.status();

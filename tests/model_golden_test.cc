@@ -8,9 +8,9 @@
 #include "gtest/gtest.h"
 #include "model/generator.h"
 #include "model/llama_model.h"
-#include "tests/llama_test_util.h"
 #include "model/vit_model.h"
 #include "nlohmann/json.hpp"
+#include "tests/llama_test_util.h"
 
 namespace moh {
 namespace {
