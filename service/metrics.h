@@ -28,8 +28,6 @@
 
 namespace moh {
 
-class ProcessCollector;
-
 enum class Rpc { kGenerate, kClassify, kListModels };
 enum class BatchKind { kPrefill, kDecode, kClassify };
 
@@ -106,6 +104,7 @@ class Metrics {
 
  private:
   struct Families;
+  class ProcessCollector;
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<ProcessCollector> process_collector_;
   std::unique_ptr<Families> families_;
