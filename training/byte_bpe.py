@@ -5,7 +5,13 @@ writes: 256 byte tokens (id = byte value, GPT-2 bytes_to_unicode spelling), then
 token per merge, then the special tokens; ByteLevel pre-tokenizer (GPT-2 regex) and
 decoder; a TemplateProcessing post-processor that puts <|begin_of_text|> first.
 """
+import os
 import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "tests", "reference"))
+from gpt2_bytes import bytes_to_unicode  # noqa: E402
 
 BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
@@ -13,20 +19,6 @@ EOS_TOKEN = "<|end_of_text|>"
 # The GPT-2 pre-tokenizer regex restricted to what `re` expresses; equal to it on
 # ASCII text (\p{L} -> [^\W\d_], \p{N} -> \d).  The corpus is ASCII.
 PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
-
-
-def bytes_to_unicode():
-    """GPT-2's reversible byte -> printable unicode character map."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
 
 
 B2U = bytes_to_unicode()

@@ -7,24 +7,15 @@ import json
 import math
 import os
 import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "reference"))
+from gpt2_bytes import bytes_to_unicode  # noqa: E402
 
 LM_EOS = 319
 
 # --- the fixture tokenizer (byte-level BPE), for checking streamed text ---
-
-
-def _bytes_to_unicode():
-    bs = (list(range(ord("!"), ord("~") + 1)) +
-          list(range(ord("\xa1"), ord("\xac") + 1)) +
-          list(range(ord("\xae"), ord("\xff") + 1)))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
 
 
 class ByteLevelDecoder:
@@ -33,7 +24,7 @@ class ByteLevelDecoder:
     def __init__(self, tokenizer_json):
         with open(tokenizer_json) as f:
             t = json.load(f)
-        byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
         self.special = {a["id"] for a in t["added_tokens"] if a["special"]}
         self.token_bytes = {
             i: bytes(byte_of[c] for c in tok)

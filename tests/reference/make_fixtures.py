@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import checkpoint_io  # noqa: E402
+from gpt2_bytes import bytes_to_unicode  # noqa: E402
 import moh_reference as ref  # noqa: E402
 
 RATIOS = [0.0, 0.5, 0.75, 1.0]
@@ -111,20 +112,6 @@ NUM_MERGES = 62
 # ----------------------------------------------------------------------------------
 # tokenizer.json: byte-level BPE, 256 byte tokens + 62 merges + 2 special = 320
 # ----------------------------------------------------------------------------------
-def bytes_to_unicode():
-    """GPT-2's reversible byte -> printable unicode character map."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
-
-
 # GPT-2 pre-tokenizer regex, restricted to what `re` can express (the training text is ASCII)
 _PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
 

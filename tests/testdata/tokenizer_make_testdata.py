@@ -15,22 +15,13 @@ tokenizer_metaspace.json  LLaMA-2 layout: <unk> <s> </s>, <0x00>..<0xFF> at
 """
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "reference"))
+from gpt2_bytes import bytes_to_unicode  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def bytes_to_unicode_order():
-    """(byte, char) pairs in GPT-2's vocab order."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + \
-        list(range(0xAE, 0xFF + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [(b, chr(c)) for b, c in zip(bs, cs)]
 
 
 def added(i, content, special=True, lstrip=False, rstrip=False):
@@ -40,7 +31,7 @@ def added(i, content, special=True, lstrip=False, rstrip=False):
 
 
 def bytelevel():
-    vocab = {c: i for i, (_, c) in enumerate(bytes_to_unicode_order())}
+    vocab = {c: i for i, (_, c) in enumerate(bytes_to_unicode().items())}
     merges = [["H", "e"], ["l", "l"], ["He", "ll"], ["Hell", "o"],
               ["Ġ", "w"], ["o", "r"], ["Ġw", "or"], ["l", "d"],
               ["Ġwor", "ld"], ["Ã", "©"], ["h", "Ã©"], ["ä", "½"],
