@@ -98,10 +98,9 @@ def _start(server, **kwargs):
     return server.start(**kwargs)
 
 
-@pytest.fixture(scope="session")
-def start_server(workdir):
-    """start_server(name, models, **MohServer kwargs) -> a started MohServer,
-    killed at the end of the session (tests may stop it earlier)."""
+def _starter(workdir):
+    """A start(name, models, wait_serving=True, **MohServer kwargs) function
+    and the list of the servers it started."""
     started = []
 
     def start(name, models, wait_serving=True, **kwargs):
@@ -109,6 +108,14 @@ def start_server(workdir):
         started.append(server)
         return _start(server, wait_serving=wait_serving)
 
+    return start, started
+
+
+@pytest.fixture(scope="session")
+def start_server(workdir):
+    """start_server(name, models, **MohServer kwargs) -> a started MohServer,
+    killed at the end of the session (tests may stop it earlier)."""
+    start, started = _starter(workdir)
     yield start
     for server in started:
         server.kill()
@@ -117,13 +124,7 @@ def start_server(workdir):
 @pytest.fixture
 def server_factory(workdir):
     """Like start_server, but the servers die at the end of the test."""
-    started = []
-
-    def start(name, models, wait_serving=True, **kwargs):
-        server = lib.MohServer(name, workdir, models, **kwargs)
-        started.append(server)
-        return _start(server, wait_serving=wait_serving)
-
+    start, started = _starter(workdir)
     yield start
     for server in started:
         server.kill()
