@@ -31,6 +31,25 @@ void TakeRatios(float effective, float ran_at, RequestResult* result) {
   if (ran_at > 0) result->activation_ratio = ran_at;
 }
 
+// What a benchmarked call records, from its start to its completion.
+struct CallRecord {
+  CallRecord(int ratio_index, DoneFn done_fn) : done(std::move(done_fn)) {
+    result.ratio_index = ratio_index;
+  }
+
+  // Stamps the outcome and hands the result over. Called on a record moved
+  // out of a call that has deleted itself (`done` may start the next call).
+  void Finish(const grpc::Status& status) {
+    result.code = status.error_code();
+    result.e2e_s = Seconds(Clock::now() - start);
+    done(result);
+  }
+
+  DoneFn done;
+  RequestResult result;
+  Clock::time_point start;
+};
+
 // One streaming Generate; deletes itself when done, after calling `done`.
 class GenerateCall : public grpc::ClientReadReactor<moh::v1::GenerateResponse> {
  public:
@@ -38,12 +57,10 @@ class GenerateCall : public grpc::ClientReadReactor<moh::v1::GenerateResponse> {
                moh::v1::GenerateRequest request, int ratio_index, DoneFn done)
       : context_(std::move(context)),
         request_(std::move(request)),
-        done_(std::move(done)) {
-    result_.ratio_index = ratio_index;
-  }
+        record_(ratio_index, std::move(done)) {}
 
   void Start(moh::v1::Inference::Stub* stub) {
-    start_ = Clock::now();
+    record_.start = Clock::now();
     stub->async()->Generate(context_.get(), &request_, this);
     StartRead(&response_);
     StartCall();
@@ -53,37 +70,33 @@ class GenerateCall : public grpc::ClientReadReactor<moh::v1::GenerateResponse> {
     if (!ok) return;  // OnDone follows.
     const Clock::time_point now = Clock::now();
     const int tokens = response_.token_ids_size();
+    RequestResult& result = record_.result;
     if (tokens > 0) {
-      if (!result_.ttft_s) {
-        result_.ttft_s = Seconds(now - start_);
+      if (!result.ttft_s) {
+        result.ttft_s = Seconds(now - record_.start);
       } else {
         const double gap = Seconds(now - last_tokens_) / tokens;
-        result_.itl_s.insert(result_.itl_s.end(), tokens, gap);
+        result.itl_s.insert(result.itl_s.end(), tokens, gap);
       }
       last_tokens_ = now;
-      result_.tokens += tokens;
+      result.tokens += tokens;
     }
     TakeRatios(response_.effective_activation_ratio(),
-               response_.activation_ratio(), &result_);
+               response_.activation_ratio(), &result);
     StartRead(&response_);
   }
 
   void OnDone(const grpc::Status& status) override {
-    result_.code = status.error_code();
-    result_.e2e_s = Seconds(Clock::now() - start_);
-    const RequestResult result = std::move(result_);
-    const DoneFn done = std::move(done_);
+    CallRecord record = std::move(record_);
     delete this;
-    done(result);
+    record.Finish(status);
   }
 
  private:
   std::shared_ptr<grpc::ClientContext> context_;
   moh::v1::GenerateRequest request_;
   moh::v1::GenerateResponse response_;
-  DoneFn done_;
-  RequestResult result_;
-  Clock::time_point start_;
+  CallRecord record_;
   Clock::time_point last_tokens_;
 };
 
@@ -94,36 +107,29 @@ class ClassifyCall {
                moh::v1::ClassifyRequest request, int ratio_index, DoneFn done)
       : context_(std::move(context)),
         request_(std::move(request)),
-        done_(std::move(done)) {
-    result_.ratio_index = ratio_index;
-  }
+        record_(ratio_index, std::move(done)) {}
 
   void Start(moh::v1::Inference::Stub* stub) {
-    start_ = Clock::now();
+    record_.start = Clock::now();
     stub->async()->Classify(context_.get(), &request_, &response_,
                             [this](grpc::Status status) { OnDone(status); });
   }
 
  private:
   void OnDone(const grpc::Status& status) {
-    result_.code = status.error_code();
-    result_.e2e_s = Seconds(Clock::now() - start_);
     if (status.ok()) {
       TakeRatios(response_.effective_activation_ratio(),
-                 response_.activation_ratio(), &result_);
+                 response_.activation_ratio(), &record_.result);
     }
-    const RequestResult result = std::move(result_);
-    const DoneFn done = std::move(done_);
+    CallRecord record = std::move(record_);
     delete this;
-    done(result);
+    record.Finish(status);
   }
 
   std::shared_ptr<grpc::ClientContext> context_;
   moh::v1::ClassifyRequest request_;
   moh::v1::ClassifyResponse response_;
-  DoneFn done_;
-  RequestResult result_;
-  Clock::time_point start_;
+  CallRecord record_;
 };
 
 }  // namespace
