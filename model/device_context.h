@@ -55,15 +55,13 @@ class DeviceContext {
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
 
-  const at::Device& device() const { return device_; }
   std::unique_ptr<Scope> Enter() const;
 
-  // Copies a host tensor to the device without blocking the host: through a
-  // pinned staging buffer on CUDA (reused while large enough; the copy is
-  // ordered on the model's stream before any later kernel of it), a plain
-  // (cheap) conversion on CPU. Call inside a scope. `host` must stay unchanged
-  // until the copy has run; the staging buffer is not reused before the
-  // stream has consumed it.
+  // Copies a host tensor to the device without blocking the host: on CUDA
+  // through a pinned block of LibTorch's caching host allocator (which hands
+  // the block out again only after the copy ran), ordered on the model's
+  // stream before any later kernel of it; on CPU a plain (aliasing when
+  // nothing changes) conversion. Call inside a scope.
   at::Tensor Upload(const at::Tensor& host) const;
 
   // Copies `tensors` to host memory (pinned on CUDA) asynchronously and waits

@@ -30,6 +30,10 @@ class KvCache {
   int64_t max_seq_len() const { return max_seq_len_; }
   // Bytes of keys and values one token position takes over all layers.
   int64_t bytes_per_token() const { return bytes_per_token_; }
+  // The same, for a cache not yet allocated (memory planning).
+  static int64_t BytesPerToken(int64_t num_layers, int64_t num_kv_heads,
+                               int64_t head_dim,
+                               const at::TensorOptions& options);
   int64_t total_bytes() const {
     return bytes_per_token_ * num_slots_ * max_seq_len_;
   }

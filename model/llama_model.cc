@@ -122,10 +122,12 @@ KvCache LlamaModel::CreateKvCache(int64_t num_slots,
                                   int64_t max_seq_len) const {
   // Zeroed on the model's stream, before any Forward that reads it.
   const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
-  return KvCache(
-      config_.num_layers, num_slots,
-      std::min<int64_t>(max_seq_len, config_.max_position_embeddings),
-      config_.num_kv_heads, config_.head_dim, options_);
+  return KvCache(config_.num_layers, num_slots, CachePositions(max_seq_len),
+                 config_.num_kv_heads, config_.head_dim, options_);
+}
+
+int64_t LlamaModel::CachePositions(int64_t max_seq_len) const {
+  return std::min<int64_t>(max_seq_len, config_.max_position_embeddings);
 }
 
 absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
@@ -137,11 +139,11 @@ absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
   for (const GpuMemoryStats& gpu : GpuMemory()) {
     if (gpu.device == device.index()) in_use = gpu.reserved_bytes;
   }
-  const int64_t positions =
-      std::min<int64_t>(max_seq_len, config_.max_position_embeddings);
-  const int64_t kv_bytes = 2 * config_.num_layers * num_slots * positions *
-                           config_.num_kv_heads * config_.head_dim *
-                           static_cast<int64_t>(options_.dtype().itemsize());
+  const int64_t positions = CachePositions(max_seq_len);
+  const int64_t kv_bytes =
+      num_slots * positions *
+      KvCache::BytesPerToken(config_.num_layers, config_.num_kv_heads,
+                             config_.head_dim, options_);
   const int64_t needed = in_use + kv_bytes + attention_workspace_bytes_;
   // 10% stays free for activations and the CUDA context's own allocations.
   if (needed <= capacity / 10 * 9) return absl::OkStatus();

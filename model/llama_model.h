@@ -93,9 +93,6 @@ class LlamaModel {
   void set_attention_workspace_bytes(int64_t bytes) {
     attention_workspace_bytes_ = bytes;
   }
-  int64_t attention_workspace_bytes() const {
-    return attention_workspace_bytes_;
-  }
 
  private:
   struct Layer {
@@ -110,6 +107,8 @@ class LlamaModel {
       : config_(std::move(config)),
         options_(options),
         context_(std::make_unique<DeviceContext>(options.device())) {}
+  // Positions a cache for sequences of `max_seq_len` holds.
+  int64_t CachePositions(int64_t max_seq_len) const;
   absl::Status Validate(const DecoderBatch& batch, const KvCache& cache) const;
   absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
                                                  KvCache& cache) const;
