@@ -126,7 +126,6 @@ class ContinuousBatchScheduler::Impl {
       return absl::InvalidArgumentError("observer must not be null");
     }
     MOH_RETURN_IF_ERROR(Validate(job));
-    int64_t waiting;
     uint64_t id;
     {
       absl::MutexLock lock(&mu_);
@@ -140,9 +139,10 @@ class ContinuousBatchScheduler::Impl {
       queue_.push_back(
           QueuedJob{id, std::move(job), std::move(observer), absl::Now()});
       live_.insert(id);
-      waiting = queue_.size();
+      // Set under the lock, as the loop does: set after it, this count could
+      // land after the loop's newer one and leave the gauge stale while idle.
+      if (metrics_ != nullptr) metrics_->SetWaiting(queue_.size());
     }
-    if (metrics_ != nullptr) metrics_->SetWaiting(waiting);
     return id;
   }
 
@@ -266,7 +266,6 @@ bool ContinuousBatchScheduler::Impl::Admit() {
   std::vector<std::pair<QueuedJob, bool>> admitted;  // (job, ratio lowered)
   std::vector<int> cancelled_slots;
   bool stopping;
-  int64_t waiting;
   const bool any_running = AnyRunning();
   {
     absl::MutexLock lock(&mu_);
@@ -311,9 +310,8 @@ bool ContinuousBatchScheduler::Impl::Admit() {
       --free_slots;
       ++num_running_;
     }
-    waiting = queue_.size();
+    if (metrics_ != nullptr) metrics_->SetWaiting(queue_.size());
   }
-  if (metrics_ != nullptr) metrics_->SetWaiting(waiting);
 
   for (RejectedJob& r : rejected) {
     if (r.status.ok()) {
