@@ -11,10 +11,13 @@ namespace {
 
 // Per-row state of one generation.
 struct Row {
-  Row(const GenerationRequest& r, const Tokenizer* tokenizer,
-      const std::vector<int32_t>& eos_ids)
-      : request(r), output(r.sampling, r.prompt_ids, tokenizer, eos_ids) {}
+  Row(const GenerationRequest& r, const MohConfig& moh,
+      const Tokenizer* tokenizer, const std::vector<int32_t>& eos_ids)
+      : request(r),
+        top_k(Activation::AtRatio(moh, r.ratio).top_k()),
+        output(r.sampling, r.prompt_ids, tokenizer, eos_ids) {}
   const GenerationRequest& request;
+  const LayerTopK top_k;
   SequenceOutput output;
   GenerationResult result;
 };
@@ -80,28 +83,6 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
   return chunk;
 }
 
-absl::Status ValidateRatio(float ratio, const char* field) {
-  if (ratio == 0.0f || (ratio > 0.0f && ratio <= 1.0f)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, " must be in (0, 1] (or 0 for the model's default), got ", ratio));
-}
-
-absl::Status ValidateActivation(float ratio, float min_ratio,
-                                double default_ratio) {
-  MOH_RETURN_IF_ERROR(ValidateRatio(ratio, "activation.ratio"));
-  // Slack for comparing a float min_ratio with a default computed in double.
-  constexpr double kSlack = 1e-6;
-  const double ceiling = ratio > 0.0f ? ratio : default_ratio;
-  if (min_ratio != 0.0f &&
-      !(min_ratio > 0.0f && min_ratio <= ceiling + kSlack)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "activation.min_ratio must be 0 (off) or in (0, ", ceiling,
-        "] (activation.ratio", ratio > 0.0f ? "" : ", the model's default",
-        "), got ", min_ratio));
-  }
-  return absl::OkStatus();
-}
-
 double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens) {
   const int64_t pairs =
       tokens * head_token_counts.size(-1) * head_token_counts.size(-2);
@@ -156,7 +137,7 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
   std::vector<Row> rows;
   rows.reserve(n);
   for (const GenerationRequest& r : requests) {
-    rows.emplace_back(r, tokenizer_, eos_ids_);
+    rows.emplace_back(r, model_.config().moh, tokenizer_, eos_ids_);
   }
 
   // Prefill every prompt in one padded batch.
@@ -169,7 +150,7 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
     batch.num_tokens.push_back(prompt.size());
     batch.slots.push_back(b);
     batch.start_positions.push_back(0);
-    batch.ratios.push_back(requests[b].ratio);
+    batch.top_k.push_back(rows[b].top_k);
     rows[b].result.prompt_tokens = prompt.size();
   }
   std::vector<int64_t> active(n);
@@ -208,7 +189,7 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
       batch.num_tokens.push_back(1);
       batch.slots.push_back(active[i]);
       batch.start_positions.push_back(row.output.history().size() - 1);
-      batch.ratios.push_back(row.request.ratio);
+      batch.top_k.push_back(row.top_k);
     }
   }
 
@@ -229,6 +210,14 @@ absl::StatusOr<LabelScores> ScoreLabels(
     const LlamaModel& model, const std::vector<int32_t>& context_ids,
     const std::vector<std::vector<int32_t>>& label_ids, float ratio) {
   MOH_RETURN_IF_ERROR(ValidateRatio(ratio, "ratio"));
+  return ScoreLabels(model, context_ids, label_ids,
+                     Activation::AtRatio(model.config().moh, ratio));
+}
+
+absl::StatusOr<LabelScores> ScoreLabels(
+    const LlamaModel& model, const std::vector<int32_t>& context_ids,
+    const std::vector<std::vector<int32_t>>& label_ids,
+    const Activation& activation) {
   if (context_ids.empty()) {
     return absl::InvalidArgumentError("text must encode to at least one token");
   }
@@ -259,7 +248,7 @@ absl::StatusOr<LabelScores> ScoreLabels(
     batch.num_tokens.push_back(t);
     batch.slots.push_back(b);
     batch.start_positions.push_back(0);
-    batch.ratios.push_back(ratio);
+    batch.top_k.push_back(activation.top_k());
   }
   batch.all_logits = true;
   KvCache cache = model.CreateKvCache(n, width);

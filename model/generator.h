@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/activation.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -117,17 +118,12 @@ struct LabelScores {
 absl::StatusOr<LabelScores> ScoreLabels(
     const LlamaModel& model, const std::vector<int32_t>& context_ids,
     const std::vector<std::vector<int32_t>>& label_ids, float ratio);
+absl::StatusOr<LabelScores> ScoreLabels(
+    const LlamaModel& model, const std::vector<int32_t>& context_ids,
+    const std::vector<std::vector<int32_t>>& label_ids,
+    const Activation& activation);
 
 // Fraction of (token, head) pairs used, from counts [..., L, H] over `tokens`.
 double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens);
-
-// Checks an activation ratio from a request: 0 (default) or in (0, 1].
-absl::Status ValidateRatio(float ratio, const char* field);
-
-// Checks a request's activation (fields activation.ratio,
-// activation.min_ratio): ratio as ValidateRatio; min_ratio 0 (off) or in (0,
-// ratio], where ratio 0 stands for the model's `default_ratio`.
-absl::Status ValidateActivation(float ratio, float min_ratio,
-                                double default_ratio);
 
 }  // namespace moh

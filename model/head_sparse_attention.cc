@@ -9,8 +9,7 @@ bool CpuPairKernelApplies(const at::TensorOptions& options) {
 }
 
 bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
-                   const std::vector<float>& ratios,
-                   const at::TensorOptions& options) {
+                   int64_t min_top_k, const at::TensorOptions& options) {
   switch (mode) {
     case AttentionMode::kDense:
       return false;
@@ -29,10 +28,7 @@ bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
   if (router.kind() == RouterKind::kDense || layer.routed_heads() == 0) {
     return false;
   }
-  for (float ratio : ratios) {
-    if (layer.TopKForRatio(ratio) < layer.routed_heads()) return true;
-  }
-  return false;
+  return min_top_k < layer.routed_heads();
 }
 
 at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,

@@ -37,10 +37,10 @@ namespace moh {
 enum class AttentionMode { kAuto, kDense, kHeadSparse, kHeadSparseAten };
 
 // Whether a layer routed by `router` runs pair by pair (HeadSparseAttention)
-// for rows at `ratios`, with activations of `options`.
+// for a batch whose smallest routed K is `min_top_k`, with activations of
+// `options`.
 bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
-                   const std::vector<float>& ratios,
-                   const at::TensorOptions& options);
+                   int64_t min_top_k, const at::TensorOptions& options);
 
 struct HeadSparseAttentionInputs {
   at::Tensor x;         // [N, C] attention input of every token

@@ -169,11 +169,15 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
   const size_t rows = ids.size(0);
   const int64_t width = ids.size(1);
   if (batch.num_tokens.size() != rows || batch.slots.size() != rows ||
-      batch.start_positions.size() != rows || batch.ratios.size() != rows) {
+      batch.start_positions.size() != rows ||
+      (batch.top_k.empty() && batch.ratios.size() != rows)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_tokens, slots, start_positions and ratios need one "
-                     "entry per row (",
+        absl::StrCat("num_tokens, slots, start_positions and ratios (or "
+                     "top_k) need one entry per row (",
                      rows, ")"));
+  }
+  if (!batch.top_k.empty()) {
+    MOH_RETURN_IF_ERROR(ValidateTopK(config_.moh, batch.top_k, rows, "top_k"));
   }
   std::set<int32_t> seen_slots;
   for (size_t b = 0; b < rows; ++b) {
@@ -198,7 +202,7 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
                        ", ", end, ") must lie in [0, ", cache.max_seq_len(),
                        ") (max sequence length)"));
     }
-    const float r = batch.ratios[b];
+    const float r = batch.top_k.empty() ? batch.ratios[b] : 0.0f;
     if (!(r <= 1.0f)) {  // also rejects NaN
       return absl::InvalidArgumentError(
           absl::StrCat("ratios[", b,
@@ -269,12 +273,18 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     last_host[b] = count - 1;
     kv_len = std::max(kv_len, start + count);
   }
-  std::vector<int64_t> top_k_rows, max_top_k;
-  for (const Layer& layer : layers_) {
-    max_top_k.push_back(
-        AppendTopKPerToken(layer.router.layer(), batch.ratios, 1, &top_k_rows));
+  const std::vector<LayerTopK> from_ratios =
+      batch.top_k.empty() ? TopKForRatios(config_.moh, batch.ratios)
+                          : std::vector<LayerTopK>();
+  const std::vector<LayerTopK>& row_top_k =
+      batch.top_k.empty() ? from_ratios : batch.top_k;
+  std::vector<int64_t> max_top_k, min_top_k;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const TopKBounds bounds =
+        PackLayerTopK(row_top_k, l, 1, top_k_host + l * rows);
+    max_top_k.push_back(bounds.max);
+    min_top_k.push_back(bounds.min);
   }
-  std::copy(top_k_rows.begin(), top_k_rows.end(), top_k_host);
   const int64_t m = static_cast<int64_t>(cache_token.size());
   for (const auto* part : {&cache_slot, &cache_pos, &cache_token}) {
     host.insert(host.end(), part->begin(), part->end());
@@ -299,8 +309,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   const at::Tensor cache_index = next({3, m});
   const at::Tensor ids = context_->Upload(batch.token_ids);
 
-  const Step step{batch,       valid, positions, row_len, slots,
-                  cache_index, top_k, max_top_k, kv_len};
+  const Step step{batch,       valid, positions, row_len,   slots,
+                  cache_index, top_k, max_top_k, min_top_k, kv_len};
   std::vector<at::Tensor> counts, gates_per_layer;
   at::Tensor h = at::embedding(embed_tokens_, ids);  // [B, T, C]
   for (int64_t l = 0; l < num_layers; ++l) {
@@ -351,8 +361,8 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   const int64_t rows = x.size(0), width = x.size(1), n = rows * width;
   const int64_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
   const int64_t d = config_.head_dim, group = heads / kv_heads;
-  const bool sparse =
-      UseHeadSparse(attention_mode_, layer.router, step.batch.ratios, options_);
+  const bool sparse = UseHeadSparse(attention_mode_, layer.router,
+                                    step.min_top_k[layer_index], options_);
   at::Tensor x_flat = x.reshape({n, -1});
   // The query-norm router reads every query; the learned one only x.
   at::Tensor q;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/activation.h"
 #include "model/checkpoint.h"
 #include "model/device_context.h"
 #include "model/head_sparse_attention.h"
@@ -38,7 +39,11 @@ struct DecoderBatch {
   std::vector<int32_t> num_tokens;       // valid tokens per row, in [1, T]
   std::vector<int32_t> slots;            // KV-cache slot per row (distinct)
   std::vector<int32_t> start_positions;  // tokens already cached in the slot
-  std::vector<float> ratios;  // activation ratio per row; <= 0: default
+  // Routed K of every layer per row (Activation::top_k), as resolved at
+  // admission. When empty, resolved here from `ratios` (per row; <= 0: the
+  // trained default), for callers that hold plain ratios.
+  std::vector<LayerTopK> top_k;
+  std::vector<float> ratios;
   bool all_logits = false;  // logits at every position, else the last valid one
   bool record_gates = false;  // also return the gates of every layer
 };
@@ -123,6 +128,7 @@ class LlamaModel {
     at::Tensor cache_index;  // [3, M]: slot, position, flat token of valid ones
     at::Tensor top_k;        // [L, B] int64: routed heads per row and layer
     std::vector<int64_t> max_top_k;  // [L]: the largest K of each layer
+    std::vector<int64_t> min_top_k;  // [L]: the smallest K of each layer
     int64_t kv_len;                  // keys the longest row reads
   };
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;

@@ -1,5 +1,6 @@
 #include "model/moh_router.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -104,17 +105,16 @@ at::Tensor MohRouter::QueryNormGates(const at::Tensor& query,
   return at::cat({at::ones({n, shared}, query.options()), mask}, 1);
 }
 
-int64_t AppendTopKPerToken(const MohLayerConfig& layer,
-                           const std::vector<float>& ratios,
-                           int64_t tokens_per_row,
-                           std::vector<int64_t>* top_k) {
-  int64_t max_top_k = 0;
-  for (float r : ratios) {
-    const int64_t k = layer.TopKForRatio(r);
-    top_k->insert(top_k->end(), tokens_per_row, k);
-    max_top_k = std::max(max_top_k, k);
+TopKBounds PackLayerTopK(const std::vector<LayerTopK>& rows, size_t layer,
+                         int64_t tokens_per_row, int64_t* out) {
+  TopKBounds bounds;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const int64_t k = rows[b][layer];
+    out = std::fill_n(out, tokens_per_row, k);
+    bounds.max = b == 0 ? k : std::max(bounds.max, k);
+    bounds.min = b == 0 ? k : std::min(bounds.min, k);
   }
-  return max_top_k;
+  return bounds;
 }
 
 at::Tensor HeadTokenCounts(const at::Tensor& gates, const at::Tensor& valid) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/activation.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
 
@@ -57,13 +58,15 @@ class MohRouter {
   at::Tensor wg_1_;  // [S, C]
 };
 
-// Per-token routed K of one layer for a batch whose row b has `ratios[b]`
-// (<= 0: trained K) and `tokens_per_row` tokens: appends rows *
-// tokens_per_row values to `*top_k` (host memory: a whole step's K are
-// uploaded to the device at once) and returns their maximum.
-int64_t AppendTopKPerToken(const MohLayerConfig& layer,
-                           const std::vector<float>& ratios,
-                           int64_t tokens_per_row, std::vector<int64_t>* top_k);
+struct TopKBounds {
+  int64_t min = 0, max = 0;
+};
+// Per-token routed K of layer `layer` for a batch whose row b has K
+// `rows[b][layer]` (Activation::top_k) and `tokens_per_row` tokens: writes
+// rows.size() * tokens_per_row values at `out` (host memory: a whole step's K
+// are uploaded to the device at once) and returns their bounds.
+TopKBounds PackLayerTopK(const std::vector<LayerTopK>& rows, size_t layer,
+                         int64_t tokens_per_row, int64_t* out);
 
 // Tokens each head served: counts nonzero gates of valid tokens.
 // gates [B, T, H], valid [B, T] bool → [B, H] int64.

@@ -81,9 +81,7 @@ at::Tensor VitModel::LayerNorm(const at::Tensor& x, const at::Tensor& w,
   return at::layer_norm(x, {x.size(-1)}, w, b, config_.layer_norm_eps);
 }
 
-absl::StatusOr<ClassifierOutput> VitModel::Forward(
-    const at::Tensor& pixels, const std::vector<float>& ratios,
-    bool record_gates) const {
+absl::Status VitModel::CheckPixels(const at::Tensor& pixels) const {
   const int64_t s = config_.image_size;
   if (!pixels.defined() || pixels.dim() != 4 || pixels.size(0) < 1 ||
       pixels.size(1) != config_.num_channels || pixels.size(2) != s ||
@@ -92,6 +90,13 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
         absl::StrCat("pixels must have shape [B, ", config_.num_channels, ", ",
                      s, ", ", s, "], B >= 1"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClassifierOutput> VitModel::Forward(
+    const at::Tensor& pixels, const std::vector<float>& ratios,
+    bool record_gates) const {
+  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
   if (ratios.size() != static_cast<size_t>(pixels.size(0))) {
     return absl::InvalidArgumentError(
         absl::StrCat("ratios needs one entry per row (", pixels.size(0), ")"));
@@ -103,6 +108,16 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
           ratios[b]));
     }
   }
+  return ForwardWithTopK(pixels, TopKForRatios(config_.moh, ratios),
+                         record_gates);
+}
+
+absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
+    const at::Tensor& pixels, const std::vector<LayerTopK>& row_top_k,
+    bool record_gates) const {
+  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
+  MOH_RETURN_IF_ERROR(
+      ValidateTopK(config_.moh, row_top_k, pixels.size(0), "top_k"));
   return CatchTorchErrors(
       "VitModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
         // The model's device and stream (CUDA) for everything below.
@@ -110,11 +125,11 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
         const int64_t rows = pixels.size(0);
         const int64_t tokens = config_.num_patches() + 1;
         // Each block's K per token, computed on the host and uploaded once.
-        std::vector<int64_t> top_k_host;
-        std::vector<int64_t> max_top_k;
-        for (const Block& block : blocks_) {
-          max_top_k.push_back(AppendTopKPerToken(block.router.layer(), ratios,
-                                                 tokens, &top_k_host));
+        std::vector<int64_t> top_k_host(blocks_.size() * rows * tokens);
+        std::vector<TopKBounds> bounds;
+        for (size_t l = 0; l < blocks_.size(); ++l) {
+          bounds.push_back(PackLayerTopK(
+              row_top_k, l, tokens, top_k_host.data() + l * rows * tokens));
         }
         const at::Tensor top_k = context_->Upload(at::from_blob(
             top_k_host.data(),
@@ -132,7 +147,7 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
           const Block& block = blocks_[l];
           at::Tensor gates;
           x = x + Attention(block, LayerNorm(x, block.norm1_w, block.norm1_b),
-                            ratios, top_k[l], max_top_k[l], &gates);
+                            top_k[l], bounds[l], &gates);
           at::Tensor hidden =
               at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
                                   block.fc1_w, block.fc1_b));
@@ -157,17 +172,17 @@ absl::StatusOr<ClassifierOutput> VitModel::Forward(
 }
 
 at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
-                               const std::vector<float>& ratios,
-                               const at::Tensor& top_k, int64_t max_top_k,
+                               const at::Tensor& top_k,
+                               const TopKBounds& bounds,
                                at::Tensor* gates) const {
   const int64_t rows = x.size(0), tokens = x.size(1), c = x.size(2);
   const int64_t heads = config_.num_heads, d = c / heads, n = rows * tokens;
   at::Tensor x_flat = x.reshape({n, c});
-  *gates = block.router.Gates(x_flat, at::Tensor(), top_k, max_top_k)
+  *gates = block.router.Gates(x_flat, at::Tensor(), top_k, bounds.max)
                .view({rows, tokens, -1});
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
 
-  if (UseHeadSparse(attention_mode_, block.router, ratios, x.options())) {
+  if (UseHeadSparse(attention_mode_, block.router, bounds.min, x.options())) {
     // Keys and values for every token; queries only where selected.
     at::Tensor kv_w = block.qkv_w.narrow(0, c, 2 * c);
     at::Tensor kv = block.qkv_b.defined()

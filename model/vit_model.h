@@ -42,6 +42,11 @@ class VitModel {
   absl::StatusOr<ClassifierOutput> Forward(const at::Tensor& pixels,
                                            const std::vector<float>& ratios,
                                            bool record_gates = false) const;
+  // The same with the routed K of every layer per row, as resolved at
+  // admission (Activation::top_k).
+  absl::StatusOr<ClassifierOutput> ForwardWithTopK(
+      const at::Tensor& pixels, const std::vector<LayerTopK>& top_k,
+      bool record_gates = false) const;
 
   // (pixels in [0, 1] - image_mean) / image_std, per channel; pixels [B, C, S,
   // S].
@@ -63,12 +68,13 @@ class VitModel {
       : config_(std::move(config)),
         options_(options),
         context_(std::make_unique<DeviceContext>(options.device())) {}
+  // pixels is [B, C, S, S] with B >= 1.
+  absl::Status CheckPixels(const at::Tensor& pixels) const;
   at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w,
                        const at::Tensor& b) const;
   // top_k: [B * N] int64 on the device, routed heads per token.
   at::Tensor Attention(const Block& block, const at::Tensor& x,
-                       const std::vector<float>& ratios,
-                       const at::Tensor& top_k, int64_t max_top_k,
+                       const at::Tensor& top_k, const TopKBounds& bounds,
                        at::Tensor* gates) const;
 
   VitConfig config_;
