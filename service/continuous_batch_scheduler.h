@@ -1,13 +1,14 @@
-// Continuous (iteration-level) batching for Generate (SPEC §4).
+// Continuous (iteration-level) batching for Generate (SPEC §4): the language
+// family's executor under the engine loop.
 //
-// One loop thread owns the language model's KV cache and every sequence in
-// flight; RPC threads only Submit() jobs and Cancel() them. Each step() of the
-// loop admits waiting jobs into free KV-cache slots, then runs ONE model
-// forward that mixes a decode token for every generating sequence with prompt
-// chunks of newly admitted ones (prefill chunked under prefill_token_budget),
-// samples, and streams the new text to each job's observer. Sequences leave the
-// batch as soon as they finish, are cancelled, or pass their deadline. Rows
-// with different activation ratios share one batch (K per row).
+// The EngineLoop (engine_loop.h) owns the thread, the inbox and the metrics;
+// its StepPlanner (step_planner.h) decides each step: who leaves (cancelled,
+// past the deadline), who takes a KV-cache slot, who runs at the activation
+// floor, and which rows run (a decode token for every generating sequence,
+// then prompt chunks under prefill_token_budget). This file turns a plan into
+// ONE model forward, samples, and streams new text to each job's observer.
+// Rows with different activation ratios share one batch (K per row, resolved
+// once at Submit).
 //
 // KV memory: every sequence reserves prompt + max_new_tokens positions of its
 // slot at admission, so admission never over-commits the cache.
@@ -16,8 +17,8 @@
 // at its admission, more than `adaptive_queue_depth` jobs are waiting.
 //
 // Threading: Submit/Cancel/StopAccepting/counters are thread-safe. Observer
-// callbacks run on the loop thread, must not block, and must not call back into
-// the scheduler except Cancel().
+// callbacks run on the loop thread, must not block, and must not call back
+// into the scheduler except Cancel().
 #pragma once
 
 #include <atomic>
@@ -110,6 +111,7 @@ class ContinuousBatchScheduler {
 
   int64_t num_running() const;  // sequences holding a slot
   int64_t num_waiting() const;  // queued, not yet admitted
+  bool idle() const;            // nothing running or waiting (one lock)
   int32_t max_seq_len() const;
 
   class Impl;

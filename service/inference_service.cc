@@ -65,12 +65,18 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   GenerateReactor(ModelManager* models, grpc::CallbackServerContext* context,
                   const v1::GenerateRequest& request)
       : start_(absl::Now()), include_routing_(request.include_routing()) {
-    auto found = models->Find(request.model(), /*want_language_model=*/true);
+    auto found = models->Find(request.model(), Task::kGenerate);
     if (!found.ok()) {
       FinishWith(found.status());
       return;
     }
-    model_ = *found;
+    model_name_ = (*found)->name();
+    auto servable = (*found)->Ready();
+    if (!servable.ok()) {
+      FinishWith(servable.status());
+      return;
+    }
+    model_ = *servable;
     metrics_ = model_->metrics();
     GenerateCall call;
     if (!request.prompt().empty()) call.prompt = request.prompt();
@@ -203,14 +209,15 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
   // Records the request and finishes; the reactor may be deleted right after.
   void FinishWith(const grpc::Status& status) {
-    RecordRequest(metrics_, Rpc::kGenerate, model_ ? model_->name() : "",
+    RecordRequest(metrics_, Rpc::kGenerate, model_name_,
                   static_cast<absl::StatusCode>(status.error_code()), start_);
     Finish(status);
   }
 
   const absl::Time start_;
   const bool include_routing_;
-  HostedModel* model_ = nullptr;
+  std::string model_name_;
+  Servable* model_ = nullptr;
   ModelMetrics* metrics_ = nullptr;
   uint64_t id_ = 0;
 
@@ -274,21 +281,23 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
     v1::ClassifyResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  const bool want_lm = request->input_case() == v1::ClassifyRequest::kText;
-  auto found = models_->Find(request->model(), want_lm);
-  if (!found.ok()) {
-    RecordRequest(nullptr, Rpc::kClassify, request->model(),
-                  found.status().code(), start);
-    reactor->Finish(ToGrpcStatus(found.status()));
+  ClassifyCall call = FromProto(*request);
+  auto found = models_->Find(request->model(), TaskOf(call));
+  absl::StatusOr<Servable*> ready =
+      found.ok() ? (*found)->Ready() : found.status();
+  if (!ready.ok()) {
+    RecordRequest(nullptr, Rpc::kClassify,
+                  found.ok() ? (*found)->name() : request->model(),
+                  ready.status().code(), start);
+    reactor->Finish(ToGrpcStatus(ready.status()));
     return reactor;
   }
-  HostedModel* model = *found;
+  Servable* model = *ready;
   ModelMetrics* metrics = model->metrics();
   auto finish = [reactor, metrics, start, model](const absl::Status& status) {
     RecordRequest(metrics, Rpc::kClassify, model->name(), status.code(), start);
     reactor->Finish(ToGrpcStatus(status));
   };
-  ClassifyCall call = FromProto(*request);
   call.deadline = Deadline(context);
   const bool include_routing = request->include_routing();
   absl::Status status = model->Classify(

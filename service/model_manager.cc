@@ -29,18 +29,15 @@ bool ModelManager::AllReady() const {
   return true;
 }
 
-absl::StatusOr<HostedModel*> ModelManager::Find(
-    absl::string_view name, bool want_language_model) const {
+absl::StatusOr<HostedModel*> ModelManager::Find(absl::string_view name,
+                                                Task task) const {
   if (name.empty()) {
     if (models_.size() == 1) return models_[0].get();
     HostedModel* loading = nullptr;
     for (const auto& model : models_) {
       const HostedModel::State state = model->state();
-      if (state == HostedModel::State::kReady &&
-          model->is_language_model() == want_language_model) {
-        return model.get();
-      }
-      // A model still loading has no known kind yet: it may be the one.
+      if (model->Serves(task)) return model.get();
+      // A model still loading has no known family yet: it may be the one.
       if (state == HostedModel::State::kLoading && loading == nullptr) {
         loading = model.get();
       }

@@ -31,11 +31,9 @@ class ModelManager {
   bool AllReady() const;
 
   // The model named `name`, or for an empty name the only model, or else the
-  // first (in config order) whose kind suits the request: a language model
-  // when `want_language_model`, else an image classifier. NOT_FOUND naming
+  // first (in config order) READY one that serves `task`. NOT_FOUND naming
   // the hosted models otherwise.
-  absl::StatusOr<HostedModel*> Find(absl::string_view name,
-                                    bool want_language_model) const;
+  absl::StatusOr<HostedModel*> Find(absl::string_view name, Task task) const;
 
   std::vector<v1::ModelInfo> List() const;
 

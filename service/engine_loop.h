@@ -1,0 +1,291 @@
+// The thread half of continuous batching: one loop per model that owns the
+// inbox (submissions and cancellations from RPC threads), the requests with
+// their observers, and the scheduling metrics. Each iteration drains the
+// inbox into the StepPlanner, asks it for a plan at the clock's time, tells
+// the family's StepExecutor who left and who was admitted, has it run the
+// step, and hands the outcome back to the planner. llama.cpp server's shape:
+// one owner thread, where a cancel is just another message.
+//
+// A model family plugs in a StepExecutor<Request>: language generation
+// (continuous_batch_scheduler.cc) today, and any model whose work is a
+// sequence of steps (a diffusion sampler) the same way.
+//
+// Threading: Submit/Cancel/StopAccepting/counters are thread-safe. Executor
+// calls run on the loop thread; they must not block and must not call back
+// into the loop except Cancel().
+#pragma once
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "service/clock.h"
+#include "service/draining.h"
+#include "service/log.h"
+#include "service/metrics.h"
+#include "service/step_planner.h"
+
+namespace moh {
+
+// How a request left the loop.
+enum class EndKind {
+  kFinished,   // it produced its last output
+  kCancelled,  // Cancel(), queued or running
+  kFailed,     // deadline, model error, shutdown: see the status
+};
+
+// What a model family does with the plans of its loop. Runs on the loop
+// thread only.
+template <typename Request>
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  // A queued request took a slot (`admitted.lowered`: at its activation
+  // floor).
+  virtual void Admit(Request& request, const AdmittedRequest& admitted) = 0;
+  // Computes one step: rows[i] belongs to *requests[i]. Sets (*finished)[i]
+  // when that request produced its last output. An error fails every request
+  // of the step; the loop and the other requests go on.
+  virtual absl::Status Run(const std::vector<PlannedRow>& rows,
+                           const std::vector<Request*>& requests,
+                           std::vector<bool>* finished) = 0;
+  // The request leaves; called exactly once per submitted request.
+  virtual void End(Request& request, EndKind kind,
+                   const absl::Status& status) = 0;
+};
+
+struct EngineLoopOptions {
+  std::string name;          // the model's: logs and the thread's name
+  Rpc rpc = Rpc::kGenerate;  // the queue-time metric's label
+  StepPlannerOptions planner;
+  Clock* clock = RealClock();
+};
+
+template <typename Request>
+class EngineLoop {
+ public:
+  // `executor` must outlive the loop; `metrics` may be null. Options must be
+  // in range. Starts the thread.
+  EngineLoop(const EngineLoopOptions& options, StepExecutor<Request>* executor,
+             ModelMetrics* metrics)
+      : options_(options),
+        executor_(executor),
+        metrics_(metrics),
+        planner_(options.planner) {
+    thread_ = std::thread([this] { Loop(); });
+    const std::string name = ("moh-loop-" + options_.name).substr(0, 15);
+    pthread_setname_np(thread_.native_handle(), name.c_str());
+  }
+
+  ~EngineLoop() {
+    Stop();
+    thread_.join();
+  }
+
+  // Stops the loop after the step under way: requests still queued or
+  // running end kFailed with UNAVAILABLE; later Submit() calls get
+  // UNAVAILABLE. Idempotent; the destructor calls it.
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    accepting_ = false;
+  }
+
+  // Queues `request` (its planner view `work`) and returns its id. Never
+  // blocks. RESOURCE_EXHAUSTED when max_queued_requests wait; UNAVAILABLE
+  // after StopAccepting(). On error the request is dropped unseen.
+  absl::StatusOr<uint64_t> Submit(const PlannedWork& work,
+                                  std::unique_ptr<Request> request) {
+    absl::MutexLock lock(&mu_);
+    if (!accepting_) return DrainingError();
+    if (WaitingLocked() >= options_.planner.max_queued_requests) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("too many requests waiting (max_queued_requests = ",
+                       options_.planner.max_queued_requests, "); retry later"));
+    }
+    const uint64_t id = next_id_++;
+    inbox_.push_back(
+        Incoming{id, work, std::move(request), options_.clock->Now()});
+    live_.insert(id);
+    // Set under the lock, as the loop does: set after it, this count could
+    // land after the loop's newer one and leave the gauge stale while idle.
+    if (metrics_ != nullptr) metrics_->SetWaiting(WaitingLocked());
+    return id;
+  }
+
+  // Request `id` leaves at the next step (EndKind::kCancelled). No-op for
+  // unknown or ended ids.
+  void Cancel(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    if (live_.count(id) != 0) cancels_.insert(id);
+  }
+
+  // Drain: later Submit() calls get UNAVAILABLE; accepted requests complete.
+  void StopAccepting() {
+    absl::MutexLock lock(&mu_);
+    accepting_ = false;
+  }
+
+  int64_t num_running() const {
+    absl::MutexLock lock(&mu_);
+    return planner_.num_running();
+  }
+  int64_t num_waiting() const {
+    absl::MutexLock lock(&mu_);
+    return WaitingLocked();
+  }
+  // Nothing queued or running, read under one lock.
+  bool idle() const {
+    absl::MutexLock lock(&mu_);
+    return inbox_.empty() && planner_.idle();
+  }
+
+ private:
+  struct Incoming {
+    uint64_t id;
+    PlannedWork work;
+    std::unique_ptr<Request> request;
+    absl::Time submitted;
+  };
+
+  int64_t WaitingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int64_t>(inbox_.size()) + planner_.num_waiting();
+  }
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !inbox_.empty();
+  }
+
+  void Loop() {
+    while (true) {
+      StepPlan plan;
+      {
+        absl::MutexLock lock(&mu_);
+        if (planner_.idle())
+          mu_.Await(absl::Condition(this, &EngineLoop::HasWork));
+        if (stopping_) break;
+        for (Incoming& in : inbox_) {
+          planner_.Enqueue(in.id, in.work, in.submitted);
+          requests_[in.id] = std::move(in.request);
+        }
+        inbox_.clear();
+        for (uint64_t id : cancels_) planner_.Cancel(id);
+        cancels_.clear();
+        plan = planner_.Schedule(options_.clock->Now());
+        for (const EndedRequest& ended : plan.ended) live_.erase(ended.id);
+        if (metrics_ != nullptr) metrics_->SetWaiting(WaitingLocked());
+      }
+      for (const EndedRequest& ended : plan.ended) {
+        End(ended.id,
+            ended.status.ok() ? EndKind::kCancelled : EndKind::kFailed,
+            ended.status);
+      }
+      for (const AdmittedRequest& admitted : plan.admitted) {
+        if (metrics_ != nullptr) {
+          metrics_->QueueTime(options_.rpc, admitted.queued);
+          if (admitted.lowered) metrics_->RatioLowered();
+        }
+        executor_->Admit(*requests_.at(admitted.id), admitted);
+      }
+      if (!plan.rows.empty()) RunStep(plan);
+      PublishGauges();
+    }
+    // Shutdown: every request, in the inbox, queued or running.
+    std::vector<EndedRequest> ended;
+    {
+      absl::MutexLock lock(&mu_);
+      for (Incoming& in : inbox_) {
+        requests_[in.id] = std::move(in.request);
+        ended.push_back(EndedRequest{in.id, {}, false});
+      }
+      inbox_.clear();
+      for (const EndedRequest& e : planner_.Shutdown()) ended.push_back(e);
+      live_.clear();
+    }
+    const absl::Status shutdown =
+        absl::UnavailableError("server shutting down");
+    for (const EndedRequest& e : ended) End(e.id, EndKind::kFailed, shutdown);
+    PublishGauges();
+  }
+
+  void RunStep(const StepPlan& plan) {
+    if (metrics_ != nullptr) {
+      if (plan.prefill_rows() > 0) {
+        metrics_->BatchSize(BatchKind::kPrefill, plan.prefill_rows());
+      }
+      if (plan.decode_rows() > 0) {
+        metrics_->BatchSize(BatchKind::kDecode, plan.decode_rows());
+      }
+    }
+    std::vector<Request*> requests;
+    for (const PlannedRow& row : plan.rows) {
+      requests.push_back(requests_.at(row.id).get());
+    }
+    std::vector<bool> finished(plan.rows.size(), false);
+    const absl::Status status = executor_->Run(plan.rows, requests, &finished);
+    std::vector<uint64_t> done;
+    {
+      absl::MutexLock lock(&mu_);
+      done =
+          status.ok() ? planner_.Update(plan, finished) : planner_.Fail(plan);
+      for (uint64_t id : done) live_.erase(id);
+    }
+    if (status.ok()) {
+      for (uint64_t id : done) End(id, EndKind::kFinished, status);
+      return;
+    }
+    // Only this step's requests fail; the loop and the queue go on.
+    MOH_LOG(Error) << "model " << options_.name
+                   << ": step failed: " << status.message();
+    const absl::Status error =
+        absl::InternalError(absl::StrCat("model error: ", status.message()));
+    for (uint64_t id : done) End(id, EndKind::kFailed, error);
+  }
+
+  void End(uint64_t id, EndKind kind, const absl::Status& status) {
+    auto it = requests_.find(id);
+    std::unique_ptr<Request> request = std::move(it->second);
+    requests_.erase(it);
+    executor_->End(*request, kind, status);
+  }
+
+  void PublishGauges() {
+    if (metrics_ == nullptr) return;
+    absl::MutexLock lock(&mu_);
+    metrics_->SetRunning(planner_.num_running());
+    metrics_->SetKvCacheUsage(
+        static_cast<double>(planner_.reserved_positions()) /
+        static_cast<double>(planner_.total_positions()));
+  }
+
+  const EngineLoopOptions options_;
+  StepExecutor<Request>* const executor_;
+  ModelMetrics* const metrics_;
+
+  // Loop thread only.
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+
+  mutable absl::Mutex mu_;
+  // Changed by the loop thread only, under mu_ (the counters read it).
+  StepPlanner planner_ ABSL_GUARDED_BY(mu_);
+  std::vector<Incoming> inbox_ ABSL_GUARDED_BY(mu_);
+  std::unordered_set<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  std::unordered_set<uint64_t> live_ ABSL_GUARDED_BY(mu_);  // not yet ended
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool accepting_ ABSL_GUARDED_BY(mu_) = true;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace moh

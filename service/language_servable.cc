@@ -1,0 +1,229 @@
+#include "service/language_servable.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/generator.h"
+#include "model/status_macros.h"
+
+namespace moh {
+namespace {
+
+constexpr size_t kMaxPromptBytes = 1 << 20;
+constexpr size_t kMaxLabels = 64;
+constexpr size_t kMaxTextBytes = 1 << 20;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
+    const v1::ModelConfig& config, const DeviceOptions& device,
+    Metrics* metrics) {
+  MOH_ASSIGN_OR_RETURN(LanguageModel lm,
+                       LanguageModel::Load(config.model_dir(), device));
+  const LlamaConfig& c = lm.model->config();
+  const bool head_metrics = !config.has_head_metrics() || config.head_metrics();
+  ModelMetrics* model_metrics =
+      metrics->ForModel(config.name(), c.num_layers, c.num_heads, head_metrics);
+  std::unique_ptr<LanguageServable> servable(
+      new LanguageServable(config, std::move(lm), model_metrics));
+  LanguageServable* self = servable.get();
+  const LanguageModel& model = self->lm_;
+
+  ContinuousBatchScheduler::Options options;
+  options.model_name = config.name();
+  const v1::GenerationConfig& g = config.generation();
+  options.max_running = g.max_running();
+  options.max_seq_len = g.max_seq_len();
+  options.max_queued_requests = g.max_queued_requests();
+  options.prefill_token_budget = g.prefill_token_budget();
+  options.adaptive_queue_depth = config.adaptive().queue_depth();
+  model.model->set_attention_workspace_bytes(int64_t{g.attention_workspace_mb()}
+                                             << 20);
+  MOH_RETURN_IF_ERROR(
+      model.model->CheckMemoryFits(options.max_running, options.max_seq_len));
+  MOH_ASSIGN_OR_RETURN(self->scheduler_, ContinuousBatchScheduler::Create(
+                                             options, model, model_metrics));
+  MOH_ASSIGN_OR_RETURN(
+      self->classifier_,
+      BatchedClassifier::Create(config, c.moh, model_metrics,
+                                [self](std::vector<ClassifyTask>& batch) {
+                                  for (ClassifyTask& task : batch) {
+                                    self->ScoreLabels(task);
+                                  }
+                                }));
+  return servable;
+}
+
+LanguageServable::LanguageServable(const v1::ModelConfig& config,
+                                   LanguageModel lm, ModelMetrics* metrics)
+    : Servable(config.name(), "llama"),
+      default_max_new_tokens_(config.generation().default_max_new_tokens()),
+      lm_(std::move(lm)),
+      metrics_(metrics) {}
+
+LanguageServable::~LanguageServable() {
+  // The batcher's threads use the model: stop them first.
+  classifier_.reset();
+  scheduler_.reset();
+}
+
+absl::Status LanguageServable::Warmup() const {
+  KvCache cache = lm_.model->CreateKvCache(1, 8);
+  DecoderBatch batch;
+  batch.token_ids = at::zeros({1, 4}, at::kLong);
+  batch.num_tokens = {4};
+  batch.slots = {0};
+  batch.start_positions = {0};
+  batch.ratios = {0.0f};
+  return lm_.model->Forward(batch, cache).status();
+}
+
+void LanguageServable::Describe(v1::ModelInfo* info) const {
+  info->set_max_seq_len(scheduler_->max_seq_len());
+  DescribeMoh(lm_.model->config().moh, info);
+}
+
+int32_t LanguageServable::num_layers() const {
+  return lm_.model->config().num_layers;
+}
+
+absl::StatusOr<uint64_t> LanguageServable::Generate(
+    GenerateCall call, std::shared_ptr<GenerationObserver> observer) {
+  if (call.prompt.has_value() == call.token_ids.has_value()) {
+    return absl::InvalidArgumentError(
+        "prompt or token_ids: exactly one must be set");
+  }
+  GenerationJob job;
+  if (call.prompt) {
+    if (call.prompt->empty()) {
+      return absl::InvalidArgumentError("prompt must not be empty");
+    }
+    if (call.prompt->size() > kMaxPromptBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt must be at most ", kMaxPromptBytes,
+                       " bytes, got ", call.prompt->size()));
+    }
+    if (!lm_.tokenizer) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt: model '", name(),
+                       "' has no tokenizer.json; send token_ids instead"));
+    }
+    job.prompt_ids = lm_.tokenizer->Encode(*call.prompt, true);
+  } else {
+    job.prompt_ids = std::move(*call.token_ids);
+  }
+  job.sampling = std::move(call.sampling);
+  job.sampling.max_new_tokens =
+      call.max_new_tokens.value_or(default_max_new_tokens_);
+  job.ratio = call.ratio;
+  job.min_ratio = call.min_ratio;
+  job.deadline = call.deadline;
+  return scheduler_->Submit(std::move(job), std::move(observer));
+}
+
+void LanguageServable::CancelGenerate(uint64_t id) { scheduler_->Cancel(id); }
+
+void LanguageServable::StopAccepting() { scheduler_->StopAccepting(); }
+
+bool LanguageServable::Idle() const {
+  return classifier_->Idle() && scheduler_->idle();
+}
+
+absl::Status LanguageServable::Classify(ClassifyCall call, ClassifyDone done) {
+  MOH_ASSIGN_OR_RETURN(ClassifyTask task, Prepare(call));
+  task.deadline = call.deadline;
+  task.done = std::move(done);
+  return classifier_->Submit(std::move(task));
+}
+
+absl::StatusOr<ClassifyTask> LanguageServable::Prepare(
+    ClassifyCall& call) const {
+  const int inputs =
+      call.image.has_value() + call.pixels.has_value() + call.text.has_value();
+  if (inputs != 1) {
+    return absl::InvalidArgumentError(
+        "image, pixels or text: exactly one must be set");
+  }
+  if (call.top_n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_n must be >= 0 (0 = default), got ", call.top_n));
+  }
+  if (!call.text) {
+    return NotServedError(call.image ? "image" : "pixels", name(), family(),
+                          Task::kClassifyImage, "send text and labels");
+  }
+  const LlamaConfig& c = lm_.model->config();
+  if (call.labels.empty() || call.labels.size() > kMaxLabels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "labels: a language model scores candidate labels; send 1 to ",
+        kMaxLabels, " labels, got ", call.labels.size()));
+  }
+  if (call.text->empty() || call.text->size() > kMaxTextBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text must have 1 to ", kMaxTextBytes, " bytes, got ",
+                     call.text->size()));
+  }
+  if (!lm_.tokenizer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text: model '", name(), "' has no tokenizer.json"));
+  }
+  ClassifyTask task;
+  MOH_ASSIGN_OR_RETURN(task.activation,
+                       Activation::Resolve(c.moh, call.ratio, call.min_ratio));
+  if (call.top_n > static_cast<int32_t>(call.labels.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_n must be in [0, ", call.labels.size(),
+                     "] (the number of labels), got ", call.top_n));
+  }
+  task.top_n = call.top_n > 0 ? call.top_n : call.labels.size();
+  task.context_ids = lm_.tokenizer->Encode(*call.text, true);
+  const int64_t max_len = c.max_position_embeddings;
+  for (size_t i = 0; i < call.labels.size(); ++i) {
+    std::vector<int32_t> ids = lm_.tokenizer->Encode(call.labels[i], false);
+    if (ids.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("labels[", i, "] must not be empty"));
+    }
+    if (static_cast<int64_t>(task.context_ids.size() + ids.size()) > max_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("text + labels[", i, "] must fit in ", max_len,
+                       " tokens, got ", task.context_ids.size() + ids.size()));
+    }
+    task.label_ids.push_back(std::move(ids));
+  }
+  task.labels = std::move(call.labels);
+  return task;
+}
+
+void LanguageServable::ScoreLabels(ClassifyTask& task) {
+  auto scored = moh::ScoreLabels(*lm_.model, task.context_ids, task.label_ids,
+                                 task.activation);
+  if (!scored.ok()) {
+    classifier_->Finish(task, scored.status());
+    return;
+  }
+  const std::vector<double>& ll = scored->log_likelihoods;
+  // Scores: each label's likelihood, normalized over the candidates.
+  at::Tensor probs = at::softmax(at::tensor(ll, at::kDouble), 0);
+  std::vector<int32_t> order(ll.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return ll[a] > ll[b]; });
+  ClassifyResult result;
+  for (int32_t i = 0; i < task.top_n; ++i) {
+    const int32_t index = order[i];
+    result.classes.push_back({task.labels[index], index,
+                              static_cast<float>(probs[index].item<double>()),
+                              ll[index]});
+  }
+  result.applied_ratio = task.activation.requested_ratio();
+  result.effective_ratio =
+      EffectiveRatio(scored->head_token_counts, scored->tokens);
+  result.routed_tokens = scored->tokens;
+  result.head_tokens = HeadTokenVector(scored->head_token_counts);
+  classifier_->Finish(task, std::move(result));
+}
+
+}  // namespace moh

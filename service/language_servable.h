@@ -1,0 +1,56 @@
+// The language family: Generate through the continuous-batching scheduler,
+// and Classify of a text by scoring candidate labels, in dynamic batches.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/language_model.h"
+#include "moh/v1/server_config.pb.h"
+#include "service/batched_classifier.h"
+#include "service/continuous_batch_scheduler.h"
+#include "service/metrics.h"
+#include "service/servable.h"
+
+namespace moh {
+
+class LanguageServable : public Servable {
+ public:
+  // Loads the model of `config.model_dir()` on `device`, checks that its KV
+  // cache fits, and starts the scheduler.
+  static absl::StatusOr<std::unique_ptr<LanguageServable>> Load(
+      const v1::ModelConfig& config, const DeviceOptions& device,
+      Metrics* metrics);
+  ~LanguageServable() override;
+
+  void Describe(v1::ModelInfo* info) const override;
+  bool Serves(Task task) const override {
+    return task == Task::kGenerate || task == Task::kClassifyText;
+  }
+  int32_t num_layers() const override;
+  ModelMetrics* metrics() const override { return metrics_; }
+  absl::StatusOr<uint64_t> Generate(
+      GenerateCall call, std::shared_ptr<GenerationObserver> observer) override;
+  void CancelGenerate(uint64_t id) override;
+  absl::Status Classify(ClassifyCall call, ClassifyDone done) override;
+  void StopAccepting() override;
+  bool Idle() const override;
+
+  // One forward of a short prompt in a cache of its own.
+  absl::Status Warmup() const;
+
+ private:
+  LanguageServable(const v1::ModelConfig& config, LanguageModel lm,
+                   ModelMetrics* metrics);
+  absl::StatusOr<ClassifyTask> Prepare(ClassifyCall& call) const;
+  void ScoreLabels(ClassifyTask& task);
+
+  const int32_t default_max_new_tokens_;
+  const LanguageModel lm_;
+  ModelMetrics* const metrics_;
+  std::unique_ptr<ContinuousBatchScheduler> scheduler_;
+  std::unique_ptr<BatchedClassifier> classifier_;  // last: stopped first
+};
+
+}  // namespace moh

@@ -1,0 +1,57 @@
+#include "service/servable.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace moh {
+
+Task TaskOf(const ClassifyCall& call) {
+  return call.text.has_value() ? Task::kClassifyText : Task::kClassifyImage;
+}
+
+const char* TaskName(Task task) {
+  switch (task) {
+    case Task::kGenerate:
+      return "Generate";
+    case Task::kClassifyImage:
+      return "Classify of an image";
+    case Task::kClassifyText:
+      return "Classify of a text";
+  }
+  return "this request";
+}
+
+void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info) {
+  info->set_router(RouterKindName(moh.router));
+  for (const MohLayerConfig& layer : moh.layers) {
+    v1::LayerHeads* heads = info->add_layers();
+    heads->set_num_heads(layer.num_heads);
+    heads->set_shared_heads(layer.shared_heads);
+    heads->set_routed_heads(layer.routed_heads());
+    heads->set_default_top_k(layer.top_k);
+  }
+  info->set_default_ratio(moh.DefaultRatio());
+  info->set_min_ratio(moh.MinRatio());
+}
+
+absl::Status NotServedError(absl::string_view field, absl::string_view model,
+                            absl::string_view family, Task task,
+                            absl::string_view instead) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": model '", model, "' (", family,
+                   ") does not serve ", TaskName(task), "; ", instead));
+}
+
+absl::StatusOr<uint64_t> Servable::Generate(
+    GenerateCall, std::shared_ptr<GenerationObserver>) {
+  return NotServedError("model", name_, family_, Task::kGenerate,
+                        "choose a language model");
+}
+
+void Servable::CancelGenerate(uint64_t) {}
+
+absl::Status Servable::Classify(ClassifyCall call, ClassifyDone) {
+  return NotServedError("model", name_, family_, TaskOf(call),
+                        "choose a classifier");
+}
+
+}  // namespace moh

@@ -1,0 +1,126 @@
+// What a loaded model can do for the RPCs, after TensorFlow Serving's
+// servables: one implementation per model family (language_servable.h,
+// vision_servable.h), created by that family's loader; HostedModel
+// (hosted_model.h) keeps only the lifecycle around it. The RPC handlers
+// (inference_service.cc) convert the wire format into the calls below and
+// back; every check of a field against the model happens in the servable or
+// below, with messages that name the API field.
+//
+// Adding a family (image generation is next): a Servable subclass, its loader
+// in LoadServable (hosted_model.cc), and a Task for its RPC.
+// Thread-safe.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "model/model_config.h"
+#include "model/sampler.h"
+#include "moh/v1/inference.pb.h"
+#include "service/continuous_batch_scheduler.h"
+#include "service/metrics.h"
+
+namespace moh {
+
+struct GenerateCall {
+  std::optional<std::string> prompt;
+  std::optional<std::vector<int32_t>> token_ids;
+  SamplingParams sampling;  // max_new_tokens is ignored: see below
+  // Tokens to generate; unset: the model's configured default.
+  std::optional<int32_t> max_new_tokens;
+  float ratio = 0.0f;
+  float min_ratio = 0.0f;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct ClassifyCall {
+  std::optional<std::string> image;  // encoded bytes
+  std::optional<std::pair<std::vector<int64_t>, std::vector<float>>> pixels;
+  std::optional<std::string> text;
+  std::vector<std::string> labels;
+  int32_t top_n = 0;
+  float ratio = 0.0f;
+  float min_ratio = 0.0f;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct ClassScoreResult {
+  std::string label;
+  int32_t index = 0;
+  float score = 0.0f;
+  double log_likelihood = 0.0;
+};
+
+struct ClassifyResult {
+  std::vector<ClassScoreResult> classes;
+  double effective_ratio = 1.0;
+  float applied_ratio = 0.0f;
+  int64_t routed_tokens = 0;
+  std::vector<int64_t> head_tokens;  // [num_layers * num_heads]
+};
+
+using ClassifyDone = std::function<void(absl::StatusOr<ClassifyResult>)>;
+
+// The kinds of work a request asks for: how a request without a model name
+// finds a model that serves it.
+enum class Task { kGenerate, kClassifyImage, kClassifyText };
+Task TaskOf(const ClassifyCall& call);
+const char* TaskName(Task task);  // "Generate", "Classify an image", ...
+
+class Servable {
+ public:
+  // `name`: the model's; `family`: as ListModels shows it ("llama", "vit").
+  Servable(std::string name, std::string family)
+      : name_(std::move(name)), family_(std::move(family)) {}
+  virtual ~Servable() = default;
+
+  const std::string& name() const { return name_; }
+  const std::string& family() const { return family_; }
+
+  // The family's part of ListModels: heads per layer (DescribeMoh), ratios,
+  // maximum sequence length, labels.
+  virtual void Describe(v1::ModelInfo* info) const = 0;
+  virtual bool Serves(Task task) const = 0;
+  // Attention layers: the rows of a routing table.
+  virtual int32_t num_layers() const = 0;
+  virtual ModelMetrics* metrics() const = 0;
+
+  // Starts generation; the observer then gets the output. Errors as
+  // ContinuousBatchScheduler::Submit, plus INVALID_ARGUMENT for input that
+  // does not fit this model. Families that do not generate: NotServedError.
+  virtual absl::StatusOr<uint64_t> Generate(
+      GenerateCall call, std::shared_ptr<GenerationObserver> observer);
+  virtual void CancelGenerate(uint64_t id);
+  // Queues a classification; `done` is called exactly once, later, on a
+  // batcher thread — unless this returns an error, then never.
+  virtual absl::Status Classify(ClassifyCall call, ClassifyDone done);
+
+  // Drain: new work gets UNAVAILABLE; work already accepted completes.
+  virtual void StopAccepting() = 0;
+  // Nothing accepted is still running or waiting.
+  virtual bool Idle() const = 0;
+
+ private:
+  const std::string name_, family_;
+};
+
+// The MoH part of ListModels: router, heads per layer, default and lowest
+// ratios.
+void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info);
+
+// The one status for a request a model's family does not serve:
+// INVALID_ARGUMENT naming `field` (the request field that chose it), the
+// model and what its family serves instead.
+absl::Status NotServedError(absl::string_view field, absl::string_view model,
+                            absl::string_view family, Task task,
+                            absl::string_view instead);
+
+}  // namespace moh

@@ -1,0 +1,135 @@
+// The policy half of continuous batching (SPEC §4), after vLLM v1's scheduler
+// contract: Schedule(now) returns the plan of one step, Update() consumes what
+// the model made of it. It decides which requests leave (cancelled, past their
+// deadline), which queued ones take a slot (by free slots and KV positions),
+// which run at their activation floor (adaptive activation), and which rows
+// the step computes (every decode row, then prompt chunks under
+// prefill_token_budget).
+//
+// Pure: no threads, no model, no clock of its own (time is an argument), so
+// its tests run on a fake clock with a fake model. Any model whose work is a
+// sequence of steps fits: a request with prompt_len 0 starts emitting at its
+// first step (a diffusion sampler's step is a row of one token). The engine
+// loop (engine_loop.h) owns the thread and calls it. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace moh {
+
+struct StepPlannerOptions {
+  int32_t max_running = 1;           // slots (KV-cache sequences)
+  int32_t max_seq_len = 1;           // positions per slot
+  int32_t max_queued_requests = 1;   // waiting before RESOURCE_EXHAUSTED
+  int32_t prefill_token_budget = 1;  // prompt tokens per step, >= 1
+  int32_t adaptive_queue_depth = 0;  // 0 = adaptive activation off
+};
+
+// What the planner knows of a request.
+struct PlannedWork {
+  int32_t prompt_len = 0;   // tokens to prefill before the first output
+  int32_t max_outputs = 1;  // outputs at most (max_new_tokens, or steps)
+  absl::Time deadline = absl::InfiniteFuture();
+  bool can_lower = false;  // its activation has a floor below its ratio
+  // KV positions it holds from admission to its end: the most it can fill.
+  int64_t reserved() const { return int64_t{prompt_len} + max_outputs; }
+};
+
+// One row of a step.
+struct PlannedRow {
+  uint64_t id = 0;
+  int32_t slot = 0;
+  int32_t start = 0;       // positions already cached
+  int32_t num_tokens = 0;  // tokens this step computes
+  bool prefill = false;    // a prompt chunk (else a decode row)
+  bool emits = false;      // yields an output: decode rows, a prompt's end
+};
+
+// A request leaving before the step.
+struct EndedRequest {
+  uint64_t id = 0;
+  // OK: cancelled. DEADLINE_EXCEEDED, or UNAVAILABLE at shutdown.
+  absl::Status status;
+  bool was_running = false;  // held a slot (it may have streamed output)
+};
+
+struct AdmittedRequest {
+  uint64_t id = 0;
+  int32_t slot = 0;
+  bool lowered = false;   // runs at its activation floor
+  absl::Duration queued;  // time it waited
+};
+
+struct StepPlan {
+  std::vector<EndedRequest> ended;  // in this order: queued, then running
+  std::vector<AdmittedRequest> admitted;
+  std::vector<PlannedRow> rows;  // decode rows, then prompt chunks
+  int64_t decode_rows() const;
+  int64_t prefill_rows() const;
+};
+
+class StepPlanner {
+ public:
+  // `options` must be in range (see ContinuousBatchScheduler::Create).
+  explicit StepPlanner(const StepPlannerOptions& options);
+
+  // Queues request `id`. The caller checks the queue limit and that the work
+  // fits a slot (reserved() <= max_seq_len).
+  void Enqueue(uint64_t id, const PlannedWork& work, absl::Time now);
+  // The request leaves at the next Schedule() (OK status). Unknown ids:
+  // ignored.
+  void Cancel(uint64_t id);
+
+  // Ends cancelled and expired requests, admits queued ones into free slots,
+  // and lays out the next step's rows.
+  StepPlan Schedule(absl::Time now);
+  // The step ran: `finished[i]` says whether rows[i]'s request produced its
+  // last output. Returns the ids that finished (their slots are free).
+  std::vector<uint64_t> Update(const StepPlan& plan,
+                               const std::vector<bool>& finished);
+  // The step failed: every request with a row in it leaves. Returns them.
+  std::vector<uint64_t> Fail(const StepPlan& plan);
+  // Every request, queued then running, leaves: returns their ids.
+  std::vector<EndedRequest> Shutdown();
+
+  int64_t num_waiting() const { return queue_.size(); }
+  int64_t num_running() const { return running_.size(); }
+  bool idle() const { return queue_.empty() && running_.empty(); }
+  // KV positions held by running requests, of max_running * max_seq_len.
+  int64_t reserved_positions() const { return reserved_; }
+  int64_t total_positions() const {
+    return int64_t{options_.max_running} * options_.max_seq_len;
+  }
+
+ private:
+  struct Queued {
+    uint64_t id;
+    PlannedWork work;
+    absl::Time enqueued;
+  };
+  struct Running {
+    PlannedWork work;
+    int32_t slot = 0;
+    int32_t cached = 0;
+    uint64_t order = 0;  // admission order: prompt chunks go first-come
+  };
+
+  void Release(uint64_t id);
+
+  const StepPlannerOptions options_;
+  std::deque<Queued> queue_;
+  std::unordered_map<uint64_t, Running> running_;
+  std::unordered_set<uint64_t> cancelled_;
+  std::vector<uint64_t> slot_owner_;  // id per slot; 0 = free
+  int64_t reserved_ = 0;
+  uint64_t next_order_ = 0;
+};
+
+}  // namespace moh

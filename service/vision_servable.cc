@@ -1,0 +1,159 @@
+#include "service/vision_servable.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "model/generator.h"
+#include "model/status_macros.h"
+#include "service/image_decoder.h"
+
+namespace moh {
+namespace {
+
+constexpr int32_t kDefaultImageTopN = 5;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<VisionServable>> VisionServable::Load(
+    const v1::ModelConfig& config, const DeviceOptions& device,
+    Metrics* metrics) {
+  MOH_ASSIGN_OR_RETURN(std::unique_ptr<VitModel> vit,
+                       VitModel::Load(config.model_dir(), device));
+  const VitConfig& c = vit->config();
+  const bool head_metrics = !config.has_head_metrics() || config.head_metrics();
+  ModelMetrics* model_metrics =
+      metrics->ForModel(config.name(), c.num_layers, c.num_heads, head_metrics);
+  std::unique_ptr<VisionServable> servable(
+      new VisionServable(config.name(), std::move(vit), model_metrics));
+  VisionServable* self = servable.get();
+  MOH_ASSIGN_OR_RETURN(
+      servable->classifier_,
+      BatchedClassifier::Create(
+          config, self->vit_->config().moh, model_metrics,
+          [self](std::vector<ClassifyTask>& batch) { self->RunBatch(batch); }));
+  return servable;
+}
+
+VisionServable::VisionServable(const std::string& name,
+                               std::unique_ptr<VitModel> vit,
+                               ModelMetrics* metrics)
+    : Servable(name, "vit"), vit_(std::move(vit)), metrics_(metrics) {}
+
+absl::Status VisionServable::Warmup() const {
+  const VitConfig& c = vit_->config();
+  at::Tensor pixels =
+      at::zeros({1, c.num_channels, c.image_size, c.image_size});
+  return vit_->Forward(pixels, {0.0f}).status();
+}
+
+void VisionServable::Describe(v1::ModelInfo* info) const {
+  const VitConfig& c = vit_->config();
+  info->set_max_seq_len(1 + c.num_patches());
+  for (const std::string& label : c.labels) info->add_labels(label);
+  DescribeMoh(c.moh, info);
+}
+
+absl::Status VisionServable::Classify(ClassifyCall call, ClassifyDone done) {
+  MOH_ASSIGN_OR_RETURN(ClassifyTask task, Prepare(call));
+  task.deadline = call.deadline;
+  task.done = std::move(done);
+  return classifier_->Submit(std::move(task));
+}
+
+absl::StatusOr<ClassifyTask> VisionServable::Prepare(ClassifyCall& call) const {
+  const int inputs =
+      call.image.has_value() + call.pixels.has_value() + call.text.has_value();
+  if (inputs != 1) {
+    return absl::InvalidArgumentError(
+        "image, pixels or text: exactly one must be set");
+  }
+  if (call.top_n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_n must be >= 0 (0 = default), got ", call.top_n));
+  }
+  if (call.text) {
+    return NotServedError("text", name(), family(), Task::kClassifyText,
+                          "send image or pixels");
+  }
+  if (!call.labels.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("labels: model '", name(),
+                     "' has fixed classes; labels are for language models"));
+  }
+  const VitConfig& c = vit_->config();
+  ClassifyTask task;
+  MOH_ASSIGN_OR_RETURN(task.activation,
+                       Activation::Resolve(c.moh, call.ratio, call.min_ratio));
+  const int64_t classes = c.labels.size();
+  if (call.top_n > classes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_n must be in [0, ", classes, "], got ", call.top_n));
+  }
+  task.top_n = call.top_n > 0 ? call.top_n
+                              : std::min<int32_t>(kDefaultImageTopN, classes);
+  at::Tensor pixels;
+  if (call.image) {
+    MOH_ASSIGN_OR_RETURN(
+        pixels, DecodeImage(*call.image, c.num_channels, c.image_size));
+  } else {
+    const auto& [shape, data] = *call.pixels;
+    const std::vector<int64_t> expected = {c.num_channels, c.image_size,
+                                           c.image_size};
+    if (shape != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pixels.shape must be [", c.num_channels, ", ", c.image_size, ", ",
+          c.image_size, "] (channels, height, width)"));
+    }
+    const int64_t n = c.num_channels * c.image_size * c.image_size;
+    if (static_cast<int64_t>(data.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pixels.data must have ", n,
+          " values (the product of pixels.shape), got ", data.size()));
+    }
+    for (float v : data) {
+      if (!(v >= 0.0f && v <= 1.0f)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("pixels.data values must be in [0, 1], got ", v));
+      }
+    }
+    pixels = at::tensor(data).view(expected);
+  }
+  task.pixels = vit_->NormalizePixels(pixels.unsqueeze(0)).squeeze(0);
+  return task;
+}
+
+void VisionServable::RunBatch(std::vector<ClassifyTask>& batch) {
+  std::vector<at::Tensor> pixels;
+  std::vector<LayerTopK> top_k;
+  for (const ClassifyTask& task : batch) {
+    pixels.push_back(task.pixels);
+    top_k.push_back(task.activation.top_k());
+  }
+  auto out = vit_->ForwardWithTopK(at::stack(pixels), top_k);
+  if (!out.ok()) {
+    for (ClassifyTask& task : batch) classifier_->Finish(task, out.status());
+    return;
+  }
+  const VitConfig& c = vit_->config();
+  const int64_t tokens = 1 + c.num_patches();
+  at::Tensor probs = at::softmax(out->logits, -1);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    ClassifyTask& task = batch[b];
+    ClassifyResult result;
+    auto [scores, indices] = at::topk(probs[b], task.top_n);
+    for (int64_t i = 0; i < task.top_n; ++i) {
+      const int64_t index = indices[i].item<int64_t>();
+      result.classes.push_back({c.labels[index], static_cast<int32_t>(index),
+                                scores[i].item<float>(), 0.0});
+    }
+    at::Tensor counts = out->head_token_counts[b];
+    result.effective_ratio = EffectiveRatio(counts, tokens);
+    result.applied_ratio = task.activation.requested_ratio();
+    result.routed_tokens = tokens;
+    result.head_tokens = HeadTokenVector(counts);
+    classifier_->Finish(task, std::move(result));
+  }
+}
+
+}  // namespace moh

@@ -1,0 +1,46 @@
+// The vision family: image classification (Classify with image or pixels)
+// on a MoH ViT, in dynamic batches.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/vit_model.h"
+#include "moh/v1/server_config.pb.h"
+#include "service/batched_classifier.h"
+#include "service/metrics.h"
+#include "service/servable.h"
+
+namespace moh {
+
+class VisionServable : public Servable {
+ public:
+  // Loads the ViT of `config.model_dir()` on `device`.
+  static absl::StatusOr<std::unique_ptr<VisionServable>> Load(
+      const v1::ModelConfig& config, const DeviceOptions& device,
+      Metrics* metrics);
+
+  void Describe(v1::ModelInfo* info) const override;
+  bool Serves(Task task) const override { return task == Task::kClassifyImage; }
+  int32_t num_layers() const override { return vit_->config().num_layers; }
+  ModelMetrics* metrics() const override { return metrics_; }
+  absl::Status Classify(ClassifyCall call, ClassifyDone done) override;
+  void StopAccepting() override {}
+  bool Idle() const override { return classifier_->Idle(); }
+
+  // One forward of a blank image.
+  absl::Status Warmup() const;
+
+ private:
+  VisionServable(const std::string& name, std::unique_ptr<VitModel> vit,
+                 ModelMetrics* metrics);
+  absl::StatusOr<ClassifyTask> Prepare(ClassifyCall& call) const;
+  void RunBatch(std::vector<ClassifyTask>& batch);
+
+  const std::unique_ptr<VitModel> vit_;
+  ModelMetrics* const metrics_;
+  std::unique_ptr<BatchedClassifier> classifier_;  // last: stopped first
+};
+
+}  // namespace moh
