@@ -1,5 +1,6 @@
 // Internals of moh::Tokenizer (model/tokenizer.h): the parsed tokenizer.json
-// pipeline, its Encode steps, and UTF-8/regex helpers shared by the decoder.
+// pipeline, its Encode steps (tokenizer_pipeline.cc), and the UTF-8/regex
+// helpers they share with the decoder (tokenizer_text.cc).
 // Not part of the public API; only model/tokenizer*.cc include it.
 #pragma once
 
@@ -38,6 +39,17 @@ bool IsValidUtf8(std::string_view s);
 // Code point at the start of non-empty `s`, U+FFFD if invalid; sets `*len`
 // to the bytes it spans (>= 1).
 char32_t DecodeUtf8(std::string_view s, int* len);
+// Code point ending at `pos` (> 0) of valid UTF-8 `s`; sets `*begin` to
+// its first byte.
+char32_t CharBefore(std::string_view s, size_t pos, size_t* begin);
+// Unicode White_Space, which is what `\s` means to HF's Rust regexes.
+bool IsSpace(char32_t c);
+// What `\w` means to HF's Rust regexes (Unicode word characters).
+bool IsWordChar(char32_t c);
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the
+// others to U+0100 upwards in byte order. The UTF-8 of the character `byte`
+// maps to.
+const std::string& ByteLevelChar(uint8_t byte);
 // The bytes a ByteLevel decoder gives for `token`: its characters mapped
 // back through GPT-2's bytes_to_unicode, or its UTF-8 itself if any is
 // unmapped.

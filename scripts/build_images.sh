@@ -73,21 +73,9 @@ step_end() {
 
 # ---- 1. tools ----
 step_start "tools (buildah, debootstrap)"
-packages=(buildah debootstrap debian-archive-keyring)
-missing=()
-for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-if [ ${#missing[@]} -eq 0 ]; then
-  say "all ${#packages[@]} packages present"
-else
-  say "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+# shellcheck source=scripts/install_deps.sh
+. scripts/install_deps.sh  # defines install_missing, installs nothing
+install_missing build_images buildah debootstrap debian-archive-keyring
 # Overlay storage, unless it does not work here (overlay on overlay).
 if [ -z "${STORAGE_DRIVER:-}" ] && ! buildah info >/dev/null 2>&1; then
   say "buildah's default storage does not work here; using the vfs driver"

@@ -10,65 +10,82 @@
 #                        (the container image's runtime stage)
 #   --runtime-no-torch   the same without Debian's LibTorch (CUDA images bring
 #                        the wheel's)
+# Sourced (`. scripts/install_deps.sh`), it installs nothing and only defines
+# install_missing, for scripts that need packages of their own
+# (scripts/build_images.sh, training/train_all.sh).
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
 
-PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libopenblas0-openmp
-  libabsl-dev nlohmann-json3-dev libpcre2-dev libstb-dev
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  prometheus-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-torch python3-numpy
-  python3-grpcio python3-protobuf python3-pytest python3-yaml
-  prometheus curl zlib1g-dev
-)
-RUNTIME_PACKAGES=(
-  libopenblas0-openmp libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32
-  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libpcre2-8-0 libstb0
-)
-torch_wheel=0
-case "${1:-}" in
-  --torch=wheel) torch_wheel=1; PACKAGES+=(python3-venv) ;;
-  --torch=debian | "") ;;
-  --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13) ;;
-  --runtime-no-torch) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
-  *)
-    echo "usage: $0 [--torch=debian | --torch=wheel | --runtime | --runtime-no-torch]" >&2
-    exit 2
-    ;;
-esac
-
-missing=()
-for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
+# install_missing WHO PACKAGE...: installs with apt (through sudo when not
+# root) those of the PACKAGEs that are not installed yet, saying so as
+# "WHO: ..."; apt is touched only when something is missing.
+install_missing() {
+  local who="$1" p
+  shift
+  local missing=()
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "$who: all $# packages present"
+    return 0
   fi
-done
-
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install_deps: all ${#PACKAGES[@]} packages present"
-else
-  echo "install_deps: installing ${missing[*]}"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "$who: installing ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
 
-if [ "$torch_wheel" = 1 ]; then
-  # shellcheck source=torch_wheel.env
-  . "$here/torch_wheel.env"
-  py="$MOH_TORCH_VENV/bin/python"
-  if [ -x "$py" ] && [ "$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null)" = \
-      "$MOH_TORCH_WHEEL_VERSION" ]; then
-    echo "install_deps: torch $MOH_TORCH_WHEEL_VERSION present in $MOH_TORCH_VENV"
-  else
-    echo "install_deps: installing torch==$MOH_TORCH_WHEEL_VERSION (PyPI, CUDA) into $MOH_TORCH_VENV"
-    /usr/bin/python3 -m venv "$MOH_TORCH_VENV"
-    "$MOH_TORCH_VENV/bin/pip" install -q --disable-pip-version-check \
-      "torch==$MOH_TORCH_WHEEL_VERSION"
+main() {
+  local here
+  here="$(cd "$(dirname "$0")" && pwd)"
+
+  PACKAGES=(
+    build-essential cmake ninja-build ccache pkg-config git
+    libtorch-dev libopenblas0-openmp
+    libabsl-dev nlohmann-json3-dev libpcre2-dev libstb-dev
+    libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+    prometheus-cpp-dev
+    libgtest-dev libgmock-dev libbenchmark-dev
+    python3 python3-torch python3-numpy
+    python3-grpcio python3-protobuf python3-pytest python3-yaml
+    prometheus curl zlib1g-dev
+  )
+  RUNTIME_PACKAGES=(
+    libopenblas0-openmp libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32
+    libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libpcre2-8-0 libstb0
+  )
+  torch_wheel=0
+  case "${1:-}" in
+    --torch=wheel) torch_wheel=1; PACKAGES+=(python3-venv) ;;
+    --torch=debian | "") ;;
+    --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13) ;;
+    --runtime-no-torch) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
+    *)
+      echo "usage: $0 [--torch=debian | --torch=wheel | --runtime | --runtime-no-torch]" >&2
+      exit 2
+      ;;
+  esac
+
+  install_missing install_deps "${PACKAGES[@]}"
+
+  if [ "$torch_wheel" = 1 ]; then
+    # shellcheck source=torch_wheel.env
+    . "$here/torch_wheel.env"
+    py="$MOH_TORCH_VENV/bin/python"
+    if [ -x "$py" ] && [ "$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null)" = \
+        "$MOH_TORCH_WHEEL_VERSION" ]; then
+      echo "install_deps: torch $MOH_TORCH_WHEEL_VERSION present in $MOH_TORCH_VENV"
+    else
+      echo "install_deps: installing torch==$MOH_TORCH_WHEEL_VERSION (PyPI, CUDA) into $MOH_TORCH_VENV"
+      /usr/bin/python3 -m venv "$MOH_TORCH_VENV"
+      "$MOH_TORCH_VENV/bin/pip" install -q --disable-pip-version-check \
+        "torch==$MOH_TORCH_WHEEL_VERSION"
+    fi
   fi
-fi
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

@@ -37,6 +37,7 @@
 #include <pthread.h>
 #endif
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -54,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "service/clock.h"
+#include "service/config_limits.h"
 #include "service/draining.h"
 
 namespace moh {
@@ -63,16 +65,19 @@ class Batcher {
  public:
   static constexpr int kMaxBatchThreads = 256;
 
+  // Defaults are an unconfigured server's (service/config_limits.h).
   struct Options {
     // Largest sum of task sizes in one batch. Range [1, 2^31 - 1].
-    int max_batch_size = 32;
+    int max_batch_size = config_limits::kMaxBatchSize.default_value;
     // How long the oldest task of a batch that is not full may wait before
     // the batch is processed anyway. Range [0, absl::InfiniteDuration()];
     // infinite means batches form only when full (or on Stop).
-    absl::Duration max_queue_delay = absl::Milliseconds(5);
+    absl::Duration max_queue_delay =
+        absl::Milliseconds(config_limits::kMaxQueueDelayMs.default_value);
     // Most tasks waiting in the queue (not yet handed to the callback);
     // beyond it Schedule answers RESOURCE_EXHAUSTED. Range [1, 2^31 - 1].
-    int max_queued_requests = 256;
+    int max_queued_requests =
+        config_limits::kBatchingMaxQueuedRequests.default_value;
     // Threads that call ProcessBatchFn. Range [1, kMaxBatchThreads = 256].
     int num_batch_threads = 1;
     // Time source for max_queue_delay; not owned, must outlive the batcher.
@@ -157,18 +162,22 @@ absl::Status Batcher<Task>::ValidateOptions(const Options& options) {
         absl::StrCat("batcher '", options.name, "': ", option, " must be in ",
                      range, ", got ", value));
   };
-  if (options.max_batch_size < 1) {
+  // The config's minimums; above them, any value the type holds (the config
+  // caps what an operator may ask for, service/config_limits.h).
+  const int min_batch_size = config_limits::kMaxBatchSize.min;
+  const int min_queued = config_limits::kBatchingMaxQueuedRequests.min;
+  if (options.max_batch_size < min_batch_size) {
     return out_of_range("max_batch_size", options.max_batch_size,
-                        "[1, 2147483647]");
+                        absl::StrCat("[", min_batch_size, ", ", INT_MAX, "]"));
   }
   if (options.max_queue_delay < absl::ZeroDuration()) {
     return out_of_range("max_queue_delay",
                         absl::FormatDuration(options.max_queue_delay),
                         "[0, inf]");
   }
-  if (options.max_queued_requests < 1) {
+  if (options.max_queued_requests < min_queued) {
     return out_of_range("max_queued_requests", options.max_queued_requests,
-                        "[1, 2147483647]");
+                        absl::StrCat("[", min_queued, ", ", INT_MAX, "]"));
   }
   if (options.num_batch_threads < 1 ||
       options.num_batch_threads > kMaxBatchThreads) {

@@ -1,22 +1,12 @@
 #include "service/metrics.h"
 
-#include <dirent.h>
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <limits>
-#include <sstream>
 #include <utility>
 
-#include "prometheus/client_metric.h"
-#include "prometheus/metric_family.h"
-#include "prometheus/metric_type.h"
+#include "service/process_collector.h"
 
 namespace moh {
 namespace {
@@ -26,7 +16,7 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr int kNumRpcs = 3;
+constexpr int kNumRpcs = 2;
 constexpr int kNumBatchKinds = 3;
 constexpr int kNumCodes = 17;  // absl::StatusCode (== grpc::StatusCode) 0..16.
 constexpr int kUnknownCode = 2;
@@ -103,8 +93,6 @@ const char* RpcName(Rpc rpc) {
       return "Generate";
     case Rpc::kClassify:
       return "Classify";
-    case Rpc::kListModels:
-      return "ListModels";
   }
   return "Unknown";
 }
@@ -299,168 +287,24 @@ void ModelMetrics::SetLoadSeconds(double seconds) {
   impl_->load_seconds->Set(seconds);
 }
 
-// Standard process_* metrics read from /proc at scrape time, plus
-// moh_gpu_memory_bytes{device} from the optional reader.
-class Metrics::ProcessCollector : public prometheus::Collectable {
- public:
-  ProcessCollector()
-      : clk_tck_(static_cast<double>(sysconf(_SC_CLK_TCK))),
-        page_size_(static_cast<double>(sysconf(_SC_PAGESIZE))) {
-    Stat stat;
-    const double btime = ReadBootTime();
-    if (ReadStat(&stat) && btime > 0 && clk_tck_ > 0) {
-      start_time_seconds_ = btime + stat.starttime / clk_tck_;
-    }
-  }
-
-  void SetGpuMemoryReader(
-      std::function<std::map<std::string, double>()> reader) {
-    absl::MutexLock lock(&mu_);
-    gpu_reader_ = std::move(reader);
-  }
-
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    std::vector<prometheus::MetricFamily> out;
-    Stat stat;
-    if (ReadStat(&stat)) {
-      if (clk_tck_ > 0) {
-        out.push_back(Single("process_cpu_seconds_total",
-                             "Total user and system CPU time spent in seconds.",
-                             prometheus::MetricType::Counter,
-                             (stat.utime + stat.stime) / clk_tck_));
-      }
-      out.push_back(Single(
-          "process_resident_memory_bytes", "Resident memory size in bytes.",
-          prometheus::MetricType::Gauge, stat.rss_pages * page_size_));
-      out.push_back(Single("process_virtual_memory_bytes",
-                           "Virtual memory size in bytes.",
-                           prometheus::MetricType::Gauge, stat.vsize_bytes));
-    }
-    if (start_time_seconds_ > 0) {
-      out.push_back(
-          Single("process_start_time_seconds",
-                 "Start time of the process since unix epoch in seconds.",
-                 prometheus::MetricType::Gauge, start_time_seconds_));
-    }
-    const int fds = CountOpenFds();
-    if (fds >= 0) {
-      out.push_back(Single("process_open_fds",
-                           "Number of open file descriptors.",
-                           prometheus::MetricType::Gauge, fds));
-    }
-    rlimit lim{};
-    if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
-      out.push_back(Single(
-          "process_max_fds", "Maximum number of open file descriptors.",
-          prometheus::MetricType::Gauge, static_cast<double>(lim.rlim_cur)));
-    }
-    std::function<std::map<std::string, double>()> reader;
-    {
-      absl::MutexLock lock(&mu_);
-      reader = gpu_reader_;
-    }
-    if (reader) {
-      std::map<std::string, double> usage = reader();
-      if (!usage.empty()) {
-        prometheus::MetricFamily gpu;
-        gpu.name = "moh_gpu_memory_bytes";
-        gpu.help = "GPU memory in use in bytes, by device.";
-        gpu.type = prometheus::MetricType::Gauge;
-        for (const auto& [device, bytes] : usage) {
-          prometheus::ClientMetric m;
-          m.label.push_back({"device", device});
-          m.gauge.value = bytes;
-          gpu.metric.push_back(std::move(m));
-        }
-        out.push_back(std::move(gpu));
-      }
-    }
-    return out;
-  }
-
- private:
-  struct Stat {
-    double utime = 0, stime = 0, starttime = 0, vsize_bytes = 0, rss_pages = 0;
-  };
-
-  static prometheus::MetricFamily Single(std::string name, std::string help,
-                                         prometheus::MetricType type,
-                                         double value) {
-    prometheus::MetricFamily f;
-    f.name = std::move(name);
-    f.help = std::move(help);
-    f.type = type;
-    prometheus::ClientMetric m;
-    if (type == prometheus::MetricType::Counter) {
-      m.counter.value = value;
-    } else {
-      m.gauge.value = value;
-    }
-    f.metric.push_back(std::move(m));
-    return f;
-  }
-
-  // /proc/self/stat, see proc(5). The command name (field 2) may contain
-  // spaces and parentheses, so fields are counted after its last ')'.
-  static bool ReadStat(Stat* stat) {
-    std::ifstream in("/proc/self/stat");
-    std::string line;
-    if (!std::getline(in, line)) return false;
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) return false;
-    std::istringstream fields(line.substr(close + 1));
-    std::vector<std::string> f;  // f[0] is field 3 (state).
-    for (std::string s; fields >> s;) f.push_back(s);
-    if (f.size() < 22) return false;
-    auto at = [&](int field) {
-      return std::strtod(f[field - 3].c_str(), nullptr);
-    };
-    stat->utime = at(14);
-    stat->stime = at(15);
-    stat->starttime = at(22);
-    stat->vsize_bytes = at(23);
-    stat->rss_pages = at(24);
-    return true;
-  }
-
-  static double ReadBootTime() {
-    std::ifstream in("/proc/stat");
-    for (std::string key; in >> key;) {
-      if (key == "btime") {
-        double btime = 0;
-        in >> btime;
-        return btime;
-      }
-      in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-    }
-    return 0;
-  }
-
-  // Entries of /proc/self/fd, not counting the one used to list them.
-  static int CountOpenFds() {
-    DIR* dir = opendir("/proc/self/fd");
-    if (dir == nullptr) return -1;
-    const std::string self = std::to_string(dirfd(dir));
-    int n = 0;
-    while (dirent* e = readdir(dir)) {
-      if (e->d_name[0] == '.' || self == e->d_name) continue;
-      ++n;
-    }
-    closedir(dir);
-    return n;
-  }
-
-  const double clk_tck_;
-  const double page_size_;
-  double start_time_seconds_ = 0;
-  mutable absl::Mutex mu_;
-  std::function<std::map<std::string, double>()> gpu_reader_
-      ABSL_GUARDED_BY(mu_);
+// The process collector's families: their names are written here, with every
+// other exported name.
+const ProcessCollector::Descriptions kProcessDescriptions = {
+    {"process_cpu_seconds_total",
+     "Total user and system CPU time spent in seconds."},
+    {"process_resident_memory_bytes", "Resident memory size in bytes."},
+    {"process_virtual_memory_bytes", "Virtual memory size in bytes."},
+    {"process_start_time_seconds",
+     "Start time of the process since unix epoch in seconds."},
+    {"process_open_fds", "Number of open file descriptors."},
+    {"process_max_fds", "Maximum number of open file descriptors."},
+    {"moh_gpu_memory_bytes", "GPU memory in use in bytes, by device."},
 };
 
 Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
     : registry_(std::move(registry)),
-      process_collector_(std::make_shared<ProcessCollector>()),
+      process_collector_(
+          std::make_shared<ProcessCollector>(kProcessDescriptions)),
       families_(std::make_unique<Families>(*registry_)) {}
 
 Metrics::~Metrics() = default;

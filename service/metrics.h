@@ -28,10 +28,14 @@
 
 namespace moh {
 
-enum class Rpc { kGenerate, kClassify, kListModels };
+class ProcessCollector;  // service/process_collector.h
+
+// The RPCs served by one model. ListModels is the server's, not a model's, and
+// has no per-model series.
+enum class Rpc { kGenerate, kClassify };
 enum class BatchKind { kPrefill, kDecode, kClassify };
 
-const char* RpcName(Rpc rpc);  // "Generate", "Classify", "ListModels"
+const char* RpcName(Rpc rpc);               // "Generate", "Classify"
 const char* BatchKindName(BatchKind kind);  // "prefill", "decode", "classify"
 
 // The metrics of one hosted model. Owned by Metrics; valid as long as it.
@@ -104,7 +108,6 @@ class Metrics {
 
  private:
   struct Families;
-  class ProcessCollector;
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<ProcessCollector> process_collector_;
   std::unique_ptr<Families> families_;

@@ -9,6 +9,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "model/status_macros.h"
+#include "service/config_limits.h"
 
 namespace moh {
 namespace {
@@ -28,26 +29,35 @@ class ParseErrors : public google::protobuf::io::ErrorCollector {
   std::string first_;
 };
 
-// Sets *value to `fallback` when unset (0), then checks [lo, hi].
+// Sets *value to the field's default when unset (0), then checks its range.
 template <typename T>
-absl::Status Default(const std::string& field, T* value, T fallback, T lo,
-                     T hi) {
-  if (*value == T{0}) *value = fallback;
-  if (!(*value >= lo && *value <= hi)) {
+absl::Status Default(const std::string& field, T* value,
+                     const ConfigLimits<T>& limits) {
+  if (*value == T{0}) *value = limits.default_value;
+  if (!limits.Contains(*value)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " must be in [", lo, ", ", hi, "], got ", *value));
+        absl::StrCat(field, " must be in ", limits.min_exclusive ? "(" : "[",
+                     limits.min, ", ", limits.max, "], got ", *value));
   }
   return absl::OkStatus();
 }
 
-// Applies `fallback` through the proto's setter when the field is unset.
-#define MOH_DEFAULT(msg, field, path, fallback, lo, hi)            \
-  do {                                                             \
-    auto value = (msg)->field();                                   \
-    MOH_RETURN_IF_ERROR(                                           \
-        Default<decltype(value)>(path, &value, fallback, lo, hi)); \
-    (msg)->set_##field(value);                                     \
+// Applies the default of `limits` through the proto's setter when the field is
+// unset.
+#define MOH_DEFAULT(msg, field, path, limits)                            \
+  do {                                                                   \
+    auto value = (msg)->field();                                         \
+    MOH_RETURN_IF_ERROR(Default<decltype(value)>(path, &value, limits)); \
+    (msg)->set_##field(value);                                           \
   } while (0)
+
+// Checks a field whose 0 means "off" or "the default" and stays 0.
+absl::Status AtLeast(const std::string& field, int32_t value, int32_t min,
+                     const char* zero_means) {
+  if (value >= min) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " must be >= ", min, " (0 = ", zero_means, "), got ", value));
+}
 
 absl::Status ResolveModel(const std::string& path, v1::ModelConfig* m) {
   if (m->model_dir().empty()) {
@@ -60,41 +70,35 @@ absl::Status ResolveModel(const std::string& path, v1::ModelConfig* m) {
     if (base.empty()) base = dir.parent_path().filename().string();
     m->set_name(base);
   }
-  if (m->device().empty()) m->set_device("auto");
-  if (m->dtype().empty()) m->set_dtype("auto");
+  if (m->device().empty()) m->set_device(config_limits::kDefaultDevice);
+  if (m->dtype().empty()) m->set_dtype(config_limits::kDefaultDtype);
   v1::BatchingConfig* b = m->mutable_batching();
-  MOH_DEFAULT(b, max_batch_size, path + ".batching.max_batch_size", 32, 1,
-              4096);
-  if (b->max_queue_delay_ms() == 0) b->set_max_queue_delay_ms(5);
-  if (!(b->max_queue_delay_ms() > 0 && b->max_queue_delay_ms() <= 10000)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path,
-                     ".batching.max_queue_delay_ms must be in (0, "
-                     "10000], got ",
-                     b->max_queue_delay_ms()));
-  }
+  MOH_DEFAULT(b, max_batch_size, path + ".batching.max_batch_size",
+              config_limits::kMaxBatchSize);
+  MOH_DEFAULT(b, max_queue_delay_ms, path + ".batching.max_queue_delay_ms",
+              config_limits::kMaxQueueDelayMs);
   MOH_DEFAULT(b, max_queued_requests, path + ".batching.max_queued_requests",
-              256, 1, 1 << 20);
+              config_limits::kBatchingMaxQueuedRequests);
   v1::GenerationConfig* g = m->mutable_generation();
-  MOH_DEFAULT(g, max_running, path + ".generation.max_running", 16, 1, 4096);
-  if (g->max_seq_len() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ".generation.max_seq_len must be >= 0 (0 = model maximum), got ",
-        g->max_seq_len()));
-  }
+  MOH_DEFAULT(g, max_running, path + ".generation.max_running",
+              config_limits::kMaxRunning);
+  MOH_RETURN_IF_ERROR(AtLeast(path + ".generation.max_seq_len",
+                              g->max_seq_len(), config_limits::kMaxSeqLenUnset,
+                              "model maximum"));
   MOH_DEFAULT(g, max_queued_requests, path + ".generation.max_queued_requests",
-              256, 1, 1 << 20);
+              config_limits::kGenerationMaxQueuedRequests);
   MOH_DEFAULT(g, prefill_token_budget,
-              path + ".generation.prefill_token_budget", 512, 1, 1 << 20);
+              path + ".generation.prefill_token_budget",
+              config_limits::kPrefillTokenBudget);
   MOH_DEFAULT(g, default_max_new_tokens,
-              path + ".generation.default_max_new_tokens", 64, 1, 1 << 20);
+              path + ".generation.default_max_new_tokens",
+              config_limits::kDefaultMaxNewTokens);
   MOH_DEFAULT(g, attention_workspace_mb,
-              path + ".generation.attention_workspace_mb", 256, 1, 1 << 16);
-  if (m->adaptive().queue_depth() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ".adaptive.queue_depth must be >= 0 (0 = off), got ",
-                     m->adaptive().queue_depth()));
-  }
+              path + ".generation.attention_workspace_mb",
+              config_limits::kAttentionWorkspaceMb);
+  MOH_RETURN_IF_ERROR(AtLeast(path + ".adaptive.queue_depth",
+                              m->adaptive().queue_depth(),
+                              config_limits::kMinAdaptiveQueueDepth, "off"));
   return absl::OkStatus();
 }
 
@@ -116,25 +120,28 @@ absl::StatusOr<v1::ServerConfig> ReadServerConfigFile(const std::string& path) {
 }
 
 absl::Status ResolveServerConfig(v1::ServerConfig* config) {
-  MOH_DEFAULT(config, port, std::string("port"), 50051, 1, 65535);
-  if (config->metrics_port() == 0) config->set_metrics_port(9464);
-  if (config->metrics_port() != -1 &&
-      (config->metrics_port() < 1 || config->metrics_port() > 65535)) {
+  MOH_DEFAULT(config, port, std::string("port"), config_limits::kPort);
+  const ConfigLimits<int32_t>& metrics_port = config_limits::kMetricsPort;
+  if (config->metrics_port() == 0) {
+    config->set_metrics_port(metrics_port.default_value);
+  }
+  if (config->metrics_port() != config_limits::kMetricsPortOff &&
+      !metrics_port.Contains(config->metrics_port())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("metrics_port must be in [1, 65535] or -1 (off), got ",
-                     config->metrics_port()));
+        absl::StrCat("metrics_port must be in [", metrics_port.min, ", ",
+                     metrics_port.max, "] or ", config_limits::kMetricsPortOff,
+                     " (off), got ", config->metrics_port()));
   }
   if (config->metrics_port() == config->port()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics_port must differ from port (", config->port(), ")"));
   }
-  if (config->host().empty()) config->set_host("0.0.0.0");
+  if (config->host().empty()) config->set_host(config_limits::kDefaultHost);
   MOH_DEFAULT(config, drain_timeout_seconds,
-              std::string("drain_timeout_seconds"), 30.0, 0.001, 86400.0);
-  if (config->threads() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "threads must be >= 0 (0 = the default), got ", config->threads()));
-  }
+              std::string("drain_timeout_seconds"),
+              config_limits::kDrainTimeoutSeconds);
+  MOH_RETURN_IF_ERROR(AtLeast("threads", config->threads(),
+                              config_limits::kMinThreads, "the default"));
   if (config->models().empty()) {
     return absl::InvalidArgumentError("models: at least one model is needed");
   }

@@ -125,7 +125,6 @@ int64_t Bucket(const ClientMetric::Histogram& h, double le) {
 TEST(MetricsNamesTest, RpcAndBatchKindNames) {
   EXPECT_STREQ(RpcName(Rpc::kGenerate), "Generate");
   EXPECT_STREQ(RpcName(Rpc::kClassify), "Classify");
-  EXPECT_STREQ(RpcName(Rpc::kListModels), "ListModels");
   EXPECT_STREQ(BatchKindName(BatchKind::kPrefill), "prefill");
   EXPECT_STREQ(BatchKindName(BatchKind::kDecode), "decode");
   EXPECT_STREQ(BatchKindName(BatchKind::kClassify), "classify");
@@ -248,18 +247,35 @@ TEST_F(MetricsTest, EveryStatusCodeHasItsGrpcName) {
   };
   ModelMetrics* m = metrics_.ForModel("m", 1, 1, false);
   for (size_t i = 0; i < names.size(); ++i) {
-    m->RequestFinished(Rpc::kListModels, static_cast<absl::StatusCode>(i),
+    m->RequestFinished(Rpc::kClassify, static_cast<absl::StatusCode>(i),
                        absl::ZeroDuration());
   }
   // An out-of-range code counts as UNKNOWN rather than crashing.
-  m->RequestFinished(Rpc::kListModels, static_cast<absl::StatusCode>(99),
+  m->RequestFinished(Rpc::kClassify, static_cast<absl::StatusCode>(99),
                      absl::ZeroDuration());
   for (const std::string& code : names) {
     EXPECT_EQ(
         CounterValue("moh_requests_total",
-                     {{"model", "m"}, {"rpc", "ListModels"}, {"code", code}}),
+                     {{"model", "m"}, {"rpc", "Classify"}, {"code", code}}),
         code == "UNKNOWN" ? 2 : 1)
         << code;
+  }
+}
+
+// ListModels is the server's RPC: no model has a series for it, so none sits
+// at zero forever. Each model has its request and queue series per RPC it
+// serves, and an OK counter for each.
+TEST_F(MetricsTest, PerModelSeriesOnlyForTheModelsRpcs) {
+  metrics_.ForModel("m", 1, 1, false);
+  const std::vector<MetricFamily> families = Collect();
+  for (const char* name : {"moh_requests_total", "moh_request_duration_seconds",
+                           "moh_queue_duration_seconds"}) {
+    const MetricFamily* f = FindFamily(families, name);
+    ASSERT_NE(f, nullptr) << name;
+    std::vector<std::string> rpcs;
+    for (const ClientMetric& m : f->metric) rpcs.push_back(Labels(m)["rpc"]);
+    EXPECT_THAT(rpcs, ::testing::UnorderedElementsAre("Generate", "Classify"))
+        << name;
   }
 }
 

@@ -5,6 +5,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/batcher.h"
+#include "service/config_limits.h"
 
 namespace moh {
 namespace {
@@ -87,6 +89,26 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "models[0].adaptive.queue_depth"},
       {"models { model_dir: \"a/m\" } models { model_dir: \"b/m\" }",
        "models[1].name \"m\" is used by another model"},
+      // In full, where the range is not a plain [min, max].
+      {"metrics_port: -5 models { model_dir: \"m\" }",
+       "metrics_port must be in [1, 65535] or -1 (off), got -5"},
+      {"threads: -1 models { model_dir: \"m\" }",
+       "threads must be >= 0 (0 = the default), got -1"},
+      {"drain_timeout_seconds: -2 models { model_dir: \"m\" }",
+       "drain_timeout_seconds must be in [0.001, 86400], got -2"},
+      {"models { model_dir: \"m\" batching { max_queue_delay_ms: -1 } }",
+       "models[0].batching.max_queue_delay_ms must be in (0, 10000], got -1"},
+      {"models { model_dir: \"m\" batching { max_queued_requests: -1 } }",
+       "models[0].batching.max_queued_requests must be in [1, 1048576], got "
+       "-1"},
+      {"models { model_dir: \"m\" generation { max_seq_len: -1 } }",
+       "models[0].generation.max_seq_len must be >= 0 (0 = model maximum), "
+       "got -1"},
+      {"models { model_dir: \"m\" generation { prefill_token_budget: -1 } }",
+       "models[0].generation.prefill_token_budget must be in [1, 1048576], "
+       "got -1"},
+      {"models { model_dir: \"m\" adaptive { queue_depth: -1 } }",
+       "models[0].adaptive.queue_depth must be >= 0 (0 = off), got -1"},
   };
   for (const Case& c : cases) {
     const std::string path = WriteTemp(c.text);
@@ -97,6 +119,28 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.text;
     EXPECT_THAT(std::string(status.message()), HasSubstr(c.message)) << c.text;
   }
+}
+
+// A Batcher built without a config behaves as an unconfigured model's.
+TEST(ServerConfigTest, BatcherDefaultsAreTheConfigDefaults) {
+  v1::ServerConfig config;
+  config.add_models()->set_model_dir("m");
+  ASSERT_TRUE(ResolveServerConfig(&config).ok());
+  const v1::BatchingConfig& batching = config.models(0).batching();
+  struct Task {
+    size_t size() const { return 1; }
+  };
+  const Batcher<Task>::Options options;
+  EXPECT_EQ(options.max_batch_size, batching.max_batch_size());
+  EXPECT_EQ(options.max_queue_delay,
+            absl::Milliseconds(batching.max_queue_delay_ms()));
+  EXPECT_EQ(options.max_queued_requests, batching.max_queued_requests());
+}
+
+TEST(ServerConfigTest, UnsetMaxSeqLenIsTheModelMaximumCappedAt4096) {
+  EXPECT_EQ(config_limits::ResolveMaxSeqLen(0, 2048), 2048);
+  EXPECT_EQ(config_limits::ResolveMaxSeqLen(0, 32768), 4096);
+  EXPECT_EQ(config_limits::ResolveMaxSeqLen(100, 32768), 100);
 }
 
 TEST(ServerConfigTest, DemoConfigServesBothDemoModels) {

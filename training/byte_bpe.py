@@ -11,7 +11,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "tests", "reference"))
-from gpt2_bytes import bytes_to_unicode  # noqa: E402
+from gpt2_bytes import (bytes_to_unicode,  # noqa: E402
+                        byte_level_bpe_tokenizer_json)
 
 BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
@@ -116,40 +117,5 @@ class Encoder:
         return b"".join(self.id_to_bytes.get(i, b"") for i in ids).decode("utf-8", "replace")
 
     def tokenizer_json(self):
-        def special(i, content):
-            return {"id": i, "content": content, "single_word": False, "lstrip": False,
-                    "rstrip": False, "normalized": False, "special": True}
-
-        return {
-            "version": "1.0",
-            "truncation": None,
-            "padding": None,
-            "added_tokens": [special(self.bos, BOS_TOKEN), special(self.eos, EOS_TOKEN)],
-            "normalizer": None,
-            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                              "use_regex": True},
-            "post_processor": {
-                "type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": BOS_TOKEN, "type_id": 0}},
-                           {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": BOS_TOKEN, "type_id": 0}},
-                         {"Sequence": {"id": "A", "type_id": 0}},
-                         {"SpecialToken": {"id": BOS_TOKEN, "type_id": 1}},
-                         {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {BOS_TOKEN: {"id": BOS_TOKEN, "ids": [self.bos], "tokens": [BOS_TOKEN]}},
-            },
-            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                        "use_regex": True},
-            "model": {
-                "type": "BPE",
-                "dropout": None,
-                "unk_token": None,
-                "continuing_subword_prefix": None,
-                "end_of_word_suffix": None,
-                "fuse_unk": False,
-                "byte_fallback": False,
-                "ignore_merges": False,
-                "vocab": self.vocab,
-                "merges": ["%s %s" % m for m in self.merges],
-            },
-        }
+        return byte_level_bpe_tokenizer_json(self.vocab, self.merges, self.bos, self.eos,
+                                             BOS_TOKEN, EOS_TOKEN)

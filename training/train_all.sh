@@ -7,21 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-models}
 
-PACKAGES=(python3 python3-torch python3-numpy python3-sklearn bible-kjv-text bible-kjv)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "train_all: installing ${missing[*]}"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+# shellcheck source=scripts/install_deps.sh
+. scripts/install_deps.sh  # defines install_missing, installs nothing
+install_missing train_all python3 python3-torch python3-numpy python3-sklearn \
+  bible-kjv-text bible-kjv
 
 # Debian's torch calls OpenBLAS; its threads must not compete with LibTorch's.
 export OPENBLAS_NUM_THREADS=1

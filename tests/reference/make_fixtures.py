@@ -34,7 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import checkpoint_io  # noqa: E402
-from gpt2_bytes import bytes_to_unicode  # noqa: E402
+from gpt2_bytes import (bytes_to_unicode,  # noqa: E402
+                        byte_level_bpe_tokenizer_json)
 import moh_reference as ref  # noqa: E402
 
 RATIOS = [0.0, 0.5, 0.75, 1.0]
@@ -154,44 +155,7 @@ def train_bpe(text, num_merges):
 def make_tokenizer_json():
     vocab, merges = train_bpe(BPE_TRAINING_TEXT, NUM_MERGES)
     assert len(vocab) == BOS
-
-    def special(i, content):
-        return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-                "normalized": False, "special": True}
-
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [special(BOS, "<|begin_of_text|>"), special(EOS, "<|end_of_text|>")],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                          "use_regex": True},
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
-                       {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
-                     {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 1}},
-                     {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [BOS],
-                                                     "tokens": ["<|begin_of_text|>"]}},
-        },
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": ["%s %s" % m for m in merges],
-        },
-    }
+    return byte_level_bpe_tokenizer_json(vocab, merges, BOS, EOS)
 
 
 # ----------------------------------------------------------------------------------

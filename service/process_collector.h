@@ -1,0 +1,62 @@
+// ProcessCollector: the standard process_* metrics of this process, read from
+// /proc at scrape time, plus moh_gpu_memory_bytes{device} from an optional
+// reader. A prometheus::Collectable: serve it next to the registry.
+//
+// It exports the names and help texts it is given: they are written, with
+// every other name moh-server exports, in service/metrics.cc.
+//
+// Thread-safety: Collect and SetGpuMemoryReader may be called from any thread.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+
+namespace moh {
+
+// The name and help text of one exported family.
+struct MetricDescription {
+  const char* name;
+  const char* help;
+};
+
+class ProcessCollector : public prometheus::Collectable {
+ public:
+  struct Descriptions {
+    MetricDescription cpu_seconds;      // counter, seconds
+    MetricDescription resident_memory;  // gauge, bytes
+    MetricDescription virtual_memory;   // gauge, bytes
+    MetricDescription start_time;       // gauge, seconds since the epoch
+    MetricDescription open_fds;         // gauge
+    MetricDescription max_fds;          // gauge
+    MetricDescription gpu_memory;       // gauge{device}, bytes
+  };
+
+  explicit ProcessCollector(const Descriptions& descriptions);
+
+  // Reads GPU memory in use in bytes by device; exported as `gpu_memory` at
+  // scrape time when it returns a non-empty map. Optional.
+  void SetGpuMemoryReader(std::function<std::map<std::string, double>()> reader)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A family for each value /proc (and the GPU reader) could give.
+  std::vector<prometheus::MetricFamily> Collect() const override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const Descriptions descriptions_;
+  const double clk_tck_;
+  const double page_size_;
+  double start_time_seconds_ = 0;  // 0 when unknown
+  mutable absl::Mutex mu_;
+  std::function<std::map<std::string, double>()> gpu_reader_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace moh
