@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "model/llama_model.h"
-#include "model/runtime.h"
+#include "model/core/llama_model.h"
+#include "model/core/runtime.h"
 
 namespace moh {
 namespace {

@@ -107,7 +107,7 @@ def bench(build, server, *flags):
 
 
 def in_process_tokens_per_s(build, lm_dir, batch, repeat, prompt, tokens):
-    err = run([os.path.join(build, "model", "moh-generate"),
+    err = run([os.path.join(build, "tools", "moh-generate"),
                "--model_dir=" + lm_dir, "--prompt=" + prompt,
                "--max_new_tokens=%d" % tokens, "--batch=%d" % batch,
                "--repeat=%d" % repeat]).stderr

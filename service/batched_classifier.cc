@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "model/status_macros.h"
+#include "base/status_macros.h"
 #include "service/adaptive_activation.h"
 
 namespace moh {

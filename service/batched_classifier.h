@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "model/activation.h"
+#include "model/core/activation.h"
 #include "moh/v1/server_config.pb.h"
 #include "service/batcher.h"
 #include "service/metrics.h"

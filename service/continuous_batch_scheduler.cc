@@ -7,16 +7,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/activation.h"
-#include "model/status_macros.h"
-#include "model/tokenizer.h"
+#include "base/status_macros.h"
+#include "model/core/activation.h"
+#include "model/tokenizer/tokenizer.h"
 #include "service/engine_loop.h"
 
 namespace moh {
 namespace {
-
-constexpr int32_t kDefaultMaxSeqLenCap = 4096;
-constexpr int32_t kMaxRunningLimit = 4096;
 
 // One Generate job inside the loop. Owned by the loop thread.
 struct Sequence {
@@ -270,18 +267,22 @@ ContinuousBatchScheduler::Create(const Options& options,
   }
   const int32_t model_max = model.model->config().max_position_embeddings;
   Options resolved = options;
-  if (resolved.max_seq_len == 0) {
-    resolved.max_seq_len = std::min(model_max, kDefaultMaxSeqLenCap);
-  }
+  resolved.max_seq_len =
+      config_limits::ResolveMaxSeqLen(options.max_seq_len, model_max);
+  namespace limits = config_limits;
   const struct {
     const char* name;
     int64_t value, min, max;
   } checks[] = {
-      {"max_seq_len", resolved.max_seq_len, 2, model_max},
-      {"max_running", options.max_running, 1, kMaxRunningLimit},
-      {"max_queued_requests", options.max_queued_requests, 1, INT32_MAX},
-      {"prefill_token_budget", options.prefill_token_budget, 1, INT32_MAX},
-      {"adaptive_queue_depth", options.adaptive_queue_depth, 0, INT32_MAX},
+      {"max_seq_len", resolved.max_seq_len, limits::kMinSeqLen, model_max},
+      {"max_running", options.max_running, limits::kMaxRunning.min,
+       limits::kMaxRunning.max},
+      {"max_queued_requests", options.max_queued_requests,
+       limits::kGenerationMaxQueuedRequests.min, INT32_MAX},
+      {"prefill_token_budget", options.prefill_token_budget,
+       limits::kPrefillTokenBudget.min, INT32_MAX},
+      {"adaptive_queue_depth", options.adaptive_queue_depth,
+       limits::kMinAdaptiveQueueDepth, INT32_MAX},
   };
   for (const auto& c : checks) {
     if (c.value < c.min || c.value > c.max) {

@@ -30,9 +30,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "model/generator.h"
-#include "model/language_model.h"
-#include "model/sampler.h"
+#include "model/generation/generator.h"
+#include "model/generation/language_model.h"
+#include "model/generation/sampler.h"
+#include "service/config_limits.h"
 #include "service/metrics.h"
 
 namespace moh {
@@ -74,14 +75,21 @@ class GenerationObserver {
 
 class ContinuousBatchScheduler {
  public:
+  // Defaults as an unconfigured server's (config_limits.h).
   struct Options {
-    std::string model_name;    // for logs and thread names
-    int32_t max_running = 16;  // KV-cache slots
-    int32_t max_seq_len = 0;   // prompt + output per sequence; 0 = model max
+    std::string model_name;  // for logs and thread names
+    // KV-cache slots.
+    int32_t max_running = config_limits::kMaxRunning.default_value;
+    // Prompt + output per sequence; 0 = the model's maximum, capped.
+    int32_t max_seq_len = config_limits::kMaxSeqLenUnset;
     // Waiting jobs before RESOURCE_EXHAUSTED.
-    int32_t max_queued_requests = 256;
-    int32_t prefill_token_budget = 512;  // prompt tokens per step, >= 1
-    int32_t adaptive_queue_depth = 0;    // 0 = adaptive activation off
+    int32_t max_queued_requests =
+        config_limits::kGenerationMaxQueuedRequests.default_value;
+    // Prompt tokens per step, >= 1.
+    int32_t prefill_token_budget =
+        config_limits::kPrefillTokenBudget.default_value;
+    // 0 = adaptive activation off.
+    int32_t adaptive_queue_depth = config_limits::kAdaptiveQueueDepthOff;
   };
 
   // `model` must outlive the scheduler; `metrics` may be null.

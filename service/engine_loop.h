@@ -31,9 +31,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/log.h"
 #include "service/clock.h"
 #include "service/draining.h"
-#include "service/log.h"
 #include "service/metrics.h"
 #include "service/step_planner.h"
 

@@ -1,11 +1,11 @@
 #include "service/hosted_model.h"
 
 #include "absl/strings/str_cat.h"
-#include "model/runtime.h"
-#include "model/status_macros.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "model/core/runtime.h"
 #include "service/draining.h"
 #include "service/language_servable.h"
-#include "service/log.h"
 #include "service/vision_servable.h"
 
 namespace moh {

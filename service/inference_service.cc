@@ -6,8 +6,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/log.h"
 #include "service/grpc_status.h"
-#include "service/log.h"
 
 namespace moh {
 namespace {

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/generator.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
+#include "model/generation/generator.h"
 
 namespace moh {
 namespace {

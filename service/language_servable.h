@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "model/language_model.h"
+#include "model/generation/language_model.h"
 #include "moh/v1/server_config.pb.h"
 #include "service/batched_classifier.h"
 #include "service/continuous_batch_scheduler.h"

@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
-#include "model/status_macros.h"
 #include "service/config_limits.h"
 
 namespace moh {

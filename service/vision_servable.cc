@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/generator.h"
-#include "model/status_macros.h"
+#include "base/status_macros.h"
+#include "model/generation/generator.h"
 #include "service/image_decoder.h"
 
 namespace moh {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "model/vit_model.h"
+#include "model/core/vit_model.h"
 #include "moh/v1/server_config.pb.h"
 #include "service/batched_classifier.h"
 #include "service/metrics.h"

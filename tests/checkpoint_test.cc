@@ -5,7 +5,7 @@
 // temporary directory; broken safetensors files are written byte by byte here
 // and broken .bin files are made by patching good ones.
 
-#include "model/checkpoint.h"
+#include "model/checkpoint/checkpoint.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -19,8 +19,8 @@
 #include <sstream>
 #include <string>
 
-#include "model/safetensors_reader.h"
-#include "model/torch_bin_reader.h"
+#include "model/checkpoint/safetensors_reader.h"
+#include "model/checkpoint/torch_bin_reader.h"
 
 namespace moh {
 namespace {

@@ -1,6 +1,6 @@
 // Dense attention with a bounded workspace: chunking the queries never
 // changes the result, and one chunk's scores and mask stay under the budget.
-#include "model/dense_attention.h"
+#include "model/core/dense_attention.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <limits>
 #include <string>
 
-#include "model/llama_model.h"
+#include "model/core/llama_model.h"
 #include "tests/llama_test_util.h"
 
 namespace moh {

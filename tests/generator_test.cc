@@ -1,12 +1,12 @@
 // In-process generation and label scoring on the reference fixtures.
-#include "model/generator.h"
+#include "model/generation/generator.h"
 
 #include <fstream>
 #include <sstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/language_model.h"
+#include "model/generation/language_model.h"
 #include "nlohmann/json.hpp"
 
 namespace moh {

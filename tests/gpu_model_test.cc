@@ -10,8 +10,8 @@
 
 #include <string>
 
-#include "model/llama_model.h"
-#include "model/vit_model.h"
+#include "model/core/llama_model.h"
+#include "model/core/vit_model.h"
 
 namespace moh {
 namespace {

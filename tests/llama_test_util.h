@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/llama_model.h"
+#include "model/core/llama_model.h"
 
 namespace moh {
 

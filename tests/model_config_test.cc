@@ -1,4 +1,4 @@
-#include "model/model_config.h"
+#include "model/core/model_config.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

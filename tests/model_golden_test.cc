@@ -6,9 +6,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/generator.h"
-#include "model/llama_model.h"
-#include "model/vit_model.h"
+#include "model/core/llama_model.h"
+#include "model/core/vit_model.h"
+#include "model/generation/generator.h"
 #include "nlohmann/json.hpp"
 #include "tests/llama_test_util.h"
 

@@ -1,4 +1,4 @@
-#include "model/sampler.h"
+#include "model/generation/sampler.h"
 
 #include <algorithm>
 #include <cmath>

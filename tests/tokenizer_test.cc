@@ -20,7 +20,7 @@
 //   0 ▁+H=269, 1 l+l=270, 2 ▁H+e=271, 3 ▁He+ll=272, 4 ▁Hell+o=273,
 //   5 ▁+w=274, 6 o+r=275, 7 ▁w+or=276, 8 l+d=277, 9 ▁wor+ld=278,
 //   10 ▁+h=279; non-special added token <sep>=282 (lstrip, rstrip).
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

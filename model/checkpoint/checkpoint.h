@@ -1,0 +1,111 @@
+// Named CPU tensors read from Hugging Face style checkpoint directories.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/checkpoint/mapped_file.h"
+
+namespace moh {
+
+// Named CPU tensors read from checkpoint files. A tensor may alias read-only
+// mmap memory (kept alive by the tensor's deleter holding the
+// shared_ptr<MappedFile>); never write to it: use Take for a private copy.
+// Movable, not copyable. Not thread-safe (Take marks tensors as taken).
+class TensorStore {
+ public:
+  TensorStore() = default;
+  // `description` names the checkpoint in messages (a directory or a file).
+  explicit TensorStore(std::string description)
+      : description_(std::move(description)) {}
+  TensorStore(TensorStore&&) = default;
+  TensorStore& operator=(TensorStore&&) = default;
+  TensorStore(const TensorStore&) = delete;
+  TensorStore& operator=(const TensorStore&) = delete;
+
+  // Adds `tensor`, read from `source_file`. INVALID_ARGUMENT naming both files
+  // if `name` is already present.
+  absl::Status Insert(std::string name, at::Tensor tensor,
+                      std::string source_file);
+  // Moves every tensor of `other` into this store (Insert for each; stops at
+  // the first duplicate). Taken marks of `other` are dropped.
+  absl::Status MergeFrom(TensorStore other);
+
+  bool Contains(std::string_view name) const;
+  std::vector<std::string> Names() const;  // Sorted.
+  size_t size() const { return entries_.size(); }
+
+  // The file `name` was read from, or NOT_FOUND as Get.
+  absl::StatusOr<std::string> SourceFile(std::string_view name) const;
+
+  // The raw tensor as stored (dtype as in the file, possibly aliasing the
+  // mmap, possibly non-contiguous) or NOT_FOUND
+  // "checkpoint <description>: tensor '<name>' is missing".
+  absl::StatusOr<at::Tensor> Get(std::string_view name) const;
+
+  // The tensor checked against `shape` (INVALID_ARGUMENT
+  // "<file>: tensor '<name>' has shape [a, b], expected [c, d]"), converted to
+  // `dtype`, contiguous and owning its memory (always a copy; never aliases
+  // the mmap). Marks the tensor as taken. NOT_FOUND as Get.
+  absl::StatusOr<at::Tensor> Take(std::string_view name, at::IntArrayRef shape,
+                                  at::ScalarType dtype);
+  // As above, converted to `options` (dtype and device) in one copy: weights
+  // go straight from the mapping to, e.g., the GPU.
+  absl::StatusOr<at::Tensor> Take(std::string_view name, at::IntArrayRef shape,
+                                  const at::TensorOptions& options);
+
+  // INVALID_ARGUMENT naming every tensor never taken
+  // ("unexpected tensor '<name>' in <file>", joined by "; "), else OK.
+  absl::Status CheckAllTaken() const;
+
+  const std::string& description() const { return description_; }
+  void set_description(std::string description) {
+    description_ = std::move(description);
+  }
+
+ private:
+  struct Entry {
+    at::Tensor tensor;
+    std::string source_file;
+  };
+  const Entry* Find(std::string_view name) const;
+  absl::Status MissingError(std::string_view name) const;
+
+  std::string description_;
+  std::map<std::string, Entry, std::less<>> entries_;
+  std::set<std::string, std::less<>> taken_;
+};
+
+// A tensor viewing `file` bytes from `byte_offset` with `sizes`, `strides`
+// (in elements) and `dtype`; the tensor's deleter keeps `file` mapped. The
+// caller must have checked that every element lies inside the file;
+// INVALID_ARGUMENT if the extent does not fit (checked again here) or
+// LibTorch refuses.
+absl::StatusOr<at::Tensor> TensorFromMappedFile(
+    const std::shared_ptr<MappedFile>& file, size_t byte_offset,
+    at::IntArrayRef sizes, at::IntArrayRef strides, at::ScalarType dtype);
+
+// Number of elements spanned by a strided view (1 + sum (size-1)*stride, 0 if
+// any size is 0), or INVALID_ARGUMENT for negative sizes/strides or overflow.
+absl::StatusOr<size_t> StridedExtent(at::IntArrayRef sizes,
+                                     at::IntArrayRef strides);
+
+// Reads the checkpoint in directory `dir`, choosing in this order:
+// model.safetensors; model.safetensors.index.json (+ shards);
+// pytorch_model.bin; pytorch_model.bin.index.json (+ shards). NOT_FOUND naming
+// the directory and the file names tried if none exists. The store's
+// description() is `dir`; every tensor's source file is the path it came from.
+// Malformed files and indexes: INVALID_ARGUMENT naming the file (and tensor);
+// a shard listed in an index but absent: NOT_FOUND naming shard and a tensor.
+absl::StatusOr<TensorStore> LoadCheckpoint(const std::string& dir);
+
+}  // namespace moh

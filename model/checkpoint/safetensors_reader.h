@@ -1,0 +1,20 @@
+// Reader for the safetensors format (https://huggingface.co/docs/safetensors).
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/checkpoint/checkpoint.h"
+
+namespace moh {
+
+// Maps the .safetensors file at `path` and returns its tensors, which alias
+// the mapping (no copy). Supported dtypes: F32, F16, BF16, I64, I32. Every
+// header field is validated (length, JSON types, offsets inside the data
+// area, size == numel * element size, no overlaps); "__metadata__" is
+// ignored. Errors name `path` and, where one is involved, the tensor:
+// INVALID_ARGUMENT for a malformed file, NOT_FOUND if it does not exist.
+// The store's description() is `path`.
+absl::StatusOr<TensorStore> ReadSafetensorsFile(const std::string& path);
+
+}  // namespace moh

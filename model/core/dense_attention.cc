@@ -1,0 +1,94 @@
+#include "model/core/dense_attention.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace moh {
+
+int64_t DenseAttentionQueryChunk(int64_t rows, int64_t heads, int64_t width,
+                                 int64_t kv_len, int64_t workspace_bytes) {
+  // float32 scores for every head plus a one-byte mask, per query.
+  const int64_t per_query = rows * kv_len * (heads * 4 + 1);
+  if (per_query <= 0) return std::max<int64_t>(width, 1);
+  return std::clamp<int64_t>(workspace_bytes / per_query, 1,
+                             std::max<int64_t>(width, 1));
+}
+
+namespace {
+
+// [B, KV, L, D] keys or values of each row.
+at::Tensor Gather(const at::Tensor& cache, const at::Tensor& row_slot,
+                  int64_t kv_len) {
+  return cache.narrow(1, 0, kv_len)
+      .index_select(0, row_slot)
+      .permute({0, 2, 1, 3});
+}
+
+// [B, t, L] bool: which keys each query of the chunk sees.
+at::Tensor Visible(const at::Tensor& positions, const at::Tensor& row_len,
+                   int64_t kv_len) {
+  const int64_t rows = positions.size(0);
+  at::Tensor j = at::arange(kv_len, positions.options()).view({1, 1, kv_len});
+  return (j <= positions.unsqueeze(2)) & (j < row_len.view({rows, 1, 1}));
+}
+
+// One chunk: q [B, KV, G, t, D] against keys/values [B, KV, L, D].
+at::Tensor ChunkAttention(const at::Tensor& q, const at::Tensor& keys,
+                          const at::Tensor& values, const at::Tensor& visible,
+                          double scale) {
+  const int64_t rows = q.size(0), kv_heads = q.size(1), group = q.size(2);
+  const int64_t width = q.size(3), d = q.size(4), kv_len = keys.size(2);
+#if TORCH_VERSION_MAJOR >= 2
+  // Grouped heads share their KV head: fold the group into the query axis
+  // so that keys and values are read as they are, without repeat_kv.
+  at::Tensor out = at::scaled_dot_product_attention(
+      q.reshape({rows, kv_heads, group * width, d}), keys, values,
+      visible.unsqueeze(1)
+          .unsqueeze(2)
+          .expand({rows, 1, group, width, kv_len})
+          .reshape({rows, 1, group * width, kv_len}),
+      /*dropout_p=*/0.0, /*is_causal=*/false, scale);
+  return out.view({rows, kv_heads, group, width, d});
+#else
+  at::Tensor scores = at::matmul(q.reshape({rows, kv_heads, group * width, d}),
+                                 keys.transpose(2, 3))
+                          .view({rows, kv_heads, group, width, kv_len})
+                          .to(at::kFloat) *
+                      scale;
+  scores.masked_fill_(visible.logical_not().view({rows, 1, 1, width, kv_len}),
+                      -std::numeric_limits<float>::infinity());
+  at::Tensor probs = at::softmax(scores, -1).to(values.scalar_type());
+  return at::matmul(probs.view({rows, kv_heads, group * width, kv_len}), values)
+      .view({rows, kv_heads, group, width, d});
+#endif
+}
+
+}  // namespace
+
+at::Tensor DenseAttention(const DenseAttentionInputs& in) {
+  const int64_t rows = in.queries.size(0), width = in.queries.size(1);
+  const int64_t heads = in.queries.size(2), d = in.queries.size(3);
+  const int64_t kv_heads = in.key_cache.size(2), group = heads / kv_heads;
+  const at::Tensor keys = Gather(in.key_cache, in.row_slot, in.kv_len);
+  const at::Tensor values = Gather(in.value_cache, in.row_slot, in.kv_len);
+  // [B, KV, G, T, D]: head h = kv * G + g.
+  const at::Tensor q = in.queries.permute({0, 2, 1, 3})
+                           .reshape({rows, kv_heads, group, width, d});
+  const int64_t chunk = DenseAttentionQueryChunk(rows, heads, width, in.kv_len,
+                                                 in.workspace_bytes);
+  at::Tensor out = at::empty({rows, width, heads, d}, in.queries.options());
+  for (int64_t t0 = 0; t0 < width; t0 += chunk) {
+    const int64_t t = std::min(chunk, width - t0);
+    at::Tensor attn = ChunkAttention(
+        q.narrow(3, t0, t), keys, values,
+        Visible(in.positions.narrow(1, t0, t), in.row_len, in.kv_len),
+        in.scale);  // [B, KV, G, t, D]
+    out.narrow(1, t0, t).copy_(
+        attn.permute({0, 3, 1, 2, 4}).reshape({rows, t, heads, d}));
+  }
+  return out;
+}
+
+}  // namespace moh

@@ -1,0 +1,105 @@
+// DeviceContext and GPU figures for a CUDA LibTorch (compiled only when the
+// LibTorch found has CUDA; see model/CMakeLists.txt).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/version.h>
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "model/core/device_context.h"
+
+namespace moh {
+
+bool CudaBuild() { return true; }
+
+std::string LibTorchBuildSummary() {
+  const int devices = static_cast<int>(c10::cuda::device_count());
+  return absl::StrCat("LibTorch ", TORCH_VERSION, " (CUDA ",
+                      CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10,
+                      " build, ", devices, devices == 1 ? " GPU" : " GPUs",
+                      " visible)");
+}
+
+std::vector<GpuMemoryStats> GpuMemory() {
+  std::vector<GpuMemoryStats> out;
+  const int devices = static_cast<int>(c10::cuda::device_count());
+  for (int d = 0; d < devices; ++d) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(d));
+    constexpr size_t kAll = 0;  // StatType::AGGREGATE
+    out.push_back({d, stats.allocated_bytes[kAll].current,
+                   stats.reserved_bytes[kAll].current});
+  }
+  return out;
+}
+
+int64_t DeviceMemoryCapacity(const at::Device& device) {
+  if (!device.is_cuda()) return -1;
+  return static_cast<int64_t>(
+      at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+}
+
+struct DeviceContext::Impl {
+  std::optional<c10::cuda::CUDAStream> stream;
+};
+
+namespace {
+
+class CudaScope final : public DeviceContext::Scope {
+ public:
+  explicit CudaScope(const c10::cuda::CUDAStream& stream) : guard_(stream) {}
+
+ private:
+  c10::cuda::CUDAStreamGuard guard_;  // sets the device and the stream
+};
+
+class NoScope final : public DeviceContext::Scope {};
+
+}  // namespace
+
+DeviceContext::DeviceContext(at::Device device)
+    : device_(device), impl_(std::make_unique<Impl>()) {
+  if (device_.is_cuda()) {
+    impl_->stream =
+        c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
+  }
+}
+
+DeviceContext::~DeviceContext() = default;
+
+std::unique_ptr<DeviceContext::Scope> DeviceContext::Enter() const {
+  if (!impl_->stream) return std::make_unique<NoScope>();
+  return std::make_unique<CudaScope>(*impl_->stream);
+}
+
+at::Tensor DeviceContext::Upload(const at::Tensor& host) const {
+  if (!device_.is_cuda() || !host.is_cpu()) return host.to(device_);
+  // pin_memory() takes a block of LibTorch's caching host allocator, which
+  // records the copy's stream and reuses the block only after it ran.
+  return host.pin_memory().to(device_, /*non_blocking=*/true);
+}
+
+std::vector<at::Tensor> DeviceContext::Download(
+    const std::vector<at::Tensor>& tensors) const {
+  std::vector<at::Tensor> host;
+  bool wait = false;
+  for (const at::Tensor& t : tensors) {
+    if (!t.is_cuda()) {
+      host.push_back(t);
+      continue;
+    }
+    host.push_back(
+        at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true)));
+    host.back().copy_(t, /*non_blocking=*/true);
+    wait = true;
+  }
+  if (wait) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+  return host;
+}
+
+}  // namespace moh

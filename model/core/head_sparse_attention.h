@@ -1,0 +1,80 @@
+// Attention computed only for the (token, head) pairs a MoH router selected.
+//
+// MoH's official code computes every head and multiplies unselected ones by
+// zero. Here, for each head, only the tokens that selected it get a query
+// projection, attention scores, softmax, weighted values and an output
+// projection (the head's columns of o_proj); keys and values stay complete
+// (SPEC §1: other tokens may select a head this token skipped). The result
+// equals the dense computation up to float rounding.
+//
+// Tokens are flattened over a batch of rows; each token attends to the keys
+// of its own row up to its position (causal) and below the row's length.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <vector>
+
+#include "model/core/moh_router.h"
+
+namespace moh {
+
+// How a model computes attention.
+//   kDense:      every head, as the official code does (the reference that
+//                tests and benchmarks compare against).
+//   kHeadSparse: only the selected (token, head) pairs: on CPU in float32 the
+//                pair kernel (head_sparse_attention_cpu.cc: one matrix product
+//                per head and per block of queries, keys read in place from
+//                the cache, causal key blocks skipped), elsewhere ATen ops.
+//   kHeadSparseAten: the ATen-ops pair path everywhere (tests compare it).
+//   kAuto:       the CPU pair kernel whenever it applies (it beats kDense even
+//                with every head); on CUDA dense (no host-device sync: the
+//                ATen pair path waits for the device several times a layer,
+//                and a GPU pair kernel is future work); else (CPU, bf16)
+//                head-sparse when some row of the batch uses fewer than all
+//                heads of the layer, else dense.
+enum class AttentionMode { kAuto, kDense, kHeadSparse, kHeadSparseAten };
+
+// Whether a layer routed by `router` runs pair by pair (HeadSparseAttention)
+// for a batch whose smallest routed K is `min_top_k`, with activations of
+// `options`.
+bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
+                   int64_t min_top_k, const at::TensorOptions& options);
+
+struct HeadSparseAttentionInputs {
+  at::Tensor x;         // [N, C] attention input of every token
+  at::Tensor gates;     // [N, H]; 0 = the pair is skipped
+  at::Tensor q_weight;  // [H * D, C]
+  at::Tensor q_bias;    // [H * D] or undefined
+  // [N, H, D] queries already projected (a router that needed them): used
+  // instead of q_weight when defined. Not yet rotated.
+  at::Tensor q_full;
+  // Rotates queries [n, D] at positions [n] (RoPE); empty = none.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> rotate;
+  // [S, L, KV, D] keys and values (a KV cache, or [B, L, KV, D] computed
+  // for this batch); the last dimension contiguous. Row b reads slot
+  // row_slot[b]; head h reads KV head h / (H / KV).
+  at::Tensor key_cache;
+  at::Tensor value_cache;
+  at::Tensor row_slot;   // [B] int64
+  at::Tensor token_row;  // [N] int64: the row of each token
+  at::Tensor token_pos;  // [N] int64: keys j <= token_pos are visible
+  at::Tensor row_len;    // [B] int64: keys j < row_len are visible
+  at::Tensor o_weight;   // [C, H * D]
+  at::Tensor o_bias;     // [C] or undefined
+  double scale = 1.0;    // applied to q·k
+};
+
+// Returns [N, C]: sum over selected heads h of gate * attention_h projected by
+// o_proj's columns of h, plus o_bias. `aten_only` skips the CPU pair kernel.
+at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
+                               bool aten_only = false);
+
+// Whether the CPU pair kernel handles activations and caches of `options`.
+bool CpuPairKernelApplies(const at::TensorOptions& options);
+
+// The CPU pair kernel (head_sparse_attention_cpu.cc); float32 on CPU only.
+at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs& in);
+
+}  // namespace moh

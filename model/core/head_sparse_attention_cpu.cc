@@ -1,0 +1,407 @@
+// The CPU pair kernel: head-sparse attention in float32 on CPU.
+//
+// Work is laid out per head. A head that every active token selected (the
+// shared heads; every head at ratio 1.0) is "full": all such heads share one
+// query projection and one output projection over the active tokens, as in
+// dense attention. Any other head keeps the list of tokens that selected it
+// and gets its own products over just those tokens. Attention itself runs in
+// work items of at most kQueryBlock queries of one row and one KV head: one
+// scores product over the keys the items' queries can see (causal blocks
+// beyond the last query's position are never computed), a softmax, one
+// product with the values. Keys and values are read in place from the cache
+// (a strided matrix per slot and KV head), never gathered.
+//
+// Matrix products call the BLAS directly (no allocation, no dispatch); work
+// items and per-head products run on the intra-op pool, pulled from an atomic
+// counter so uneven items (short causal blocks, long ones) balance. Inside the
+// pool every product is single-threaded; the full heads' products run outside
+// it, threaded by the BLAS itself.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "model/core/head_sparse_attention.h"
+
+// The Fortran BLAS single-precision product every BLAS exports (LibTorch's
+// own wrapper is not exported). Column-major: C = alpha op(A) op(B) + beta C.
+extern "C" void sgemm_(const char *transa, const char *transb, const int *m,
+                       const int *n, const int *k, const float *alpha,
+                       const float *a, const int *lda, const float *b,
+                       const int *ldb, const float *beta, float *c,
+                       const int *ldc);
+
+namespace moh {
+namespace {
+
+void Gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, float alpha,
+          const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+          int64_t ldc) {
+  const char ta = transpose_a ? 'T' : 'N', tb = 'N';
+  const int im = static_cast<int>(m), in = static_cast<int>(n),
+            ik = static_cast<int>(k), ilda = static_cast<int>(lda),
+            ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
+  const float beta = 0.0f;
+  sgemm_(&ta, &tb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
+}
+
+// Queries per attention work item: large enough for efficient products,
+// small enough that causal key blocks are skipped at a fine grain.
+constexpr int64_t kQueryBlock = 64;
+
+// Below this many multiply-adds a parallel region costs more than it saves
+// (waking the pool and the barrier take microseconds).
+constexpr int64_t kMinParallelWork = 1 << 20;
+
+// Runs fn(i) for i in [0, count) on the intra-op pool, each thread pulling
+// the next index (callers order work from the largest item down); inline when
+// `work` (multiply-adds in all) is too small to share.
+template <typename Fn>
+void ParallelPull(int64_t count, int64_t work, const Fn &fn) {
+  if (count == 0) return;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
+  if (threads < 2 || work < kMinParallelWork) {
+    for (int64_t i = 0; i < count; ++i) fn(i);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t i = next++; i < count; i = next++) fn(i);
+    }
+  });
+}
+
+// One head's queries (later its attention outputs, in place): rows of a
+// row-major matrix with leading dimension `ld`, for tokens tokens[0..count).
+struct HeadRows {
+  float *data = nullptr;
+  int64_t ld = 0;
+  const int64_t *tokens = nullptr;
+  int64_t count = 0;
+};
+
+// A run of one head's queries, all in one row.
+struct Segment {
+  int64_t head, first, count;
+};
+
+// Up to kQueryBlock queries of one row that read one KV head.
+struct WorkItem {
+  int64_t row, kv_head;
+  int64_t keys;  // keys [0, keys) cover every query of the item
+  std::vector<Segment> segments;
+  int64_t queries = 0;
+};
+
+std::vector<int64_t> ToVector(const at::Tensor &t) {
+  at::Tensor c = t.to(at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(),
+                              c.data_ptr<int64_t>() + c.numel());
+}
+
+// Contiguous [first, last] ranges of sorted `heads`, as (first, count).
+std::vector<std::pair<int64_t, int64_t>> Runs(
+    const std::vector<int64_t> &heads) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t h : heads) {
+    if (!runs.empty() && runs.back().first + runs.back().second == h) {
+      ++runs.back().second;
+    } else {
+      runs.push_back({h, 1});
+    }
+  }
+  return runs;
+}
+
+// Rows `cols` (head-major columns of a [out, H * D]-shaped weight's row
+// blocks) of `weight` [H * D, C] for the full heads, without a copy when they
+// are one contiguous run.
+at::Tensor HeadRowsOf(const at::Tensor &weight,
+                      const std::vector<int64_t> &heads, int64_t d,
+                      int64_t dim) {
+  std::vector<at::Tensor> parts;
+  for (const auto &[first, count] : Runs(heads)) {
+    parts.push_back(weight.narrow(dim, first * d, count * d));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, dim);
+}
+
+// Softmax of scores[i, 0..visible[i]) into probs[i]; entries beyond are 0.
+void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
+                   int64_t cols, const int64_t *visible) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *s = scores + i * cols;
+    float *p = probs + i * cols;
+    const int64_t n = visible[i];
+    float max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) max = std::max(max, s[j]);
+    float sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      p[j] = std::exp(s[j] - max);
+      sum += p[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+    std::fill(p + n, p + cols, 0.0f);
+  }
+}
+
+}  // namespace
+
+at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
+  const int64_t n = in.x.size(0);
+  const int64_t heads = in.gates.size(1);
+  const int64_t kv_heads = in.key_cache.size(2);
+  const int64_t d = in.key_cache.size(3);
+  const int64_t group = heads / kv_heads;
+  TORCH_CHECK(in.key_cache.stride(3) == 1 && in.value_cache.stride(3) == 1,
+              "key/value cache: the head dimension must be contiguous");
+
+  const std::vector<int64_t> token_row = ToVector(in.token_row);
+  const std::vector<int64_t> token_pos = ToVector(in.token_pos);
+  const std::vector<int64_t> row_len = ToVector(in.row_len);
+  const std::vector<int64_t> row_slot = ToVector(in.row_slot);
+  const at::Tensor gates = in.gates.to(at::kFloat).contiguous();
+  const float *gate = gates.data_ptr<float>();
+
+  // Which tokens each head serves; `active`: tokens that selected any head.
+  std::vector<std::vector<int64_t>> head_tokens(heads);
+  std::vector<int64_t> active;
+  for (int64_t t = 0; t < n; ++t) {
+    bool any = false;
+    for (int64_t h = 0; h < heads; ++h) {
+      if (gate[t * heads + h] != 0.0f) {
+        head_tokens[h].push_back(t);
+        any = true;
+      }
+    }
+    if (any) active.push_back(t);
+  }
+  at::Tensor out = at::zeros({n, in.o_weight.size(0)}, in.x.options());
+  if (active.empty()) {
+    if (in.o_bias.defined()) out += in.o_bias;
+    return out;
+  }
+  std::vector<int64_t> full, routed;
+  for (int64_t h = 0; h < heads; ++h) {
+    if (head_tokens[h].empty()) continue;
+    (head_tokens[h].size() == active.size() ? full : routed).push_back(h);
+  }
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
+  const int64_t num_active = static_cast<int64_t>(active.size());
+  const bool all_active = num_active == n;
+  at::Tensor active_index = at::from_blob(active.data(), {num_active}, longs);
+  at::Tensor active_pos = in.token_pos.index_select(0, active_index);
+  const int64_t f = static_cast<int64_t>(full.size());
+  at::Tensor full_index = at::from_blob(full.data(), {f}, longs);
+
+  // Queries. Full heads: one product over the active tokens, [A, F * D].
+  std::vector<HeadRows> rows_of(heads);
+  at::Tensor q_full;
+  if (!full.empty()) {
+    if (in.q_full.defined()) {
+      at::Tensor q = in.q_full.index_select(1, full_index);
+      q_full = all_active ? q : q.index_select(0, active_index);
+    } else {
+      at::Tensor x = all_active ? in.x : in.x.index_select(0, active_index);
+      at::Tensor w = HeadRowsOf(in.q_weight, full, d, 0);
+      q_full = in.q_bias.defined()
+                   ? at::linear(x, w, HeadRowsOf(in.q_bias, full, d, 0))
+                   : at::linear(x, w);
+    }
+    q_full = q_full.view({num_active, f, d});
+    if (in.rotate) {
+      q_full = in.rotate(q_full, active_pos.unsqueeze(1).expand({-1, f}));
+    }
+    q_full = q_full.reshape({num_active, f * d}).contiguous();
+    for (int64_t i = 0; i < f; ++i) {
+      rows_of[full[i]] = {q_full.data_ptr<float>() + i * d, f * d,
+                          active.data(), num_active};
+    }
+  }
+  // Routed heads: [P, D], head after head, each over its own tokens.
+  std::vector<int64_t> pair_token;
+  std::vector<int64_t> first_pair(heads, 0);
+  for (int64_t h : routed) {
+    first_pair[h] = static_cast<int64_t>(pair_token.size());
+    pair_token.insert(pair_token.end(), head_tokens[h].begin(),
+                      head_tokens[h].end());
+  }
+  const int64_t num_pairs = static_cast<int64_t>(pair_token.size());
+  at::Tensor pair_index = at::from_blob(pair_token.data(), {num_pairs}, longs);
+  at::Tensor q_routed = at::empty({num_pairs, d}, in.x.options());
+  ParallelPull(static_cast<int64_t>(routed.size()),
+               num_pairs * d * in.x.size(1), [&](int64_t i) {
+                 const int64_t h = routed[i];
+                 const int64_t count =
+                     static_cast<int64_t>(head_tokens[h].size());
+                 at::Tensor tokens = pair_index.narrow(0, first_pair[h], count);
+                 at::Tensor dst = q_routed.narrow(0, first_pair[h], count);
+                 if (in.q_full.defined()) {
+                   dst.copy_(in.q_full.select(1, h).index_select(0, tokens));
+                   return;
+                 }
+                 at::Tensor x = in.x.index_select(0, tokens);
+                 at::Tensor w = in.q_weight.narrow(0, h * d, d);
+                 if (in.q_bias.defined()) {
+                   at::addmm_out(dst, in.q_bias.narrow(0, h * d, d), x, w.t());
+                 } else {
+                   at::mm_out(dst, x, w.t());
+                 }
+               });
+  if (in.rotate && num_pairs > 0) {
+    q_routed.copy_(
+        in.rotate(q_routed, in.token_pos.index_select(0, pair_index)));
+  }
+  for (int64_t h : routed) {
+    rows_of[h] = {q_routed.data_ptr<float>() + first_pair[h] * d, d,
+                  pair_token.data() + first_pair[h],
+                  static_cast<int64_t>(head_tokens[h].size())};
+  }
+
+  // Work items: per row and KV head, the heads' runs of queries in that row,
+  // cut into blocks of kQueryBlock; small runs (decode) share an item.
+  const int64_t num_rows = static_cast<int64_t>(row_len.size());
+  std::vector<WorkItem> items;
+  for (int64_t b = 0; b < num_rows; ++b) {
+    for (int64_t kv = 0; kv < kv_heads; ++kv) {
+      WorkItem item{b, kv, 0, {}, 0};
+      for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+        const HeadRows &r = rows_of[h];
+        if (r.count == 0) continue;
+        const int64_t *begin = std::lower_bound(
+            r.tokens, r.tokens + r.count, b,
+            [&](int64_t t, int64_t row) { return token_row[t] < row; });
+        const int64_t *end = std::upper_bound(
+            begin, r.tokens + r.count, b,
+            [&](int64_t row, int64_t t) { return row < token_row[t]; });
+        for (int64_t i = begin - r.tokens; i < end - r.tokens;) {
+          const int64_t take =
+              std::min(kQueryBlock - item.queries, (end - r.tokens) - i);
+          item.segments.push_back({h, i, take});
+          item.queries += take;
+          const int64_t last = token_pos[r.tokens[i + take - 1]];
+          item.keys = std::max(item.keys, std::min(last + 1, row_len[b]));
+          i += take;
+          if (item.queries == kQueryBlock) {
+            items.push_back(std::move(item));
+            item = WorkItem{b, kv, 0, {}, 0};
+          }
+        }
+      }
+      if (item.queries > 0) items.push_back(std::move(item));
+    }
+  }
+  std::sort(items.begin(), items.end(),
+            [](const WorkItem &a, const WorkItem &b) {
+              return a.queries * a.keys > b.queries * b.keys;
+            });
+
+  // Attention, written over each head's queries in place.
+  const float *keys = in.key_cache.data_ptr<float>();
+  const float *values = in.value_cache.data_ptr<float>();
+  const int64_t key_ld = in.key_cache.stride(1);
+  const int64_t value_ld = in.value_cache.stride(1);
+  int64_t max_keys = 0;
+  for (const WorkItem &item : items) max_keys = std::max(max_keys, item.keys);
+  const float scale = static_cast<float>(in.scale);
+  int64_t attention_work = 0;
+  for (const WorkItem &item : items) {
+    attention_work += 2 * item.queries * item.keys * d;
+  }
+  ParallelPull(
+      static_cast<int64_t>(items.size()), attention_work, [&](int64_t index) {
+        thread_local std::vector<float> queries, scores, probs, outputs;
+        thread_local std::vector<int64_t> visible;
+        const WorkItem &item = items[index];
+        const int64_t m = item.queries, len = item.keys;
+        queries.resize(m * d);
+        outputs.resize(m * d);
+        scores.resize(m * len);
+        probs.resize(m * len);
+        visible.resize(m);
+        // This item's queries, packed [m, D].
+        int64_t at = 0;
+        for (const Segment &s : item.segments) {
+          const HeadRows &r = rows_of[s.head];
+          for (int64_t i = 0; i < s.count; ++i, ++at) {
+            std::memcpy(queries.data() + at * d, r.data + (s.first + i) * r.ld,
+                        d * sizeof(float));
+            visible[at] = std::min(token_pos[r.tokens[s.first + i]] + 1,
+                                   row_len[item.row]);
+          }
+        }
+        const int64_t slot = row_slot[item.row];
+        const float *k = keys + slot * in.key_cache.stride(0) +
+                         item.kv_head * in.key_cache.stride(2);
+        const float *v = values + slot * in.value_cache.stride(0) +
+                         item.kv_head * in.value_cache.stride(2);
+        // Column-major view: scores^T [len, m] = K [len, D] . queries^T.
+        Gemm(/*transpose_a=*/true, len, m, d, scale, k, key_ld, queries.data(),
+             d, scores.data(), len);
+        MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
+        // outputs^T [D, m] = V^T [D, len] . probs^T [len, m].
+        Gemm(/*transpose_a=*/false, d, m, len, 1.0f, v, value_ld, probs.data(),
+             len, outputs.data(), d);
+        at = 0;
+        for (const Segment &s : item.segments) {
+          const HeadRows &r = rows_of[s.head];
+          for (int64_t i = 0; i < s.count; ++i, ++at) {
+            std::memcpy(r.data + (s.first + i) * r.ld, outputs.data() + at * d,
+                        d * sizeof(float));
+          }
+        }
+      });
+
+  // Output projection, weighted by the gates. Full heads: one product.
+  if (!full.empty()) {
+    at::Tensor g = gates.index_select(1, full_index);
+    if (!all_active) g = g.index_select(0, active_index);
+    at::Tensor a = (q_full.view({num_active, f, d}) * g.unsqueeze(2))
+                       .view({num_active, f * d});
+    at::Tensor y = at::linear(a, HeadRowsOf(in.o_weight, full, d, 1));
+    if (all_active) {
+      out = y;
+    } else {
+      out.index_add_(0, active_index, y);
+    }
+  }
+  // Routed heads: each thread owns a block of output columns, so their
+  // scatter-adds into `out` never overlap.
+  if (num_pairs > 0) {
+    std::vector<int64_t> pair_flat(num_pairs);  // token * H + head
+    for (int64_t h : routed) {
+      for (int64_t i = 0; i < rows_of[h].count; ++i) {
+        pair_flat[first_pair[h] + i] = rows_of[h].tokens[i] * heads + h;
+      }
+    }
+    at::Tensor pair_gate = gates.view({-1}).index_select(
+        0, at::from_blob(pair_flat.data(), {num_pairs}, longs));
+    q_routed.mul_(pair_gate.unsqueeze(1));
+    const int64_t out_cols = in.o_weight.size(0);
+    const int64_t blocks =
+        std::min<int64_t>(at::get_num_threads(), (out_cols + 63) / 64);
+    const int64_t width = (out_cols + blocks - 1) / blocks;
+    ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
+      const int64_t c0 = block * width;
+      const int64_t cols = std::min(width, out_cols - c0);
+      if (cols <= 0) return;
+      at::Tensor out_cols_view = out.narrow(1, c0, cols);
+      for (int64_t h : routed) {
+        const int64_t count = static_cast<int64_t>(head_tokens[h].size());
+        at::Tensor a = q_routed.narrow(0, first_pair[h], count);
+        at::Tensor w = in.o_weight.narrow(0, c0, cols).narrow(1, h * d, d);
+        out_cols_view.index_add_(0, pair_index.narrow(0, first_pair[h], count),
+                                 at::mm(a, w.t()));
+      }
+    });
+  }
+  if (in.o_bias.defined()) out += in.o_bias;
+  return out;
+}
+
+}  // namespace moh

@@ -1,0 +1,438 @@
+#include "model/core/llama_model.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "model/checkpoint/checkpoint.h"
+#include "model/core/dense_attention.h"
+#include "model/core/head_sparse_attention.h"
+
+namespace moh {
+namespace {
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& bias) {
+  return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+}
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
+    const std::string& dir, const DeviceOptions& device_options) {
+  MOH_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  if (config.family != ModelFamily::kLlama) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, "/config.json: not a LLaMA-style decoder"));
+  }
+  MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
+                       ResolveTensorOptions(device_options));
+  return Load(dir, config.llama, options);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
+    const std::string& dir, const LlamaConfig& config,
+    const at::TensorOptions& options) {
+  MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
+  return FromTensors(config, store, options);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
+    const LlamaConfig& config, TensorStore& store,
+    const at::TensorOptions& options) {
+  std::unique_ptr<LlamaModel> model(new LlamaModel(config, options));
+  const int64_t c = config.hidden_size;
+  const int64_t d = config.head_dim;
+  const int64_t q_dim = config.num_heads * d;
+  const int64_t kv_dim = config.num_kv_heads * d;
+  auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+    return store.Take(name, shape, options);
+  };
+  MOH_ASSIGN_OR_RETURN(model->embed_tokens_, take("model.embed_tokens.weight",
+                                                  {config.vocab_size, c}));
+  MOH_ASSIGN_OR_RETURN(model->final_norm_, take("model.norm.weight", {c}));
+  if (config.tie_word_embeddings) {
+    model->lm_head_ = model->embed_tokens_;
+  } else {
+    MOH_ASSIGN_OR_RETURN(model->lm_head_,
+                         take("lm_head.weight", {config.vocab_size, c}));
+  }
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    Layer layer;
+    MOH_ASSIGN_OR_RETURN(layer.input_norm,
+                         take(p + "input_layernorm.weight", {c}));
+    MOH_ASSIGN_OR_RETURN(layer.post_norm,
+                         take(p + "post_attention_layernorm.weight", {c}));
+    MOH_ASSIGN_OR_RETURN(layer.q_proj,
+                         take(p + "self_attn.q_proj.weight", {q_dim, c}));
+    MOH_ASSIGN_OR_RETURN(layer.k_proj,
+                         take(p + "self_attn.k_proj.weight", {kv_dim, c}));
+    MOH_ASSIGN_OR_RETURN(layer.v_proj,
+                         take(p + "self_attn.v_proj.weight", {kv_dim, c}));
+    MOH_ASSIGN_OR_RETURN(layer.o_proj,
+                         take(p + "self_attn.o_proj.weight", {c, q_dim}));
+    if (config.attention_bias) {
+      MOH_ASSIGN_OR_RETURN(layer.q_bias,
+                           take(p + "self_attn.q_proj.bias", {q_dim}));
+      MOH_ASSIGN_OR_RETURN(layer.k_bias,
+                           take(p + "self_attn.k_proj.bias", {kv_dim}));
+      MOH_ASSIGN_OR_RETURN(layer.v_bias,
+                           take(p + "self_attn.v_proj.bias", {kv_dim}));
+      MOH_ASSIGN_OR_RETURN(layer.o_bias,
+                           take(p + "self_attn.o_proj.bias", {c}));
+    }
+    const int64_t inter = config.intermediate_size;
+    MOH_ASSIGN_OR_RETURN(layer.gate_proj,
+                         take(p + "mlp.gate_proj.weight", {inter, c}));
+    MOH_ASSIGN_OR_RETURN(layer.up_proj,
+                         take(p + "mlp.up_proj.weight", {inter, c}));
+    MOH_ASSIGN_OR_RETURN(layer.down_proj,
+                         take(p + "mlp.down_proj.weight", {c, inter}));
+    MOH_ASSIGN_OR_RETURN(
+        layer.router, MohRouter::Load(config.moh.router, config.moh.layers[l],
+                                      c, p + "self_attn.", store, options));
+    model->layers_.push_back(std::move(layer));
+  }
+  MOH_RETURN_IF_ERROR(store.CheckAllTaken());
+
+  // RoPE tables, computed as the official LlamaRotaryEmbedding does.
+  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor inv_freq =
+      1.0 / at::pow(config.rope_theta,
+                    at::arange(0, d, 2, f32.dtype(at::kLong)).to(at::kFloat) /
+                        static_cast<double>(d));
+  at::Tensor t = at::arange(config.max_position_embeddings, f32);
+  at::Tensor freqs = at::outer(t, inv_freq);
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  model->rope_cos_ = emb.cos().to(options.device());
+  model->rope_sin_ = emb.sin().to(options.device());
+  return model;
+}
+
+KvCache LlamaModel::CreateKvCache(int64_t num_slots,
+                                  int64_t max_seq_len) const {
+  // Zeroed on the model's stream, before any Forward that reads it.
+  const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
+  return KvCache(config_.num_layers, num_slots, CachePositions(max_seq_len),
+                 config_.num_kv_heads, config_.head_dim, options_);
+}
+
+int64_t LlamaModel::CachePositions(int64_t max_seq_len) const {
+  return std::min<int64_t>(max_seq_len, config_.max_position_embeddings);
+}
+
+absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
+                                         int64_t max_seq_len) const {
+  const at::Device device = options_.device();
+  const int64_t capacity = DeviceMemoryCapacity(device);
+  if (capacity < 0) return absl::OkStatus();
+  int64_t in_use = 0;  // this model's weights and whatever else is resident
+  for (const GpuMemoryStats& gpu : GpuMemory()) {
+    if (gpu.device == device.index()) in_use = gpu.reserved_bytes;
+  }
+  const int64_t positions = CachePositions(max_seq_len);
+  const int64_t kv_bytes =
+      num_slots * positions *
+      KvCache::BytesPerToken(config_.num_layers, config_.num_kv_heads,
+                             config_.head_dim, options_);
+  const int64_t needed = in_use + kv_bytes + attention_workspace_bytes_;
+  // 10% stays free for activations and the CUDA context's own allocations.
+  if (needed <= capacity / 10 * 9) return absl::OkStatus();
+  constexpr double kGiB = 1 << 30;
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s: %.2f GiB in use + KV cache of %d slots x %d positions (%.2f GiB) + "
+      "attention workspace (%.2f GiB) exceed 90%% of its %.2f GiB: lower "
+      "generation.max_running or generation.max_seq_len",
+      device.str(), in_use / kGiB, num_slots, positions, kv_bytes / kGiB,
+      attention_workspace_bytes_ / kGiB, capacity / kGiB));
+}
+
+absl::Status LlamaModel::Validate(const DecoderBatch& batch,
+                                  const KvCache& cache) const {
+  const at::Tensor& ids = batch.token_ids;
+  if (!ids.defined() || ids.dim() != 2 || ids.size(0) < 1 || ids.size(1) < 1) {
+    return absl::InvalidArgumentError(
+        "token_ids must be a [B, T] tensor, B, T >= 1");
+  }
+  if (ids.scalar_type() != at::kLong) {
+    return absl::InvalidArgumentError("token_ids must be int64");
+  }
+  const size_t rows = ids.size(0);
+  const int64_t width = ids.size(1);
+  if (batch.num_tokens.size() != rows || batch.slots.size() != rows ||
+      batch.start_positions.size() != rows ||
+      (batch.top_k.empty() && batch.ratios.size() != rows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_tokens, slots, start_positions and ratios (or "
+                     "top_k) need one entry per row (",
+                     rows, ")"));
+  }
+  if (!batch.top_k.empty()) {
+    MOH_RETURN_IF_ERROR(ValidateTopK(config_.moh, batch.top_k, rows, "top_k"));
+  }
+  std::set<int32_t> seen_slots;
+  for (size_t b = 0; b < rows; ++b) {
+    if (batch.num_tokens[b] < 1 || batch.num_tokens[b] > width) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_tokens[", b, "] must be in [1, ", width, "], got ",
+                       batch.num_tokens[b]));
+    }
+    if (batch.slots[b] < 0 || batch.slots[b] >= cache.num_slots()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slots[", b, "] must be in [0, ", cache.num_slots(),
+                       "), got ", batch.slots[b]));
+    }
+    if (!seen_slots.insert(batch.slots[b]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slots[", b, "] = ", batch.slots[b], " is used twice"));
+    }
+    const int64_t end = int64_t{batch.start_positions[b]} + batch.num_tokens[b];
+    if (batch.start_positions[b] < 0 || end > cache.max_seq_len()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", b, ": positions [", batch.start_positions[b],
+                       ", ", end, ") must lie in [0, ", cache.max_seq_len(),
+                       ") (max sequence length)"));
+    }
+    const float r = batch.top_k.empty() ? batch.ratios[b] : 0.0f;
+    if (!(r <= 1.0f)) {  // also rejects NaN
+      return absl::InvalidArgumentError(
+          absl::StrCat("ratios[", b,
+                       "] must be in (0, 1] or <= 0 for the default, got ", r));
+    }
+  }
+  const int64_t lo = ids.min().item<int64_t>();
+  const int64_t hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_ids must be in [0, ", config_.vocab_size, "), got ",
+                     lo < 0 ? lo : hi));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DecoderOutput> LlamaModel::Forward(const DecoderBatch& batch,
+                                                  KvCache& cache) const {
+  MOH_RETURN_IF_ERROR(Validate(batch, cache));
+  return CatchTorchErrors("LlamaModel::Forward",
+                          [&]() { return ForwardUnchecked(batch, cache); });
+}
+
+at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
+                               const at::Tensor& weight) const {
+  at::Tensor h = x.to(at::kFloat);
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + config_.rms_norm_eps);
+  return weight * h.to(x.scalar_type());
+}
+
+absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
+    const DecoderBatch& batch, KvCache& cache) const {
+  // The model's device and stream (CUDA) for everything below.
+  const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
+  const int64_t rows = batch.token_ids.size(0);
+  const int64_t width = batch.token_ids.size(1);
+  const int64_t num_layers = static_cast<int64_t>(layers_.size());
+
+  // Every per-step index is computed on the host and uploaded in one pinned,
+  // non-blocking copy: nothing here waits for the device. Layout of `host`:
+  // positions [B*T] | valid [B*T] | row_len [B] | slots [B] | last [B] |
+  // top_k [L*B] | cache slot, position, flat token [3*M].
+  std::vector<int64_t> host(rows * width * 2 + rows * (3 + num_layers));
+  std::vector<int64_t> cache_slot, cache_pos, cache_token;
+  int64_t* positions_host = host.data();
+  int64_t* valid_host = positions_host + rows * width;
+  int64_t* row_len_host = valid_host + rows * width;
+  int64_t* slots_host = row_len_host + rows;
+  int64_t* last_host = slots_host + rows;
+  int64_t* top_k_host = last_host + rows;
+  int64_t kv_len = 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    const int64_t start = batch.start_positions[b];
+    const int64_t count = batch.num_tokens[b];
+    for (int64_t t = 0; t < width; ++t) {
+      // Padding positions repeat the last valid one: in range, never written.
+      positions_host[b * width + t] = start + std::min(t, count - 1);
+      valid_host[b * width + t] = t < count;
+      if (t < count) {
+        cache_slot.push_back(batch.slots[b]);
+        cache_pos.push_back(start + t);
+        cache_token.push_back(b * width + t);
+      }
+    }
+    row_len_host[b] = start + count;
+    slots_host[b] = batch.slots[b];
+    last_host[b] = count - 1;
+    kv_len = std::max(kv_len, start + count);
+  }
+  const std::vector<LayerTopK> from_ratios =
+      batch.top_k.empty() ? TopKForRatios(config_.moh, batch.ratios)
+                          : std::vector<LayerTopK>();
+  const std::vector<LayerTopK>& row_top_k =
+      batch.top_k.empty() ? from_ratios : batch.top_k;
+  std::vector<int64_t> max_top_k, min_top_k;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const TopKBounds bounds =
+        PackLayerTopK(row_top_k, l, 1, top_k_host + l * rows);
+    max_top_k.push_back(bounds.max);
+    min_top_k.push_back(bounds.min);
+  }
+  const int64_t m = static_cast<int64_t>(cache_token.size());
+  for (const auto* part : {&cache_slot, &cache_pos, &cache_token}) {
+    host.insert(host.end(), part->begin(), part->end());
+  }
+  // On CPU the step's index tensors alias `host`, which outlives them.
+  const at::Tensor device_ints = context_->Upload(at::from_blob(
+      host.data(), {static_cast<int64_t>(host.size())}, at::kLong));
+  int64_t offset = 0;
+  auto next = [&](std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t dim : shape) n *= dim;
+    at::Tensor part = device_ints.narrow(0, offset, n).view(shape);
+    offset += n;
+    return part;
+  };
+  const at::Tensor positions = next({rows, width});
+  const at::Tensor valid = next({rows, width}) != 0;
+  const at::Tensor row_len = next({rows});
+  const at::Tensor slots = next({rows});
+  const at::Tensor last = next({rows});
+  const at::Tensor top_k = next({num_layers, rows});
+  const at::Tensor cache_index = next({3, m});
+  const at::Tensor ids = context_->Upload(batch.token_ids);
+
+  const Step step{batch,       valid, positions, row_len,   slots,
+                  cache_index, top_k, max_top_k, min_top_k, kv_len};
+  std::vector<at::Tensor> counts, gates_per_layer;
+  at::Tensor h = at::embedding(embed_tokens_, ids);  // [B, T, C]
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const Layer& layer = layers_[l];
+    at::Tensor gates;
+    h = h +
+        Attention(l, layer, RmsNorm(h, layer.input_norm), step, cache, &gates);
+    at::Tensor x = RmsNorm(h, layer.post_norm);
+    h = h + at::linear(at::silu(at::linear(x, layer.gate_proj)) *
+                           at::linear(x, layer.up_proj),
+                       layer.down_proj);
+    counts.push_back(HeadTokenCounts(gates, valid));
+    if (batch.record_gates) gates_per_layer.push_back(gates.to(at::kFloat));
+  }
+  if (!batch.all_logits) {
+    h = h.index({at::arange(rows, last.options()), last});  // [B, C]
+  }
+  // One copy to the host and one wait for the whole step's results.
+  std::vector<at::Tensor> results = {
+      at::linear(RmsNorm(h, final_norm_), lm_head_).to(at::kFloat),
+      at::stack(counts, 1)};  // [B, L, H]
+  results.insert(results.end(), gates_per_layer.begin(), gates_per_layer.end());
+  results = context_->Download(results);
+  DecoderOutput out;
+  out.logits = results[0];
+  out.head_token_counts = results[1];
+  out.gates.assign(results.begin() + 2, results.end());
+  return out;
+}
+
+at::Tensor LlamaModel::Rotate(const at::Tensor& x,
+                              const at::Tensor& positions) const {
+  // x [..., D] at positions [...] (one position per vector).
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(config_.head_dim);
+  at::Tensor cos = rope_cos_.index_select(0, positions.flatten())
+                       .view(shape)
+                       .to(x.scalar_type());
+  at::Tensor sin = rope_sin_.index_select(0, positions.flatten())
+                       .view(shape)
+                       .to(x.scalar_type());
+  return x * cos + RotateHalf(x) * sin;
+}
+
+at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
+                                 const at::Tensor& x, const Step& step,
+                                 KvCache& cache, at::Tensor* gates) const {
+  const int64_t rows = x.size(0), width = x.size(1), n = rows * width;
+  const int64_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
+  const int64_t d = config_.head_dim, group = heads / kv_heads;
+  const bool sparse = UseHeadSparse(attention_mode_, layer.router,
+                                    step.min_top_k[layer_index], options_);
+  at::Tensor x_flat = x.reshape({n, -1});
+  // The query-norm router reads every query; the learned one only x.
+  at::Tensor q;
+  if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
+    q = Linear(x, layer.q_proj, layer.q_bias).view({rows, width, heads, d});
+  }
+  const int64_t max_top_k = step.max_top_k[layer_index];
+  const at::Tensor top_k =
+      step.top_k[layer_index].unsqueeze(1).expand({rows, width}).reshape({n});
+  *gates = layer.router
+               .Gates(x_flat, q.defined() ? q.view({n, heads, d}) : q, top_k,
+                      max_top_k)
+               .view({rows, width, heads});
+
+  at::Tensor k = Linear(x, layer.k_proj, layer.k_bias);
+  at::Tensor v = Linear(x, layer.v_proj, layer.v_bias);
+  k = Rotate(k.view({rows, width, kv_heads, d}),
+             step.positions.unsqueeze(2).expand({rows, width, kv_heads}));
+  at::Tensor& key_cache = cache.keys(layer_index);
+  at::Tensor& value_cache = cache.values(layer_index);
+  at::Tensor token_index = step.cache_index[2];
+  const std::initializer_list<at::indexing::TensorIndex> where = {
+      step.cache_index[0], step.cache_index[1]};
+  key_cache.index_put_(
+      where, k.reshape({n, kv_heads, d}).index_select(0, token_index));
+  value_cache.index_put_(
+      where, v.reshape({n, kv_heads, d}).index_select(0, token_index));
+
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  if (sparse) {
+    HeadSparseAttentionInputs in;
+    in.x = x_flat;
+    // Padding tokens select nothing: they are never computed.
+    in.gates = gates->reshape({n, heads}) *
+               step.valid.reshape({n, 1}).to(gates->scalar_type());
+    in.q_weight = layer.q_proj;
+    in.q_bias = layer.q_bias;
+    if (q.defined()) in.q_full = q.view({n, heads, d});
+    in.rotate = [this](const at::Tensor& queries, const at::Tensor& positions) {
+      return Rotate(queries, positions);
+    };
+    in.key_cache = key_cache;
+    in.value_cache = value_cache;
+    in.row_slot = step.slots;
+    in.token_row =
+        at::arange(rows, step.slots.options()).repeat_interleave(width);
+    in.token_pos = step.positions.flatten();
+    in.row_len = step.row_len;
+    in.o_weight = layer.o_proj;
+    in.o_bias = layer.o_bias;
+    in.scale = scale;
+    return HeadSparseAttention(
+               in, attention_mode_ == AttentionMode::kHeadSparseAten)
+        .view({rows, width, -1});
+  }
+
+  DenseAttentionInputs dense;
+  dense.queries =
+      Rotate(q, step.positions.unsqueeze(2).expand({rows, width, heads}));
+  dense.key_cache = key_cache;
+  dense.value_cache = value_cache;
+  dense.row_slot = step.slots;
+  dense.positions = step.positions;
+  dense.row_len = step.row_len;
+  dense.kv_len = step.kv_len;
+  dense.scale = scale;
+  dense.workspace_bytes = attention_workspace_bytes_;
+  at::Tensor attn = DenseAttention(dense) * gates->unsqueeze(-1);
+  return Linear(attn.reshape({rows, width, heads * d}), layer.o_proj,
+                layer.o_bias);
+}
+
+}  // namespace moh

@@ -1,0 +1,151 @@
+// MoH-LLaMA decoder: RMSNorm, RoPE (rope_theta), SwiGLU MLP, grouped-query
+// attention with a KV cache, and per-token head gates from a MoH router.
+//
+// Forward() runs a batch of rows, each continuing its own sequence in its own
+// KV-cache slot with its own activation ratio. Rows are right-padded to the
+// longest; padding never influences a row's result (masked keys, no cache
+// writes). This lets one call serve a prefill, a decode step, or both mixed.
+//
+// Thread-compatibility: a loaded model is immutable; Forward() may run
+// concurrently on different KvCache objects (or disjoint slots is NOT enough:
+// one KvCache has one user at a time).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/checkpoint/checkpoint.h"
+#include "model/core/activation.h"
+#include "model/core/device_context.h"
+#include "model/core/head_sparse_attention.h"
+#include "model/core/kv_cache.h"
+#include "model/core/model_config.h"
+#include "model/core/moh_router.h"
+#include "model/core/runtime.h"
+
+namespace moh {
+
+// Default bound on the dense attention workspace of one step: 256 MiB.
+inline constexpr int64_t kDefaultAttentionWorkspaceBytes = int64_t{256} << 20;
+
+// One forward step over a batch of B rows.
+struct DecoderBatch {
+  // [B, T] int64 (any device): the new tokens of each row, right-padded.
+  at::Tensor token_ids;
+  std::vector<int32_t> num_tokens;       // valid tokens per row, in [1, T]
+  std::vector<int32_t> slots;            // KV-cache slot per row (distinct)
+  std::vector<int32_t> start_positions;  // tokens already cached in the slot
+  // Routed K of every layer per row (Activation::top_k), as resolved at
+  // admission. When empty, resolved here from `ratios` (per row; <= 0: the
+  // trained default), for callers that hold plain ratios.
+  std::vector<LayerTopK> top_k;
+  std::vector<float> ratios;
+  bool all_logits = false;  // logits at every position, else the last valid one
+  bool record_gates = false;  // also return the gates of every layer
+};
+
+struct DecoderOutput {
+  at::Tensor logits;  // float32 [B, V] (last valid position) or [B, T, V]
+  // float32 logits and every tensor below are on the host (CPU) whatever
+  // the model's device: one copy and one wait per Forward.
+  at::Tensor head_token_counts;  // int64 CPU [B, L, H]: tokens each head served
+  std::vector<at::Tensor>
+      gates;  // when recorded: per layer float32 CPU [B, T, H]
+};
+
+class LlamaModel {
+ public:
+  // Loads `dir` (config.json + checkpoint). Every tensor of the checkpoint must
+  // be used and have the expected shape; errors name the file and tensor.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
+      const std::string& dir, const DeviceOptions& device_options);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
+      const std::string& dir, const LlamaConfig& config,
+      const at::TensorOptions& options);
+  // Builds the model from tensors named as in a Hugging Face checkpoint.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> FromTensors(
+      const LlamaConfig& config, TensorStore& store,
+      const at::TensorOptions& options);
+
+  // A KV cache with `num_slots` sequences of up to `max_seq_len` tokens
+  // (<= config().max_position_embeddings).
+  KvCache CreateKvCache(int64_t num_slots, int64_t max_seq_len) const;
+
+  // RESOURCE_EXHAUSTED, naming the sizes, when the model's weights, a KV
+  // cache of `num_slots` x `max_seq_len` and the attention workspace bound
+  // (set_attention_workspace_bytes) would not fit the device's memory (CUDA;
+  // always OK on CPU). Checked before the cache is allocated, so that a
+  // model configured too large fails alone instead of failing its requests.
+  absl::Status CheckMemoryFits(int64_t num_slots, int64_t max_seq_len) const;
+
+  // INVALID_ARGUMENT on inconsistent input (shapes, slots, positions beyond the
+  // cache, token ids outside the vocabulary); INTERNAL on a LibTorch error.
+  absl::StatusOr<DecoderOutput> Forward(const DecoderBatch& batch,
+                                        KvCache& cache) const;
+
+  const LlamaConfig& config() const { return config_; }
+  const at::TensorOptions& options() const { return options_; }
+
+  // See AttentionMode (head_sparse_attention.h). Set before use; not
+  // thread-safe to change while Forward runs.
+  void set_attention_mode(AttentionMode mode) { attention_mode_ = mode; }
+  // Bound on the dense path's per-chunk attention workspace (scores and
+  // mask; see dense_attention.h). Same contract as set_attention_mode.
+  void set_attention_workspace_bytes(int64_t bytes) {
+    attention_workspace_bytes_ = bytes;
+  }
+
+ private:
+  struct Layer {
+    at::Tensor input_norm, post_norm;           // [C]
+    at::Tensor q_proj, k_proj, v_proj, o_proj;  // weights [out, in]
+    at::Tensor q_bias, k_bias, v_bias, o_bias;  // when attention_bias
+    at::Tensor gate_proj, up_proj, down_proj;
+    MohRouter router;
+  };
+
+  LlamaModel(LlamaConfig config, at::TensorOptions options)
+      : config_(std::move(config)),
+        options_(options),
+        context_(std::make_unique<DeviceContext>(options.device())) {}
+  // Positions a cache for sequences of `max_seq_len` holds.
+  int64_t CachePositions(int64_t max_seq_len) const;
+  absl::Status Validate(const DecoderBatch& batch, const KvCache& cache) const;
+  absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
+                                                 KvCache& cache) const;
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  // What every layer of one Forward shares.
+  struct Step {
+    const DecoderBatch& batch;
+    at::Tensor valid;        // [B, T] bool: real (not padding) tokens
+    at::Tensor positions;    // [B, T] int64
+    at::Tensor row_len;      // [B] int64: keys in each row after this step
+    at::Tensor slots;        // [B] int64
+    at::Tensor cache_index;  // [3, M]: slot, position, flat token of valid ones
+    at::Tensor top_k;        // [L, B] int64: routed heads per row and layer
+    std::vector<int64_t> max_top_k;  // [L]: the largest K of each layer
+    std::vector<int64_t> min_top_k;  // [L]: the smallest K of each layer
+    int64_t kv_len;                  // keys the longest row reads
+  };
+  at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
+  at::Tensor Attention(int64_t layer_index, const Layer& layer,
+                       const at::Tensor& x, const Step& step, KvCache& cache,
+                       at::Tensor* gates) const;
+
+  LlamaConfig config_;
+  at::TensorOptions options_;
+  std::unique_ptr<DeviceContext> context_;
+  at::Tensor embed_tokens_;  // [V, C]
+  at::Tensor lm_head_;       // [V, C] (aliases embed_tokens_ when tied)
+  at::Tensor final_norm_;
+  at::Tensor rope_cos_, rope_sin_;  // float32 [max_pos, head_dim]
+  std::vector<Layer> layers_;
+  AttentionMode attention_mode_ = AttentionMode::kAuto;
+  int64_t attention_workspace_bytes_ = kDefaultAttentionWorkspaceBytes;
+};
+
+}  // namespace moh

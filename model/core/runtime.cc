@@ -1,0 +1,127 @@
+#include "model/core/runtime.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace moh {
+
+absl::StatusOr<at::Device> ResolveDevice(absl::string_view name) {
+  const bool has_cuda = at::hasCUDA();
+  if (name == "auto" || name.empty()) {
+    return has_cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  }
+  if (name == "cpu") return at::Device(at::kCPU);
+  if (name == "cuda" || absl::StartsWith(name, "cuda:")) {
+    if (!has_cuda) {
+      return absl::FailedPreconditionError(
+          "device: CUDA requested but this LibTorch build has no CUDA device");
+    }
+    int index = 0;
+    if (name != "cuda" && !absl::SimpleAtoi(name.substr(5), &index)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device: bad CUDA index in \"", name, "\""));
+    }
+    const int count = at::detail::getCUDAHooks().getNumGPUs();
+    if (index < 0 || index >= count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device: CUDA index must be in [0, ", count, "), got ", index));
+    }
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", "
+                   "got \"",
+                   name, "\""));
+}
+
+absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
+                                            const at::Device& device) {
+  if (name == "auto" || name.empty()) {
+    return device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  }
+  if (name == "float32" || name == "fp32") return at::kFloat;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  if (name == "float16" || name == "fp16") {
+    if (!device.is_cuda()) {
+      return absl::InvalidArgumentError(
+          "dtype \"float16\" needs a CUDA device; on CPU use \"float32\" or "
+          "\"bfloat16\"");
+    }
+    return at::kHalf;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype must be \"auto\", \"float32\", \"bfloat16\" or "
+                   "\"float16\", got \"",
+                   name, "\""));
+}
+
+absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
+    const DeviceOptions& options) {
+  auto device = ResolveDevice(options.device);
+  if (!device.ok()) return device.status();
+  auto dtype = ResolveDtype(options.dtype, *device);
+  if (!dtype.ok()) return dtype.status();
+  return at::TensorOptions().device(*device).dtype(*dtype);
+}
+
+namespace {
+
+// OpenBLAS's threading model: 0 sequential, 1 pthreads, 2 OpenMP; -1 when
+// the BLAS in use is not OpenBLAS.
+int OpenBlasParallelism() {
+  using Fn = int (*)();
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  return fn != nullptr ? fn() : -1;
+}
+
+}  // namespace
+
+void ConfigureCpuThreads(int num_threads) {
+  if (num_threads <= 0) {
+    // Every core but one, which stays free for the gRPC, tokenizer and
+    // metrics threads: an OpenMP thread that loses its core to them stalls
+    // every parallel region (its partner spins at the barrier).
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    num_threads = OpenBlasParallelism() == 2 ? std::max(1, cores - 1) : 1;
+  }
+  at::set_num_threads(num_threads);
+}
+
+std::string CpuThreadingSummary() {
+  const char* blas = "unknown BLAS";
+  switch (OpenBlasParallelism()) {
+    case 0:
+      blas = "OpenBLAS (sequential)";
+      break;
+    case 1:
+      blas = "OpenBLAS (pthreads: own thread pool)";
+      break;
+    case 2:
+      blas = "OpenBLAS (OpenMP: shared thread pool)";
+      break;
+  }
+  return absl::StrCat(at::get_num_threads(), " intra-op threads, ", blas);
+}
+
+std::string DtypeName(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return "float32";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+}  // namespace moh

@@ -1,0 +1,226 @@
+#include "model/core/vit_model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "model/checkpoint/checkpoint.h"
+#include "model/core/head_sparse_attention.h"
+
+namespace moh {
+
+absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
+    const std::string& dir, const DeviceOptions& device_options) {
+  MOH_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  if (config.family != ModelFamily::kVit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, "/config.json: not a moh_vit model"));
+  }
+  MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
+                       ResolveTensorOptions(device_options));
+  return Load(dir, config.vit, options);
+}
+
+absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
+    const std::string& dir, const VitConfig& config,
+    const at::TensorOptions& options) {
+  MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
+  std::unique_ptr<VitModel> model(new VitModel(config, options));
+  const int64_t c = config.hidden_size;
+  const int64_t inter = config.intermediate_size;
+  auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+    return store.Take(name, shape, options);
+  };
+  const int64_t p = config.patch_size;
+  MOH_ASSIGN_OR_RETURN(model->patch_w_, take("patch_embed.proj.weight",
+                                             {c, config.num_channels, p, p}));
+  MOH_ASSIGN_OR_RETURN(model->patch_b_, take("patch_embed.proj.bias", {c}));
+  MOH_ASSIGN_OR_RETURN(model->cls_token_, take("cls_token", {1, 1, c}));
+  MOH_ASSIGN_OR_RETURN(model->pos_embed_,
+                       take("pos_embed", {1, 1 + config.num_patches(), c}));
+  MOH_ASSIGN_OR_RETURN(model->norm_w_, take("norm.weight", {c}));
+  MOH_ASSIGN_OR_RETURN(model->norm_b_, take("norm.bias", {c}));
+  const int64_t classes = config.labels.size();
+  MOH_ASSIGN_OR_RETURN(model->head_w_, take("head.weight", {classes, c}));
+  MOH_ASSIGN_OR_RETURN(model->head_b_, take("head.bias", {classes}));
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string pre = absl::StrCat("blocks.", l, ".");
+    Block b;
+    MOH_ASSIGN_OR_RETURN(b.norm1_w, take(pre + "norm1.weight", {c}));
+    MOH_ASSIGN_OR_RETURN(b.norm1_b, take(pre + "norm1.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(b.qkv_w, take(pre + "attn.qkv.weight", {3 * c, c}));
+    if (config.qkv_bias) {
+      MOH_ASSIGN_OR_RETURN(b.qkv_b, take(pre + "attn.qkv.bias", {3 * c}));
+    }
+    MOH_ASSIGN_OR_RETURN(b.proj_w, take(pre + "attn.proj.weight", {c, c}));
+    MOH_ASSIGN_OR_RETURN(b.proj_b, take(pre + "attn.proj.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(b.norm2_w, take(pre + "norm2.weight", {c}));
+    MOH_ASSIGN_OR_RETURN(b.norm2_b, take(pre + "norm2.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(b.fc1_w, take(pre + "mlp.fc1.weight", {inter, c}));
+    MOH_ASSIGN_OR_RETURN(b.fc1_b, take(pre + "mlp.fc1.bias", {inter}));
+    MOH_ASSIGN_OR_RETURN(b.fc2_w, take(pre + "mlp.fc2.weight", {c, inter}));
+    MOH_ASSIGN_OR_RETURN(b.fc2_b, take(pre + "mlp.fc2.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(
+        b.router, MohRouter::Load(config.moh.router, config.moh.layers[l], c,
+                                  pre + "attn.", store, options));
+    model->blocks_.push_back(std::move(b));
+  }
+  MOH_RETURN_IF_ERROR(store.CheckAllTaken());
+  return model;
+}
+
+at::Tensor VitModel::NormalizePixels(const at::Tensor& pixels) const {
+  const int64_t ch = config_.num_channels;
+  at::Tensor mean = at::tensor(config_.image_mean).view({1, ch, 1, 1});
+  at::Tensor std = at::tensor(config_.image_std).view({1, ch, 1, 1});
+  return (pixels.to(at::kFloat).cpu() - mean) / std;
+}
+
+at::Tensor VitModel::LayerNorm(const at::Tensor& x, const at::Tensor& w,
+                               const at::Tensor& b) const {
+  return at::layer_norm(x, {x.size(-1)}, w, b, config_.layer_norm_eps);
+}
+
+absl::Status VitModel::CheckPixels(const at::Tensor& pixels) const {
+  const int64_t s = config_.image_size;
+  if (!pixels.defined() || pixels.dim() != 4 || pixels.size(0) < 1 ||
+      pixels.size(1) != config_.num_channels || pixels.size(2) != s ||
+      pixels.size(3) != s) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pixels must have shape [B, ", config_.num_channels, ", ",
+                     s, ", ", s, "], B >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClassifierOutput> VitModel::Forward(
+    const at::Tensor& pixels, const std::vector<float>& ratios,
+    bool record_gates) const {
+  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
+  if (ratios.size() != static_cast<size_t>(pixels.size(0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ratios needs one entry per row (", pixels.size(0), ")"));
+  }
+  for (size_t b = 0; b < ratios.size(); ++b) {
+    if (!(ratios[b] <= 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ratios[", b, "] must be in (0, 1] or <= 0 for the default, got ",
+          ratios[b]));
+    }
+  }
+  return ForwardWithTopK(pixels, TopKForRatios(config_.moh, ratios),
+                         record_gates);
+}
+
+absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
+    const at::Tensor& pixels, const std::vector<LayerTopK>& row_top_k,
+    bool record_gates) const {
+  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
+  MOH_RETURN_IF_ERROR(
+      ValidateTopK(config_.moh, row_top_k, pixels.size(0), "top_k"));
+  return CatchTorchErrors(
+      "VitModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
+        // The model's device and stream (CUDA) for everything below.
+        const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
+        const int64_t rows = pixels.size(0);
+        const int64_t tokens = config_.num_patches() + 1;
+        // Each block's K per token, computed on the host and uploaded once.
+        std::vector<int64_t> top_k_host(blocks_.size() * rows * tokens);
+        std::vector<TopKBounds> bounds;
+        for (size_t l = 0; l < blocks_.size(); ++l) {
+          bounds.push_back(PackLayerTopK(
+              row_top_k, l, tokens, top_k_host.data() + l * rows * tokens));
+        }
+        const at::Tensor top_k = context_->Upload(at::from_blob(
+            top_k_host.data(),
+            {static_cast<int64_t>(blocks_.size()), rows * tokens}, at::kLong));
+        at::Tensor x =
+            at::conv2d(context_->Upload(pixels).to(options_), patch_w_,
+                       patch_b_, {config_.patch_size, config_.patch_size});
+        x = x.flatten(2).transpose(1, 2);  // [B, N, C]
+        x = at::cat({cls_token_.expand({rows, 1, -1}), x}, 1) + pos_embed_;
+        at::Tensor valid =
+            at::ones({rows, x.size(1)},
+                     at::TensorOptions().dtype(at::kBool).device(x.device()));
+        std::vector<at::Tensor> counts, gates_per_layer;
+        for (size_t l = 0; l < blocks_.size(); ++l) {
+          const Block& block = blocks_[l];
+          at::Tensor gates;
+          x = x + Attention(block, LayerNorm(x, block.norm1_w, block.norm1_b),
+                            top_k[l], bounds[l], &gates);
+          at::Tensor hidden =
+              at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
+                                  block.fc1_w, block.fc1_b));
+          x = x + at::linear(hidden, block.fc2_w, block.fc2_b);
+          counts.push_back(HeadTokenCounts(gates, valid));
+          if (record_gates) gates_per_layer.push_back(gates.to(at::kFloat));
+        }
+        x = LayerNorm(x, norm_w_, norm_b_);
+        // One copy to the host and one wait for the whole batch's results.
+        std::vector<at::Tensor> results = {
+            at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat),
+            at::stack(counts, 1)};
+        results.insert(results.end(), gates_per_layer.begin(),
+                       gates_per_layer.end());
+        results = context_->Download(results);
+        ClassifierOutput out;
+        out.logits = results[0];
+        out.head_token_counts = results[1];
+        out.gates.assign(results.begin() + 2, results.end());
+        return out;
+      });
+}
+
+at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
+                               const at::Tensor& top_k,
+                               const TopKBounds& bounds,
+                               at::Tensor* gates) const {
+  const int64_t rows = x.size(0), tokens = x.size(1), c = x.size(2);
+  const int64_t heads = config_.num_heads, d = c / heads, n = rows * tokens;
+  at::Tensor x_flat = x.reshape({n, c});
+  *gates = block.router.Gates(x_flat, at::Tensor(), top_k, bounds.max)
+               .view({rows, tokens, -1});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+
+  if (UseHeadSparse(attention_mode_, block.router, bounds.min, x.options())) {
+    // Keys and values for every token; queries only where selected.
+    at::Tensor kv_w = block.qkv_w.narrow(0, c, 2 * c);
+    at::Tensor kv = block.qkv_b.defined()
+                        ? at::linear(x, kv_w, block.qkv_b.narrow(0, c, 2 * c))
+                        : at::linear(x, kv_w);
+    kv = kv.view({rows, tokens, 2, heads, d});
+    HeadSparseAttentionInputs in;
+    in.x = x_flat;
+    in.gates = gates->reshape({n, heads});
+    in.q_weight = block.qkv_w.narrow(0, 0, c);
+    if (block.qkv_b.defined()) in.q_bias = block.qkv_b.narrow(0, 0, c);
+    in.key_cache = kv.select(2, 0);    // [B, N, H, D]
+    in.value_cache = kv.select(2, 1);  // [B, N, H, D]
+    const at::TensorOptions longs =
+        at::TensorOptions().dtype(at::kLong).device(x.device());
+    in.row_slot = at::arange(rows, longs);
+    in.token_row = at::arange(rows, longs).repeat_interleave(tokens);
+    // Every token sees every token of its image.
+    in.token_pos = at::full({n}, tokens - 1, longs);
+    in.row_len = at::full({rows}, tokens, longs);
+    in.o_weight = block.proj_w;
+    in.o_bias = block.proj_b;
+    in.scale = scale;
+    return HeadSparseAttention(
+               in, attention_mode_ == AttentionMode::kHeadSparseAten)
+        .view({rows, tokens, c});
+  }
+
+  at::Tensor qkv = block.qkv_b.defined()
+                       ? at::linear(x, block.qkv_w, block.qkv_b)
+                       : at::linear(x, block.qkv_w);
+  qkv = qkv.view({rows, tokens, 3, heads, d}).permute({2, 0, 3, 1, 4});
+  at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];  // [B, H, N, D]
+  at::Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));
+  at::Tensor attn = at::matmul(at::softmax(scores, -1), v);  // [B, H, N, D]
+  attn = attn.transpose(1, 2) * gates->unsqueeze(-1);        // [B, N, H, D]
+  return at::linear(attn.reshape({rows, tokens, c}), block.proj_w,
+                    block.proj_b);
+}
+
+}  // namespace moh

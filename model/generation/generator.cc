@@ -1,0 +1,273 @@
+#include "model/generation/generator.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace moh {
+namespace {
+
+// Per-row state of one generation.
+struct Row {
+  Row(const GenerationRequest& r, const MohConfig& moh,
+      const Tokenizer* tokenizer, const std::vector<int32_t>& eos_ids)
+      : request(r),
+        top_k(Activation::AtRatio(moh, r.ratio).top_k()),
+        output(r.sampling, r.prompt_ids, tokenizer, eos_ids) {}
+  const GenerationRequest& request;
+  const LayerTopK top_k;
+  SequenceOutput output;
+  GenerationResult result;
+};
+
+}  // namespace
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return "LENGTH";
+    case FinishReason::kStop:
+      return "STOP";
+    case FinishReason::kEos:
+      return "EOS";
+    case FinishReason::kCancelled:
+      return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+SequenceOutput::SequenceOutput(const SamplingParams& sampling,
+                               std::vector<int32_t> prompt_ids,
+                               const Tokenizer* tokenizer,
+                               std::vector<int32_t> eos_ids)
+    : max_new_tokens_(sampling.max_new_tokens),
+      eos_ids_(std::move(eos_ids)),
+      sampler_(sampling),
+      stop_matcher_(sampling.stop),
+      history_(std::move(prompt_ids)) {
+  if (tokenizer != nullptr) {
+    decoder_.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  }
+}
+
+absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
+  const int32_t token = sampler_.Sample(logits, history_);
+  history_.push_back(token);
+  ++generated_;
+  GenerationChunk chunk;
+  chunk.token_ids.push_back(token);
+  const bool eos =
+      std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+  if (decoder_ && !eos) {
+    MOH_ASSIGN_OR_RETURN(std::string text, decoder_->Push(token));
+    StopStringMatcher::Result matched = stop_matcher_.Push(text);
+    chunk.text = std::move(matched.emit);
+    if (matched.stopped) finish_ = FinishReason::kStop;
+  }
+  if (!finish_ && eos) finish_ = FinishReason::kEos;
+  if (!finish_ && generated_ >= max_new_tokens_)
+    finish_ = FinishReason::kLength;
+  if (finish_ && decoder_ && *finish_ != FinishReason::kStop) {
+    // Text held back by the decoder or the stop matcher is released (or
+    // completes a stop string) at the end.
+    StopStringMatcher::Result tail = stop_matcher_.Push(decoder_->Flush());
+    chunk.text += tail.emit;
+    if (tail.stopped) {
+      finish_ = FinishReason::kStop;
+    } else {
+      chunk.text += stop_matcher_.Flush();
+    }
+  }
+  return chunk;
+}
+
+double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens) {
+  const int64_t pairs =
+      tokens * head_token_counts.size(-1) * head_token_counts.size(-2);
+  if (pairs == 0) return 0.0;
+  return static_cast<double>(head_token_counts.sum().item<int64_t>()) / pairs;
+}
+
+Generator::Generator(const LlamaModel& model, const Tokenizer* tokenizer,
+                     std::vector<int32_t> eos_ids)
+    : model_(model), tokenizer_(tokenizer), eos_ids_(std::move(eos_ids)) {}
+
+absl::Status Generator::Validate(const GenerationRequest& request,
+                                 size_t index) const {
+  const int32_t max_len = model_.config().max_position_embeddings;
+  const int32_t vocab = model_.config().vocab_size;
+  const std::string where = absl::StrCat("requests[", index, "].");
+  const int64_t prompt = request.prompt_ids.size();
+  if (prompt < 1 || prompt >= max_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "prompt_ids must have 1 to ", max_len - 1,
+                     " tokens, got ", prompt));
+  }
+  for (int32_t id : request.prompt_ids) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "prompt_ids must be in [0, ", vocab, "), got ", id));
+    }
+  }
+  MOH_RETURN_IF_ERROR(
+      ValidateSamplingParams(request.sampling, max_len - prompt));
+  if (!request.sampling.stop.empty() && tokenizer_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "sampling.stop needs a model with a tokenizer"));
+  }
+  return ValidateRatio(request.ratio, (where + "ratio").c_str());
+}
+
+absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
+    const std::vector<GenerationRequest>& requests,
+    const ChunkCallback& on_chunk) const {
+  if (requests.empty()) return std::vector<GenerationResult>();
+  int64_t max_len = 0, width = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    MOH_RETURN_IF_ERROR(Validate(requests[i], i));
+    const int64_t prompt = requests[i].prompt_ids.size();
+    width = std::max(width, prompt);
+    max_len = std::max<int64_t>(max_len,
+                                prompt + requests[i].sampling.max_new_tokens);
+  }
+  const int64_t n = requests.size();
+  KvCache cache = model_.CreateKvCache(n, max_len);
+  std::vector<Row> rows;
+  rows.reserve(n);
+  for (const GenerationRequest& r : requests) {
+    rows.emplace_back(r, model_.config().moh, tokenizer_, eos_ids_);
+  }
+
+  // Prefill every prompt in one padded batch.
+  DecoderBatch batch;
+  batch.token_ids = at::zeros({n, width}, at::kLong);
+  auto ids = batch.token_ids.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < n; ++b) {
+    const auto& prompt = requests[b].prompt_ids;
+    for (size_t t = 0; t < prompt.size(); ++t) ids[b][t] = prompt[t];
+    batch.num_tokens.push_back(prompt.size());
+    batch.slots.push_back(b);
+    batch.start_positions.push_back(0);
+    batch.top_k.push_back(rows[b].top_k);
+    rows[b].result.prompt_tokens = prompt.size();
+  }
+  std::vector<int64_t> active(n);
+  for (int64_t b = 0; b < n; ++b) active[b] = b;
+
+  while (!active.empty()) {
+    MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache));
+    at::Tensor logits = out.logits.cpu();
+    std::vector<int64_t> still_active;
+    for (size_t i = 0; i < active.size(); ++i) {
+      Row& row = rows[active[i]];
+      GenerationResult& result = row.result;
+      at::Tensor counts = out.head_token_counts[i];
+      result.head_token_counts = result.head_token_counts.defined()
+                                     ? result.head_token_counts + counts
+                                     : counts;
+      MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, row.output.Next(logits[i]));
+      result.token_ids.insert(result.token_ids.end(), chunk.token_ids.begin(),
+                              chunk.token_ids.end());
+      result.text += chunk.text;
+      if (row.output.finish_reason()) {
+        result.finish_reason = *row.output.finish_reason();
+      }
+      if (on_chunk) on_chunk(active[i], chunk);
+      if (!row.output.finish_reason()) still_active.push_back(active[i]);
+    }
+    active = std::move(still_active);
+    if (active.empty()) break;
+    // Next decode step: one new token per running row.
+    const int64_t a = active.size();
+    batch = DecoderBatch();
+    batch.token_ids = at::empty({a, 1}, at::kLong);
+    for (int64_t i = 0; i < a; ++i) {
+      const Row& row = rows[active[i]];
+      batch.token_ids[i][0] = row.output.history().back();
+      batch.num_tokens.push_back(1);
+      batch.slots.push_back(active[i]);
+      batch.start_positions.push_back(row.output.history().size() - 1);
+      batch.top_k.push_back(row.top_k);
+    }
+  }
+
+  std::vector<GenerationResult> results;
+  results.reserve(n);
+  for (Row& row : rows) {
+    // Every prompt token and every generated token but the last was processed.
+    const int64_t processed =
+        row.result.prompt_tokens + row.result.token_ids.size() - 1;
+    row.result.effective_ratio =
+        EffectiveRatio(row.result.head_token_counts, processed);
+    results.push_back(std::move(row.result));
+  }
+  return results;
+}
+
+absl::StatusOr<LabelScores> ScoreLabels(
+    const LlamaModel& model, const std::vector<int32_t>& context_ids,
+    const std::vector<std::vector<int32_t>>& label_ids, float ratio) {
+  MOH_RETURN_IF_ERROR(ValidateRatio(ratio, "ratio"));
+  return ScoreLabels(model, context_ids, label_ids,
+                     Activation::AtRatio(model.config().moh, ratio));
+}
+
+absl::StatusOr<LabelScores> ScoreLabels(
+    const LlamaModel& model, const std::vector<int32_t>& context_ids,
+    const std::vector<std::vector<int32_t>>& label_ids,
+    const Activation& activation) {
+  if (context_ids.empty()) {
+    return absl::InvalidArgumentError("text must encode to at least one token");
+  }
+  if (label_ids.empty()) {
+    return absl::InvalidArgumentError("labels must not be empty");
+  }
+  const int64_t n = label_ids.size();
+  int64_t width = 0;
+  for (size_t i = 0; i < label_ids.size(); ++i) {
+    if (label_ids[i].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("labels[", i, "] must encode to at least one token"));
+    }
+    width = std::max<int64_t>(width, context_ids.size() + label_ids[i].size());
+  }
+  if (width > model.config().max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "text + label must fit in ", model.config().max_position_embeddings,
+        " tokens, got ", width));
+  }
+  DecoderBatch batch;
+  batch.token_ids = at::zeros({n, width}, at::kLong);
+  auto ids = batch.token_ids.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < n; ++b) {
+    int64_t t = 0;
+    for (int32_t id : context_ids) ids[b][t++] = id;
+    for (int32_t id : label_ids[b]) ids[b][t++] = id;
+    batch.num_tokens.push_back(t);
+    batch.slots.push_back(b);
+    batch.start_positions.push_back(0);
+    batch.top_k.push_back(activation.top_k());
+  }
+  batch.all_logits = true;
+  KvCache cache = model.CreateKvCache(n, width);
+  MOH_ASSIGN_OR_RETURN(DecoderOutput out, model.Forward(batch, cache));
+  at::Tensor log_probs = at::log_softmax(out.logits, -1).cpu();  // [B, T, V]
+  LabelScores scores;
+  scores.head_token_counts = out.head_token_counts.sum(0);
+  const int64_t context = context_ids.size();
+  for (int64_t b = 0; b < n; ++b) {
+    double total = 0;
+    for (size_t j = 0; j < label_ids[b].size(); ++j) {
+      // The token at position context + j is predicted at position context + j
+      // - 1.
+      total += log_probs[b][context + j - 1][label_ids[b][j]].item<float>();
+    }
+    scores.log_likelihoods.push_back(total);
+    scores.tokens += context + label_ids[b].size();
+  }
+  return scores;
+}
+
+}  // namespace moh

@@ -1,0 +1,129 @@
+// In-process text generation and label scoring on a LlamaModel.
+//
+// Generator runs a static batch of requests to completion: one prefill of all
+// prompts, then decode steps over the rows still running; rows finish
+// independently (EOS, stop string, max_new_tokens). Each row has its own
+// sampler (seeded → reproducible whatever else is in the batch), its own
+// activation ratio, and streams UTF-8-safe text through an optional callback.
+// This is the reference loop for tools, tests and benchmarks; the server drives
+// LlamaModel::Forward through its own continuous-batching scheduler.
+// Thread-compatible: one Generate() call at a time per Generator.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/core/activation.h"
+#include "model/core/llama_model.h"
+#include "model/generation/sampler.h"
+#include "model/tokenizer/tokenizer.h"
+
+namespace moh {
+
+enum class FinishReason { kLength, kStop, kEos, kCancelled };
+const char* FinishReasonName(FinishReason reason);
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  float ratio = 0.0f;  // activation ratio in (0, 1]; 0 = the model's default
+};
+
+// New output of one row since its previous chunk.
+struct GenerationChunk {
+  std::string text;
+  std::vector<int32_t> token_ids;
+};
+
+struct GenerationResult {
+  std::vector<int32_t> token_ids;  // generated ids (an EOS id included)
+  std::string text;                // decoded, stop string excluded
+  FinishReason finish_reason = FinishReason::kLength;
+  int32_t prompt_tokens = 0;
+  at::Tensor head_token_counts;  // int64 [L, H] over prompt and output
+  double effective_ratio = 1.0;  // used (token, head) pairs / all pairs
+};
+
+// One sequence's output as its tokens are sampled: the sampler (own seeded
+// RNG), EOS, stop strings, max_new_tokens and UTF-8-safe incremental text.
+// Generator and the server's scheduler drive one per sequence. Not thread-safe.
+class SequenceOutput {
+ public:
+  // `tokenizer` may be null (no text, no stop strings).
+  SequenceOutput(const SamplingParams& sampling,
+                 std::vector<int32_t> prompt_ids, const Tokenizer* tokenizer,
+                 std::vector<int32_t> eos_ids);
+
+  // Samples the next token from `logits` ([vocab]) and returns what it adds to
+  // the stream: its id, and the text that is now safe to emit (a stop string
+  // and anything after it never is). Sets finish_reason() on the last token.
+  absl::StatusOr<GenerationChunk> Next(const at::Tensor& logits);
+
+  // Set once the sequence has ended.
+  const std::optional<FinishReason>& finish_reason() const { return finish_; }
+  const std::vector<int32_t>& history() const {
+    return history_;
+  }  // prompt + output
+  int32_t generated() const { return generated_; }
+
+ private:
+  const int32_t max_new_tokens_;
+  const std::vector<int32_t> eos_ids_;
+  Sampler sampler_;
+  StopStringMatcher stop_matcher_;
+  std::optional<IncrementalDecoder> decoder_;
+  std::vector<int32_t> history_;
+  int32_t generated_ = 0;
+  std::optional<FinishReason> finish_;
+};
+
+class Generator {
+ public:
+  using ChunkCallback =
+      std::function<void(size_t row, const GenerationChunk& chunk)>;
+
+  // `tokenizer` may be null: no text is produced and stop strings are refused.
+  // `eos_ids`: tokens that end a sequence.
+  Generator(const LlamaModel& model, const Tokenizer* tokenizer,
+            std::vector<int32_t> eos_ids);
+
+  // INVALID_ARGUMENT naming the request field and allowed range for bad input
+  // (empty prompt, prompt + max_new_tokens beyond the model's maximum sequence
+  // length, sampling parameters, ratio outside (0, 1]).
+  absl::StatusOr<std::vector<GenerationResult>> Generate(
+      const std::vector<GenerationRequest>& requests,
+      const ChunkCallback& on_chunk = nullptr) const;
+
+ private:
+  absl::Status Validate(const GenerationRequest& request, size_t index) const;
+
+  const LlamaModel& model_;
+  const Tokenizer* tokenizer_;
+  std::vector<int32_t> eos_ids_;
+};
+
+// Log-likelihood of each candidate label given `context_ids`:
+// sum over label tokens of log p(label token | context, previous label tokens),
+// all labels scored in one batch at activation ratio `ratio` (0 = default).
+struct LabelScores {
+  std::vector<double> log_likelihoods;  // one per label
+  at::Tensor head_token_counts;         // int64 [L, H] over every row
+  int64_t tokens = 0;                   // tokens processed over every row
+};
+absl::StatusOr<LabelScores> ScoreLabels(
+    const LlamaModel& model, const std::vector<int32_t>& context_ids,
+    const std::vector<std::vector<int32_t>>& label_ids, float ratio);
+absl::StatusOr<LabelScores> ScoreLabels(
+    const LlamaModel& model, const std::vector<int32_t>& context_ids,
+    const std::vector<std::vector<int32_t>>& label_ids,
+    const Activation& activation);
+
+// Fraction of (token, head) pairs used, from counts [..., L, H] over `tokens`.
+double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens);
+
+}  // namespace moh

@@ -1,0 +1,303 @@
+#include "model/generation/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace moh {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+absl::Status OutOfRange(absl::string_view field, absl::string_view range,
+                        const absl::AlphaNum& got) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "sampling.", field, " must be ", range, ", got ", got.Piece()));
+}
+
+// Uniform double in [0, 1) from the top 53 bits; unlike
+// std::uniform_real_distribution it is the same on every standard library.
+double Uniform01(std::mt19937_64& rng) {
+  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+}
+
+// Length of the incomplete UTF-8 sequence at the end of `text` (0 if none).
+size_t IncompleteUtf8Tail(std::string_view text) {
+  const size_t n = text.size();
+  for (size_t back = 1; back <= std::min<size_t>(3, n); ++back) {
+    const auto c = static_cast<unsigned char>(text[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte
+    size_t len = 1;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+    }
+    return len > back ? back : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::Status ValidateSamplingParams(const SamplingParams& params,
+                                    int32_t max_new_tokens_limit) {
+  if (params.max_new_tokens < 1 ||
+      params.max_new_tokens > max_new_tokens_limit) {
+    return OutOfRange("max_new_tokens",
+                      absl::StrCat("in [1, ", max_new_tokens_limit, "]"),
+                      params.max_new_tokens);
+  }
+  if (!(params.temperature >= 0.0f) || std::isinf(params.temperature)) {
+    return OutOfRange("temperature", "finite and >= 0", params.temperature);
+  }
+  if (params.top_k < 0) {
+    return OutOfRange("top_k", ">= 0 (0 = off)", params.top_k);
+  }
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+    return OutOfRange("top_p", "in (0, 1]", params.top_p);
+  }
+  if (!(params.repetition_penalty > 0.0f) ||
+      std::isinf(params.repetition_penalty)) {
+    return OutOfRange("repetition_penalty", "finite and > 0 (1 = off)",
+                      params.repetition_penalty);
+  }
+  if (params.stop.size() > static_cast<size_t>(kMaxStopStrings)) {
+    return OutOfRange("stop",
+                      absl::StrCat("at most ", kMaxStopStrings, " strings"),
+                      absl::StrCat(params.stop.size(), " strings"));
+  }
+  for (size_t i = 0; i < params.stop.size(); ++i) {
+    const size_t size = params.stop[i].size();
+    if (size == 0 || size > static_cast<size_t>(kMaxStopStringBytes)) {
+      return OutOfRange(absl::StrCat("stop[", i, "]"),
+                        absl::StrCat("1 to ", kMaxStopStringBytes, " bytes"),
+                        absl::StrCat(size, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingParams& params)
+    : params_(params),
+      seed_(params.seed.has_value() ? *params.seed
+                                    : (uint64_t{std::random_device{}()} << 32) ^
+                                          std::random_device{}()),
+      rng_(seed_) {}
+
+void Sampler::LoadLogits(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 1 && logits.numel() > 0 &&
+                  logits.numel() <= std::numeric_limits<int32_t>::max(),
+              "Sampler: logits must be a non-empty 1-D tensor, got shape ",
+              logits.sizes());
+  TORCH_CHECK(at::isFloatingType(logits.scalar_type()),
+              "Sampler: logits must be floating point, got ",
+              logits.scalar_type());
+  logits_.resize(logits.numel());
+  // One copy handles device, dtype and strides.
+  at::from_blob(logits_.data(), {logits.numel()}, at::kFloat).copy_(logits);
+}
+
+void Sampler::ApplyRepetitionPenalty(absl::Span<const int32_t> history) {
+  const float penalty = params_.repetition_penalty;
+  if (penalty == 1.0f || history.empty()) return;
+  const auto vocab = static_cast<int32_t>(logits_.size());
+  penalized_.resize(logits_.size(), 0);
+  for (int32_t id : history) {
+    if (id < 0 || id >= vocab || penalized_[id]) continue;
+    penalized_[id] = 1;
+    float& x = logits_[id];
+    x = x > 0.0f ? x / penalty : x * penalty;
+  }
+  for (int32_t id : history) {
+    if (id >= 0 && id < vocab) penalized_[id] = 0;
+  }
+}
+
+bool Sampler::Better(const Candidate& a, const Candidate& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+void Sampler::SelectAll() {
+  top_.clear();
+  for (size_t id = 0; id < logits_.size(); ++id) {
+    top_.push_back({logits_[id], 0.0f, static_cast<int32_t>(id)});
+  }
+}
+
+void Sampler::SelectTop(size_t n) {
+  if (n >= logits_.size()) {
+    SelectAll();
+    std::sort(top_.begin(), top_.end(), Better);
+    return;
+  }
+  // One pass with a heap of the n best so far; its front is the worst of
+  // them. Ids come in increasing order, so an equal logit never gets in.
+  top_.clear();
+  for (size_t id = 0; id < n; ++id) {
+    top_.push_back({logits_[id], 0.0f, static_cast<int32_t>(id)});
+  }
+  std::make_heap(top_.begin(), top_.end(), Better);
+  for (size_t id = n; id < logits_.size(); ++id) {
+    if (logits_[id] <= top_.front().logit) continue;
+    std::pop_heap(top_.begin(), top_.end(), Better);
+    top_.back() = {logits_[id], 0.0f, static_cast<int32_t>(id)};
+    std::push_heap(top_.begin(), top_.end(), Better);
+  }
+  std::sort_heap(top_.begin(), top_.end(), Better);
+}
+
+int32_t Sampler::Draw(absl::Span<const Candidate> pool, double total) {
+  const double u = Uniform01(rng_) * total;
+  double cumulative = 0.0;
+  int32_t last_positive = pool.front().id;
+  for (const Candidate& c : pool) {
+    if (c.weight <= 0.0f) continue;
+    cumulative += c.weight;
+    last_positive = c.id;
+    if (u < cumulative) return c.id;
+  }
+  return last_positive;  // only reached through rounding
+}
+
+int32_t Sampler::DrawNucleus(size_t from, size_t to, double mass,
+                             double threshold) {
+  size_t n = from;
+  while (n < to && mass < threshold) mass += top_[n++].weight;
+  return Draw(absl::MakeConstSpan(top_.data(), n), mass);
+}
+
+int32_t Sampler::Sample(const at::Tensor& logits,
+                        absl::Span<const int32_t> history) {
+  LoadLogits(logits);
+  ApplyRepetitionPenalty(history);
+  const size_t vocab = logits_.size();
+  // NaN becomes -inf; `best` is the lowest id among the maximal logits.
+  int32_t best = 0;
+  float max_logit = kNegInf;
+  for (size_t id = 0; id < vocab; ++id) {
+    float& x = logits_[id];
+    if (x > max_logit) {
+      max_logit = x;
+      best = static_cast<int32_t>(id);
+    } else if (std::isnan(x)) {
+      x = kNegInf;
+    }
+  }
+  if (params_.temperature == 0.0f || max_logit == kNegInf) return best;
+
+  // exp((x - max) / T) is softmax(x / T) up to normalisation; subtracting
+  // first avoids overflow at tiny temperatures.
+  const float temperature = params_.temperature;
+  auto weight = [max_logit, temperature](float logit) {
+    return std::exp((logit - max_logit) / temperature);
+  };
+  auto weigh_top = [&] {
+    double sum = 0.0;
+    for (Candidate& c : top_) sum += c.weight = weight(c.logit);
+    return sum;
+  };
+  const bool use_top_k =
+      params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab;
+  if (use_top_k) {
+    SelectTop(static_cast<size_t>(params_.top_k));
+  } else if (params_.top_p == 1.0f) {
+    SelectAll();
+  }
+  if (use_top_k || params_.top_p == 1.0f) {
+    const double total = weigh_top();
+    if (params_.top_p == 1.0f) return Draw(top_, total);
+    return DrawNucleus(0, top_.size(), 0.0, params_.top_p * total);
+  }
+
+  // Top-p alone. Fast path: the nucleus of a real model is usually small.
+  double total = 0.0;
+  for (float logit : logits_) total += weight(logit);
+  const double threshold = params_.top_p * total;
+  SelectTop(std::min<size_t>(256, vocab));
+  if (weigh_top() >= threshold || top_.size() == vocab) {
+    return DrawNucleus(0, top_.size(), 0.0, threshold);
+  }
+  // Otherwise bisect all tokens by mass with nth_element, O(vocab), and sort
+  // only the block where the cumulative mass crosses the threshold. The
+  // order of the tokens before that block does not matter for the draw.
+  SelectAll();
+  weigh_top();
+  size_t lo = 0;
+  size_t hi = vocab;
+  double before = 0.0;  // mass of top_[0, lo)
+  while (hi - lo > 256) {
+    const size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(top_.begin() + lo, top_.begin() + mid, top_.begin() + hi,
+                     Better);
+    double upper = 0.0;
+    for (size_t i = lo; i < mid; ++i) upper += top_[i].weight;
+    if (before + upper >= threshold) {
+      hi = mid;
+    } else {
+      before += upper;
+      lo = mid;
+    }
+  }
+  std::sort(top_.begin() + lo, top_.begin() + hi, Better);
+  return DrawNucleus(lo, hi, before, threshold);
+}
+
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops)
+    : stops_(std::move(stops)) {
+  stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()),
+               stops_.end());
+}
+
+StopStringMatcher::Result StopStringMatcher::Push(std::string_view new_text) {
+  Result result;
+  if (stopped_) {
+    result.stopped = true;
+    return result;
+  }
+  held_.append(new_text);
+  // A match cannot start before held_: any text that could begin a stop
+  // string was held back by the previous Push.
+  size_t match = std::string::npos;
+  for (const std::string& stop : stops_) {
+    match = std::min(match, held_.find(stop));
+  }
+  if (match != std::string::npos) {
+    result.emit = held_.substr(0, match);
+    result.stopped = stopped_ = true;
+    held_.clear();
+    return result;
+  }
+  // Hold back the longest suffix that is a proper prefix of a stop string.
+  size_t hold = 0;
+  for (const std::string& stop : stops_) {
+    const size_t longest = std::min(stop.size() - 1, held_.size());
+    for (size_t len = longest; len > hold; --len) {
+      if (std::string_view(held_).substr(held_.size() - len) ==
+          std::string_view(stop).substr(0, len)) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  const size_t emit_size = held_.size() - hold -
+                           IncompleteUtf8Tail(std::string_view(held_).substr(
+                               0, held_.size() - hold));
+  result.emit = held_.substr(0, emit_size);
+  held_.erase(0, emit_size);
+  return result;
+}
+
+std::string StopStringMatcher::Flush() {
+  std::string rest;
+  rest.swap(held_);
+  return rest;
+}
+
+}  // namespace moh

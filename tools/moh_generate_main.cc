@@ -1,0 +1,138 @@
+// moh-generate: in-process generation with a MoH language model directory.
+// Streams the continuation to stdout, then prints finish reason, usage, the
+// effective activation ratio and (with --routing) the per-layer head load.
+//
+//   moh-generate --model_dir=DIR --prompt="Once upon a time" --ratio=0.5
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "base/log.h"
+#include "model/generation/generator.h"
+#include "model/generation/language_model.h"
+
+ABSL_FLAG(std::string, model_dir, "",
+          "Model directory (config.json, weights, tokenizer.json)");
+ABSL_FLAG(std::string, prompt, "Once upon a time", "Prompt text");
+ABSL_FLAG(float, ratio, 0.0f,
+          "Activation ratio in (0, 1]; 0 = the model's default");
+ABSL_FLAG(int32_t, max_new_tokens, 32, "Tokens to generate");
+ABSL_FLAG(float, temperature, 0.0f, "Sampling temperature; 0 = greedy");
+ABSL_FLAG(int32_t, top_k, 0, "Top-k sampling; 0 = off");
+ABSL_FLAG(float, top_p, 1.0f, "Nucleus sampling in (0, 1]; 1 = off");
+ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random");
+ABSL_FLAG(float, repetition_penalty, 1.0f, "Repetition penalty; 1 = off");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings");
+ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
+ABSL_FLAG(int32_t, threads, 0,
+          "LibTorch intra-op threads; 0 = the default (see model/runtime.h)");
+ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
+ABSL_FLAG(int32_t, batch, 1,
+          "Generate this many copies of the request in one batch (throughput "
+          "measurement; only the first is printed)");
+ABSL_FLAG(int32_t, repeat, 1, "Run the whole generation this many times");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Generates text with a MoH language model, in process.");
+  absl::ParseCommandLine(argc, argv);
+  const std::string dir = absl::GetFlag(FLAGS_model_dir);
+  if (dir.empty()) {
+    std::cerr << "moh-generate: --model_dir is required\n";
+    return 2;
+  }
+  moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
+  const auto load_start = std::chrono::steady_clock::now();
+  auto lm = moh::LanguageModel::Load(
+      dir, moh::DeviceOptions{absl::GetFlag(FLAGS_device),
+                              absl::GetFlag(FLAGS_dtype)});
+  if (!lm.ok()) {
+    std::cerr << "moh-generate: " << lm.status().message() << "\n";
+    return 1;
+  }
+  if (lm->tokenizer == nullptr) {
+    std::cerr << "moh-generate: " << dir << " has no tokenizer.json\n";
+    return 1;
+  }
+  const double load_s = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - load_start)
+                            .count();
+  const moh::LlamaConfig& config = lm->model->config();
+  MOH_LOG(Info) << absl::StrFormat(
+      "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "
+      "%.3f",
+      dir, load_s, config.num_layers, config.num_heads,
+      moh::RouterKindName(config.moh.router), config.moh.DefaultRatio());
+
+  moh::GenerationRequest request;
+  request.prompt_ids = lm->tokenizer->Encode(absl::GetFlag(FLAGS_prompt), true);
+  request.ratio = absl::GetFlag(FLAGS_ratio);
+  request.sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  request.sampling.temperature = absl::GetFlag(FLAGS_temperature);
+  request.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  request.sampling.top_p = absl::GetFlag(FLAGS_top_p);
+  request.sampling.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+  request.sampling.stop = absl::GetFlag(FLAGS_stop);
+  if (absl::GetFlag(FLAGS_seed) >= 0)
+    request.sampling.seed = absl::GetFlag(FLAGS_seed);
+
+  moh::Generator generator(*lm->model, lm->tokenizer.get(), lm->eos_ids);
+  const int32_t batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  const int32_t repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  const std::vector<moh::GenerationRequest> requests(batch, request);
+  std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
+  absl::StatusOr<std::vector<moh::GenerationResult>> results;
+  int64_t total_tokens = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int32_t i = 0; i < repeat; ++i) {
+    results = generator.Generate(
+        requests, [i](size_t row, const moh::GenerationChunk& chunk) {
+          if (i == 0 && row == 0) std::cout << chunk.text << std::flush;
+        });
+    if (!results.ok()) break;
+    for (const moh::GenerationResult& r : *results) {
+      total_tokens += r.token_ids.size();
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  std::cout << "\n";
+  if (!results.ok()) {
+    std::cerr << "moh-generate: " << results.status().message() << "\n";
+    return 1;
+  }
+  if (batch > 1 || repeat > 1) {
+    std::fprintf(stderr,
+                 "batch=%d repeat=%d generated_tokens=%lld time=%.3fs "
+                 "tokens_per_s=%.2f\n",
+                 batch, repeat, static_cast<long long>(total_tokens), seconds,
+                 total_tokens / std::max(seconds, 1e-9));
+  }
+  const moh::GenerationResult& r = (*results)[0];
+  std::fprintf(stderr,
+               "finish_reason=%s prompt_tokens=%d completion_tokens=%zu "
+               "effective_ratio=%.4f time=%.3fs (%.1f tokens/s)\n",
+               moh::FinishReasonName(r.finish_reason), r.prompt_tokens,
+               r.token_ids.size(), r.effective_ratio, seconds / repeat,
+               r.token_ids.size() * repeat / std::max(seconds, 1e-9));
+  if (absl::GetFlag(FLAGS_routing)) {
+    const at::Tensor counts = r.head_token_counts;  // [L, H]
+    std::fprintf(stderr,
+                 "tokens served per head (rows: layers, columns: heads)\n");
+    for (int64_t l = 0; l < counts.size(0); ++l) {
+      std::fprintf(stderr, "layer %3lld:", static_cast<long long>(l));
+      for (int64_t h = 0; h < counts.size(1); ++h) {
+        std::fprintf(stderr, " %5lld",
+                     static_cast<long long>(counts[l][h].item<int64_t>()));
+      }
+      std::fprintf(stderr, "\n");
+    }
+  }
+  return 0;
+}
