@@ -70,14 +70,8 @@ LanguageServable::~LanguageServable() {
 }
 
 absl::Status LanguageServable::Warmup() const {
-  KvCache cache = lm_.model->CreateKvCache(1, 8);
-  DecoderBatch batch;
-  batch.token_ids = at::zeros({1, 4}, at::kLong);
-  batch.num_tokens = {4};
-  batch.slots = {0};
-  batch.start_positions = {0};
-  batch.ratios = {0.0f};
-  return lm_.model->Forward(batch, cache).status();
+  const Activation trained = Activation::AtRatio(lm_.model->config().moh, 0);
+  return moh::ScoreLabels(*lm_.model, {0, 0, 0}, {{0}}, trained).status();
 }
 
 void LanguageServable::Describe(v1::ModelInfo* info) const {
@@ -140,19 +134,10 @@ absl::Status LanguageServable::Classify(ClassifyCall call, ClassifyDone done) {
 
 absl::StatusOr<ClassifyTask> LanguageServable::Prepare(
     ClassifyCall& call) const {
-  const int inputs =
-      call.image.has_value() + call.pixels.has_value() + call.text.has_value();
-  if (inputs != 1) {
-    return absl::InvalidArgumentError(
-        "image, pixels or text: exactly one must be set");
-  }
-  if (call.top_n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_n must be >= 0 (0 = default), got ", call.top_n));
-  }
+  MOH_RETURN_IF_ERROR(CheckClassifyCall(call));
   if (!call.text) {
     return NotServedError(call.image ? "image" : "pixels", name(), family(),
-                          Task::kClassifyImage, "send text and labels");
+                          "Classify of an image", "send text and labels");
   }
   const LlamaConfig& c = lm_.model->config();
   if (call.labels.empty() || call.labels.size() > kMaxLabels) {

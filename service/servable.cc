@@ -8,18 +8,6 @@ Task TaskOf(const ClassifyCall& call) {
   return call.text.has_value() ? Task::kClassifyText : Task::kClassifyImage;
 }
 
-const char* TaskName(Task task) {
-  switch (task) {
-    case Task::kGenerate:
-      return "Generate";
-    case Task::kClassifyImage:
-      return "Classify of an image";
-    case Task::kClassifyText:
-      return "Classify of a text";
-  }
-  return "this request";
-}
-
 void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info) {
   info->set_router(RouterKindName(moh.router));
   for (const MohLayerConfig& layer : moh.layers) {
@@ -34,23 +22,40 @@ void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info) {
 }
 
 absl::Status NotServedError(absl::string_view field, absl::string_view model,
-                            absl::string_view family, Task task,
+                            absl::string_view family, absl::string_view asked,
                             absl::string_view instead) {
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": model '", model, "' (", family,
-                   ") does not serve ", TaskName(task), "; ", instead));
+                   ") does not serve ", asked, "; ", instead));
+}
+
+absl::Status CheckClassifyCall(const ClassifyCall& call) {
+  const int inputs =
+      call.image.has_value() + call.pixels.has_value() + call.text.has_value();
+  if (inputs != 1) {
+    return absl::InvalidArgumentError(
+        "image, pixels or text: exactly one must be set");
+  }
+  if (call.top_n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_n must be >= 0 (0 = default), got ", call.top_n));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Servable::Generate(
     GenerateCall, std::shared_ptr<GenerationObserver>) {
-  return NotServedError("model", name_, family_, Task::kGenerate,
+  return NotServedError("model", name_, family_, "Generate",
                         "choose a language model");
 }
 
 void Servable::CancelGenerate(uint64_t) {}
 
 absl::Status Servable::Classify(ClassifyCall call, ClassifyDone) {
-  return NotServedError("model", name_, family_, TaskOf(call),
+  return NotServedError("model", name_, family_,
+                        TaskOf(call) == Task::kClassifyText
+                            ? "Classify of a text"
+                            : "Classify of an image",
                         "choose a classifier");
 }
 

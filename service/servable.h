@@ -73,7 +73,6 @@ using ClassifyDone = std::function<void(absl::StatusOr<ClassifyResult>)>;
 // finds a model that serves it.
 enum class Task { kGenerate, kClassifyImage, kClassifyText };
 Task TaskOf(const ClassifyCall& call);
-const char* TaskName(Task task);  // "Generate", "Classify an image", ...
 
 class Servable {
  public:
@@ -117,10 +116,15 @@ class Servable {
 void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info);
 
 // The one status for a request a model's family does not serve:
-// INVALID_ARGUMENT naming `field` (the request field that chose it), the
-// model and what its family serves instead.
+// INVALID_ARGUMENT naming `field` (the request field that chose the model or
+// the input), the model, what it was asked (`asked`, e.g. "Generate") and what
+// to do `instead`.
 absl::Status NotServedError(absl::string_view field, absl::string_view model,
-                            absl::string_view family, Task task,
+                            absl::string_view family, absl::string_view asked,
                             absl::string_view instead);
+
+// Classify's input fields: exactly one input, top_n >= 0. INVALID_ARGUMENT
+// naming the field.
+absl::Status CheckClassifyCall(const ClassifyCall& call);
 
 }  // namespace moh

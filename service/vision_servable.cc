@@ -62,18 +62,9 @@ absl::Status VisionServable::Classify(ClassifyCall call, ClassifyDone done) {
 }
 
 absl::StatusOr<ClassifyTask> VisionServable::Prepare(ClassifyCall& call) const {
-  const int inputs =
-      call.image.has_value() + call.pixels.has_value() + call.text.has_value();
-  if (inputs != 1) {
-    return absl::InvalidArgumentError(
-        "image, pixels or text: exactly one must be set");
-  }
-  if (call.top_n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_n must be >= 0 (0 = default), got ", call.top_n));
-  }
+  MOH_RETURN_IF_ERROR(CheckClassifyCall(call));
   if (call.text) {
-    return NotServedError("text", name(), family(), Task::kClassifyText,
+    return NotServedError("text", name(), family(), "Classify of a text",
                           "send image or pixels");
   }
   if (!call.labels.empty()) {

@@ -16,12 +16,16 @@ const absl::Time kT0 = absl::FromUnixSeconds(1000);
 PlannedWork Work(int32_t prompt_len, int32_t max_outputs,
                  absl::Time deadline = absl::InfiniteFuture(),
                  bool can_lower = false) {
-  PlannedWork work;
-  work.prompt_len = prompt_len;
-  work.max_outputs = max_outputs;
-  work.deadline = deadline;
-  work.can_lower = can_lower;
-  return work;
+  return PlannedWork{prompt_len, max_outputs, deadline, can_lower};
+}
+
+// The one request a plan ends: `id`, whether it held a slot, its status code.
+void ExpectEnded(const StepPlan& plan, uint64_t id, bool was_running,
+                 absl::StatusCode code) {
+  ASSERT_EQ(plan.ended.size(), 1u);
+  EXPECT_EQ(plan.ended[0].id, id);
+  EXPECT_EQ(plan.ended[0].was_running, was_running);
+  EXPECT_EQ(plan.ended[0].status.code(), code);
 }
 
 StepPlannerOptions Options(int32_t max_running, int32_t budget = 512,
@@ -104,19 +108,13 @@ TEST(StepPlannerTest, DeadlinesEndQueuedAndRunningRequests) {
   planner.Update(plan, model.Run(plan));
   // Request 2 waits past its deadline: it leaves without being computed.
   plan = planner.Schedule(kT0 + absl::Seconds(3));
-  ASSERT_EQ(plan.ended.size(), 1u);
-  EXPECT_EQ(plan.ended[0].id, 2u);
-  EXPECT_FALSE(plan.ended[0].was_running);
-  EXPECT_EQ(plan.ended[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  ExpectEnded(plan, 2, false, absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(plan.ended[0].status.message().find("waiting in the queue"),
             absl::string_view::npos);
   planner.Update(plan, model.Run(plan));
   // Request 1's deadline passes while it generates: it leaves before the step.
   plan = planner.Schedule(kT0 + absl::Seconds(5));
-  ASSERT_EQ(plan.ended.size(), 1u);
-  EXPECT_EQ(plan.ended[0].id, 1u);
-  EXPECT_TRUE(plan.ended[0].was_running);
-  EXPECT_EQ(plan.ended[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  ExpectEnded(plan, 1, true, absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(plan.rows.empty());
   EXPECT_TRUE(planner.idle());
 }
