@@ -96,6 +96,18 @@ float RatioArg(const benchmark::State& state) {
   return state.range(0) / 1000.0f;
 }
 
+// Times Forward of `batch`, which computes `tokens` tokens per call.
+void RunForward(benchmark::State& state, const LlamaModel& model,
+                const DecoderBatch& batch, KvCache& cache, int64_t tokens) {
+  for (auto _ : state) {
+    auto out = model.Forward(batch, cache);
+    benchmark::DoNotOptimize(out);
+  }
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(tokens),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void Prefill(benchmark::State& state, const Shape& shape, int64_t prompt) {
   const LlamaModel& model = Model(shape, state);
   KvCache cache = model.CreateKvCache(1, prompt);
@@ -105,13 +117,7 @@ void Prefill(benchmark::State& state, const Shape& shape, int64_t prompt) {
   batch.slots = {0};
   batch.start_positions = {0};
   batch.ratios = {RatioArg(state)};
-  for (auto _ : state) {
-    auto out = model.Forward(batch, cache);
-    benchmark::DoNotOptimize(out);
-  }
-  state.counters["tokens/s"] =
-      benchmark::Counter(static_cast<double>(prompt),
-                         benchmark::Counter::kIsIterationInvariantRate);
+  RunForward(state, model, batch, cache, prompt);
 }
 
 void Decode(benchmark::State& state, const Shape& shape) {
@@ -125,13 +131,7 @@ void Decode(benchmark::State& state, const Shape& shape) {
     batch.start_positions.push_back(kPrompt);
     batch.ratios.push_back(RatioArg(state));
   }
-  for (auto _ : state) {
-    auto out = model.Forward(batch, cache);
-    benchmark::DoNotOptimize(out);
-  }
-  state.counters["tokens/s"] =
-      benchmark::Counter(static_cast<double>(kDecodeRows),
-                         benchmark::Counter::kIsIterationInvariantRate);
+  RunForward(state, model, batch, cache, kDecodeRows);
 }
 
 // Ratios in thousandths (0.5 ... 1.0) x {dense, head-sparse}.

@@ -36,18 +36,6 @@ absl::StatusOr<std::unique_ptr<Servable>> LoadServable(
 
 }  // namespace
 
-const char* HostedModelStateName(HostedModel::State state) {
-  switch (state) {
-    case HostedModel::State::kLoading:
-      return "LOADING";
-    case HostedModel::State::kReady:
-      return "READY";
-    case HostedModel::State::kFailed:
-      return "FAILED";
-  }
-  return "UNKNOWN";
-}
-
 HostedModel::HostedModel(v1::ModelConfig config, Metrics* metrics)
     : config_(std::move(config)), metrics_(metrics) {}
 

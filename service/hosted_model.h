@@ -59,6 +59,4 @@ class HostedModel {
   std::string device_, dtype_;
 };
 
-const char* HostedModelStateName(HostedModel::State state);
-
 }  // namespace moh

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <utility>
 
+#include "base/enum_names.h"
 #include "service/process_collector.h"
 
 namespace moh {
@@ -88,25 +89,13 @@ auto& Register(Builder builder, const char* name, const char* help,
 }  // namespace
 
 const char* RpcName(Rpc rpc) {
-  switch (rpc) {
-    case Rpc::kGenerate:
-      return "Generate";
-    case Rpc::kClassify:
-      return "Classify";
-  }
-  return "Unknown";
+  static constexpr const char* kNames[] = {"Generate", "Classify"};
+  return EnumName(rpc, kNames);
 }
 
 const char* BatchKindName(BatchKind kind) {
-  switch (kind) {
-    case BatchKind::kPrefill:
-      return "prefill";
-    case BatchKind::kDecode:
-      return "decode";
-    case BatchKind::kClassify:
-      return "classify";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"prefill", "decode", "classify"};
+  return EnumName(kind, kNames);
 }
 
 struct Metrics::Families {

@@ -12,6 +12,7 @@ official MoH-ViT code (attention.py 58-63, engine.py 44):
 It is collected by a forward hook on each `wg` (the router's logits), so the forward
 itself is exactly the one the serving tests compare against.
 """
+import argparse
 import json
 import os
 import random
@@ -95,6 +96,24 @@ def write_json(path, obj, indent=2):
                       .replace("[ ", "[").replace(" ]", "]"), text)
     with open(path, "w") as f:
         f.write(text + "\n")
+
+
+def save_metadata(out, meta, stats):
+    """metadata.json of a demo model: `meta` with the training `stats`."""
+    meta.update(stats)
+    write_json(os.path.join(out, "metadata.json"), meta)
+    return meta
+
+
+def start(doc, default_out, option, default, seed):
+    """Parses a recipe's flags (--out, and its length `option`), seeds and
+    pins torch; returns (args, clock)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(REPO, "models", default_out))
+    parser.add_argument(option, type=int, default=default)
+    args = parser.parse_args()
+    setup(seed, threads=1)
+    return args, Clock()
 
 
 def rounded(values, digits=6):

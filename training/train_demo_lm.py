@@ -26,7 +26,6 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see demo_common.setup
 
-import argparse
 import math
 import re
 import subprocess
@@ -314,18 +313,11 @@ def write_outputs(out, model, encoder, train_text, held_text, held_windows, stat
         "chunks_python_bits_per_byte": python_bpb,
         "seed": SEED,
     }
-    meta.update(stats)
-    dc.write_json(os.path.join(out, "metadata.json"), meta)
-    return meta
+    return dc.save_metadata(out, meta, stats)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(dc.REPO, "models", "demo-lm"))
-    parser.add_argument("--steps", type=int, default=1600)
-    args = parser.parse_args()
-    dc.setup(SEED, threads=1)
-    clock = dc.Clock()
+    args, clock = dc.start(__doc__, "demo-lm", "--steps", 1600, SEED)
     chapters = read_kjv()
     train_ch, held_ch = split_chapters(chapters)
     train_text, held_text = "".join(train_ch), "".join(held_ch)

@@ -23,7 +23,6 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see demo_common.setup
 
-import argparse
 import gzip
 import struct
 import time
@@ -208,18 +207,11 @@ def write_outputs(out, model, config, x_test, values_test, y_test, stats):
         "samples": samples,
         "seed": SEED,
     }
-    meta.update(stats)
-    dc.write_json(os.path.join(out, "metadata.json"), meta)
-    return meta
+    return dc.save_metadata(out, meta, stats)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(dc.REPO, "models", "demo-vit"))
-    parser.add_argument("--epochs", type=int, default=150)
-    args = parser.parse_args()
-    dc.setup(SEED, threads=1)
-    clock = dc.Clock()
+    args, clock = dc.start(__doc__, "demo-vit", "--epochs", 150, SEED)
     values, labels = load_digits()
     idx_train, idx_test = split(values, labels)
     x_train, y_train = pixels(values[idx_train]), labels[idx_train]

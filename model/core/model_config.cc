@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/enum_names.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -336,15 +337,8 @@ absl::StatusOr<VitConfig> ParseVit(const ConfigReader& r) {
 }  // namespace
 
 const char* RouterKindName(RouterKind kind) {
-  switch (kind) {
-    case RouterKind::kDense:
-      return "dense";
-    case RouterKind::kLearned:
-      return "learned";
-    case RouterKind::kQueryNorm:
-      return "query_norm";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"dense", "learned", "query_norm"};
+  return EnumName(kind, kNames);
 }
 
 int32_t MohLayerConfig::TopKForRatio(float ratio) const {

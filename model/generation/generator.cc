@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/enum_names.h"
 #include "base/status_macros.h"
 
 namespace moh {
@@ -25,17 +26,9 @@ struct Row {
 }  // namespace
 
 const char* FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kLength:
-      return "LENGTH";
-    case FinishReason::kStop:
-      return "STOP";
-    case FinishReason::kEos:
-      return "EOS";
-    case FinishReason::kCancelled:
-      return "CANCELLED";
-  }
-  return "UNKNOWN";
+  static constexpr const char* kNames[] = {"LENGTH", "STOP", "EOS",
+                                           "CANCELLED"};
+  return EnumName(reason, kNames);
 }
 
 SequenceOutput::SequenceOutput(const SamplingParams& sampling,
