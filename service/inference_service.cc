@@ -6,6 +6,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/abbreviate.h"
 #include "base/log.h"
 #include "service/grpc_status.h"
 
@@ -39,7 +40,7 @@ void RecordRequest(ModelMetrics* metrics, Rpc rpc, absl::string_view model,
                    absl::StatusCode code, absl::Time start) {
   const absl::Duration duration = absl::Now() - start;
   if (metrics != nullptr) metrics->RequestFinished(rpc, code, duration);
-  MOH_LOG(Debug) << RpcName(rpc) << " model=" << model
+  MOH_LOG(Debug) << RpcName(rpc) << " model=" << Abbreviate(model)
                  << " code=" << absl::StatusCodeToString(code)
                  << " duration=" << duration;
 }

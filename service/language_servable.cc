@@ -109,8 +109,13 @@ absl::StatusOr<uint64_t> LanguageServable::Generate(
     job.prompt_ids = std::move(*call.token_ids);
   }
   job.sampling = std::move(call.sampling);
-  job.sampling.max_new_tokens =
-      call.max_new_tokens.value_or(default_max_new_tokens_);
+  // Unset: the configured default, clamped to what the context leaves after
+  // the prompt (a prompt too long for any output is refused by Submit).
+  const int32_t room =
+      scheduler_->max_seq_len() - static_cast<int32_t>(std::min<size_t>(
+                                      job.prompt_ids.size(), INT32_MAX / 2));
+  job.sampling.max_new_tokens = call.max_new_tokens.value_or(
+      std::max(1, std::min(default_max_new_tokens_, room)));
   job.ratio = call.ratio;
   job.min_ratio = call.min_ratio;
   job.deadline = call.deadline;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/abbreviate.h"
 
 namespace moh {
 
@@ -50,7 +51,7 @@ absl::StatusOr<HostedModel*> ModelManager::Find(absl::string_view name,
   std::vector<std::string> names;
   for (const auto& model : models_) names.push_back(model->name());
   return absl::NotFoundError(absl::StrCat(
-      "model '", name,
+      "model '", Abbreviate(name),
       "' is not served here; models: ", absl::StrJoin(names, ", ")));
 }
 

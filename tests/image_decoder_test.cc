@@ -88,5 +88,36 @@ TEST(ImageDecoderTest, RejectsBadInputNamingTheField) {
   EXPECT_FALSE(DecodeImage(png, 3, 4).ok());
 }
 
+TEST(ImageDecoderTest, OnlyPngAndJpegSignaturesAreDecoded) {
+  // A valid 1x1 GIF: the decoder knows GIF, the API does not promise it.
+  const std::string gif(
+      "GIF89a\x01\x00\x01\x00\x80\x00\x00\xff\xff\xff\x00\x00\x00!\xf9"
+      "\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02"
+      "\x02"
+      "D\x01\x00;",
+      43);
+  auto image = DecodeImage(gif, 3, 1);
+  ASSERT_FALSE(image.ok());
+  EXPECT_THAT(std::string(image.status().message()),
+              HasSubstr("image must be an encoded PNG or JPEG"));
+}
+
+TEST(ImageDecoderTest, RefusesMorePixelsThanTheLimitBeforeDecoding) {
+  std::string png = Png(
+      4, 4, [](int, int) { return 0; }, [](int, int) { return 0; },
+      [](int, int) { return 0; });
+  // IHDR's width and height (bytes 16..23) say 5000 x 5000 (25 M pixels).
+  for (int offset : {16, 20}) {
+    png[offset] = 0;
+    png[offset + 1] = 0;
+    png[offset + 2] = 0x13;
+    png[offset + 3] = static_cast<char>(0x88);
+  }
+  auto image = DecodeImage(png, 3, 4);
+  ASSERT_FALSE(image.ok());
+  EXPECT_THAT(std::string(image.status().message()),
+              HasSubstr("at most 16777216 pixels, got 5000x5000"));
+}
+
 }  // namespace
 }  // namespace moh

@@ -558,6 +558,33 @@ TEST(TokenizerErrorTest, MalformedContentNamesTheField) {
   ExpectLoadError(kByteLevel, [](J& j) { j = J::array(); }, {"JSON object"});
 }
 
+TEST(TokenizerErrorTest, DeeplyNestedSequencesAreRefusedNotRecursed) {
+  // 100000 Sequences in Sequences would exhaust the loader's stack.
+  const int depth = 100000;
+  std::string nested;
+  for (int i = 0; i < depth; ++i) {
+    nested += R"({"type":"Sequence","normalizers":[)";
+  }
+  nested += R"({"type":"Lowercase"})";
+  for (int i = 0; i < depth; ++i) nested += "]}";
+  nlohmann::json j = ReadJson(kMetaspace);
+  j.erase("normalizer");
+  const std::string text = j.dump();
+  const std::string with_nesting =
+      R"({"normalizer":)" + nested + "," + text.substr(1);
+  auto tok = Tokenizer::FromJson(with_nesting, "nested.json");
+  ASSERT_FALSE(tok.ok());
+  EXPECT_THAT(std::string(tok.status().message()),
+              HasSubstr("may nest at most 16 deep"));
+  // Two levels, as real files have, still load.
+  auto two = LoadEdited(kMetaspace, [](nlohmann::json& j) {
+    j["normalizer"] = nlohmann::json::parse(
+        R"({"type":"Sequence","normalizers":[{"type":"Sequence",)"
+        R"("normalizers":[{"type":"Prepend","prepend":"x"}]}]})");
+  });
+  EXPECT_TRUE(two.ok()) << two.status();
+}
+
 TEST(TokenizerErrorTest, FilesThatCannotBeReadOrParsed) {
   const std::string missing = TestdataPath("tokenizer_does_not_exist.json");
   auto tok = Tokenizer::FromFile(missing);

@@ -132,11 +132,25 @@ absl::Status LoadAddedTokens(const json& root, TokenizerPipeline* impl) {
   return absl::OkStatus();
 }
 
+// Sequence steps may hold Sequences: at most kMaxNesting deep (real files
+// nest one or two), so that a hostile file cannot exhaust the loader's stack.
+// Each level adds one "[i]" to the path `where`.
+constexpr int kMaxNesting = 16;
+
+absl::Status CheckNesting(const std::string& where) {
+  if (std::count(where.begin(), where.end(), '[') < kMaxNesting) {
+    return absl::OkStatus();
+  }
+  return Invalid(
+      where, absl::StrCat("Sequences may nest at most ", kMaxNesting, " deep"));
+}
+
 absl::Status LoadNormalizer(const json& n, const std::string& where,
                             TokenizerPipeline* impl) {
   MOH_ASSIGN_OR_RETURN(const std::string type, GetString(n, "type", where));
   NormalizerStep step;
   if (type == "Sequence") {
+    MOH_RETURN_IF_ERROR(CheckNesting(where));
     return ForEach(n, "normalizers", where,
                    [impl](const json& e, const std::string& w) {
                      return LoadNormalizer(e, w, impl);
@@ -176,6 +190,7 @@ absl::Status LoadPreTokenizer(const json& p, const std::string& where,
   MOH_ASSIGN_OR_RETURN(const std::string type, GetString(p, "type", where));
   PreTokenizerStep step;
   if (type == "Sequence") {
+    MOH_RETURN_IF_ERROR(CheckNesting(where));
     return ForEach(p, "pretokenizers", where,
                    [impl](const json& e, const std::string& w) {
                      return LoadPreTokenizer(e, w, impl);
@@ -262,6 +277,7 @@ absl::Status LoadPostProcessor(const json& p, const std::string& where,
                                TokenizerPipeline* impl) {
   MOH_ASSIGN_OR_RETURN(const std::string type, GetString(p, "type", where));
   if (type == "Sequence") {
+    MOH_RETURN_IF_ERROR(CheckNesting(where));
     return ForEach(p, "processors", where,
                    [impl](const json& e, const std::string& w) {
                      return LoadPostProcessor(e, w, impl);
@@ -278,6 +294,7 @@ absl::Status LoadDecoder(const json& d, const std::string& where, int* phase,
                          DecoderSpec* spec) {
   MOH_ASSIGN_OR_RETURN(const std::string type, GetString(d, "type", where));
   if (type == "Sequence") {
+    MOH_RETURN_IF_ERROR(CheckNesting(where));
     return ForEach(d, "decoders", where,
                    [&](const json& e, const std::string& w) {
                      return LoadDecoder(e, w, phase, spec);

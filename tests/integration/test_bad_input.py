@@ -15,6 +15,15 @@ import moh_testlib as lib
 NAN = float("nan")
 PIXELS_OK = dict(shape=[3, 16, 16], data=[0.5] * 768)
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+# Valid 1x1 images in formats the API does not promise (only PNG and JPEG).
+GIF_1X1 = (b"GIF89a\x01\x00\x01\x00\x80\x00\x00\xff\xff\xff\x00\x00\x00"
+           b"!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01"
+           b"\x00\x00\x02\x02D\x01\x00;")
+BMP_1X1 = (b"BM" + (58).to_bytes(4, "little") + bytes(4) +
+           (54).to_bytes(4, "little") + (40).to_bytes(4, "little") +
+           (1).to_bytes(4, "little") + (1).to_bytes(4, "little") +
+           (1).to_bytes(2, "little") + (24).to_bytes(2, "little") + bytes(4) +
+           (4).to_bytes(4, "little") + bytes(16) + b"\x00\x00\xff\x00")
 
 
 def G(**kwargs):
@@ -92,12 +101,16 @@ CASES = [
     # Generate: the model.
     ("generate_unknown_model", G(prompt="hi", model="no-such-model"),
      grpc.StatusCode.NOT_FOUND, ["no-such-model", "demo-lm"]),
+    ("generate_huge_model_name", G(prompt="hi", model="m" * 100000),
+     grpc.StatusCode.NOT_FOUND, ["mmm... (100000 bytes)", "demo-lm"]),
     ("generate_on_vit", G(prompt="hi", model="demo-vit"), INVALID,
      ["model", "demo-vit"]),
     # Classify: images and pixels.
     ("image_corrupt", C(image=b"\x89PNG\r\n\x1a\n not really a png"), INVALID,
      ["image"]),
     ("image_garbage", C(image=b"hello world"), INVALID, ["image"]),
+    ("image_gif", C(image=GIF_1X1), INVALID, ["image", "PNG or JPEG"]),
+    ("image_bmp", C(image=BMP_1X1), INVALID, ["image", "PNG or JPEG"]),
     ("image_truncated_png", "truncated_png", INVALID, ["image"]),
     ("pixels_wrong_shape", C(pixels=dict(shape=[3, 8, 8], data=[0.5] * 192)),
      INVALID, ["pixels.shape", "[3, 16, 16]"]),
@@ -216,3 +229,11 @@ def test_bad_requests_do_not_disturb_a_running_stream(api, stub):
     assert all(errors)
     assert list(first.token_ids) + lib.token_ids_of(rest) == alone
     assert rest[-1].usage.completion_tokens == len(alone)
+
+
+def test_echoed_client_text_is_cut_short(api, stub):
+    _, request = build(api, G(prompt="hi", model="\u00e9" * 50000))
+    error = lib.rpc_error(call, stub, "Generate", request)
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert len(error.details()) < 400, len(error.details())
+    assert "(100000 bytes)" in error.details()  # whole characters kept

@@ -207,3 +207,17 @@ def test_adaptive_min_ratio_without_load_keeps_the_ratio(api, stub):
     messages = lib.run_generate(stub, request)
     check_golden_stream(api, case, messages)
     assert messages[-1].activation_ratio == pytest.approx(1.0)
+
+
+def test_unset_max_new_tokens_fits_what_the_context_leaves(api, stub):
+    # demo-lm: max_seq_len 256, default max_new_tokens 64. A 250-token prompt
+    # leaves room for 6: an unset max_new_tokens is clamped, not refused.
+    request = lib.generate_request(api.pb, model="demo-lm",
+                                   token_ids=[5] * 250)
+    request.sampling.ClearField("max_new_tokens")
+    messages = lib.run_generate(stub, request)
+    assert 1 <= messages[-1].usage.completion_tokens <= 6
+    # Set explicitly, the same length is still refused, naming the field.
+    request.sampling.max_new_tokens = 64
+    error = lib.rpc_error(lib.run_generate, stub, request)
+    assert "sampling.max_new_tokens" in error.details()
