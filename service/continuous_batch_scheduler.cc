@@ -51,9 +51,9 @@ class LanguageExecutor : public StepExecutor<Sequence> {
 
   absl::Status Run(const std::vector<PlannedRow>& rows,
                    const std::vector<Sequence*>& seqs,
-                   std::vector<bool>* finished) override {
+                   std::vector<RowOutcome>* outcomes) override {
     try {
-      return RunUnchecked(rows, seqs, finished);
+      return RunUnchecked(rows, seqs, outcomes);
     } catch (const std::exception& e) {
       return absl::InternalError(e.what());
     }
@@ -78,7 +78,7 @@ class LanguageExecutor : public StepExecutor<Sequence> {
  private:
   absl::Status RunUnchecked(const std::vector<PlannedRow>& rows,
                             const std::vector<Sequence*>& seqs,
-                            std::vector<bool>* finished) {
+                            std::vector<RowOutcome>* outcomes) {
     MOH_ASSIGN_OR_RETURN(DecoderOutput out,
                          model_.Forward(BuildBatch(rows, seqs), cache_));
     const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
@@ -98,8 +98,9 @@ class LanguageExecutor : public StepExecutor<Sequence> {
         metrics_->PromptTokens(rows[b].num_tokens);
       }
       if (!rows[b].emits) continue;  // mid-prompt chunk
-      MOH_RETURN_IF_ERROR(SampleAndEmit(seq, logits[b]));
-      (*finished)[b] = seq.output->finish_reason().has_value();
+      // A row that cannot sample or decode fails alone; its batch goes on.
+      (*outcomes)[b].error = SampleAndEmit(seq, logits[b]);
+      (*outcomes)[b].finished = seq.output->finish_reason().has_value();
     }
     return absl::OkStatus();
   }

@@ -46,6 +46,12 @@ enum class EndKind {
   kFailed,     // deadline, model error, shutdown: see the status
 };
 
+// What one row of a step came to.
+struct RowOutcome {
+  bool finished = false;  // the request produced its last output
+  absl::Status error;     // this row failed: its request alone ends with it
+};
+
 // What a model family does with the plans of its loop. Runs on the loop
 // thread only.
 template <typename Request>
@@ -55,12 +61,12 @@ class StepExecutor {
   // A queued request took a slot (`admitted.lowered`: at its activation
   // floor).
   virtual void Admit(Request& request, const AdmittedRequest& admitted) = 0;
-  // Computes one step: rows[i] belongs to *requests[i]. Sets (*finished)[i]
-  // when that request produced its last output. An error fails every request
-  // of the step; the loop and the other requests go on.
+  // Computes one step: rows[i] belongs to *requests[i]; (*outcomes)[i] says
+  // what became of it. A returned error (the model's forward failed) fails
+  // every request of the step; the loop and the other requests go on.
   virtual absl::Status Run(const std::vector<PlannedRow>& rows,
                            const std::vector<Request*>& requests,
-                           std::vector<bool>* finished) = 0;
+                           std::vector<RowOutcome>* outcomes) = 0;
   // The request leaves; called exactly once per submitted request.
   virtual void End(Request& request, EndKind kind,
                    const absl::Status& status) = 0;
@@ -232,8 +238,16 @@ class EngineLoop {
     for (const PlannedRow& row : plan.rows) {
       requests.push_back(requests_.at(row.id).get());
     }
-    std::vector<bool> finished(plan.rows.size(), false);
-    const absl::Status status = executor_->Run(plan.rows, requests, &finished);
+    std::vector<RowOutcome> outcomes(plan.rows.size());
+    const absl::Status status = executor_->Run(plan.rows, requests, &outcomes);
+    std::vector<bool> finished;
+    std::unordered_map<uint64_t, absl::Status> row_errors;
+    for (size_t i = 0; i < outcomes.size(); ++i) {
+      finished.push_back(outcomes[i].finished || !outcomes[i].error.ok());
+      if (!outcomes[i].error.ok()) {
+        row_errors[plan.rows[i].id] = outcomes[i].error;
+      }
+    }
     std::vector<uint64_t> done;
     {
       absl::MutexLock lock(&mu_);
@@ -242,7 +256,17 @@ class EngineLoop {
       for (uint64_t id : done) live_.erase(id);
     }
     if (status.ok()) {
-      for (uint64_t id : done) End(id, EndKind::kFinished, status);
+      for (uint64_t id : done) {
+        auto error = row_errors.find(id);
+        if (error == row_errors.end()) {
+          End(id, EndKind::kFinished, status);
+          continue;
+        }
+        // One failing row fails its request only; the batch goes on.
+        MOH_LOG(Warning) << "model " << options_.name
+                         << ": request failed: " << error->second.message();
+        End(id, EndKind::kFailed, error->second);
+      }
       return;
     }
     // Only this step's requests fail; the loop and the queue go on.

@@ -28,7 +28,8 @@ struct Outcome {
 
 struct FakeRequest {
   std::shared_ptr<Outcome> outcome = std::make_shared<Outcome>();
-  int32_t fail_at = -1;  // the output count at which a step fails
+  int32_t fail_at = -1;      // the output count at which a step fails
+  int32_t row_fail_at = -1;  // ... at which only this request's row fails
 };
 
 // Emits one output per row; a request finishes after its max_outputs. Each
@@ -56,7 +57,7 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
   }
   absl::Status Run(const std::vector<PlannedRow>& rows,
                    const std::vector<FakeRequest*>& requests,
-                   std::vector<bool>* finished) override {
+                   std::vector<RowOutcome>* outcomes) override {
     {
       absl::MutexLock lock(&mu_);
       waiting_ = true;
@@ -71,8 +72,12 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
       if (r.outputs == requests[i]->fail_at) {
         return absl::InternalError("fake failure");
       }
+      if (r.outputs == requests[i]->row_fail_at) {
+        (*outcomes)[i].error = absl::InvalidArgumentError("fake row failure");
+        continue;
+      }
       if (!rows[i].emits) continue;
-      (*finished)[i] = ++r.outputs == max_outputs_;
+      (*outcomes)[i].finished = ++r.outputs == max_outputs_;
     }
     return absl::OkStatus();
   }
@@ -198,6 +203,24 @@ TEST_F(EngineLoopTest, FailedStepFailsItsRequestsOnly) {
   EXPECT_EQ(bad->kind, EndKind::kFailed);
   EXPECT_EQ(bad->status.code(), absl::StatusCode::kInternal);
   EXPECT_NE(bad->status.message().find("fake failure"), std::string::npos);
+  EXPECT_EQ(good->kind, EndKind::kFinished);
+  EXPECT_EQ(good->outputs, kOutputs);
+}
+
+TEST_F(EngineLoopTest, FailedRowFailsItsRequestOnly) {
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  auto request = std::make_unique<FakeRequest>();
+  request->row_fail_at = 1;
+  auto bad = request->outcome;
+  PlannedWork work{4, kOutputs, absl::InfiniteFuture(), false};
+  ASSERT_TRUE(loop.Submit(work, std::move(request)).ok());
+  auto good = Submit(loop, absl::InfiniteFuture());
+  executor_.Allow(1 << 20);
+  bad->ended.WaitForNotification();
+  good->ended.WaitForNotification();
+  EXPECT_EQ(bad->kind, EndKind::kFailed);
+  EXPECT_EQ(bad->status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad->outputs, 1);
   EXPECT_EQ(good->kind, EndKind::kFinished);
   EXPECT_EQ(good->outputs, kOutputs);
 }

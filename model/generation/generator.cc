@@ -36,6 +36,7 @@ SequenceOutput::SequenceOutput(const SamplingParams& sampling,
                                const Tokenizer* tokenizer,
                                std::vector<int32_t> eos_ids)
     : max_new_tokens_(sampling.max_new_tokens),
+      vocab_limit_(tokenizer != nullptr ? tokenizer->vocab_size() : 0),
       eos_ids_(std::move(eos_ids)),
       sampler_(sampling),
       stop_matcher_(sampling.stop),
@@ -46,7 +47,11 @@ SequenceOutput::SequenceOutput(const SamplingParams& sampling,
 }
 
 absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
-  const int32_t token = sampler_.Sample(logits, history_);
+  // Rows beyond the tokenizer (released checkpoints often pad the embedding)
+  // are never sampled: every id streamed can be decoded.
+  const bool padded = vocab_limit_ > 0 && logits.size(-1) > vocab_limit_;
+  const int32_t token = sampler_.Sample(
+      padded ? logits.narrow(-1, 0, vocab_limit_) : logits, history_);
   history_.push_back(token);
   ++generated_;
   GenerationChunk chunk;

@@ -73,6 +73,8 @@ class SequenceOutput {
 
  private:
   const int32_t max_new_tokens_;
+  // Ids the tokenizer can decode: [0, vocab_limit_); 0 = no tokenizer.
+  const int32_t vocab_limit_;
   const std::vector<int32_t> eos_ids_;
   Sampler sampler_;
   StopStringMatcher stop_matcher_;

@@ -1,10 +1,14 @@
 """Hostile inputs through the real server (issue 13): a model directory built
 to crash the loader is a FAILED model with a reason, and the other models
-keep serving."""
+keep serving; a checkpoint whose vocabulary is padded beyond its tokenizer
+never streams an id the tokenizer cannot decode."""
+import json
 import os
 import shutil
+import struct
 
 import grpc
+import numpy as np
 
 import moh_testlib as lib
 
@@ -52,3 +56,73 @@ def test_deeply_nested_tokenizer_json_fails_its_model_only(
     request.pixels.shape.extend([3, 16, 16])
     request.pixels.data.extend([0.5] * 768)
     assert len(stub.Classify(request, timeout=lib.RPC_TIMEOUT).classes) == 5
+
+
+def _pad_vocabulary(src, dst, extra):
+    """A copy of the tied-embedding LM `src` whose embedding has `extra` rows
+    beyond the tokenizer, built to win every argmax: +-100 x random
+    directions."""
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    path = os.path.join(dst, "model.safetensors")
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    name = "model.embed_tokens.weight"
+    begin, end = header[name]["data_offsets"]
+    vocab, width = header[name]["shape"]
+    embed = np.frombuffer(data[begin:end], dtype="<f4").reshape(vocab, width)
+    directions = np.random.default_rng(7).standard_normal(
+        (extra // 2, width)).astype("<f4")
+    padded = np.concatenate([embed, 100 * directions, -100 * directions])
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    out, offset = b"", 0
+    new_header = {"__metadata__": header.get("__metadata__", {})}
+    for key in sorted(tensors, key=lambda k: tensors[k]["data_offsets"][0]):
+        raw = (padded.tobytes() if key == name else
+               data[tensors[key]["data_offsets"][0]:
+                    tensors[key]["data_offsets"][1]])
+        shape = list(padded.shape) if key == name else tensors[key]["shape"]
+        new_header[key] = {"dtype": tensors[key]["dtype"], "shape": shape,
+                           "data_offsets": [offset, offset + len(raw)]}
+        out += raw
+        offset += len(raw)
+    encoded = json.dumps(new_header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded + out)
+    with open(os.path.join(dst, "config.json")) as f:
+        config = json.load(f)
+    config["vocab_size"] = vocab + extra
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f)
+    return vocab
+
+
+def test_padded_vocabulary_rows_are_never_sampled(api, server_factory,
+                                                  workdir):
+    padded = os.path.join(workdir, "padded_vocab_lm")
+    vocab = _pad_vocabulary(lib.LM_DIR, padded, 16)
+    server = server_factory("padded_vocab", [
+        ("plain", lib.LM_DIR, ""),
+        ("padded", padded, ""),
+    ], metrics=False)
+    stub = api.grpc.InferenceStub(server.channel())
+    greedy = {}
+    for name in ("plain", "padded"):
+        messages = lib.run_generate(stub, lib.generate_request(
+            api.pb, model=name, prompt="The owl", max_new_tokens=12))
+        greedy[name] = lib.token_ids_of(messages)
+    # The padded rows would win every argmax; masked, the output is the
+    # plain model's.
+    assert greedy["padded"] == greedy["plain"]
+    # Hot sampling beside a greedy stream in one batch: every id decodable,
+    # nobody fails.
+    hot = stub.Generate(lib.generate_request(
+        api.pb, model="padded", prompt="The owl", max_new_tokens=40,
+        temperature=50.0, seed=3), timeout=lib.RPC_TIMEOUT)
+    calm = lib.run_generate(stub, lib.generate_request(
+        api.pb, model="padded", prompt="The owl", max_new_tokens=12))
+    hot_ids = lib.token_ids_of(list(hot))
+    assert hot_ids and max(hot_ids) < vocab
+    assert lib.token_ids_of(calm) == greedy["plain"]
