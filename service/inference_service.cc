@@ -65,7 +65,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(ModelManager* models, grpc::CallbackServerContext* context,
                   const v1::GenerateRequest& request)
-      : start_(absl::Now()), include_routing_(request.include_routing()) {
+      : start_(absl::Now()),
+        deadline_(Deadline(context)),
+        include_routing_(request.include_routing()) {
     auto found = models->Find(request.model(), Task::kGenerate);
     if (!found.ok()) {
       FinishWith(found.status());
@@ -91,7 +93,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     }
     call.ratio = request.activation().ratio();
     call.min_ratio = request.activation().min_ratio();
-    call.deadline = Deadline(context);
+    call.deadline = deadline_;
     auto observer = std::make_shared<Observer>(this);
     auto id = model_->Generate(std::move(call), observer);
     if (!id.ok()) {
@@ -184,7 +186,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         if (!done) return;
         DropUnsent();
         response.reset();
-        if (done->ok()) done = absl::CancelledError("cancelled by the client");
+        if (done->ok()) {
+          // gRPC cancels a call whose deadline passed: that is an expiry,
+          // and metrics count it as one.
+          done = absl::Now() >= deadline_
+                     ? absl::DeadlineExceededError("deadline exceeded")
+                     : absl::CancelledError("cancelled by the client");
+        }
       }
       if (response) queue_.push_back(std::move(*response));
       if (done) final_status_ = ToGrpcStatus(*done);
@@ -216,6 +224,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
 
   const absl::Time start_;
+  const absl::Time deadline_;
   const bool include_routing_;
   std::string model_name_;
   Servable* model_ = nullptr;

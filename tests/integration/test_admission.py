@@ -6,6 +6,7 @@ patched never to end with EOS) holds the slot, so whatever comes next waits.
 Whether something was computed is read from the server's own counters.
 """
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -191,3 +192,27 @@ def test_burst_beyond_the_queue_is_rejected_at_once(api, server, stub):
     assert messages[-1].usage.completion_tokens == OCCUPANT_TOKENS
     assert (counter(server, "moh_requests_total", rpc="Generate",
                     code="RESOURCE_EXHAUSTED") == exhausted_before + burst - 2)
+
+
+def test_a_stream_past_its_deadline_counts_as_deadline_exceeded(
+        api, server, stub):
+    # gRPC cancels the call at its deadline; the server counts an expiry,
+    # not a client cancellation.
+    expired_before = counter(server, "moh_requests_total", rpc="Generate",
+                             code="DEADLINE_EXCEEDED")
+    cancelled_before = counter(server, "moh_requests_total", rpc="Generate",
+                               code="CANCELLED")
+    start = time.monotonic()
+    list(stub.Generate(occupant_request(api), timeout=lib.RPC_TIMEOUT))
+    whole = time.monotonic() - start
+    # A deadline at a tenth of what the whole stream takes passes mid-stream.
+    call = stub.Generate(occupant_request(api), timeout=whole / 10)
+    with pytest.raises(grpc.RpcError) as error:
+        list(call)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    lib.wait_until(
+        lambda: counter(server, "moh_requests_total", rpc="Generate",
+                        code="DEADLINE_EXCEEDED") == expired_before + 1, 30,
+        "moh_requests_total{code=DEADLINE_EXCEEDED} + 1")
+    assert counter(server, "moh_requests_total", rpc="Generate",
+                   code="CANCELLED") == cancelled_before
