@@ -36,10 +36,17 @@ v1::FinishReason ToProto(FinishReason reason) {
 }
 
 // Every finished request: its metrics and, at debug level, one log line.
-void RecordRequest(ModelMetrics* metrics, Rpc rpc, absl::string_view model,
-                   absl::StatusCode code, absl::Time start) {
+// `metrics`: the model's, or null when the request reached no model; then it
+// is counted on `server`.
+void RecordRequest(ModelMetrics* metrics, Metrics* server, Rpc rpc,
+                   absl::string_view model, absl::StatusCode code,
+                   absl::Time start) {
   const absl::Duration duration = absl::Now() - start;
-  if (metrics != nullptr) metrics->RequestFinished(rpc, code, duration);
+  if (metrics != nullptr) {
+    metrics->RequestFinished(rpc, code, duration);
+  } else if (server != nullptr) {
+    server->RequestWithoutModel(rpc, code);
+  }
   MOH_LOG(Debug) << RpcName(rpc) << " model=" << Abbreviate(model)
                  << " code=" << absl::StatusCodeToString(code)
                  << " duration=" << duration;
@@ -67,6 +74,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
                   const v1::GenerateRequest& request)
       : start_(absl::Now()),
         deadline_(Deadline(context)),
+        server_metrics_(models->metrics()),
         include_routing_(request.include_routing()) {
     auto found = models->Find(request.model(), Task::kGenerate);
     if (!found.ok()) {
@@ -218,13 +226,14 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
   // Records the request and finishes; the reactor may be deleted right after.
   void FinishWith(const grpc::Status& status) {
-    RecordRequest(metrics_, Rpc::kGenerate, model_name_,
+    RecordRequest(metrics_, server_metrics_, Rpc::kGenerate, model_name_,
                   static_cast<absl::StatusCode>(status.error_code()), start_);
     Finish(status);
   }
 
   const absl::Time start_;
   const absl::Time deadline_;
+  Metrics* const server_metrics_;
   const bool include_routing_;
   std::string model_name_;
   Servable* model_ = nullptr;
@@ -296,7 +305,7 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
   absl::StatusOr<Servable*> ready =
       found.ok() ? (*found)->Ready() : found.status();
   if (!ready.ok()) {
-    RecordRequest(nullptr, Rpc::kClassify,
+    RecordRequest(nullptr, models_->metrics(), Rpc::kClassify,
                   found.ok() ? (*found)->name() : request->model(),
                   ready.status().code(), start);
     reactor->Finish(ToGrpcStatus(ready.status()));
@@ -305,7 +314,8 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
   Servable* model = *ready;
   ModelMetrics* metrics = model->metrics();
   auto finish = [reactor, metrics, start, model](const absl::Status& status) {
-    RecordRequest(metrics, Rpc::kClassify, model->name(), status.code(), start);
+    RecordRequest(metrics, nullptr, Rpc::kClassify, model->name(),
+                  status.code(), start);
     reactor->Finish(ToGrpcStatus(status));
   };
   call.deadline = Deadline(context);

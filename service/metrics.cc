@@ -360,6 +360,14 @@ void Metrics::SetGpuMemoryReader(
   process_collector_->SetGpuMemoryReader(std::move(reader));
 }
 
+void Metrics::RequestWithoutModel(Rpc rpc, absl::StatusCode code) {
+  families_->requests
+      .Add({{"model", ""},
+            {"rpc", RpcName(rpc)},
+            {"code", absl::StatusCodeToString(code)}})
+      .Increment();
+}
+
 std::vector<std::weak_ptr<prometheus::Collectable>> Metrics::Collectables()
     const {
   return {registry_, process_collector_};

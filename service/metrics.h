@@ -94,6 +94,10 @@ class Metrics {
   ModelMetrics* ForModel(const std::string& name, int num_layers, int num_heads,
                          bool head_metrics);
 
+  // A request that reached no model's metrics (unknown model, model loading,
+  // failed or draining): counted in moh_requests_total with model="".
+  void RequestWithoutModel(Rpc rpc, absl::StatusCode code);
+
   // Reads GPU memory in use in bytes (e.g. from the CUDA allocator); exported
   // as moh_gpu_memory_bytes{device} at scrape time. Optional.
   void SetGpuMemoryReader(

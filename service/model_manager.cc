@@ -6,7 +6,8 @@
 
 namespace moh {
 
-ModelManager::ModelManager(const v1::ServerConfig& config, Metrics* metrics) {
+ModelManager::ModelManager(const v1::ServerConfig& config, Metrics* metrics)
+    : metrics_(metrics) {
   for (const v1::ModelConfig& model : config.models()) {
     models_.push_back(std::make_unique<HostedModel>(model, metrics));
   }

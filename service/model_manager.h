@@ -36,12 +36,15 @@ class ModelManager {
   absl::StatusOr<HostedModel*> Find(absl::string_view name, Task task) const;
 
   std::vector<v1::ModelInfo> List() const;
+  // The server's metrics (outlive the manager).
+  Metrics* metrics() const { return metrics_; }
 
   // Drain: no model accepts new work; work already accepted completes.
   void StopAccepting();
   bool Idle() const;
 
  private:
+  Metrics* const metrics_;
   std::vector<std::unique_ptr<HostedModel>> models_;
   std::thread loader_;
 };

@@ -126,3 +126,18 @@ def test_padded_vocabulary_rows_are_never_sampled(api, server_factory,
     hot_ids = lib.token_ids_of(list(hot))
     assert hot_ids and max(hot_ids) < vocab
     assert lib.token_ids_of(calm) == greedy["plain"]
+
+
+def test_requests_that_reach_no_model_are_counted(api, server_factory):
+    server = server_factory("unrouted", [("demo-lm", lib.LM_DIR, "")])
+    stub = api.grpc.InferenceStub(server.channel())
+    for _ in range(2):
+        lib.rpc_error(lib.run_generate, stub,
+                      lib.generate_request(api.pb, model="nope", prompt="hi"))
+    lib.rpc_error(stub.Classify, api.pb.ClassifyRequest(model="nope", text="x"),
+                  timeout=lib.RPC_TIMEOUT)
+    samples = server.samples()
+    assert lib.metric_value(samples, "moh_requests_total", model="",
+                            rpc="Generate", code="NOT_FOUND") == 2
+    assert lib.metric_value(samples, "moh_requests_total", model="",
+                            rpc="Classify", code="NOT_FOUND") == 1
