@@ -23,6 +23,7 @@ inline constexpr int kMaxBenchInFlight = 10000;
 
 struct BenchConfig {
   std::string server;
+  std::string token;  // bearer token; empty: none
   BenchRpc rpc = BenchRpc::kGenerate;
   std::string model;  // Empty: the server's default model.
 

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "client/rpc_util.h"
 
 namespace moh::client {
 namespace {
@@ -258,8 +259,7 @@ BenchRunner::Clock::time_point BenchRunner::RunPhase(const Phase& phase,
 void BenchRunner::Send(BenchRecorder* recorder) {
   PlannedRequest planned = source_->Next();
   auto context = std::make_shared<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoNanoseconds(config_.timeout));
+  ConfigureContext({config_.timeout, config_.token}, context.get());
   grpc::ClientContext* const key = context.get();
   const std::shared_ptr<grpc::ClientContext> keep = context;
   {

@@ -48,10 +48,10 @@
 #include "client/bench_config.h"
 #include "client/bench_report.h"
 #include "client/bench_runner.h"
+#include "client/connection.h"
 #include "client/rpc_util.h"
 #include "moh/v1/inference.grpc.pb.h"
 
-ABSL_FLAG(std::string, server, "localhost:50051", "Server address HOST:PORT");
 ABSL_FLAG(std::string, rpc, "generate", "RPC to load: generate or classify");
 ABSL_FLAG(std::string, model, "", "Model name; empty = the server's default");
 ABSL_FLAG(std::optional<int>, concurrency, std::nullopt,
@@ -142,7 +142,10 @@ int UsageError(const std::string& message) {
 
 // Flags into `config`; returns "" or a usage error.
 std::string ConfigFromFlags(BenchConfig* config) {
-  config->server = absl::GetFlag(FLAGS_server);
+  absl::StatusOr<Connection> connection = ConnectionFromFlags();
+  if (!connection.ok()) return std::string(connection.status().message());
+  config->server = connection->server;
+  config->token = connection->token;
   const std::string rpc = absl::GetFlag(FLAGS_rpc);
   if (rpc == "generate") {
     config->rpc = BenchRpc::kGenerate;
@@ -217,7 +220,7 @@ std::string ConfigFromFlags(BenchConfig* config) {
 std::string CheckServer(moh::v1::Inference::Stub& stub,
                         const BenchConfig& config, std::string* error) {
   grpc::ClientContext context;
-  ConfigureContext({absl::Seconds(10)}, &context);
+  ConfigureContext({absl::Seconds(10), config.token}, &context);
   moh::v1::ListModelsResponse response;
   const grpc::Status status =
       stub.ListModels(&context, moh::v1::ListModelsRequest(), &response);
@@ -290,8 +293,11 @@ int Main(int argc, char** argv) {
     absl::FPrintF(stderr, "moh-bench: %s\n", error);
     return kExitFailure;
   }
-  const std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(config.server, grpc::InsecureChannelCredentials());
+  absl::StatusOr<Connection> connection = ConnectionFromFlags();
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> opened =
+      connection.ok() ? OpenChannel(*connection) : connection.status();
+  if (!opened.ok()) return UsageError(std::string(opened.status().message()));
+  const std::shared_ptr<grpc::Channel> channel = *opened;
   auto stub = moh::v1::Inference::NewStub(channel);
   const std::string served_model = CheckServer(*stub, config, &error);
   if (!error.empty()) {

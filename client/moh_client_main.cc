@@ -25,10 +25,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
+#include "client/connection.h"
 #include "client/interrupt_watcher.h"
 #include "client/rpc_util.h"
 
-ABSL_FLAG(std::string, server, "localhost:50051", "Server address HOST:PORT");
 ABSL_FLAG(double, timeout, 0,
           "RPC deadline in seconds; 0 = none (health: 5 s)");
 ABSL_FLAG(std::string, model, "", "Model name; empty = the server's default");
@@ -66,7 +66,8 @@ struct Command {
   std::vector<const char*> flags;  // Accepted besides the global ones.
 };
 
-const std::vector<const char*> kGlobalFlags = {"server", "timeout"};
+const std::vector<const char*> kGlobalFlags = {
+    "server", "timeout", "tls_ca", "tls_cert", "tls_key", "token_file"};
 
 const std::vector<Command>& Commands() {
   static const auto* const commands = new std::vector<Command>{
@@ -96,9 +97,10 @@ void PrintFlag(std::FILE* out, const char* name) {
 
 // The synopsis of every command; with `flags`, their flags too.
 void Usage(std::FILE* out, bool flags) {
-  absl::FPrintF(out,
-                "usage: moh-client [--server=HOST:PORT] [--timeout=SECONDS] "
-                "COMMAND [ARGS] [FLAGS]\n\ncommands:\n");
+  absl::FPrintF(
+      out,
+      "usage: moh-client [--server=HOST:PORT] [--timeout=SECONDS] [TLS, token] "
+      "COMMAND [ARGS] [FLAGS]\n\ncommands:\n");
   for (const Command& command : Commands()) {
     absl::FPrintF(out, "  %s\n", command.synopsis);
     if (flags) {
@@ -301,8 +303,14 @@ int Main(int argc, char** argv) {
   if (name == "health" && line.flags_given.count("timeout") == 0) {
     call.timeout = absl::Seconds(5);
   }
-  const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(
-      absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+  absl::StatusOr<Connection> connection = ConnectionFromFlags();
+  if (!connection.ok())
+    return UsageError(std::string(connection.status().message()));
+  call.token = connection->token;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> opened =
+      OpenChannel(*connection);
+  if (!opened.ok()) return UsageError(std::string(opened.status().message()));
+  const std::shared_ptr<grpc::Channel> channel = *opened;
 
   if (name == "health") {
     if (!args.empty()) return UsageError("health takes no arguments");

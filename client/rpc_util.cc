@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "client/connection.h"
 #include "client/interrupt_watcher.h"
 
 namespace moh::client {
@@ -15,6 +16,7 @@ void ConfigureContext(const CallOptions& options,
     context->set_deadline(std::chrono::system_clock::now() +
                           absl::ToChronoNanoseconds(options.timeout));
   }
+  AddToken(options.token, context);
 }
 
 std::string StatusCodeName(grpc::StatusCode code) {

@@ -21,9 +21,10 @@ inline constexpr int kExitUsage = 2;
 struct CallOptions {
   // Deadline of each RPC, from its start; zero or negative: none.
   absl::Duration timeout = absl::ZeroDuration();
+  std::string token;  // bearer token; empty: none
 };
 
-// Sets the deadline of `context` from `options`.
+// Sets the deadline and the token of `context` from `options`.
 void ConfigureContext(const CallOptions& options, grpc::ClientContext* context);
 
 // "INVALID_ARGUMENT" etc.; "UNKNOWN_CODE" for a value outside the enum.

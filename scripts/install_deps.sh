@@ -52,7 +52,7 @@ main() {
     libgtest-dev libgmock-dev libbenchmark-dev
     python3 python3-torch python3-numpy
     python3-grpcio python3-protobuf python3-pytest python3-yaml
-    prometheus curl zlib1g-dev
+    prometheus curl zlib1g-dev openssl
   )
   RUNTIME_PACKAGES=(
     libopenblas0-openmp libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32

@@ -70,12 +70,17 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
 // so the observer never outlives it in use, and deletes itself in OnDone.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
+  // `auth`: the call's authentication (OK, or why it is refused).
   GenerateReactor(ModelManager* models, grpc::CallbackServerContext* context,
-                  const v1::GenerateRequest& request)
+                  const v1::GenerateRequest& request, const absl::Status& auth)
       : start_(absl::Now()),
         deadline_(Deadline(context)),
         server_metrics_(models->metrics()),
         include_routing_(request.include_routing()) {
+    if (!auth.ok()) {
+      FinishWith(auth);
+      return;
+    }
     auto found = models->Find(request.model(), Task::kGenerate);
     if (!found.ok()) {
       FinishWith(found.status());
@@ -292,7 +297,13 @@ v1::Routing ToRouting(const std::vector<int64_t>& head_tokens,
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return new GenerateReactor(models_, context, *request);
+  return new GenerateReactor(models_, context, *request, Authenticate(context));
+}
+
+absl::Status InferenceService::Authenticate(
+    const grpc::CallbackServerContext* context) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  return auth_->Check(context->client_metadata());
 }
 
 grpc::ServerUnaryReactor* InferenceService::Classify(
@@ -301,7 +312,9 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   ClassifyCall call = FromProto(*request);
-  auto found = models_->Find(request->model(), TaskOf(call));
+  const absl::Status auth = Authenticate(context);
+  auto found = auth.ok() ? models_->Find(request->model(), TaskOf(call))
+                         : absl::StatusOr<HostedModel*>(auth);
   absl::StatusOr<Servable*> ready =
       found.ok() ? (*found)->Ready() : found.status();
   if (!ready.ok()) {
@@ -349,10 +362,15 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
 grpc::ServerUnaryReactor* InferenceService::ListModels(
     grpc::CallbackServerContext* context, const v1::ListModelsRequest*,
     v1::ListModelsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Status auth = Authenticate(context);
+  if (!auth.ok()) {
+    reactor->Finish(ToGrpcStatus(auth));
+    return reactor;
+  }
   for (v1::ModelInfo& info : models_->List()) {
     *response->add_models() = std::move(info);
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

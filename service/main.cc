@@ -11,8 +11,11 @@
 #include <signal.h>
 
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -23,9 +26,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "model/core/device_context.h"
 #include "model/core/runtime.h"
 #include "prometheus/exposer.h"
+#include "service/auth.h"
 #include "service/inference_service.h"
 #include "service/metrics.h"
 #include "service/model_manager.h"
@@ -51,11 +56,64 @@ ABSL_FLAG(int32_t, threads, 0,
 ABSL_FLAG(std::string, demo_dir, MOH_DEFAULT_DEMO_DIR,
           "Where the demo models live (used when no model is configured)");
 ABSL_FLAG(bool, verbose, false, "Log every request (debug level)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "TLS: the server's PEM certificate chain (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "TLS: the server's PEM private key");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "Mutual TLS: require client certificates signed by this PEM CA");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "Bearer tokens, one per line: Inference calls must send one");
+ABSL_FLAG(std::optional<bool>, reflection, std::nullopt,
+          "gRPC server reflection (default true)");
 
 namespace moh {
 namespace {
 
 constexpr char kServiceName[] = "moh.v1.Inference";
+
+absl::StatusOr<std::string> ReadPem(const std::string& path,
+                                    const char* field) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": cannot read ", path));
+  }
+  return text.str();
+}
+
+// TLS from `tls` (cert_file and key_file both set, optionally client_ca_file
+// for mutual TLS), else plaintext. INVALID_ARGUMENT naming the field.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const v1::TlsConfig& tls) {
+  if (tls.cert_file().empty() && tls.key_file().empty()) {
+    if (!tls.client_ca_file().empty()) {
+      return absl::InvalidArgumentError(
+          "tls.client_ca_file needs tls.cert_file and tls.key_file");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.cert_file().empty() || tls.key_file().empty()) {
+    return absl::InvalidArgumentError(
+        "tls.cert_file and tls.key_file must be set together");
+  }
+  grpc::SslServerCredentialsOptions options(
+      tls.client_ca_file().empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  MOH_ASSIGN_OR_RETURN(pair.cert_chain,
+                       ReadPem(tls.cert_file(), "tls.cert_file"));
+  MOH_ASSIGN_OR_RETURN(pair.private_key,
+                       ReadPem(tls.key_file(), "tls.key_file"));
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!tls.client_ca_file().empty()) {
+    MOH_ASSIGN_OR_RETURN(options.pem_root_certs,
+                         ReadPem(tls.client_ca_file(), "tls.client_ca_file"));
+  }
+  return grpc::SslServerCredentials(options);
+}
 
 absl::StatusOr<v1::ServerConfig> BuildConfig() {
   v1::ServerConfig config;
@@ -95,6 +153,22 @@ absl::StatusOr<v1::ServerConfig> BuildConfig() {
     config.set_threads(absl::GetFlag(FLAGS_threads));
   }
   if (absl::GetFlag(FLAGS_verbose)) config.set_log_requests(true);
+  if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+    config.mutable_tls()->set_cert_file(absl::GetFlag(FLAGS_tls_cert));
+  }
+  if (!absl::GetFlag(FLAGS_tls_key).empty()) {
+    config.mutable_tls()->set_key_file(absl::GetFlag(FLAGS_tls_key));
+  }
+  if (!absl::GetFlag(FLAGS_tls_client_ca).empty()) {
+    config.mutable_tls()->set_client_ca_file(
+        absl::GetFlag(FLAGS_tls_client_ca));
+  }
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    config.set_auth_token_file(absl::GetFlag(FLAGS_auth_token_file));
+  }
+  if (absl::GetFlag(FLAGS_reflection).has_value()) {
+    config.set_reflection(*absl::GetFlag(FLAGS_reflection));
+  }
   absl::Status status = ResolveServerConfig(&config);
   if (!status.ok()) return status;
   return config;
@@ -148,15 +222,33 @@ int Run() {
     MOH_LOG(Info) << "metrics on http://" << address << "/metrics";
   }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentials(config->tls());
+  if (!credentials.ok()) {
+    MOH_LOG(Error) << credentials.status().message();
+    return 1;
+  }
+  std::unique_ptr<TokenAuth> auth;
+  if (!config->auth_token_file().empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuth>> loaded =
+        TokenAuth::FromFile(config->auth_token_file());
+    if (!loaded.ok()) {
+      MOH_LOG(Error) << loaded.status().message();
+      return 1;
+    }
+    auth = std::move(*loaded);
+  }
+
   ModelManager models(*config, &metrics);
-  InferenceService service(&models);
+  InferenceService service(&models, auth.get());
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (!config->has_reflection() || config->reflection()) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  }
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(config->host(), ":", config->port());
   int bound_port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &bound_port);
+  builder.AddListeningPort(address, *credentials, &bound_port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -137,10 +137,21 @@ def build_classify_request(pb,
 class MohClient:
     """A connection to moh-server. Methods raise grpc.RpcError on failure."""
 
-    def __init__(self, target="localhost:50051", timeout=None, stub_dir=None):
+    def __init__(self, target="localhost:50051", timeout=None, stub_dir=None,
+                 tls_ca=None, tls_cert=None, tls_key=None, token=None):
+        """tls_ca: PEM bytes of the CA to trust (TLS); tls_cert, tls_key: a
+        client certificate (mutual TLS); token: a bearer token."""
         self.pb = load_api(stub_dir)
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(target)
+        self.metadata = ([("authorization", "Bearer " + token)]
+                         if token else None)
+        if tls_ca is None:
+            self.channel = grpc.insecure_channel(target)
+        else:
+            self.channel = grpc.secure_channel(
+                target, grpc.ssl_channel_credentials(
+                    root_certificates=tls_ca, private_key=tls_key,
+                    certificate_chain=tls_cert))
         pb = self.pb
         self._list_models = self.channel.unary_unary(
             _SERVICE + "ListModels",
@@ -168,7 +179,8 @@ class MohClient:
         """The hosted models: a list of moh.v1.ModelInfo."""
         return list(
             self._list_models(self.pb.ListModelsRequest(),
-                              timeout=self.timeout).models)
+                              timeout=self.timeout,
+                              metadata=self.metadata).models)
 
     def generate(self, prompt=None, **kwargs):
         """Streams GenerateResponse messages (see build_generate_request).
@@ -177,12 +189,14 @@ class MohClient:
         generation on the server.
         """
         request = build_generate_request(self.pb, prompt, **kwargs)
-        return self._generate(request, timeout=self.timeout)
+        return self._generate(request, timeout=self.timeout,
+                              metadata=self.metadata)
 
     def classify(self, **kwargs):
         """A ClassifyResponse (see build_classify_request)."""
         request = build_classify_request(self.pb, **kwargs)
-        return self._classify(request, timeout=self.timeout)
+        return self._classify(request, timeout=self.timeout,
+                              metadata=self.metadata)
 
 
 def _print_models(models, pb):
@@ -254,6 +268,14 @@ def main(argv=None):
     parser.add_argument("--stubs",
                         default=None,
                         help="directory for the generated message module")
+    parser.add_argument("--tls_ca", default=None,
+                        help="connect over TLS, trusting this PEM CA")
+    parser.add_argument("--tls_cert", default=None,
+                        help="mutual TLS: this client's PEM certificate")
+    parser.add_argument("--tls_key", default=None,
+                        help="mutual TLS: this client's PEM key")
+    parser.add_argument("--token_file", default=None,
+                        help="send the bearer token in this file's first line")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("models", help="list the hosted models")
     gen = sub.add_parser("generate", help="stream a completion")
@@ -271,8 +293,19 @@ def main(argv=None):
         p.add_argument("--ratio", type=float, default=0.0)
         p.add_argument("--min_ratio", type=float, default=0.0)
     args = parser.parse_args(argv)
+
+    def read(path):
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    token = read(args.token_file)
+    token = token.decode().splitlines()[0].strip() if token else None
     try:
-        with MohClient(args.server, args.timeout, args.stubs) as client:
+        with MohClient(args.server, args.timeout, args.stubs,
+                       tls_ca=read(args.tls_ca), tls_cert=read(args.tls_cert),
+                       tls_key=read(args.tls_key), token=token) as client:
             return _run(args, client)
     except grpc.RpcError as e:
         print("moh_client: %s: %s" % (e.code().name, e.details()),

@@ -1,0 +1,37 @@
+// Bearer-token authentication for the moh.v1.Inference RPCs
+// (ServerConfig.auth_token_file).
+#pragma once
+
+#include <grpcpp/support/string_ref.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace moh {
+
+class TokenAuth {
+ public:
+  // Reads the tokens of `path`: one per line; blank lines and lines starting
+  // with '#' skipped; surrounding spaces trimmed. INVALID_ARGUMENT naming
+  // auth_token_file when it cannot be read or holds no token.
+  static absl::StatusOr<std::unique_ptr<TokenAuth>> FromFile(
+      const std::string& path);
+
+  // OK when `metadata` carries "authorization: Bearer <token>" with a known
+  // token, else UNAUTHENTICATED. Tokens are compared in constant time (the
+  // time depends on the known tokens' lengths only).
+  absl::Status Check(
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+
+ private:
+  explicit TokenAuth(std::vector<std::string> tokens)
+      : tokens_(std::move(tokens)) {}
+  std::vector<std::string> tokens_;
+};
+
+}  // namespace moh
