@@ -285,6 +285,7 @@ int Run() {
   MOH_LOG(Info) << "signal " << signal_number << ": draining (up to "
                 << drain_timeout << ")";
   set_health(false);
+  models.StopLoading();
   models.StopAccepting();
   const absl::Time give_up = absl::Now() + drain_timeout;
   while (!models.Idle() && absl::Now() < give_up) {

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/abbreviate.h"
+#include "base/log.h"
 
 namespace moh {
 
@@ -12,13 +13,22 @@ ModelManager::ModelManager(const v1::ServerConfig& config, Metrics* metrics)
     models_.push_back(std::make_unique<HostedModel>(model, metrics));
   }
   loader_ = std::thread([this] {
-    for (auto& model : models_) model->Load();
+    for (auto& model : models_) {
+      if (stop_loading_) {
+        MOH_LOG(Info) << "model " << model->name()
+                      << ": not loaded (the server is stopping)";
+        continue;
+      }
+      model->Load();
+    }
   });
 }
 
 ModelManager::~ModelManager() {
   if (loader_.joinable()) loader_.join();
 }
+
+void ModelManager::StopLoading() { stop_loading_ = true; }
 
 void ModelManager::WaitLoaded() {
   if (loader_.joinable()) loader_.join();

@@ -5,6 +5,7 @@
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,8 +26,12 @@ class ModelManager {
   ModelManager(const v1::ServerConfig& config, Metrics* metrics);
   ~ModelManager();
 
-  // Blocks until every model has finished loading (READY or FAILED).
+  // Blocks until every model has finished loading (READY or FAILED), or, after
+  // StopLoading(), until the one loading then has.
   void WaitLoaded();
+  // Models not yet started stay unloaded (LOADING): a server stopping during
+  // start-up waits for one model at most.
+  void StopLoading();
   // Every model finished loading and is READY.
   bool AllReady() const;
 
@@ -45,6 +50,7 @@ class ModelManager {
 
  private:
   Metrics* const metrics_;
+  std::atomic<bool> stop_loading_{false};
   std::vector<std::unique_ptr<HostedModel>> models_;
   std::thread loader_;
 };

@@ -297,3 +297,16 @@ def test_drain_timeout_cuts_long_streams_and_exits_0(api, server_factory,
         assert stream.error.code() in (grpc.StatusCode.UNAVAILABLE,
                                        grpc.StatusCode.CANCELLED), stream.error
     assert "drain timeout" in server.log()
+
+
+def test_sigterm_while_models_load_skips_the_rest_and_exits_0(server_factory):
+    models = [("m%02d" % i, lib.LM_DIR, "") for i in range(40)]
+    server = server_factory("stop_loading", models, wait_serving=False,
+                            metrics=False)
+    lib.wait_until(lambda: ": READY" in server.log(), lib.START_TIMEOUT,
+                   "the first model READY")
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=60) == 0
+    log = server.log()
+    assert "not loaded (the server is stopping)" in log
+    assert log.count(": READY") < len(models)
