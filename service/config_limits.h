@@ -52,6 +52,13 @@ inline constexpr ConfigLimits<double> kDrainTimeoutSeconds{30.0, 0.001,
 // model/runtime.h.
 inline constexpr int32_t kMinThreads = 0;
 
+// max_message_mb: the largest request message, MiB.
+inline constexpr ConfigLimits<int32_t> kMaxMessageMb{64, 1, 1024};
+// max_concurrent_streams: concurrent calls per client connection.
+inline constexpr ConfigLimits<int32_t> kMaxConcurrentStreams{256, 1, 100000};
+// grpc_memory_mb: gRPC's resource quota (its buffers), MiB.
+inline constexpr ConfigLimits<int32_t> kGrpcMemoryMb{2048, 64, 1 << 20};
+
 // ----------------------------------------------------------------- ModelConfig
 
 // device and dtype: "auto" picks CUDA when there is one, and its dtype.

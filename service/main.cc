@@ -250,7 +250,12 @@ int Run() {
   int bound_port = 0;
   builder.AddListeningPort(address, *credentials, &bound_port);
   builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(config->max_message_mb() << 20);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             config->max_concurrent_streams());
+  grpc::ResourceQuota quota("moh-server");
+  quota.Resize(static_cast<size_t>(config->grpc_memory_mb()) << 20);
+  builder.SetResourceQuota(quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     MOH_LOG(Error) << "cannot listen on " << address;

@@ -142,6 +142,13 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
               config_limits::kDrainTimeoutSeconds);
   MOH_RETURN_IF_ERROR(AtLeast("threads", config->threads(),
                               config_limits::kMinThreads, "the default"));
+  MOH_DEFAULT(config, max_message_mb, std::string("max_message_mb"),
+              config_limits::kMaxMessageMb);
+  MOH_DEFAULT(config, max_concurrent_streams,
+              std::string("max_concurrent_streams"),
+              config_limits::kMaxConcurrentStreams);
+  MOH_DEFAULT(config, grpc_memory_mb, std::string("grpc_memory_mb"),
+              config_limits::kGrpcMemoryMb);
   if (config->models().empty()) {
     return absl::InvalidArgumentError("models: at least one model is needed");
   }

@@ -35,6 +35,9 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(config->metrics_port(), 9464);
   EXPECT_EQ(config->host(), "0.0.0.0");
   EXPECT_DOUBLE_EQ(config->drain_timeout_seconds(), 30.0);
+  EXPECT_EQ(config->max_message_mb(), 64);
+  EXPECT_EQ(config->max_concurrent_streams(), 256);
+  EXPECT_EQ(config->grpc_memory_mb(), 2048);
   const v1::ModelConfig& lm = config->models(0);
   EXPECT_EQ(lm.name(), "lm");  // the directory's base name
   EXPECT_EQ(lm.device(), "auto");
@@ -71,6 +74,12 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
       {"port: 7000 metrics_port: 7000 models { model_dir: \"m\" }",
        "metrics_port must differ from port"},
       {"threads: -1 models { model_dir: \"m\" }", "threads must be >= 0"},
+      {"max_message_mb: 2000 models { model_dir: \"m\" }",
+       "max_message_mb must be in [1, 1024]"},
+      {"max_concurrent_streams: -1 models { model_dir: \"m\" }",
+       "max_concurrent_streams must be in [1, 100000]"},
+      {"grpc_memory_mb: 10 models { model_dir: \"m\" }",
+       "grpc_memory_mb must be in [64, 1048576]"},
       {"", "models: at least one model"},
       {"models { name: \"x\" }", "models[0].model_dir must be set"},
       {"models { model_dir: \"m\" batching { max_batch_size: -1 } }",

@@ -141,3 +141,14 @@ def test_requests_that_reach_no_model_are_counted(api, server_factory):
                             rpc="Generate", code="NOT_FOUND") == 2
     assert lib.metric_value(samples, "moh_requests_total", model="",
                             rpc="Classify", code="NOT_FOUND") == 1
+
+
+def test_a_request_over_max_message_mb_is_refused(api, server_factory):
+    server = server_factory("small_messages", [("demo-lm", lib.LM_DIR, "")],
+                            metrics=False, extra="max_message_mb: 1")
+    stub = api.grpc.InferenceStub(server.channel())
+    big = lib.generate_request(api.pb, prompt="x" * (2 << 20))
+    error = lib.rpc_error(lib.run_generate, stub, big)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+    ok = lib.generate_request(api.pb, prompt="hi", max_new_tokens=1)
+    assert lib.run_generate(stub, ok)[-1].usage.completion_tokens == 1
