@@ -40,6 +40,9 @@ namespace config_limits {
 
 // port: the gRPC listen port.
 inline constexpr ConfigLimits<int32_t> kPort{50051, 1, 65535};
+// health_port: the plaintext health-only port, or kHealthPortOff (default).
+inline constexpr ConfigLimits<int32_t> kHealthPort{0, 1, 65535};
+inline constexpr int32_t kHealthPortOff = 0;
 // metrics_port: the Prometheus exporter's port, or kMetricsPortOff.
 inline constexpr ConfigLimits<int32_t> kMetricsPort{9464, 1, 65535};
 inline constexpr int32_t kMetricsPortOff = -1;

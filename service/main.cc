@@ -63,6 +63,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "Mutual TLS: require client certificates signed by this PEM CA");
 ABSL_FLAG(std::string, auth_token_file, "",
           "Bearer tokens, one per line: Inference calls must send one");
+ABSL_FLAG(int32_t, health_port, 0,
+          "Plaintext port serving only grpc.health.v1, for probes that cannot "
+          "speak TLS (default 0: off)");
 ABSL_FLAG(std::optional<bool>, reflection, std::nullopt,
           "gRPC server reflection (default true)");
 
@@ -166,6 +169,9 @@ absl::StatusOr<v1::ServerConfig> BuildConfig() {
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     config.set_auth_token_file(absl::GetFlag(FLAGS_auth_token_file));
   }
+  if (absl::GetFlag(FLAGS_health_port) != 0) {
+    config.set_health_port(absl::GetFlag(FLAGS_health_port));
+  }
   if (absl::GetFlag(FLAGS_reflection).has_value()) {
     config.set_reflection(*absl::GetFlag(FLAGS_reflection));
   }
@@ -261,10 +267,31 @@ int Run() {
     MOH_LOG(Error) << "cannot listen on " << address;
     return 1;
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  auto set_health = [health](bool serving) {
-    health->SetServingStatus(serving);
-    health->SetServingStatus(kServiceName, serving);
+  // Kubernetes' gRPC probes cannot speak TLS: health_port serves the same
+  // health status, alone and in plaintext, on a port of its own.
+  std::unique_ptr<grpc::Server> health_server;
+  if (config->health_port() != 0) {
+    grpc::ServerBuilder health_builder;
+    const std::string health_address =
+        absl::StrCat(config->host(), ":", config->health_port());
+    int health_bound = 0;
+    health_builder.AddListeningPort(
+        health_address, grpc::InsecureServerCredentials(), &health_bound);
+    health_server = health_builder.BuildAndStart();
+    if (health_server == nullptr || health_bound == 0) {
+      MOH_LOG(Error) << "cannot listen on " << health_address;
+      return 1;
+    }
+    MOH_LOG(Info) << "health checks (plaintext) on " << health_address;
+  }
+  std::vector<grpc::HealthCheckServiceInterface*> health = {
+      server->GetHealthCheckService()};
+  if (health_server) health.push_back(health_server->GetHealthCheckService());
+  auto set_health = [&health](bool serving) {
+    for (grpc::HealthCheckServiceInterface* h : health) {
+      h->SetServingStatus(serving);
+      h->SetServingStatus(kServiceName, serving);
+    }
   };
   set_health(false);
   MOH_LOG(Info) << "moh-server listening on " << address << " ("
@@ -299,6 +326,7 @@ int Run() {
   if (!models.Idle()) {
     MOH_LOG(Warning) << "drain timeout: cancelling what is still running";
   }
+  if (health_server) health_server->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(500));
   readiness.join();

@@ -136,6 +136,16 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics_port must differ from port (", config->port(), ")"));
   }
+  const ConfigLimits<int32_t>& health_port = config_limits::kHealthPort;
+  if (config->health_port() != config_limits::kHealthPortOff &&
+      (!health_port.Contains(config->health_port()) ||
+       config->health_port() == config->port() ||
+       config->health_port() == config->metrics_port())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "health_port must be in [", health_port.min, ", ", health_port.max,
+        "] and differ from port and metrics_port, or 0 (off), got ",
+        config->health_port()));
+  }
   if (config->host().empty()) config->set_host(config_limits::kDefaultHost);
   MOH_DEFAULT(config, drain_timeout_seconds,
               std::string("drain_timeout_seconds"),

@@ -74,6 +74,8 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
       {"port: 7000 metrics_port: 7000 models { model_dir: \"m\" }",
        "metrics_port must differ from port"},
       {"threads: -1 models { model_dir: \"m\" }", "threads must be >= 0"},
+      {"health_port: 50051 models { model_dir: \"m\" }",
+       "health_port must be in [1, 65535] and differ from port"},
       {"max_message_mb: 2000 models { model_dir: \"m\" }",
        "max_message_mb must be in [1, 1024]"},
       {"max_concurrent_streams: -1 models { model_dir: \"m\" }",

@@ -19,7 +19,7 @@ SOURCE_DIR = os.path.abspath(
     os.environ.get("MOH_SOURCE_DIR")
     or os.path.join(os.path.dirname(__file__), "..", ".."))
 DEPLOY_DIR = os.path.join(SOURCE_DIR, "deploy")
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "tls")
 
 # Health service names moh-server answers (service/main.cc).
 HEALTH_SERVICES = ("", "moh.v1.Inference")
@@ -126,6 +126,12 @@ def server_settings(objects):
             setting("metrics_port", "metrics_port", DEFAULT_METRICS_PORT, int),
             setting("drain_timeout_seconds", "drain_timeout",
                     DEFAULT_DRAIN_SECONDS, float))
+
+
+def health_port(objects):
+    """The plaintext health-only port the mounted config sets, or None."""
+    value = top_level_field(mounted_config(objects), "health_port")
+    return int(value) if value is not None and int(value) != 0 else None
 
 
 def adapter_rules():

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from conftest import (DEPLOY_DIR, HEALTH_SERVICES, OVERLAYS, SOURCE_DIR,
-                      adapter_rules, dashboard_path, find, flag, one,
-                      server_container, server_settings)
+                      adapter_rules, dashboard_path, find, flag, health_port,
+                      mounted_config, one, server_container, server_settings)
 
 CLUSTER_SCOPED = {"Namespace"}
 
@@ -51,11 +51,16 @@ def test_ports_and_probes_match_the_server(rendered, overlay):
     assert ports.get("grpc") == grpc_port
     assert ports.get("metrics") == metrics_port
 
+    # Probes go to the plaintext health-only port when there is one (gRPC
+    # probes cannot speak TLS), else to the gRPC port.
+    probe_port = health_port(objects) or grpc_port
+    if probe_port != grpc_port:
+        assert ports.get("health") == probe_port
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert probe in container, "no %s" % probe
         grpc = container[probe].get("grpc")
         assert grpc, "%s is not a native gRPC probe" % probe
-        assert grpc["port"] == grpc_port, probe
+        assert grpc["port"] == probe_port, probe
         assert grpc.get("service", "") in HEALTH_SERVICES, probe
     # Traffic only to pods whose models are loaded and warmed up.
     assert container["readinessProbe"]["grpc"]["service"] == "moh.v1.Inference"
@@ -205,3 +210,37 @@ def test_base_renders_alone():
     kubectl = need_tool("kubectl")
     subprocess.run([kubectl, "kustomize", os.path.join(DEPLOY_DIR, "base")],
                    check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_opens_only_the_served_ports(rendered, overlay):
+    objects = rendered[overlay]
+    deployment, container = server_container(objects)
+    policy = one(objects, "NetworkPolicy", "moh-server")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
+        labels.items())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    named = {p["name"] for p in container["ports"]}
+    opened = [p["port"] for rule in policy["spec"]["ingress"]
+              for p in rule["ports"]]
+    assert sorted(opened) == ["grpc", "metrics"] and set(opened) <= named
+    metrics_rule = [r for r in policy["spec"]["ingress"]
+                    if any(p["port"] == "metrics" for p in r["ports"])][0]
+    assert metrics_rule.get("from"), "the metrics port is open to everyone"
+
+
+def test_tls_overlay_serves_tls_and_tokens_from_secrets(rendered):
+    objects = rendered["tls"]
+    deployment, container = server_container(objects)
+    config = mounted_config(objects)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in
+               deployment["spec"]["template"]["spec"]["volumes"]}
+    for field in ("cert_file", "key_file", "auth_token_file"):
+        m = re.search(r'%s:\s*"([^"]+)"' % field, config)
+        assert m, "the tls overlay's config sets no %s" % field
+        directory = os.path.dirname(m.group(1))
+        assert directory in mounts, "nothing mounted at %s" % directory
+        assert "secret" in volumes[mounts[directory]], directory
+    assert re.search(r"^reflection:\s*false", config, re.M)

@@ -1,6 +1,7 @@
 """TLS (optionally mutual) and bearer tokens through the real server and
 clients, with certificates the test makes (openssl)."""
 import os
+import signal
 import subprocess
 import sys
 
@@ -55,11 +56,12 @@ def _secure_channel(server, pki, client_cert=False):
     return grpc.secure_channel("localhost:%d" % server.port, credentials)
 
 
-def _start(server_factory, name, pki, mutual=False):
+def _start(server_factory, name, pki, mutual=False, extra=""):
     tls = 'tls { cert_file: "%s" key_file: "%s" %s }' % (
         os.path.join(pki, "server.pem"), os.path.join(pki, "server.key"),
         'client_ca_file: "%s"' % os.path.join(pki, "ca.pem") if mutual else "")
-    extra = '%s auth_token_file: "%s"' % (tls, os.path.join(pki, "tokens"))
+    extra = '%s auth_token_file: "%s" %s' % (
+        tls, os.path.join(pki, "tokens"), extra)
     server = server_factory(name, [("demo-lm", lib.LM_DIR, "")],
                             wait_serving=False, metrics=False, extra=extra)
     channel = _secure_channel(server, pki, client_cert=mutual)
@@ -144,3 +146,18 @@ def test_mutual_tls_requires_a_client_certificate(api, server_factory, pki):
     error = lib.rpc_error(anonymous.ListModels, api.pb.ListModelsRequest(),
                           metadata=good, timeout=10)
     assert error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_health_port_answers_probes_in_plaintext(api, server_factory, pki):
+    health_port = lib.free_port()
+    server, channel = _start(server_factory, "tls_health", pki,
+                             extra="health_port: %d" % health_port)
+    plain = grpc.insecure_channel("127.0.0.1:%d" % health_port)
+    assert lib.health_check(plain) == "SERVING"
+    assert lib.health_check(plain, "moh.v1.Inference") == "SERVING"
+    # Only health: the Inference service is not there.
+    error = lib.rpc_error(api.grpc.InferenceStub(plain).ListModels,
+                          api.pb.ListModelsRequest(), timeout=10)
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=60) == 0
