@@ -1,6 +1,9 @@
 #include "service/hosted_model.h"
 
+#include <exception>
+
 #include "absl/strings/str_cat.h"
+#include "base/abbreviate.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "model/core/runtime.h"
@@ -44,7 +47,15 @@ HostedModel::~HostedModel() = default;
 void HostedModel::Load() {
   const absl::Time start = absl::Now();
   MOH_LOG(Info) << "model " << name() << ": loading " << config_.model_dir();
-  const absl::Status status = LoadUnchecked();
+  absl::Status status;
+  try {
+    status = LoadUnchecked();
+  } catch (const std::exception& e) {
+    // LibTorch errors, failed allocations: a FAILED model, never a dead
+    // server. Their messages can carry a backtrace: keep the start.
+    status = absl::InternalError(
+        absl::StrCat("loading failed: ", Abbreviate(e.what(), 512)));
+  }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   absl::MutexLock lock(&mu_);
   if (!status.ok()) {
