@@ -3,12 +3,12 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
-#include <fstream>
 #include <sstream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/read_file.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "Server address HOST:PORT");
 ABSL_FLAG(std::string, tls_ca, "",
@@ -24,14 +24,7 @@ namespace {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path,
                                      const char* flag) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": cannot read ", path));
-  }
-  return text.str();
+  return ReadSmallFile(path, absl::StrCat("--", flag));
 }
 
 }  // namespace

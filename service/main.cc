@@ -11,11 +11,9 @@
 #include <signal.h>
 
 #include <atomic>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -26,6 +24,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
+#include "base/read_file.h"
 #include "base/status_macros.h"
 #include "model/core/device_context.h"
 #include "model/core/runtime.h"
@@ -74,18 +73,6 @@ namespace {
 
 constexpr char kServiceName[] = "moh.v1.Inference";
 
-absl::StatusOr<std::string> ReadPem(const std::string& path,
-                                    const char* field) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": cannot read ", path));
-  }
-  return text.str();
-}
-
 // TLS from `tls` (cert_file and key_file both set, optionally client_ca_file
 // for mutual TLS), else plaintext. INVALID_ARGUMENT naming the field.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
@@ -107,13 +94,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
           : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   MOH_ASSIGN_OR_RETURN(pair.cert_chain,
-                       ReadPem(tls.cert_file(), "tls.cert_file"));
+                       ReadSmallFile(tls.cert_file(), "tls.cert_file"));
   MOH_ASSIGN_OR_RETURN(pair.private_key,
-                       ReadPem(tls.key_file(), "tls.key_file"));
+                       ReadSmallFile(tls.key_file(), "tls.key_file"));
   options.pem_key_cert_pairs.push_back(std::move(pair));
   if (!tls.client_ca_file().empty()) {
-    MOH_ASSIGN_OR_RETURN(options.pem_root_certs,
-                         ReadPem(tls.client_ca_file(), "tls.client_ca_file"));
+    MOH_ASSIGN_OR_RETURN(
+        options.pem_root_certs,
+        ReadSmallFile(tls.client_ca_file(), "tls.client_ca_file"));
   }
   return grpc::SslServerCredentials(options);
 }
