@@ -82,18 +82,26 @@ bool BatchedClassifier::Idle() const {
   return in_flight_ == 0;
 }
 
+bool BatchedClassifier::FinishIfGone(ClassifyTask& task) {
+  if (absl::Now() >= task.deadline) {
+    // A request whose deadline has passed is never computed.
+    Finish(task, absl::DeadlineExceededError(
+                     "deadline passed while the request waited"));
+    return true;
+  }
+  if (task.cancelled && task.cancelled()) {
+    Finish(task, absl::CancelledError("cancelled by the client"));
+    return true;
+  }
+  return false;
+}
+
 void BatchedClassifier::ProcessBatch(std::vector<ClassifyTask> batch) {
   const absl::Time now = absl::Now();
   std::vector<ClassifyTask> live;
   for (ClassifyTask& task : batch) {
     metrics_->QueueTime(Rpc::kClassify, now - task.enqueued);
-    if (now >= task.deadline) {
-      // A request whose deadline has passed is never computed.
-      Finish(task, absl::DeadlineExceededError(
-                       "deadline passed while the request waited"));
-    } else {
-      live.push_back(std::move(task));
-    }
+    if (!FinishIfGone(task)) live.push_back(std::move(task));
   }
   if (live.empty()) return;
   metrics_->BatchSize(BatchKind::kClassify, live.size());

@@ -33,6 +33,7 @@ struct ClassifyTask {
   int32_t top_n = 0;
   Activation activation;  // resolved against the model; lowered under load
   absl::Time deadline;
+  std::function<bool()> cancelled;  // ClassifyCall::cancelled
   absl::Time enqueued;
   ClassifyDone done;
   size_t size() const { return 1; }
@@ -57,6 +58,11 @@ class BatchedClassifier {
   absl::Status Submit(ClassifyTask task);
   // Delivers a task's result and records its metrics.
   void Finish(ClassifyTask& task, absl::StatusOr<ClassifyResult> result);
+  // Finishes `task` with DEADLINE_EXCEEDED or CANCELLED and returns true when
+  // its deadline has passed or its client has gone: it must not be computed.
+  // Batches check every task before the batch; families that compute task by
+  // task check each before it.
+  bool FinishIfGone(ClassifyTask& task);
   bool Idle() const;
 
  private:

@@ -332,6 +332,7 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
     reactor->Finish(ToGrpcStatus(status));
   };
   call.deadline = Deadline(context);
+  call.cancelled = [context] { return context->IsCancelled(); };
   const bool include_routing = request->include_routing();
   absl::Status status = model->Classify(
       std::move(call), [response, finish, include_routing,

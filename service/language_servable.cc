@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/core/runtime.h"
 #include "model/generation/generator.h"
 
 namespace moh {
@@ -49,7 +50,12 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
       self->classifier_,
       BatchedClassifier::Create(config, c.moh, model_metrics,
                                 [self](std::vector<ClassifyTask>& batch) {
+                                  // Task by task: one that expired or whose
+                                  // client left meanwhile is skipped.
                                   for (ClassifyTask& task : batch) {
+                                    if (self->classifier_->FinishIfGone(task)) {
+                                      continue;
+                                    }
                                     self->ScoreLabels(task);
                                   }
                                 }));
@@ -133,6 +139,7 @@ bool LanguageServable::Idle() const {
 absl::Status LanguageServable::Classify(ClassifyCall call, ClassifyDone done) {
   MOH_ASSIGN_OR_RETURN(ClassifyTask task, Prepare(call));
   task.deadline = call.deadline;
+  task.cancelled = std::move(call.cancelled);
   task.done = std::move(done);
   return classifier_->Submit(std::move(task));
 }
@@ -188,8 +195,12 @@ absl::StatusOr<ClassifyTask> LanguageServable::Prepare(
 }
 
 void LanguageServable::ScoreLabels(ClassifyTask& task) {
-  auto scored = moh::ScoreLabels(*lm_.model, task.context_ids, task.label_ids,
-                                 task.activation);
+  // Its cache and logits are allocated here: an allocation failure is this
+  // request's error, not the process's end.
+  auto scored = CatchTorchErrors("label scoring", [&] {
+    return moh::ScoreLabels(*lm_.model, task.context_ids, task.label_ids,
+                            task.activation);
+  });
   if (!scored.ok()) {
     classifier_->Finish(task, scored.status());
     return;

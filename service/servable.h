@@ -50,6 +50,8 @@ struct ClassifyCall {
   float ratio = 0.0f;
   float min_ratio = 0.0f;
   absl::Time deadline = absl::InfiniteFuture();
+  // Whether the client has gone (checked before computing); may be empty.
+  std::function<bool()> cancelled;
 };
 
 struct ClassScoreResult {

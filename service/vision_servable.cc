@@ -57,6 +57,7 @@ void VisionServable::Describe(v1::ModelInfo* info) const {
 absl::Status VisionServable::Classify(ClassifyCall call, ClassifyDone done) {
   MOH_ASSIGN_OR_RETURN(ClassifyTask task, Prepare(call));
   task.deadline = call.deadline;
+  task.cancelled = std::move(call.cancelled);
   task.done = std::move(done);
   return classifier_->Submit(std::move(task));
 }
