@@ -201,8 +201,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         response.reset();
         if (done->ok()) {
           // gRPC cancels a call whose deadline passed: that is an expiry,
-          // and metrics count it as one.
-          done = absl::Now() >= deadline_
+          // and metrics count it as one. gRPC's timer may fire a little
+          // before our clock reaches the deadline it reported: allow for it.
+          constexpr absl::Duration kTimerSlack = absl::Milliseconds(50);
+          done = absl::Now() + kTimerSlack >= deadline_
                      ? absl::DeadlineExceededError("deadline exceeded")
                      : absl::CancelledError("cancelled by the client");
         }

@@ -179,6 +179,10 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
   if (!batch.top_k.empty()) {
     MOH_RETURN_IF_ERROR(ValidateTopK(config_.moh, batch.top_k, rows, "top_k"));
   }
+  if (batch.logits_tail < 0 || batch.logits_tail > width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logits_tail must be in [0, ", width, "], got ", batch.logits_tail));
+  }
   std::set<int32_t> seen_slots;
   for (size_t b = 0; b < rows; ++b) {
     if (batch.num_tokens[b] < 1 || batch.num_tokens[b] > width) {
@@ -325,7 +329,13 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     counts.push_back(HeadTokenCounts(gates, valid));
     if (batch.record_gates) gates_per_layer.push_back(gates.to(at::kFloat));
   }
-  if (!batch.all_logits) {
+  if (!batch.all_logits && batch.logits_tail > 0) {
+    const int64_t tail = batch.logits_tail;
+    const at::Tensor window =
+        (last.unsqueeze(1) - (tail - 1) + at::arange(tail, last.options()))
+            .clamp_min(0);  // [B, tail]
+    h = h.index({at::arange(rows, last.options()).unsqueeze(1), window});
+  } else if (!batch.all_logits) {
     h = h.index({at::arange(rows, last.options()), last});  // [B, C]
   }
   // One copy to the host and one wait for the whole step's results.

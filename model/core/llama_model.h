@@ -45,6 +45,10 @@ struct DecoderBatch {
   std::vector<LayerTopK> top_k;
   std::vector<float> ratios;
   bool all_logits = false;  // logits at every position, else the last valid one
+  // With !all_logits and > 0: logits at the last `logits_tail` valid positions
+  // of each row ([B, logits_tail, V]; a row shorter than that repeats its
+  // first position at the front).
+  int32_t logits_tail = 0;
   bool record_gates = false;  // also return the gates of every layer
 };
 

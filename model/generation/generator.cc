@@ -236,8 +236,24 @@ absl::StatusOr<LabelScores> ScoreLabels(
         "text + label must fit in ", model.config().max_position_embeddings,
         " tokens, got ", width));
   }
+  // Logits only where a label token is predicted: the last (longest label +
+  // 1) positions of each row, under a memory budget.
+  int64_t longest = 0;
+  for (const auto& label : label_ids) {
+    longest = std::max<int64_t>(longest, label.size());
+  }
+  const int64_t tail = longest + 1;
+  const int64_t logits_bytes =
+      n * tail * int64_t{model.config().vocab_size} * 4;
+  if (logits_bytes > kMaxLabelLogitsBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "labels: ", n, " labels of up to ", longest, " tokens need ",
+        logits_bytes >> 20, " MiB of logits; at most ",
+        kMaxLabelLogitsBytes >> 20, " MiB (send fewer or shorter labels)"));
+  }
   DecoderBatch batch;
   batch.token_ids = at::zeros({n, width}, at::kLong);
+  batch.logits_tail = static_cast<int32_t>(tail);
   auto ids = batch.token_ids.accessor<int64_t, 2>();
   for (int64_t b = 0; b < n; ++b) {
     int64_t t = 0;
@@ -248,19 +264,21 @@ absl::StatusOr<LabelScores> ScoreLabels(
     batch.start_positions.push_back(0);
     batch.top_k.push_back(activation.top_k());
   }
-  batch.all_logits = true;
   KvCache cache = model.CreateKvCache(n, width);
   MOH_ASSIGN_OR_RETURN(DecoderOutput out, model.Forward(batch, cache));
-  at::Tensor log_probs = at::log_softmax(out.logits, -1).cpu();  // [B, T, V]
+  // [B, tail, V]: row b's position p sits at p - (row length - tail).
+  at::Tensor log_probs = at::log_softmax(out.logits, -1).cpu();
   LabelScores scores;
   scores.head_token_counts = out.head_token_counts.sum(0);
   const int64_t context = context_ids.size();
   for (int64_t b = 0; b < n; ++b) {
     double total = 0;
-    for (size_t j = 0; j < label_ids[b].size(); ++j) {
+    const int64_t m = label_ids[b].size();
+    const int64_t first = tail - 1 - m;  // where position context - 1 sits
+    for (int64_t j = 0; j < m; ++j) {
       // The token at position context + j is predicted at position context + j
       // - 1.
-      total += log_probs[b][context + j - 1][label_ids[b][j]].item<float>();
+      total += log_probs[b][first + j][label_ids[b][j]].item<float>();
     }
     scores.log_likelihoods.push_back(total);
     scores.tokens += context + label_ids[b].size();

@@ -109,6 +109,9 @@ class Generator {
   std::vector<int32_t> eos_ids_;
 };
 
+// Label scoring keeps its logits under this size (INVALID_ARGUMENT beyond).
+inline constexpr int64_t kMaxLabelLogitsBytes = int64_t{256} << 20;
+
 // Log-likelihood of each candidate label given `context_ids`:
 // sum over label tokens of log p(label token | context, previous label tokens),
 // all labels scored in one batch at activation ratio `ratio` (0 = default).
