@@ -20,15 +20,6 @@ ABSL_FLAG(std::string, token_file, "",
           "Send the bearer token in this file's first line");
 
 namespace moh::client {
-namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path,
-                                     const char* flag) {
-  return ReadSmallFile(path, absl::StrCat("--", flag));
-}
-
-}  // namespace
-
 absl::StatusOr<Connection> ConnectionFromFlags() {
   Connection c;
   c.server = absl::GetFlag(FLAGS_server);
@@ -44,7 +35,8 @@ absl::StatusOr<Connection> ConnectionFromFlags() {
   }
   const std::string token_file = absl::GetFlag(FLAGS_token_file);
   if (!token_file.empty()) {
-    absl::StatusOr<std::string> text = ReadFile(token_file, "token_file");
+    absl::StatusOr<std::string> text =
+        ReadSmallFile(token_file, "--token_file");
     if (!text.ok()) return text.status();
     std::istringstream lines(*text);
     std::string first;
@@ -65,15 +57,16 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
                                grpc::InsecureChannelCredentials());
   }
   grpc::SslCredentialsOptions options;
-  absl::StatusOr<std::string> ca = ReadFile(connection.tls_ca_file, "tls_ca");
+  absl::StatusOr<std::string> ca =
+      ReadSmallFile(connection.tls_ca_file, "--tls_ca");
   if (!ca.ok()) return ca.status();
   options.pem_root_certs = *ca;
   if (!connection.tls_cert_file.empty()) {
     absl::StatusOr<std::string> cert =
-        ReadFile(connection.tls_cert_file, "tls_cert");
+        ReadSmallFile(connection.tls_cert_file, "--tls_cert");
     if (!cert.ok()) return cert.status();
     absl::StatusOr<std::string> key =
-        ReadFile(connection.tls_key_file, "tls_key");
+        ReadSmallFile(connection.tls_key_file, "--tls_key");
     if (!key.ok()) return key.status();
     options.pem_cert_chain = *cert;
     options.pem_private_key = *key;

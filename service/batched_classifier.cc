@@ -47,7 +47,11 @@ BatchedClassifier::~BatchedClassifier() {
   if (batcher_) batcher_->Stop();
 }
 
-absl::Status BatchedClassifier::Submit(ClassifyTask task) {
+absl::Status BatchedClassifier::Submit(ClassifyTask task, ClassifyCall call,
+                                       ClassifyDone done) {
+  task.deadline = call.deadline;
+  task.cancelled = std::move(call.cancelled);
+  task.done = std::move(done);
   if (LowerActivation(adaptive_queue_depth_, batcher_->NumQueued(),
                       task.activation.CanLower())) {
     task.activation = task.activation.Lowered(moh_);

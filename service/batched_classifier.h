@@ -53,9 +53,10 @@ class BatchedClassifier {
       ModelMetrics* metrics, RunBatchFn run_batch);
   ~BatchedClassifier();
 
-  // Queues `task` (its activation already resolved): adaptive activation may
-  // lower it. RESOURCE_EXHAUSTED when the queue is full.
-  absl::Status Submit(ClassifyTask task);
+  // Queues `task` (prepared from `call`, its activation resolved) with the
+  // call's deadline and cancellation check; `done` gets its result. Adaptive
+  // activation may lower it. RESOURCE_EXHAUSTED when the queue is full.
+  absl::Status Submit(ClassifyTask task, ClassifyCall call, ClassifyDone done);
   // Delivers a task's result and records its metrics.
   void Finish(ClassifyTask& task, absl::StatusOr<ClassifyResult> result);
   // Finishes `task` with DEADLINE_EXCEEDED or CANCELLED and returns true when

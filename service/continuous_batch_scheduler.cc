@@ -47,6 +47,7 @@ class LanguageExecutor : public StepExecutor<Sequence> {
     }
     seq.output.emplace(seq.job.sampling, seq.job.prompt_ids,
                        lm_.tokenizer.get(), lm_.eos_ids);
+    seq.head_tokens.assign(num_head_counters_, 0);
   }
 
   absl::Status Run(const std::vector<PlannedRow>& rows,
@@ -87,8 +88,6 @@ class LanguageExecutor : public StepExecutor<Sequence> {
     const int64_t* count_data = counts.data_ptr<int64_t>();
     for (size_t b = 0; b < rows.size(); ++b) {
       Sequence& seq = *seqs[b];
-      if (seq.head_tokens.empty())
-        seq.head_tokens.assign(num_head_counters_, 0);
       const int64_t* row_counts = count_data + b * num_head_counters_;
       for (size_t k = 0; k < num_head_counters_; ++k) {
         seq.head_tokens[k] += row_counts[k];

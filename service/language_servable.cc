@@ -117,11 +117,11 @@ absl::StatusOr<uint64_t> LanguageServable::Generate(
   job.sampling = std::move(call.sampling);
   // Unset: the configured default, clamped to what the context leaves after
   // the prompt (a prompt too long for any output is refused by Submit).
-  const int32_t room =
-      scheduler_->max_seq_len() - static_cast<int32_t>(std::min<size_t>(
-                                      job.prompt_ids.size(), INT32_MAX / 2));
-  job.sampling.max_new_tokens = call.max_new_tokens.value_or(
-      std::max(1, std::min(default_max_new_tokens_, room)));
+  const int64_t room = int64_t{scheduler_->max_seq_len()} -
+                       static_cast<int64_t>(job.prompt_ids.size());
+  job.sampling.max_new_tokens =
+      call.max_new_tokens.value_or(static_cast<int32_t>(std::max<int64_t>(
+          1, std::min<int64_t>(default_max_new_tokens_, room))));
   job.ratio = call.ratio;
   job.min_ratio = call.min_ratio;
   job.deadline = call.deadline;
@@ -138,10 +138,7 @@ bool LanguageServable::Idle() const {
 
 absl::Status LanguageServable::Classify(ClassifyCall call, ClassifyDone done) {
   MOH_ASSIGN_OR_RETURN(ClassifyTask task, Prepare(call));
-  task.deadline = call.deadline;
-  task.cancelled = std::move(call.cancelled);
-  task.done = std::move(done);
-  return classifier_->Submit(std::move(task));
+  return classifier_->Submit(std::move(task), std::move(call), std::move(done));
 }
 
 absl::StatusOr<ClassifyTask> LanguageServable::Prepare(
@@ -149,7 +146,7 @@ absl::StatusOr<ClassifyTask> LanguageServable::Prepare(
   MOH_RETURN_IF_ERROR(CheckClassifyCall(call));
   if (!call.text) {
     return NotServedError(call.image ? "image" : "pixels", name(), family(),
-                          "Classify of an image", "send text and labels");
+                          Task::kClassifyImage, "send text and labels");
   }
   const LlamaConfig& c = lm_.model->config();
   if (call.labels.empty() || call.labels.size() > kMaxLabels) {

@@ -1,11 +1,18 @@
 #include "service/servable.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/enum_names.h"
 
 namespace moh {
 
 Task TaskOf(const ClassifyCall& call) {
   return call.text.has_value() ? Task::kClassifyText : Task::kClassifyImage;
+}
+
+const char* TaskName(Task task) {
+  static constexpr const char* kNames[] = {"Generate", "Classify of an image",
+                                           "Classify of a text"};
+  return EnumName(task, kNames);
 }
 
 void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info) {
@@ -22,11 +29,11 @@ void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info) {
 }
 
 absl::Status NotServedError(absl::string_view field, absl::string_view model,
-                            absl::string_view family, absl::string_view asked,
+                            absl::string_view family, Task task,
                             absl::string_view instead) {
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": model '", model, "' (", family,
-                   ") does not serve ", asked, "; ", instead));
+                   ") does not serve ", TaskName(task), "; ", instead));
 }
 
 absl::Status CheckClassifyCall(const ClassifyCall& call) {
@@ -45,17 +52,14 @@ absl::Status CheckClassifyCall(const ClassifyCall& call) {
 
 absl::StatusOr<uint64_t> Servable::Generate(
     GenerateCall, std::shared_ptr<GenerationObserver>) {
-  return NotServedError("model", name_, family_, "Generate",
+  return NotServedError("model", name_, family_, Task::kGenerate,
                         "choose a language model");
 }
 
 void Servable::CancelGenerate(uint64_t) {}
 
 absl::Status Servable::Classify(ClassifyCall call, ClassifyDone) {
-  return NotServedError("model", name_, family_,
-                        TaskOf(call) == Task::kClassifyText
-                            ? "Classify of a text"
-                            : "Classify of an image",
+  return NotServedError("model", name_, family_, TaskOf(call),
                         "choose a classifier");
 }
 

@@ -75,6 +75,7 @@ using ClassifyDone = std::function<void(absl::StatusOr<ClassifyResult>)>;
 // finds a model that serves it.
 enum class Task { kGenerate, kClassifyImage, kClassifyText };
 Task TaskOf(const ClassifyCall& call);
+const char* TaskName(Task task);  // "Generate", "Classify of an image", ...
 
 class Servable {
  public:
@@ -119,10 +120,9 @@ void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info);
 
 // The one status for a request a model's family does not serve:
 // INVALID_ARGUMENT naming `field` (the request field that chose the model or
-// the input), the model, what it was asked (`asked`, e.g. "Generate") and what
-// to do `instead`.
+// the input), the model, the task it was asked and what to do `instead`.
 absl::Status NotServedError(absl::string_view field, absl::string_view model,
-                            absl::string_view family, absl::string_view asked,
+                            absl::string_view family, Task task,
                             absl::string_view instead);
 
 // Classify's input fields: exactly one input, top_n >= 0. INVALID_ARGUMENT

@@ -56,16 +56,13 @@ void VisionServable::Describe(v1::ModelInfo* info) const {
 
 absl::Status VisionServable::Classify(ClassifyCall call, ClassifyDone done) {
   MOH_ASSIGN_OR_RETURN(ClassifyTask task, Prepare(call));
-  task.deadline = call.deadline;
-  task.cancelled = std::move(call.cancelled);
-  task.done = std::move(done);
-  return classifier_->Submit(std::move(task));
+  return classifier_->Submit(std::move(task), std::move(call), std::move(done));
 }
 
 absl::StatusOr<ClassifyTask> VisionServable::Prepare(ClassifyCall& call) const {
   MOH_RETURN_IF_ERROR(CheckClassifyCall(call));
   if (call.text) {
-    return NotServedError("text", name(), family(), "Classify of a text",
+    return NotServedError("text", name(), family(), Task::kClassifyText,
                           "send image or pixels");
   }
   if (!call.labels.empty()) {

@@ -52,14 +52,15 @@ class BatchedClassifierTest : public ::testing::Test {
   std::shared_ptr<Outcome> Submit(absl::Time deadline,
                                   std::function<bool()> cancelled = nullptr) {
     auto outcome = std::make_shared<Outcome>();
-    ClassifyTask task;
-    task.deadline = deadline;
-    task.cancelled = std::move(cancelled);
-    task.done = [outcome](absl::StatusOr<ClassifyResult> result) {
+    ClassifyCall call;
+    call.deadline = deadline;
+    call.cancelled = std::move(cancelled);
+    auto done = [outcome](absl::StatusOr<ClassifyResult> result) {
       outcome->status = result.status();
       outcome->done.Notify();
     };
-    EXPECT_TRUE(classifier_->Submit(std::move(task)).ok());
+    EXPECT_TRUE(
+        classifier_->Submit(ClassifyTask(), std::move(call), done).ok());
     return outcome;
   }
 
