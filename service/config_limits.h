@@ -61,6 +61,12 @@ inline constexpr ConfigLimits<int32_t> kMaxMessageMb{64, 1, 1024};
 inline constexpr ConfigLimits<int32_t> kMaxConcurrentStreams{256, 1, 100000};
 // grpc_memory_mb: gRPC's resource quota (its buffers), MiB.
 inline constexpr ConfigLimits<int32_t> kGrpcMemoryMb{2048, 64, 1 << 20};
+// request_threads: threads preparing requests (tokenizing, decoding images)
+// off gRPC's own threads (service/request_workers.h).
+inline constexpr ConfigLimits<int32_t> kRequestThreads{4, 1, 256};
+// request_queue: requests that may wait for one of them before
+// RESOURCE_EXHAUSTED.
+inline constexpr ConfigLimits<int32_t> kRequestQueue{1024, 1, 1 << 20};
 
 // ----------------------------------------------------------------- ModelConfig
 

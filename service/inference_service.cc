@@ -70,58 +70,23 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
 // so the observer never outlives it in use, and deletes itself in OnDone.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  // `auth`: the call's authentication (OK, or why it is refused).
-  GenerateReactor(ModelManager* models, grpc::CallbackServerContext* context,
-                  const v1::GenerateRequest& request, const absl::Status& auth)
+  // `auth`: the call's authentication (OK, or why it is refused). The rest
+  // of the work (Start) runs on a request worker.
+  GenerateReactor(ModelManager* models, RequestWorkers* workers,
+                  grpc::CallbackServerContext* context,
+                  const v1::GenerateRequest* request, const absl::Status& auth)
       : start_(absl::Now()),
         deadline_(Deadline(context)),
         server_metrics_(models->metrics()),
-        include_routing_(request.include_routing()) {
+        include_routing_(request->include_routing()) {
     if (!auth.ok()) {
       FinishWith(auth);
       return;
     }
-    auto found = models->Find(request.model(), Task::kGenerate);
-    if (!found.ok()) {
-      FinishWith(found.status());
-      return;
-    }
-    model_name_ = (*found)->name();
-    auto servable = (*found)->Ready();
-    if (!servable.ok()) {
-      FinishWith(servable.status());
-      return;
-    }
-    model_ = *servable;
-    metrics_ = model_->metrics();
-    GenerateCall call;
-    if (!request.prompt().empty()) call.prompt = request.prompt();
-    if (!request.token_ids().empty()) {
-      call.token_ids.emplace(request.token_ids().begin(),
-                             request.token_ids().end());
-    }
-    call.sampling = FromProto(request.sampling());
-    if (request.sampling().has_max_new_tokens()) {
-      call.max_new_tokens = request.sampling().max_new_tokens();
-    }
-    call.ratio = request.activation().ratio();
-    call.min_ratio = request.activation().min_ratio();
-    call.deadline = deadline_;
-    auto observer = std::make_shared<Observer>(this);
-    auto id = model_->Generate(std::move(call), observer);
-    if (!id.ok()) {
-      FinishWith(id.status());
-      return;
-    }
-    bool cancelled;
-    {
-      absl::MutexLock lock(&mu_);
-      id_ = *id;
-      submitted_ = true;
-      cancelled = cancelled_;
-    }
-    // A cancellation that arrived while the job was being submitted.
-    if (cancelled) model_->CancelGenerate(id_);
+    // gRPC keeps `request` until the call is done, which Start comes before.
+    absl::Status queued =
+        workers->Run([this, models, request] { Start(models, *request); });
+    if (!queued.ok()) FinishWith(queued);
   }
 
   void OnCancel() override {
@@ -134,7 +99,6 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     // The scheduler answers with OnFinished(kCancelled); Finish happens there.
     if (submitted) model_->CancelGenerate(id_);
   }
-
   void OnWriteDone(bool ok) override {
     std::optional<grpc::Status> finish;
     {
@@ -188,6 +152,70 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     GenerateReactor* const reactor_;
   };
 
+  // On a request worker: finds the model and hands it the request
+  // (tokenizing, checks, admission).
+  void Start(ModelManager* models, const v1::GenerateRequest& request) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) {
+        // Gone while it waited for a worker: nothing to prepare.
+        FinishWith(GoneStatus());
+        return;
+      }
+    }
+    auto found = models->Find(request.model(), Task::kGenerate);
+    if (!found.ok()) {
+      FinishWith(found.status());
+      return;
+    }
+    model_name_ = (*found)->name();
+    auto servable = (*found)->Ready();
+    if (!servable.ok()) {
+      FinishWith(servable.status());
+      return;
+    }
+    model_ = *servable;
+    metrics_ = model_->metrics();
+    GenerateCall call;
+    if (!request.prompt().empty()) call.prompt = request.prompt();
+    if (!request.token_ids().empty()) {
+      call.token_ids.emplace(request.token_ids().begin(),
+                             request.token_ids().end());
+    }
+    call.sampling = FromProto(request.sampling());
+    if (request.sampling().has_max_new_tokens()) {
+      call.max_new_tokens = request.sampling().max_new_tokens();
+    }
+    call.ratio = request.activation().ratio();
+    call.min_ratio = request.activation().min_ratio();
+    call.deadline = deadline_;
+    auto observer = std::make_shared<Observer>(this);
+    auto id = model_->Generate(std::move(call), observer);
+    if (!id.ok()) {
+      FinishWith(id.status());
+      return;
+    }
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = *id;
+      submitted_ = true;
+      cancelled = cancelled_;
+    }
+    // A cancellation that arrived while the job was being submitted.
+    if (cancelled) model_->CancelGenerate(id_);
+  }
+
+  // The status of a call gRPC cancelled: its deadline passed (gRPC cancels a
+  // call whose deadline passed; its timer may fire a little before our clock
+  // reaches the deadline it reported: allow for it), or the client went.
+  absl::Status GoneStatus() const {
+    constexpr absl::Duration kTimerSlack = absl::Milliseconds(50);
+    return absl::Now() + kTimerSlack >= deadline_
+               ? absl::DeadlineExceededError("deadline exceeded")
+               : absl::CancelledError("cancelled by the client");
+  }
+
   // Queues `response` (if any); with `done`, finishes the call once every
   // queued message has been written.
   void Send(std::optional<v1::GenerateResponse> response,
@@ -199,15 +227,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         if (!done) return;
         DropUnsent();
         response.reset();
-        if (done->ok()) {
-          // gRPC cancels a call whose deadline passed: that is an expiry,
-          // and metrics count it as one. gRPC's timer may fire a little
-          // before our clock reaches the deadline it reported: allow for it.
-          constexpr absl::Duration kTimerSlack = absl::Milliseconds(50);
-          done = absl::Now() + kTimerSlack >= deadline_
-                     ? absl::DeadlineExceededError("deadline exceeded")
-                     : absl::CancelledError("cancelled by the client");
-        }
+        // An expiry is counted as one.
+        if (done->ok()) done = GoneStatus();
       }
       if (response) queue_.push_back(std::move(*response));
       if (done) final_status_ = ToGrpcStatus(*done);
@@ -299,7 +320,8 @@ v1::Routing ToRouting(const std::vector<int64_t>& head_tokens,
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return new GenerateReactor(models_, context, *request, Authenticate(context));
+  return new GenerateReactor(models_, workers_, context, request,
+                             Authenticate(context));
 }
 
 absl::Status InferenceService::Authenticate(
@@ -313,18 +335,37 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
     v1::ClassifyResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  ClassifyCall call = FromProto(*request);
   const absl::Status auth = Authenticate(context);
-  auto found = auth.ok() ? models_->Find(request->model(), TaskOf(call))
-                         : absl::StatusOr<HostedModel*>(auth);
+  // gRPC keeps the request, response and context until Finish.
+  absl::Status queued =
+      auth.ok()
+          ? workers_->Run([this, context, request, response, reactor, start] {
+              StartClassify(context, *request, response, reactor, start);
+            })
+          : auth;
+  if (!queued.ok()) {
+    RecordRequest(nullptr, models_->metrics(), Rpc::kClassify, request->model(),
+                  queued.code(), start);
+    reactor->Finish(ToGrpcStatus(queued));
+  }
+  return reactor;
+}
+
+void InferenceService::StartClassify(grpc::CallbackServerContext* context,
+                                     const v1::ClassifyRequest& request,
+                                     v1::ClassifyResponse* response,
+                                     grpc::ServerUnaryReactor* reactor,
+                                     absl::Time start) {
+  ClassifyCall call = FromProto(request);
+  auto found = models_->Find(request.model(), TaskOf(call));
   absl::StatusOr<Servable*> ready =
       found.ok() ? (*found)->Ready() : found.status();
   if (!ready.ok()) {
     RecordRequest(nullptr, models_->metrics(), Rpc::kClassify,
-                  found.ok() ? (*found)->name() : request->model(),
+                  found.ok() ? (*found)->name() : request.model(),
                   ready.status().code(), start);
     reactor->Finish(ToGrpcStatus(ready.status()));
-    return reactor;
+    return;
   }
   Servable* model = *ready;
   ModelMetrics* metrics = model->metrics();
@@ -335,7 +376,7 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
   };
   call.deadline = Deadline(context);
   call.cancelled = [context] { return context->IsCancelled(); };
-  const bool include_routing = request->include_routing();
+  const bool include_routing = request.include_routing();
   absl::Status status = model->Classify(
       std::move(call), [response, finish, include_routing,
                         model](absl::StatusOr<ClassifyResult> result) {
@@ -359,7 +400,6 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
         finish(absl::OkStatus());
       });
   if (!status.ok()) finish(status);
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* InferenceService::ListModels(

@@ -5,20 +5,25 @@
 // converts the deadline, converts the resulting status in one place
 // (grpc_status.h), and records request metrics. Generate is a
 // ServerWriteReactor that owns its outgoing queue; client cancellation enters
-// the scheduler through OnCancel.
+// the scheduler through OnCancel. Everything after authentication runs on the
+// request workers (request_workers.h), never on gRPC's threads.
 #pragma once
 
+#include "absl/time/time.h"
 #include "moh/v1/inference.grpc.pb.h"
 #include "service/auth.h"
 #include "service/model_manager.h"
+#include "service/request_workers.h"
 
 namespace moh {
 
 class InferenceService final : public v1::Inference::CallbackService {
  public:
-  // `models` and `auth` outlive the service; `auth` null: no authentication.
-  InferenceService(ModelManager* models, const TokenAuth* auth)
-      : models_(models), auth_(auth) {}
+  // `models`, `auth` and `workers` outlive the service; `auth` null: no
+  // authentication. Request work past authentication runs on `workers`.
+  InferenceService(ModelManager* models, const TokenAuth* auth,
+                   RequestWorkers* workers)
+      : models_(models), auth_(auth), workers_(workers) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
@@ -35,9 +40,16 @@ class InferenceService final : public v1::Inference::CallbackService {
   // OK, or UNAUTHENTICATED when tokens are required and the call has none
   // that is known.
   absl::Status Authenticate(const grpc::CallbackServerContext* context) const;
+  // Classify's work on a request worker: finds the model and hands it the
+  // request (decoding, tokenizing, checks, batching).
+  void StartClassify(grpc::CallbackServerContext* context,
+                     const v1::ClassifyRequest& request,
+                     v1::ClassifyResponse* response,
+                     grpc::ServerUnaryReactor* reactor, absl::Time start);
 
   ModelManager* const models_;
   const TokenAuth* const auth_;
+  RequestWorkers* const workers_;
 };
 
 // Tokens each head served, as the API's Routing message.

@@ -33,6 +33,7 @@
 #include "service/inference_service.h"
 #include "service/metrics.h"
 #include "service/model_manager.h"
+#include "service/request_workers.h"
 #include "service/server_config.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -234,7 +235,16 @@ int Run() {
   }
 
   ModelManager models(*config, &metrics);
-  InferenceService service(&models, auth.get());
+  RequestWorkers::Options worker_options;
+  worker_options.threads = config->request_threads();
+  worker_options.max_queued = config->request_queue();
+  absl::StatusOr<std::unique_ptr<RequestWorkers>> workers =
+      RequestWorkers::Create(worker_options);
+  if (!workers.ok()) {
+    MOH_LOG(Error) << workers.status().message();
+    return 1;
+  }
+  InferenceService service(&models, auth.get(), workers->get());
   grpc::EnableDefaultHealthCheckService(true);
   if (!config->has_reflection() || config->reflection()) {
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();

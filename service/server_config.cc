@@ -159,6 +159,10 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
               config_limits::kMaxConcurrentStreams);
   MOH_DEFAULT(config, grpc_memory_mb, std::string("grpc_memory_mb"),
               config_limits::kGrpcMemoryMb);
+  MOH_DEFAULT(config, request_threads, std::string("request_threads"),
+              config_limits::kRequestThreads);
+  MOH_DEFAULT(config, request_queue, std::string("request_queue"),
+              config_limits::kRequestQueue);
   if (config->models().empty()) {
     return absl::InvalidArgumentError("models: at least one model is needed");
   }

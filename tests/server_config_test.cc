@@ -38,6 +38,8 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(config->max_message_mb(), 64);
   EXPECT_EQ(config->max_concurrent_streams(), 256);
   EXPECT_EQ(config->grpc_memory_mb(), 2048);
+  EXPECT_EQ(config->request_threads(), 4);
+  EXPECT_EQ(config->request_queue(), 1024);
   const v1::ModelConfig& lm = config->models(0);
   EXPECT_EQ(lm.name(), "lm");  // the directory's base name
   EXPECT_EQ(lm.device(), "auto");
@@ -82,6 +84,10 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "max_concurrent_streams must be in [1, 100000]"},
       {"grpc_memory_mb: 10 models { model_dir: \"m\" }",
        "grpc_memory_mb must be in [64, 1048576]"},
+      {"request_threads: 300 models { model_dir: \"m\" }",
+       "request_threads must be in [1, 256]"},
+      {"request_queue: -2 models { model_dir: \"m\" }",
+       "request_queue must be in [1, 1048576]"},
       {"", "models: at least one model"},
       {"models { name: \"x\" }", "models[0].model_dir must be set"},
       {"models { model_dir: \"m\" batching { max_batch_size: -1 } }",

@@ -152,3 +152,113 @@ def test_a_request_over_max_message_mb_is_refused(api, server_factory):
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
     ok = lib.generate_request(api.pb, prompt="hi", max_new_tokens=1)
     assert lib.run_generate(stub, ok)[-1].usage.completion_tokens == 1
+
+
+def _png_bytes(width, height):
+    """An RGB PNG of one colour: small to send, big to decode."""
+    import zlib
+    row = b"\x00" + b"\x80\x40\x20" * width
+    def chunk(kind, data):
+        body = kind + data
+        return (struct.pack(">I", len(data)) + body +
+                struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF))
+    return (b"\x89PNG\r\n\x1a\n" +
+            chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(row * height, 1)) + chunk(b"IEND", b""))
+
+
+def test_health_answers_within_a_second_under_a_flood_of_heavy_requests(
+        api, server_factory):
+    # Megabyte prompts to tokenize and 16-megapixel images to decode, from
+    # more clients than the machine has cores, while a probe checks health
+    # every 100 ms with Kubernetes' default probe timeout (1 s): request work
+    # runs on the server's request workers, never on gRPC's own threads.
+    import threading
+    import time
+    server = server_factory("flood", [("demo-lm", lib.LM_DIR, ""),
+                                      ("demo-vit", lib.VIT_DIR, "")],
+                            metrics=False)
+    prompt = "the quick brown fox jumps over the lazy dog " * 24000  # ~1 MiB
+    image = _png_bytes(4000, 4000)
+    stop = threading.Event()
+    codes = {}
+    lock = threading.Lock()
+
+    def flood(i):
+        channel = server.new_channel()
+        stub = api.grpc.InferenceStub(channel)
+        while not stop.is_set():
+            try:
+                if i % 2:
+                    lib.run_generate(stub, lib.generate_request(
+                        api.pb, prompt=prompt, max_new_tokens=1), timeout=30)
+                    code = "OK"
+                else:
+                    stub.Classify(api.pb.ClassifyRequest(model="demo-vit",
+                                                         image=image),
+                                  timeout=30)
+                    code = "OK"
+            except grpc.RpcError as e:
+                code = e.code().name
+            with lock:
+                codes[code] = codes.get(code, 0) + 1
+        channel.close()
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    probe = server.new_channel()
+    failures, latencies = [], []
+    try:
+        time.sleep(2.0)  # the flood is under way
+        for _ in range(60):
+            begin = time.monotonic()
+            try:
+                status = lib.health_check(probe, timeout=1.0)
+                if status != "SERVING":
+                    failures.append(status)
+            except grpc.RpcError as e:
+                failures.append(e.code().name)
+            latencies.append(time.monotonic() - begin)
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        probe.close()
+    assert server.proc.poll() is None, server.log()
+    # The flood really ran: heavy requests were answered meanwhile.
+    assert sum(codes.values()) >= 12, codes
+    assert not failures, (failures, max(latencies), codes)
+
+
+def test_full_request_queue_is_resource_exhausted_and_harms_nothing(
+        api, server_factory):
+    # One request worker and room for one waiting request: a burst of heavy
+    # requests overflows it; the overflow is told so (RESOURCE_EXHAUSTED
+    # naming request_queue), the rest are answered, and the server serves on.
+    import concurrent.futures
+    server = server_factory("request_queue", [("demo-lm", lib.LM_DIR, "")],
+                            metrics=False,
+                            extra="request_threads: 1\nrequest_queue: 1")
+    stub = api.grpc.InferenceStub(server.channel())
+    prompt = "the quick brown fox jumps over the lazy dog " * 24000  # ~1 MiB
+    heavy = lib.generate_request(api.pb, prompt=prompt, max_new_tokens=1)
+
+    def call(_):
+        try:
+            lib.run_generate(stub, heavy, timeout=60)
+            return "OK", ""
+        except grpc.RpcError as e:
+            return e.code().name, e.details()
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(call, range(16)))
+    exhausted = [d for c, d in results if c == "RESOURCE_EXHAUSTED"]
+    assert exhausted, results
+    assert all("request_queue" in d for d in exhausted), exhausted
+    # The prompt is longer than the model's context: refused after tokenizing.
+    assert {c for c, _ in results} <= {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"}
+    messages = lib.run_generate(
+        stub, lib.generate_request(api.pb, prompt="hi", max_new_tokens=2))
+    assert messages[-1].finish_reason != 0
