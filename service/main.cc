@@ -35,6 +35,7 @@
 #include "service/model_manager.h"
 #include "service/request_workers.h"
 #include "service/server_config.h"
+#include "service/unparsable_requests.h"
 
 ABSL_FLAG(std::string, config, "",
           "Text-format moh.v1.ServerConfig file (several models, all limits)");
@@ -254,6 +255,11 @@ int Run() {
   int bound_port = 0;
   builder.AddListeningPort(address, *credentials, &bound_port);
   builder.RegisterService(&service);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(std::make_unique<UnparsableRequestCounter>(&metrics));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(config->max_message_mb() << 20);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              config->max_concurrent_streams());

@@ -8,6 +8,7 @@ import shutil
 import struct
 
 import grpc
+import pytest
 import numpy as np
 
 import moh_testlib as lib
@@ -262,3 +263,32 @@ def test_full_request_queue_is_resource_exhausted_and_harms_nothing(
     messages = lib.run_generate(
         stub, lib.generate_request(api.pb, prompt="hi", max_new_tokens=2))
     assert messages[-1].finish_reason != 0
+
+
+def test_an_unparsable_request_is_invalid_argument_and_counted(
+        api, server_factory):
+    server = server_factory("unparsable", [("demo-lm", lib.LM_DIR, "")])
+    channel = server.channel()
+    # Field 1 (model, a string) whose length runs past the end of the message.
+    garbage = b"\x0a\x7fshort"
+    for method, count in (("Generate", 2), ("Classify", 1)):
+        for _ in range(count):
+            if method == "Generate":
+                call = channel.unary_stream("/moh.v1.Inference/Generate")
+                with pytest.raises(grpc.RpcError) as e:
+                    list(call(garbage, timeout=lib.RPC_TIMEOUT))
+            else:
+                call = channel.unary_unary("/moh.v1.Inference/Classify")
+                with pytest.raises(grpc.RpcError) as e:
+                    call(garbage, timeout=lib.RPC_TIMEOUT)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert ("not a valid moh.v1.%sRequest" % method) in e.value.details()
+    samples = server.samples()
+    assert lib.metric_value(samples, "moh_requests_total", model="",
+                            rpc="Generate", code="INVALID_ARGUMENT") == 2
+    assert lib.metric_value(samples, "moh_requests_total", model="",
+                            rpc="Classify", code="INVALID_ARGUMENT") == 1
+    # The server goes on.
+    stub = api.grpc.InferenceStub(channel)
+    assert lib.run_generate(stub, lib.generate_request(
+        api.pb, prompt="hi", max_new_tokens=1))

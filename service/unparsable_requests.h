@@ -1,0 +1,29 @@
+// Requests gRPC cannot parse into their method's message never reach a
+// handler: gRPC (1.51) answers them UNIMPLEMENTED with an empty message and
+// nothing counts them. This server interceptor (registered in main.cc)
+// answers them INVALID_ARGUMENT naming the message type instead, and counts
+// them as requests that reached no model (moh_requests_total{model=""}).
+#pragma once
+
+#include <grpcpp/support/server_interceptor.h>
+
+#include "service/metrics.h"
+
+namespace moh {
+
+class UnparsableRequestCounter
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  // `metrics` outlives the server.
+  explicit UnparsableRequestCounter(Metrics* metrics) : metrics_(metrics) {}
+
+  // An interceptor for moh.v1.Inference's Generate and Classify; null (no
+  // interception) for every other method.
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override;
+
+ private:
+  Metrics* const metrics_;
+};
+
+}  // namespace moh
