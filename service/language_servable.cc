@@ -42,8 +42,10 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
   options.adaptive_queue_depth = config.adaptive().queue_depth();
   model.model->set_attention_workspace_bytes(int64_t{g.attention_workspace_mb()}
                                              << 20);
-  MOH_RETURN_IF_ERROR(
-      model.model->CheckMemoryFits(options.max_running, options.max_seq_len));
+  // Label scoring (Classify of a text) uses one sequence's cache beside the
+  // slots of Generate.
+  MOH_RETURN_IF_ERROR(model.model->CheckMemoryFits(options.max_running + 1,
+                                                   options.max_seq_len));
   MOH_ASSIGN_OR_RETURN(self->scheduler_, ContinuousBatchScheduler::Create(
                                              options, model, model_metrics));
   MOH_ASSIGN_OR_RETURN(
@@ -173,7 +175,7 @@ absl::StatusOr<ClassifyTask> LanguageServable::Prepare(
   }
   task.top_n = call.top_n > 0 ? call.top_n : call.labels.size();
   task.context_ids = lm_.tokenizer->Encode(*call.text, true);
-  const int64_t max_len = c.max_position_embeddings;
+  const int64_t max_len = scheduler_->max_seq_len();
   for (size_t i = 0; i < call.labels.size(); ++i) {
     std::vector<int32_t> ids = lm_.tokenizer->Encode(call.labels[i], false);
     if (ids.empty()) {
@@ -196,7 +198,7 @@ void LanguageServable::ScoreLabels(ClassifyTask& task) {
   // request's error, not the process's end.
   auto scored = CatchTorchErrors("label scoring", [&] {
     return moh::ScoreLabels(*lm_.model, task.context_ids, task.label_ids,
-                            task.activation);
+                            task.activation, scheduler_->max_seq_len());
   });
   if (!scored.ok()) {
     classifier_->Finish(task, scored.status());

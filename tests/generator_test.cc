@@ -242,5 +242,30 @@ TEST_F(GeneratorTest, LabelScoresMatchReferenceLogits) {
   EXPECT_FALSE(empty.ok());
 }
 
+TEST_F(GeneratorTest, LabelScoringInGroupsOfOneSequenceMatchesOneBatch) {
+  // Five labels of a 4-token context; a cache of 6 positions holds one row
+  // (context + the longest label) at a time.
+  const Activation activation =
+      Activation::AtRatio(lm_->model->config().moh, 0.5f);
+  const std::vector<int32_t> context = {1, 2, 3, 4};
+  const std::vector<std::vector<int32_t>> labels = {
+      {5}, {6, 7}, {8}, {9, 10}, {11}};
+  auto whole = ScoreLabels(*lm_->model, context, labels, activation);
+  auto grouped = ScoreLabels(*lm_->model, context, labels, activation, 6);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  ASSERT_EQ(grouped->log_likelihoods.size(), labels.size());
+  for (size_t i = 0; i < labels.size(); ++i) {
+    EXPECT_NEAR(grouped->log_likelihoods[i], whole->log_likelihoods[i], 1e-4);
+  }
+  EXPECT_EQ(grouped->tokens, whole->tokens);
+  EXPECT_TRUE(at::equal(grouped->head_token_counts, whole->head_token_counts));
+  // A row longer than the cache is refused, naming the limit.
+  auto too_long = ScoreLabels(*lm_->model, context, labels, activation, 5);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_THAT(std::string(too_long.status().message()),
+              HasSubstr("text + label must fit in 5 tokens, got 6"));
+}
+
 }  // namespace
 }  // namespace moh

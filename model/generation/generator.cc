@@ -215,73 +215,84 @@ absl::StatusOr<LabelScores> ScoreLabels(
 absl::StatusOr<LabelScores> ScoreLabels(
     const LlamaModel& model, const std::vector<int32_t>& context_ids,
     const std::vector<std::vector<int32_t>>& label_ids,
-    const Activation& activation) {
+    const Activation& activation, int64_t max_positions) {
   if (context_ids.empty()) {
     return absl::InvalidArgumentError("text must encode to at least one token");
   }
   if (label_ids.empty()) {
     return absl::InvalidArgumentError("labels must not be empty");
   }
+  const int64_t limit = max_positions > 0
+                            ? max_positions
+                            : int64_t{model.config().max_position_embeddings};
   const int64_t n = label_ids.size();
   int64_t width = 0;
+  int64_t longest = 0;
   for (size_t i = 0; i < label_ids.size(); ++i) {
     if (label_ids[i].empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("labels[", i, "] must encode to at least one token"));
     }
     width = std::max<int64_t>(width, context_ids.size() + label_ids[i].size());
+    longest = std::max<int64_t>(longest, label_ids[i].size());
   }
-  if (width > model.config().max_position_embeddings) {
+  if (width > limit) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "text + label must fit in ", model.config().max_position_embeddings,
-        " tokens, got ", width));
+        "text + label must fit in ", limit, " tokens, got ", width));
   }
-  // Logits only where a label token is predicted: the last (longest label +
-  // 1) positions of each row, under a memory budget.
-  int64_t longest = 0;
-  for (const auto& label : label_ids) {
-    longest = std::max<int64_t>(longest, label.size());
-  }
+  // Rows go through Forward in groups: a group's cache holds at most `limit`
+  // positions (one sequence's worth), and its logits, kept only where a label
+  // token is predicted (the last longest label + 1 positions of each row),
+  // stay under kMaxLabelLogitsBytes.
   const int64_t tail = longest + 1;
-  const int64_t logits_bytes =
-      n * tail * int64_t{model.config().vocab_size} * 4;
-  if (logits_bytes > kMaxLabelLogitsBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "labels: ", n, " labels of up to ", longest, " tokens need ",
-        logits_bytes >> 20, " MiB of logits; at most ",
-        kMaxLabelLogitsBytes >> 20, " MiB (send fewer or shorter labels)"));
+  const int64_t row_logits_bytes =
+      tail * int64_t{model.config().vocab_size} * 4;
+  if (row_logits_bytes > kMaxLabelLogitsBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("labels: a label of ", longest, " tokens needs ",
+                     row_logits_bytes >> 20, " MiB of logits; at most ",
+                     kMaxLabelLogitsBytes >> 20, " MiB (send shorter labels)"));
   }
-  DecoderBatch batch;
-  batch.token_ids = at::zeros({n, width}, at::kLong);
-  batch.logits_tail = static_cast<int32_t>(tail);
-  auto ids = batch.token_ids.accessor<int64_t, 2>();
-  for (int64_t b = 0; b < n; ++b) {
-    int64_t t = 0;
-    for (int32_t id : context_ids) ids[b][t++] = id;
-    for (int32_t id : label_ids[b]) ids[b][t++] = id;
-    batch.num_tokens.push_back(t);
-    batch.slots.push_back(b);
-    batch.start_positions.push_back(0);
-    batch.top_k.push_back(activation.top_k());
-  }
-  KvCache cache = model.CreateKvCache(n, width);
-  MOH_ASSIGN_OR_RETURN(DecoderOutput out, model.Forward(batch, cache));
-  // [B, tail, V]: row b's position p sits at p - (row length - tail).
-  at::Tensor log_probs = at::log_softmax(out.logits, -1).cpu();
+  const int64_t group = std::max<int64_t>(
+      1, std::min({n, limit / width, kMaxLabelLogitsBytes / row_logits_bytes}));
   LabelScores scores;
-  scores.head_token_counts = out.head_token_counts.sum(0);
   const int64_t context = context_ids.size();
-  for (int64_t b = 0; b < n; ++b) {
-    double total = 0;
-    const int64_t m = label_ids[b].size();
-    const int64_t first = tail - 1 - m;  // where position context - 1 sits
-    for (int64_t j = 0; j < m; ++j) {
-      // The token at position context + j is predicted at position context + j
-      // - 1.
-      total += log_probs[b][first + j][label_ids[b][j]].item<float>();
+  for (int64_t begin = 0; begin < n; begin += group) {
+    const int64_t rows = std::min(group, n - begin);
+    DecoderBatch batch;
+    batch.token_ids = at::zeros({rows, width}, at::kLong);
+    batch.logits_tail = static_cast<int32_t>(tail);
+    auto ids = batch.token_ids.accessor<int64_t, 2>();
+    for (int64_t b = 0; b < rows; ++b) {
+      int64_t t = 0;
+      for (int32_t id : context_ids) ids[b][t++] = id;
+      for (int32_t id : label_ids[begin + b]) ids[b][t++] = id;
+      batch.num_tokens.push_back(t);
+      batch.slots.push_back(b);
+      batch.start_positions.push_back(0);
+      batch.top_k.push_back(activation.top_k());
     }
-    scores.log_likelihoods.push_back(total);
-    scores.tokens += context + label_ids[b].size();
+    KvCache cache = model.CreateKvCache(rows, width);
+    MOH_ASSIGN_OR_RETURN(DecoderOutput out, model.Forward(batch, cache));
+    // [rows, tail, V]: row b's position p sits at p - (row length - tail).
+    at::Tensor log_probs = at::log_softmax(out.logits, -1).cpu();
+    at::Tensor counts = out.head_token_counts.sum(0);
+    scores.head_token_counts = scores.head_token_counts.defined()
+                                   ? scores.head_token_counts + counts
+                                   : counts;
+    for (int64_t b = 0; b < rows; ++b) {
+      const std::vector<int32_t>& label = label_ids[begin + b];
+      const int64_t m = label.size();
+      const int64_t first = tail - 1 - m;  // where position context - 1 sits
+      double total = 0;
+      for (int64_t j = 0; j < m; ++j) {
+        // The token at position context + j is predicted at position
+        // context + j - 1.
+        total += log_probs[b][first + j][label[j]].item<float>();
+      }
+      scores.log_likelihoods.push_back(total);
+      scores.tokens += context + m;
+    }
   }
   return scores;
 }

@@ -109,12 +109,15 @@ class Generator {
   std::vector<int32_t> eos_ids_;
 };
 
-// Label scoring keeps its logits under this size (INVALID_ARGUMENT beyond).
+// Label scoring keeps the logits of one Forward under this size.
 inline constexpr int64_t kMaxLabelLogitsBytes = int64_t{256} << 20;
 
 // Log-likelihood of each candidate label given `context_ids`:
 // sum over label tokens of log p(label token | context, previous label tokens),
-// all labels scored in one batch at activation ratio `ratio` (0 = default).
+// at activation ratio `ratio` (0 = default). Labels are scored in groups of
+// rows whose KV cache holds at most `max_positions` positions (0: the model's
+// max_position_embeddings), so a request never needs more than one
+// sequence's cache; context + label must fit in it (INVALID_ARGUMENT).
 struct LabelScores {
   std::vector<double> log_likelihoods;  // one per label
   at::Tensor head_token_counts;         // int64 [L, H] over every row
@@ -126,7 +129,7 @@ absl::StatusOr<LabelScores> ScoreLabels(
 absl::StatusOr<LabelScores> ScoreLabels(
     const LlamaModel& model, const std::vector<int32_t>& context_ids,
     const std::vector<std::vector<int32_t>>& label_ids,
-    const Activation& activation);
+    const Activation& activation, int64_t max_positions = 0);
 
 // Fraction of (token, head) pairs used, from counts [..., L, H] over `tokens`.
 double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens);

@@ -292,3 +292,24 @@ def test_an_unparsable_request_is_invalid_argument_and_counted(
     stub = api.grpc.InferenceStub(channel)
     assert lib.run_generate(stub, lib.generate_request(
         api.pb, prompt="hi", max_new_tokens=1))
+
+
+def test_label_scoring_stays_within_one_sequence_of_kv(api, server_factory):
+    # Label scoring's cache is one sequence's worth (generation.max_seq_len
+    # positions, besides the slots of Generate): text + label must fit in it,
+    # and many labels are scored in groups that do.
+    server = server_factory("label_kv", [
+        ("demo-lm", lib.LM_DIR, "generation { max_seq_len: 24 }")],
+        metrics=False)
+    stub = api.grpc.InferenceStub(server.channel())
+    long_text = api.pb.ClassifyRequest(model="demo-lm", text="word " * 40,
+                                       labels=["a", "b"])
+    e = lib.rpc_error(stub.Classify, long_text, timeout=lib.RPC_TIMEOUT)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must fit in 24 tokens" in e.details()
+    labels = ["label %d" % i for i in range(64)]
+    many = stub.Classify(api.pb.ClassifyRequest(
+        model="demo-lm", text="The owl", labels=labels, top_n=64),
+        timeout=lib.RPC_TIMEOUT)
+    assert sorted(c.label for c in many.classes) == sorted(labels)
+    assert abs(sum(c.score for c in many.classes) - 1.0) < 1e-4
