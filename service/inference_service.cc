@@ -320,6 +320,7 @@ v1::Routing ToRouting(const std::vector<int64_t>& head_tokens,
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  CallArrived();
   return new GenerateReactor(models_, workers_, context, request,
                              Authenticate(context));
 }
@@ -333,6 +334,7 @@ absl::Status InferenceService::Authenticate(
 grpc::ServerUnaryReactor* InferenceService::Classify(
     grpc::CallbackServerContext* context, const v1::ClassifyRequest* request,
     v1::ClassifyResponse* response) {
+  CallArrived();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   const absl::Status auth = Authenticate(context);
@@ -405,6 +407,7 @@ void InferenceService::StartClassify(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* InferenceService::ListModels(
     grpc::CallbackServerContext* context, const v1::ListModelsRequest*,
     v1::ListModelsResponse* response) {
+  CallArrived();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Status auth = Authenticate(context);
   if (!auth.ok()) {

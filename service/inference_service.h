@@ -9,6 +9,9 @@
 // request workers (request_workers.h), never on gRPC's threads.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+
 #include "absl/time/time.h"
 #include "moh/v1/inference.grpc.pb.h"
 #include "service/auth.h"
@@ -24,6 +27,12 @@ class InferenceService final : public v1::Inference::CallbackService {
   InferenceService(ModelManager* models, const TokenAuth* auth,
                    RequestWorkers* workers)
       : models_(models), auth_(auth), workers_(workers) {}
+
+  // When the last moh.v1.Inference call arrived (the server's start before
+  // the first): the drain waits for clients to go quiet (main.cc).
+  absl::Time last_call() const {
+    return absl::FromUnixNanos(last_call_ns_.load(std::memory_order_relaxed));
+  }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
@@ -50,6 +59,11 @@ class InferenceService final : public v1::Inference::CallbackService {
   ModelManager* const models_;
   const TokenAuth* const auth_;
   RequestWorkers* const workers_;
+  std::atomic<int64_t> last_call_ns_{absl::ToUnixNanos(absl::Now())};
+  void CallArrived() {
+    last_call_ns_.store(absl::ToUnixNanos(absl::Now()),
+                        std::memory_order_relaxed);
+  }
 };
 
 // Tokens each head served, as the API's Routing message.

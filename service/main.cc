@@ -330,6 +330,15 @@ int Run() {
   if (!models.Idle()) {
     MOH_LOG(Warning) << "drain timeout: cancelling what is still running";
   }
+  // Lame duck: gRPC cancels calls that reach it while it shuts down
+  // (CANCELLED, not retryable; grpc/grpc#41785), so the server keeps
+  // answering UNAVAILABLE until its clients have gone quiet (load balancers
+  // have moved them) for kQuietPeriod, within the drain timeout.
+  constexpr absl::Duration kQuietPeriod = absl::Milliseconds(250);
+  while (absl::Now() < give_up &&
+         absl::Now() - service.last_call() < kQuietPeriod) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   if (health_server) health_server->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(500));
