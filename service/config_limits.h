@@ -61,6 +61,8 @@ inline constexpr ConfigLimits<int32_t> kMaxMessageMb{64, 1, 1024};
 inline constexpr ConfigLimits<int32_t> kMaxConcurrentStreams{256, 1, 100000};
 // grpc_memory_mb: gRPC's resource quota (its buffers), MiB.
 inline constexpr ConfigLimits<int32_t> kGrpcMemoryMb{2048, 64, 1 << 20};
+// image_decode_memory_mb: memory of the images being decoded at once, MiB.
+inline constexpr ConfigLimits<int32_t> kImageDecodeMemoryMb{512, 1, 1 << 20};
 
 // ----------------------------------------------------------------- ModelConfig
 

@@ -159,6 +159,9 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
               config_limits::kMaxConcurrentStreams);
   MOH_DEFAULT(config, grpc_memory_mb, std::string("grpc_memory_mb"),
               config_limits::kGrpcMemoryMb);
+  MOH_DEFAULT(config, image_decode_memory_mb,
+              std::string("image_decode_memory_mb"),
+              config_limits::kImageDecodeMemoryMb);
   if (config->models().empty()) {
     return absl::InvalidArgumentError("models: at least one model is needed");
   }
