@@ -38,6 +38,7 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(config->max_message_mb(), 64);
   EXPECT_EQ(config->max_concurrent_streams(), 256);
   EXPECT_EQ(config->grpc_memory_mb(), 2048);
+  EXPECT_EQ(config->image_decode_memory_mb(), 512);
   const v1::ModelConfig& lm = config->models(0);
   EXPECT_EQ(lm.name(), "lm");  // the directory's base name
   EXPECT_EQ(lm.device(), "auto");
@@ -82,6 +83,8 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "max_concurrent_streams must be in [1, 100000]"},
       {"grpc_memory_mb: 10 models { model_dir: \"m\" }",
        "grpc_memory_mb must be in [64, 1048576]"},
+      {"image_decode_memory_mb: -1 models { model_dir: \"m\" }",
+       "image_decode_memory_mb must be in [1, 1048576]"},
       {"", "models: at least one model"},
       {"models { name: \"x\" }", "models[0].model_dir must be set"},
       {"models { model_dir: \"m\" batching { max_batch_size: -1 } }",
