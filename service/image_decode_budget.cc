@@ -43,14 +43,14 @@ absl::StatusOr<ImageDecodeBudget::Reservation> ImageDecodeBudget::Reserve(
   if (bytes > capacity_bytes_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "image needs %.1f MiB to decode, more than the whole decode budget "
-        "(image_decode_memory_mb: %.1f)",
+        "(image_decode_memory_mb: %g)",
         MiB(bytes), MiB(capacity_bytes_)));
   }
   absl::MutexLock lock(&mu_);
   if (bytes > capacity_bytes_ - reserved_bytes_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "image needs %.1f MiB to decode and other decodes hold %.1f MiB of "
-        "the decode budget (image_decode_memory_mb: %.1f); retry later",
+        "the decode budget (image_decode_memory_mb: %g); retry later",
         MiB(bytes), MiB(reserved_bytes_), MiB(capacity_bytes_)));
   }
   reserved_bytes_ += bytes;
