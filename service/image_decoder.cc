@@ -1,14 +1,14 @@
 #include "service/image_decoder.h"
 
-// jpeglib.h needs size_t and FILE declared before it.
 #include <csetjmp>
-#include <cstddef>
+#include <cstddef>  // before jpeglib.h, which needs size_t and FILE
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -116,8 +116,9 @@ void JpegProgress(j_common_ptr cinfo) {
 }
 
 // JPEG through libjpeg-turbo, decoding straight to grey or RGB as asked.
-// The functions that call libjpeg (Start, Decompress) hold no object with a
-// destructor, so the longjmp of an error skips none.
+// The functions that call libjpeg (Start, Decompress; never inlined into a
+// caller) hold no object with a destructor, so the longjmp of an error skips
+// none.
 class JpegReader {
  public:
   explicit JpegReader(absl::string_view bytes) : bytes_(bytes) {
@@ -168,7 +169,7 @@ class JpegReader {
   }
 
  private:
-  bool Start() {
+  ABSL_ATTRIBUTE_NOINLINE bool Start() {
     if (setjmp(error_.jump)) return false;
     jpeg_create_decompress(&cinfo_);
     cinfo_.progress = &progress_;
@@ -178,7 +179,7 @@ class JpegReader {
     return true;
   }
 
-  bool Decompress(uint8_t* samples) {
+  ABSL_ATTRIBUTE_NOINLINE bool Decompress(uint8_t* samples) {
     if (setjmp(error_.jump)) return false;
     jpeg_start_decompress(&cinfo_);
     if (cinfo_.output_width != cinfo_.image_width ||

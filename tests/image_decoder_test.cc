@@ -160,74 +160,38 @@ TEST(ImageDecoderTest, ResizesAndConvertsToGrey) {
   EXPECT_NEAR(image->mean().item<float>(), 200 / 255.0f, 1e-3);
 }
 
+// A 1x1 PNG whose one pixel has the samples `pixel`.
+PngSpec OnePixel(PngColour colour, int bit_depth, const std::string& pixel) {
+  return {1, 1, colour, bit_depth, false, std::string(1, '\0') + pixel};
+}
+
 // One 1x1 PNG of each colour type; as stb_image decoded them before: alpha
 // dropped (whatever its value), 16-bit samples to their high byte, grey as
 // (77 r + 150 g + 29 b) >> 8.
 TEST(ImageDecoderTest, DecodesEveryPngColourTypeDroppingAlpha) {
-  const int kR = 200, kG = 40, kB = 90,
-            kGreyOfRgb = (77 * kR + 150 * kG + 29 * kB) >> 8;
+  constexpr int kGreyOfRgb = (77 * 200 + 150 * 40 + 29 * 90) >> 8;
+  const std::string rgb = "\xc8\x28\x5a";  // (200, 40, 90)
+  const std::string grey = "\x4d";         // 77
+  PngSpec palette = OnePixel(kPalette, 8, "\x01");
+  palette.plte = std::string(3, '\0') + rgb;  // entry 1 is rgb
+  palette.trns = std::string("\xff\x00", 2);  // and transparent
   struct Case {
     const char* name;
     PngSpec spec;
     int r, g, b, grey;
   };
-  const std::string rgb{char(kR), char(kG), char(kB)};
   const Case cases[] = {
-      {"grey", {1, 1, kGrey, 8, false, {0, char(77)}}, 77, 77, 77, 77},
-      {"grey 1-bit",
-       {1, 1, kGrey, 1, false, {0, char(0x80)}},
-       255,
-       255,
-       255,
-       255},
-      {"grey+alpha",
-       {1, 1, kGreyAlpha, 8, false, {0, char(77), 0}},
-       77,
-       77,
-       77,
-       77},
-      {"rgb",
-       {1, 1, kRgb, 8, false, std::string(1, 0) + rgb},
-       kR,
-       kG,
-       kB,
-       kGreyOfRgb},
-      {"rgba",
-       {1, 1, kRgba, 8, false, std::string(1, 0) + rgb + char(10)},
-       kR,
-       kG,
-       kB,
-       kGreyOfRgb},
-      {"rgb 16-bit",
-       {1,
-        1,
-        kRgb,
-        16,
-        false,
-        {0, char(kR), char(0xff), char(kG), 0x10, char(kB), 0x7f}},
-       kR,
-       kG,
-       kB,
-       kGreyOfRgb},
+      {"grey", OnePixel(kGrey, 8, grey), 77, 77, 77, 77},
+      {"grey 1-bit", OnePixel(kGrey, 1, "\x80"), 255, 255, 255, 255},
+      {"grey+alpha", OnePixel(kGreyAlpha, 8, grey + '\0'), 77, 77, 77, 77},
+      {"rgb", OnePixel(kRgb, 8, rgb), 200, 40, 90, kGreyOfRgb},
+      {"rgba", OnePixel(kRgba, 8, rgb + '\x0a'), 200, 40, 90, kGreyOfRgb},
+      {"rgb 16-bit", OnePixel(kRgb, 16, "\xc8\xff\x28\x10\x5a\x7f"), 200, 40,
+       90, kGreyOfRgb},
       {"grey+alpha 16-bit",
-       {1, 1, kGreyAlpha, 16, false, {0, char(77), 0x20, 0, 0x01}},
-       77,
-       77,
-       77,
+       OnePixel(kGreyAlpha, 16, std::string("\x4d\x20\x00\x01", 4)), 77, 77, 77,
        77},
-      {"palette with transparency",
-       {1,
-        1,
-        kPalette,
-        8,
-        false,
-        {0, 1},
-        std::string(3, 0) + rgb,
-        {char(255), 0}},
-       kR,
-       kG,
-       kB,
-       kGreyOfRgb},
+      {"palette with transparency", palette, 200, 40, 90, kGreyOfRgb},
   };
   for (const Case& c : cases) {
     const std::string png = Png(c.spec);

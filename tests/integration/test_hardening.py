@@ -155,8 +155,9 @@ def test_a_request_over_max_message_mb_is_refused(api, server_factory):
 
 
 def test_image_decode_memory_mb_bounds_decodes(api, server_factory):
-    server = server_factory("small_decode_budget", [("demo-vit", lib.VIT_DIR, "")],
-                            metrics=False, extra="image_decode_memory_mb: 1")
+    server = server_factory("small_decode_budget",
+                            [("demo-vit", lib.VIT_DIR, "")], metrics=False,
+                            extra="image_decode_memory_mb: 1")
     stub = api.grpc.InferenceStub(server.channel())
     # 300 x 300 RGB: 90000 pixels of 3 bytes and 12 float bytes, over 1 MiB.
     row = [0.5] * 300
