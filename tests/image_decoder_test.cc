@@ -85,10 +85,12 @@ std::string BlackPng(int width, int height) {
 }
 
 // A JPEG of `components` samples per pixel (1 grey, 3 RGB, 4 CMYK) whose
-// sample c of pixel (x, y) is value(x, y, c); quality 100. The test dies if
-// libjpeg fails (its default error handler exits).
+// sample c of pixel (x, y) is value(x, y, c); quality 100; progressive with
+// libjpeg's scans, or with `scans` when given. The test dies if libjpeg fails
+// (its default error handler exits).
 std::string Jpeg(int width, int height, int components,
-                 int (*value)(int, int, int), bool progressive = false) {
+                 int (*value)(int, int, int), bool progressive = false,
+                 const std::vector<jpeg_scan_info>& scans = {}) {
   jpeg_compress_struct cinfo;
   jpeg_error_mgr error;
   cinfo.err = jpeg_std_error(&error);
@@ -105,6 +107,10 @@ std::string Jpeg(int width, int height, int components,
   jpeg_set_defaults(&cinfo);
   jpeg_set_quality(&cinfo, 100, TRUE);
   if (progressive) jpeg_simple_progression(&cinfo);
+  if (!scans.empty()) {
+    cinfo.scan_info = scans.data();
+    cinfo.num_scans = scans.size();
+  }
   jpeg_start_compress(&cinfo, TRUE);
   std::vector<JSAMPLE> row(width * components);
   while (cinfo.next_scanline < cinfo.image_height) {
@@ -245,6 +251,36 @@ TEST(ImageDecoderTest, DecodesJpegBaselineAndProgressive) {
   auto rgb = DecodeImage(grey_jpeg, 3, 8);
   ASSERT_TRUE(rgb.ok()) << rgb.status();
   EXPECT_TRUE(at::allclose(*rgb, at::full({3, 8, 8}, 128 / 255.0f)));
+}
+
+// Every scan re-reads the image: a file of many tiny scans would cost time
+// out of proportion to its size.
+TEST(ImageDecoderTest, RefusesJpegWithMoreThan500Scans) {
+  // A valid grey script of 694 scans: DC, then each AC coefficient alone,
+  // first to 10 bits of approximation then refined one bit at a time.
+  std::vector<jpeg_scan_info> scans;
+  auto add = [&scans](int spectral, int high, int low) {
+    jpeg_scan_info scan{};
+    scan.comps_in_scan = 1;
+    scan.Ss = scan.Se = spectral;
+    scan.Ah = high;
+    scan.Al = low;
+    scans.push_back(scan);
+  };
+  add(0, 0, 0);
+  for (int k = 1; k < DCTSIZE2; ++k) {
+    add(k, 0, 10);
+    for (int bit = 10; bit > 0; --bit) add(k, bit, bit - 1);
+  }
+  ASSERT_EQ(scans.size(), 694u);
+  const std::string jpeg = Jpeg(
+      8, 8, 1, [](int x, int y, int) { return x * 30 + y; },
+      /*progressive=*/false, scans);
+  auto image = DecodeImage(jpeg, 1, 8);
+  ASSERT_FALSE(image.ok());
+  EXPECT_EQ(image.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(image.status().message()),
+              HasSubstr("more than 500 scans"));
 }
 
 TEST(ImageDecoderTest, RefusesCmykJpeg) {
