@@ -46,7 +46,7 @@ main() {
   PACKAGES=(
     build-essential cmake ninja-build ccache pkg-config git
     libtorch-dev libopenblas0-openmp
-    libabsl-dev nlohmann-json3-dev libpcre2-dev libstb-dev
+    libabsl-dev nlohmann-json3-dev libpcre2-dev libpng-dev libjpeg62-turbo-dev
     libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
     prometheus-cpp-dev
     libgtest-dev libgmock-dev libbenchmark-dev
@@ -56,7 +56,8 @@ main() {
   )
   RUNTIME_PACKAGES=(
     libopenblas0-openmp libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32
-    libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libpcre2-8-0 libstb0
+    libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libpcre2-8-0
+    libpng16-16 libjpeg62-turbo
   )
   torch_wheel=0
   case "${1:-}" in

@@ -67,6 +67,8 @@ inline constexpr ConfigLimits<int32_t> kRequestThreads{4, 1, 256};
 // request_queue: requests that may wait for one of them before
 // RESOURCE_EXHAUSTED.
 inline constexpr ConfigLimits<int32_t> kRequestQueue{1024, 1, 1 << 20};
+// image_decode_memory_mb: memory of the images being decoded at once, MiB.
+inline constexpr ConfigLimits<int32_t> kImageDecodeMemoryMb{512, 1, 1 << 20};
 
 // ----------------------------------------------------------------- ModelConfig
 

@@ -14,33 +14,37 @@
 namespace moh {
 namespace {
 
-// The loader of each model family: the servable, loaded and warmed up.
+// The servable its family's loader returned, warmed up.
 template <typename FamilyServable>
-absl::StatusOr<std::unique_ptr<Servable>> LoadAndWarmUp(
-    const v1::ModelConfig& config, const DeviceOptions& device,
-    Metrics* metrics) {
+absl::StatusOr<std::unique_ptr<Servable>> WarmedUp(
+    absl::StatusOr<std::unique_ptr<FamilyServable>> loaded) {
   MOH_ASSIGN_OR_RETURN(std::unique_ptr<FamilyServable> servable,
-                       FamilyServable::Load(config, device, metrics));
+                       std::move(loaded));
   MOH_RETURN_IF_ERROR(servable->Warmup());
   return std::unique_ptr<Servable>(std::move(servable));
 }
 
 absl::StatusOr<std::unique_ptr<Servable>> LoadServable(
     const v1::ModelConfig& config, ModelFamily family,
-    const DeviceOptions& device, Metrics* metrics) {
+    const DeviceOptions& device, Metrics* metrics,
+    ImageDecodeBudget* image_decode_budget) {
   switch (family) {
     case ModelFamily::kLlama:
-      return LoadAndWarmUp<LanguageServable>(config, device, metrics);
+      return WarmedUp(LanguageServable::Load(config, device, metrics));
     case ModelFamily::kVit:
-      return LoadAndWarmUp<VisionServable>(config, device, metrics);
+      return WarmedUp(
+          VisionServable::Load(config, device, metrics, image_decode_budget));
   }
   return absl::InvalidArgumentError("unknown model family");
 }
 
 }  // namespace
 
-HostedModel::HostedModel(v1::ModelConfig config, Metrics* metrics)
-    : config_(std::move(config)), metrics_(metrics) {}
+HostedModel::HostedModel(v1::ModelConfig config, Metrics* metrics,
+                         ImageDecodeBudget* image_decode_budget)
+    : config_(std::move(config)),
+      metrics_(metrics),
+      image_decode_budget_(image_decode_budget) {}
 
 HostedModel::~HostedModel() = default;
 
@@ -78,7 +82,8 @@ absl::Status HostedModel::LoadUnchecked() {
   device_ = options.device().str();
   dtype_ = DtypeName(at::typeMetaToScalarType(options.dtype()));
   MOH_ASSIGN_OR_RETURN(
-      servable_, LoadServable(config_, model_config.family, device, metrics_));
+      servable_, LoadServable(config_, model_config.family, device, metrics_,
+                              image_decode_budget_));
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "moh/v1/inference.pb.h"
 #include "moh/v1/server_config.pb.h"
+#include "service/image_decode_budget.h"
 #include "service/metrics.h"
 #include "service/servable.h"
 
@@ -20,9 +21,10 @@ class HostedModel {
  public:
   enum class State { kLoading, kReady, kFailed };
 
-  // `config` has its defaults filled (see server_config.h); `metrics` outlives
-  // the model.
-  HostedModel(v1::ModelConfig config, Metrics* metrics);
+  // `config` has its defaults filled (see server_config.h); `metrics` and
+  // `image_decode_budget` (shared by the server's models) outlive the model.
+  HostedModel(v1::ModelConfig config, Metrics* metrics,
+              ImageDecodeBudget* image_decode_budget);
   ~HostedModel();
 
   // Loads the model with its family's loader and warms it up. Blocking; call
@@ -48,6 +50,7 @@ class HostedModel {
 
   const v1::ModelConfig config_;
   Metrics* const metrics_;
+  ImageDecodeBudget* const image_decode_budget_;
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kLoading;

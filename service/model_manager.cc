@@ -8,9 +8,11 @@
 namespace moh {
 
 ModelManager::ModelManager(const v1::ServerConfig& config, Metrics* metrics)
-    : metrics_(metrics) {
+    : metrics_(metrics),
+      image_decode_budget_(int64_t{config.image_decode_memory_mb()} << 20) {
   for (const v1::ModelConfig& model : config.models()) {
-    models_.push_back(std::make_unique<HostedModel>(model, metrics));
+    models_.push_back(
+        std::make_unique<HostedModel>(model, metrics, &image_decode_budget_));
   }
   loader_ = std::thread([this] {
     for (auto& model : models_) {

@@ -16,6 +16,7 @@
 #include "moh/v1/inference.pb.h"
 #include "moh/v1/server_config.pb.h"
 #include "service/hosted_model.h"
+#include "service/image_decode_budget.h"
 #include "service/metrics.h"
 
 namespace moh {
@@ -50,6 +51,9 @@ class ModelManager {
 
  private:
   Metrics* const metrics_;
+  // Shared by the models' image decodes (image_decode_memory_mb); outlives
+  // them.
+  ImageDecodeBudget image_decode_budget_;
   std::atomic<bool> stop_loading_{false};
   std::vector<std::unique_ptr<HostedModel>> models_;
   std::thread loader_;

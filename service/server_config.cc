@@ -163,6 +163,9 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
               config_limits::kRequestThreads);
   MOH_DEFAULT(config, request_queue, std::string("request_queue"),
               config_limits::kRequestQueue);
+  MOH_DEFAULT(config, image_decode_memory_mb,
+              std::string("image_decode_memory_mb"),
+              config_limits::kImageDecodeMemoryMb);
   if (config->models().empty()) {
     return absl::InvalidArgumentError("models: at least one model is needed");
   }

@@ -17,15 +17,15 @@ constexpr int32_t kDefaultImageTopN = 5;
 
 absl::StatusOr<std::unique_ptr<VisionServable>> VisionServable::Load(
     const v1::ModelConfig& config, const DeviceOptions& device,
-    Metrics* metrics) {
+    Metrics* metrics, ImageDecodeBudget* image_decode_budget) {
   MOH_ASSIGN_OR_RETURN(std::unique_ptr<VitModel> vit,
                        VitModel::Load(config.model_dir(), device));
   const VitConfig& c = vit->config();
   const bool head_metrics = !config.has_head_metrics() || config.head_metrics();
   ModelMetrics* model_metrics =
       metrics->ForModel(config.name(), c.num_layers, c.num_heads, head_metrics);
-  std::unique_ptr<VisionServable> servable(
-      new VisionServable(config.name(), std::move(vit), model_metrics));
+  std::unique_ptr<VisionServable> servable(new VisionServable(
+      config.name(), std::move(vit), model_metrics, image_decode_budget));
   VisionServable* self = servable.get();
   MOH_ASSIGN_OR_RETURN(
       servable->classifier_,
@@ -37,8 +37,12 @@ absl::StatusOr<std::unique_ptr<VisionServable>> VisionServable::Load(
 
 VisionServable::VisionServable(const std::string& name,
                                std::unique_ptr<VitModel> vit,
-                               ModelMetrics* metrics)
-    : Servable(name, "vit"), vit_(std::move(vit)), metrics_(metrics) {}
+                               ModelMetrics* metrics,
+                               ImageDecodeBudget* image_decode_budget)
+    : Servable(name, "vit"),
+      vit_(std::move(vit)),
+      metrics_(metrics),
+      image_decode_budget_(image_decode_budget) {}
 
 absl::Status VisionServable::Warmup() const {
   const VitConfig& c = vit_->config();
@@ -83,8 +87,9 @@ absl::StatusOr<ClassifyTask> VisionServable::Prepare(ClassifyCall& call) const {
                               : std::min<int32_t>(kDefaultImageTopN, classes);
   at::Tensor pixels;
   if (call.image) {
-    MOH_ASSIGN_OR_RETURN(
-        pixels, DecodeImage(*call.image, c.num_channels, c.image_size));
+    MOH_ASSIGN_OR_RETURN(pixels,
+                         DecodeImage(*call.image, c.num_channels, c.image_size,
+                                     image_decode_budget_));
   } else {
     const auto& [shape, data] = *call.pixels;
     const std::vector<int64_t> expected = {c.num_channels, c.image_size,

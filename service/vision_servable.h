@@ -9,6 +9,7 @@
 #include "model/core/vit_model.h"
 #include "moh/v1/server_config.pb.h"
 #include "service/batched_classifier.h"
+#include "service/image_decode_budget.h"
 #include "service/metrics.h"
 #include "service/servable.h"
 
@@ -16,10 +17,12 @@ namespace moh {
 
 class VisionServable : public Servable {
  public:
-  // Loads the ViT of `config.model_dir()` on `device`.
+  // Loads the ViT of `config.model_dir()` on `device`. Its image decodes
+  // reserve their memory in `image_decode_budget` (not owned; may be shared
+  // with other models; outlives the servable).
   static absl::StatusOr<std::unique_ptr<VisionServable>> Load(
       const v1::ModelConfig& config, const DeviceOptions& device,
-      Metrics* metrics);
+      Metrics* metrics, ImageDecodeBudget* image_decode_budget);
 
   void Describe(v1::ModelInfo* info) const override;
   bool Serves(Task task) const override { return task == Task::kClassifyImage; }
@@ -34,12 +37,13 @@ class VisionServable : public Servable {
 
  private:
   VisionServable(const std::string& name, std::unique_ptr<VitModel> vit,
-                 ModelMetrics* metrics);
+                 ModelMetrics* metrics, ImageDecodeBudget* image_decode_budget);
   absl::StatusOr<ClassifyTask> Prepare(ClassifyCall& call) const;
   void RunBatch(std::vector<ClassifyTask>& batch);
 
   const std::unique_ptr<VitModel> vit_;
   ModelMetrics* const metrics_;
+  ImageDecodeBudget* const image_decode_budget_;
   std::unique_ptr<BatchedClassifier> classifier_;  // last: stopped first
 };
 

@@ -40,6 +40,7 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(config->grpc_memory_mb(), 2048);
   EXPECT_EQ(config->request_threads(), 4);
   EXPECT_EQ(config->request_queue(), 1024);
+  EXPECT_EQ(config->image_decode_memory_mb(), 512);
   const v1::ModelConfig& lm = config->models(0);
   EXPECT_EQ(lm.name(), "lm");  // the directory's base name
   EXPECT_EQ(lm.device(), "auto");
@@ -88,6 +89,8 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "request_threads must be in [1, 256]"},
       {"request_queue: -2 models { model_dir: \"m\" }",
        "request_queue must be in [1, 1048576]"},
+      {"image_decode_memory_mb: -1 models { model_dir: \"m\" }",
+       "image_decode_memory_mb must be in [1, 1048576]"},
       {"", "models: at least one model"},
       {"models { name: \"x\" }", "models[0].model_dir must be set"},
       {"models { model_dir: \"m\" batching { max_batch_size: -1 } }",

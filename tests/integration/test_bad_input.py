@@ -112,6 +112,8 @@ CASES = [
     ("image_gif", C(image=GIF_1X1), INVALID, ["image", "PNG or JPEG"]),
     ("image_bmp", C(image=BMP_1X1), INVALID, ["image", "PNG or JPEG"]),
     ("image_truncated_png", "truncated_png", INVALID, ["image"]),
+    ("image_truncated_jpeg", "truncated_jpeg", INVALID,
+     ["image", "Premature end of JPEG file"]),
     ("pixels_wrong_shape", C(pixels=dict(shape=[3, 8, 8], data=[0.5] * 192)),
      INVALID, ["pixels.shape", "[3, 16, 16]"]),
     ("pixels_hwc_shape", C(pixels=dict(shape=[16, 16, 3], data=[0.5] * 768)),
@@ -161,9 +163,18 @@ def _truncated_png():
     return ("Classify", dict(model="demo-vit", image=png[:len(png) // 2]))
 
 
+def _truncated_jpeg():
+    with open(os.path.join(lib.SOURCE_DIR, "tests", "testdata",
+                           "quadrants_16x16_grey.jpg"), "rb") as f:
+        jpeg = f.read()
+    return ("Classify", dict(model="demo-vit", image=jpeg[:len(jpeg) // 2]))
+
+
 def build(api, case):
     if case == "truncated_png":
         case = _truncated_png()
+    if case == "truncated_jpeg":
+        case = _truncated_jpeg()
     rpc, fields = case
     fields = dict(fields)
     if rpc == "Generate":

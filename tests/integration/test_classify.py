@@ -1,5 +1,5 @@
 """Classify over the wire: the ViT against the reference goldens (pixels and
-PNG), image resizing, and label scoring with the LM."""
+PNG), JPEG, image resizing, and label scoring with the LM."""
 import json
 import math
 import os
@@ -110,6 +110,23 @@ def test_larger_png_is_resized_like_torch_antialiased_bilinear(api, stub):
                         timeout=lib.RPC_TIMEOUT)
     for index, score in scores(expected).items():
         assert scores(got)[index] == pytest.approx(score, abs=1e-3)
+
+
+def test_jpeg_equals_its_decoded_pixels(api, stub):
+    # Made with libjpeg-turbo, quality 100, greyscale: 8x8 quadrants of 60
+    # (top left, bottom right) and 200, which decode exactly.
+    with open(os.path.join(lib.SOURCE_DIR, "tests", "testdata",
+                           "quadrants_16x16_grey.jpg"), "rb") as f:
+        jpeg = f.read()
+    got = stub.Classify(api.pb.ClassifyRequest(model="demo-vit", image=jpeg),
+                        timeout=lib.RPC_TIMEOUT)
+    grey = [[(60 if (x < 8) == (y < 8) else 200) / 255.0 for x in range(16)]
+            for y in range(16)]
+    expected = stub.Classify(pixels_request(api, [grey] * 3),
+                             timeout=lib.RPC_TIMEOUT)
+    assert [c.index for c in got.classes] == [c.index for c in expected.classes]
+    for index, score in scores(expected).items():
+        assert scores(got)[index] == pytest.approx(score, abs=1e-5)
 
 
 def test_grayscale_png_is_three_equal_channels(api, stub):

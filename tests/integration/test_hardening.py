@@ -313,3 +313,24 @@ def test_label_scoring_stays_within_one_sequence_of_kv(api, server_factory):
         timeout=lib.RPC_TIMEOUT)
     assert sorted(c.label for c in many.classes) == sorted(labels)
     assert abs(sum(c.score for c in many.classes) - 1.0) < 1e-4
+def test_image_decode_memory_mb_bounds_decodes(api, server_factory):
+    server = server_factory("small_decode_budget",
+                            [("demo-vit", lib.VIT_DIR, "")], metrics=False,
+                            extra="image_decode_memory_mb: 1")
+    stub = api.grpc.InferenceStub(server.channel())
+    # 300 x 300 RGB: 90000 pixels of 3 bytes and 12 float bytes, over 1 MiB.
+    row = [0.5] * 300
+    big = lib.encode_png([[row] * 300] * 3)
+    error = lib.rpc_error(stub.Classify,
+                          api.pb.ClassifyRequest(model="demo-vit", image=big),
+                          timeout=lib.RPC_TIMEOUT)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+    assert "image needs 1.3 MiB to decode" in error.details(), error.details()
+    assert "image_decode_memory_mb: 1)" in error.details(), error.details()
+    # The refusal held nothing: a small image decodes, again and again.
+    small = lib.encode_png([[[0.5] * 16] * 16] * 3)
+    for _ in range(3):
+        response = stub.Classify(
+            api.pb.ClassifyRequest(model="demo-vit", image=small),
+            timeout=lib.RPC_TIMEOUT)
+        assert len(response.classes) == 5
