@@ -15,6 +15,7 @@ namespace {
 constexpr size_t kMaxPromptBytes = 1 << 20;
 constexpr size_t kMaxLabels = 64;
 constexpr size_t kMaxTextBytes = 1 << 20;
+constexpr size_t kMaxLabelBytes = 64 << 10;
 
 }  // namespace
 
@@ -164,6 +165,14 @@ absl::StatusOr<ClassifyTask> LanguageServable::Prepare(
   if (!lm_.tokenizer) {
     return absl::InvalidArgumentError(
         absl::StrCat("text: model '", name(), "' has no tokenizer.json"));
+  }
+  // Sizes before any tokenizing.
+  for (size_t i = 0; i < call.labels.size(); ++i) {
+    if (call.labels[i].size() > kMaxLabelBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("labels[", i, "] must have at most ", kMaxLabelBytes,
+                       " bytes, got ", call.labels[i].size()));
+    }
   }
   ClassifyTask task;
   MOH_ASSIGN_OR_RETURN(task.activation,
