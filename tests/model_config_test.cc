@@ -114,6 +114,11 @@ TEST(ModelConfigTest, RejectsBadLlamaFields) {
   ExpectError(R"(, "rope_scaling": {"type": "linear", "factor": 2.0})",
               "rope_scaling");
   ExpectError(R"(, "eos_token_id": 100)", "eos_token_id' must be in [0, 99]");
+  // head_dim 8: 16 M positions need 1024 MiB of tables (allowed), a head_dim
+  // of 32 4096 MiB (refused before allocating).
+  EXPECT_TRUE(Parse(R"(, "max_position_embeddings": 16777216)").ok());
+  ExpectError(R"(, "max_position_embeddings": 16777216, "head_dim": 32)",
+              "needs 4096 MiB of RoPE tables; at most 2048 MiB");
   auto missing = ParseModelConfig(R"({"model_type": "llama"})", "cfg.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(std::string(missing.status().message()),

@@ -228,6 +228,18 @@ absl::StatusOr<LlamaConfig> ParseLlama(const ConfigReader& r) {
   MOH_ASSIGN_OR_RETURN(c.rope_theta, r.Double("rope_theta", 1, 1e12, 10000.0));
   MOH_ASSIGN_OR_RETURN(c.max_position_embeddings,
                        r.Int("max_position_embeddings", 1, 1 << 24, 2048));
+  // The RoPE tables (cos and sin, float32) are sized from these two fields
+  // alone, with no weights to back them: bounded before anything allocates.
+  constexpr int64_t kMaxRopeTableBytes = int64_t{1} << 31;
+  const int64_t rope_bytes =
+      int64_t{c.max_position_embeddings} * c.head_dim * 4 * 2;
+  if (rope_bytes > kMaxRopeTableBytes) {
+    return r.Error("max_position_embeddings",
+                   absl::StrCat("x head_dim (", c.max_position_embeddings,
+                                " x ", c.head_dim, ") needs ", rope_bytes >> 20,
+                                " MiB of RoPE tables; at most ",
+                                kMaxRopeTableBytes >> 20, " MiB"));
+  }
   MOH_ASSIGN_OR_RETURN(c.tie_word_embeddings,
                        r.Bool("tie_word_embeddings", false));
   MOH_ASSIGN_OR_RETURN(c.attention_bias, r.Bool("attention_bias", false));
