@@ -9,9 +9,11 @@
 #      toolkit (nvcc in $CUDA_HOME, default /usr/local/cuda).
 #   3. The CPU container image, built with buildah and served from
 #      (tests/image_test.sh).
-# MOH_TEST_WHEEL and MOH_TEST_IMAGE: 1 runs that step, 0 skips it, auto (the
-# default) runs it when its prerequisite is there (the CUDA toolkit; root for
-# buildah) and says why when not. Under CI (CI=true) auto means 1.
+#   Under CI, also the sanitizer builds (scripts/sanitize.sh).
+# MOH_TEST_WHEEL, MOH_TEST_IMAGE and MOH_TEST_SANITIZERS: 1 runs that step, 0
+# skips it, auto (the default) runs it when its prerequisite is there (the
+# CUDA toolkit; root for buildah; CI for the sanitizers) and says why when
+# not. Under CI (CI=true) auto means 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=torch_wheel.env
@@ -32,6 +34,17 @@ want() {  # want VALUE PREREQUISITE_OK : decides auto
 bash scripts/install_deps.sh
 bash scripts/build.sh
 ctest_build build
+
+# Sanitizers (scripts/sanitize.sh): ThreadSanitizer on the batcher, planner,
+# engine loop and scheduler tests; AddressSanitizer + UBSan on every C++ test
+# and the Python suites against the instrumented server. Long (a third
+# build): by default only under CI.
+if want "${MOH_TEST_SANITIZERS:-auto}" 0; then
+  bash scripts/sanitize.sh
+else
+  echo "test.sh: skipping the sanitizer builds (MOH_TEST_SANITIZERS=1 runs" \
+    "them; CI always does)"
+fi
 
 have_nvcc=0
 [ -x "$MOH_CUDA_HOME/bin/nvcc" ] && have_nvcc=1

@@ -28,10 +28,10 @@
 #include "base/status_macros.h"
 #include "model/core/device_context.h"
 #include "model/core/runtime.h"
-#include "prometheus/exposer.h"
 #include "service/auth.h"
 #include "service/inference_service.h"
 #include "service/metrics.h"
+#include "service/metrics_http.h"
 #include "service/model_manager.h"
 #include "service/request_workers.h"
 #include "service/server_config.h"
@@ -201,21 +201,20 @@ int Run() {
       return bytes;
     });
   }
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsHttpServer> metrics_http;
   if (config->metrics_port() > 0) {
-    const std::string address =
-        absl::StrCat(config->host(), ":", config->metrics_port());
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(address);
-    } catch (const std::exception& e) {
-      MOH_LOG(Error) << "metrics: cannot listen on " << address << ": "
-                     << e.what();
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(config->metrics_host(), config->metrics_port(),
+                                 config->tls(), metrics.Collectables());
+    if (!started.ok()) {
+      MOH_LOG(Error) << started.status().message();
       return 1;
     }
-    for (const auto& collectable : metrics.Collectables()) {
-      exposer->RegisterCollectable(collectable);
-    }
-    MOH_LOG(Info) << "metrics on http://" << address << "/metrics";
+    metrics_http = std::move(*started);
+    MOH_LOG(Info) << "metrics on "
+                  << (metrics_http->https() ? "https://" : "http://")
+                  << config->metrics_host() << ":" << config->metrics_port()
+                  << "/metrics";
   }
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =

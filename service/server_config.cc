@@ -147,6 +147,7 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
         config->health_port()));
   }
   if (config->host().empty()) config->set_host(config_limits::kDefaultHost);
+  if (config->metrics_host().empty()) config->set_metrics_host(config->host());
   MOH_DEFAULT(config, drain_timeout_seconds,
               std::string("drain_timeout_seconds"),
               config_limits::kDrainTimeoutSeconds);

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <cstdint>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -255,6 +257,14 @@ absl::StatusOr<at::Tensor> TensorFromMappedFile(
   }
   try {
     void* data = const_cast<uint8_t*>(file->data()) + byte_offset;
+    if (reinterpret_cast<uintptr_t>(data) % element_size != 0) {
+      // Misaligned for its type (safetensors does not align its tensors): a
+      // copy, so that no kernel reads a misaligned element.
+      at::Tensor copy = at::empty({static_cast<int64_t>(extent)},
+                                  at::TensorOptions().dtype(dtype));
+      std::memcpy(copy.data_ptr(), data, bytes);
+      return copy.as_strided(sizes, strides);
+    }
     // The deleter holds `file` so the mapping outlives every tensor on it.
     return at::from_blob(
         data, sizes, strides, [file](void*) {},

@@ -56,14 +56,14 @@ def _secure_channel(server, pki, client_cert=False):
     return grpc.secure_channel("localhost:%d" % server.port, credentials)
 
 
-def _start(server_factory, name, pki, mutual=False, extra=""):
+def _start(server_factory, name, pki, mutual=False, extra="", metrics=False):
     tls = 'tls { cert_file: "%s" key_file: "%s" %s }' % (
         os.path.join(pki, "server.pem"), os.path.join(pki, "server.key"),
         'client_ca_file: "%s"' % os.path.join(pki, "ca.pem") if mutual else "")
     extra = '%s auth_token_file: "%s" %s' % (
         tls, os.path.join(pki, "tokens"), extra)
     server = server_factory(name, [("demo-lm", lib.LM_DIR, "")],
-                            wait_serving=False, metrics=False, extra=extra)
+                            wait_serving=False, metrics=metrics, extra=extra)
     channel = _secure_channel(server, pki, client_cert=mutual)
 
     def serving():
@@ -161,3 +161,45 @@ def test_health_port_answers_probes_in_plaintext(api, server_factory, pki):
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=60) == 0
+
+
+def _https_get(url, pki, client_cert=False):
+    import ssl
+    import urllib.request
+    context = ssl.create_default_context(cafile=os.path.join(pki, "ca.pem"))
+    if client_cert:
+        context.load_cert_chain(os.path.join(pki, "client.pem"),
+                                os.path.join(pki, "client.key"))
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
+        return response.read().decode("utf-8")
+
+
+def test_metrics_speak_https_with_the_servers_certificate(server_factory, pki):
+    server, _ = _start(server_factory, "tls_metrics", pki, metrics=True)
+    url = "localhost:%d/metrics" % server.metrics_port
+    assert "moh_requests_total" in _https_get("https://" + url, pki) or (
+        "moh_" in _https_get("https://" + url, pki))
+    # Plain HTTP gets no metrics.
+    with pytest.raises(Exception):
+        lib.http_get("http://" + url, timeout=5)
+
+
+def test_metrics_require_a_client_certificate_under_mutual_tls(
+        server_factory, pki):
+    server, _ = _start(server_factory, "mtls_metrics", pki, mutual=True,
+                       metrics=True)
+    url = "https://localhost:%d/metrics" % server.metrics_port
+    assert "moh_" in _https_get(url, pki, client_cert=True)
+    with pytest.raises(Exception):
+        _https_get(url, pki)
+
+
+def test_metrics_host_binds_the_exporter_alone(api, server_factory):
+    # The exporter on 127.0.0.2 only: not reachable on the gRPC address.
+    server = server_factory("metrics_host", [("demo-lm", lib.LM_DIR, "")],
+                            extra='metrics_host: "127.0.0.2"')
+    text = lib.http_get("http://127.0.0.2:%d/metrics" % server.metrics_port)
+    assert "moh_" in text
+    with pytest.raises(Exception):
+        lib.http_get("http://127.0.0.1:%d/metrics" % server.metrics_port,
+                     timeout=5)
