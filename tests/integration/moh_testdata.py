@@ -73,9 +73,22 @@ def make_long_lm(src_dir, dst_dir, max_positions):
 # --- images ---
 
 
+def _png(width, height, scanlines):
+    """PNG (8-bit RGB) bytes of `scanlines` (each a filter byte, then RGB)."""
+    import zlib
+
+    def chunk(kind, data):
+        body = kind + data
+        return (struct.pack(">I", len(data)) + body +
+                struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF))
+
+    return (b"\x89PNG\r\n\x1a\n" +
+            chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(scanlines, 1)) + chunk(b"IEND", b""))
+
+
 def encode_png(pixels):
     """PNG (8-bit RGB) bytes of a [3][H][W] list of floats in [0, 1]."""
-    import zlib
     c, h, w = len(pixels), len(pixels[0]), len(pixels[0][0])
     assert c == 3
     raw = bytearray()
@@ -85,15 +98,12 @@ def encode_png(pixels):
             for ch in range(3):
                 v = pixels[ch][y][x]
                 raw.append(max(0, min(255, int(round(v * 255)))))
+    return _png(w, h, bytes(raw))
 
-    def chunk(kind, data):
-        body = kind + data
-        return (struct.pack(">I", len(data)) + body +
-                struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF))
 
-    return (b"\x89PNG\r\n\x1a\n" +
-            chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
-            chunk(b"IDAT", zlib.compress(bytes(raw))) + chunk(b"IEND", b""))
+def solid_png(width, height, rgb=(128, 64, 32)):
+    """A PNG of one colour: small to send, big to decode."""
+    return _png(width, height, (b"\x00" + bytes(rgb) * width) * height)
 
 
 def quantize(pixels):

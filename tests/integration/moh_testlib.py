@@ -20,10 +20,11 @@ import time
 import urllib.request
 
 from moh_testdata import (ByteLevelDecoder, encode_png, make_long_lm,
-                          quantize, softmax)
+                          quantize, softmax, solid_png)
 
 # Re-exported: the tests use them as lib.NAME.
-_REEXPORTED = (ByteLevelDecoder, encode_png, make_long_lm, quantize, softmax)
+_REEXPORTED = (ByteLevelDecoder, encode_png, make_long_lm, quantize, softmax,
+               solid_png)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.environ.get("MOH_SOURCE_DIR") or os.path.dirname(

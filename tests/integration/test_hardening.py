@@ -155,19 +155,6 @@ def test_a_request_over_max_message_mb_is_refused(api, server_factory):
     assert lib.run_generate(stub, ok)[-1].usage.completion_tokens == 1
 
 
-def _png_bytes(width, height):
-    """An RGB PNG of one colour: small to send, big to decode."""
-    import zlib
-    row = b"\x00" + b"\x80\x40\x20" * width
-    def chunk(kind, data):
-        body = kind + data
-        return (struct.pack(">I", len(data)) + body +
-                struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF))
-    return (b"\x89PNG\r\n\x1a\n" +
-            chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
-            chunk(b"IDAT", zlib.compress(row * height, 1)) + chunk(b"IEND", b""))
-
-
 def test_health_answers_within_a_second_under_a_flood_of_heavy_requests(
         api, server_factory):
     # Megabyte prompts to tokenize and 16-megapixel images to decode, from
@@ -180,7 +167,7 @@ def test_health_answers_within_a_second_under_a_flood_of_heavy_requests(
                                       ("demo-vit", lib.VIT_DIR, "")],
                             metrics=False)
     prompt = "the quick brown fox jumps over the lazy dog " * 24000  # ~1 MiB
-    image = _png_bytes(4000, 4000)
+    image = lib.solid_png(4000, 4000)
     stop = threading.Event()
     codes = {}
     lock = threading.Lock()
