@@ -158,7 +158,7 @@ TEST_F(CheckpointTest, AllLayoutsGiveTheSameTensors) {
   // Safetensors does not align tensors: a misaligned one is copied (UBSan
   // found int64 elements read at a 4-byte boundary of the mapping).
   for (const char* name : {"golden.positions", "golden.ids"}) {
-    const at::Tensor& t = *reference.Get(name);
+    const at::Tensor t = *reference.Get(name);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % t.element_size(), 0)
         << name;
   }

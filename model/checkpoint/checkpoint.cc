@@ -257,7 +257,7 @@ absl::StatusOr<at::Tensor> TensorFromMappedFile(
   }
   try {
     void* data = const_cast<uint8_t*>(file->data()) + byte_offset;
-    if (reinterpret_cast<uintptr_t>(data) % element_size != 0) {
+    if (bytes > 0 && reinterpret_cast<uintptr_t>(data) % element_size != 0) {
       // Misaligned for its type (safetensors does not align its tensors): a
       // copy, so that no kernel reads a misaligned element.
       at::Tensor copy = at::empty({static_cast<int64_t>(extent)},
