@@ -161,6 +161,11 @@ absl::Status CheckMetadata(const std::string& path,
 absl::StatusOr<TensorStore> ReadSafetensorsFile(const std::string& path) {
   MOH_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> file,
                        MappedFile::Open(path));
+  return ReadSafetensors(std::move(file));
+}
+
+absl::StatusOr<TensorStore> ReadSafetensors(std::shared_ptr<MappedFile> file) {
+  const std::string& path = file->path();
   if (file->size() < 8) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": truncated: ", file->size(),
