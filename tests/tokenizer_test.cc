@@ -558,6 +558,23 @@ TEST(TokenizerErrorTest, MalformedContentNamesTheField) {
   ExpectLoadError(kByteLevel, [](J& j) { j = J::array(); }, {"JSON object"});
 }
 
+// Found by fuzz/tokenizer_json_fuzzer: a template id naming no token (here
+// after the added tokens were dropped, and in the suffix) was emitted by
+// Encode and refused by Decode.
+TEST(TokenizerErrorTest, TemplateIdsMustNameTokens) {
+  using J = nlohmann::json;
+  ExpectLoadError(kByteLevel, [](J& j) { j.erase("added_tokens"); },
+                  {"post_processor", "id 300 outside vocabulary"});
+  ExpectLoadError(
+      kMetaspace,
+      [](J& j) {
+        j["post_processor"]["single"].push_back(
+            {{"SpecialToken", {{"id", "</x>"}}}});
+        j["post_processor"]["special_tokens"]["</x>"] = {{"ids", {5000}}};
+      },
+      {"post_processor", "id 5000 outside vocabulary"});
+}
+
 TEST(TokenizerErrorTest, DeeplyNestedSequencesAreRefusedNotRecursed) {
   // 100000 Sequences in Sequences would exhaust the loader's stack.
   const int depth = 100000;

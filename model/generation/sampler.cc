@@ -190,7 +190,9 @@ int32_t Sampler::Sample(const at::Tensor& logits,
       x = kNegInf;
     }
   }
-  if (params_.temperature == 0.0f || max_logit == kNegInf) return best;
+  // An infinite logit holds all the probability: no weights to draw by
+  // (inf - inf is NaN), so the lowest such id wins, as with greedy.
+  if (params_.temperature == 0.0f || std::isinf(max_logit)) return best;
 
   // exp((x - max) / T) is softmax(x / T) up to normalisation; subtracting
   // first avoids overflow at tiny temperatures.

@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -394,8 +395,17 @@ absl::Status Load(const json& root, TokenizerPipeline* impl) {
       impl->raw_matcher.Add(t.content, i);
     }
   }
-  for (int32_t id : impl->prefix_ids) {
-    if (id >= size) return Invalid("post_processor", "id outside vocabulary");
+  // Template ids are emitted as they are: each must name a token (the
+  // suffix's too, and no gap in the ids), or Encode would return ids that
+  // Decode refuses.
+  for (const std::vector<int32_t>* ids :
+       {&impl->prefix_ids, &impl->suffix_ids}) {
+    for (int32_t id : *ids) {
+      if (id >= size || impl->id_kind[id] == TokenizerPipeline::kMissing) {
+        return Invalid("post_processor",
+                       absl::StrCat("id ", id, " outside vocabulary"));
+      }
+    }
   }
   impl->bos_id = !impl->prefix_ids.empty()
                      ? std::optional<int32_t>(impl->prefix_ids.front())
