@@ -193,6 +193,24 @@ TEST_F(CheckpointTest, BinViewsSharingAStorage) {
   EXPECT_EQ(views.Get("empty")->sizes().vec(), std::vector<int64_t>({0, 6}));
 }
 
+// The readers fed from memory (MappedFile::FromBytes: what the fuzzers use).
+TEST_F(CheckpointTest, ReadersTakeBytesInMemory) {
+  TensorStore reference = LoadOrDie(Generated("single_st"));
+  const std::string st = Generated("single_st") + "/model.safetensors";
+  absl::StatusOr<TensorStore> from_st =
+      ReadSafetensors(MappedFile::FromBytes("in-memory.st", ReadFile(st)));
+  ASSERT_TRUE(from_st.ok()) << from_st.status();
+  EXPECT_EQ(from_st->description(), "in-memory.st");
+  ExpectSameTensors(*from_st, reference);
+  const std::string bin = Generated("single_bin") + "/pytorch_model.bin";
+  absl::StatusOr<TensorStore> from_bin =
+      ReadTorchBin(MappedFile::FromBytes("in-memory.bin", ReadFile(bin)));
+  ASSERT_TRUE(from_bin.ok()) << from_bin.status();
+  ExpectSameTensors(*from_bin, reference);
+  ExpectError(ReadSafetensors(MappedFile::FromBytes("empty.st", "")).status(),
+              absl::StatusCode::kInvalidArgument, {"empty.st", "truncated"});
+}
+
 TEST_F(CheckpointTest, PrefersSafetensorsOverBin) {
   const std::string dir = CopyOf("single_bin");
   fs::copy(Generated("single_st") + "/model.safetensors", dir);
