@@ -8,7 +8,9 @@
 #      build-fuzz/runs/<target>/corpus/.
 #   scripts/fuzz.sh [--seconds N] [target...]
 # --seconds N (or MOH_FUZZ_SECONDS): fuzzing time per target, default 20.
-# Targets: the names of fuzz/*_fuzzer.cc (default: all of them).
+# Targets: the names of fuzz/*_fuzzer.cc (default: all of them). A target's
+# fuzz/<target>.dict (dictionary) and fuzz/<target>.options (extra flags) are
+# passed when present.
 # Exits non-zero when a target crashes, leaks, runs out of memory or times out,
 # naming the input that did it (build-fuzz/runs/<target>/crash-*, leak-*, ...);
 # replay one with `build-fuzz/fuzz/<target> <input>`.
@@ -51,13 +53,17 @@ for target in "${targets[@]}"; do
   run="build-fuzz/runs/$target"
   dict=()
   [ -f "fuzz/$target.dict" ] && dict=("-dict=fuzz/$target.dict")
+  extra=()  # fuzz/<target>.options: flags of its own, one a line.
+  if [ -f "fuzz/$target.options" ]; then
+    mapfile -t extra < <(grep -v '^#' "fuzz/$target.options" | grep .)
+  fi
 
   rm -rf "$run"
   mkdir -p "$run/corpus"
 
   if [ -d "fuzz/regressions/$target" ]; then
     echo "fuzz.sh: $target: replaying fuzz/regressions/$target/"
-    if ! "$binary" "${options[@]}" "fuzz/regressions/$target"/* \
+    if ! "$binary" "${options[@]}" "${extra[@]}" "fuzz/regressions/$target"/* \
         > "$run/regressions.log" 2>&1; then
       tail -n 40 "$run/regressions.log" >&2
       echo "fuzz.sh: $target FAILED on a regression input" \
@@ -69,7 +75,8 @@ for target in "${targets[@]}"; do
 
   cp -r "fuzz/corpus/$target/." "$run/corpus/"
   echo "fuzz.sh: $target: fuzzing for ${seconds}s"
-  if "$binary" "${options[@]}" "${dict[@]}" -max_total_time="$seconds" \
+  if "$binary" "${options[@]}" "${extra[@]}" "${dict[@]}" \
+      -max_total_time="$seconds" \
       -print_final_stats=1 -artifact_prefix="$run/" "$run/corpus" \
       > "$run/log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$run/log")
