@@ -395,6 +395,18 @@ TEST_F(CheckpointTest, SafetensorsWrongFieldTypes) {
   }
 }
 
+// Found by fuzzing: the refused shape was printed with dump(), which
+// recurses; 100000 nested arrays overflowed the stack.
+TEST_F(CheckpointTest, SafetensorsDeeplyNestedShapeIsNotPrinted) {
+  const std::string path = WriteSafetensors(
+      R"({"w":{"dtype":"F32","shape":)" + std::string(100000, '[') +
+          std::string(100000, ']') + R"(,"data_offsets":[0,0]}})",
+      "");
+  ExpectError(ReadSafetensorsFile(path).status(),
+              absl::StatusCode::kInvalidArgument,
+              {path, "tensor 'w'", "got a nested array or object"});
+}
+
 TEST_F(CheckpointTest, SafetensorsOffsetsOutOfRange) {
   const std::string path = WriteSafetensors(
       R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[8,24]}})",

@@ -575,6 +575,25 @@ TEST(TokenizerErrorTest, TemplateIdsMustNameTokens) {
       {"post_processor", "id 5000 outside vocabulary"});
 }
 
+// Found by fuzzing: refused values were printed with dump(), which recurses;
+// 100000 nested arrays overflowed the stack.
+TEST(TokenizerErrorTest, DeeplyNestedValuesAreNotPrinted) {
+  const std::string nested =
+      std::string(100000, '[') + std::string(100000, ']');
+  for (const char* field : {"type", "dropout", "end_of_word_suffix"}) {
+    SCOPED_TRACE(field);
+    std::string text = R"({"model":{"type":"BPE","vocab":{},"merges":[],")";
+    text += field;
+    text += R"(":)" + nested + "}}";
+    auto tok = Tokenizer::FromJson(text, "nested.json");
+    ASSERT_FALSE(tok.ok());
+    EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(tok.status().message()),
+                HasSubstr(std::string("model.") + field +
+                          ": unsupported value \"(an array)\""));
+  }
+}
+
 TEST(TokenizerErrorTest, DeeplyNestedSequencesAreRefusedNotRecursed) {
   // 100000 Sequences in Sequences would exhaust the loader's stack.
   const int depth = 100000;

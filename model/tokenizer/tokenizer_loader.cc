@@ -28,7 +28,7 @@ absl::Status LoadModel(const json& root, TokenizerPipeline* impl) {
   if (type != nullptr && (!type->is_string() || *type != "BPE")) {
     return Unsupported("model.type", type->is_string()
                                          ? type->get<std::string>()
-                                         : type->dump());
+                                         : Describe(*type));
   }
   const json* vocab = Get(*model, "vocab");
   if (vocab == nullptr || !vocab->is_object()) {
@@ -89,12 +89,12 @@ absl::Status LoadModel(const json& root, TokenizerPipeline* impl) {
                        GetBool(*model, "ignore_merges", false, "model"));
   if (const json* d = Get(*model, "dropout");
       d != nullptr && (!d->is_number() || d->get<double>() != 0.0)) {
-    return Unsupported("model.dropout", d->dump());
+    return Unsupported("model.dropout", Describe(*d));
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (const json* v = Get(*model, key);
         v != nullptr && (!v->is_string() || !v->get<std::string>().empty())) {
-      return Unsupported(Field("model", key), v->dump());
+      return Unsupported(Field("model", key), Describe(*v));
     }
   }
   for (int b = 0; b < 256; ++b) {
