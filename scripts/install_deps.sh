@@ -53,6 +53,7 @@ main() {
     python3 python3-torch python3-numpy
     python3-grpcio python3-protobuf python3-pytest python3-yaml
     prometheus curl zlib1g-dev openssl
+    clang libclang-rt-14-dev
   )
   RUNTIME_PACKAGES=(
     libopenblas0-openmp libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test on
 # both LibTorch builds, then the container image test.
-#   1. Debian's LibTorch 1.13 (CPU), in build/.
+#   1. Debian's LibTorch 1.13 (CPU), in build/; then the fuzz targets, 20 s
+#      each (scripts/fuzz.sh, clang, in build-fuzz/; MOH_TEST_FUZZ=0 skips).
 #   2. The PyPI torch wheel's LibTorch 2.x (CUDA), in build-cuda/: every target,
 #      a check that moh-server links libtorch_cuda, and the whole suite again
 #      (the CUDA build runs on CPU too; tests labelled `gpu` run on a GPU when
@@ -34,6 +35,7 @@ want() {  # want VALUE PREREQUISITE_OK : decides auto
 bash scripts/install_deps.sh
 bash scripts/build.sh
 ctest_build build
+[ "${MOH_TEST_FUZZ:-1}" = 0 ] || bash scripts/fuzz.sh
 
 # Sanitizers (scripts/sanitize.sh): ThreadSanitizer on the batcher, planner,
 # engine loop and scheduler tests; AddressSanitizer + UBSan on every C++ test

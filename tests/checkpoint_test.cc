@@ -200,6 +200,24 @@ TEST_F(CheckpointTest, BinViewsSharingAStorage) {
   EXPECT_EQ(views.Get("empty")->sizes().vec(), std::vector<int64_t>({0, 6}));
 }
 
+// The readers fed from memory (MappedFile::FromBytes: what the fuzzers use).
+TEST_F(CheckpointTest, ReadersTakeBytesInMemory) {
+  TensorStore reference = LoadOrDie(Generated("single_st"));
+  const std::string st = Generated("single_st") + "/model.safetensors";
+  absl::StatusOr<TensorStore> from_st =
+      ReadSafetensors(MappedFile::FromBytes("in-memory.st", ReadFile(st)));
+  ASSERT_TRUE(from_st.ok()) << from_st.status();
+  EXPECT_EQ(from_st->description(), "in-memory.st");
+  ExpectSameTensors(*from_st, reference);
+  const std::string bin = Generated("single_bin") + "/pytorch_model.bin";
+  absl::StatusOr<TensorStore> from_bin =
+      ReadTorchBin(MappedFile::FromBytes("in-memory.bin", ReadFile(bin)));
+  ASSERT_TRUE(from_bin.ok()) << from_bin.status();
+  ExpectSameTensors(*from_bin, reference);
+  ExpectError(ReadSafetensors(MappedFile::FromBytes("empty.st", "")).status(),
+              absl::StatusCode::kInvalidArgument, {"empty.st", "truncated"});
+}
+
 TEST_F(CheckpointTest, PrefersSafetensorsOverBin) {
   const std::string dir = CopyOf("single_bin");
   fs::copy(Generated("single_st") + "/model.safetensors", dir);
@@ -382,6 +400,18 @@ TEST_F(CheckpointTest, SafetensorsWrongFieldTypes) {
     ExpectError(ReadSafetensorsFile(path).status(),
                 absl::StatusCode::kInvalidArgument, {path, "tensor 'w'"});
   }
+}
+
+// Found by fuzzing: the refused shape was printed with dump(), which
+// recurses; 100000 nested arrays overflowed the stack.
+TEST_F(CheckpointTest, SafetensorsDeeplyNestedShapeIsNotPrinted) {
+  const std::string path = WriteSafetensors(
+      R"({"w":{"dtype":"F32","shape":)" + std::string(100000, '[') +
+          std::string(100000, ']') + R"(,"data_offsets":[0,0]}})",
+      "");
+  ExpectError(ReadSafetensorsFile(path).status(),
+              absl::StatusCode::kInvalidArgument,
+              {path, "tensor 'w'", "got a nested array or object"});
 }
 
 TEST_F(CheckpointTest, SafetensorsOffsetsOutOfRange) {

@@ -81,6 +81,23 @@ TEST(SamplerTest, NanCountsAsMinusInfinity) {
   EXPECT_EQ(Sampler(Params(1.0f)).Sample(Logits({-kInf, -kInf, kNan}), {}), 0);
 }
 
+// Found by fuzz/sampling_fuzzer: +inf made every weight NaN and the nucleus
+// empty (a read before the first candidate).
+TEST(SamplerTest, InfinityTakesAllTheProbability) {
+  for (float top_p : {1.0f, 0.5f}) {
+    for (int32_t top_k : {0, 2}) {
+      EXPECT_THAT(
+          Draws(Params(1.0f, top_k, top_p), Logits({1, kInf, 0, kInf}), 20),
+          Each(1));
+    }
+  }
+  SamplingParams penalized = Params(1.0f, 0, 0.9f);
+  penalized.repetition_penalty = 1e-10f;
+  Sampler sampler(penalized);
+  const std::vector<int32_t> seen = {2};
+  EXPECT_EQ(sampler.Sample(Logits({1, 2, 1e30f}), seen), 2);
+}
+
 TEST(SamplerTest, SameSeedSameDrawsDifferentSeedsDiffer) {
   const at::Tensor logits = VariedLogits();
   const std::vector<int32_t> a = Draws(Params(1.0f, 0, 1.0f, 42), logits, 200);

@@ -558,6 +558,42 @@ TEST(TokenizerErrorTest, MalformedContentNamesTheField) {
   ExpectLoadError(kByteLevel, [](J& j) { j = J::array(); }, {"JSON object"});
 }
 
+// Found by fuzz/tokenizer_json_fuzzer: a template id naming no token (here
+// after the added tokens were dropped, and in the suffix) was emitted by
+// Encode and refused by Decode.
+TEST(TokenizerErrorTest, TemplateIdsMustNameTokens) {
+  using J = nlohmann::json;
+  ExpectLoadError(kByteLevel, [](J& j) { j.erase("added_tokens"); },
+                  {"post_processor", "id 300 outside vocabulary"});
+  ExpectLoadError(
+      kMetaspace,
+      [](J& j) {
+        j["post_processor"]["single"].push_back(
+            {{"SpecialToken", {{"id", "</x>"}}}});
+        j["post_processor"]["special_tokens"]["</x>"] = {{"ids", {5000}}};
+      },
+      {"post_processor", "id 5000 outside vocabulary"});
+}
+
+// Found by fuzzing: refused values were printed with dump(), which recurses;
+// 100000 nested arrays overflowed the stack.
+TEST(TokenizerErrorTest, DeeplyNestedValuesAreNotPrinted) {
+  const std::string nested =
+      std::string(100000, '[') + std::string(100000, ']');
+  for (const char* field : {"type", "dropout", "end_of_word_suffix"}) {
+    SCOPED_TRACE(field);
+    std::string text = R"({"model":{"type":"BPE","vocab":{},"merges":[],")";
+    text += field;
+    text += R"(":)" + nested + "}}";
+    auto tok = Tokenizer::FromJson(text, "nested.json");
+    ASSERT_FALSE(tok.ok());
+    EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(tok.status().message()),
+                HasSubstr(std::string("model.") + field +
+                          ": unsupported value \"(an array)\""));
+  }
+}
+
 TEST(TokenizerErrorTest, DeeplyNestedSequencesAreRefusedNotRecursed) {
   // 100000 Sequences in Sequences would exhaust the loader's stack.
   const int depth = 100000;

@@ -62,8 +62,23 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(
   return std::shared_ptr<MappedFile>(new MappedFile(path, data, size));
 }
 
+std::shared_ptr<MappedFile> MappedFile::FromBytes(std::string path,
+                                                  std::string_view bytes) {
+  std::unique_ptr<uint8_t[]> copy;
+  if (!bytes.empty()) {
+    copy.reset(new uint8_t[bytes.size()]);
+    std::memcpy(copy.get(), bytes.data(), bytes.size());
+  }
+  std::shared_ptr<MappedFile> file(
+      new MappedFile(std::move(path), copy.get(), bytes.size()));
+  file->copy_ = std::move(copy);
+  return file;
+}
+
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_ != nullptr && copy_ == nullptr) {
+    ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
 }
 
 }  // namespace moh

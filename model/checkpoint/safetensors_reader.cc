@@ -47,6 +47,15 @@ bool GetUnsigned(const nlohmann::json& value, uint64_t* out) {
   return true;
 }
 
+// `shape` for messages. Nested values are not printed: dump() recurses, and
+// a header of a few hundred KB of "[" would overflow the stack.
+std::string ShapeText(const nlohmann::json& shape) {
+  for (const nlohmann::json& dim : shape) {
+    if (dim.is_structured()) return "a nested array or object";
+  }
+  return shape.dump();
+}
+
 // Validates one header entry; `data_size` is the size of the data area.
 absl::StatusOr<TensorEntry> ParseEntry(const std::string& path,
                                        const std::string& name,
@@ -82,11 +91,11 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& path,
         d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": \"shape\" must hold non-negative integers, got ",
-          shape->dump()));
+          ShapeText(*shape)));
     }
     if (__builtin_mul_overflow(numel, d, &numel)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": shape ", shape->dump(), " overflows"));
+          absl::StrCat(where, ": shape ", ShapeText(*shape), " overflows"));
     }
     entry.shape.push_back(static_cast<int64_t>(d));
   }
@@ -109,7 +118,7 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": data_offsets span ", entry.end - entry.begin,
                      " bytes but dtype ", dtype_name, " and shape ",
-                     shape->dump(), " need ", nbytes));
+                     ShapeText(*shape), " need ", nbytes));
   }
   return entry;
 }
@@ -161,6 +170,11 @@ absl::Status CheckMetadata(const std::string& path,
 absl::StatusOr<TensorStore> ReadSafetensorsFile(const std::string& path) {
   MOH_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> file,
                        MappedFile::Open(path));
+  return ReadSafetensors(std::move(file));
+}
+
+absl::StatusOr<TensorStore> ReadSafetensors(std::shared_ptr<MappedFile> file) {
+  const std::string& path = file->path();
   if (file->size() < 8) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": truncated: ", file->size(),

@@ -1,10 +1,12 @@
 // Reader for the safetensors format (https://huggingface.co/docs/safetensors).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint/checkpoint.h"
+#include "model/checkpoint/mapped_file.h"
 
 namespace moh {
 
@@ -16,5 +18,8 @@ namespace moh {
 // INVALID_ARGUMENT for a malformed file, NOT_FOUND if it does not exist.
 // The store's description() is `path`.
 absl::StatusOr<TensorStore> ReadSafetensorsFile(const std::string& path);
+// As ReadSafetensorsFile, for a file already mapped (or held in memory:
+// MappedFile::FromBytes); errors and description() name file->path().
+absl::StatusOr<TensorStore> ReadSafetensors(std::shared_ptr<MappedFile> file);
 
 }  // namespace moh

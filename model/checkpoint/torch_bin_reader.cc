@@ -91,6 +91,11 @@ absl::StatusOr<std::string> ArchivePrefix(const std::string& path,
 absl::StatusOr<TensorStore> ReadTorchBinFile(const std::string& path) {
   MOH_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> file,
                        MappedFile::Open(path));
+  return ReadTorchBin(std::move(file));
+}
+
+absl::StatusOr<TensorStore> ReadTorchBin(std::shared_ptr<MappedFile> file) {
+  const std::string& path = file->path();
   MOH_ASSIGN_OR_RETURN(ZipArchive archive, ZipArchive::Read(*file));
   MOH_ASSIGN_OR_RETURN(std::string prefix, ArchivePrefix(path, archive));
   const std::string pkl_name = prefix + "data.pkl";

@@ -1,10 +1,12 @@
 // Reader for PyTorch zip checkpoints (torch.save, e.g. pytorch_model.bin).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint/checkpoint.h"
+#include "model/checkpoint/mapped_file.h"
 
 namespace moh {
 
@@ -19,5 +21,8 @@ namespace moh {
 // malformed or refused file, NOT_FOUND if it does not exist.
 // The store's description() is `path`.
 absl::StatusOr<TensorStore> ReadTorchBinFile(const std::string& path);
+// As ReadTorchBinFile, for a file already mapped (or held in memory:
+// MappedFile::FromBytes); errors and description() name file->path().
+absl::StatusOr<TensorStore> ReadTorchBin(std::shared_ptr<MappedFile> file);
 
 }  // namespace moh

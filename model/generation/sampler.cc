@@ -190,7 +190,9 @@ int32_t Sampler::Sample(const at::Tensor& logits,
       x = kNegInf;
     }
   }
-  if (params_.temperature == 0.0f || max_logit == kNegInf) return best;
+  // Every logit -inf: token 0. A +inf logit holds all the probability and
+  // leaves no weights to draw by (inf - inf is NaN): the lowest such id wins.
+  if (params_.temperature == 0.0f || std::isinf(max_logit)) return best;
 
   // exp((x - max) / T) is softmax(x / T) up to normalisation; subtracting
   // first avoids overflow at tiny temperatures.

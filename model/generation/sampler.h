@@ -60,7 +60,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& params,
 // else runs in the process or the batch: it owns its RNG (std::mt19937_64)
 // and never touches LibTorch's global generator. Ties are broken towards the
 // lowest token id (greedy argmax, the top-k cut, the top-p order). NaN logits
-// count as -inf; if every logit is -inf, token 0 is returned.
+// count as -inf; if every logit is -inf, token 0 is returned; if any is +inf
+// (also after the repetition penalty), the lowest such id is.
 //
 // Not thread-safe; use one Sampler per sequence. Expects params that passed
 // ValidateSamplingParams.

@@ -19,6 +19,12 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
+std::string Describe(const json& value) {
+  if (value.is_array()) return "(an array)";
+  if (value.is_object()) return "(an object)";
+  return value.dump();
+}
+
 const json* Get(const json& obj, const char* key) {
   if (!obj.is_object()) return nullptr;
   auto it = obj.find(key);

@@ -30,6 +30,10 @@ absl::Status Unsupported(absl::string_view field, absl::string_view value);
 // INVALID_ARGUMENT `field: what`.
 absl::Status Invalid(absl::string_view field, absl::string_view what);
 
+// `value` for messages: a scalar as JSON, an array or object by its kind only
+// (dump() recurses: a deeply nested value would overflow the stack).
+std::string Describe(const json& value);
+
 // Member `key` of `obj`; nullptr when absent or null.
 const json* Get(const json& obj, const char* key);
 // Member `key`, `dflt` when absent; an error when not a boolean.

@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -27,7 +28,7 @@ absl::Status LoadModel(const json& root, TokenizerPipeline* impl) {
   if (type != nullptr && (!type->is_string() || *type != "BPE")) {
     return Unsupported("model.type", type->is_string()
                                          ? type->get<std::string>()
-                                         : type->dump());
+                                         : Describe(*type));
   }
   const json* vocab = Get(*model, "vocab");
   if (vocab == nullptr || !vocab->is_object()) {
@@ -88,12 +89,12 @@ absl::Status LoadModel(const json& root, TokenizerPipeline* impl) {
                        GetBool(*model, "ignore_merges", false, "model"));
   if (const json* d = Get(*model, "dropout");
       d != nullptr && (!d->is_number() || d->get<double>() != 0.0)) {
-    return Unsupported("model.dropout", d->dump());
+    return Unsupported("model.dropout", Describe(*d));
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (const json* v = Get(*model, key);
         v != nullptr && (!v->is_string() || !v->get<std::string>().empty())) {
-      return Unsupported(Field("model", key), v->dump());
+      return Unsupported(Field("model", key), Describe(*v));
     }
   }
   for (int b = 0; b < 256; ++b) {
@@ -394,8 +395,17 @@ absl::Status Load(const json& root, TokenizerPipeline* impl) {
       impl->raw_matcher.Add(t.content, i);
     }
   }
-  for (int32_t id : impl->prefix_ids) {
-    if (id >= size) return Invalid("post_processor", "id outside vocabulary");
+  // Template ids are emitted as they are: each must name a token (the
+  // suffix's too, and no gap in the ids), or Encode would return ids that
+  // Decode refuses.
+  for (const std::vector<int32_t>* ids :
+       {&impl->prefix_ids, &impl->suffix_ids}) {
+    for (int32_t id : *ids) {
+      if (id >= size || impl->id_kind[id] == TokenizerPipeline::kMissing) {
+        return Invalid("post_processor",
+                       absl::StrCat("id ", id, " outside vocabulary"));
+      }
+    }
   }
   impl->bos_id = !impl->prefix_ids.empty()
                      ? std::optional<int32_t>(impl->prefix_ids.front())

@@ -1,0 +1,36 @@
+// Fuzzes the server's image decoder (service/image_decoder.h, DecodeImage)
+// on encoded PNG and JPEG bytes. The first input byte picks the channels (1 or
+// 3) and the model's image side (1 to 64); the rest is the image. A decoded
+// image must be float32 [channels, side, side] with values in [0, 1].
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "fuzz/fuzz_check.h"
+#include "service/image_decoder.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const int channels = (data[0] & 1) ? 3 : 1;
+  const int side = 1 + (data[0] >> 1) % 64;
+  absl::StatusOr<at::Tensor> image = moh::DecodeImage(
+      absl::string_view(reinterpret_cast<const char*>(data + 1), size - 1),
+      channels, side);
+  if (!image.ok()) {
+    moh::fuzz::CheckInvalidArgument(image.status());
+    return 0;
+  }
+  MOH_FUZZ_CHECK(
+      image->scalar_type() == at::kFloat &&
+          image->sizes() == at::IntArrayRef({channels, side, side}),
+      absl::StrCat("decoded image has shape ", c10::str(image->sizes())));
+  const float lowest = image->min().item<float>();
+  const float highest = image->max().item<float>();
+  MOH_FUZZ_CHECK(lowest >= 0.0f && highest <= 1.0f,
+                 absl::StrCat("pixel values span [", lowest, ", ", highest,
+                              "], not inside [0, 1]"));
+  return 0;
+}
