@@ -54,5 +54,15 @@ inline void CheckTensorsInFile(const TensorStore& store,
   }
 }
 
+// What a reader returned for `file`: INVALID_ARGUMENT, or tensors inside it.
+inline void CheckReaderResult(const absl::StatusOr<TensorStore>& store,
+                              const MappedFile& file) {
+  if (!store.ok()) {
+    CheckInvalidArgument(store.status());
+    return;
+  }
+  CheckTensorsInFile(*store, file);
+}
+
 }  // namespace fuzz
 }  // namespace moh
