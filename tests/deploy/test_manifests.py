@@ -94,6 +94,12 @@ def test_ports_and_probes_match_the_server(rendered, overlay):
         port = by_name[endpoint["port"]]
         assert container_port(container, port["targetPort"]) == metrics_port
         assert endpoint.get("path", "/metrics") == "/metrics"
+        # With TLS the server's /metrics is HTTPS (same certificate).
+        if re.search(r"^tls\s*\{", mounted_config(objects), re.M):
+            assert endpoint.get("scheme") == "https", endpoint
+            assert endpoint["tlsConfig"]["ca"], endpoint
+        else:
+            assert endpoint.get("scheme", "http") == "http", endpoint
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
