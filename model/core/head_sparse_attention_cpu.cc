@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/core/head_sparse_attention.h"
+#include "model/core/linear.h"
 
 // The Fortran BLAS single-precision product every BLAS exports (LibTorch's
 // own wrapper is not exported). Column-major: C = alpha op(A) op(B) + beta C.
@@ -209,9 +210,9 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
     } else {
       at::Tensor x = all_active ? in.x : in.x.index_select(0, active_index);
       at::Tensor w = HeadRowsOf(in.q_weight, full, d, 0);
-      q_full = in.q_bias.defined()
-                   ? at::linear(x, w, HeadRowsOf(in.q_bias, full, d, 0))
-                   : at::linear(x, w);
+      q_full = Linear(x, w,
+                      in.q_bias.defined() ? HeadRowsOf(in.q_bias, full, d, 0)
+                                          : at::Tensor());
     }
     q_full = q_full.view({num_active, f, d});
     if (in.rotate) {
@@ -363,7 +364,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
     if (!all_active) g = g.index_select(0, active_index);
     at::Tensor a = (q_full.view({num_active, f, d}) * g.unsqueeze(2))
                        .view({num_active, f * d});
-    at::Tensor y = at::linear(a, HeadRowsOf(in.o_weight, full, d, 1));
+    at::Tensor y = Linear(a, HeadRowsOf(in.o_weight, full, d, 1));
     if (all_active) {
       out = y;
     } else {
@@ -396,7 +397,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
         at::Tensor a = q_routed.narrow(0, first_pair[h], count);
         at::Tensor w = in.o_weight.narrow(0, c0, cols).narrow(1, h * d, d);
         out_cols_view.index_add_(0, pair_index.narrow(0, first_pair[h], count),
-                                 at::mm(a, w.t()));
+                                 Linear(a, w));
       }
     });
   }
