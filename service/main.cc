@@ -24,8 +24,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
-#include "base/read_file.h"
-#include "base/status_macros.h"
 #include "model/core/device_context.h"
 #include "model/core/runtime.h"
 #include "service/auth.h"
@@ -35,6 +33,7 @@
 #include "service/model_manager.h"
 #include "service/request_workers.h"
 #include "service/server_config.h"
+#include "service/tls_pem.h"
 #include "service/unparsable_requests.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -75,36 +74,17 @@ namespace {
 
 constexpr char kServiceName[] = "moh.v1.Inference";
 
-// TLS from `tls` (cert_file and key_file both set, optionally client_ca_file
-// for mutual TLS), else plaintext. INVALID_ARGUMENT naming the field.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
-    const v1::TlsConfig& tls) {
-  if (tls.cert_file().empty() && tls.key_file().empty()) {
-    if (!tls.client_ca_file().empty()) {
-      return absl::InvalidArgumentError(
-          "tls.client_ca_file needs tls.cert_file and tls.key_file");
-    }
-    return grpc::InsecureServerCredentials();
-  }
-  if (tls.cert_file().empty() || tls.key_file().empty()) {
-    return absl::InvalidArgumentError(
-        "tls.cert_file and tls.key_file must be set together");
-  }
+// TLS with `pem` (client certificates required when it has a client CA),
+// else plaintext.
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
+    const std::optional<TlsPem>& pem) {
+  if (!pem) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions options(
-      tls.client_ca_file().empty()
+      pem->client_ca.empty()
           ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
           : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  MOH_ASSIGN_OR_RETURN(pair.cert_chain,
-                       ReadSmallFile(tls.cert_file(), "tls.cert_file"));
-  MOH_ASSIGN_OR_RETURN(pair.private_key,
-                       ReadSmallFile(tls.key_file(), "tls.key_file"));
-  options.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!tls.client_ca_file().empty()) {
-    MOH_ASSIGN_OR_RETURN(
-        options.pem_root_certs,
-        ReadSmallFile(tls.client_ca_file(), "tls.client_ca_file"));
-  }
+  options.pem_key_cert_pairs.push_back({pem->private_key, pem->cert_chain});
+  options.pem_root_certs = pem->client_ca;
   return grpc::SslServerCredentials(options);
 }
 
@@ -201,28 +181,27 @@ int Run() {
       return bytes;
     });
   }
+  absl::StatusOr<std::optional<TlsPem>> tls = ReadTlsPem(config->tls());
+  if (!tls.ok()) {
+    MOH_LOG(Error) << tls.status().message();
+    return 1;
+  }
   std::unique_ptr<MetricsHttpServer> metrics_http;
   if (config->metrics_port() > 0) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
         MetricsHttpServer::Start(config->metrics_host(), config->metrics_port(),
-                                 config->tls(), metrics.Collectables());
+                                 *tls, metrics.Collectables());
     if (!started.ok()) {
       MOH_LOG(Error) << started.status().message();
       return 1;
     }
     metrics_http = std::move(*started);
     MOH_LOG(Info) << "metrics on "
-                  << (metrics_http->https() ? "https://" : "http://")
+                  << (tls->has_value() ? "https://" : "http://")
                   << config->metrics_host() << ":" << config->metrics_port()
                   << "/metrics";
   }
 
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      ServerCredentials(config->tls());
-  if (!credentials.ok()) {
-    MOH_LOG(Error) << credentials.status().message();
-    return 1;
-  }
   std::unique_ptr<TokenAuth> auth;
   if (!config->auth_token_file().empty()) {
     absl::StatusOr<std::unique_ptr<TokenAuth>> loaded =
@@ -252,7 +231,7 @@ int Run() {
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(config->host(), ":", config->port());
   int bound_port = 0;
-  builder.AddListeningPort(address, *credentials, &bound_port);
+  builder.AddListeningPort(address, ServerCredentials(*tls), &bound_port);
   builder.RegisterService(&service);
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>

@@ -11,8 +11,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "base/read_file.h"
-#include "base/status_macros.h"
 
 namespace moh {
 
@@ -47,7 +45,8 @@ struct MetricsHttpServer::Handler {
                            size_t* upload_data_size, void** /*con_cls*/) {
     const auto* server = static_cast<const MetricsHttpServer*>(cls);
     constexpr char kText[] = "text/plain; charset=utf-8";
-    if (server->client_certificates_ && !ClientVerified(connection)) {
+    if (server->tls_ && !server->tls_->client_ca.empty() &&
+        !ClientVerified(connection)) {
       return Respond(connection, MHD_HTTP_FORBIDDEN,
                      "a client certificate signed by the client CA is "
                      "required\n",
@@ -67,12 +66,10 @@ struct MetricsHttpServer::Handler {
 };
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& host, int port, const v1::TlsConfig& tls,
+    const std::string& host, int port, const std::optional<TlsPem>& tls,
     std::vector<std::weak_ptr<prometheus::Collectable>> collectables) {
-  const bool https = !tls.cert_file().empty() && !tls.key_file().empty();
-  const bool client_certificates = https && !tls.client_ca_file().empty();
-  std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(
-      https, client_certificates, std::move(collectables)));
+  std::unique_ptr<MetricsHttpServer> server(
+      new MetricsHttpServer(tls, std::move(collectables)));
   const std::string address = absl::StrCat(host, ":", port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -94,18 +91,16 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       {MHD_OPTION_CONNECTION_LIMIT, 64, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, 30, nullptr},
   };
-  if (https) {
+  if (server->tls_) {
+    const TlsPem& pem = *server->tls_;
     flags |= MHD_USE_TLS;
-    MOH_ASSIGN_OR_RETURN(server->cert_,
-                         ReadSmallFile(tls.cert_file(), "tls.cert_file"));
-    MOH_ASSIGN_OR_RETURN(server->key_,
-                         ReadSmallFile(tls.key_file(), "tls.key_file"));
-    options.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, server->cert_.data()});
-    options.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, server->key_.data()});
-    if (client_certificates) {
-      MOH_ASSIGN_OR_RETURN(server->trust_, ReadSmallFile(tls.client_ca_file(),
-                                                         "tls.client_ca_file"));
-      options.push_back({MHD_OPTION_HTTPS_MEM_TRUST, 0, server->trust_.data()});
+    options.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0,
+                       const_cast<char*>(pem.cert_chain.c_str())});
+    options.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0,
+                       const_cast<char*>(pem.private_key.c_str())});
+    if (!pem.client_ca.empty()) {
+      options.push_back({MHD_OPTION_HTTPS_MEM_TRUST, 0,
+                         const_cast<char*>(pem.client_ca.c_str())});
     }
   }
   options.push_back({MHD_OPTION_END, 0, nullptr});
@@ -115,7 +110,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (server->daemon_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "metrics: cannot listen on ", address,
-        https ? " (HTTPS: or the certificate and key do not load)" : ""));
+        tls ? " (HTTPS: or the certificate and key do not load)" : ""));
   }
   return server;
 }

@@ -10,11 +10,12 @@
 #include <prometheus/collectable.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "moh/v1/server_config.pb.h"
+#include "service/tls_pem.h"
 
 struct MHD_Daemon;
 
@@ -23,35 +24,29 @@ namespace moh {
 class MetricsHttpServer {
  public:
   // Listens on `host`:`port` and serves what `collectables` hold (those
-  // gone by then are skipped). HTTPS when `tls` has cert_file and key_file.
-  // UNAVAILABLE "metrics: cannot listen on ..." when the address is taken;
-  // INVALID_ARGUMENT when a PEM file cannot be read.
+  // gone by then are skipped). HTTPS with `tls` when it is set, and then only
+  // to clients whose certificate its client CA signed, when it has one.
+  // UNAVAILABLE "metrics: cannot listen on ..." when the address is taken.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& host, int port, const v1::TlsConfig& tls,
+      const std::string& host, int port, const std::optional<TlsPem>& tls,
       std::vector<std::weak_ptr<prometheus::Collectable>> collectables);
   ~MetricsHttpServer();
 
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
-  bool https() const { return https_; }
-
   // The exposition text of every collectable (what GET /metrics returns).
   std::string Render() const;
 
  private:
-  MetricsHttpServer(bool https, bool client_certificates,
+  MetricsHttpServer(std::optional<TlsPem> tls,
                     std::vector<std::weak_ptr<prometheus::Collectable>> c)
-      : https_(https),
-        client_certificates_(client_certificates),
-        collectables_(std::move(c)) {}
+      : tls_(std::move(tls)), collectables_(std::move(c)) {}
   struct Handler;
 
-  const bool https_;
-  const bool client_certificates_;
+  // The daemon reads the PEM text from here (it keeps the pointers).
+  const std::optional<TlsPem> tls_;
   const std::vector<std::weak_ptr<prometheus::Collectable>> collectables_;
-  // PEM text the daemon reads from (it keeps the pointers).
-  std::string cert_, key_, trust_;
   MHD_Daemon* daemon_ = nullptr;
 };
 
