@@ -15,9 +15,10 @@ using grpc::experimental::InterceptionHookPoints;
 
 class UnparsableRequestInterceptor : public grpc::experimental::Interceptor {
  public:
+  // `message_type` outlives the interceptor (the factory's).
   UnparsableRequestInterceptor(Metrics* metrics, Rpc rpc,
-                               std::string message_type)
-      : metrics_(metrics), rpc_(rpc), message_type_(std::move(message_type)) {}
+                               const std::string& message_type)
+      : metrics_(metrics), rpc_(rpc), message_type_(message_type) {}
 
   void Intercept(
       grpc::experimental::InterceptorBatchMethods* methods) override {
@@ -42,27 +43,30 @@ class UnparsableRequestInterceptor : public grpc::experimental::Interceptor {
  private:
   Metrics* const metrics_;
   const Rpc rpc_;
-  const std::string message_type_;
+  const std::string& message_type_;
   bool unparsable_ = false;
 };
 
 }  // namespace
 
+UnparsableRequestCounter::UnparsableRequestCounter(Metrics* metrics)
+    : metrics_(metrics),
+      methods_({
+          {absl::StrCat("/", v1::Inference::service_full_name(), "/Generate"),
+           Rpc::kGenerate, v1::GenerateRequest::descriptor()->full_name()},
+          {absl::StrCat("/", v1::Inference::service_full_name(), "/Classify"),
+           Rpc::kClassify, v1::ClassifyRequest::descriptor()->full_name()},
+      }) {}
+
 grpc::experimental::Interceptor*
 UnparsableRequestCounter::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
-  const absl::string_view method = info->method();
-  const std::string service =
-      absl::StrCat("/", v1::Inference::service_full_name(), "/");
-  if (method == service + "Generate") {
-    return new UnparsableRequestInterceptor(
-        metrics_, Rpc::kGenerate,
-        v1::GenerateRequest::descriptor()->full_name());
-  }
-  if (method == service + "Classify") {
-    return new UnparsableRequestInterceptor(
-        metrics_, Rpc::kClassify,
-        v1::ClassifyRequest::descriptor()->full_name());
+  const absl::string_view path = info->method();
+  for (const Method& method : methods_) {
+    if (path == method.path) {
+      return new UnparsableRequestInterceptor(metrics_, method.rpc,
+                                              method.message_type);
+    }
   }
   return nullptr;
 }

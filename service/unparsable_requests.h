@@ -7,6 +7,9 @@
 
 #include <grpcpp/support/server_interceptor.h>
 
+#include <string>
+#include <vector>
+
 #include "service/metrics.h"
 
 namespace moh {
@@ -15,7 +18,7 @@ class UnparsableRequestCounter
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   // `metrics` outlives the server.
-  explicit UnparsableRequestCounter(Metrics* metrics) : metrics_(metrics) {}
+  explicit UnparsableRequestCounter(Metrics* metrics);
 
   // An interceptor for moh.v1.Inference's Generate and Classify; null (no
   // interception) for every other method.
@@ -23,7 +26,16 @@ class UnparsableRequestCounter
       grpc::experimental::ServerRpcInfo* info) override;
 
  private:
+  // A method the counter watches: its path ("/moh.v1.Inference/Generate"),
+  // its Rpc and its request message type, written once.
+  struct Method {
+    std::string path;
+    Rpc rpc;
+    std::string message_type;
+  };
+
   Metrics* const metrics_;
+  const std::vector<Method> methods_;
 };
 
 }  // namespace moh
