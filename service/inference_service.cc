@@ -1,5 +1,6 @@
 #include "service/inference_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -67,7 +68,10 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
 // Streams one Generate call. The scheduler's loop thread produces messages
 // (through Observer); gRPC completes writes on its own threads. The reactor
 // finishes only after the scheduler's final callback (or when Submit failed),
-// so the observer never outlives it in use, and deletes itself in OnDone.
+// so the observer never outlives it in use. It is deleted when both gRPC
+// (OnDone) and the request worker (after Start) are done with it: once the
+// job is submitted, the scheduler can finish the call, and gRPC end it,
+// before Start returns.
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   // `auth`: the call's authentication (OK, or why it is refused). The rest
@@ -83,10 +87,17 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       FinishWith(auth);
       return;
     }
-    // gRPC keeps `request` until the call is done, which Start comes before.
-    absl::Status queued =
-        workers->Run([this, models, request] { Start(models, *request); });
-    if (!queued.ok()) FinishWith(queued);
+    // gRPC keeps `request` until the call is done, and Start reads it only
+    // before it submits the job or finishes the call.
+    holds_.fetch_add(1, std::memory_order_relaxed);  // Start's
+    absl::Status queued = workers->Run([this, models, request] {
+      Start(models, *request);
+      Release();
+    });
+    if (!queued.ok()) {
+      holds_.fetch_sub(1, std::memory_order_relaxed);  // Start will not run
+      FinishWith(queued);
+    }
   }
 
   void OnCancel() override {
@@ -116,7 +127,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     if (finish) FinishWith(*finish);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override { Release(); }
 
  private:
   class Observer : public GenerationObserver {
@@ -151,6 +162,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
    private:
     GenerateReactor* const reactor_;
   };
+
+  // Drops one of the holds; the last one deletes the reactor.
+  void Release() {
+    if (holds_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
 
   // On a request worker: finds the model and hands it the request
   // (tokenizing, checks, admission).
@@ -267,6 +283,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   Servable* model_ = nullptr;
   ModelMetrics* metrics_ = nullptr;
   uint64_t id_ = 0;
+  // gRPC's (until OnDone) and, while it is queued or runs, Start's.
+  std::atomic<int> holds_{1};
 
   absl::Mutex mu_;
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;
