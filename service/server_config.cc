@@ -96,6 +96,9 @@ absl::Status ResolveModel(const std::string& path, v1::ModelConfig* m) {
   MOH_DEFAULT(g, attention_workspace_mb,
               path + ".generation.attention_workspace_mb",
               config_limits::kAttentionWorkspaceMb);
+  if (g->kv_cache_dtype().empty()) {
+    g->set_kv_cache_dtype(config_limits::kDefaultDtype);
+  }
   MOH_RETURN_IF_ERROR(AtLeast(path + ".adaptive.queue_depth",
                               m->adaptive().queue_depth(),
                               config_limits::kMinAdaptiveQueueDepth, "off"));

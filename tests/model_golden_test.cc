@@ -437,50 +437,109 @@ constexpr AttentionMode kPairModes[] = {AttentionMode::kHeadSparse,
 
 class HeadSparseTest : public ::testing::TestWithParam<std::string> {};
 
+// Four rows at mixed ratios and lengths: a prefill step, then three decode
+// steps, in `mode`; the outputs of every step.
+constexpr int32_t kMixedLengths[] = {7, 3, 5, 1};
+
+std::vector<DecoderOutput> MixedSteps(LlamaModel& model, AttentionMode mode) {
+  model.set_attention_mode(mode);
+  KvCache cache = model.CreateKvCache(4, 32);
+  at::manual_seed(3);
+  at::Tensor prompt = at::randint(300, {4, 7}, at::kLong);
+  const std::vector<int32_t> lengths(std::begin(kMixedLengths),
+                                     std::end(kMixedLengths));
+  std::vector<int32_t> start(4, 0);
+  std::vector<DecoderOutput> outputs;
+  for (int step = 0; step < 4; ++step) {
+    DecoderBatch batch;
+    batch.all_logits = true;
+    batch.token_ids = step == 0 ? prompt : at::randint(300, {4, 1}, at::kLong);
+    batch.num_tokens = step == 0 ? lengths : std::vector<int32_t>(4, 1);
+    batch.slots = {3, 0, 2, 1};
+    batch.start_positions = start;
+    batch.ratios = {0.5f, 0.0f, 1.0f, 0.75f};
+    auto out = model.Forward(batch, cache);
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return outputs;
+    outputs.push_back(*out);
+    for (int b = 0; b < 4; ++b) start[b] += batch.num_tokens[b];
+  }
+  return outputs;
+}
+
+// Every step's real logits of `got` within `tolerance` x max(1, |want|) of
+// `want`, and the same heads computed.
+void ExpectSameSteps(const std::vector<DecoderOutput>& want,
+                     const std::vector<DecoderOutput>& got, double tolerance,
+                     const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t step = 0; step < want.size(); ++step) {
+    EXPECT_TRUE(
+        at::equal(want[step].head_token_counts, got[step].head_token_counts))
+        << what << " step " << step;
+    for (int b = 0; b < 4; ++b) {
+      const int64_t len = step == 0 ? kMixedLengths[b] : 1;
+      at::Tensor w = want[step].logits[b].narrow(0, 0, len);
+      at::Tensor g = got[step].logits[b].narrow(0, 0, len);
+      const double scale = std::max(1.0, w.abs().max().item<double>());
+      EXPECT_LE((w - g).abs().max().item<double>(), tolerance * scale)
+          << what << " step " << step << " row " << b;
+    }
+  }
+}
+
 TEST_P(HeadSparseTest, MatchesDenseForPrefillAndDecode) {
   auto model = LlamaModel::Load(kFixtures + "/" + GetParam(),
                                 DeviceOptions{"cpu", "float32"});
   ASSERT_TRUE(model.ok()) << model.status();
-  const std::vector<float> ratios = {0.5f, 0.0f, 1.0f, 0.75f};
-  const std::vector<int32_t> lengths = {7, 3, 5, 1};
-  std::vector<DecoderOutput> outputs[4];
-  for (int mode = 0; mode < 4; ++mode) {
-    (*model)->set_attention_mode(mode == 0 ? AttentionMode::kDense
-                                           : kPairModes[mode - 1]);
-    KvCache cache = (*model)->CreateKvCache(4, 32);
-    at::manual_seed(3);
-    at::Tensor prompt = at::randint(300, {4, 7}, at::kLong);
-    std::vector<int32_t> start(4, 0);
-    for (int step = 0; step < 4; ++step) {
-      DecoderBatch batch;
-      batch.all_logits = true;
-      batch.token_ids =
-          step == 0 ? prompt : at::randint(300, {4, 1}, at::kLong);
-      batch.num_tokens = step == 0 ? lengths : std::vector<int32_t>(4, 1);
-      batch.slots = {3, 0, 2, 1};
-      batch.start_positions = start;
-      batch.ratios = ratios;
-      auto out = (*model)->Forward(batch, cache);
-      ASSERT_TRUE(out.ok()) << out.status();
-      outputs[mode].push_back(*out);
-      for (int b = 0; b < 4; ++b) start[b] += batch.num_tokens[b];
-    }
+  const std::vector<DecoderOutput> dense =
+      MixedSteps(**model, AttentionMode::kDense);
+  for (int mode = 0; mode < 3; ++mode) {
+    ExpectSameSteps(dense, MixedSteps(**model, kPairModes[mode]), 1e-4,
+                    "mode " + std::to_string(mode));
   }
-  for (int mode = 1; mode < 4; ++mode) {
-    for (size_t step = 0; step < outputs[0].size(); ++step) {
-      const DecoderOutput& dense = outputs[0][step];
-      const DecoderOutput& sparse = outputs[mode][step];
-      EXPECT_TRUE(at::equal(dense.head_token_counts, sparse.head_token_counts));
-      for (int b = 0; b < 4; ++b) {
-        const int64_t len = step == 0 ? lengths[b] : 1;
-        at::Tensor d = dense.logits[b].narrow(0, 0, len);
-        at::Tensor s = sparse.logits[b].narrow(0, 0, len);
-        const double scale = std::max(1.0, d.abs().max().item<double>());
-        EXPECT_LE((d - s).abs().max().item<double>(), 1e-4 * scale)
-            << "mode " << mode << " step " << step << " row " << b;
-      }
-    }
+}
+
+// A bfloat16 KV cache: half the bytes; every attention path (dense, the pair
+// kernel widening it item by item, the ATen pair path) reads the same
+// rounded keys and values, so they agree as closely as with float32; and the
+// rounding moves the logits little from the float32 cache's.
+TEST_P(HeadSparseTest, BFloat16KvCacheAgreesOnEveryPath) {
+  auto model = LlamaModel::Load(kFixtures + "/" + GetParam(),
+                                DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<DecoderOutput> f32 =
+      MixedSteps(**model, AttentionMode::kDense);
+  const int64_t f32_bytes = (*model)->CreateKvCache(4, 32).total_bytes();
+  ASSERT_TRUE((*model)->set_kv_cache_dtype(at::kBFloat16).ok());
+  KvCache cache = (*model)->CreateKvCache(4, 32);
+  EXPECT_EQ(cache.keys(0).scalar_type(), at::kBFloat16);
+  EXPECT_EQ(cache.total_bytes() * 2, f32_bytes);
+  const std::vector<DecoderOutput> dense =
+      MixedSteps(**model, AttentionMode::kDense);
+  ExpectSameSteps(f32, dense, 2e-2, "bf16 cache vs f32 cache");
+  for (int mode = 0; mode < 3; ++mode) {
+    ExpectSameSteps(dense, MixedSteps(**model, kPairModes[mode]), 1e-4,
+                    "bf16 cache, mode " + std::to_string(mode));
   }
+}
+
+TEST(KvCacheDtypeTest, Float16NeedsCudaAndAutoIsTheModels) {
+  auto model = LlamaModel::Load(kFixtures + "/llama_learned",
+                                DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::Status fp16 = (*model)->set_kv_cache_dtype(at::kHalf);
+  EXPECT_EQ(fp16.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(fp16.message()),
+              ::testing::HasSubstr("needs a CUDA device"));
+  auto automatic = ResolveKvCacheDtype("auto", (*model)->options());
+  ASSERT_TRUE(automatic.ok());
+  EXPECT_EQ(*automatic, at::kFloat);
+  auto bad = ResolveKvCacheDtype("int8", (*model)->options(),
+                                 "generation.kv_cache_dtype");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("generation.kv_cache_dtype must be"));
 }
 
 // A long prompt in chunks (several query blocks per head, causal key blocks

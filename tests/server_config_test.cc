@@ -51,6 +51,7 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(lm.generation().prefill_token_budget(), 512);
   EXPECT_EQ(lm.generation().default_max_new_tokens(), 64);
   EXPECT_EQ(lm.generation().attention_workspace_mb(), 256);
+  EXPECT_EQ(lm.generation().kv_cache_dtype(), "auto");
   EXPECT_EQ(config->models(1).generation().max_running(), 4);
   std::remove(path.c_str());
 }

@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "base/log.h"
+#include "model/core/runtime.h"
 #include "model/generation/generator.h"
 #include "model/generation/language_model.h"
 
@@ -29,6 +30,9 @@ ABSL_FLAG(float, repetition_penalty, 1.0f, "Repetition penalty; 1 = off");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element type: auto (the model's dtype), float32, bfloat16 "
+          "or float16");
 ABSL_FLAG(int32_t, threads, 0,
           "LibTorch intra-op threads; 0 = the default (see model/runtime.h)");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
@@ -62,6 +66,15 @@ int main(int argc, char** argv) {
   const double load_s = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - load_start)
                             .count();
+  absl::StatusOr<at::ScalarType> kv_dtype =
+      moh::ResolveKvCacheDtype(absl::GetFlag(FLAGS_kv_cache_dtype),
+                               lm->model->options(), "--kv_cache_dtype");
+  absl::Status kv_set = kv_dtype.ok() ? lm->model->set_kv_cache_dtype(*kv_dtype)
+                                      : kv_dtype.status();
+  if (!kv_set.ok()) {
+    std::cerr << "moh-generate: " << kv_set.message() << "\n";
+    return 2;
+  }
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "

@@ -204,9 +204,10 @@ def _print_models(models, pb):
         heads = ",".join(
             "%d/%d/%d" % (l.num_heads, l.shared_heads, l.routed_heads)
             for l in m.layers)
-        print("%-20s %-6s %-10s ratio %.3f (min %.3f) %s %s max_seq %d %s %s"
+        print("%-20s %-6s %-10s ratio %.3f (min %.3f) %s %s kv %s max_seq %d"
+              " %s %s"
               % (m.name, m.family, m.router, m.default_ratio, m.min_ratio,
-                 m.device, m.dtype, m.max_seq_len,
+                 m.device, m.dtype, m.kv_cache_dtype or "-", m.max_seq_len,
                  pb.ModelInfo.State.Name(m.state), m.failure_reason))
         print("    heads/shared/routed per layer: " + (heads or "-"))
 

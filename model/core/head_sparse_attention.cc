@@ -8,6 +8,11 @@ bool CpuPairKernelApplies(const at::TensorOptions& options) {
   return options.device().is_cpu() && options.dtype() == at::kFloat;
 }
 
+bool CpuPairKernelReads(const at::Tensor& cache) {
+  return cache.device().is_cpu() && (cache.scalar_type() == at::kFloat ||
+                                     cache.scalar_type() == at::kBFloat16);
+}
+
 bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
                    int64_t min_top_k, const at::TensorOptions& options) {
   switch (mode) {
@@ -34,7 +39,7 @@ bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
 at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
                                bool aten_only) {
   if (!aten_only && CpuPairKernelApplies(in.x.options()) &&
-      CpuPairKernelApplies(in.key_cache.options())) {
+      CpuPairKernelReads(in.key_cache) && CpuPairKernelReads(in.value_cache)) {
     return HeadSparseAttentionCpu(in);
   }
   const int64_t n = in.x.size(0);
@@ -51,6 +56,7 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
   auto gather = [&](const at::Tensor& cache) {
     return cache.narrow(1, 0, kv_len)
         .index_select(0, in.row_slot)
+        .to(in.x.scalar_type())
         .permute({0, 2, 1, 3})
         .contiguous();
   };

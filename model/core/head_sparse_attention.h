@@ -54,7 +54,8 @@ struct HeadSparseAttentionInputs {
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> rotate;
   // [S, L, KV, D] keys and values (a KV cache, or [B, L, KV, D] computed
   // for this batch); the last dimension contiguous. Row b reads slot
-  // row_slot[b]; head h reads KV head h / (H / KV).
+  // row_slot[b]; head h reads KV head h / (H / KV). Their type may be
+  // narrower than x's (a 16-bit cache): they are widened as they are read.
   at::Tensor key_cache;
   at::Tensor value_cache;
   at::Tensor row_slot;   // [B] int64
@@ -71,10 +72,15 @@ struct HeadSparseAttentionInputs {
 at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
                                bool aten_only = false);
 
-// Whether the CPU pair kernel handles activations and caches of `options`.
+// Whether the CPU pair kernel handles activations of `options` (float32 on
+// CPU).
 bool CpuPairKernelApplies(const at::TensorOptions& options);
+// Whether it reads keys or values stored in `cache` (float32 or bfloat16 on
+// CPU).
+bool CpuPairKernelReads(const at::Tensor& cache);
 
-// The CPU pair kernel (head_sparse_attention_cpu.cc); float32 on CPU only.
+// The CPU pair kernel (head_sparse_attention_cpu.cc): float32 activations,
+// float32 or bfloat16 keys and values, on CPU.
 at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs& in);
 
 }  // namespace moh

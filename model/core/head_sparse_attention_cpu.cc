@@ -8,8 +8,10 @@
 // work items of at most kQueryBlock queries of one row and one KV head: one
 // scores product over the keys the items' queries can see (causal blocks
 // beyond the last query's position are never computed), a softmax, one
-// product with the values. Keys and values are read in place from the cache
-// (a strided matrix per slot and KV head), never gathered.
+// product with the values. Keys and values are read in place from a float32
+// cache (a strided matrix per slot and KV head), never gathered; a bfloat16
+// cache is widened item by item into a thread's buffer first (a shift per
+// element: the products stay float32 BLAS).
 //
 // Matrix products call the BLAS directly (no allocation, no dispatch); work
 // items and per-head products run on the intra-op pool, pulled from an atomic
@@ -20,6 +22,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -129,6 +132,31 @@ at::Tensor HeadRowsOf(const at::Tensor &weight,
     parts.push_back(weight.narrow(dim, first * d, count * d));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, dim);
+}
+
+// A strided [len, D] matrix of a KV cache, read where it lies (float32) or
+// widened into `buffer` (bfloat16); returns the float32 rows and their
+// leading dimension.
+std::pair<const float *, int64_t> CacheRows(const at::Tensor &cache,
+                                            int64_t slot, int64_t kv_head,
+                                            int64_t len,
+                                            std::vector<float> &buffer) {
+  const int64_t offset = slot * cache.stride(0) + kv_head * cache.stride(2);
+  const int64_t ld = cache.stride(1);
+  if (cache.scalar_type() == at::kFloat) {
+    return {cache.data_ptr<float>() + offset, ld};
+  }
+  const int64_t d = cache.size(3);
+  const uint16_t *from =
+      reinterpret_cast<const uint16_t *>(cache.data_ptr<at::BFloat16>()) +
+      offset;
+  buffer.resize(len * d);
+  for (int64_t i = 0; i < len; ++i) {
+    const uint16_t *row = from + i * ld;
+    float *to = buffer.data() + i * d;
+    for (int64_t j = 0; j < d; ++j) to[j] = c10::detail::f32_from_bits(row[j]);
+  }
+  return {buffer.data(), d};
 }
 
 // Softmax of scores[i, 0..visible[i]) into probs[i]; entries beyond are 0.
@@ -303,12 +331,6 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
             });
 
   // Attention, written over each head's queries in place.
-  const float *keys = in.key_cache.data_ptr<float>();
-  const float *values = in.value_cache.data_ptr<float>();
-  const int64_t key_ld = in.key_cache.stride(1);
-  const int64_t value_ld = in.value_cache.stride(1);
-  int64_t max_keys = 0;
-  for (const WorkItem &item : items) max_keys = std::max(max_keys, item.keys);
   const float scale = static_cast<float>(in.scale);
   int64_t attention_work = 0;
   for (const WorkItem &item : items) {
@@ -316,7 +338,8 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   }
   ParallelPull(
       static_cast<int64_t>(items.size()), attention_work, [&](int64_t index) {
-        thread_local std::vector<float> queries, scores, probs, outputs;
+        thread_local std::vector<float> queries, scores, probs, outputs,
+            wide_keys, wide_values;
         thread_local std::vector<int64_t> visible;
         const WorkItem &item = items[index];
         const int64_t m = item.queries, len = item.keys;
@@ -337,10 +360,10 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
           }
         }
         const int64_t slot = row_slot[item.row];
-        const float *k = keys + slot * in.key_cache.stride(0) +
-                         item.kv_head * in.key_cache.stride(2);
-        const float *v = values + slot * in.value_cache.stride(0) +
-                         item.kv_head * in.value_cache.stride(2);
+        const auto [k, key_ld] =
+            CacheRows(in.key_cache, slot, item.kv_head, len, wide_keys);
+        const auto [v, value_ld] =
+            CacheRows(in.value_cache, slot, item.kv_head, len, wide_values);
         // Column-major view: scores^T [len, m] = K [len, D] . queries^T.
         Gemm(/*transpose_a=*/true, len, m, d, scale, k, key_ld, queries.data(),
              d, scores.data(), len);

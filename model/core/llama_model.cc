@@ -120,7 +120,24 @@ KvCache LlamaModel::CreateKvCache(int64_t num_slots,
   // Zeroed on the model's stream, before any Forward that reads it.
   const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
   return KvCache(config_.num_layers, num_slots, CachePositions(max_seq_len),
-                 config_.num_kv_heads, config_.head_dim, options_);
+                 config_.num_kv_heads, config_.head_dim,
+                 options_.dtype(kv_cache_dtype_));
+}
+
+absl::Status LlamaModel::set_kv_cache_dtype(at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache dtype must be float32, bfloat16 or float16, "
+                     "got ",
+                     c10::toString(dtype)));
+  }
+  if (dtype == at::kHalf && !options_.device().is_cuda()) {
+    return absl::InvalidArgumentError(
+        "KV cache dtype float16 needs a CUDA device; on CPU use float32 or "
+        "bfloat16");
+  }
+  kv_cache_dtype_ = dtype;
+  return absl::OkStatus();
 }
 
 int64_t LlamaModel::CachePositions(int64_t max_seq_len) const {
@@ -140,7 +157,7 @@ absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
   const int64_t kv_bytes =
       num_slots * positions *
       KvCache::BytesPerToken(config_.num_layers, config_.num_kv_heads,
-                             config_.head_dim, options_);
+                             config_.head_dim, options_.dtype(kv_cache_dtype_));
   const int64_t needed = in_use + kv_bytes + attention_workspace_bytes_;
   // 10% stays free for activations and the CUDA context's own allocations.
   if (needed <= capacity / 10 * 9) return absl::OkStatus();
@@ -393,10 +410,13 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   at::Tensor token_index = step.cache_index[2];
   const std::initializer_list<at::indexing::TensorIndex> where = {
       step.cache_index[0], step.cache_index[1]};
-  key_cache.index_put_(
-      where, k.reshape({n, kv_heads, d}).index_select(0, token_index));
-  value_cache.index_put_(
-      where, v.reshape({n, kv_heads, d}).index_select(0, token_index));
+  // Rounded to the cache's type (a no-op when it is the model's).
+  key_cache.index_put_(where, k.reshape({n, kv_heads, d})
+                                  .index_select(0, token_index)
+                                  .to(key_cache.scalar_type()));
+  value_cache.index_put_(where, v.reshape({n, kv_heads, d})
+                                    .index_select(0, token_index)
+                                    .to(value_cache.scalar_type()));
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   if (sparse) {

@@ -76,7 +76,7 @@ class LlamaModel {
       const at::TensorOptions& options);
 
   // A KV cache with `num_slots` sequences of up to `max_seq_len` tokens
-  // (<= config().max_position_embeddings).
+  // (<= config().max_position_embeddings), in kv_cache_dtype().
   KvCache CreateKvCache(int64_t num_slots, int64_t max_seq_len) const;
 
   // RESOURCE_EXHAUSTED, naming the sizes, when the model's weights, a KV
@@ -102,6 +102,13 @@ class LlamaModel {
   void set_attention_workspace_bytes(int64_t bytes) {
     attention_workspace_bytes_ = bytes;
   }
+  // The element type of the caches CreateKvCache makes (and CheckMemoryFits
+  // counts): the model's own by default. Keys and values are rounded to it
+  // when stored and widened back to the model's type when read, so a 16-bit
+  // cache halves KV memory and the bytes attention reads. INVALID_ARGUMENT
+  // for float16 on CPU. Same contract as set_attention_mode.
+  absl::Status set_kv_cache_dtype(at::ScalarType dtype);
+  at::ScalarType kv_cache_dtype() const { return kv_cache_dtype_; }
 
  private:
   struct Layer {
@@ -150,6 +157,7 @@ class LlamaModel {
   std::vector<Layer> layers_;
   AttentionMode attention_mode_ = AttentionMode::kAuto;
   int64_t attention_workspace_bytes_ = kDefaultAttentionWorkspaceBytes;
+  at::ScalarType kv_cache_dtype_ = at::typeMetaToScalarType(options_.dtype());
 };
 
 }  // namespace moh

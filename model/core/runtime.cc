@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/abbreviate.h"
 
 namespace moh {
 
@@ -43,7 +44,8 @@ absl::StatusOr<at::Device> ResolveDevice(absl::string_view name) {
 }
 
 absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
-                                            const at::Device& device) {
+                                            const at::Device& device,
+                                            absl::string_view field) {
   if (name == "auto" || name.empty()) {
     return device.is_cuda() ? at::kBFloat16 : at::kFloat;
   }
@@ -51,16 +53,27 @@ absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
   if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
   if (name == "float16" || name == "fp16") {
     if (!device.is_cuda()) {
-      return absl::InvalidArgumentError(
-          "dtype \"float16\" needs a CUDA device; on CPU use \"float32\" or "
-          "\"bfloat16\"");
+      return absl::InvalidArgumentError(absl::StrCat(
+          field,
+          " \"float16\" needs a CUDA device; on CPU use \"float32\" or "
+          "\"bfloat16\""));
     }
     return at::kHalf;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("dtype must be \"auto\", \"float32\", \"bfloat16\" or "
+      absl::StrCat(field,
+                   " must be \"auto\", \"float32\", \"bfloat16\" or "
                    "\"float16\", got \"",
-                   name, "\""));
+                   Abbreviate(name), "\""));
+}
+
+absl::StatusOr<at::ScalarType> ResolveKvCacheDtype(
+    absl::string_view name, const at::TensorOptions& model,
+    absl::string_view field) {
+  if (name == "auto" || name.empty()) {
+    return at::typeMetaToScalarType(model.dtype());
+  }
+  return ResolveDtype(name, model.device(), field);
 }
 
 absl::StatusOr<at::TensorOptions> ResolveTensorOptions(

@@ -22,8 +22,15 @@ struct DeviceOptions {
 // INVALID_ARGUMENT naming `device` and the accepted values; FAILED_PRECONDITION
 // when CUDA is asked for and this LibTorch has none.
 absl::StatusOr<at::Device> ResolveDevice(absl::string_view name);
+// `field`: the setting's name in error messages.
 absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
-                                            const at::Device& device);
+                                            const at::Device& device,
+                                            absl::string_view field = "dtype");
+// The KV cache's element type for kv_cache_dtype `name`: "auto" is the
+// model's own (`model`); otherwise as ResolveDtype, errors naming `field`.
+absl::StatusOr<at::ScalarType> ResolveKvCacheDtype(
+    absl::string_view name, const at::TensorOptions& model,
+    absl::string_view field = "kv_cache_dtype");
 absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
     const DeviceOptions& options);
 
