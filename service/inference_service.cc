@@ -246,7 +246,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         // An expiry is counted as one.
         if (done->ok()) done = GoneStatus();
       }
-      if (response) queue_.push_back(std::move(*response));
+      if (response) Enqueue(std::move(*response));
       if (done) final_status_ = ToGrpcStatus(*done);
       if (!writing_ && !queue_.empty()) {
         writing_ = true;
@@ -256,6 +256,23 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       }
     }
     if (finish) FinishWith(*finish);
+  }
+
+  // Queues `response` for writing. While gRPC writes one message, what the
+  // scheduler produces meanwhile is coalesced into the next one (a message
+  // carries the text and ids "since the previous message"; the last one also
+  // the summary), so that a slow reader or a busy server costs one write per
+  // backlog, not one per token.
+  void Enqueue(v1::GenerateResponse response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (queue_.size() < (writing_ ? 2u : 1u)) {
+      queue_.push_back(std::move(response));
+      return;
+    }
+    v1::GenerateResponse& next = queue_.back();  // queued, not being written
+    std::string text = next.text() + response.text();
+    next.MergeFrom(response);  // ids appended; the summary's fields set
+    next.set_text(std::move(text));
   }
 
   // Discards queued messages, but never the one gRPC is writing (it holds a

@@ -7,8 +7,10 @@ model, and the effective activation ratio it computed.
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
 import moh_testlib as lib
@@ -221,3 +223,37 @@ def test_unset_max_new_tokens_fits_what_the_context_leaves(api, stub):
     request.sampling.max_new_tokens = 64
     error = lib.rpc_error(lib.run_generate, stub, request)
     assert "sampling.max_new_tokens" in error.details()
+
+
+def test_a_slow_reader_gets_the_tokens_coalesced(api, start_server,
+                                                 long_lm_dir):
+    # A client that reads late, through a small HTTP/2 window: while gRPC
+    # waits to write one message, the tokens produced meanwhile go out
+    # together in the next one. The stream carries the same ids and text as
+    # one read at once, the summary last.
+    server = start_server("coalescing", [
+        ("long", long_lm_dir, "generation { max_seq_len: 512 }")
+    ], metrics=False)
+    request = lib.generate_request(api.pb, model="long",
+                                   prompt="Once upon a time",
+                                   max_new_tokens=300)
+    eager_stub = api.grpc.InferenceStub(server.channel())
+    eager = lib.run_generate(eager_stub, request)
+    channel = grpc.insecure_channel(
+        server.target, options=[("grpc.http2.lookahead_bytes", 1024),
+                                ("grpc.http2.bdp_probe", 0)])
+    try:
+        call = api.grpc.InferenceStub(channel).Generate(
+            request, timeout=lib.RPC_TIMEOUT)
+        time.sleep(1.5)  # the server generates on; the window fills
+        late = lib.drain_stream(call, lib.RPC_TIMEOUT)
+    finally:
+        channel.close()
+    assert len(eager) > 0 and len(late) < len(eager) - 10, (len(late),
+                                                           len(eager))
+    assert lib.token_ids_of(late) == lib.token_ids_of(eager)
+    assert "".join(m.text for m in late) == "".join(m.text for m in eager)
+    for m in late[:-1]:
+        assert m.finish_reason == api.pb.FINISH_REASON_UNSPECIFIED
+    assert late[-1].finish_reason == api.pb.LENGTH
+    assert late[-1].usage.completion_tokens == 300
