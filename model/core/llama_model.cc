@@ -21,6 +21,60 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// The small per-token operations of a layer as plain loops, for float32 on
+// CPU: as ATen ops they are several dispatches, allocations and passes each,
+// which at decode (a few tokens per step) cost more than the arithmetic.
+bool PlainLoops(const at::Tensor& x) {
+  return x.device().is_cpu() && x.scalar_type() == at::kFloat;
+}
+
+// RoPE of x [n, D] (contiguous) at positions [n], with tables [P, D]:
+// x * cos + RotateHalf(x) * sin, in the same order of operations.
+at::Tensor RotateLoop(const at::Tensor& x, const at::Tensor& positions,
+                      const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t n = x.size(0), d = x.size(1), half = d / 2;
+  const at::Tensor where = positions.to(at::kLong).contiguous();
+  at::Tensor out = at::empty_like(x);
+  const float* in = x.data_ptr<float>();
+  const int64_t* pos = where.data_ptr<int64_t>();
+  const float* cos_table = cos.data_ptr<float>();
+  const float* sin_table = sin.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = in + i * d;
+    const float* c = cos_table + pos[i] * d;
+    const float* s = sin_table + pos[i] * d;
+    float* oi = o + i * d;
+    for (int64_t j = 0; j < half; ++j) {
+      oi[j] = xi[j] * c[j] + -xi[j + half] * s[j];
+    }
+    for (int64_t j = half; j < d; ++j) {
+      oi[j] = xi[j] * c[j] + xi[j - half] * s[j];
+    }
+  }
+  return out;
+}
+
+// RMSNorm of x [n, C] (contiguous) with weight [C].
+at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
+                       double eps) {
+  const int64_t n = x.size(0), c = x.size(1);
+  at::Tensor out = at::empty_like(x);
+  const float* in = x.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = in + i * c;
+    float* oi = o + i * c;
+    float squares = 0.0f;
+    for (int64_t j = 0; j < c; ++j) squares += xi[j] * xi[j];
+    const float scale = 1.0f / std::sqrt(squares / static_cast<float>(c) +
+                                         static_cast<float>(eps));
+    for (int64_t j = 0; j < c; ++j) oi[j] = w[j] * (xi[j] * scale);
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
@@ -246,6 +300,12 @@ absl::StatusOr<DecoderOutput> LlamaModel::Forward(const DecoderBatch& batch,
 
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
                                const at::Tensor& weight) const {
+  if (PlainLoops(x) && PlainLoops(weight)) {
+    const int64_t c = x.size(-1);
+    return RmsNormLoop(x.reshape({-1, c}).contiguous(), weight.contiguous(),
+                       config_.rms_norm_eps)
+        .view(x.sizes());
+  }
   at::Tensor h = x.to(at::kFloat);
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(variance + config_.rms_norm_eps);
@@ -368,6 +428,12 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
 at::Tensor LlamaModel::Rotate(const at::Tensor& x,
                               const at::Tensor& positions) const {
   // x [..., D] at positions [...] (one position per vector).
+  if (PlainLoops(x) && PlainLoops(rope_cos_)) {
+    const int64_t d = config_.head_dim;
+    return RotateLoop(x.reshape({-1, d}).contiguous(), positions.reshape({-1}),
+                      rope_cos_, rope_sin_)
+        .view(x.sizes());
+  }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.push_back(config_.head_dim);
   at::Tensor cos = rope_cos_.index_select(0, positions.flatten())
