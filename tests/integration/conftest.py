@@ -146,9 +146,11 @@ def stub(main_server, api):
 
 @pytest.fixture(scope="session")
 def long_lm_dir(workdir):
-    """The fixture LM that never ends with EOS, 2048 positions (for requests
-    that must keep a slot busy for hundreds of steps)."""
-    return lib.make_long_lm(lib.LM_DIR, os.path.join(workdir, "llama_long"), 2048)
+    """The fixture LM that never ends with EOS, 8192 positions (for requests
+    that must keep a slot busy for thousands of steps: the fixture decodes
+    several thousand tokens a second, so a stream that must outlast a check
+    needs them)."""
+    return lib.make_long_lm(lib.LM_DIR, os.path.join(workdir, "llama_long"), 8192)
 
 
 @pytest.fixture(scope="session")

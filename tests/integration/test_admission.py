@@ -1,7 +1,7 @@
 """Cancellation, deadlines and queue limits on a server with ONE generation
 slot (max_running 1) and room for two waiting requests (max_queued_requests 2).
 
-A long request (the "occupant", hundreds of greedy tokens of the fixture LM
+A long request (the "occupant", thousands of greedy tokens of the fixture LM
 patched never to end with EOS) holds the slot, so whatever comes next waits.
 Whether something was computed is read from the server's own counters.
 """
@@ -15,7 +15,7 @@ import pytest
 import moh_testlib as lib
 
 MODEL = "long"
-OCCUPANT_TOKENS = 2000  # + 14 prompt tokens <= max_seq_len 2048
+OCCUPANT_TOKENS = 8000  # + 14 prompt tokens <= max_seq_len 8192
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def server(start_server, long_lm_dir):
     return start_server("one_slot", [
         (MODEL, long_lm_dir,
          "generation { max_running: 1 max_queued_requests: 2 "
-         "max_seq_len: 2048 }"),
+         "max_seq_len: 8192 }"),
     ])
 
 
@@ -173,7 +173,7 @@ def test_burst_beyond_the_queue_is_rejected_at_once(api, server, stub):
         try:
             return ("OK", lib.run_generate(stub, request), None)
         except grpc.RpcError as e:
-            # Rejected before the occupant (hundreds of steps) is done.
+            # Rejected before the occupant (thousands of steps) is done.
             return (e.code().name, e.details(), occupant.done.is_set())
 
     with ThreadPoolExecutor(burst) as pool:

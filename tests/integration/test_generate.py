@@ -125,9 +125,10 @@ def test_text_prompt_streams_chunks_that_concatenate(api, stub, decoder):
                                    max_new_tokens=16,
                                    include_routing=True)
     messages = lib.run_generate(stub, request)
-    # The first tokens arrive in their own messages, before the final one.
-    assert len(messages) > 2, messages
-    assert messages[0].token_ids and not messages[0].finish_reason
+    # The first token arrives in its own message, before the final one
+    # (what follows may be coalesced while that one is written).
+    assert len(messages) >= 2, messages
+    assert len(messages[0].token_ids) == 1 and not messages[0].finish_reason
     last = messages[-1]
     assert last.finish_reason == api.pb.LENGTH
     ids = lib.token_ids_of(messages)

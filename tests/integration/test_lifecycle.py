@@ -199,7 +199,7 @@ def test_verbose_logs_requests(api, server_factory):
 @pytest.fixture
 def drain_server(server_factory, long_lm_dir):
     return server_factory("drain", [
-        ("long", long_lm_dir, "generation { max_running: 4 max_seq_len: 2048 }")
+        ("long", long_lm_dir, "generation { max_running: 4 max_seq_len: 8192 }")
     ], drain_timeout=60)
 
 
@@ -211,7 +211,7 @@ def long_request(api, tokens):
 def test_sigterm_drains_running_streams_then_exits_0(api, drain_server):
     server = drain_server
     stub = api.grpc.InferenceStub(server.new_channel())
-    tokens = 1500
+    tokens = 6000
     streams = [lib.Occupant(stub, long_request(api, tokens)) for _ in range(2)]
     assert not any(s.done.is_set() for s in streams)
     server.proc.send_signal(signal.SIGTERM)
@@ -280,18 +280,18 @@ def test_sigint_on_an_idle_server_exits_0(server_factory):
 def test_drain_timeout_cuts_long_streams_and_exits_0(api, server_factory,
                                                      long_lm_dir):
     server = server_factory("drain_timeout", [
-        ("long", long_lm_dir, "generation { max_running: 2 max_seq_len: 2048 }")
+        ("long", long_lm_dir, "generation { max_running: 2 max_seq_len: 8192 }")
     ], drain_timeout=0.2)
     stub = api.grpc.InferenceStub(server.new_channel())
-    stream = lib.Occupant(stub, long_request(api, 2000))
+    stream = lib.Occupant(stub, long_request(api, 8000))
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=60) == 0
     stream.join()
-    # Cut short: an error status or a CANCELLED finish, never 2000 tokens.
+    # Cut short: an error status or a CANCELLED finish, never 8000 tokens.
     if stream.error is None:
         last = stream.messages[-1]
         assert last.finish_reason == api.pb.CANCELLED, last
-        assert last.usage.completion_tokens < 2000
+        assert last.usage.completion_tokens < 8000
     else:
         assert stream.error.code() in (grpc.StatusCode.UNAVAILABLE,
                                        grpc.StatusCode.CANCELLED), stream.error
