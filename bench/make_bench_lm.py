@@ -11,6 +11,7 @@ decoding (a zero row of lm_head), so every run generates exactly the tokens
 asked for.
 
   /usr/bin/python3 bench/make_bench_lm.py --out DIR [--demo_dir models/demo-lm]
+      [--max_position_embeddings N]  (default: the demo's, 256)
 """
 import argparse
 import json
@@ -31,6 +32,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--demo_dir", default=os.path.join(ROOT, "models",
                                                            "demo-lm"))
+    parser.add_argument("--max_position_embeddings", type=int,
+                        help="longest sequence (default: the demo's)")
     args = parser.parse_args()
     with open(os.path.join(args.demo_dir, "config.json")) as f:
         demo = json.load(f)
@@ -45,6 +48,8 @@ def main():
         "moh_shared_heads": 2,
         "moh_routed_top_k": 4,
     })
+    if args.max_position_embeddings:
+        cfg["max_position_embeddings"] = args.max_position_embeddings
     tensors = make_fixtures.llama_tensors(cfg, seed=7, dtype=torch.float32)
     # Scaled down so activations stay in a sane range over 8 layers.
     for name, t in tensors.items():
