@@ -12,6 +12,8 @@ asked for.
 
   /usr/bin/python3 bench/make_bench_lm.py --out DIR [--demo_dir models/demo-lm]
       [--max_position_embeddings N]  (default: the demo's, 256)
+      [--dense]  (no router: a plain LLaMA of the same shape, which llama.cpp
+                  computes exactly; bench/suite.py checks its GGUF with it)
 """
 import argparse
 import json
@@ -34,6 +36,8 @@ def main():
                                                            "demo-lm"))
     parser.add_argument("--max_position_embeddings", type=int,
                         help="longest sequence (default: the demo's)")
+    parser.add_argument("--dense", action="store_true",
+                        help="no MoH router (every head, weight 1)")
     args = parser.parse_args()
     with open(os.path.join(args.demo_dir, "config.json")) as f:
         demo = json.load(f)
@@ -50,6 +54,9 @@ def main():
     })
     if args.max_position_embeddings:
         cfg["max_position_embeddings"] = args.max_position_embeddings
+    if args.dense:
+        cfg["moh_router"] = "dense"
+        del cfg["moh_shared_heads"], cfg["moh_routed_top_k"]
     tensors = make_fixtures.llama_tensors(cfg, seed=7, dtype=torch.float32)
     # Scaled down so activations stay in a sane range over 8 layers.
     for name, t in tensors.items():
