@@ -40,6 +40,7 @@ ABSL_FLAG(int32_t, repeat, 1, "Run the whole generation this many times");
 ABSL_FLAG(int32_t, prompt_tokens, 0,
           "Benchmark prompt of exactly this many token ids (--prompt's ids "
           "repeated); 0 = --prompt as it is");
+ABSL_FLAG(int32_t, warmup, 0, "Untimed generations before the timed ones");
 ABSL_FLAG(bool, print_token_ids, false,
           "Print the prompt's and the first sequence's generated token ids");
 
@@ -101,6 +102,9 @@ int main(int argc, char** argv) {
   const std::vector<moh::GenerationRequest> requests(batch, request);
   std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
   absl::StatusOr<std::vector<moh::GenerationResult>> results;
+  for (int32_t i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
+    if (!generator.Generate(requests, nullptr).ok()) break;
+  }
   int64_t total_tokens = 0;
   // Prefill: from a repeat's start to its first chunk (the prompts' forward
   // pass and the first token); decode: the rest, one token per row a step.
