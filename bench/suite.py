@@ -361,8 +361,9 @@ def peer_section(say, build, quick, lm_dir):
     print("5. peer: llama.cpp ...", file=sys.stderr)
     say("\n## 5. Peer: llama.cpp on the same shape\n")
     py, version = bench_venv_python()
-    if subprocess.run([py, "-c", "import llama_cpp, gguf"],
-                      capture_output=True).returncode != 0:
+    if not os.access(py, os.X_OK) or subprocess.run(
+            [py, "-c", "import llama_cpp, gguf"],
+            capture_output=True).returncode != 0:
         say("Skipped: no llama.cpp in the bench environment (%s). Install it "
             "with `bash scripts/install_deps.sh --bench` (llama-cpp-python "
             "%s, which builds llama.cpp from its sources: several minutes), "
