@@ -477,7 +477,7 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
     moh_kv_text = ("float32, its model's dtype (this moh-generate has no "
                    "--kv_cache_dtype)" if moh_default_kv is None else
                    "--kv_cache_dtype unset (default \"%s\")" % moh_default_kv)
-    say("llama.cpp %s (llama-cpp-python %s, built from source for this CPU "
+    say("llama.cpp (the sources llama-cpp-python %s vendors, built for this CPU "
         "with llama.cpp's default native flags; CPU backend, no BLAS) reads "
         "the bench model as an F32 GGUF (bench/make_gguf.py; the MoH router "
         "left out, so llama.cpp computes every head) and runs through its C "
@@ -487,10 +487,12 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
         "sequences after a %d-token prompt, %d steps of one token per "
         "sequence, greedy; prefill: B prompts of %d tokens in one call "
         "(llama.cpp splits it into its default 512-token micro-batches). Each "
-        "process runs one untimed warm-up and %d timed run(s); medians of %d "
-        "interleaved round(s). llama.cpp flash attention: %s (its default, "
+        "process runs one untimed warm-up and %d timed run(s) (their median); "
+        "%d interleaved round(s): tokens/s are medians over the rounds, "
+        "ratios the median of each round's ratio, with their range when "
+        "there are several rounds. llama.cpp flash attention: %s (its default, "
         "\"auto\"). Default KV cache: llama.cpp f16; moh-serve %s.\n" %
-        (version, version, PEER_DECODE_PROMPT, steps, PEER_PREFILL_PROMPT,
+        (version, PEER_DECODE_PROMPT, steps, PEER_PREFILL_PROMPT,
          repeat, rounds, ", ".join(sorted(flash)), moh_kv_text))
     same, n = check
     say("GGUF check: on the same shape without a router "
@@ -506,12 +508,20 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
             "moh 1.0 / llama.cpp | moh 0.5 / llama.cpp |")
         say("|---|---|---|---|---|---|---|")
         for phase, batch, threads in PEER_ROWS:
-            base = med[(label, phase, batch, threads, "llama")]
-            m1 = med[(moh_kv or "model dtype", phase, batch, threads, 1.0)]
-            m5 = med[(moh_kv or "model dtype", phase, batch, threads, 0.5)]
-            say("| %s%s | %d | %d | %.0f | %.0f | %.2f | %.2f |" %
+            lkey = (label, phase, batch, threads, "llama")
+            mkey = (moh_kv or "model dtype", phase, batch, threads)
+
+            def ratio(r):
+                per_round = [m / l for m, l in zip(rates[mkey + (r,)],
+                                                   rates[lkey])]
+                text = "%.2f" % statistics.median(per_round)
+                if len(per_round) > 1:
+                    text += " (%.2f–%.2f)" % (min(per_round), max(per_round))
+                return text
+            say("| %s%s | %d | %d | %.0f | %.0f | %s | %s |" %
                 (phase, " %d" % PEER_PREFILL_PROMPT if phase == "prefill"
-                 else "", batch, threads, base, m1, m1 / base, m5 / base))
+                 else "", batch, threads, med[lkey], med[mkey + (1.0,)],
+                 ratio(1.0), ratio(0.5)))
 
     # Every matrix is read once a token at batch 1 (the embedding table but
     # one row is not); the router's few KiB are left out.
