@@ -107,7 +107,9 @@ print(m.version("llama_cpp_python"), m.version("gguf"))' 2>/dev/null)" = "$want"
     else
       # llama-cpp-python has no CPU wheel on PyPI: pip builds llama.cpp from
       # its sources with this machine's compiler (CPU backend, llama.cpp's
-      # default GGML_NATIVE flags), several minutes on 2 cores.
+      # default GGML_NATIVE flags, so the build fits this CPU only): about 8
+      # minutes on the 2-core CI machine, most of it llama.cpp's multimodal
+      # library that the bindings bring along.
       echo "install_deps: installing llama-cpp-python==$MOH_LLAMA_CPP_PYTHON_VERSION" \
         "(built from source) and gguf==$MOH_GGUF_VERSION into $MOH_BENCH_VENV"
       /usr/bin/python3 -m venv "$MOH_BENCH_VENV"
