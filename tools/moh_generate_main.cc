@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
 
   moh::GenerationRequest request;
   request.prompt_ids = lm->tokenizer->Encode(absl::GetFlag(FLAGS_prompt), true);
-  if (const size_t n = std::max(0, absl::GetFlag(FLAGS_prompt_tokens))) {
+  if (const size_t n = std::max(0, absl::GetFlag(FLAGS_prompt_tokens));
+      n > 0 && !request.prompt_ids.empty()) {
     const auto text = request.prompt_ids;  // BOS first: repeat what follows
     const size_t from = text.size() > 1 ? 1 : 0;
     for (size_t i = text.size(); i < n; ++i)
