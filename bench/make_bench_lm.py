@@ -11,6 +11,9 @@ decoding (a zero row of lm_head), so every run generates exactly the tokens
 asked for.
 
   /usr/bin/python3 bench/make_bench_lm.py --out DIR [--demo_dir models/demo-lm]
+      [--max_position_embeddings N]  (default: the demo's, 256)
+      [--dense]  (no router: a plain LLaMA of the same shape, which llama.cpp
+                  computes exactly; bench/suite.py checks its GGUF with it)
 """
 import argparse
 import json
@@ -31,6 +34,10 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--demo_dir", default=os.path.join(ROOT, "models",
                                                            "demo-lm"))
+    parser.add_argument("--max_position_embeddings", type=int,
+                        help="longest sequence (default: the demo's)")
+    parser.add_argument("--dense", action="store_true",
+                        help="no MoH router (every head, weight 1)")
     args = parser.parse_args()
     with open(os.path.join(args.demo_dir, "config.json")) as f:
         demo = json.load(f)
@@ -45,6 +52,11 @@ def main():
         "moh_shared_heads": 2,
         "moh_routed_top_k": 4,
     })
+    if args.max_position_embeddings:
+        cfg["max_position_embeddings"] = args.max_position_embeddings
+    if args.dense:
+        cfg["moh_router"] = "dense"
+        del cfg["moh_shared_heads"], cfg["moh_routed_top_k"]
     tensors = make_fixtures.llama_tensors(cfg, seed=7, dtype=torch.float32)
     # Scaled down so activations stay in a sane range over 8 layers.
     for name, t in tensors.items():

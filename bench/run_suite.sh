@@ -2,11 +2,24 @@
 # The benchmark suite in one command: builds what it needs, runs every
 # benchmark, and writes bench/RESULTS.md. Extra arguments go to bench/suite.py
 # (e.g. --quick for a smoke run, --lm_dir/--vit_dir for other models).
+# Section 5 (the llama.cpp peer) needs the bench virtual environment: it is
+# installed here (`scripts/install_deps.sh --bench`, once: it builds llama.cpp
+# from source); if that fails, the section says so and is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
+peer=1
+for arg in "$@"; do
+  case "$arg" in
+    --sections=*) [[ ",${arg#--sections=}," == *,5,* ]] || peer=0 ;;
+  esac
+done
+if [ "$peer" = 1 ]; then
+  bash scripts/install_deps.sh --bench ||
+    echo "run_suite: the bench environment did not install; section 5 is skipped" >&2
+fi
 bash scripts/build.sh moh-server moh-client moh-bench moh-generate \
-  moh_attention_bench moh_demo_models
+  moh_attention_bench moh_demo_models moh_read_bandwidth
 PYTHON=/usr/bin/python3
 [ -x "$PYTHON" ] || PYTHON=python3
 exec "$PYTHON" bench/suite.py "$@"

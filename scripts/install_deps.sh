@@ -6,6 +6,10 @@
 #   --torch=wheel        also the second build's LibTorch: the PyPI torch wheel
 #                        (2.x with CUDA, version pinned in torch_wheel.env) in
 #                        the virtual environment $MOH_TORCH_VENV
+#   --bench              also the benchmark suite's peer engine: llama.cpp
+#                        (llama-cpp-python, built from source for this CPU)
+#                        and gguf, pinned in bench_venv.env, in the virtual
+#                        environment $MOH_BENCH_VENV (bench/run_suite.sh only)
 #   --runtime            only the shared libraries moh-server/moh-client need
 #                        (the container image's runtime stage)
 #   --runtime-no-torch   the same without Debian's LibTorch (CUDA images bring
@@ -61,13 +65,15 @@ main() {
     libpng16-16 libjpeg62-turbo
   )
   torch_wheel=0
+  bench=0
   case "${1:-}" in
     --torch=wheel) torch_wheel=1; PACKAGES+=(python3-venv) ;;
     --torch=debian | "") ;;
+    --bench) bench=1; PACKAGES+=(python3-venv) ;;
     --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13) ;;
     --runtime-no-torch) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
     *)
-      echo "usage: $0 [--torch=debian | --torch=wheel | --runtime | --runtime-no-torch]" >&2
+      echo "usage: $0 [--torch=debian | --torch=wheel | --bench | --runtime | --runtime-no-torch]" >&2
       exit 2
       ;;
   esac
@@ -86,6 +92,31 @@ main() {
       /usr/bin/python3 -m venv "$MOH_TORCH_VENV"
       "$MOH_TORCH_VENV/bin/pip" install -q --disable-pip-version-check \
         "torch==$MOH_TORCH_WHEEL_VERSION"
+    fi
+  fi
+
+  if [ "$bench" = 1 ]; then
+    # shellcheck source=bench_venv.env
+    . "$here/bench_venv.env"
+    py="$MOH_BENCH_VENV/bin/python"
+    want="$MOH_LLAMA_CPP_PYTHON_VERSION $MOH_GGUF_VERSION"
+    if [ -x "$py" ] && [ "$("$py" -c 'import importlib.metadata as m
+print(m.version("llama_cpp_python"), m.version("gguf"))' 2>/dev/null)" = "$want" ]; then
+      echo "install_deps: llama-cpp-python $MOH_LLAMA_CPP_PYTHON_VERSION and gguf" \
+        "$MOH_GGUF_VERSION present in $MOH_BENCH_VENV"
+    else
+      # llama-cpp-python has no CPU wheel on PyPI: pip builds llama.cpp from
+      # its sources with this machine's compiler (CPU backend, llama.cpp's
+      # default GGML_NATIVE flags, so the build fits this CPU only): about 8
+      # minutes on the 2-core CI machine, most of it llama.cpp's multimodal
+      # library that the bindings bring along.
+      echo "install_deps: installing llama-cpp-python==$MOH_LLAMA_CPP_PYTHON_VERSION" \
+        "(built from source) and gguf==$MOH_GGUF_VERSION into $MOH_BENCH_VENV"
+      /usr/bin/python3 -m venv "$MOH_BENCH_VENV"
+      CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+        "$MOH_BENCH_VENV/bin/pip" install -q --disable-pip-version-check \
+        "llama-cpp-python==$MOH_LLAMA_CPP_PYTHON_VERSION" \
+        "gguf==$MOH_GGUF_VERSION" "numpy==$MOH_BENCH_NUMPY_VERSION"
     fi
   fi
 }

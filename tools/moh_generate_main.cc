@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/log.h"
 #include "model/core/runtime.h"
 #include "model/generation/generator.h"
@@ -40,6 +41,12 @@ ABSL_FLAG(int32_t, batch, 1,
           "Generate this many copies of the request in one batch (throughput "
           "measurement; only the first is printed)");
 ABSL_FLAG(int32_t, repeat, 1, "Run the whole generation this many times");
+ABSL_FLAG(int32_t, prompt_tokens, 0,
+          "Benchmark prompt of exactly this many token ids (--prompt's ids "
+          "repeated); 0 = --prompt as it is");
+ABSL_FLAG(int32_t, warmup, 0, "Untimed generations before the timed ones");
+ABSL_FLAG(bool, print_token_ids, false,
+          "Print the prompt's and the first sequence's generated token ids");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -84,6 +91,15 @@ int main(int argc, char** argv) {
 
   moh::GenerationRequest request;
   request.prompt_ids = lm->tokenizer->Encode(absl::GetFlag(FLAGS_prompt), true);
+  if (const size_t n = std::max(0, absl::GetFlag(FLAGS_prompt_tokens));
+      n > 0 && !request.prompt_ids.empty()) {
+    const auto text = request.prompt_ids;  // BOS first: repeat what follows
+    const size_t from = text.size() > 1 ? 1 : 0;
+    for (size_t i = text.size(); i < n; ++i)
+      request.prompt_ids.push_back(
+          text[from + (i - from) % (text.size() - from)]);
+    request.prompt_ids.resize(n);
+  }
   request.ratio = absl::GetFlag(FLAGS_ratio);
   request.sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   request.sampling.temperature = absl::GetFlag(FLAGS_temperature);
@@ -100,11 +116,25 @@ int main(int argc, char** argv) {
   const std::vector<moh::GenerationRequest> requests(batch, request);
   std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
   absl::StatusOr<std::vector<moh::GenerationResult>> results;
+  for (int32_t i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
+    if (!generator.Generate(requests, nullptr).ok()) break;
+  }
   int64_t total_tokens = 0;
+  // Prefill: from a repeat's start to its first chunk (the prompts' forward
+  // pass and the first token); decode: the rest, one token per row a step.
+  double prefill_s = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < repeat; ++i) {
+    const auto repeat_start = std::chrono::steady_clock::now();
+    bool first = true;
     results = generator.Generate(
-        requests, [i](size_t row, const moh::GenerationChunk& chunk) {
+        requests, [&, i](size_t row, const moh::GenerationChunk& chunk) {
+          if (first) {
+            first = false;
+            prefill_s += std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - repeat_start)
+                             .count();
+          }
           if (i == 0 && row == 0) std::cout << chunk.text << std::flush;
         });
     if (!results.ok()) break;
@@ -120,14 +150,28 @@ int main(int argc, char** argv) {
     std::cerr << "moh-generate: " << results.status().message() << "\n";
     return 1;
   }
-  if (batch > 1 || repeat > 1) {
+  if (batch > 1 || repeat > 1 || absl::GetFlag(FLAGS_prompt_tokens) > 0) {
+    const int64_t prompt = int64_t{batch} * repeat * request.prompt_ids.size();
+    const int64_t decoded = total_tokens - int64_t{batch} * repeat;
+    const double decode_s = seconds - prefill_s;
     std::fprintf(stderr,
                  "batch=%d repeat=%d generated_tokens=%lld time=%.3fs "
-                 "tokens_per_s=%.2f\n",
+                 "tokens_per_s=%.2f prefill_tokens=%lld prefill_time=%.3fs "
+                 "prefill_tokens_per_s=%.2f decode_tokens=%lld "
+                 "decode_time=%.3fs decode_tokens_per_s=%.2f\n",
                  batch, repeat, static_cast<long long>(total_tokens), seconds,
-                 total_tokens / std::max(seconds, 1e-9));
+                 total_tokens / std::max(seconds, 1e-9),
+                 static_cast<long long>(prompt), prefill_s,
+                 prompt / std::max(prefill_s, 1e-9),
+                 static_cast<long long>(decoded), decode_s,
+                 decoded / std::max(decode_s, 1e-9));
   }
   const moh::GenerationResult& r = (*results)[0];
+  if (absl::GetFlag(FLAGS_print_token_ids)) {
+    std::fprintf(stderr, "prompt_ids=%s\ntoken_ids=%s\n",
+                 absl::StrJoin(request.prompt_ids, ",").c_str(),
+                 absl::StrJoin(r.token_ids, ",").c_str());
+  }
   std::fprintf(stderr,
                "finish_reason=%s prompt_tokens=%d completion_tokens=%zu "
                "effective_ratio=%.4f time=%.3fs (%.1f tokens/s)\n",
