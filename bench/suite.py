@@ -19,7 +19,8 @@ this runs on are shared and noisy:
      bench/make_gguf.py), each engine in its own process with the same
      threads: decode at batch 1, 16, 32 and 512-token prefill at batch 1 and
      16, moh-serve at ratio 1.0 and 0.5 / llama.cpp, at both engines' default
-     KV cache and at f32; batch-1 decode as weight bytes read per second /
+     KV cache, at f32, and at 16 bits (llama.cpp f16, moh-serve bfloat16);
+     batch-1 decode as weight bytes read per second /
      the machine's read bandwidth (moh_read_bandwidth). Skipped, with the
      command that installs it, when the bench environment is missing.
 
@@ -264,7 +265,7 @@ def serving_overhead(say, build, server, quick, models):
         "spends about as long on a decode step's bookkeeping as on its "
         "compute, so per-token RPC work shows fully; `bench-lm` is a 24 M "
         "parameter random-weight MoH-LLaMA with the demo tokenizer. Target: "
-        "server ≥ 0.9 × in process.\n" %
+        "server ≥ 0.95 × in process.\n" %
         (PROMPT, tokens, concurrency, concurrency, rounds))
     say("| model | in process tokens/s | server tokens/s | server / in "
         "process | target |")
@@ -283,8 +284,8 @@ def serving_overhead(say, build, server, quick, models):
                            "--warmup_requests=%d" % concurrency)
             served.append(result["throughput"]["tokens_per_s"])
         s, l = statistics.median(served), statistics.median(local)
-        say("| %s | %.1f | %.1f | %.2f | ≥ 0.90 %s |" %
-            (label, l, s, s / l, "met" if s / l >= 0.9 else "MISSED"))
+        say("| %s | %.1f | %.1f | %.2f | ≥ 0.95 %s |" %
+            (label, l, s, s / l, "met" if s / l >= 0.95 else "MISSED"))
 
 
 def batching_gain(say, build, server, quick, vit_dir):
@@ -412,9 +413,10 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
     gguf_path = model_dir + ".gguf"
     moh_default_kv = moh_kv_flag(build)
     # (label, llama.cpp --kv, moh-generate --kv_cache_dtype or None)
-    kv_settings = [("default", "f16", None), ("f32", "f32", "float32")]
+    kv_settings = [("default", "f16", None), ("f32", "f32", "float32"),
+                   ("16-bit", "f16", "bfloat16")]
     if moh_default_kv is None:
-        kv_settings[1] = ("f32", "f32", None)
+        kv_settings = [("default", "f16", None), ("f32", "f32", None)]
     peer = os.path.join(ROOT, "bench", "llama_peer.py")
     bw_exe = os.path.join(build, "bench", "moh_read_bandwidth")
     # The read bandwidth from memory (1 GiB, far past the caches) and over
