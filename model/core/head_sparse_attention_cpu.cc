@@ -19,6 +19,7 @@
 // pool every product is single-threaded; the full heads' products run outside
 // it, threaded by the BLAS itself.
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
@@ -96,7 +97,11 @@ void ParallelPull(int64_t count, int64_t work, const Fn &fn) {
     return;
   }
   std::atomic<int64_t> next{0};
+  // The caller's LibTorch thread state (inference mode above all: the pool's
+  // threads would otherwise refuse in-place updates of inference tensors).
+  const at::ThreadLocalState state;
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    const at::ThreadLocalStateGuard guard(state);
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t i = next++; i < count; i = next++) fn(i);
     }

@@ -1,5 +1,7 @@
 #include "model/core/llama_model.h"
 
+#include <c10/core/InferenceMode.h>
+
 #include <cmath>
 #include <limits>
 #include <set>
@@ -294,6 +296,8 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
 absl::StatusOr<DecoderOutput> LlamaModel::Forward(const DecoderBatch& batch,
                                                   KvCache& cache) const {
   MOH_RETURN_IF_ERROR(Validate(batch, cache));
+  // No autograd: every op skips its autograd and view-tracking layers.
+  const c10::InferenceMode inference;
   return CatchTorchErrors("LlamaModel::Forward",
                           [&]() { return ForwardUnchecked(batch, cache); });
 }

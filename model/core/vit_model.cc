@@ -1,5 +1,7 @@
 #include "model/core/vit_model.h"
 
+#include <c10/core/InferenceMode.h>
+
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -118,6 +120,8 @@ absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
   MOH_RETURN_IF_ERROR(CheckPixels(pixels));
   MOH_RETURN_IF_ERROR(
       ValidateTopK(config_.moh, row_top_k, pixels.size(0), "top_k"));
+  // No autograd: every op skips its autograd and view-tracking layers.
+  const c10::InferenceMode inference;
   return CatchTorchErrors(
       "VitModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
         // The model's device and stream (CUDA) for everything below.

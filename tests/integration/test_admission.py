@@ -133,10 +133,14 @@ def test_zero_deadline_gets_deadline_exceeded(api, server, stub):
     # may reach the server as up to 1 ms ahead, and a step may run in it:
     # "never computed" is checked on a queued request above, not here.
     ok_before = counter(server, "moh_requests_total", rpc="Generate", code="OK")
+    # Long enough that none can finish in the millisecond a deadline "now"
+    # may leave it (the fixture decodes a token in a fraction of one).
+    expiring = lib.generate_request(api.pb, model=MODEL, prompt="hi",
+                                    max_new_tokens=1000)
     request = lib.generate_request(api.pb, model=MODEL, prompt="hi",
                                    max_new_tokens=4)
     for _ in range(3):
-        error = lib.rpc_error(lib.run_generate, stub, request, timeout=0.0)
+        error = lib.rpc_error(lib.run_generate, stub, expiring, timeout=0.0)
         assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
     # The client gives up at once; the requests may or may not have been
     # sent, and the server needs a moment to drop those that were (until
