@@ -65,6 +65,25 @@ def wait_until(predicate, timeout, what, interval=0.02):
         time.sleep(interval)
 
 
+def wait_models_loaded(api, server):
+    """{name: ModelInfo} once no model of `server` is LOADING any more
+    (ListModels answers while models load)."""
+    import grpc
+
+    def loaded():
+        try:
+            stub = api.grpc.InferenceStub(server.channel())
+            listed = stub.ListModels(api.pb.ListModelsRequest(), timeout=10)
+        except grpc.RpcError:
+            return None
+        models = {m.name: m for m in listed.models}
+        if any(m.state == api.pb.ModelInfo.LOADING for m in models.values()):
+            return None
+        return models
+
+    return wait_until(loaded, START_TIMEOUT, "models loaded")
+
+
 def free_port():
     """A currently free loopback TCP port (bind to port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

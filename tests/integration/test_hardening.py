@@ -38,17 +38,7 @@ def test_deeply_nested_tokenizer_json_fails_its_model_only(
     ], wait_serving=False, metrics=False)
     stub = api.grpc.InferenceStub(server.channel())
 
-    def loaded():
-        try:
-            models = stub.ListModels(api.pb.ListModelsRequest(), timeout=10)
-        except grpc.RpcError:
-            return None
-        states = {m.name: m for m in models.models}
-        if any(m.state == api.pb.ModelInfo.LOADING for m in states.values()):
-            return None
-        return states
-
-    models = lib.wait_until(loaded, lib.START_TIMEOUT, "models loaded")
+    models = lib.wait_models_loaded(api, server)
     assert server.proc.poll() is None, server.log()
     assert models["hostile"].state == api.pb.ModelInfo.FAILED
     assert "nest at most 16 deep" in models["hostile"].failure_reason

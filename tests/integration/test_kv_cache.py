@@ -5,7 +5,6 @@ its model only, naming the field and the allowed values."""
 import re
 import subprocess
 
-import grpc
 import pytest
 
 import moh_testlib as lib
@@ -29,18 +28,8 @@ def stub(server, api):
 
 
 @pytest.fixture(scope="module")
-def models(server, stub, api):
-    def loaded():
-        try:
-            listed = stub.ListModels(api.pb.ListModelsRequest(), timeout=10)
-        except grpc.RpcError:
-            return None
-        states = {m.name: m for m in listed.models}
-        if any(m.state == api.pb.ModelInfo.LOADING for m in states.values()):
-            return None
-        return states
-
-    return lib.wait_until(loaded, lib.START_TIMEOUT, "models loaded")
+def models(server, api):
+    return lib.wait_models_loaded(api, server)
 
 
 def test_list_models_reports_the_cache_type(api, models):

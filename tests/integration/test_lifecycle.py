@@ -83,15 +83,7 @@ def test_bad_model_dir_stays_not_serving_and_reports_failed(
         ("corrupt", corrupt, ""),
     ], wait_serving=False, metrics=False)
 
-    def all_loaded():
-        try:
-            models = list_models(api, server)
-        except grpc.RpcError:
-            return False
-        return all(m.state != api.pb.ModelInfo.LOADING
-                   for m in models.values()) and models
-
-    models = lib.wait_until(all_loaded, lib.START_TIMEOUT, "models loaded")
+    models = lib.wait_models_loaded(api, server)
     assert models["good"].state == api.pb.ModelInfo.READY
     for name, path in (("missing", missing), ("corrupt", corrupt)):
         assert models[name].state == api.pb.ModelInfo.FAILED, models[name]
