@@ -43,11 +43,8 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
   options.adaptive_queue_depth = config.adaptive().queue_depth();
   model.model->set_attention_workspace_bytes(int64_t{g.attention_workspace_mb()}
                                              << 20);
-  MOH_ASSIGN_OR_RETURN(
-      const at::ScalarType kv_dtype,
-      ResolveKvCacheDtype(g.kv_cache_dtype(), model.model->options(),
-                          "generation.kv_cache_dtype"));
-  MOH_RETURN_IF_ERROR(model.model->set_kv_cache_dtype(kv_dtype));
+  MOH_RETURN_IF_ERROR(model.model->set_kv_cache_dtype(
+      g.kv_cache_dtype(), "generation.kv_cache_dtype"));
   // Label scoring (Classify of a text) uses one sequence's cache beside the
   // slots of Generate.
   MOH_RETURN_IF_ERROR(model.model->CheckMemoryFits(options.max_running + 1,

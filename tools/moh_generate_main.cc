@@ -73,11 +73,8 @@ int main(int argc, char** argv) {
   const double load_s = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - load_start)
                             .count();
-  absl::StatusOr<at::ScalarType> kv_dtype =
-      moh::ResolveKvCacheDtype(absl::GetFlag(FLAGS_kv_cache_dtype),
-                               lm->model->options(), "--kv_cache_dtype");
-  absl::Status kv_set = kv_dtype.ok() ? lm->model->set_kv_cache_dtype(*kv_dtype)
-                                      : kv_dtype.status();
+  const absl::Status kv_set = lm->model->set_kv_cache_dtype(
+      absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype");
   if (!kv_set.ok()) {
     std::cerr << "moh-generate: " << kv_set.message() << "\n";
     return 2;

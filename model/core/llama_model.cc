@@ -176,8 +176,7 @@ KvCache LlamaModel::CreateKvCache(int64_t num_slots,
   // Zeroed on the model's stream, before any Forward that reads it.
   const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
   return KvCache(config_.num_layers, num_slots, CachePositions(max_seq_len),
-                 config_.num_kv_heads, config_.head_dim,
-                 options_.dtype(kv_cache_dtype_));
+                 config_.num_kv_heads, config_.head_dim, kv_cache_options());
 }
 
 absl::Status LlamaModel::set_kv_cache_dtype(at::ScalarType dtype) {
@@ -194,6 +193,13 @@ absl::Status LlamaModel::set_kv_cache_dtype(at::ScalarType dtype) {
   }
   kv_cache_dtype_ = dtype;
   return absl::OkStatus();
+}
+
+absl::Status LlamaModel::set_kv_cache_dtype(absl::string_view name,
+                                            absl::string_view field) {
+  MOH_ASSIGN_OR_RETURN(const at::ScalarType dtype,
+                       ResolveKvCacheDtype(name, options_, field));
+  return set_kv_cache_dtype(dtype);
 }
 
 int64_t LlamaModel::CachePositions(int64_t max_seq_len) const {
@@ -213,7 +219,7 @@ absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
   const int64_t kv_bytes =
       num_slots * positions *
       KvCache::BytesPerToken(config_.num_layers, config_.num_kv_heads,
-                             config_.head_dim, options_.dtype(kv_cache_dtype_));
+                             config_.head_dim, kv_cache_options());
   const int64_t needed = in_use + kv_bytes + attention_workspace_bytes_;
   // 10% stays free for activations and the CUDA context's own allocations.
   if (needed <= capacity / 10 * 9) return absl::OkStatus();

@@ -108,6 +108,10 @@ class LlamaModel {
   // cache halves KV memory and the bytes attention reads. INVALID_ARGUMENT
   // for float16 on CPU. Same contract as set_attention_mode.
   absl::Status set_kv_cache_dtype(at::ScalarType dtype);
+  // The same from a setting's value: "auto" (the model's dtype), "float32",
+  // "bfloat16" or "float16" (ResolveKvCacheDtype); errors name `field`.
+  absl::Status set_kv_cache_dtype(absl::string_view name,
+                                  absl::string_view field);
   at::ScalarType kv_cache_dtype() const { return kv_cache_dtype_; }
 
  private:
@@ -123,6 +127,10 @@ class LlamaModel {
       : config_(std::move(config)),
         options_(options),
         context_(std::make_unique<DeviceContext>(options.device())) {}
+  // Tensor options of the caches CreateKvCache makes.
+  at::TensorOptions kv_cache_options() const {
+    return options_.dtype(kv_cache_dtype_);
+  }
   // Positions a cache for sequences of `max_seq_len` holds.
   int64_t CachePositions(int64_t max_seq_len) const;
   absl::Status Validate(const DecoderBatch& batch, const KvCache& cache) const;
