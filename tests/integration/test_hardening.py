@@ -156,7 +156,9 @@ def test_health_answers_within_a_second_under_a_flood_of_heavy_requests(
     server = server_factory("flood", [("demo-lm", lib.LM_DIR, ""),
                                       ("demo-vit", lib.VIT_DIR, "")],
                             metrics=False)
-    prompt = "the quick brown fox jumps over the lazy dog " * 24000  # ~1 MiB
+    # Just under the 1 MiB prompt limit: each one tokenizes (the worker is
+    # busy) before it is refused for the context.
+    prompt = "the quick brown fox jumps over the lazy dog " * 23000
     image = lib.solid_png(4000, 4000)
     stop = threading.Event()
     codes = {}
@@ -220,7 +222,9 @@ def test_full_request_queue_is_resource_exhausted_and_harms_nothing(
                             metrics=False,
                             extra="request_threads: 1\nrequest_queue: 1")
     stub = api.grpc.InferenceStub(server.channel())
-    prompt = "the quick brown fox jumps over the lazy dog " * 24000  # ~1 MiB
+    # Just under the 1 MiB prompt limit: each one tokenizes (the worker is
+    # busy) before it is refused for the context.
+    prompt = "the quick brown fox jumps over the lazy dog " * 23000
     heavy = lib.generate_request(api.pb, prompt=prompt, max_new_tokens=1)
 
     def call(_):
