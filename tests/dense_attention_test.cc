@@ -40,10 +40,10 @@ at::Tensor Reference(const DenseAttentionInputs& in) {
   const int64_t heads = in.queries.size(2), d = in.queries.size(3);
   const int64_t group = heads / in.key_cache.size(2);
   at::Tensor keys = in.key_cache.narrow(1, 0, in.kv_len)
-                        .index_select(0, in.row_slot)
+                        .index_select(0, in.block_table.select(1, 0))
                         .repeat_interleave(group, 2);  // [B, L, H, D]
   at::Tensor values = in.value_cache.narrow(1, 0, in.kv_len)
-                          .index_select(0, in.row_slot)
+                          .index_select(0, in.block_table.select(1, 0))
                           .repeat_interleave(group, 2);
   at::Tensor scores =
       at::einsum("bthd,blhd->bhtl", {in.queries, keys}) * in.scale;
@@ -63,7 +63,7 @@ TEST(DenseAttentionTest, ChunkedEqualsOneSoftmax) {
   in.queries = at::randn({rows, width, heads, d});
   in.key_cache = at::randn({4, 24, kv_heads, d});
   in.value_cache = at::randn({4, 24, kv_heads, d});
-  in.row_slot = at::tensor(std::vector<int64_t>{2, 0, 3});
+  in.block_table = at::tensor(std::vector<int64_t>{2, 0, 3}).view({3, 1});
   // Row 0: a 9-token prompt; row 1: decoding at 14 (padded); row 2: 4
   // tokens continuing at 5 (padding repeats its last position).
   std::vector<int64_t> pos;

@@ -297,6 +297,22 @@ TEST(LlamaForwardTest, RejectsBadBatchesWithoutTouchingTheCache) {
       {[](DecoderBatch& b) { b.ratios = {1.5f}; },
        "ratios[0] must be in (0, 1]"},
       {[](DecoderBatch& b) { b.ratios = {}; }, "one entry per row"},
+      {[](DecoderBatch& b) {
+         b.block_tables = {{0, 1}, {1}};
+       },
+       "one entry per row"},
+      {[](DecoderBatch& b) { b.block_tables = {{2}}; },
+       "block_tables[0][0] must be in [0, 2)"},
+      {[](DecoderBatch& b) { b.block_tables = {{}}; },
+       "must lie in [0, 0) (its block table)"},
+      {[](DecoderBatch& b) {
+         b.token_ids = at::ones({2, 4}, at::kLong);
+         b.num_tokens = {4, 4};
+         b.start_positions = {0, 12};
+         b.ratios = {0.0f, 0.0f};
+         b.block_tables = {{1}, {1}};  // both write block 1
+       },
+       "rows 0 and 1 both write block 1"},
   };
   for (auto& c : cases) {
     DecoderBatch batch = make();
@@ -441,9 +457,13 @@ class HeadSparseTest : public ::testing::TestWithParam<std::string> {};
 // steps, in `mode`; the outputs of every step.
 constexpr int32_t kMixedLengths[] = {7, 3, 5, 1};
 
-std::vector<DecoderOutput> MixedSteps(LlamaModel& model, AttentionMode mode) {
+// With `paged`, the cache has blocks of 4 positions and each row's blocks
+// are scattered out of order (row 3's adjacent: one run for the pair kernel).
+std::vector<DecoderOutput> MixedSteps(LlamaModel& model, AttentionMode mode,
+                                      bool paged = false) {
   model.set_attention_mode(mode);
-  KvCache cache = model.CreateKvCache(4, 32);
+  KvCache cache =
+      paged ? model.CreateKvCache(40, 4) : model.CreateKvCache(4, 32);
   at::manual_seed(3);
   at::Tensor prompt = at::randint(300, {4, 7}, at::kLong);
   const std::vector<int32_t> lengths(std::begin(kMixedLengths),
@@ -455,7 +475,12 @@ std::vector<DecoderOutput> MixedSteps(LlamaModel& model, AttentionMode mode) {
     batch.all_logits = true;
     batch.token_ids = step == 0 ? prompt : at::randint(300, {4, 1}, at::kLong);
     batch.num_tokens = step == 0 ? lengths : std::vector<int32_t>(4, 1);
-    batch.slots = {3, 0, 2, 1};
+    if (paged) {
+      batch.block_tables = {
+          {39, 20, 3}, {38, 22, 8}, {37, 24, 13}, {10, 11, 12}};
+    } else {
+      batch.slots = {3, 0, 2, 1};
+    }
     batch.start_positions = start;
     batch.ratios = {0.5f, 0.0f, 1.0f, 0.75f};
     auto out = model.Forward(batch, cache);
@@ -522,6 +547,100 @@ TEST_P(HeadSparseTest, BFloat16KvCacheAgreesOnEveryPath) {
     ExpectSameSteps(dense, MixedSteps(**model, kPairModes[mode]), 1e-4,
                     "bf16 cache, mode " + std::to_string(mode));
   }
+}
+
+// A paged cache (blocks scattered, read in several runs) gives what slots
+// give, on every attention path, in float32 and bfloat16.
+TEST_P(HeadSparseTest, PagedCacheEqualsSlots) {
+  auto model = LlamaModel::Load(kFixtures + "/" + GetParam(),
+                                DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    ASSERT_TRUE((*model)->set_kv_cache_dtype(dtype).ok());
+    for (AttentionMode mode :
+         {AttentionMode::kDense, AttentionMode::kHeadSparse,
+          AttentionMode::kHeadSparseAten, AttentionMode::kAuto}) {
+      ExpectSameSteps(MixedSteps(**model, mode),
+                      MixedSteps(**model, mode, /*paged=*/true), 1e-5,
+                      std::string(c10::toString(dtype)) + " mode " +
+                          std::to_string(static_cast<int>(mode)));
+    }
+  }
+}
+
+// Rows continue a prompt prefix that another row computed, reading its
+// blocks without writing them: their logits equal computing the whole
+// sequence alone, at the ratio the prefix was computed at.
+TEST_P(HeadSparseTest, RowsReadAPrefixAnotherRowComputed) {
+  auto model = LlamaModel::Load(kFixtures + "/" + GetParam(),
+                                DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  at::manual_seed(5);
+  const at::Tensor prefix = at::randint(300, {1, 8}, at::kLong);
+  const at::Tensor tails = at::randint(300, {2, 3}, at::kLong);
+  for (AttentionMode mode : {AttentionMode::kDense, AttentionMode::kAuto}) {
+    (*model)->set_attention_mode(mode);
+    KvCache paged = (*model)->CreateKvCache(16, 4);
+    DecoderBatch first;
+    first.token_ids = prefix;
+    first.num_tokens = {8};
+    first.block_tables = {{5, 2}};
+    first.start_positions = {0};
+    first.ratios = {0.5f};
+    ASSERT_TRUE((*model)->Forward(first, paged).ok());
+    DecoderBatch rest;
+    rest.all_logits = true;
+    rest.token_ids = tails;
+    rest.num_tokens = {3, 3};
+    rest.block_tables = {{5, 2, 7}, {5, 2, 9}};
+    rest.start_positions = {8, 8};
+    rest.ratios = {0.5f, 0.5f};
+    auto got = (*model)->Forward(rest, paged);
+    ASSERT_TRUE(got.ok()) << got.status();
+
+    KvCache slots = (*model)->CreateKvCache(2, 16);
+    DecoderBatch whole;
+    whole.all_logits = true;
+    whole.token_ids = at::cat({prefix.expand({2, 8}), tails}, 1);
+    whole.num_tokens = {11, 11};
+    whole.slots = {0, 1};
+    whole.start_positions = {0, 0};
+    whole.ratios = {0.5f, 0.5f};
+    auto want = (*model)->Forward(whole, slots);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const at::Tensor w = want->logits.narrow(1, 8, 3);
+    EXPECT_LE((w - got->logits).abs().max().item<double>(),
+              1e-4 * std::max(1.0, w.abs().max().item<double>()))
+        << "mode " << static_cast<int>(mode);
+  }
+}
+
+// Why a prompt's KV blocks are shared only between requests at the same
+// activation: keys of the first layer depend on the tokens alone, but every
+// later layer's depend on the heads earlier layers routed (the residual
+// stream), so a prefix computed at ratio 1.0 is not the one ratio 0.5 would
+// compute.
+TEST(PrefixSharingTest, KeysBeyondTheFirstLayerDependOnTheRatio) {
+  auto model = LlamaModel::Load(kFixtures + "/llama_learned",
+                                DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_GE((*model)->config().num_layers, 2);
+  at::manual_seed(6);
+  const at::Tensor prompt = at::randint(300, {1, 12}, at::kLong);
+  std::vector<KvCache> caches;
+  for (float ratio : {0.5f, 1.0f}) {
+    caches.push_back((*model)->CreateKvCache(1, 16));
+    DecoderBatch batch;
+    batch.token_ids = prompt;
+    batch.num_tokens = {12};
+    batch.slots = {0};
+    batch.start_positions = {0};
+    batch.ratios = {ratio};
+    ASSERT_TRUE((*model)->Forward(batch, caches.back()).ok());
+  }
+  EXPECT_TRUE(at::allclose(caches[0].keys(0), caches[1].keys(0)));
+  EXPECT_GT((caches[0].keys(1) - caches[1].keys(1)).abs().max().item<float>(),
+            1e-3);
 }
 
 TEST(KvCacheDtypeTest, Float16NeedsCudaAndAutoIsTheModels) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "model/core/kv_cache.h"
+
 namespace moh {
 
 int64_t DenseAttentionQueryChunk(int64_t rows, int64_t heads, int64_t width,
@@ -20,10 +22,9 @@ namespace {
 
 // [B, KV, L, D] keys or values of each row, in `dtype` (the queries'; the
 // cache may hold a narrower type).
-at::Tensor Gather(const at::Tensor& cache, const at::Tensor& row_slot,
+at::Tensor Gather(const at::Tensor& cache, const at::Tensor& block_table,
                   int64_t kv_len, at::ScalarType dtype) {
-  return cache.narrow(1, 0, kv_len)
-      .index_select(0, row_slot)
+  return GatherBlocks(cache, block_table, kv_len)
       .to(dtype)
       .permute({0, 2, 1, 3});
 }
@@ -74,9 +75,10 @@ at::Tensor DenseAttention(const DenseAttentionInputs& in) {
   const int64_t heads = in.queries.size(2), d = in.queries.size(3);
   const int64_t kv_heads = in.key_cache.size(2), group = heads / kv_heads;
   const at::ScalarType dtype = in.queries.scalar_type();
-  const at::Tensor keys = Gather(in.key_cache, in.row_slot, in.kv_len, dtype);
+  const at::Tensor keys =
+      Gather(in.key_cache, in.block_table, in.kv_len, dtype);
   const at::Tensor values =
-      Gather(in.value_cache, in.row_slot, in.kv_len, dtype);
+      Gather(in.value_cache, in.block_table, in.kv_len, dtype);
   // [B, KV, G, T, D]: head h = kv * G + g.
   const at::Tensor q = in.queries.permute({0, 2, 1, 3})
                            .reshape({rows, kv_heads, group, width, d});

@@ -19,9 +19,9 @@ namespace moh {
 
 struct DenseAttentionInputs {
   at::Tensor queries;      // [B, T, H, D], already rotated
-  at::Tensor key_cache;    // [S, L_max, KV, D]
-  at::Tensor value_cache;  // [S, L_max, KV, D]
-  at::Tensor row_slot;     // [B] int64: cache slot of each row
+  at::Tensor key_cache;    // [blocks, block_size, KV, D] (kv_cache.h)
+  at::Tensor value_cache;  // [blocks, block_size, KV, D]
+  at::Tensor block_table;  // [B, n] int64: each row's blocks
   at::Tensor positions;    // [B, T] int64: key j visible iff j <= position
   at::Tensor row_len;      // [B] int64: and j < row_len
   int64_t kv_len = 0;      // keys the longest row reads (host value)

@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "model/core/kv_cache.h"
+
 namespace moh {
 
 bool CpuPairKernelApplies(const at::TensorOptions& options) {
@@ -44,7 +46,7 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
   }
   const int64_t n = in.x.size(0);
   const int64_t heads = in.gates.size(1);
-  const int64_t rows = in.row_slot.size(0);
+  const int64_t rows = in.block_table.size(0);
   const int64_t kv_heads = in.key_cache.size(2);
   const int64_t kv_len = in.row_len.max().item<int64_t>();
   const int64_t d = in.key_cache.size(3);
@@ -54,8 +56,7 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
   // Each row's keys and values as [B, KV, L, D], one contiguous copy: each
   // KV head's slice is then a strided batch of matrices that bmm reads.
   auto gather = [&](const at::Tensor& cache) {
-    return cache.narrow(1, 0, kv_len)
-        .index_select(0, in.row_slot)
+    return GatherBlocks(cache, in.block_table, kv_len)
         .to(in.x.scalar_type())
         .permute({0, 2, 1, 3})
         .contiguous();

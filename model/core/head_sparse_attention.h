@@ -52,19 +52,21 @@ struct HeadSparseAttentionInputs {
   at::Tensor q_full;
   // Rotates queries [n, D] at positions [n] (RoPE); empty = none.
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> rotate;
-  // [S, L, KV, D] keys and values (a KV cache, or [B, L, KV, D] computed
-  // for this batch); the last dimension contiguous. Row b reads slot
-  // row_slot[b]; head h reads KV head h / (H / KV). Their type may be
-  // narrower than x's (a 16-bit cache): they are widened as they are read.
+  // [blocks, block_size, KV, D] keys and values (a KV cache, kv_cache.h,
+  // or [B, L, KV, D] computed for this batch); the last dimension
+  // contiguous. Row b reads its positions p from block
+  // block_table[b][p / block_size]; head h reads KV head h / (H / KV). Their
+  // type may be narrower than x's (a 16-bit cache): they are widened as they
+  // are read.
   at::Tensor key_cache;
   at::Tensor value_cache;
-  at::Tensor row_slot;   // [B] int64
-  at::Tensor token_row;  // [N] int64: the row of each token
-  at::Tensor token_pos;  // [N] int64: keys j <= token_pos are visible
-  at::Tensor row_len;    // [B] int64: keys j < row_len are visible
-  at::Tensor o_weight;   // [C, H * D]
-  at::Tensor o_bias;     // [C] or undefined
-  double scale = 1.0;    // applied to q·k
+  at::Tensor block_table;  // [B, n] int64
+  at::Tensor token_row;    // [N] int64: the row of each token
+  at::Tensor token_pos;    // [N] int64: keys j <= token_pos are visible
+  at::Tensor row_len;      // [B] int64: keys j < row_len are visible
+  at::Tensor o_weight;     // [C, H * D]
+  at::Tensor o_bias;       // [C] or undefined
+  double scale = 1.0;      // applied to q·k
 };
 
 // Returns [N, C]: sum over selected heads h of gate * attention_h projected by

@@ -9,9 +9,10 @@
 // scores product over the keys the items' queries can see (causal blocks
 // beyond the last query's position are never computed), a softmax, one
 // product with the values. Keys and values are read in place from a float32
-// cache (a strided matrix per slot and KV head), never gathered; a bfloat16
-// cache is widened item by item into a thread's buffer first (a shift per
-// element: the products stay float32 BLAS).
+// cache (a strided matrix per run of adjacent blocks of the row's block
+// table and KV head: one product per run), never gathered; a bfloat16 cache
+// is widened item by item into a thread's buffer first (a shift per element:
+// the products stay float32 BLAS).
 //
 // Matrix products call the BLAS directly (no allocation, no dispatch); work
 // items and per-head products run on the intra-op pool, pulled from an atomic
@@ -54,16 +55,15 @@ namespace {
 // of a 24 M-parameter model's decode step).
 constexpr int64_t kMaxGemvColumns = 4;
 
-// C [m, n] = alpha op(A) B, column-major; op(A) is [m, k] (A [k, m] when
-// transposed), B [k, n].
+// C [m, n] = alpha op(A) B + beta C, column-major; op(A) is [m, k] (A [k, m]
+// when transposed), B [k, n].
 void Gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, float alpha,
-          const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
-          int64_t ldc) {
+          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+          float *c, int64_t ldc) {
   const char ta = transpose_a ? 'T' : 'N', tb = 'N';
   const int im = static_cast<int>(m), in = static_cast<int>(n),
             ik = static_cast<int>(k), ilda = static_cast<int>(lda),
             ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
-  const float beta = 0.0f;
   if (n <= kMaxGemvColumns) {
     // A as stored: [k, m] when transposed, else [m, k].
     const int rows = transpose_a ? ik : im, cols = transpose_a ? im : ik;
@@ -163,29 +163,50 @@ at::Tensor HeadRowsOf(const at::Tensor &weight,
   return parts.size() == 1 ? parts[0] : at::cat(parts, dim);
 }
 
-// A strided [len, D] matrix of a KV cache, read where it lies (float32) or
-// widened into `buffer` (bfloat16); returns the float32 rows and their
-// leading dimension.
-std::pair<const float *, int64_t> CacheRows(const at::Tensor &cache,
-                                            int64_t slot, int64_t kv_head,
-                                            int64_t len,
-                                            std::vector<float> &buffer) {
-  const int64_t offset = slot * cache.stride(0) + kv_head * cache.stride(2);
+// Rows [first, first + count) of a row's keys (or values) for one KV head:
+// a strided [count, D] float32 matrix with leading dimension `ld`.
+struct CacheRun {
+  const float *data;
+  int64_t ld, first, count;
+};
+
+// Positions [0, len) of a row of a KV cache for one KV head, through the row's
+// block table (`blocks`), as runs of rows stored one after another: read where
+// they lie (float32; consecutive blocks make one run), or widened into
+// `buffer` (bfloat16) as one run.
+void CacheRuns(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
+               int64_t len, std::vector<float> &buffer,
+               std::vector<CacheRun> &runs) {
+  runs.clear();
+  const int64_t block_size = cache.size(1), d = cache.size(3);
   const int64_t ld = cache.stride(1);
+  // Whether block b + 1 starts where block b ends.
+  const bool adjacent = cache.stride(0) == block_size * ld;
   if (cache.scalar_type() == at::kFloat) {
-    return {cache.data_ptr<float>() + offset, ld};
+    const float *base = cache.data_ptr<float>() + kv_head * cache.stride(2);
+    for (int64_t p = 0; p < len; p += block_size) {
+      const int64_t block = blocks[p / block_size];
+      const int64_t count = std::min(block_size, len - p);
+      if (adjacent && !runs.empty() &&
+          blocks[p / block_size - 1] + 1 == block) {
+        runs.back().count += count;
+      } else {
+        runs.push_back({base + block * cache.stride(0), ld, p, count});
+      }
+    }
+    return;
   }
-  const int64_t d = cache.size(3);
-  const uint16_t *from =
+  const uint16_t *base =
       reinterpret_cast<const uint16_t *>(cache.data_ptr<at::BFloat16>()) +
-      offset;
+      kv_head * cache.stride(2);
   buffer.resize(len * d);
   for (int64_t i = 0; i < len; ++i) {
-    const uint16_t *row = from + i * ld;
+    const uint16_t *row =
+        base + blocks[i / block_size] * cache.stride(0) + (i % block_size) * ld;
     float *to = buffer.data() + i * d;
     for (int64_t j = 0; j < d; ++j) to[j] = c10::detail::f32_from_bits(row[j]);
   }
-  return {buffer.data(), d};
+  runs.push_back({buffer.data(), d, 0, len});
 }
 
 // Softmax of scores[i, 0..visible[i]) into probs[i]; entries beyond are 0.
@@ -222,7 +243,9 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const std::vector<int64_t> token_row = ToVector(in.token_row);
   const std::vector<int64_t> token_pos = ToVector(in.token_pos);
   const std::vector<int64_t> row_len = ToVector(in.row_len);
-  const std::vector<int64_t> row_slot = ToVector(in.row_slot);
+  const at::Tensor block_table = in.block_table.to(at::kLong).contiguous();
+  const int64_t *table = block_table.data_ptr<int64_t>();
+  const int64_t table_width = block_table.size(1);
   const at::Tensor gates = in.gates.to(at::kFloat).contiguous();
   const float *gate = gates.data_ptr<float>();
 
@@ -370,6 +393,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
         thread_local std::vector<float> queries, scores, probs, outputs,
             wide_keys, wide_values;
         thread_local std::vector<int64_t> visible;
+        thread_local std::vector<CacheRun> key_runs, value_runs;
         const WorkItem &item = items[index];
         const int64_t m = item.queries, len = item.keys;
         queries.resize(m * d);
@@ -388,18 +412,25 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
                                    row_len[item.row]);
           }
         }
-        const int64_t slot = row_slot[item.row];
-        const auto [k, key_ld] =
-            CacheRows(in.key_cache, slot, item.kv_head, len, wide_keys);
-        const auto [v, value_ld] =
-            CacheRows(in.value_cache, slot, item.kv_head, len, wide_values);
-        // Column-major view: scores^T [len, m] = K [len, D] . queries^T.
-        Gemm(/*transpose_a=*/true, len, m, d, scale, k, key_ld, queries.data(),
-             d, scores.data(), len);
+        const int64_t *blocks = table + item.row * table_width;
+        CacheRuns(in.key_cache, blocks, item.kv_head, len, wide_keys, key_runs);
+        CacheRuns(in.value_cache, blocks, item.kv_head, len, wide_values,
+                  value_runs);
+        // Column-major view: scores^T [len, m] = K [len, D] . queries^T, a
+        // run of keys at a time.
+        for (const CacheRun &k : key_runs) {
+          Gemm(/*transpose_a=*/true, k.count, m, d, scale, k.data, k.ld,
+               queries.data(), d, 0.0f, scores.data() + k.first, len);
+        }
         MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
-        // outputs^T [D, m] = V^T [D, len] . probs^T [len, m].
-        Gemm(/*transpose_a=*/false, d, m, len, 1.0f, v, value_ld, probs.data(),
-             len, outputs.data(), d);
+        // outputs^T [D, m] = V^T [D, len] . probs^T [len, m], summed over
+        // the runs of values.
+        for (size_t i = 0; i < value_runs.size(); ++i) {
+          const CacheRun &v = value_runs[i];
+          Gemm(/*transpose_a=*/false, d, m, v.count, 1.0f, v.data, v.ld,
+               probs.data() + v.first, len, i == 0 ? 0.0f : 1.0f,
+               outputs.data(), d);
+        }
         at = 0;
         for (const Segment &s : item.segments) {
           const HeadRows &r = rows_of[s.head];

@@ -10,18 +10,30 @@ int64_t KvCache::BytesPerToken(int64_t num_layers, int64_t num_kv_heads,
   return 2 * num_layers * num_kv_heads * head_dim * element_size;
 }
 
-KvCache::KvCache(int64_t num_layers, int64_t num_slots, int64_t max_seq_len,
+KvCache::KvCache(int64_t num_layers, int64_t num_blocks, int64_t block_size,
                  int64_t num_kv_heads, int64_t head_dim,
                  const at::TensorOptions& options)
-    : num_slots_(num_slots),
-      max_seq_len_(max_seq_len),
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
       bytes_per_token_(
           BytesPerToken(num_layers, num_kv_heads, head_dim, options)) {
   for (int64_t l = 0; l < num_layers; ++l) {
     keys_.push_back(
-        at::zeros({num_slots, max_seq_len, num_kv_heads, head_dim}, options));
+        at::zeros({num_blocks, block_size, num_kv_heads, head_dim}, options));
     values_.push_back(at::zeros_like(keys_.back()));
   }
+}
+
+at::Tensor GatherBlocks(const at::Tensor& cache, const at::Tensor& block_table,
+                        int64_t kv_len) {
+  const int64_t rows = block_table.size(0), block_size = cache.size(1);
+  const int64_t blocks = (kv_len + block_size - 1) / block_size;
+  if (blocks == 1) {  // one block per row (slots): copy only what is read
+    return cache.narrow(1, 0, kv_len).index_select(0, block_table.select(1, 0));
+  }
+  return cache.index_select(0, block_table.narrow(1, 0, blocks).reshape({-1}))
+      .view({rows, blocks * block_size, cache.size(2), cache.size(3)})
+      .narrow(1, 0, kv_len);
 }
 
 }  // namespace moh

@@ -1,12 +1,19 @@
-// Key/value cache of a decoder, organised in fixed slots.
+// Key/value cache of a decoder, organised in fixed-size blocks.
 //
-// Each sequence in flight owns one slot (an index in [0, num_slots)) holding up
-// to max_seq_len positions of keys and values for every layer. The cache stores
-// tensors only; which slot belongs to whom and how many positions are filled is
-// the caller's bookkeeping (DecoderBatch::slots / start_positions). Memory is
-// allocated once at construction, so admission control can reason in slots and
-// tokens (bytes_per_token) without ever over-committing.
-// Not thread-safe: one owner (the thread running the model) at a time.
+// The cache is `num_blocks` blocks of `block_size` token positions, holding
+// keys and values of every layer. A sequence lives in a list of blocks, its
+// block table: position p is at offset p % block_size of block
+// table[p / block_size]. Two ways to use it:
+//   - slots: one block per sequence, as long as the longest sequence
+//     (block_size = max_seq_len): DecoderBatch::slots names the block;
+//   - paged: small blocks allocated as sequences grow, several sequences may
+//     read the same blocks (a shared prompt prefix); DecoderBatch::
+//     block_tables names them. Which block belongs to whom is the caller's
+//     bookkeeping (service/kv_block_pool.h).
+// The cache stores tensors only. Memory is allocated once at construction,
+// so admission control can reason in blocks and bytes_per_token without ever
+// over-committing. Not thread-safe: one owner (the thread running the model)
+// at a time.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,16 +25,16 @@ namespace moh {
 
 class KvCache {
  public:
-  KvCache(int64_t num_layers, int64_t num_slots, int64_t max_seq_len,
+  KvCache(int64_t num_layers, int64_t num_blocks, int64_t block_size,
           int64_t num_kv_heads, int64_t head_dim,
           const at::TensorOptions& options);
 
-  // [num_slots, max_seq_len, num_kv_heads, head_dim] for `layer`.
+  // [num_blocks, block_size, num_kv_heads, head_dim] for `layer`.
   at::Tensor& keys(int64_t layer) { return keys_[layer]; }
   at::Tensor& values(int64_t layer) { return values_[layer]; }
 
-  int64_t num_slots() const { return num_slots_; }
-  int64_t max_seq_len() const { return max_seq_len_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return block_size_; }
   // Bytes of keys and values one token position takes over all layers.
   int64_t bytes_per_token() const { return bytes_per_token_; }
   // The same, for a cache not yet allocated (memory planning).
@@ -35,15 +42,21 @@ class KvCache {
                                int64_t head_dim,
                                const at::TensorOptions& options);
   int64_t total_bytes() const {
-    return bytes_per_token_ * num_slots_ * max_seq_len_;
+    return bytes_per_token_ * num_blocks_ * block_size_;
   }
 
  private:
-  int64_t num_slots_;
-  int64_t max_seq_len_;
+  int64_t num_blocks_;
+  int64_t block_size_;
   int64_t bytes_per_token_;
   std::vector<at::Tensor> keys_;
   std::vector<at::Tensor> values_;
 };
+
+// [B, kv_len, KV, D]: the first kv_len positions of each row of `cache`
+// ([num_blocks, block_size, KV, D]) through `block_table` ([B, n] int64, n
+// blocks per row, n * block_size >= kv_len), gathered into one tensor.
+at::Tensor GatherBlocks(const at::Tensor& cache, const at::Tensor& block_table,
+                        int64_t kv_len);
 
 }  // namespace moh

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -171,11 +172,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   return model;
 }
 
-KvCache LlamaModel::CreateKvCache(int64_t num_slots,
-                                  int64_t max_seq_len) const {
+KvCache LlamaModel::CreateKvCache(int64_t num_blocks,
+                                  int64_t block_size) const {
   // Zeroed on the model's stream, before any Forward that reads it.
   const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
-  return KvCache(config_.num_layers, num_slots, CachePositions(max_seq_len),
+  return KvCache(config_.num_layers, num_blocks, CachePositions(block_size),
                  config_.num_kv_heads, config_.head_dim, kv_cache_options());
 }
 
@@ -206,8 +207,8 @@ int64_t LlamaModel::CachePositions(int64_t max_seq_len) const {
   return std::min<int64_t>(max_seq_len, config_.max_position_embeddings);
 }
 
-absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
-                                         int64_t max_seq_len) const {
+absl::Status LlamaModel::CheckMemoryFits(int64_t num_blocks,
+                                         int64_t block_size) const {
   const at::Device device = options_.device();
   const int64_t capacity = DeviceMemoryCapacity(device);
   if (capacity < 0) return absl::OkStatus();
@@ -215,9 +216,9 @@ absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
   for (const GpuMemoryStats& gpu : GpuMemory()) {
     if (gpu.device == device.index()) in_use = gpu.reserved_bytes;
   }
-  const int64_t positions = CachePositions(max_seq_len);
+  const int64_t positions = CachePositions(block_size);
   const int64_t kv_bytes =
-      num_slots * positions *
+      num_blocks * positions *
       KvCache::BytesPerToken(config_.num_layers, config_.num_kv_heads,
                              config_.head_dim, kv_cache_options());
   const int64_t needed = in_use + kv_bytes + attention_workspace_bytes_;
@@ -225,10 +226,10 @@ absl::Status LlamaModel::CheckMemoryFits(int64_t num_slots,
   if (needed <= capacity / 10 * 9) return absl::OkStatus();
   constexpr double kGiB = 1 << 30;
   return absl::ResourceExhaustedError(absl::StrFormat(
-      "%s: %.2f GiB in use + KV cache of %d slots x %d positions (%.2f GiB) + "
+      "%s: %.2f GiB in use + KV cache of %d blocks x %d positions (%.2f GiB) + "
       "attention workspace (%.2f GiB) exceed 90%% of its %.2f GiB: lower "
-      "generation.max_running or generation.max_seq_len",
-      device.str(), in_use / kGiB, num_slots, positions, kv_bytes / kGiB,
+      "generation.max_running, generation.max_seq_len or generation.kv_blocks",
+      device.str(), in_use / kGiB, num_blocks, positions, kv_bytes / kGiB,
       attention_workspace_bytes_ / kGiB, capacity / kGiB));
 }
 
@@ -244,12 +245,14 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
   }
   const size_t rows = ids.size(0);
   const int64_t width = ids.size(1);
-  if (batch.num_tokens.size() != rows || batch.slots.size() != rows ||
+  const bool paged = !batch.block_tables.empty();
+  if (batch.num_tokens.size() != rows ||
+      (paged ? batch.block_tables.size() : batch.slots.size()) != rows ||
       batch.start_positions.size() != rows ||
       (batch.top_k.empty() && batch.ratios.size() != rows)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_tokens, slots, start_positions and ratios (or "
-                     "top_k) need one entry per row (",
+        absl::StrCat("num_tokens, slots (or block_tables), start_positions "
+                     "and ratios (or top_k) need one entry per row (",
                      rows, ")"));
   }
   if (!batch.top_k.empty()) {
@@ -259,28 +262,53 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
     return absl::InvalidArgumentError(absl::StrCat(
         "logits_tail must be in [0, ", width, "], got ", batch.logits_tail));
   }
+  const int64_t block_size = cache.block_size();
   std::set<int32_t> seen_slots;
+  std::map<int32_t, size_t> writer;  // block -> the row writing it
   for (size_t b = 0; b < rows; ++b) {
     if (batch.num_tokens[b] < 1 || batch.num_tokens[b] > width) {
       return absl::InvalidArgumentError(
           absl::StrCat("num_tokens[", b, "] must be in [1, ", width, "], got ",
                        batch.num_tokens[b]));
     }
-    if (batch.slots[b] < 0 || batch.slots[b] >= cache.num_slots()) {
+    const int64_t start = batch.start_positions[b];
+    const int64_t end = start + batch.num_tokens[b];
+    const int64_t capacity = std::min<int64_t>(
+        paged ? int64_t(batch.block_tables[b].size()) * block_size : block_size,
+        config_.max_position_embeddings);
+    if (start < 0 || end > capacity) {
       return absl::InvalidArgumentError(
-          absl::StrCat("slots[", b, "] must be in [0, ", cache.num_slots(),
-                       "), got ", batch.slots[b]));
+          absl::StrCat("row ", b, ": positions [", start, ", ", end,
+                       ") must lie in [0, ", capacity, ") (",
+                       paged ? "its block table" : "max sequence length", ")"));
     }
-    if (!seen_slots.insert(batch.slots[b]).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("slots[", b, "] = ", batch.slots[b], " is used twice"));
-    }
-    const int64_t end = int64_t{batch.start_positions[b]} + batch.num_tokens[b];
-    if (batch.start_positions[b] < 0 || end > cache.max_seq_len()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("row ", b, ": positions [", batch.start_positions[b],
-                       ", ", end, ") must lie in [0, ", cache.max_seq_len(),
-                       ") (max sequence length)"));
+    if (!paged) {
+      if (batch.slots[b] < 0 || batch.slots[b] >= cache.num_blocks()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slots[", b, "] must be in [0, ", cache.num_blocks(),
+                         "), got ", batch.slots[b]));
+      }
+      if (!seen_slots.insert(batch.slots[b]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "slots[", b, "] = ", batch.slots[b], " is used twice"));
+      }
+    } else {
+      const std::vector<int32_t>& table = batch.block_tables[b];
+      for (size_t i = 0; i < table.size(); ++i) {
+        if (table[i] < 0 || table[i] >= cache.num_blocks()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("block_tables[", b, "][", i, "] must be in [0, ",
+                           cache.num_blocks(), "), got ", table[i]));
+        }
+      }
+      for (int64_t i = start / block_size; i <= (end - 1) / block_size; ++i) {
+        const auto [it, fresh] = writer.emplace(table[i], b);
+        if (!fresh) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("block_tables: rows ", it->second, " and ", b,
+                           " both write block ", table[i]));
+        }
+      }
     }
     const float r = batch.top_k.empty() ? batch.ratios[b] : 0.0f;
     if (!(r <= 1.0f)) {  // also rejects NaN
@@ -332,32 +360,47 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
 
   // Every per-step index is computed on the host and uploaded in one pinned,
   // non-blocking copy: nothing here waits for the device. Layout of `host`:
-  // positions [B*T] | valid [B*T] | row_len [B] | slots [B] | last [B] |
-  // top_k [L*B] | cache slot, position, flat token [3*M].
-  std::vector<int64_t> host(rows * width * 2 + rows * (3 + num_layers));
-  std::vector<int64_t> cache_slot, cache_pos, cache_token;
+  // positions [B*T] | valid [B*T] | row_len [B] | last [B] | top_k [L*B] |
+  // block table [B*n] | cache block, offset, flat token [3*M].
+  const bool paged = !batch.block_tables.empty();
+  const int64_t block_size = cache.block_size();
+  int64_t table_width = 1;
+  for (const std::vector<int32_t>& table : batch.block_tables) {
+    table_width = std::max<int64_t>(table_width, table.size());
+  }
+  std::vector<int64_t> host(rows * width * 2 + rows * (2 + num_layers) +
+                            rows * table_width);
+  std::vector<int64_t> cache_block, cache_offset, cache_token;
   int64_t* positions_host = host.data();
   int64_t* valid_host = positions_host + rows * width;
   int64_t* row_len_host = valid_host + rows * width;
-  int64_t* slots_host = row_len_host + rows;
-  int64_t* last_host = slots_host + rows;
+  int64_t* last_host = row_len_host + rows;
   int64_t* top_k_host = last_host + rows;
+  int64_t* table_host = top_k_host + rows * num_layers;
   int64_t kv_len = 0;
   for (int64_t b = 0; b < rows; ++b) {
     const int64_t start = batch.start_positions[b];
     const int64_t count = batch.num_tokens[b];
+    int64_t* table = table_host + b * table_width;
+    if (paged) {
+      const std::vector<int32_t>& blocks = batch.block_tables[b];
+      // Unused entries repeat block 0 of the row: never read.
+      std::fill(table, table + table_width, blocks[0]);
+      std::copy(blocks.begin(), blocks.end(), table);
+    } else {
+      table[0] = batch.slots[b];
+    }
     for (int64_t t = 0; t < width; ++t) {
       // Padding positions repeat the last valid one: in range, never written.
       positions_host[b * width + t] = start + std::min(t, count - 1);
       valid_host[b * width + t] = t < count;
       if (t < count) {
-        cache_slot.push_back(batch.slots[b]);
-        cache_pos.push_back(start + t);
+        cache_block.push_back(table[(start + t) / block_size]);
+        cache_offset.push_back((start + t) % block_size);
         cache_token.push_back(b * width + t);
       }
     }
     row_len_host[b] = start + count;
-    slots_host[b] = batch.slots[b];
     last_host[b] = count - 1;
     kv_len = std::max(kv_len, start + count);
   }
@@ -374,7 +417,7 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     min_top_k.push_back(bounds.min);
   }
   const int64_t m = static_cast<int64_t>(cache_token.size());
-  for (const auto* part : {&cache_slot, &cache_pos, &cache_token}) {
+  for (const auto* part : {&cache_block, &cache_offset, &cache_token}) {
     host.insert(host.end(), part->begin(), part->end());
   }
   // On CPU the step's index tensors alias `host`, which outlives them.
@@ -391,13 +434,13 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   const at::Tensor positions = next({rows, width});
   const at::Tensor valid = next({rows, width}) != 0;
   const at::Tensor row_len = next({rows});
-  const at::Tensor slots = next({rows});
   const at::Tensor last = next({rows});
   const at::Tensor top_k = next({num_layers, rows});
+  const at::Tensor block_table = next({rows, table_width});
   const at::Tensor cache_index = next({3, m});
   const at::Tensor ids = context_->Upload(batch.token_ids);
 
-  const Step step{batch,       valid, positions, row_len,   slots,
+  const Step step{batch,       valid, positions, row_len,   block_table,
                   cache_index, top_k, max_top_k, min_top_k, kv_len};
   std::vector<at::Tensor> counts, gates_per_layer;
   at::Tensor h = at::embedding(embed_tokens_, ids);  // [B, T, C]
@@ -509,9 +552,9 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
     };
     in.key_cache = key_cache;
     in.value_cache = value_cache;
-    in.row_slot = step.slots;
+    in.block_table = step.block_table;
     in.token_row =
-        at::arange(rows, step.slots.options()).repeat_interleave(width);
+        at::arange(rows, step.row_len.options()).repeat_interleave(width);
     in.token_pos = step.positions.flatten();
     in.row_len = step.row_len;
     in.o_weight = layer.o_proj;
@@ -527,7 +570,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
       Rotate(q, step.positions.unsqueeze(2).expand({rows, width, heads}));
   dense.key_cache = key_cache;
   dense.value_cache = value_cache;
-  dense.row_slot = step.slots;
+  dense.block_table = step.block_table;
   dense.positions = step.positions;
   dense.row_len = step.row_len;
   dense.kv_len = step.kv_len;

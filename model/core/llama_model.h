@@ -36,9 +36,16 @@ inline constexpr int64_t kDefaultAttentionWorkspaceBytes = int64_t{256} << 20;
 struct DecoderBatch {
   // [B, T] int64 (any device): the new tokens of each row, right-padded.
   at::Tensor token_ids;
-  std::vector<int32_t> num_tokens;       // valid tokens per row, in [1, T]
-  std::vector<int32_t> slots;            // KV-cache slot per row (distinct)
-  std::vector<int32_t> start_positions;  // tokens already cached in the slot
+  std::vector<int32_t> num_tokens;  // valid tokens per row, in [1, T]
+  // Where each row's keys and values live (kv_cache.h), one of:
+  //  - block_tables: row b's position p is in block
+  //    block_tables[b][p / block_size] (a paged cache); rows may share blocks
+  //    they read (a common prefix) but never a block they write;
+  //  - slots (when block_tables is empty): row b's whole sequence is in block
+  //    slots[b] (one block per sequence; distinct).
+  std::vector<std::vector<int32_t>> block_tables;
+  std::vector<int32_t> slots;
+  std::vector<int32_t> start_positions;  // tokens already cached for the row
   // Routed K of every layer per row (Activation::top_k), as resolved at
   // admission. When empty, resolved here from `ratios` (per row; <= 0: the
   // trained default), for callers that hold plain ratios.
@@ -75,16 +82,18 @@ class LlamaModel {
       const LlamaConfig& config, TensorStore& store,
       const at::TensorOptions& options);
 
-  // A KV cache with `num_slots` sequences of up to `max_seq_len` tokens
-  // (<= config().max_position_embeddings), in kv_cache_dtype().
-  KvCache CreateKvCache(int64_t num_slots, int64_t max_seq_len) const;
+  // A KV cache of `num_blocks` blocks of `block_size` positions (at most
+  // config().max_position_embeddings), in kv_cache_dtype(): `num_slots`
+  // sequences of up to `max_seq_len` tokens (one block each), or a paged
+  // cache of small blocks.
+  KvCache CreateKvCache(int64_t num_blocks, int64_t block_size) const;
 
   // RESOURCE_EXHAUSTED, naming the sizes, when the model's weights, a KV
-  // cache of `num_slots` x `max_seq_len` and the attention workspace bound
+  // cache of `num_blocks` x `block_size` and the attention workspace bound
   // (set_attention_workspace_bytes) would not fit the device's memory (CUDA;
   // always OK on CPU). Checked before the cache is allocated, so that a
   // model configured too large fails alone instead of failing its requests.
-  absl::Status CheckMemoryFits(int64_t num_slots, int64_t max_seq_len) const;
+  absl::Status CheckMemoryFits(int64_t num_blocks, int64_t block_size) const;
 
   // INVALID_ARGUMENT on inconsistent input (shapes, slots, positions beyond the
   // cache, token ids outside the vocabulary); INTERNAL on a LibTorch error.
@@ -143,8 +152,8 @@ class LlamaModel {
     at::Tensor valid;        // [B, T] bool: real (not padding) tokens
     at::Tensor positions;    // [B, T] int64
     at::Tensor row_len;      // [B] int64: keys in each row after this step
-    at::Tensor slots;        // [B] int64
-    at::Tensor cache_index;  // [3, M]: slot, position, flat token of valid ones
+    at::Tensor block_table;  // [B, n] int64: each row's blocks
+    at::Tensor cache_index;  // [3, M]: block, offset, flat token of valid ones
     at::Tensor top_k;        // [L, B] int64: routed heads per row and layer
     std::vector<int64_t> max_top_k;  // [L]: the largest K of each layer
     std::vector<int64_t> min_top_k;  // [L]: the smallest K of each layer

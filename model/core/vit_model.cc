@@ -202,7 +202,7 @@ at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
     in.value_cache = kv.select(2, 1);  // [B, N, H, D]
     const at::TensorOptions longs =
         at::TensorOptions().dtype(at::kLong).device(x.device());
-    in.row_slot = at::arange(rows, longs);
+    in.block_table = at::arange(rows, longs).unsqueeze(1);
     in.token_row = at::arange(rows, longs).repeat_interleave(tokens);
     // Every token sees every token of its image.
     in.token_pos = at::full({n}, tokens - 1, longs);
