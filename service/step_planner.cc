@@ -15,8 +15,95 @@ int64_t StepPlan::prefill_rows() const {
   return static_cast<int64_t>(rows.size()) - decode_rows();
 }
 
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
 StepPlanner::StepPlanner(const StepPlannerOptions& options)
-    : options_(options), slot_owner_(options.max_running, 0) {}
+    : options_(options), slot_owner_(options.max_running, 0) {
+  if (options.kv_blocks > 0) {
+    pool_ =
+        std::make_unique<KvBlockPool>(options.kv_blocks, options.kv_block_size);
+  }
+}
+
+int64_t StepPlanner::reserved_positions() const {
+  if (!paged()) return reserved_;
+  return (pool_->num_used() + blocks_to_allocate_) * pool_->block_size();
+}
+
+int64_t StepPlanner::total_positions() const {
+  if (!paged()) return int64_t{options_.max_running} * options_.max_seq_len;
+  return int64_t{pool_->num_blocks()} * pool_->block_size();
+}
+
+bool StepPlanner::TakeBlocks(const PlannedWork& work, bool lowered,
+                             Running& running, AdmittedRequest& admitted) {
+  const int64_t block_size = pool_->block_size();
+  const uint64_t key = lowered ? work.lowered_prefix_key : work.prefix_key;
+  const bool share = options_.prefix_caching && !work.prompt_tokens.empty();
+  // At least the prompt's last token is computed: its logits are the first
+  // output's.
+  const std::vector<int32_t> hits =
+      share ? pool_->Match(work.prompt_tokens.data(), work.prompt_len, key,
+                           (work.prompt_len - 1) / block_size)
+            : std::vector<int32_t>();
+  const int64_t needed = CeilDiv(work.reserved(), block_size);
+  const int64_t revived = std::count_if(
+      hits.begin(), hits.end(),
+      [this](int32_t block) { return pool_->refcount(block) == 0; });
+  const int64_t fresh = needed - static_cast<int64_t>(hits.size());
+  if (pool_->num_used() + revived + blocks_to_allocate_ + fresh >
+      pool_->num_blocks()) {
+    return false;
+  }
+  for (int32_t block : hits) pool_->Acquire(block);
+  running.blocks = hits;
+  running.to_allocate = fresh;
+  blocks_to_allocate_ += fresh;
+  running.cached = static_cast<int32_t>(hits.size() * block_size);
+  running.prefix_key = key;
+  running.registered = static_cast<int32_t>(hits.size());
+  running.registering = share;
+  if (share) {
+    admitted.prefix_queried = work.prompt_len;
+    admitted.prefix_hit = running.cached;
+  }
+  return true;
+}
+
+void StepPlanner::Grow(Running& running, int64_t positions) {
+  while (static_cast<int64_t>(running.blocks.size()) * pool_->block_size() <
+         positions) {
+    // Admission left a free block for every one a request may allocate.
+    const int32_t block = pool_->Allocate();
+    if (block < 0) return;
+    running.blocks.push_back(block);
+    --running.to_allocate;
+    --blocks_to_allocate_;
+  }
+}
+
+void StepPlanner::RegisterPrompt(Running& running) {
+  const int64_t block_size = pool_->block_size();
+  const int64_t complete =
+      std::min<int64_t>(running.cached, running.work.prompt_len) / block_size;
+  while (running.registering && running.registered < complete) {
+    const int32_t i = running.registered;
+    const int32_t parent = i == 0 ? -1 : running.blocks[i - 1];
+    if (!pool_->Register(running.blocks[i], parent,
+                         running.work.prompt_tokens.data() + i * block_size,
+                         running.prefix_key)) {
+      // The same prefix is registered by another request's blocks (computed
+      // at the same time); this one's stay private.
+      running.registering = false;
+      return;
+    }
+    ++running.registered;
+  }
+}
 
 void StepPlanner::Enqueue(uint64_t id, const PlannedWork& work,
                           absl::Time now) {
@@ -65,36 +152,42 @@ StepPlan StepPlanner::Schedule(absl::Time now) {
     if (ended.was_running) Release(ended.id);
   }
 
-  // Admission: first come, into the lowest free slot, while its KV positions
-  // fit. Adaptive activation lowers a request that allows it when more than
+  // Admission: first come, into the lowest free slot, while its KV memory
+  // fits. Adaptive activation lowers a request that allows it when more than
   // adaptive_queue_depth requests wait (itself included) as it is admitted.
   int32_t slot = 0;
   while (!queue_.empty()) {
     while (slot < options_.max_running && slot_owner_[slot] != 0) ++slot;
-    const Queued& next = queue_.front();
+    Queued& next = queue_.front();
     if (slot == options_.max_running ||
-        reserved_ + next.work.reserved() > total_positions()) {
+        (!paged() && reserved_ + next.work.reserved() > total_positions())) {
       break;
     }
     const int64_t waiting = queue_.size();
     const bool lowered = LowerActivation(options_.adaptive_queue_depth, waiting,
                                          next.work.can_lower);
-    plan.admitted.push_back(
-        AdmittedRequest{next.id, slot, lowered, now - next.enqueued});
-    running_[next.id] = Running{next.work, slot, 0, next_order_++};
+    AdmittedRequest admitted{next.id, slot, lowered, now - next.enqueued};
+    Running running{std::move(next.work), slot, 0, next_order_};
+    if (paged() && !TakeBlocks(running.work, lowered, running, admitted)) {
+      next.work = std::move(running.work);  // waits for blocks
+      break;
+    }
+    ++next_order_;
+    plan.admitted.push_back(admitted);
+    if (!paged()) reserved_ += running.work.reserved();
+    running_[next.id] = std::move(running);
     slot_owner_[slot] = next.id;
-    reserved_ += next.work.reserved();
     queue_.pop_front();
   }
 
   // The step: a decode row per request past its prompt (slot order), then
   // prompt chunks, first admitted first, under the prefill budget.
-  std::vector<const Running*> prefilling;
+  std::vector<Running*> prefilling;
   for (uint64_t id : slot_owner_) {
     if (id == 0) continue;
-    const Running& r = running_.at(id);
+    Running& r = running_.at(id);
     if (r.cached >= r.work.prompt_len) {
-      plan.rows.push_back(PlannedRow{id, r.slot, r.cached, 1, false, true});
+      AddRow(PlannedRow{id, r.slot, r.cached, 1, false, true}, r, plan);
     } else {
       prefilling.push_back(&r);
     }
@@ -103,14 +196,23 @@ StepPlan StepPlanner::Schedule(absl::Time now) {
       prefilling.begin(), prefilling.end(),
       [](const Running* a, const Running* b) { return a->order < b->order; });
   int32_t budget = options_.prefill_token_budget;
-  for (const Running* r : prefilling) {
+  for (Running* r : prefilling) {
     if (budget == 0) break;
     const int32_t n = std::min(r->work.prompt_len - r->cached, budget);
     budget -= n;
-    plan.rows.push_back(PlannedRow{slot_owner_[r->slot], r->slot, r->cached, n,
-                                   true, r->cached + n == r->work.prompt_len});
+    AddRow(PlannedRow{slot_owner_[r->slot], r->slot, r->cached, n, true,
+                      r->cached + n == r->work.prompt_len},
+           *r, plan);
   }
   return plan;
+}
+
+void StepPlanner::AddRow(PlannedRow row, Running& running, StepPlan& plan) {
+  if (paged()) {
+    Grow(running, int64_t{row.start} + row.num_tokens);
+    row.blocks = running.blocks;
+  }
+  plan.rows.push_back(std::move(row));
 }
 
 std::vector<uint64_t> StepPlanner::Update(const StepPlan& plan,
@@ -121,6 +223,7 @@ std::vector<uint64_t> StepPlanner::Update(const StepPlan& plan,
     auto it = running_.find(row.id);
     if (it == running_.end()) continue;
     it->second.cached += row.num_tokens;
+    if (paged()) RegisterPrompt(it->second);
     if (i < finished.size() && finished[i]) done.push_back(row.id);
   }
   for (uint64_t id : done) Release(id);
@@ -157,8 +260,17 @@ std::vector<EndedRequest> StepPlanner::Shutdown() {
 void StepPlanner::Release(uint64_t id) {
   auto it = running_.find(id);
   if (it == running_.end()) return;
-  slot_owner_[it->second.slot] = 0;
-  reserved_ -= it->second.work.reserved();
+  Running& r = it->second;
+  slot_owner_[r.slot] = 0;
+  if (paged()) {
+    // Last block first: a shared prefix is evicted after the tails.
+    for (auto block = r.blocks.rbegin(); block != r.blocks.rend(); ++block) {
+      pool_->Release(*block);
+    }
+    blocks_to_allocate_ -= r.to_allocate;
+  } else {
+    reserved_ -= r.work.reserved();
+  }
   cancelled_.erase(id);
   running_.erase(it);
 }

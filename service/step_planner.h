@@ -1,10 +1,24 @@
 // The policy half of continuous batching (SPEC §4), after vLLM v1's scheduler
 // contract: Schedule(now) returns the plan of one step, Update() consumes what
 // the model made of it. It decides which requests leave (cancelled, past their
-// deadline), which queued ones take a slot (by free slots and KV positions),
+// deadline), which queued ones take a slot (by free slots and KV memory),
 // which run at their activation floor (adaptive activation), and which rows
 // the step computes (every decode row, then prompt chunks under
 // prefill_token_budget).
+//
+// KV memory comes in two forms. Slots (kv_blocks 0): each request holds
+// prompt + max_outputs positions of a max_seq_len slot. Paged (kv_blocks >
+// 0): the cache is kv_blocks blocks of kv_block_size positions
+// (KvBlockPool); a request is admitted when the blocks it can need at most
+// (prompt + max_outputs, less the blocks of its prompt already cached) fit
+// beside what running requests hold and may still need, and its blocks are
+// allocated as it grows, so admission never over-commits and nothing is
+// preempted. With prefix caching, whole blocks of a prompt are registered
+// once computed, under the key of the activation that computed them (later
+// layers' keys and values depend on the routed heads), and a request whose
+// prompt starts with registered blocks under the same key reads them instead
+// of computing them; they are evicted least recently used first when free
+// blocks run out.
 //
 // Pure: no threads, no model, no clock of its own (time is an argument), so
 // its tests run on a fake clock with a fake model. Any model whose work is a
@@ -15,21 +29,28 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "service/kv_block_pool.h"
 
 namespace moh {
 
 struct StepPlannerOptions {
-  int32_t max_running = 1;           // slots (KV-cache sequences)
-  int32_t max_seq_len = 1;           // positions per slot
+  int32_t max_running = 1;           // sequences at once (slots)
+  int32_t max_seq_len = 1;           // positions per sequence
   int32_t max_queued_requests = 1;   // waiting before RESOURCE_EXHAUSTED
   int32_t prefill_token_budget = 1;  // prompt tokens per step, >= 1
   int32_t adaptive_queue_depth = 0;  // 0 = adaptive activation off
+  // Paged KV: blocks of kv_block_size positions (both >= 1;
+  // kv_blocks * kv_block_size >= max_seq_len); kv_blocks 0 = slots.
+  int32_t kv_blocks = 0;
+  int32_t kv_block_size = 0;
+  bool prefix_caching = false;  // paged only
 };
 
 // What the planner knows of a request.
@@ -38,6 +59,11 @@ struct PlannedWork {
   int32_t max_outputs = 1;  // outputs at most (max_new_tokens, or steps)
   absl::Time deadline = absl::InfiniteFuture();
   bool can_lower = false;  // its activation has a floor below its ratio
+  // Prefix caching: the prompt (empty: not shared) and the keys of the KV
+  // it computes at its activation and at its floor (when lowered).
+  std::vector<int32_t> prompt_tokens;
+  uint64_t prefix_key = 0;
+  uint64_t lowered_prefix_key = 0;
   // KV positions it holds from admission to its end: the most it can fill.
   int64_t reserved() const { return int64_t{prompt_len} + max_outputs; }
 };
@@ -50,6 +76,8 @@ struct PlannedRow {
   int32_t num_tokens = 0;  // tokens this step computes
   bool prefill = false;    // a prompt chunk (else a decode row)
   bool emits = false;      // yields an output: decode rows, a prompt's end
+  // Paged: the request's blocks, covering positions [0, start + num_tokens).
+  std::vector<int32_t> blocks;
 };
 
 // A request leaving before the step.
@@ -65,6 +93,10 @@ struct AdmittedRequest {
   int32_t slot = 0;
   bool lowered = false;   // runs at its activation floor
   absl::Duration queued;  // time it waited
+  // Prefix caching: prompt tokens looked up, and those found cached (its
+  // rows start after them).
+  int32_t prefix_queried = 0;
+  int32_t prefix_hit = 0;
 };
 
 struct StepPlan {
@@ -81,7 +113,7 @@ class StepPlanner {
   explicit StepPlanner(const StepPlannerOptions& options);
 
   // Queues request `id`. The caller checks the queue limit and that the work
-  // fits a slot (reserved() <= max_seq_len).
+  // fits a sequence (reserved() <= max_seq_len).
   void Enqueue(uint64_t id, const PlannedWork& work, absl::Time now);
   // The request leaves at the next Schedule() (OK status). Unknown ids:
   // ignored.
@@ -102,11 +134,14 @@ class StepPlanner {
   int64_t num_waiting() const { return queue_.size(); }
   int64_t num_running() const { return running_.size(); }
   bool idle() const { return queue_.empty() && running_.empty(); }
-  // KV positions held by running requests, of max_running * max_seq_len.
-  int64_t reserved_positions() const { return reserved_; }
-  int64_t total_positions() const {
-    return int64_t{options_.max_running} * options_.max_seq_len;
-  }
+  // KV positions held by running requests, of total_positions(): slots:
+  // prompt + max_outputs each, of max_running * max_seq_len; paged: the
+  // blocks in use and those running requests may still need, of every block.
+  int64_t reserved_positions() const;
+  int64_t total_positions() const;
+  // Paged: blocks held by requests; blocks free but holding a cached prefix.
+  int64_t blocks_in_use() const { return paged() ? pool_->num_used() : 0; }
+  int64_t blocks_cached() const { return paged() ? pool_->num_cached() : 0; }
 
  private:
   struct Queued {
@@ -119,16 +154,38 @@ class StepPlanner {
     int32_t slot = 0;
     int32_t cached = 0;
     uint64_t order = 0;  // admission order: prompt chunks go first-come
+    // Paged: its block table; blocks it may still allocate; the key its
+    // prompt blocks register under; how many of them are registered (or
+    // were found cached), and whether registering goes on.
+    std::vector<int32_t> blocks;
+    int64_t to_allocate = 0;
+    uint64_t prefix_key = 0;
+    int32_t registered = 0;
+    bool registering = false;
   };
 
+  bool paged() const { return pool_ != nullptr; }
+  // Paged: whether `work` fits the blocks (its cached prefix `hits` taken
+  // into account); if so, takes them. Fills the prefix fields of `admitted`.
+  bool TakeBlocks(const PlannedWork& work, bool lowered, Running& running,
+                  AdmittedRequest& admitted);
+  // Paged: allocates blocks until `running` covers `positions`.
+  void Grow(Running& running, int64_t positions);
+  // Paged: registers the prompt blocks `running` has completed.
+  void RegisterPrompt(Running& running);
+  // Appends `row` of `running` to the plan (paged: with its blocks, grown to
+  // cover the row).
+  void AddRow(PlannedRow row, Running& running, StepPlan& plan);
   void Release(uint64_t id);
 
   const StepPlannerOptions options_;
   std::deque<Queued> queue_;
   std::unordered_map<uint64_t, Running> running_;
   std::unordered_set<uint64_t> cancelled_;
-  std::vector<uint64_t> slot_owner_;  // id per slot; 0 = free
-  int64_t reserved_ = 0;
+  std::vector<uint64_t> slot_owner_;   // id per slot; 0 = free
+  int64_t reserved_ = 0;               // slots: positions held
+  std::unique_ptr<KvBlockPool> pool_;  // paged
+  int64_t blocks_to_allocate_ = 0;     // paged: sum of Running::to_allocate
   uint64_t next_order_ = 0;
 };
 

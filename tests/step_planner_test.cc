@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
 #include <vector>
 
 namespace moh {
@@ -256,6 +257,169 @@ TEST(StepPlannerTest, ShutdownEndsQueuedThenRunning) {
   }
   EXPECT_TRUE(planner.idle());
   EXPECT_EQ(planner.reserved_positions(), 0);
+}
+
+// Paged KV: blocks of 4 positions, kv_blocks of them.
+StepPlannerOptions Paged(int32_t max_running, int32_t kv_blocks,
+                         bool prefix_caching = true) {
+  StepPlannerOptions options = Options(max_running);
+  options.max_seq_len = 32;
+  options.kv_blocks = kv_blocks;
+  options.kv_block_size = 4;
+  options.prefix_caching = prefix_caching;
+  return options;
+}
+
+PlannedWork Prompt(std::vector<int32_t> tokens, int32_t max_outputs,
+                   uint64_t key = 7) {
+  PlannedWork work = Work(static_cast<int32_t>(tokens.size()), max_outputs);
+  work.prompt_tokens = std::move(tokens);
+  work.prefix_key = key;
+  work.lowered_prefix_key = key + 1;
+  return work;
+}
+
+// Runs steps until the planner is idle, checking every row's block table
+// covers what it computes and that no two rows write one block.
+void RunToIdle(StepPlanner& planner, FakeModel& model, int64_t kv_blocks) {
+  for (int step = 0; step < 1000 && !planner.idle(); ++step) {
+    StepPlan plan = planner.Schedule(kT0);
+    std::map<int32_t, uint64_t> writer;
+    for (const PlannedRow& row : plan.rows) {
+      ASSERT_GE(static_cast<int64_t>(row.blocks.size()) * 4,
+                int64_t{row.start} + row.num_tokens);
+      for (int32_t p = row.start; p < row.start + row.num_tokens; ++p) {
+        const int32_t block = row.blocks[p / 4];
+        ASSERT_LT(block, kv_blocks);
+        const auto [it, fresh] = writer.emplace(block, row.id);
+        ASSERT_TRUE(fresh || it->second == row.id) << "block " << block;
+      }
+    }
+    ASSERT_LE(planner.blocks_in_use(), kv_blocks);
+    ASSERT_LE(planner.reserved_positions(), planner.total_positions());
+    planner.Update(plan, model.Run(plan));
+  }
+  ASSERT_TRUE(planner.idle());
+}
+
+TEST(StepPlannerTest, PagedAdmitsByBlocksAndAllocatesAsSequencesGrow) {
+  StepPlanner planner(Paged(/*max_running=*/4, /*kv_blocks=*/6,
+                            /*prefix_caching=*/false));
+  FakeModel model;
+  // Each needs 3 blocks at most (6 + 6 positions): two fit, the third waits.
+  for (uint64_t id = 1; id <= 3; ++id) {
+    planner.Enqueue(id, Prompt({1, 2, 3, 4, 5, int32_t(id)}, 6), kT0);
+    model.Expect(id, 6);
+  }
+  StepPlan plan = planner.Schedule(kT0);
+  EXPECT_EQ(Ids(plan.admitted), (std::vector<uint64_t>{1, 2}));
+  ASSERT_EQ(plan.rows.size(), 2u);
+  EXPECT_EQ(plan.rows[0].blocks.size(), 2u);  // the prompt's 6 positions
+  EXPECT_EQ(planner.blocks_in_use(), 4);
+  EXPECT_EQ(planner.reserved_positions(), 6 * 4);  // all committed
+  EXPECT_EQ(planner.total_positions(), 6 * 4);
+  planner.Update(plan, model.Run(plan));
+  // Decode at positions 6 and 7 stay in block 2; position 8 takes a third.
+  for (int step = 0; step < 2; ++step) {
+    plan = planner.Schedule(kT0);
+    EXPECT_TRUE(plan.admitted.empty());
+    EXPECT_EQ(plan.rows[0].blocks.size(), 2u);
+    planner.Update(plan, model.Run(plan));
+  }
+  plan = planner.Schedule(kT0);
+  EXPECT_EQ(plan.rows[0].blocks.size(), 3u);
+  EXPECT_EQ(planner.blocks_in_use(), 6);
+  planner.Update(plan, model.Run(plan));
+  RunToIdle(planner, model, 6);
+  EXPECT_EQ(planner.blocks_in_use(), 0);
+  EXPECT_EQ(planner.reserved_positions(), 0);
+}
+
+TEST(StepPlannerTest, PromptBlocksAreSharedUnderTheSameKeyOnly) {
+  StepPlanner planner(Paged(/*max_running=*/4, /*kv_blocks=*/16));
+  FakeModel model;
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  planner.Enqueue(1, Prompt(prompt, 2), kT0);
+  model.Expect(1, 2);
+  StepPlan plan = planner.Schedule(kT0);
+  EXPECT_EQ(plan.admitted[0].prefix_queried, 10);
+  EXPECT_EQ(plan.admitted[0].prefix_hit, 0);
+  const std::vector<int32_t> first_blocks = plan.rows[0].blocks;
+  planner.Update(plan, model.Run(plan));  // the prompt's 2 whole blocks
+  // The same prompt under the same key reads them: its row starts at 8.
+  // Under another key (another activation), and with a different second
+  // block, less or nothing is shared.
+  planner.Enqueue(2, Prompt(prompt, 2), kT0);
+  planner.Enqueue(3, Prompt(prompt, 2, /*key=*/99), kT0);
+  planner.Enqueue(4, Prompt({1, 2, 3, 4, 5, 6, 7, 0, 9, 10}, 2), kT0);
+  for (uint64_t id = 2; id <= 4; ++id) model.Expect(id, 2);
+  plan = planner.Schedule(kT0);
+  ASSERT_EQ(plan.admitted.size(), 3u);
+  EXPECT_EQ(plan.admitted[0].prefix_hit, 8);
+  EXPECT_EQ(plan.admitted[1].prefix_hit, 0);
+  EXPECT_EQ(plan.admitted[2].prefix_hit, 4);
+  std::map<uint64_t, PlannedRow> rows;
+  for (const PlannedRow& row : plan.rows) rows[row.id] = row;
+  EXPECT_EQ(rows[2].start, 8);
+  EXPECT_EQ(rows[2].num_tokens, 2);
+  EXPECT_EQ(rows[2].blocks[0], first_blocks[0]);
+  EXPECT_EQ(rows[2].blocks[1], first_blocks[1]);
+  EXPECT_EQ(rows[3].start, 0);
+  EXPECT_NE(rows[3].blocks[0], first_blocks[0]);
+  EXPECT_EQ(rows[4].start, 4);
+  EXPECT_EQ(rows[4].blocks[0], first_blocks[0]);
+  EXPECT_NE(rows[4].blocks[1], first_blocks[1]);
+  planner.Update(plan, model.Run(plan));
+  RunToIdle(planner, model, 16);
+}
+
+TEST(StepPlannerTest, CachedPrefixOutlivesItsRequestUntilEvicted) {
+  StepPlanner planner(Paged(/*max_running=*/2, /*kv_blocks=*/4));
+  FakeModel model;
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6};
+  planner.Enqueue(1, Prompt(prompt, 1), kT0);
+  model.Expect(1, 1);
+  RunToIdle(planner, model, 4);
+  EXPECT_EQ(planner.blocks_in_use(), 0);
+  EXPECT_EQ(planner.blocks_cached(), 1);  // the prompt's one whole block
+  // A later request with the same prompt still finds it.
+  planner.Enqueue(2, Prompt(prompt, 1), kT0);
+  model.Expect(2, 1);
+  StepPlan plan = planner.Schedule(kT0);
+  EXPECT_EQ(plan.admitted[0].prefix_hit, 4);
+  EXPECT_EQ(planner.blocks_cached(), 0);  // in use again
+  planner.Update(plan, model.Run(plan));
+  RunToIdle(planner, model, 4);
+  // A request needing every block evicts it; the prompt is then computed.
+  planner.Enqueue(3, Prompt({9, 9, 9, 9, 9, 9, 9, 9, 9, 9}, 6), kT0);
+  model.Expect(3, 6);
+  RunToIdle(planner, model, 4);
+  EXPECT_EQ(planner.blocks_cached(), 2);  // request 3's two prompt blocks
+  planner.Enqueue(4, Prompt(prompt, 1), kT0);
+  plan = planner.Schedule(kT0);
+  EXPECT_EQ(plan.admitted[0].prefix_hit, 0);
+}
+
+// Many requests of random sizes and shared prefixes through a small pool:
+// rows always have their blocks, no block has two writers, the pool is
+// never over-committed, and everything admitted finishes.
+TEST(StepPlannerTest, PagedNeverOverCommitsUnderRandomLoad) {
+  std::mt19937 random(42);
+  for (int round = 0; round < 20; ++round) {
+    StepPlanner planner(Paged(/*max_running=*/4, /*kv_blocks=*/9));
+    FakeModel model;
+    for (uint64_t id = 1; id <= 12; ++id) {
+      std::vector<int32_t> prompt(1 + random() % 20);
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        prompt[i] = i < 8 ? int32_t(random() % 2) : int32_t(random() % 50);
+      }
+      const int32_t outputs = 1 + random() % 12;
+      planner.Enqueue(id, Prompt(prompt, outputs, random() % 2), kT0);
+      model.Expect(id, outputs);
+    }
+    RunToIdle(planner, model, 9);
+    EXPECT_EQ(planner.blocks_in_use(), 0);
+  }
 }
 
 }  // namespace
