@@ -102,6 +102,13 @@ inline constexpr ConfigLimits<int32_t> kPrefillTokenBudget{512, 1, 1 << 20};
 inline constexpr ConfigLimits<int32_t> kDefaultMaxNewTokens{64, 1, 1 << 20};
 // generation.attention_workspace_mb: the attention workspace of one step, MiB.
 inline constexpr ConfigLimits<int32_t> kAttentionWorkspaceMb{256, 1, 1 << 16};
+// generation.kv_block_size: token positions per KV-cache block.
+inline constexpr ConfigLimits<int32_t> kKvBlockSize{16, 1, 4096};
+// generation.kv_blocks: KV-cache blocks; 0 (the default) = max_running x
+// max_seq_len / kv_block_size (rounded up), resolved with the model
+// (ContinuousBatchScheduler::Create checks the lower bound).
+inline constexpr int32_t kKvBlocksAuto = 0;
+inline constexpr int32_t kMaxKvBlocks = 1 << 24;
 
 // generation.max_seq_len: tokens per sequence, prompt + output. The config
 // accepts any value >= 0; 0 (the default) means the model's
@@ -118,6 +125,16 @@ constexpr int32_t ResolveMaxSeqLen(int32_t configured, int32_t model_max) {
   return configured == kMaxSeqLenUnset
              ? std::min(model_max, kMaxSeqLenDefaultCap)
              : configured;
+}
+
+// The KV-cache blocks a model gets: `configured`, or when it is automatic
+// enough for `max_running` sequences of `max_seq_len`.
+constexpr int64_t ResolveKvBlocks(int32_t configured, int32_t max_running,
+                                  int32_t max_seq_len, int32_t block_size) {
+  return configured != kKvBlocksAuto
+             ? configured
+             : int64_t{max_running} *
+                   ((int64_t{max_seq_len} + block_size - 1) / block_size);
 }
 
 // ------------------------------------------------------------- AdaptiveConfig

@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/core/activation.h"
@@ -38,7 +39,7 @@ class LanguageExecutor : public StepExecutor<Sequence> {
         metrics_(metrics),
         num_head_counters_(static_cast<size_t>(model_.config().num_layers) *
                            model_.config().num_heads),
-        cache_(model_.CreateKvCache(options.max_running, options.max_seq_len)) {
+        cache_(model_.CreateKvCache(options.kv_blocks, options.kv_block_size)) {
   }
 
   void Admit(Sequence& seq, const AdmittedRequest& admitted) override {
@@ -120,7 +121,7 @@ class LanguageExecutor : public StepExecutor<Sequence> {
         ids[b][t] = history[rows[b].start + t];
       }
       batch.num_tokens.push_back(rows[b].num_tokens);
-      batch.slots.push_back(rows[b].slot);
+      batch.block_tables.push_back(rows[b].blocks);
       batch.start_positions.push_back(rows[b].start);
       batch.top_k.push_back(seqs[b]->activation.top_k());
     }
@@ -195,6 +196,14 @@ class ContinuousBatchScheduler::Impl {
     work.max_outputs = job.sampling.max_new_tokens;
     work.deadline = job.deadline;
     work.can_lower = activation.CanLower();
+    if (options_.prefix_caching) {
+      // The KV of a prompt depends on the heads every layer routed: its
+      // blocks are shared under the key of the activation that computed it.
+      work.prompt_tokens = job.prompt_ids;
+      work.prefix_key = absl::HashOf(activation.top_k());
+      work.lowered_prefix_key =
+          absl::HashOf(activation.Lowered(lm_.model->config().moh).top_k());
+    }
     auto seq = std::make_unique<Sequence>(
         Sequence{std::move(job), std::move(activation), std::move(observer),
                  absl::Now()});
@@ -215,6 +224,9 @@ class ContinuousBatchScheduler::Impl {
     loop.planner.max_queued_requests = options.max_queued_requests;
     loop.planner.prefill_token_budget = options.prefill_token_budget;
     loop.planner.adaptive_queue_depth = options.adaptive_queue_depth;
+    loop.planner.kv_blocks = options.kv_blocks;
+    loop.planner.kv_block_size = options.kv_block_size;
+    loop.planner.prefix_caching = options.prefix_caching;
     return loop;
   }
 
@@ -270,6 +282,18 @@ ContinuousBatchScheduler::Create(const Options& options,
   resolved.max_seq_len =
       config_limits::ResolveMaxSeqLen(options.max_seq_len, model_max);
   namespace limits = config_limits;
+  // A block longer than a sequence would only hold unused positions.
+  resolved.kv_block_size =
+      std::clamp(options.kv_block_size, limits::kKvBlockSize.min,
+                 std::max(resolved.max_seq_len, limits::kKvBlockSize.min));
+  const int64_t blocks_per_sequence =
+      (int64_t{resolved.max_seq_len} + resolved.kv_block_size - 1) /
+      resolved.kv_block_size;
+  const int64_t kv_blocks =
+      limits::ResolveKvBlocks(options.kv_blocks, options.max_running,
+                              resolved.max_seq_len, resolved.kv_block_size);
+  resolved.kv_blocks =
+      static_cast<int32_t>(std::min<int64_t>(kv_blocks, limits::kMaxKvBlocks));
   const struct {
     const char* name;
     int64_t value, min, max;
@@ -283,6 +307,10 @@ ContinuousBatchScheduler::Create(const Options& options,
        limits::kPrefillTokenBudget.min, INT32_MAX},
       {"adaptive_queue_depth", options.adaptive_queue_depth,
        limits::kMinAdaptiveQueueDepth, INT32_MAX},
+      {"kv_block_size", options.kv_block_size, limits::kKvBlockSize.min,
+       limits::kKvBlockSize.max},
+      // One sequence of max_seq_len must fit.
+      {"kv_blocks", kv_blocks, blocks_per_sequence, limits::kMaxKvBlocks},
   };
   for (const auto& c : checks) {
     if (c.value < c.min || c.value > c.max) {

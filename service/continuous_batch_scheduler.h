@@ -10,8 +10,11 @@
 // Rows with different activation ratios share one batch (K per row, resolved
 // once at Submit).
 //
-// KV memory: every sequence reserves prompt + max_new_tokens positions of its
-// slot at admission, so admission never over-commits the cache.
+// KV memory: a paged cache (kv_blocks blocks of kv_block_size positions); a
+// sequence is admitted when the blocks it can need (prompt + max_new_tokens,
+// less a cached prompt prefix) fit, and takes them as it grows, so admission
+// never over-commits the cache. With prefix_caching, prompts that start the
+// same way at the same activation share their whole blocks (step_planner.h).
 //
 // Adaptive activation: a job with 0 < min_ratio < ratio runs at min_ratio when,
 // at its admission, more than `adaptive_queue_depth` jobs are waiting.
@@ -82,6 +85,11 @@ class ContinuousBatchScheduler {
     int32_t max_running = config_limits::kMaxRunning.default_value;
     // Prompt + output per sequence; 0 = the model's maximum, capped.
     int32_t max_seq_len = config_limits::kMaxSeqLenUnset;
+    // Positions per KV-cache block (capped at max_seq_len); blocks (0 =
+    // max_running sequences of max_seq_len); prompt prefix sharing.
+    int32_t kv_block_size = config_limits::kKvBlockSize.default_value;
+    int32_t kv_blocks = config_limits::kKvBlocksAuto;
+    bool prefix_caching = true;
     // Waiting jobs before RESOURCE_EXHAUSTED.
     int32_t max_queued_requests =
         config_limits::kGenerationMaxQueuedRequests.default_value;

@@ -201,6 +201,7 @@ class EngineLoop {
         if (metrics_ != nullptr) {
           metrics_->QueueTime(options_.rpc, admitted.queued);
           if (admitted.lowered) metrics_->RatioLowered();
+          metrics_->PrefixCache(admitted.prefix_queried, admitted.prefix_hit);
         }
         executor_->Admit(*requests_.at(admitted.id), admitted);
       }
@@ -291,6 +292,7 @@ class EngineLoop {
     metrics_->SetKvCacheUsage(
         static_cast<double>(planner_.reserved_positions()) /
         static_cast<double>(planner_.total_positions()));
+    metrics_->SetKvBlocks(planner_.blocks_in_use(), planner_.blocks_cached());
   }
 
   const EngineLoopOptions options_;

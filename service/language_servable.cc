@@ -41,14 +41,26 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
   options.max_queued_requests = g.max_queued_requests();
   options.prefill_token_budget = g.prefill_token_budget();
   options.adaptive_queue_depth = config.adaptive().queue_depth();
+  options.kv_block_size = g.kv_block_size();
+  options.kv_blocks = g.kv_blocks();
+  options.prefix_caching = g.prefix_caching();
   model.model->set_attention_workspace_bytes(int64_t{g.attention_workspace_mb()}
                                              << 20);
   MOH_RETURN_IF_ERROR(model.model->set_kv_cache_dtype(
       g.kv_cache_dtype(), "generation.kv_cache_dtype"));
   // Label scoring (Classify of a text) uses one sequence's cache beside the
-  // slots of Generate.
-  MOH_RETURN_IF_ERROR(model.model->CheckMemoryFits(options.max_running + 1,
-                                                   options.max_seq_len));
+  // blocks of Generate.
+  const int32_t max_seq_len = config_limits::ResolveMaxSeqLen(
+      options.max_seq_len, c.max_position_embeddings);
+  const int32_t block_size =
+      std::max(1, std::min(g.kv_block_size(), max_seq_len));
+  const int64_t scoring_blocks =
+      (int64_t{max_seq_len} + block_size - 1) / block_size;
+  MOH_RETURN_IF_ERROR(model.model->CheckMemoryFits(
+      config_limits::ResolveKvBlocks(g.kv_blocks(), options.max_running,
+                                     max_seq_len, block_size) +
+          scoring_blocks,
+      block_size));
   MOH_ASSIGN_OR_RETURN(self->scheduler_, ContinuousBatchScheduler::Create(
                                              options, model, model_metrics));
   MOH_ASSIGN_OR_RETURN(

@@ -130,6 +130,20 @@ struct Metrics::Families {
         kv_cache_usage(Register(prometheus::BuildGauge(),
                                 "moh_kv_cache_usage_ratio",
                                 "Fraction of the KV cache in use (0..1).", r)),
+        kv_blocks_in_use(
+            Register(prometheus::BuildGauge(), "moh_kv_blocks_in_use",
+                     "KV-cache blocks held by running requests.", r)),
+        kv_blocks_cached(Register(
+            prometheus::BuildGauge(), "moh_kv_blocks_cached",
+            "Free KV-cache blocks that keep a prompt prefix for reuse.", r)),
+        prefix_queries(Register(
+            prometheus::BuildCounter(), "moh_prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.", r)),
+        prefix_hits(Register(prometheus::BuildCounter(),
+                             "moh_prefix_cache_hits_total",
+                             "Prompt tokens found in the prefix cache (their "
+                             "keys and values were not computed again).",
+                             r)),
         activation_ratio(
             Register(prometheus::BuildHistogram(), "moh_activation_ratio",
                      "Effective fraction of attention heads activated per "
@@ -156,6 +170,10 @@ struct Metrics::Families {
   Family<Gauge>& running;
   Family<Gauge>& waiting;
   Family<Gauge>& kv_cache_usage;
+  Family<Gauge>& kv_blocks_in_use;
+  Family<Gauge>& kv_blocks_cached;
+  Family<Counter>& prefix_queries;
+  Family<Counter>& prefix_hits;
   Family<Histogram>& activation_ratio;
   Family<Counter>& head_tokens;
   Family<Counter>& ratio_lowered;
@@ -178,6 +196,10 @@ struct ModelMetrics::Impl {
   Gauge* running = nullptr;
   Gauge* waiting = nullptr;
   Gauge* kv_cache_usage = nullptr;
+  Gauge* kv_blocks_in_use = nullptr;
+  Gauge* kv_blocks_cached = nullptr;
+  Counter* prefix_queries = nullptr;
+  Counter* prefix_hits = nullptr;
   Histogram* activation_ratio = nullptr;
   std::vector<Counter*> head_tokens;  // [layer * num_heads + head]; fixed.
   std::atomic<bool> head_size_mismatch_logged{false};
@@ -247,6 +269,17 @@ void ModelMetrics::SetWaiting(int64_t n) {
 
 void ModelMetrics::SetKvCacheUsage(double ratio) {
   impl_->kv_cache_usage->Set(ratio);
+}
+
+void ModelMetrics::SetKvBlocks(int64_t in_use, int64_t cached) {
+  impl_->kv_blocks_in_use->Set(static_cast<double>(in_use));
+  impl_->kv_blocks_cached->Set(static_cast<double>(cached));
+}
+
+void ModelMetrics::PrefixCache(int64_t queried, int64_t hit) {
+  if (queried > 0)
+    impl_->prefix_queries->Increment(static_cast<double>(queried));
+  if (hit > 0) impl_->prefix_hits->Increment(static_cast<double>(hit));
 }
 
 void ModelMetrics::ActivationRatio(double effective_ratio) {
@@ -334,6 +367,10 @@ ModelMetrics* Metrics::ForModel(const std::string& name, int num_layers,
   impl->running = &f.running.Add(model);
   impl->waiting = &f.waiting.Add(model);
   impl->kv_cache_usage = &f.kv_cache_usage.Add(model);
+  impl->kv_blocks_in_use = &f.kv_blocks_in_use.Add(model);
+  impl->kv_blocks_cached = &f.kv_blocks_cached.Add(model);
+  impl->prefix_queries = &f.prefix_queries.Add(model);
+  impl->prefix_hits = &f.prefix_hits.Add(model);
   impl->activation_ratio =
       &f.activation_ratio.Add(model, ActivationRatioBuckets());
   if (head_metrics && num_layers > 0 && num_heads > 0) {

@@ -60,6 +60,13 @@ class ModelMetrics {
   void SetRunning(int64_t n);
   void SetWaiting(int64_t n);
   void SetKvCacheUsage(double ratio);
+  // moh_kv_blocks_in_use{model}: KV-cache blocks held by requests;
+  // moh_kv_blocks_cached{model}: free blocks keeping a prompt prefix.
+  void SetKvBlocks(int64_t in_use, int64_t cached);
+  // moh_prefix_cache_queries_total{model}: prompt tokens looked up in the
+  // prefix cache; moh_prefix_cache_hits_total{model}: those found (not
+  // computed again).
+  void PrefixCache(int64_t queried, int64_t hit);
   // moh_activation_ratio{model}: effective ratio of one finished request.
   void ActivationRatio(double effective_ratio);
   // moh_head_tokens_total{model,layer,head} += counts[layer * num_heads + head]

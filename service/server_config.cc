@@ -96,6 +96,16 @@ absl::Status ResolveModel(const std::string& path, v1::ModelConfig* m) {
   MOH_DEFAULT(g, attention_workspace_mb,
               path + ".generation.attention_workspace_mb",
               config_limits::kAttentionWorkspaceMb);
+  MOH_DEFAULT(g, kv_block_size, path + ".generation.kv_block_size",
+              config_limits::kKvBlockSize);
+  MOH_RETURN_IF_ERROR(AtLeast(path + ".generation.kv_blocks", g->kv_blocks(),
+                              config_limits::kKvBlocksAuto, "automatic"));
+  if (g->kv_blocks() > config_limits::kMaxKvBlocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ".generation.kv_blocks must be in [0, ",
+                     config_limits::kMaxKvBlocks, "], got ", g->kv_blocks()));
+  }
+  if (!g->has_prefix_caching()) g->set_prefix_caching(true);
   if (g->kv_cache_dtype().empty()) {
     g->set_kv_cache_dtype(config_limits::kDefaultDtype);
   }
