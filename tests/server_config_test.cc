@@ -52,6 +52,9 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(lm.generation().default_max_new_tokens(), 64);
   EXPECT_EQ(lm.generation().attention_workspace_mb(), 256);
   EXPECT_EQ(lm.generation().kv_cache_dtype(), "auto");
+  EXPECT_EQ(lm.generation().kv_block_size(), 16);
+  EXPECT_EQ(lm.generation().kv_blocks(), 0);  // automatic
+  EXPECT_TRUE(lm.generation().prefix_caching());
   EXPECT_EQ(config->models(1).generation().max_running(), 4);
   std::remove(path.c_str());
 }
@@ -106,6 +109,12 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
       {"models { model_dir: \"m\" generation { attention_workspace_mb: "
        "100000 } }",
        "models[0].generation.attention_workspace_mb must be in [1, 65536]"},
+      {"models { model_dir: \"m\" generation { kv_block_size: 5000 } }",
+       "models[0].generation.kv_block_size must be in [1, 4096]"},
+      {"models { model_dir: \"m\" generation { kv_blocks: -3 } }",
+       "models[0].generation.kv_blocks"},
+      {"models { model_dir: \"m\" generation { kv_blocks: 99999999 } }",
+       "models[0].generation.kv_blocks must be in [0, 16777216]"},
       {"models { model_dir: \"m\" adaptive { queue_depth: -1 } }",
        "models[0].adaptive.queue_depth"},
       {"models { model_dir: \"a/m\" } models { model_dir: \"b/m\" }",

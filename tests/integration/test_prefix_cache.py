@@ -1,0 +1,136 @@
+"""The paged KV cache and prompt prefix sharing through the real server.
+
+A prompt's whole KV blocks are kept once computed; a later request whose
+prompt starts the same way at the same activation reads them instead of
+computing them (moh_prefix_cache_hits_total) and generates exactly what a
+server without sharing generates. At another activation nothing is shared:
+keys and values of every layer after the first depend on the heads the
+earlier layers routed. Requests whose blocks do not fit wait for them and
+all finish; a cache too small for one sequence fails its model only."""
+import concurrent.futures
+
+import pytest
+
+import moh_testlib as lib
+
+PROMPT = ("Once upon a time there was a little girl who lived in a small "
+          "house near the big forest with her mother")
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    return start_server("prefix_cache", [
+        ("shared", lib.LM_DIR,
+         "generation { max_running: 4 kv_block_size: %d }" % BLOCK),
+        ("private", lib.LM_DIR,
+         "generation { max_running: 4 kv_block_size: %d "
+         "prefix_caching: false }" % BLOCK),
+        # One 64-token sequence fits, so requests of 40 positions (5 blocks)
+        # run one at a time.
+        ("tight", lib.LM_DIR,
+         "generation { max_running: 4 max_seq_len: 64 kv_block_size: 8 "
+         "kv_blocks: 8 }"),
+        ("too_small", lib.LM_DIR,
+         "generation { max_seq_len: 64 kv_block_size: 8 kv_blocks: 7 }"),
+    ], wait_serving=False)
+
+
+@pytest.fixture(scope="module")
+def stub(server, api):
+    return api.grpc.InferenceStub(server.channel())
+
+
+@pytest.fixture(scope="module")
+def models(server, api):
+    return lib.wait_models_loaded(api, server)
+
+
+def prefix_counters(server, model):
+    samples = server.samples()
+    return (lib.metric_value(samples, "moh_prefix_cache_queries_total",
+                             model=model),
+            lib.metric_value(samples, "moh_prefix_cache_hits_total",
+                             model=model))
+
+
+def generate(api, stub, model, ratio, prompt=PROMPT, max_new_tokens=16):
+    messages = lib.run_generate(stub, lib.generate_request(
+        api.pb, model=model, prompt=prompt, ratio=ratio,
+        max_new_tokens=max_new_tokens))
+    assert messages[-1].finish_reason == api.pb.LENGTH
+    return lib.token_ids_of(messages), messages[-1].usage.prompt_tokens
+
+
+def test_a_repeated_prompt_reads_its_cached_prefix(api, stub, server,
+                                                   models):
+    assert models["shared"].state == api.pb.ModelInfo.READY
+    want, prompt_tokens = generate(api, stub, "private", 0.5)
+    assert prompt_tokens > 2 * BLOCK
+    queries, hits = prefix_counters(server, "shared")
+    first, _ = generate(api, stub, "shared", 0.5)
+    after_first = prefix_counters(server, "shared")
+    assert after_first == (queries + prompt_tokens, hits)
+    second, _ = generate(api, stub, "shared", 0.5)
+    after_second = prefix_counters(server, "shared")
+    # Every whole block but the one holding the prompt's last token.
+    shared = (prompt_tokens - 1) // BLOCK * BLOCK
+    assert after_second == (after_first[0] + prompt_tokens,
+                            after_first[1] + shared)
+    assert first == want and second == want
+    assert lib.metric_value(server.samples(), "moh_prefix_cache_queries_total",
+                            model="private") == 0
+
+
+def test_another_ratio_computes_its_own_prefix(api, stub, server, models):
+    generate(api, stub, "shared", 0.5)  # cached at 0.5
+    want, _ = generate(api, stub, "private", 1.0)
+    _, hits = prefix_counters(server, "shared")
+    got, _ = generate(api, stub, "shared", 1.0)
+    assert prefix_counters(server, "shared")[1] == hits
+    assert got == want
+    # ... which the next request at 1.0 reads.
+    again, _ = generate(api, stub, "shared", 1.0)
+    assert prefix_counters(server, "shared")[1] > hits
+    assert again == want
+
+
+def test_a_longer_prompt_reads_the_shorter_ones_blocks(api, stub, server,
+                                                       models):
+    longer = PROMPT + " and her little dog"
+    want, _ = generate(api, stub, "private", 0.5, prompt=longer)
+    generate(api, stub, "shared", 0.5)
+    _, hits = prefix_counters(server, "shared")
+    got, _ = generate(api, stub, "shared", 0.5, prompt=longer)
+    assert prefix_counters(server, "shared")[1] > hits
+    assert got == want
+
+
+def test_requests_wait_for_blocks_and_all_finish(api, stub, server, models):
+    assert models["tight"].state == api.pb.ModelInfo.READY
+    prompts = ["Once upon a time", "The little dog", "A girl and her mother",
+               "In the forest there"]
+    want = [generate(api, stub, "private", 0.0, prompt=p,
+                     max_new_tokens=30)[0] for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(
+            lambda p: generate(api, stub, "tight", 0.0, prompt=p,
+                               max_new_tokens=30)[0], prompts))
+    assert got == want
+    samples = server.samples()
+    assert lib.metric_value(samples, "moh_kv_blocks_in_use",
+                            model="tight") == 0
+    assert lib.metric_value(samples, "moh_kv_cache_usage_ratio",
+                            model="tight") == 0
+    assert lib.metric_value(samples, "moh_kv_blocks_cached",
+                            model="tight") > 0
+
+
+def test_a_cache_too_small_for_one_sequence_fails_its_model_only(
+        api, stub, server, models):
+    assert server.proc.poll() is None, server.log()
+    bad = models["too_small"]
+    assert bad.state == api.pb.ModelInfo.FAILED
+    assert "kv_blocks must be in [8," in bad.failure_reason, bad.failure_reason
+    assert "got 7" in bad.failure_reason
+    generate(api, stub, "shared", 0.0)
