@@ -357,27 +357,39 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   const int64_t rows = batch.token_ids.size(0);
   const int64_t width = batch.token_ids.size(1);
   const int64_t num_layers = static_cast<int64_t>(layers_.size());
+  // The step runs ragged: the valid tokens of every row one after another
+  // ([N, C]), never padding (a decode row beside a prompt chunk costs one
+  // token, not the chunk's width). Only dense attention and the outputs
+  // see rows again.
+  int64_t n = 0;
+  for (int64_t b = 0; b < rows; ++b) n += batch.num_tokens[b];
+  const int64_t tail = batch.all_logits ? 0 : std::max(batch.logits_tail, 1);
 
   // Every per-step index is computed on the host and uploaded in one pinned,
   // non-blocking copy: nothing here waits for the device. Layout of `host`:
-  // positions [B*T] | valid [B*T] | row_len [B] | last [B] | top_k [L*B] |
-  // block table [B*n] | cache block, offset, flat token [3*M].
+  // positions [B*T] | row_len [B] | block table [B*n] | per token: row,
+  // position, padded index, cache block, cache offset [5*N] | routed K per
+  // layer and token [L*N] | the tokens whose logits are returned [B*tail].
   const bool paged = !batch.block_tables.empty();
   const int64_t block_size = cache.block_size();
   int64_t table_width = 1;
   for (const std::vector<int32_t>& table : batch.block_tables) {
     table_width = std::max<int64_t>(table_width, table.size());
   }
-  std::vector<int64_t> host(rows * width * 2 + rows * (2 + num_layers) +
-                            rows * table_width);
-  std::vector<int64_t> cache_block, cache_offset, cache_token;
+  std::vector<int64_t> host(rows * width + rows + rows * table_width + 5 * n +
+                            num_layers * n + rows * tail);
   int64_t* positions_host = host.data();
-  int64_t* valid_host = positions_host + rows * width;
-  int64_t* row_len_host = valid_host + rows * width;
-  int64_t* last_host = row_len_host + rows;
-  int64_t* top_k_host = last_host + rows;
-  int64_t* table_host = top_k_host + rows * num_layers;
+  int64_t* row_len_host = positions_host + rows * width;
+  int64_t* table_host = row_len_host + rows;
+  int64_t* token_row_host = table_host + rows * table_width;
+  int64_t* token_pos_host = token_row_host + n;
+  int64_t* token_flat_host = token_pos_host + n;
+  int64_t* token_block_host = token_flat_host + n;
+  int64_t* token_offset_host = token_block_host + n;
+  int64_t* top_k_host = token_offset_host + n;
+  int64_t* out_host = top_k_host + num_layers * n;
   int64_t kv_len = 0;
+  int64_t token = 0;
   for (int64_t b = 0; b < rows; ++b) {
     const int64_t start = batch.start_positions[b];
     const int64_t count = batch.num_tokens[b];
@@ -391,17 +403,22 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
       table[0] = batch.slots[b];
     }
     for (int64_t t = 0; t < width; ++t) {
-      // Padding positions repeat the last valid one: in range, never written.
+      // Padding positions repeat the last valid one: in range, never read.
       positions_host[b * width + t] = start + std::min(t, count - 1);
-      valid_host[b * width + t] = t < count;
-      if (t < count) {
-        cache_block.push_back(table[(start + t) / block_size]);
-        cache_offset.push_back((start + t) % block_size);
-        cache_token.push_back(b * width + t);
-      }
+    }
+    const int64_t first = token;
+    for (int64_t t = 0; t < count; ++t, ++token) {
+      token_row_host[token] = b;
+      token_pos_host[token] = start + t;
+      token_flat_host[token] = b * width + t;
+      token_block_host[token] = table[(start + t) / block_size];
+      token_offset_host[token] = (start + t) % block_size;
+    }
+    for (int64_t i = 0; i < tail; ++i) {
+      // The last `tail` tokens; a shorter row repeats its first in front.
+      out_host[b * tail + i] = first + std::max<int64_t>(count - tail + i, 0);
     }
     row_len_host[b] = start + count;
-    last_host[b] = count - 1;
     kv_len = std::max(kv_len, start + count);
   }
   const std::vector<LayerTopK> from_ratios =
@@ -409,66 +426,84 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
                           : std::vector<LayerTopK>();
   const std::vector<LayerTopK>& row_top_k =
       batch.top_k.empty() ? from_ratios : batch.top_k;
-  std::vector<int64_t> max_top_k, min_top_k;
+  std::vector<int64_t> max_top_k, min_top_k, layer_top_k(rows);
   for (int64_t l = 0; l < num_layers; ++l) {
     const TopKBounds bounds =
-        PackLayerTopK(row_top_k, l, 1, top_k_host + l * rows);
+        PackLayerTopK(row_top_k, l, 1, layer_top_k.data());
     max_top_k.push_back(bounds.max);
     min_top_k.push_back(bounds.min);
-  }
-  const int64_t m = static_cast<int64_t>(cache_token.size());
-  for (const auto* part : {&cache_block, &cache_offset, &cache_token}) {
-    host.insert(host.end(), part->begin(), part->end());
+    for (int64_t i = 0; i < n; ++i) {
+      top_k_host[l * n + i] = layer_top_k[token_row_host[i]];
+    }
   }
   // On CPU the step's index tensors alias `host`, which outlives them.
   const at::Tensor device_ints = context_->Upload(at::from_blob(
       host.data(), {static_cast<int64_t>(host.size())}, at::kLong));
   int64_t offset = 0;
   auto next = [&](std::vector<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t dim : shape) n *= dim;
-    at::Tensor part = device_ints.narrow(0, offset, n).view(shape);
-    offset += n;
+    int64_t size = 1;
+    for (int64_t dim : shape) size *= dim;
+    at::Tensor part = device_ints.narrow(0, offset, size).view(shape);
+    offset += size;
     return part;
   };
-  const at::Tensor positions = next({rows, width});
-  const at::Tensor valid = next({rows, width}) != 0;
-  const at::Tensor row_len = next({rows});
-  const at::Tensor last = next({rows});
-  const at::Tensor top_k = next({num_layers, rows});
-  const at::Tensor block_table = next({rows, table_width});
-  const at::Tensor cache_index = next({3, m});
-  const at::Tensor ids = context_->Upload(batch.token_ids);
+  Step step{batch, rows, width};
+  step.positions = next({rows, width});
+  step.row_len = next({rows});
+  step.block_table = next({rows, table_width});
+  step.token_row = next({n});
+  step.token_pos = next({n});
+  step.token_flat = next({n});
+  step.token_block = next({n});
+  step.token_offset = next({n});
+  step.top_k = next({num_layers, n});
+  step.max_top_k = std::move(max_top_k);
+  step.min_top_k = std::move(min_top_k);
+  step.kv_len = kv_len;
+  const at::Tensor out_tokens = next({rows * tail});
+  const at::Tensor ids = context_->Upload(batch.token_ids)
+                             .reshape({-1})
+                             .index_select(0, step.token_flat);
 
-  const Step step{batch,       valid, positions, row_len,   block_table,
-                  cache_index, top_k, max_top_k, min_top_k, kv_len};
   std::vector<at::Tensor> counts, gates_per_layer;
-  at::Tensor h = at::embedding(embed_tokens_, ids);  // [B, T, C]
+  at::Tensor h = at::embedding(embed_tokens_, ids);  // [N, C]
   for (int64_t l = 0; l < num_layers; ++l) {
     const Layer& layer = layers_[l];
-    at::Tensor gates;
+    at::Tensor gates;  // [N, H]
     h = h +
         Attention(l, layer, RmsNorm(h, layer.input_norm), step, cache, &gates);
     at::Tensor x = RmsNorm(h, layer.post_norm);
     h = h +
         Linear(at::silu(Linear(x, layer.gate_proj)) * Linear(x, layer.up_proj),
                layer.down_proj);
-    counts.push_back(HeadTokenCounts(gates, valid));
-    if (batch.record_gates) gates_per_layer.push_back(gates.to(at::kFloat));
+    // Tokens each head served, per row: [B, H].
+    counts.push_back(
+        at::zeros({rows, config_.num_heads}, step.token_row.options())
+            .index_add_(0, step.token_row, (gates != 0).to(at::kLong)));
+    if (batch.record_gates) {
+      gates_per_layer.push_back(
+          at::zeros({rows * width, config_.num_heads},
+                    gates.options().dtype(at::kFloat))
+              .index_copy_(0, step.token_flat, gates.to(at::kFloat))
+              .view({rows, width, config_.num_heads}));
+    }
   }
-  if (!batch.all_logits && batch.logits_tail > 0) {
-    const int64_t tail = batch.logits_tail;
-    const at::Tensor window =
-        (last.unsqueeze(1) - (tail - 1) + at::arange(tail, last.options()))
-            .clamp_min(0);  // [B, tail]
-    h = h.index({at::arange(rows, last.options()).unsqueeze(1), window});
-  } else if (!batch.all_logits) {
-    h = h.index({at::arange(rows, last.options()), last});  // [B, C]
+  at::Tensor logits;
+  if (batch.all_logits) {
+    logits = Linear(RmsNorm(h, final_norm_), lm_head_).to(at::kFloat);
+    logits = at::zeros({rows * width, logits.size(1)}, logits.options())
+                 .index_copy_(0, step.token_flat, logits)
+                 .view({rows, width, -1});
+  } else {
+    logits =
+        Linear(RmsNorm(h.index_select(0, out_tokens), final_norm_), lm_head_)
+            .to(at::kFloat);
+    logits = batch.logits_tail > 0 ? logits.view({rows, tail, -1})
+                                   : logits.view({rows, -1});
   }
   // One copy to the host and one wait for the whole step's results.
-  std::vector<at::Tensor> results = {
-      Linear(RmsNorm(h, final_norm_), lm_head_).to(at::kFloat),
-      at::stack(counts, 1)};  // [B, L, H]
+  std::vector<at::Tensor> results = {logits,
+                                     at::stack(counts, 1)};  // [B, L, H]
   results.insert(results.end(), gates_per_layer.begin(), gates_per_layer.end());
   results = context_->Download(results);
   DecoderOutput out;
@@ -501,73 +536,67 @@ at::Tensor LlamaModel::Rotate(const at::Tensor& x,
 at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
                                  const at::Tensor& x, const Step& step,
                                  KvCache& cache, at::Tensor* gates) const {
-  const int64_t rows = x.size(0), width = x.size(1), n = rows * width;
+  const int64_t n = x.size(0);  // [N, C]: the step's tokens, ragged
   const int64_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
-  const int64_t d = config_.head_dim, group = heads / kv_heads;
+  const int64_t d = config_.head_dim;
   const bool sparse = UseHeadSparse(attention_mode_, layer.router,
                                     step.min_top_k[layer_index], options_);
-  at::Tensor x_flat = x.reshape({n, -1});
   // The query-norm router reads every query; the learned one only x.
   at::Tensor q;
   if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
-    q = Linear(x, layer.q_proj, layer.q_bias).view({rows, width, heads, d});
+    q = Linear(x, layer.q_proj, layer.q_bias).view({n, heads, d});
   }
-  const int64_t max_top_k = step.max_top_k[layer_index];
-  const at::Tensor top_k =
-      step.top_k[layer_index].unsqueeze(1).expand({rows, width}).reshape({n});
-  *gates = layer.router
-               .Gates(x_flat, q.defined() ? q.view({n, heads, d}) : q, top_k,
-                      max_top_k)
-               .view({rows, width, heads});
+  *gates = layer.router.Gates(x, q, step.top_k[layer_index],
+                              step.max_top_k[layer_index]);  // [N, H]
 
   at::Tensor k = Linear(x, layer.k_proj, layer.k_bias);
   at::Tensor v = Linear(x, layer.v_proj, layer.v_bias);
-  k = Rotate(k.view({rows, width, kv_heads, d}),
-             step.positions.unsqueeze(2).expand({rows, width, kv_heads}));
+  k = Rotate(k.view({n, kv_heads, d}),
+             step.token_pos.unsqueeze(1).expand({n, kv_heads}));
   at::Tensor& key_cache = cache.keys(layer_index);
   at::Tensor& value_cache = cache.values(layer_index);
-  at::Tensor token_index = step.cache_index[2];
   const std::initializer_list<at::indexing::TensorIndex> where = {
-      step.cache_index[0], step.cache_index[1]};
+      step.token_block, step.token_offset};
   // Rounded to the cache's type (a no-op when it is the model's).
-  key_cache.index_put_(where, k.reshape({n, kv_heads, d})
-                                  .index_select(0, token_index)
-                                  .to(key_cache.scalar_type()));
-  value_cache.index_put_(where, v.reshape({n, kv_heads, d})
-                                    .index_select(0, token_index)
-                                    .to(value_cache.scalar_type()));
+  key_cache.index_put_(where, k.to(key_cache.scalar_type()));
+  value_cache.index_put_(
+      where, v.view({n, kv_heads, d}).to(value_cache.scalar_type()));
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   if (sparse) {
     HeadSparseAttentionInputs in;
-    in.x = x_flat;
-    // Padding tokens select nothing: they are never computed.
-    in.gates = gates->reshape({n, heads}) *
-               step.valid.reshape({n, 1}).to(gates->scalar_type());
+    in.x = x;
+    in.gates = *gates;
     in.q_weight = layer.q_proj;
     in.q_bias = layer.q_bias;
-    if (q.defined()) in.q_full = q.view({n, heads, d});
+    if (q.defined()) in.q_full = q;
     in.rotate = [this](const at::Tensor& queries, const at::Tensor& positions) {
       return Rotate(queries, positions);
     };
     in.key_cache = key_cache;
     in.value_cache = value_cache;
     in.block_table = step.block_table;
-    in.token_row =
-        at::arange(rows, step.row_len.options()).repeat_interleave(width);
-    in.token_pos = step.positions.flatten();
+    in.token_row = step.token_row;
+    in.token_pos = step.token_pos;
     in.row_len = step.row_len;
     in.o_weight = layer.o_proj;
     in.o_bias = layer.o_bias;
     in.scale = scale;
     return HeadSparseAttention(
-               in, attention_mode_ == AttentionMode::kHeadSparseAten)
-        .view({rows, width, -1});
+        in, attention_mode_ == AttentionMode::kHeadSparseAten);
   }
 
+  // Dense attention reads rows: the queries go to their padded places
+  // (padding queries are zeros at a valid position; their results are
+  // dropped).
+  const int64_t rows = step.rows, width = step.width;
   DenseAttentionInputs dense;
   dense.queries =
-      Rotate(q, step.positions.unsqueeze(2).expand({rows, width, heads}));
+      at::zeros({rows * width, heads, d}, q.options())
+          .index_copy_(
+              0, step.token_flat,
+              Rotate(q, step.token_pos.unsqueeze(1).expand({n, heads})))
+          .view({rows, width, heads, d});
   dense.key_cache = key_cache;
   dense.value_cache = value_cache;
   dense.block_table = step.block_table;
@@ -576,9 +605,11 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   dense.kv_len = step.kv_len;
   dense.scale = scale;
   dense.workspace_bytes = attention_workspace_bytes_;
-  at::Tensor attn = DenseAttention(dense) * gates->unsqueeze(-1);
-  return Linear(attn.reshape({rows, width, heads * d}), layer.o_proj,
-                layer.o_bias);
+  at::Tensor attn = DenseAttention(dense)
+                        .view({rows * width, heads, d})
+                        .index_select(0, step.token_flat) *
+                    gates->unsqueeze(-1);
+  return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
 }
 
 }  // namespace moh

@@ -146,18 +146,22 @@ class LlamaModel {
   absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
                                                  KvCache& cache) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
-  // What every layer of one Forward shares.
+  // What every layer of one Forward shares. The step's N tokens are ragged:
+  // row after row, valid tokens only.
   struct Step {
     const DecoderBatch& batch;
-    at::Tensor valid;        // [B, T] bool: real (not padding) tokens
-    at::Tensor positions;    // [B, T] int64
+    int64_t rows = 0, width = 0;  // B and T of batch.token_ids
+    at::Tensor positions;    // [B, T] int64 (padding repeats the last valid)
     at::Tensor row_len;      // [B] int64: keys in each row after this step
     at::Tensor block_table;  // [B, n] int64: each row's blocks
-    at::Tensor cache_index;  // [3, M]: block, offset, flat token of valid ones
-    at::Tensor top_k;        // [L, B] int64: routed heads per row and layer
+    at::Tensor token_row;    // [N] int64: the row of each token
+    at::Tensor token_pos;    // [N] int64: its position
+    at::Tensor token_flat;   // [N] int64: its index in [B * T]
+    at::Tensor token_block, token_offset;  // [N] int64: its cache place
+    at::Tensor top_k;  // [L, N] int64: routed heads per layer and token
     std::vector<int64_t> max_top_k;  // [L]: the largest K of each layer
     std::vector<int64_t> min_top_k;  // [L]: the smallest K of each layer
-    int64_t kv_len;                  // keys the longest row reads
+    int64_t kv_len = 0;              // keys the longest row reads
   };
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
