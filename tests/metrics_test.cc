@@ -158,6 +158,10 @@ TEST_F(MetricsTest, EveryFamilyPresentWithHelpAndType) {
       {"moh_requests_running", MetricType::Gauge},
       {"moh_requests_waiting", MetricType::Gauge},
       {"moh_kv_cache_usage_ratio", MetricType::Gauge},
+      {"moh_kv_blocks_in_use", MetricType::Gauge},
+      {"moh_kv_blocks_cached", MetricType::Gauge},
+      {"moh_prefix_cache_queries_total", MetricType::Counter},
+      {"moh_prefix_cache_hits_total", MetricType::Counter},
       {"moh_activation_ratio", MetricType::Histogram},
       {"moh_head_tokens_total", MetricType::Counter},
       {"moh_activation_ratio_lowered_total", MetricType::Counter},
@@ -365,6 +369,19 @@ TEST_F(MetricsTest, Gauges) {
   EXPECT_EQ(GaugeValue("moh_requests_waiting", {{"model", "m"}}), 12);
   EXPECT_EQ(GaugeValue("moh_kv_cache_usage_ratio", {{"model", "m"}}), 0.25);
   EXPECT_EQ(GaugeValue("moh_model_load_seconds", {{"model", "m"}}), 3.5);
+  m->SetKvBlocks(7, 3);
+  EXPECT_EQ(GaugeValue("moh_kv_blocks_in_use", {{"model", "m"}}), 7);
+  EXPECT_EQ(GaugeValue("moh_kv_blocks_cached", {{"model", "m"}}), 3);
+}
+
+TEST_F(MetricsTest, PrefixCacheCountsTokensQueriedAndHit) {
+  ModelMetrics* m = metrics_.ForModel("m", 1, 1, false);
+  m->PrefixCache(40, 32);
+  m->PrefixCache(9, 0);
+  m->PrefixCache(0, 0);  // prefix caching off: nothing looked up
+  EXPECT_EQ(CounterValue("moh_prefix_cache_queries_total", {{"model", "m"}}),
+            49);
+  EXPECT_EQ(CounterValue("moh_prefix_cache_hits_total", {{"model", "m"}}), 32);
 }
 
 TEST_F(MetricsTest, ActivationRatioBucketsSeparateCommonRatios) {
