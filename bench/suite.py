@@ -22,7 +22,9 @@ this runs on are shared and noisy:
      KV cache, at f32, and at 16 bits (llama.cpp f16, moh-serve bfloat16);
      batch-1 decode as weight bytes read per second /
      the machine's read bandwidth (moh_read_bandwidth). Skipped, with the
-     command that installs it, when the bench environment is missing.
+     command that installs it, when the bench environment is missing;
+  6. prefix cache: throughput and time to first token of requests whose
+     prompts repeat, with generation.prefix_caching on / off.
 
 Usage (after building: scripts/build.sh moh-server moh-bench moh-generate
 moh_attention_bench moh_read_bandwidth):
@@ -83,11 +85,11 @@ class Server:
         with open(config, "w") as f:
             f.write("port: %d\nmetrics_port: -1\nhost: \"127.0.0.1\"\n" %
                     self.port)
-            for name, path in models:
+            for name, path, *extra in models:
                 f.write('models { name: "%s" model_dir: "%s" generation { '
-                        "max_running: %d } batching { max_batch_size: 32 "
-                        "max_queue_delay_ms: 2 } }\n" % (name, path,
-                                                          max_running))
+                        "max_running: %d %s } batching { max_batch_size: 32 "
+                        "max_queue_delay_ms: 2 } }\n" %
+                        (name, path, max_running, " ".join(extra)))
         self.log = open(os.path.join(workdir, "server-%d.log" % self.port), "w")
         self.proc = subprocess.Popen(
             [os.path.join(build, "service", "moh-server"), "--config=" + config],
@@ -138,7 +140,7 @@ def main():
     parser.add_argument("--vit_dir")
     parser.add_argument("--quick", action="store_true",
                         help="fewer repetitions (a smoke run, noisier)")
-    parser.add_argument("--sections", default="1,2,3,4,5",
+    parser.add_argument("--sections", default="1,2,3,4,5,6",
                         help="comma-separated sections to run (1-2 share one "
                         "benchmark run)")
     args = parser.parse_args()
@@ -170,6 +172,8 @@ def main():
         server_sections(say, build, quick, lm_dir, vit_dir, sections)
     if "5" in sections:
         peer_section(say, build, quick, lm_dir)
+    if "6" in sections:
+        prefix_cache_section(say, build, quick, lm_dir)
 
     text = "\n".join(lines) + "\n"
     with open(args.out, "w") as f:
@@ -580,6 +584,57 @@ def peer_weight_bytes(path):
         begin, end = info["data_offsets"]
         total += end - begin
     return total
+
+
+def prefix_cache_section(say, build, quick, lm_dir):
+    print("6. prefix cache ...", file=sys.stderr)
+    prompt, new, concurrency = 384, 4, 4
+    rounds = 1 if quick else 3
+    requests = 16 if quick else 48
+    say("\n## 6. Prefix cache: requests sharing their prompts\n")
+    say("The 24 M model (bench/make_bench_lm.py, 1024 positions) served twice "
+        "by one moh-server, with `generation.prefix_caching` on (the default) "
+        "and off; moh-bench sends %d-token prompts drawn from its 16 "
+        "synthetic variants (`--prompt_tokens`), %d new tokens, %d requests "
+        "at a time; an untimed warm-up of 16 requests first (with the cache "
+        "on, it computes each variant once). KV blocks of 16 positions: a "
+        "request reads the %d whole blocks before its prompt's last token "
+        "and computes the rest. %d interleaved rounds; medians.\n" %
+        (prompt, new, concurrency, (prompt - 1) // 16, rounds))
+    with tempfile.TemporaryDirectory() as workdir:
+        model = os.path.join(workdir, "bench-lm")
+        run([sys.executable, os.path.join(ROOT, "bench", "make_bench_lm.py"),
+             "--out=" + model, "--demo_dir=" + lm_dir,
+             "--max_position_embeddings=1024"])
+        server = Server(build, [("cached", model),
+                                ("uncached", model, "prefix_caching: false")],
+                        workdir, max_running=8)
+        results = {"cached": [], "uncached": []}
+        try:
+            for _ in range(rounds):
+                for name in results:
+                    r = bench(build, server, "--rpc=generate",
+                              "--model=" + name,
+                              "--prompt_tokens=%d" % prompt,
+                              "--max_new_tokens=%d" % new,
+                              "--concurrency=%d" % concurrency,
+                              "--requests=%d" % requests,
+                              "--warmup_requests=16")
+                    results[name].append(
+                        (r["throughput"]["requests_per_s"],
+                         r["latency_ms"]["ttft"]["p50"]))
+        finally:
+            server.stop()
+    say("| prefix cache | requests/s | TTFT p50 ms |")
+    say("|---|---|---|")
+    for name in results:
+        say("| %s | %.1f | %.1f |" % (
+            "on" if name == "cached" else "off",
+            statistics.median(r for r, _ in results[name]),
+            statistics.median(t for _, t in results[name])))
+    on = statistics.median(r for r, _ in results["cached"])
+    off = statistics.median(r for r, _ in results["uncached"])
+    say("\nThroughput with the cache / without: %.1f×." % (on / off))
 
 
 if __name__ == "__main__":
