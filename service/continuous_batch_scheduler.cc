@@ -213,6 +213,7 @@ class ContinuousBatchScheduler::Impl {
   EngineLoop<Sequence>& loop() { return loop_; }
   const EngineLoop<Sequence>& loop() const { return loop_; }
   int32_t max_seq_len() const { return options_.max_seq_len; }
+  const Options& options() const { return options_; }
 
  private:
   static EngineLoopOptions LoopOptions(const Options& options) {
@@ -357,6 +358,11 @@ bool ContinuousBatchScheduler::idle() const { return impl_->loop().idle(); }
 
 int32_t ContinuousBatchScheduler::max_seq_len() const {
   return impl_->max_seq_len();
+}
+
+const ContinuousBatchScheduler::Options& ContinuousBatchScheduler::options()
+    const {
+  return impl_->options();
 }
 
 }  // namespace moh

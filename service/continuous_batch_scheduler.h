@@ -129,6 +129,8 @@ class ContinuousBatchScheduler {
   int64_t num_waiting() const;  // queued, not yet admitted
   bool idle() const;            // nothing running or waiting (one lock)
   int32_t max_seq_len() const;
+  // The options as resolved by Create (max_seq_len, kv_block_size, kv_blocks).
+  const Options& options() const;
 
   class Impl;
 

@@ -100,6 +100,10 @@ absl::Status LanguageServable::Warmup() const {
 void LanguageServable::Describe(v1::ModelInfo* info) const {
   info->set_max_seq_len(scheduler_->max_seq_len());
   info->set_kv_cache_dtype(DtypeName(lm_.model->kv_cache_dtype()));
+  const ContinuousBatchScheduler::Options& options = scheduler_->options();
+  info->set_kv_block_size(options.kv_block_size);
+  info->set_kv_blocks(options.kv_blocks);
+  info->set_prefix_caching(options.prefix_caching);
   DescribeMoh(lm_.model->config().moh, info);
 }
 

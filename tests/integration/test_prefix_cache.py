@@ -62,6 +62,15 @@ def generate(api, stub, model, ratio, prompt=PROMPT, max_new_tokens=16):
     return lib.token_ids_of(messages), messages[-1].usage.prompt_tokens
 
 
+def test_list_models_describes_the_cache(api, models):
+    shared, private, tight = models["shared"], models["private"], models["tight"]
+    assert (shared.kv_block_size, shared.prefix_caching) == (BLOCK, True)
+    assert (private.kv_block_size, private.prefix_caching) == (BLOCK, False)
+    # By default, blocks for max_running (4) sequences of max_seq_len.
+    assert shared.kv_blocks == 4 * -(-shared.max_seq_len // BLOCK)
+    assert (tight.kv_block_size, tight.kv_blocks) == (8, 8)
+
+
 def test_a_repeated_prompt_reads_its_cached_prefix(api, stub, server,
                                                    models):
     assert models["shared"].state == api.pb.ModelInfo.READY
