@@ -4,7 +4,8 @@
 # (e.g. --quick for a smoke run, --lm_dir/--vit_dir for other models).
 # Section 5 (the llama.cpp peer) needs the bench virtual environment: it is
 # installed here (`scripts/install_deps.sh --bench`, once: it builds llama.cpp
-# from source); if that fails, the section says so and is skipped.
+# from source); if that fails, the section says so and is skipped. With the
+# torch wheel installed, it also compares the two LibTorch builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -20,6 +21,14 @@ if [ "$peer" = 1 ]; then
 fi
 bash scripts/build.sh moh-server moh-client moh-bench moh-generate \
   moh_attention_bench moh_demo_models moh_read_bandwidth
+# Section 5 also measures a build against the PyPI torch wheel's LibTorch
+# when that wheel is installed (scripts/install_deps.sh --torch=wheel).
+# shellcheck source=../scripts/torch_wheel.env
+. scripts/torch_wheel.env
+if [ "$peer" = 1 ] && [ -x "$MOH_TORCH_VENV/bin/python" ]; then
+  bash scripts/build.sh --torch=wheel moh-generate ||
+    echo "run_suite: the wheel build failed; section 5 measures Debian's LibTorch only" >&2
+fi
 PYTHON=/usr/bin/python3
 [ -x "$PYTHON" ] || PYTHON=python3
 exec "$PYTHON" bench/suite.py "$@"

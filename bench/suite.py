@@ -140,6 +140,11 @@ def main():
     parser.add_argument("--vit_dir")
     parser.add_argument("--quick", action="store_true",
                         help="fewer repetitions (a smoke run, noisier)")
+    parser.add_argument("--wheel_build", default=os.path.join(ROOT,
+                                                             "build-cuda"),
+                        help="a build against the PyPI torch wheel's LibTorch "
+                        "(scripts/build.sh --torch=wheel); when it has "
+                        "moh-generate, section 5 also measures it")
     parser.add_argument("--sections", default="1,2,3,4,5,6",
                         help="comma-separated sections to run (1-2 share one "
                         "benchmark run)")
@@ -171,7 +176,8 @@ def main():
     if sections & {"3", "4"}:
         server_sections(say, build, quick, lm_dir, vit_dir, sections)
     if "5" in sections:
-        peer_section(say, build, quick, lm_dir)
+        peer_section(say, build, quick, lm_dir,
+                     os.path.abspath(args.wheel_build))
     if "6" in sections:
         prefix_cache_section(say, build, quick, lm_dir)
 
@@ -362,7 +368,7 @@ def moh_generate_fields(build, model_dir, *flags):
     raise RuntimeError("moh-generate printed no throughput:\n" + err)
 
 
-def peer_section(say, build, quick, lm_dir):
+def peer_section(say, build, quick, lm_dir, wheel_build):
     print("5. peer: llama.cpp ...", file=sys.stderr)
     say("\n## 5. Peer: llama.cpp on the same shape\n")
     py, version = bench_venv_python()
@@ -389,8 +395,11 @@ def peer_section(say, build, quick, lm_dir):
                  "--model_dir=" + d, "--out=" + d + ".gguf"])
             models[name] = d
         check = peer_check(build, py, models["bench-dense"])
+        if not os.access(os.path.join(wheel_build, "tools", "moh-generate"),
+                         os.X_OK):
+            wheel_build = None
         peer_tables(say, build, py, models["bench-lm"], quick, rounds, repeat,
-                    steps, check, version)
+                    steps, check, version, wheel_build)
 
 
 def peer_check(build, py, dense_dir):
@@ -413,7 +422,7 @@ def peer_check(build, py, dense_dir):
 
 
 def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
-                check, version):
+                check, version, wheel_build):
     gguf_path = model_dir + ".gguf"
     moh_default_kv = moh_kv_flag(build)
     # (label, llama.cpp --kv, moh-generate --kv_cache_dtype or None)
@@ -440,7 +449,7 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
                    "--kv=" + kv, "--repeat=%d" % repeat]).stdout
         return json.loads(out.strip().splitlines()[-1])
 
-    def moh(phase, batch, threads, ratio, kv):
+    def moh(phase, batch, threads, ratio, kv, build=build):
         decode = phase == "decode"
         flags = ["--ratio=%g" % ratio, "--threads=%d" % threads,
                  "--batch=%d" % batch, "--repeat=%d" % repeat, "--warmup=1",
@@ -477,6 +486,10 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
                         continue  # the same moh configuration as "default"
                     rates.setdefault(mkey, []).append(
                         moh(phase, batch, threads, ratio, moh_kv))
+                if label == "default" and wheel_build:
+                    rates.setdefault(("wheel", phase, batch, threads),
+                                     []).append(
+                        moh(phase, batch, threads, 1.0, None, wheel_build))
     med = {k: statistics.median(v) for k, v in rates.items()}
     bw_med = {t: statistics.median(v) for t, v in bandwidth.items()}
 
@@ -558,6 +571,24 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
             share(med[("default", "decode", 1, threads, "llama")]),
             share(med[(default_moh, "decode", 1, threads, 1.0)]),
             share(med[(default_moh, "decode", 1, threads, 0.5)])))
+    if wheel_build:
+        say("\n**LibTorch builds** (default KV caches, ratio 1.0): moh-serve "
+            "built against the PyPI torch wheel's LibTorch %s (its own BLAS "
+            "and oneDNN; `scripts/build.sh --torch=wheel`, %s) beside the "
+            "Debian LibTorch 1.13 build with OpenBLAS above, in the same "
+            "rounds.\n" % (wheel_torch_version(), os.path.relpath(
+                wheel_build, ROOT)))
+        say("| phase | batch | threads | Debian tok/s | wheel tok/s | "
+            "wheel / Debian | wheel / llama.cpp |")
+        say("|---|---|---|---|---|---|---|")
+        for phase, batch, threads in PEER_ROWS:
+            deb = med[(default_moh, phase, batch, threads, 1.0)]
+            whl = med[("wheel", phase, batch, threads)]
+            lla = med[("default", phase, batch, threads, "llama")]
+            name = phase if phase == "decode" else "prefill %d" % \
+                PEER_PREFILL_PROMPT
+            say("| %s | %d | %d | %.0f | %.0f | %.2f | %.2f |" %
+                (name, batch, threads, deb, whl, whl / deb, whl / lla))
     say("\nCommands (one configuration; the suite passes each row's "
         "values): `$MOH_BENCH_VENV/bin/python bench/llama_peer.py "
         "--model=bench-lm.gguf --mode=decode --batch=16 --prompt_tokens=%d "
@@ -571,6 +602,14 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
         "`bench/make_gguf.py`.\n" %
         (PEER_DECODE_PROMPT, steps, repeat, repeat, PEER_DECODE_PROMPT,
          steps + 1))
+
+
+def wheel_torch_version():
+    with open(os.path.join(ROOT, "scripts", "torch_wheel.env")) as f:
+        for line in f:
+            if line.startswith("MOH_TORCH_WHEEL_VERSION="):
+                return line.split("=", 1)[1].strip()
+    return "2.x"
 
 
 def peer_weight_bytes(path):
