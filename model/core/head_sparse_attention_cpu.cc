@@ -150,17 +150,36 @@ std::vector<std::pair<int64_t, int64_t>> Runs(
   return runs;
 }
 
-// Rows `cols` (head-major columns of a [out, H * D]-shaped weight's row
-// blocks) of `weight` [H * D, C] for the full heads, without a copy when they
-// are one contiguous run.
-at::Tensor HeadRowsOf(const at::Tensor &weight,
-                      const std::vector<int64_t> &heads, int64_t d,
-                      int64_t dim) {
+// The full heads' queries, x [A, C] -> [A, F * D]: one product per run of
+// consecutive heads over its rows of q_weight [H * D, C], read in place
+// (gathering the rows of heads that are not consecutive would copy that
+// part of the weight every step, as many bytes as the product reads).
+at::Tensor FullHeadQueries(const at::Tensor &x, const at::Tensor &weight,
+                           const at::Tensor &bias,
+                           const std::vector<int64_t> &heads, int64_t d) {
   std::vector<at::Tensor> parts;
   for (const auto &[first, count] : Runs(heads)) {
-    parts.push_back(weight.narrow(dim, first * d, count * d));
+    parts.push_back(Linear(
+        x, weight.narrow(0, first * d, count * d),
+        bias.defined() ? bias.narrow(0, first * d, count * d) : at::Tensor()));
   }
-  return parts.size() == 1 ? parts[0] : at::cat(parts, dim);
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+}
+
+// a [A, F * D] (the full heads' attention) through their columns of
+// o_weight [C, H * D]: a sum of one product per run of consecutive heads,
+// each reading its columns in place.
+at::Tensor FullHeadOutputs(const at::Tensor &a, const at::Tensor &weight,
+                           const std::vector<int64_t> &heads, int64_t d) {
+  at::Tensor y;
+  int64_t column = 0;
+  for (const auto &[first, count] : Runs(heads)) {
+    at::Tensor part = Linear(a.narrow(1, column, count * d),
+                             weight.narrow(1, first * d, count * d));
+    column += count * d;
+    y = y.defined() ? y.add_(part) : part;
+  }
+  return y;
 }
 
 // Rows [first, first + count) of a row's keys (or values) for one KV head:
@@ -289,10 +308,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
       q_full = all_active ? q : q.index_select(0, active_index);
     } else {
       at::Tensor x = all_active ? in.x : in.x.index_select(0, active_index);
-      at::Tensor w = HeadRowsOf(in.q_weight, full, d, 0);
-      q_full = Linear(x, w,
-                      in.q_bias.defined() ? HeadRowsOf(in.q_bias, full, d, 0)
-                                          : at::Tensor());
+      q_full = FullHeadQueries(x, in.q_weight, in.q_bias, full, d);
     }
     q_full = q_full.view({num_active, f, d});
     if (in.rotate) {
@@ -447,7 +463,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
     if (!all_active) g = g.index_select(0, active_index);
     at::Tensor a = (q_full.view({num_active, f, d}) * g.unsqueeze(2))
                        .view({num_active, f * d});
-    at::Tensor y = Linear(a, HeadRowsOf(in.o_weight, full, d, 1));
+    at::Tensor y = FullHeadOutputs(a, in.o_weight, full, d);
     if (all_active) {
       out = y;
     } else {
