@@ -100,6 +100,9 @@ class LanguageExecutor : public StepExecutor<Sequence> {
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
       (*outcomes)[b].error = SampleAndEmit(seq, logits[b]);
+      if ((*outcomes)[b].error.ok()) {
+        (*outcomes)[b].token = seq.output->history().back();
+      }
       (*outcomes)[b].finished = seq.output->finish_reason().has_value();
     }
     return absl::OkStatus();

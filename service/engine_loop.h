@@ -50,6 +50,9 @@ enum class EndKind {
 struct RowOutcome {
   bool finished = false;  // the request produced its last output
   absl::Status error;     // this row failed: its request alone ends with it
+  // The token it emitted (>= 0): the planner's prefix cache registers the
+  // KV blocks of generated tokens too, once computed.
+  int32_t token = -1;
 };
 
 // What a model family does with the plans of its loop. Runs on the loop
@@ -242,9 +245,11 @@ class EngineLoop {
     std::vector<RowOutcome> outcomes(plan.rows.size());
     const absl::Status status = executor_->Run(plan.rows, requests, &outcomes);
     std::vector<bool> finished;
+    std::vector<int32_t> emitted;
     std::unordered_map<uint64_t, absl::Status> row_errors;
     for (size_t i = 0; i < outcomes.size(); ++i) {
       finished.push_back(outcomes[i].finished || !outcomes[i].error.ok());
+      emitted.push_back(outcomes[i].token);
       if (!outcomes[i].error.ok()) {
         row_errors[plan.rows[i].id] = outcomes[i].error;
       }
@@ -252,8 +257,8 @@ class EngineLoop {
     std::vector<uint64_t> done;
     {
       absl::MutexLock lock(&mu_);
-      done =
-          status.ok() ? planner_.Update(plan, finished) : planner_.Fail(plan);
+      done = status.ok() ? planner_.Update(plan, finished, emitted)
+                         : planner_.Fail(plan);
       for (uint64_t id : done) live_.erase(id);
     }
     if (status.ok()) {

@@ -67,6 +67,7 @@ bool StepPlanner::TakeBlocks(const PlannedWork& work, bool lowered,
   running.prefix_key = key;
   running.registered = static_cast<int32_t>(hits.size());
   running.registering = share;
+  if (share) running.tokens = work.prompt_tokens;
   if (share) {
     admitted.prefix_queried = work.prompt_len;
     admitted.prefix_hit = running.cached;
@@ -86,15 +87,15 @@ void StepPlanner::Grow(Running& running, int64_t positions) {
   }
 }
 
-void StepPlanner::RegisterPrompt(Running& running) {
+void StepPlanner::RegisterBlocks(Running& running) {
   const int64_t block_size = pool_->block_size();
   const int64_t complete =
-      std::min<int64_t>(running.cached, running.work.prompt_len) / block_size;
+      std::min<int64_t>(running.cached, running.tokens.size()) / block_size;
   while (running.registering && running.registered < complete) {
     const int32_t i = running.registered;
     const int32_t parent = i == 0 ? -1 : running.blocks[i - 1];
     if (!pool_->Register(running.blocks[i], parent,
-                         running.work.prompt_tokens.data() + i * block_size,
+                         running.tokens.data() + i * block_size,
                          running.prefix_key)) {
       // The same prefix is registered by another request's blocks (computed
       // at the same time); this one's stay private.
@@ -216,14 +217,19 @@ void StepPlanner::AddRow(PlannedRow row, Running& running, StepPlan& plan) {
 }
 
 std::vector<uint64_t> StepPlanner::Update(const StepPlan& plan,
-                                          const std::vector<bool>& finished) {
+                                          const std::vector<bool>& finished,
+                                          const std::vector<int32_t>& emitted) {
   std::vector<uint64_t> done;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const PlannedRow& row = plan.rows[i];
     auto it = running_.find(row.id);
     if (it == running_.end()) continue;
-    it->second.cached += row.num_tokens;
-    if (paged()) RegisterPrompt(it->second);
+    Running& r = it->second;
+    r.cached += row.num_tokens;
+    if (paged() && r.registering) {
+      if (i < emitted.size() && emitted[i] >= 0) r.tokens.push_back(emitted[i]);
+      RegisterBlocks(r);
+    }
     if (i < finished.size() && finished[i]) done.push_back(row.id);
   }
   for (uint64_t id : done) Release(id);

@@ -13,8 +13,10 @@
 // (prompt + max_outputs, less the blocks of its prompt already cached) fit
 // beside what running requests hold and may still need, and its blocks are
 // allocated as it grows, so admission never over-commits and nothing is
-// preempted. With prefix caching, whole blocks of a prompt are registered
-// once computed, under the key of the activation that computed them (later
+// preempted. With prefix caching, whole blocks of a sequence (its prompt,
+// then the tokens it generated: a conversation's next turn starts with both)
+// are registered once computed, under the key of the activation that
+// computed them (later
 // layers' keys and values depend on the routed heads), and a request whose
 // prompt starts with registered blocks under the same key reads them instead
 // of computing them; they are evicted least recently used first when free
@@ -123,9 +125,12 @@ class StepPlanner {
   // and lays out the next step's rows.
   StepPlan Schedule(absl::Time now);
   // The step ran: `finished[i]` says whether rows[i]'s request produced its
-  // last output. Returns the ids that finished (their slots are free).
+  // last output, `emitted[i]` (when given) the token it emitted (>= 0), so
+  // that blocks of generated tokens are registered too. Returns the ids that
+  // finished (their slots are free).
   std::vector<uint64_t> Update(const StepPlan& plan,
-                               const std::vector<bool>& finished);
+                               const std::vector<bool>& finished,
+                               const std::vector<int32_t>& emitted = {});
   // The step failed: every request with a row in it leaves. Returns them.
   std::vector<uint64_t> Fail(const StepPlan& plan);
   // Every request, queued then running, leaves: returns their ids.
@@ -154,10 +159,12 @@ class StepPlanner {
     int32_t slot = 0;
     int32_t cached = 0;
     uint64_t order = 0;  // admission order: prompt chunks go first-come
-    // Paged: its block table; blocks it may still allocate; the key its
-    // prompt blocks register under; how many of them are registered (or
-    // were found cached), and whether registering goes on.
+    // Paged: its block table; blocks it may still allocate; its tokens
+    // (prompt, then those it emitted) and the key their blocks register
+    // under; how many blocks are registered (or were found cached), and
+    // whether registering goes on.
     std::vector<int32_t> blocks;
+    std::vector<int32_t> tokens;
     int64_t to_allocate = 0;
     uint64_t prefix_key = 0;
     int32_t registered = 0;
@@ -171,8 +178,9 @@ class StepPlanner {
                   AdmittedRequest& admitted);
   // Paged: allocates blocks until `running` covers `positions`.
   void Grow(Running& running, int64_t positions);
-  // Paged: registers the prompt blocks `running` has completed.
-  void RegisterPrompt(Running& running);
+  // Paged: registers the blocks `running` has completed (their keys and
+  // values computed, their tokens known).
+  void RegisterBlocks(Running& running);
   // Appends `row` of `running` to the plan (paged: with its blocks, grown to
   // cover the row).
   void AddRow(PlannedRow row, Running& running, StepPlan& plan);

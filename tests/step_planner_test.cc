@@ -400,6 +400,27 @@ TEST(StepPlannerTest, CachedPrefixOutlivesItsRequestUntilEvicted) {
   EXPECT_EQ(plan.admitted[0].prefix_hit, 0);
 }
 
+TEST(StepPlannerTest, BlocksOfGeneratedTokensAreSharedToo) {
+  StepPlanner planner(Paged(/*max_running=*/2, /*kv_blocks=*/16));
+  planner.Enqueue(1, Prompt({1, 2, 3, 4, 5, 6}, 6), kT0);
+  // The prompt's step emits 10, then each decode step feeds the last token
+  // and emits the next; the sixth output is the last.
+  const std::vector<int32_t> outputs = {10, 11, 12, 13, 14, 15};
+  for (int step = 0; step < 6; ++step) {
+    StepPlan plan = planner.Schedule(kT0);
+    ASSERT_EQ(plan.rows.size(), 1u);
+    planner.Update(plan, {step == 5}, {outputs[step]});
+  }
+  EXPECT_TRUE(planner.idle());
+  // Positions 0..10 were computed: blocks [1 2 3 4] and [5 6 10 11]. The
+  // next turn of the conversation reads both.
+  planner.Enqueue(2, Prompt({1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 99}, 1), kT0);
+  StepPlan plan = planner.Schedule(kT0);
+  ASSERT_EQ(plan.admitted.size(), 1u);
+  EXPECT_EQ(plan.admitted[0].prefix_hit, 8);
+  EXPECT_EQ(plan.rows[0].start, 8);
+}
+
 // Many requests of random sizes and shared prefixes through a small pool:
 // rows always have their blocks, no block has two writers, the pool is
 // never over-committed, and everything admitted finishes.

@@ -115,6 +115,30 @@ def test_a_longer_prompt_reads_the_shorter_ones_blocks(api, stub, server,
     assert got == want
 
 
+def test_the_next_turn_reads_the_blocks_of_generated_tokens(
+        api, stub, server, models):
+    # A conversation: the second request's prompt is the first's prompt and
+    # answer and more. Blocks whose keys and values were computed while
+    # generating are read too, and the answer equals a server's without
+    # sharing.
+    first = list(range(40, 50))
+    request = lib.generate_request(api.pb, model="shared", token_ids=first,
+                                   ratio=0.5, max_new_tokens=12)
+    answer = lib.token_ids_of(lib.run_generate(stub, request))
+    turn = first + answer + [60, 61, 62]
+    want = lib.token_ids_of(lib.run_generate(stub, lib.generate_request(
+        api.pb, model="private", token_ids=turn, ratio=0.5,
+        max_new_tokens=8)))
+    _, hits = prefix_counters(server, "shared")
+    got = lib.token_ids_of(lib.run_generate(stub, lib.generate_request(
+        api.pb, model="shared", token_ids=turn, ratio=0.5, max_new_tokens=8)))
+    # Computed: the prompt and every answer token but the last.
+    computed = len(first) + len(answer) - 1
+    assert prefix_counters(server, "shared")[1] - hits == \
+        computed // BLOCK * BLOCK
+    assert got == want
+
+
 def test_requests_wait_for_blocks_and_all_finish(api, stub, server, models):
     assert models["tight"].state == api.pb.ModelInfo.READY
     prompts = ["Once upon a time", "The little dog", "A girl and her mother",
