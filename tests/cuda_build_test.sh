@@ -5,7 +5,10 @@
 set -euo pipefail
 server="$1"
 fail() { echo "cuda_build_test: $*" >&2; exit 1; }
-readelf -d "$server" | grep -q 'NEEDED.*\[libtorch_cuda\.so\]' ||
+# Read whole before matching: `readelf | grep -q` under pipefail fails when
+# grep exits at the match while readelf still writes (SIGPIPE).
+dynamic="$(readelf -d "$server")"
+grep -q 'NEEDED.*\[libtorch_cuda\.so\]' <<<"$dynamic" ||
   fail "$server does not link libtorch_cuda.so"
 missing="$(ldd "$server" | grep 'not found' || true)"
 [ -z "$missing" ] || fail "unresolved libraries: $missing"
