@@ -78,6 +78,19 @@ at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
   return out;
 }
 
+// Ragged values [N, ...] at their places in a padded [B, T, ...] tensor
+// (`flat`: each one's index in [B * T]); zeros at padding.
+at::Tensor Padded(const at::Tensor& ragged, const at::Tensor& flat,
+                  int64_t rows, int64_t width) {
+  std::vector<int64_t> shape = ragged.sizes().vec();
+  shape[0] = rows * width;
+  at::Tensor padded =
+      at::zeros(shape, ragged.options()).index_copy_(0, flat, ragged);
+  shape[0] = width;
+  shape.insert(shape.begin(), rows);
+  return padded.view(shape);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
@@ -482,18 +495,13 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
             .index_add_(0, step.token_row, (gates != 0).to(at::kLong)));
     if (batch.record_gates) {
       gates_per_layer.push_back(
-          at::zeros({rows * width, config_.num_heads},
-                    gates.options().dtype(at::kFloat))
-              .index_copy_(0, step.token_flat, gates.to(at::kFloat))
-              .view({rows, width, config_.num_heads}));
+          Padded(gates.to(at::kFloat), step.token_flat, rows, width));
     }
   }
   at::Tensor logits;
   if (batch.all_logits) {
-    logits = Linear(RmsNorm(h, final_norm_), lm_head_).to(at::kFloat);
-    logits = at::zeros({rows * width, logits.size(1)}, logits.options())
-                 .index_copy_(0, step.token_flat, logits)
-                 .view({rows, width, -1});
+    logits = Padded(Linear(RmsNorm(h, final_norm_), lm_head_).to(at::kFloat),
+                    step.token_flat, rows, width);
   } else {
     logits =
         Linear(RmsNorm(h.index_select(0, out_tokens), final_norm_), lm_head_)
@@ -592,11 +600,8 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   const int64_t rows = step.rows, width = step.width;
   DenseAttentionInputs dense;
   dense.queries =
-      at::zeros({rows * width, heads, d}, q.options())
-          .index_copy_(
-              0, step.token_flat,
-              Rotate(q, step.token_pos.unsqueeze(1).expand({n, heads})))
-          .view({rows, width, heads, d});
+      Padded(Rotate(q, step.token_pos.unsqueeze(1).expand({n, heads})),
+             step.token_flat, rows, width);
   dense.key_cache = key_cache;
   dense.value_cache = value_cache;
   dense.block_table = step.block_table;
