@@ -127,14 +127,25 @@ constexpr int32_t ResolveMaxSeqLen(int32_t configured, int32_t model_max) {
              : configured;
 }
 
+// Blocks of `block_size` positions that `positions` take.
+constexpr int64_t KvBlocksFor(int64_t positions, int32_t block_size) {
+  return (positions + block_size - 1) / block_size;
+}
+
+// The positions per KV-cache block a model gets: `configured`, capped at its
+// max_seq_len (a longer block would only hold unused positions).
+constexpr int32_t ResolveKvBlockSize(int32_t configured, int32_t max_seq_len) {
+  return std::clamp(configured, kKvBlockSize.min,
+                    std::max(max_seq_len, kKvBlockSize.min));
+}
+
 // The KV-cache blocks a model gets: `configured`, or when it is automatic
 // enough for `max_running` sequences of `max_seq_len`.
 constexpr int64_t ResolveKvBlocks(int32_t configured, int32_t max_running,
                                   int32_t max_seq_len, int32_t block_size) {
   return configured != kKvBlocksAuto
              ? configured
-             : int64_t{max_running} *
-                   ((int64_t{max_seq_len} + block_size - 1) / block_size);
+             : max_running * KvBlocksFor(max_seq_len, block_size);
 }
 
 // ------------------------------------------------------------- AdaptiveConfig

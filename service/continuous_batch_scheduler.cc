@@ -286,13 +286,10 @@ ContinuousBatchScheduler::Create(const Options& options,
   resolved.max_seq_len =
       config_limits::ResolveMaxSeqLen(options.max_seq_len, model_max);
   namespace limits = config_limits;
-  // A block longer than a sequence would only hold unused positions.
   resolved.kv_block_size =
-      std::clamp(options.kv_block_size, limits::kKvBlockSize.min,
-                 std::max(resolved.max_seq_len, limits::kKvBlockSize.min));
+      limits::ResolveKvBlockSize(options.kv_block_size, resolved.max_seq_len);
   const int64_t blocks_per_sequence =
-      (int64_t{resolved.max_seq_len} + resolved.kv_block_size - 1) /
-      resolved.kv_block_size;
+      limits::KvBlocksFor(resolved.max_seq_len, resolved.kv_block_size);
   const int64_t kv_blocks =
       limits::ResolveKvBlocks(options.kv_blocks, options.max_running,
                               resolved.max_seq_len, resolved.kv_block_size);

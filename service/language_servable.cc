@@ -53,13 +53,11 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
   const int32_t max_seq_len = config_limits::ResolveMaxSeqLen(
       options.max_seq_len, c.max_position_embeddings);
   const int32_t block_size =
-      std::max(1, std::min(g.kv_block_size(), max_seq_len));
-  const int64_t scoring_blocks =
-      (int64_t{max_seq_len} + block_size - 1) / block_size;
+      config_limits::ResolveKvBlockSize(g.kv_block_size(), max_seq_len);
   MOH_RETURN_IF_ERROR(model.model->CheckMemoryFits(
       config_limits::ResolveKvBlocks(g.kv_blocks(), options.max_running,
                                      max_seq_len, block_size) +
-          scoring_blocks,
+          config_limits::KvBlocksFor(max_seq_len, block_size),
       block_size));
   MOH_ASSIGN_OR_RETURN(self->scheduler_, ContinuousBatchScheduler::Create(
                                              options, model, model_metrics));

@@ -1,8 +1,10 @@
 #include "service/step_planner.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "service/adaptive_activation.h"
+#include "service/config_limits.h"
 
 namespace moh {
 
@@ -14,12 +16,6 @@ int64_t StepPlan::decode_rows() const {
 int64_t StepPlan::prefill_rows() const {
   return static_cast<int64_t>(rows.size()) - decode_rows();
 }
-
-namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-}  // namespace
 
 StepPlanner::StepPlanner(const StepPlannerOptions& options)
     : options_(options), slot_owner_(options.max_running, 0) {
@@ -39,8 +35,9 @@ int64_t StepPlanner::total_positions() const {
   return int64_t{pool_->num_blocks()} * pool_->block_size();
 }
 
-bool StepPlanner::TakeBlocks(const PlannedWork& work, bool lowered,
-                             Running& running, AdmittedRequest& admitted) {
+bool StepPlanner::TakeBlocks(bool lowered, Running& running,
+                             AdmittedRequest& admitted) {
+  const PlannedWork& work = running.work;
   const int64_t block_size = pool_->block_size();
   const uint64_t key = lowered ? work.lowered_prefix_key : work.prefix_key;
   const bool share = options_.prefix_caching && !work.prompt_tokens.empty();
@@ -50,7 +47,8 @@ bool StepPlanner::TakeBlocks(const PlannedWork& work, bool lowered,
       share ? pool_->Match(work.prompt_tokens.data(), work.prompt_len, key,
                            (work.prompt_len - 1) / block_size)
             : std::vector<int32_t>();
-  const int64_t needed = CeilDiv(work.reserved(), block_size);
+  const int64_t needed =
+      config_limits::KvBlocksFor(work.reserved(), pool_->block_size());
   const int64_t revived = std::count_if(
       hits.begin(), hits.end(),
       [this](int32_t block) { return pool_->refcount(block) == 0; });
@@ -67,10 +65,10 @@ bool StepPlanner::TakeBlocks(const PlannedWork& work, bool lowered,
   running.prefix_key = key;
   running.registered = static_cast<int32_t>(hits.size());
   running.registering = share;
-  if (share) running.tokens = work.prompt_tokens;
   if (share) {
     admitted.prefix_queried = work.prompt_len;
     admitted.prefix_hit = running.cached;
+    running.tokens = std::move(running.work.prompt_tokens);
   }
   return true;
 }
@@ -169,7 +167,7 @@ StepPlan StepPlanner::Schedule(absl::Time now) {
                                          next.work.can_lower);
     AdmittedRequest admitted{next.id, slot, lowered, now - next.enqueued};
     Running running{std::move(next.work), slot, 0, next_order_};
-    if (paged() && !TakeBlocks(running.work, lowered, running, admitted)) {
+    if (paged() && !TakeBlocks(lowered, running, admitted)) {
       next.work = std::move(running.work);  // waits for blocks
       break;
     }

@@ -172,10 +172,10 @@ class StepPlanner {
   };
 
   bool paged() const { return pool_ != nullptr; }
-  // Paged: whether `work` fits the blocks (its cached prefix `hits` taken
-  // into account); if so, takes them. Fills the prefix fields of `admitted`.
-  bool TakeBlocks(const PlannedWork& work, bool lowered, Running& running,
-                  AdmittedRequest& admitted);
+  // Paged: whether `running`'s work fits the blocks (its cached prefix taken
+  // into account); if so, takes them (and its prompt tokens, into
+  // running.tokens). Fills the prefix fields of `admitted`.
+  bool TakeBlocks(bool lowered, Running& running, AdmittedRequest& admitted);
   // Paged: allocates blocks until `running` covers `positions`.
   void Grow(Running& running, int64_t positions);
   // Paged: registers the blocks `running` has completed (their keys and
