@@ -17,6 +17,8 @@ Layout (see tests/reference/README.md for the full schema):
   llama_learned_sharded/  the same tensors and config, sharded safetensors + index
   llama_learned_bin/      the same tensors and config, one pytorch_model.bin
   vit_learned/            MoH-ViT (timm names), F16 model.safetensors, golden.json
+  transnext_tiny/, transnext_tiny_st/, transnext_tiny_b/, preprocess/,
+  transnext_manifest.json MoH-ViT on TransNeXt (make_transnext_fixtures.py)
   stamp
 """
 import hashlib
@@ -36,6 +38,7 @@ sys.path.insert(0, HERE)
 import checkpoint_io  # noqa: E402
 from gpt2_bytes import (bytes_to_unicode,  # noqa: E402
                         byte_level_bpe_tokenizer_json)
+import make_transnext_fixtures  # noqa: E402
 import moh_reference as ref  # noqa: E402
 
 RATIOS = [0.0, 0.5, 0.75, 1.0]
@@ -443,13 +446,18 @@ def generate(outdir, log):
     _verify_roundtrip(d, golden, "vit")
     log("vit_learned: %.1fs" % (time.time() - t0))
 
+    # 4. MoH-ViT on TransNeXt: release container, safetensors, preprocessing, manifest
+    make_transnext_fixtures.generate(outdir, log)
+
 
 def source_hash():
     h = hashlib.sha256()
-    for name in ("make_fixtures.py", "moh_reference.py", "checkpoint_io.py"):
+    for name in ("make_fixtures.py", "moh_reference.py", "checkpoint_io.py", "moh_transnext.py",
+                 "make_transnext_fixtures.py", "pil_resample.py"):
         with open(os.path.join(HERE, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read() + b"\0")
-    h.update(torch.__version__.encode())
+    # PIL's encoders and bicubic resampling shape the preprocessing fixtures
+    h.update(torch.__version__.encode() + b"\0" + make_transnext_fixtures.PIL.__version__.encode())
     return h.hexdigest()
 
 
