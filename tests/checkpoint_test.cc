@@ -1,5 +1,5 @@
-// Tests of checkpoint loading (model/checkpoint.h and its readers); training
-// containers: checkpoint_container_test.cc.
+// Tests of checkpoint loading (model/checkpoint.h and its readers) and of the
+// safetensors writer; training containers: checkpoint_container_test.cc.
 //
 // The checkpoints are written at test time by
 // tests/reference/ckpt_make_test_checkpoints.py (Debian's python3-torch) into a
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/checkpoint/safetensors_reader.h"
+#include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/torch_bin_reader.h"
 #include "tests/checkpoint_test_util.h"
 
@@ -218,6 +219,72 @@ TEST_F(CheckpointTest, InsertRejectsDuplicates) {
   TensorStore moved = std::move(store);
   EXPECT_TRUE(moved.Contains("w"));
   EXPECT_EQ(moved.Names(), std::vector<std::string>({"w"}));
+}
+
+// --- Safetensors writer
+// --------------------------------------------------------
+
+// The JSON header of a .safetensors file and where its data starts.
+nlohmann::json HeaderOf(const std::string& bytes, size_t* data_start) {
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) {
+    length = (length << 8) | static_cast<uint8_t>(bytes[i]);
+  }
+  *data_start = 8 + length;
+  return nlohmann::json::parse(bytes.substr(8, length));
+}
+
+TEST_F(CheckpointTest, WriterRoundTripsThroughTheReader) {
+  // Mixed dtypes, a scalar, misaligned int64 in the source file; views
+  // (non-contiguous, sharing a storage) and an empty tensor.
+  for (const char* layout : {"single_st", "views"}) {
+    SCOPED_TRACE(layout);
+    TensorStore original = LoadOrDie(Generated(layout));
+    const std::string path = scratch_ + "/" + layout + ".safetensors";
+    ASSERT_TRUE(WriteSafetensorsFile(path, original).ok());
+    EXPECT_FALSE(fs::exists(path + ".tmp"));
+    absl::StatusOr<TensorStore> read = ReadSafetensorsFile(path);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectSameTensors(*read, original);
+
+    size_t data_start = 0;
+    const nlohmann::json header = HeaderOf(ReadFile(path), &data_start);
+    EXPECT_EQ(data_start % 8, 0u);
+    EXPECT_EQ(header["__metadata__"], nlohmann::json({{"format", "pt"}}));
+    for (const std::string& name : original.Names()) {
+      const uint64_t begin = header[name]["data_offsets"][0];
+      EXPECT_EQ(begin % original.Get(name)->element_size(), 0u) << name;
+    }
+  }
+}
+
+TEST_F(CheckpointTest, WriterWritesAnEmptyStore) {
+  const std::string path = scratch_ + "/empty.safetensors";
+  ASSERT_TRUE(WriteSafetensorsFile(path, TensorStore("empty")).ok());
+  absl::StatusOr<TensorStore> read = ReadSafetensorsFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 0u);
+}
+
+TEST_F(CheckpointTest, WriterRefusesWhatTheReaderCannotRead) {
+  const std::string path = scratch_ + "/model.safetensors";
+  TensorStore doubles("test");
+  ASSERT_TRUE(doubles.Insert("ok", at::zeros({2}), "x").ok());
+  ASSERT_TRUE(doubles.Insert("d", at::zeros({2}, at::kDouble), "x").ok());
+  ExpectError(WriteSafetensorsFile(path, doubles),
+              absl::StatusCode::kInvalidArgument,
+              {path, "tensor 'd'", "unsupported dtype Double",
+               "(supported: F32, F16, BF16, I64, I32)"});
+  TensorStore reserved("test");
+  ASSERT_TRUE(reserved.Insert("__metadata__", at::zeros({2}), "x").ok());
+  ExpectError(WriteSafetensorsFile(path, reserved),
+              absl::StatusCode::kInvalidArgument, {path, "'__metadata__'"});
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  const std::string absent = scratch_ + "/absent/model.safetensors";
+  ExpectError(WriteSafetensorsFile(absent, TensorStore("none")),
+              absl::StatusCode::kNotFound, {"cannot write " + absent});
 }
 
 // --- Broken safetensors
