@@ -1,4 +1,5 @@
-// Tests of checkpoint loading (model/checkpoint.h and its readers).
+// Tests of checkpoint loading (model/checkpoint.h and its readers) and of the
+// safetensors writer; training containers: checkpoint_container_test.cc.
 //
 // The checkpoints are written at test time by
 // tests/reference/ckpt_make_test_checkpoints.py (Debian's python3-torch) into a
@@ -9,18 +10,16 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <initializer_list>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
+#include <vector>
 
 #include "model/checkpoint/safetensors_reader.h"
+#include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/torch_bin_reader.h"
+#include "tests/checkpoint_test_util.h"
 
 namespace moh {
 namespace {
@@ -28,109 +27,13 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using std::string_literals::operator""s;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), bytes.size());
-  ASSERT_TRUE(out.good()) << path;
-}
-
-// Replaces the only occurrence of `from` in `bytes` with `to` (same length).
-std::string Patch(std::string bytes, const std::string& from,
-                  const std::string& to) {
-  EXPECT_EQ(from.size(), to.size());
-  const size_t at = bytes.find(from);
-  EXPECT_NE(at, std::string::npos) << "pattern not found";
-  EXPECT_EQ(bytes.find(from, at + 1), std::string::npos) << "pattern repeats";
-  if (at != std::string::npos) bytes.replace(at, from.size(), to);
-  return bytes;
-}
-
-// Expects `status` to have `code` and a message containing every fragment.
-void ExpectError(const absl::Status& status, absl::StatusCode code,
-                 std::initializer_list<std::string> fragments) {
-  EXPECT_EQ(status.code(), code) << status;
-  for (const std::string& fragment : fragments) {
-    EXPECT_THAT(std::string(status.message()), HasSubstr(fragment));
-  }
-}
-
-class CheckpointTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    root_ = new std::string(::testing::TempDir() + "moh_checkpoint_test_" +
-                            std::to_string(::getpid()));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
-    const std::string command = std::string(MOH_PYTHON3) + " " +
-                                MOH_REFERENCE_DIR +
-                                "/ckpt_make_test_checkpoints.py " + *root_;
-    generated_ = std::system(command.c_str()) == 0;
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*root_);
-    delete root_;
-  }
-  void SetUp() override {
-    ASSERT_TRUE(generated_) << "ckpt_make_test_checkpoints.py failed";
-    scratch_ = *root_ + "/scratch_" +
-               ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::create_directories(scratch_);
-  }
-
-  // A directory written by the generator script.
-  static std::string Generated(const std::string& name) {
-    return *root_ + "/" + name;
-  }
-  // A copy of a generated directory, to be broken by the test.
-  std::string CopyOf(const std::string& name) {
-    const std::string copy = scratch_ + "/" + name;
-    fs::copy(Generated(name), copy, fs::copy_options::recursive);
-    return copy;
-  }
-  // Writes a .safetensors file: 8-byte little-endian length, header, data.
-  std::string WriteSafetensors(const std::string& header,
-                               const std::string& data,
-                               const std::string& name = "model.safetensors") {
-    std::string bytes;
-    for (int i = 0; i < 8; ++i) {
-      bytes.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
-    }
-    const std::string path = scratch_ + "/" + name;
-    WriteFile(path, bytes + header + data);
-    return path;
-  }
-
-  static std::string* root_;
-  static bool generated_;
-  std::string scratch_;
-};
-
-std::string* CheckpointTest::root_ = nullptr;
-bool CheckpointTest::generated_ = false;
-
-TensorStore LoadOrDie(const std::string& dir) {
-  absl::StatusOr<TensorStore> store = LoadCheckpoint(dir);
-  EXPECT_TRUE(store.ok()) << store.status();
-  return store.ok() ? std::move(store).value() : TensorStore();
-}
-
-void ExpectSameTensors(const TensorStore& actual, const TensorStore& expected) {
-  ASSERT_EQ(actual.Names(), expected.Names()) << actual.description();
-  for (const std::string& name : expected.Names()) {
-    at::Tensor a = *actual.Get(name);
-    at::Tensor e = *expected.Get(name);
-    EXPECT_EQ(a.scalar_type(), e.scalar_type()) << name;
-    EXPECT_TRUE(at::equal(a, e)) << actual.description() << ": " << name;
-  }
-}
+using checkpoint_test::CheckpointTest;
+using checkpoint_test::ExpectError;
+using checkpoint_test::ExpectSameTensors;
+using checkpoint_test::LoadOrDie;
+using checkpoint_test::Patch;
+using checkpoint_test::ReadFile;
+using checkpoint_test::WriteFile;
 
 // --- Layouts -----------------------------------------------------------------
 
@@ -228,7 +131,8 @@ TEST_F(CheckpointTest, PrefersSafetensorsOverBin) {
 TEST_F(CheckpointTest, NoCheckpointIsNotFound) {
   ExpectError(LoadCheckpoint(scratch_).status(), absl::StatusCode::kNotFound,
               {scratch_, "model.safetensors,", "model.safetensors.index.json",
-               "pytorch_model.bin,", "pytorch_model.bin.index.json"});
+               "pytorch_model.bin,", "pytorch_model.bin.index.json",
+               "or a *.pth file"});
   ExpectError(LoadCheckpoint(scratch_ + "/absent").status(),
               absl::StatusCode::kNotFound, {scratch_ + "/absent"});
 }
@@ -315,6 +219,72 @@ TEST_F(CheckpointTest, InsertRejectsDuplicates) {
   TensorStore moved = std::move(store);
   EXPECT_TRUE(moved.Contains("w"));
   EXPECT_EQ(moved.Names(), std::vector<std::string>({"w"}));
+}
+
+// --- Safetensors writer
+// --------------------------------------------------------
+
+// The JSON header of a .safetensors file and where its data starts.
+nlohmann::json HeaderOf(const std::string& bytes, size_t* data_start) {
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) {
+    length = (length << 8) | static_cast<uint8_t>(bytes[i]);
+  }
+  *data_start = 8 + length;
+  return nlohmann::json::parse(bytes.substr(8, length));
+}
+
+TEST_F(CheckpointTest, WriterRoundTripsThroughTheReader) {
+  // Mixed dtypes, a scalar, misaligned int64 in the source file; views
+  // (non-contiguous, sharing a storage) and an empty tensor.
+  for (const char* layout : {"single_st", "views"}) {
+    SCOPED_TRACE(layout);
+    TensorStore original = LoadOrDie(Generated(layout));
+    const std::string path = scratch_ + "/" + layout + ".safetensors";
+    ASSERT_TRUE(WriteSafetensorsFile(path, original).ok());
+    EXPECT_FALSE(fs::exists(path + ".tmp"));
+    absl::StatusOr<TensorStore> read = ReadSafetensorsFile(path);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectSameTensors(*read, original);
+
+    size_t data_start = 0;
+    const nlohmann::json header = HeaderOf(ReadFile(path), &data_start);
+    EXPECT_EQ(data_start % 8, 0u);
+    EXPECT_EQ(header["__metadata__"], nlohmann::json({{"format", "pt"}}));
+    for (const std::string& name : original.Names()) {
+      const uint64_t begin = header[name]["data_offsets"][0];
+      EXPECT_EQ(begin % original.Get(name)->element_size(), 0u) << name;
+    }
+  }
+}
+
+TEST_F(CheckpointTest, WriterWritesAnEmptyStore) {
+  const std::string path = scratch_ + "/empty.safetensors";
+  ASSERT_TRUE(WriteSafetensorsFile(path, TensorStore("empty")).ok());
+  absl::StatusOr<TensorStore> read = ReadSafetensorsFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 0u);
+}
+
+TEST_F(CheckpointTest, WriterRefusesWhatTheReaderCannotRead) {
+  const std::string path = scratch_ + "/model.safetensors";
+  TensorStore doubles("test");
+  ASSERT_TRUE(doubles.Insert("ok", at::zeros({2}), "x").ok());
+  ASSERT_TRUE(doubles.Insert("d", at::zeros({2}, at::kDouble), "x").ok());
+  ExpectError(WriteSafetensorsFile(path, doubles),
+              absl::StatusCode::kInvalidArgument,
+              {path, "tensor 'd'", "unsupported dtype Double",
+               "(supported: F32, F16, BF16, I64, I32)"});
+  TensorStore reserved("test");
+  ASSERT_TRUE(reserved.Insert("__metadata__", at::zeros({2}), "x").ok());
+  ExpectError(WriteSafetensorsFile(path, reserved),
+              absl::StatusCode::kInvalidArgument, {path, "'__metadata__'"});
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  const std::string absent = scratch_ + "/absent/model.safetensors";
+  ExpectError(WriteSafetensorsFile(absent, TensorStore("none")),
+              absl::StatusCode::kNotFound, {"cannot write " + absent});
 }
 
 // --- Broken safetensors

@@ -2,12 +2,18 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -17,6 +23,8 @@
 
 namespace moh {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::string FormatShape(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -44,13 +52,14 @@ bool IsPlainFileName(const std::string& name) {
          name.find("..") == std::string::npos && name != ".";
 }
 
-using FileReader = absl::StatusOr<TensorStore> (*)(const std::string&);
+using FileReader =
+    std::function<absl::StatusOr<TensorStore>(const std::string& path)>;
 
 // Reads `index_name` in `dir` ({"weight_map": {tensor: shard file}}), then
 // every shard with `read_file`, checking that index and shards agree.
 absl::StatusOr<TensorStore> LoadShardedCheckpoint(const std::string& dir,
                                                   const std::string& index_name,
-                                                  FileReader read_file) {
+                                                  const FileReader& read_file) {
   const std::string index_path = JoinPath(dir, index_name);
   MOH_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> index_file,
                        MappedFile::Open(index_path));
@@ -275,20 +284,50 @@ absl::StatusOr<at::Tensor> TensorFromMappedFile(
   }
 }
 
-absl::StatusOr<TensorStore> LoadCheckpoint(const std::string& dir) {
+// The regular files named *.pth in `dir`, sorted; none if `dir` cannot be
+// listed.
+std::vector<std::string> PthFiles(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 4 && absl::EndsWith(name, ".pth") &&
+        IsRegularFile(JoinPath(dir, name))) {
+      names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+absl::StatusOr<TensorStore> LoadCheckpoint(const std::string& dir,
+                                           const CheckpointOptions& options) {
+  // Shards keep their names: they must match the index.
+  CheckpointOptions shard_options = options;
+  shard_options.strip_module_prefix = false;
+  const FileReader read_bin = [&options](const std::string& path) {
+    return ReadTorchBinFile(path, options);
+  };
+  const FileReader read_bin_shard = [&shard_options](const std::string& path) {
+    return ReadTorchBinFile(path, shard_options);
+  };
+  const FileReader read_safetensors = [](const std::string& path) {
+    return ReadSafetensorsFile(path);
+  };
   struct Layout {
     const char* file_name;
     bool sharded;
-    FileReader read_file;
+    const FileReader& read_file;
   };
-  static constexpr Layout kLayouts[] = {
-      {"model.safetensors", false, &ReadSafetensorsFile},
-      {"model.safetensors.index.json", true, &ReadSafetensorsFile},
-      {"pytorch_model.bin", false, &ReadTorchBinFile},
-      {"pytorch_model.bin.index.json", true, &ReadTorchBinFile},
+  const Layout layouts[] = {
+      {"model.safetensors", false, read_safetensors},
+      {"model.safetensors.index.json", true, read_safetensors},
+      {"pytorch_model.bin", false, read_bin},
+      {"pytorch_model.bin.index.json", true, read_bin_shard},
   };
   std::vector<std::string> tried;
-  for (const Layout& layout : kLayouts) {
+  for (const Layout& layout : layouts) {
     const std::string path = JoinPath(dir, layout.file_name);
     tried.push_back(layout.file_name);
     if (!IsRegularFile(path)) continue;
@@ -299,8 +338,22 @@ absl::StatusOr<TensorStore> LoadCheckpoint(const std::string& dir) {
     store.set_description(dir);
     return store;
   }
-  return absl::NotFoundError(absl::StrCat(
-      "checkpoint ", dir, ": none of ", absl::StrJoin(tried, ", "), " exists"));
+  const std::vector<std::string> pth = PthFiles(dir);
+  if (pth.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", dir, ": ", pth.size(), " *.pth files (",
+                     absl::StrJoin(pth, ", "), ") and none of ",
+                     absl::StrJoin(tried, ", "), "; keep exactly one"));
+  }
+  if (pth.size() == 1) {
+    MOH_ASSIGN_OR_RETURN(TensorStore store,
+                         read_bin(JoinPath(dir, pth.front())));
+    store.set_description(dir);
+    return store;
+  }
+  return absl::NotFoundError(absl::StrCat("checkpoint ", dir, ": none of ",
+                                          absl::StrJoin(tried, ", "),
+                                          " or a *.pth file exists"));
 }
 
 }  // namespace moh

@@ -99,13 +99,37 @@ absl::StatusOr<at::Tensor> TensorFromMappedFile(
 absl::StatusOr<size_t> StridedExtent(at::IntArrayRef sizes,
                                      at::IntArrayRef strides);
 
+// How torch.save files (.bin, .pth) are read.
+struct CheckpointOptions {
+  // A file whose top-level dict is not name -> tensor is a training
+  // container (MoH-ViT's {"model", "optimizer", "lr_scheduler", "epoch",
+  // "scaler", "args", "max_accuracy"}, MoH-DiT's {"model", "ema", "opt",
+  // "args"}): its state dict is the dict under the first of these keys that
+  // the container holds; nothing else of the container becomes a tensor. A
+  // top-level dict holding one of these keys with a dict value is read as a
+  // container, never as a state dict. MoH-DiT serves its EMA weights:
+  // {"ema", "model"}.
+  std::vector<std::string> container_keys = {"model"};
+  // A state dict whose names all begin with "module." (saved from a
+  // DistributedDataParallel wrapper) loses that prefix. Never applied to the
+  // shards of an index, whose names must match the index.
+  bool strip_module_prefix = true;
+};
+
 // Reads the checkpoint in directory `dir`, choosing in this order:
 // model.safetensors; model.safetensors.index.json (+ shards);
-// pytorch_model.bin; pytorch_model.bin.index.json (+ shards). NOT_FOUND naming
-// the directory and the file names tried if none exists. The store's
-// description() is `dir`; every tensor's source file is the path it came from.
-// Malformed files and indexes: INVALID_ARGUMENT naming the file (and tensor);
-// a shard listed in an index but absent: NOT_FOUND naming shard and a tensor.
-absl::StatusOr<TensorStore> LoadCheckpoint(const std::string& dir);
+// pytorch_model.bin; pytorch_model.bin.index.json (+ shards); the one *.pth
+// file in `dir` (a release checkpoint, often a training container: see
+// CheckpointOptions). NOT_FOUND naming the directory and the file names tried
+// if none exists; INVALID_ARGUMENT listing them if `dir` holds several *.pth
+// files and none of the names before. The store's description() is `dir`;
+// every tensor's source file is the path it came from. Malformed files and
+// indexes: INVALID_ARGUMENT naming the file (and tensor); a shard listed in an
+// index but absent: NOT_FOUND naming shard and a tensor; a torch.save file
+// that is neither a state dict nor a container holding one of
+// `options.container_keys`: INVALID_ARGUMENT naming the file and listing its
+// top-level keys.
+absl::StatusOr<TensorStore> LoadCheckpoint(
+    const std::string& dir, const CheckpointOptions& options = {});
 
 }  // namespace moh

@@ -26,11 +26,12 @@ struct TensorEntry {
   uint64_t end;
 };
 
+constexpr std::pair<const char*, at::ScalarType> kDtypes[] = {
+    {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+    {"I64", at::kLong},  {"I32", at::kInt},
+};
+
 bool DtypeFromName(const std::string& name, at::ScalarType* dtype) {
-  static const std::pair<const char*, at::ScalarType> kDtypes[] = {
-      {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-      {"I64", at::kLong},  {"I32", at::kInt},
-  };
   for (const auto& [dtype_name, scalar_type] : kDtypes) {
     if (name == dtype_name) {
       *dtype = scalar_type;
@@ -166,6 +167,13 @@ absl::Status CheckMetadata(const std::string& path,
 }
 
 }  // namespace
+
+const char* SafetensorsDtypeName(at::ScalarType dtype) {
+  for (const auto& [name, scalar_type] : kDtypes) {
+    if (dtype == scalar_type) return name;
+  }
+  return nullptr;
+}
 
 absl::StatusOr<TensorStore> ReadSafetensorsFile(const std::string& path) {
   MOH_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> file,

@@ -22,4 +22,8 @@ absl::StatusOr<TensorStore> ReadSafetensorsFile(const std::string& path);
 // MappedFile::FromBytes); errors and description() name file->path().
 absl::StatusOr<TensorStore> ReadSafetensors(std::shared_ptr<MappedFile> file);
 
+// The safetensors name of `dtype` ("F32", "F16", "BF16", "I64", "I32"), or
+// nullptr for a dtype the reader and writer do not support.
+const char* SafetensorsDtypeName(at::ScalarType dtype);
+
 }  // namespace moh

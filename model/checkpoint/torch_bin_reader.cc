@@ -6,7 +6,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/abbreviate.h"
 #include "base/status_macros.h"
 #include "model/checkpoint/torch_unpickler.h"
 #include "model/checkpoint/zip_archive.h"
@@ -17,27 +20,105 @@ namespace {
 using pickle::Value;
 using pickle::ValuePtr;
 
-// Turns the unpickled top-level dict into named tensors over `file`.
-absl::Status CollectTensors(const std::string& where, const Value& root,
-                            const std::shared_ptr<MappedFile>& file,
-                            TensorStore& store) {
-  const std::string& path = file->path();
+constexpr char kModulePrefix[] = "module.";
+constexpr size_t kModulePrefixLength = sizeof(kModulePrefix) - 1;
+constexpr size_t kMaxListedKeys = 20;
+
+// A dict key for messages: 'text' (abbreviated) for strings, the number for
+// ints.
+std::string KeyText(const Value& key) {
+  switch (key.kind) {
+    case Value::Kind::kString:
+      return absl::StrCat("'", Abbreviate(key.text), "'");
+    case Value::Kind::kInt:
+      return absl::StrCat(key.integer);
+    default:
+      return "(not a string)";
+  }
+}
+
+// The value under string key `key` of `dict` (the last one, as in Python),
+// or nullptr.
+const Value* Lookup(const Value& dict, std::string_view key) {
+  const Value* found = nullptr;
+  for (size_t i = 0; i + 1 < dict.items.size(); i += 2) {
+    const Value& k = *dict.items[i];
+    if (k.kind == Value::Kind::kString && k.text == key) {
+      found = dict.items[i + 1].get();
+    }
+  }
+  return found;
+}
+
+// Why `dict` is not a state dict (name -> tensor), or "" if it is one.
+std::string NotAStateDict(const Value& dict) {
+  for (size_t i = 0; i + 1 < dict.items.size(); i += 2) {
+    const Value& key = *dict.items[i];
+    if (key.kind != Value::Kind::kString) {
+      return absl::StrCat("key ", KeyText(key), " is not a string");
+    }
+    if (dict.items[i + 1]->kind != Value::Kind::kTensor) {
+      return absl::StrCat("entry ", KeyText(key), " is not a tensor");
+    }
+  }
+  return "";
+}
+
+// The state dict in `root`: the dict under the first container key it holds,
+// else `root` itself if it maps names to tensors. Sets `container_key`.
+absl::StatusOr<const Value*> FindStateDict(const std::string& where,
+                                           const Value& root,
+                                           const CheckpointOptions& options,
+                                           std::string* container_key) {
   if (root.kind != Value::Kind::kDict) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": top-level object is not a dict of tensors"));
+        absl::StrCat(where, ": top-level object is not a dict"));
   }
+  for (const std::string& key : options.container_keys) {
+    const Value* value = Lookup(root, key);
+    if (value == nullptr || value->kind != Value::Kind::kDict) continue;
+    const std::string why = NotAStateDict(*value);
+    if (!why.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": container entry '", key, "' is not a state dict: ", why));
+    }
+    *container_key = key;
+    return value;
+  }
+  const std::string why = NotAStateDict(root);
+  if (why.empty()) return &root;
+  std::vector<std::string> keys;
   for (size_t i = 0; i + 1 < root.items.size(); i += 2) {
-    const Value& key = *root.items[i];
-    const Value& value = *root.items[i + 1];
-    if (key.kind != Value::Kind::kString) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": a top-level key is not a string"));
+    if (keys.size() == kMaxListedKeys) {
+      keys.push_back("...");
+      break;
     }
-    const std::string prefix = absl::StrCat(path, ": tensor '", key.text, "'");
-    if (value.kind != Value::Kind::kTensor) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, " is not a tensor"));
-    }
+    keys.push_back(KeyText(*root.items[i]));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": neither a state dict (", why,
+                   ") nor a training container with a dict under '",
+                   absl::StrJoin(options.container_keys, "', '"),
+                   "' (top-level keys: ", absl::StrJoin(keys, ", "), ")"));
+}
+
+// Turns `state_dict` (checked by FindStateDict) into named tensors over
+// `file`.
+absl::Status CollectTensors(const Value& state_dict,
+                            const std::shared_ptr<MappedFile>& file,
+                            bool strip_module_prefix, TensorStore& store) {
+  const std::string& path = file->path();
+  bool strip = strip_module_prefix && !state_dict.items.empty();
+  for (size_t i = 0; strip && i + 1 < state_dict.items.size(); i += 2) {
+    const std::string& name = state_dict.items[i]->text;
+    strip = name.size() > kModulePrefixLength &&
+            absl::StartsWith(name, kModulePrefix);
+  }
+  for (size_t i = 0; i + 1 < state_dict.items.size(); i += 2) {
+    const std::string& key = state_dict.items[i]->text;
+    const Value& value = *state_dict.items[i + 1];
+    const std::string name = strip ? key.substr(kModulePrefixLength) : key;
+    const std::string prefix = absl::StrCat(path, ": tensor '", name, "'");
     const Value& storage = *value.items[0];
     const size_t element_size = c10::elementSize(storage.dtype);
     absl::StatusOr<size_t> extent = StridedExtent(value.sizes, value.strides);
@@ -63,9 +144,31 @@ absl::Status CollectTensors(const std::string& where, const Value& root,
     MOH_ASSIGN_OR_RETURN(at::Tensor tensor,
                          TensorFromMappedFile(file, offset, value.sizes,
                                               value.strides, storage.dtype));
-    MOH_RETURN_IF_ERROR(store.Insert(key.text, std::move(tensor), path));
+    MOH_RETURN_IF_ERROR(store.Insert(name, std::move(tensor), path));
   }
   return absl::OkStatus();
+}
+
+// The string and integer fields of `args` (a Namespace's state or a dict).
+SavedArgs ReadSavedArgs(const Value& args) {
+  SavedArgs saved;
+  const Value* fields = &args;
+  if (args.kind == Value::Kind::kNamespace) {
+    if (args.items.empty()) return saved;
+    fields = args.items[0].get();
+  }
+  if (fields->kind != Value::Kind::kDict) return saved;
+  for (size_t i = 0; i + 1 < fields->items.size(); i += 2) {
+    const Value& key = *fields->items[i];
+    const Value& value = *fields->items[i + 1];
+    if (key.kind != Value::Kind::kString) continue;
+    if (value.kind == Value::Kind::kString) {
+      saved.strings[key.text] = value.text;
+    } else if (value.kind == Value::Kind::kInt) {
+      saved.integers[key.text] = value.integer;
+    }
+  }
+  return saved;
 }
 
 // The "<archive>/" prefix of the single "<archive>/data.pkl" entry.
@@ -88,13 +191,22 @@ absl::StatusOr<std::string> ArchivePrefix(const std::string& path,
 
 }  // namespace
 
-absl::StatusOr<TensorStore> ReadTorchBinFile(const std::string& path) {
+absl::StatusOr<TensorStore> ReadTorchBinFile(const std::string& path,
+                                             const CheckpointOptions& options) {
   MOH_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> file,
                        MappedFile::Open(path));
-  return ReadTorchBin(std::move(file));
+  return ReadTorchBin(std::move(file), options);
 }
 
-absl::StatusOr<TensorStore> ReadTorchBin(std::shared_ptr<MappedFile> file) {
+absl::StatusOr<TensorStore> ReadTorchBin(std::shared_ptr<MappedFile> file,
+                                         const CheckpointOptions& options) {
+  MOH_ASSIGN_OR_RETURN(TorchBinContents contents,
+                       ReadTorchBinContents(std::move(file), options));
+  return std::move(contents.tensors);
+}
+
+absl::StatusOr<TorchBinContents> ReadTorchBinContents(
+    std::shared_ptr<MappedFile> file, const CheckpointOptions& options) {
   const std::string& path = file->path();
   MOH_ASSIGN_OR_RETURN(ZipArchive archive, ZipArchive::Read(*file));
   MOH_ASSIGN_OR_RETURN(std::string prefix, ArchivePrefix(path, archive));
@@ -113,14 +225,22 @@ absl::StatusOr<TensorStore> ReadTorchBin(std::shared_ptr<MappedFile> file) {
           path, ": storages are not little-endian (byteorder entry)"));
     }
   }
-  pickle::Unpickler unpickler(absl::StrCat(path, "/", pkl_name),
-                              file->data() + pkl.data_offset, pkl.size, archive,
-                              prefix);
+  const std::string where = absl::StrCat(path, "/", pkl_name);
+  pickle::Unpickler unpickler(where, file->data() + pkl.data_offset, pkl.size,
+                              archive, prefix);
   MOH_ASSIGN_OR_RETURN(ValuePtr root, unpickler.Run());
-  TensorStore store(path);
-  MOH_RETURN_IF_ERROR(
-      CollectTensors(absl::StrCat(path, "/", pkl_name), *root, file, store));
-  return store;
+  TorchBinContents contents{TensorStore(path), "", {}};
+  MOH_ASSIGN_OR_RETURN(
+      const Value* state_dict,
+      FindStateDict(where, *root, options, &contents.container_key));
+  MOH_RETURN_IF_ERROR(CollectTensors(
+      *state_dict, file, options.strip_module_prefix, contents.tensors));
+  if (!contents.container_key.empty()) {
+    if (const Value* args = Lookup(*root, "args"); args != nullptr) {
+      contents.args = ReadSavedArgs(*args);
+    }
+  }
+  return contents;
 }
 
 }  // namespace moh

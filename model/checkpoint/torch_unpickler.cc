@@ -25,6 +25,8 @@ const std::map<std::string, at::ScalarType>& StorageTypes() {
 }
 constexpr char kOrderedDict[] = "collections.OrderedDict";
 constexpr char kRebuildTensor[] = "torch._utils._rebuild_tensor_v2";
+// Named only by NEWOBJ, and only as an inert placeholder (see the header).
+constexpr char kNamespace[] = "argparse.Namespace";
 constexpr int kMaxDepth = 32;
 
 // Reads a tuple of Python ints into `out`.
@@ -129,7 +131,8 @@ absl::Status Unpickler::Global() {
   auto storage = StorageTypes().find(global->text);
   if (storage != StorageTypes().end()) {
     global->dtype = storage->second;
-  } else if (global->text != kOrderedDict && global->text != kRebuildTensor) {
+  } else if (global->text != kOrderedDict && global->text != kRebuildTensor &&
+             global->text != kNamespace) {
     return Error(absl::StrCat("refusing to load global '", global->text,
                               "' (only tensors are read)"));
   }
@@ -198,15 +201,46 @@ absl::Status Unpickler::Reduce() {
   return Push(std::move(tensor));
 }
 
+// NEWOBJ (cls.__new__(cls, *args)) as protocol 2 pickles an
+// argparse.Namespace: an inert placeholder; nothing else may be built.
+absl::Status Unpickler::NewObj() {
+  MOH_ASSIGN_OR_RETURN(ValuePtr args, Pop());
+  MOH_ASSIGN_OR_RETURN(ValuePtr cls, Pop());
+  if (cls->kind != Value::Kind::kGlobal || cls->text != kNamespace) {
+    return ErrorAt(absl::StrCat("refusing NEWOBJ of ",
+                                cls->kind == Value::Kind::kGlobal
+                                    ? "'" + cls->text + "'"
+                                    : std::string("a non-global"),
+                                " (only argparse.Namespace is accepted)"));
+  }
+  if (args->kind != Value::Kind::kTuple || !args->items.empty()) {
+    return ErrorAt("NEWOBJ of argparse.Namespace with arguments");
+  }
+  return Push(std::make_shared<Value>(Value::Kind::kNamespace));
+}
+
 // BUILD on a dict sets instance attributes (state_dict()'s `_metadata`),
-// which carry no tensors: checked for type, then ignored.
+// which carry no tensors: checked for type, then ignored. BUILD on a
+// Namespace gives it its state dict, kept as data (once, before the
+// Namespace is placed in a container).
 absl::Status Unpickler::Build() {
   MOH_ASSIGN_OR_RETURN(ValuePtr state, Pop());
   MOH_ASSIGN_OR_RETURN(ValuePtr target, Top());
+  if (target->kind == Value::Kind::kNamespace &&
+      state->kind == Value::Kind::kDict) {
+    if (target->sealed || !target->items.empty()) {
+      return ErrorAt(
+          "BUILD on an argparse.Namespace that already has a state or is in "
+          "a container");
+    }
+    return Adopt(*target, std::move(state));
+  }
   if (target->kind != Value::Kind::kDict ||
       (state->kind != Value::Kind::kDict &&
        state->kind != Value::Kind::kNone)) {
-    return ErrorAt("BUILD is only supported on a dict with a dict state");
+    return ErrorAt(
+        "BUILD is only supported on a dict or an argparse.Namespace with a "
+        "dict state");
   }
   return absl::OkStatus();
 }
@@ -334,6 +368,8 @@ absl::Status Unpickler::Step(uint8_t opcode, bool* stop) {
       return PersistentLoad();
     case 'R':  // REDUCE
       return Reduce();
+    case 0x81:  // NEWOBJ
+      return NewObj();
     case 'b':  // BUILD
       return Build();
     default:

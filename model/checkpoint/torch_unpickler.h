@@ -1,13 +1,19 @@
 // The restricted unpickler behind ReadTorchBinFile (model/torch_bin_reader.h):
 // runs the data.pkl of a torch.save archive without executing anything. It
-// builds only dicts, tuples, lists, scalars, strings, storages and tensors,
-// accepts only the opcodes torch.save emits, and calls nothing but the allowed
-// constructors: collections.OrderedDict, torch._utils._rebuild_tensor_v2 and
-// torch.{Float,Half,BFloat16,Long,Int}Storage. Anything else is refused with
-// INVALID_ARGUMENT naming data.pkl (and the opcode's offset).
+// builds only dicts, tuples, lists, scalars, strings, storages, tensors and
+// inert argparse.Namespace placeholders, accepts only the opcodes torch.save
+// emits, and calls nothing but the allowed constructors:
+// collections.OrderedDict, torch._utils._rebuild_tensor_v2 and
+// torch.{Float,Half,BFloat16,Long,Int}Storage. argparse.Namespace (the `args`
+// of training containers) may be named by NEWOBJ with no arguments and given
+// a dict state by BUILD; nothing is constructed: the value keeps that dict as
+// data. Anything else (other globals, NEWOBJ of anything else, REDUCE of
+// Namespace) is refused with INVALID_ARGUMENT naming data.pkl (and the
+// opcode's offset).
 //
 // Storages are not read: a kStorage value holds the byte range of its archive
-// entry, which the caller maps.
+// entry, which the caller maps only for the tensors it uses (an optimizer's
+// state in a training container is never mapped or copied).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -45,6 +51,7 @@ struct Value {
     kGlobal,
     kStorage,
     kTensor,
+    kNamespace,  // argparse.Namespace: items holds its state dict, if BUILT.
   };
   explicit Value(Kind k) : kind(k) {}
 
@@ -52,7 +59,8 @@ struct Value {
   int64_t integer = 0;  // kBool, kInt; kTensor: storage offset (elements).
   double real = 0;      // kFloat
   std::string text;     // kString; kGlobal "module.name"; kStorage its key.
-  // kTuple, kList; kDict: key, value, key, value, ...; kTensor: its storage.
+  // kTuple, kList; kDict: key, value, key, value, ...; kTensor: its storage;
+  // kNamespace: its state (one kDict) once BUILD gave it one.
   std::vector<ValuePtr> items;
   at::ScalarType dtype = at::kFloat;    // Storage globals, kStorage.
   uint64_t begin = 0, bytes = 0;        // kStorage: byte range in the file.
@@ -102,6 +110,7 @@ class Unpickler {
   absl::Status Global();
   absl::Status PersistentLoad();
   absl::Status Reduce();
+  absl::Status NewObj();
   absl::Status Build();
   absl::Status Step(uint8_t opcode, bool* stop);
 

@@ -1,4 +1,5 @@
-"""Writers for the checkpoint layouts moh-serve reads, independent of the C++ code.
+"""Writers for the checkpoint layouts moh-serve reads, and a safetensors
+reader for what it writes, independent of the C++ code.
 
 safetensors is written by hand from its published format (8-byte little-endian
 header length, JSON header, raw little-endian data) so that the tests need no
@@ -56,6 +57,41 @@ def save_safetensors(tensors, path, metadata=None):
         f.write(header_bytes)
         for b in blobs:
             f.write(b)
+
+
+def load_safetensors(path):
+    """Reads a .safetensors file: ({name: tensor}, metadata, data start).
+
+    Checks what the published format requires: the header is a JSON object,
+    each tensor's data_offsets span exactly its bytes inside the data area,
+    and the tensors do not overlap.
+    """
+    dtypes = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+    with open(path, "rb") as f:
+        data = f.read()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length].decode("utf-8"))
+    start = 8 + length
+    metadata = header.pop("__metadata__", None)
+    tensors, spans = {}, []
+    for name, entry in header.items():
+        dtype = dtypes[entry["dtype"]]
+        begin, end = entry["data_offsets"]
+        shape = entry["shape"]
+        numel = 1
+        for d in shape:
+            numel *= d
+        assert end - begin == numel * torch.tensor([], dtype=dtype).element_size(), name
+        assert start + end <= len(data), name
+        spans.append((begin, end))
+        if numel == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        else:
+            raw = bytearray(data[start + begin:start + end])
+            tensors[name] = torch.frombuffer(raw, dtype=dtype).reshape(shape)
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "overlapping tensors"
+    return tensors, metadata, start
 
 
 def _shard(tensors, max_shard_bytes):

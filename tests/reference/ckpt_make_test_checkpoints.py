@@ -6,7 +6,14 @@ values as F32, and .bin files that exercise the restricted unpickler and the
 ZIP reader: views sharing a storage, a state_dict() `_metadata` attribute,
 ZIP64 central directory fields, a DEFLATE-compressed entry and a malicious
 pickle that would run a shell command if it were unpickled by Python.
+
+Training containers as released checkpoints are (torch.save of a dict around
+the state dict): MoH-ViT's {model, optimizer (AdamW after one step),
+lr_scheduler, epoch, scaler, args (argparse.Namespace), max_accuracy} and
+MoH-DiT's {model, ema, opt, args}, a DDP-prefixed state dict, dicts that are
+neither, and pickles that the restricted unpickler must refuse (refused/*.pth).
 """
+import argparse
 import collections
 import os
 import pickle
@@ -79,6 +86,11 @@ def save_evil(out):
     """A zip laid out like torch.save whose data.pkl calls os.system."""
     path = os.path.join(mkdir(out, "evil"), "pytorch_model.bin")
     payload = pickle.dumps({"w": _Evil(os.path.join(out, "evil_marker"))}, protocol=2)
+    save_pickle_zip(path, payload)
+
+
+def save_pickle_zip(path, payload):
+    """A zip laid out like torch.save whose data.pkl is `payload`."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         z.writestr("archive/data.pkl", payload)
         z.writestr("archive/version", "3\n")
@@ -132,6 +144,133 @@ def with_byteorder(src, dst, order):
         z.writestr(prefix + "/byteorder", order)
 
 
+class TinyVit(torch.nn.Module):
+    """Parameters and buffers named like a ViT's, with int64 and bf16 ones."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.patch_embed = torch.nn.Linear(6, 4)
+        self.norm = torch.nn.LayerNorm(4)
+        self.head = torch.nn.Linear(4, 3)
+        self.register_buffer("position_ids", torch.arange(5))
+        self.register_buffer("rel_bias", torch.randn(2, 3).to(torch.bfloat16))
+
+    def forward(self, x):
+        return self.head(self.norm(self.patch_embed(x))).square().sum()
+
+
+def trained(seed):
+    """A TinyVit and its AdamW optimizer after one step (state: step,
+    exp_avg, exp_avg_sq tensors per parameter, keyed by int)."""
+    model = TinyVit(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    model(torch.randn(2, 6, generator=torch.Generator().manual_seed(seed))).backward()
+    opt.step()
+    return model, opt
+
+
+def vit_args(**overrides):
+    """The kind of argparse.Namespace MoH-ViT's main.py saves as 'args'."""
+    fields = dict(model="moh_transnext_small_75", input_size=224, lr=1e-3,
+                  batch_size=128, epochs=300, drop_path=0.45, clip_grad=1.0,
+                  pretrain_size=None, fp32_resume=False, opt_betas=None,
+                  data_path="/data/imagenet", output_dir="results/moh_transnext_small_75",
+                  seed=1 << 40, local_rank=-1, smoothing=0.1)
+    fields.update(overrides)
+    return argparse.Namespace(**fields)
+
+
+def vit_container(model, opt, args):
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "lr_scheduler": {"t_initial": 300, "lr_min": 1e-5, "warmup_t": 5, "base_values": [1e-3],
+                         "metric": None, "noise_range_t": None, "t_in_epochs": True,
+                         "param_group_field": "lr", "cycle_mul": 1.0},
+        "epoch": 3,
+        "scaler": {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                   "growth_interval": 2000, "_growth_tracker": 17},
+        "args": args,
+        "max_accuracy": 81.2,
+    }
+
+
+class ArgsSubclass(argparse.Namespace):
+    pass
+
+
+class _Eval:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (eval, ("open(%r, 'w')" % self.marker,))
+
+
+def namespace_with_state(state):
+    """Protocol-2 bytes: GLOBAL argparse.Namespace, EMPTY_TUPLE, NEWOBJ, then
+    `state` (pickle opcodes) and BUILD, as pickle emits for a Namespace."""
+    return b"cargparse\nNamespace\n)\x81" + state + b"b"
+
+
+def in_container(value):
+    """{'args': value} around hand-written pickle bytes."""
+    return b"\x80\x02}X\x04\x00\x00\x00args" + value + b"s."
+
+
+# Hand-written data.pkl files the restricted unpickler must refuse.
+HAND_WRITTEN = {
+    "os_system": in_container(b"cos\nsystem\nX\x04\x00\x00\x00true\x85R"),
+    "builtins_eval": in_container(b"cbuiltins\neval\nX\x01\x00\x00\x001\x85R"),
+    "argument_parser": in_container(b"cargparse\nArgumentParser\n)\x81"),
+    "newobj_ordered_dict": in_container(b"ccollections\nOrderedDict\n)\x81"),
+    "newobj_storage": in_container(b"ctorch\nFloatStorage\n)\x81"),
+    "newobj_rebuild_tensor": in_container(b"ctorch._utils\n_rebuild_tensor_v2\n)\x81"),
+    "newobj_not_a_global": in_container(b"))\x81"),
+    "newobj_namespace_with_arguments": in_container(b"cargparse\nNamespace\nK\x01\x85\x81"),
+    "reduce_namespace": in_container(b"cargparse\nNamespace\n)R"),
+    "namespace_built_twice": in_container(namespace_with_state(b"}") + b"}b"),
+    "namespace_list_state": in_container(namespace_with_state(b"]")),
+    # 32 nested lists in the state dict: the Namespace would be 33 deep (the
+    # limit is 32; the state dict alone is 32).
+    "namespace_too_deep": in_container(
+        namespace_with_state(b"}X\x01\x00\x00\x00k" + b"]" * 32 + b"a" * 31 + b"s")),
+}
+
+
+def save_containers(out):
+    model, opt = trained(1234)
+    torch.save(vit_container(model, opt, vit_args()),
+               os.path.join(mkdir(out, "vit_container"), "moh_transnext_small_75.pth"))
+    checkpoint_io.save_safetensors(model.state_dict(),
+                                   os.path.join(mkdir(out, "vit_expected"), "model.safetensors"))
+    ema = {k: v * 0.5 if v.is_floating_point() else v for k, v in TinyVit(77).state_dict().items()}
+    torch.save({"model": model.state_dict(), "ema": ema, "opt": opt.state_dict(),
+                "args": argparse.Namespace(model="DiT-XL/2", image_size=256, num_classes=1000)},
+               os.path.join(mkdir(out, "dit_container"), "0050000.pth"))
+    checkpoint_io.save_safetensors(ema, os.path.join(mkdir(out, "dit_ema_expected"), "model.safetensors"))
+    ddp = collections.OrderedDict(("module." + k, v) for k, v in model.state_dict().items())
+    torch.save(ddp, os.path.join(mkdir(out, "ddp"), "pytorch_model.bin"))
+    t = torch.arange(4.0)
+    torch.save({"model": t, "args": t * 2}, os.path.join(mkdir(out, "tensor_named_model"), "pytorch_model.bin"))
+    torch.save({"epoch": 3, "weights": {"w": t}, 7: "seven"},
+               os.path.join(mkdir(out, "no_state_dict"), "checkpoint.pth"))
+    torch.save({"model": {"w": t, "step": 3}}, os.path.join(mkdir(out, "model_not_state_dict"), "checkpoint.pth"))
+
+    refused = mkdir(out, "refused")
+    marker = os.path.join(out, "evil_marker")
+    torch.save(vit_container(model, opt, vit_args(hook=_Evil(marker))),
+               os.path.join(refused, "args_calls_system.pth"))
+    torch.save({"model": model.state_dict(), "args": _Eval(marker)}, os.path.join(refused, "eval.pth"))
+    torch.save({"model": model.state_dict(), "counts": collections.Counter(a=1)},
+               os.path.join(refused, "counter.pth"))
+    torch.save({"model": model.state_dict(), "args": ArgsSubclass(model="moh_transnext_small_75")},
+               os.path.join(refused, "namespace_subclass.pth"))
+    for name, payload in HAND_WRITTEN.items():
+        save_pickle_zip(os.path.join(refused, name + ".pth"), payload)
+
+
 def main():
     out = sys.argv[1]
     tensors = state_dict()
@@ -149,6 +288,7 @@ def main():
     rewrite_as_zip64(os.path.join(out, "single_bin", "pytorch_model.bin"),
                      os.path.join(mkdir(out, "zip64"), "pytorch_model.bin"))
     save_evil(out)
+    save_containers(out)
 
 
 if __name__ == "__main__":
