@@ -172,3 +172,88 @@ TEST(ModelConfigTest, VitRejectsMissingLabelsAndBadPatch) {
 
 }  // namespace
 }  // namespace moh
+
+namespace moh {
+namespace {
+
+absl::StatusOr<ModelConfig> ParseTransNext(const std::string& fields) {
+  return ParseModelConfig(
+      R"({"model_type": "moh_transnext", "labels": ["a", "b"])" + fields + "}",
+      "cfg.json");
+}
+
+void ExpectTransNextError(const std::string& fields,
+                          const std::string& message) {
+  auto config = ParseTransNext(fields);
+  ASSERT_FALSE(config.ok()) << fields;
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(message))
+      << fields;
+}
+
+// The released variants' layouts (MoH-ViT/transnext.py).
+TEST(TransNextConfigTest, VariantsFillTheArchitecture) {
+  auto base = ParseTransNext(R"(, "variant": "moh_transnext_base_75")");
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_EQ(base->family, ModelFamily::kTransNext);
+  const TransNextConfig& b = base->transnext;
+  ASSERT_EQ(b.stages.size(), 4u);
+  EXPECT_EQ(b.stages[2].embed_dim, 384);
+  EXPECT_EQ(b.stages[2].num_heads, 16);
+  EXPECT_EQ(b.stages[2].depth, 23);
+  EXPECT_EQ(b.stages[3].sr_ratio, 1);
+  EXPECT_EQ(b.stages[0].glu_hidden(), 512);  // int(2 * 768 / 3)
+  EXPECT_EQ(b.image_size, 224);
+  EXPECT_EQ(b.resize_size, 256);
+  ASSERT_EQ(b.moh.layers.size(), 38u);
+  // Stage 3: 4 shared, 8 of 12 routed; stage 4: 5 shared, 16 of 27.
+  EXPECT_EQ(b.moh.layers[10].shared_heads, 4);
+  EXPECT_EQ(b.moh.layers[10].top_k, 8);
+  EXPECT_EQ(b.moh.layers[10].stage, 2);
+  EXPECT_EQ(b.moh.layers[10].block, 0);
+  EXPECT_EQ(b.moh.layers[37].routed_heads(), 27);
+  EXPECT_EQ(b.moh.layers[37].block, 4);
+  EXPECT_EQ(b.moh.layers[0].routed_heads(), 0);  // stage 1 only re-weights
+  EXPECT_EQ(b.LayerStages().size(), 38u);
+
+  auto small = ParseTransNext(R"(, "variant": "moh_transnext_small_80")");
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->transnext.moh.layers.size(), 37u);
+  EXPECT_EQ(small->transnext.stages[3].shared_heads, 8);
+  auto base50 = ParseTransNext(R"(, "variant": "moh_transnext_base_50")");
+  ASSERT_TRUE(base50.ok()) << base50.status();
+  EXPECT_EQ(base50->transnext.moh.layers[0].top_k, 2);  // every stage routes
+  EXPECT_LT(base50->transnext.moh.DefaultRatio(),
+            base->transnext.moh.DefaultRatio());
+}
+
+TEST(TransNextConfigTest, RejectsBadFieldsNamingThem) {
+  ExpectTransNextError(R"(, "variant": "moh_transnext_huge")",
+                       "field 'variant' must be one of moh_transnext_base_75");
+  ExpectTransNextError("", "field 'embed_dims' is required");
+  const std::string tiny =
+      R"(, "embed_dims": [8, 16, 32, 32], "num_heads": [2, 4, 4, 4],
+      "depths": [1, 1, 2, 1], "image_size": 64)";
+  EXPECT_TRUE(ParseTransNext(tiny).ok()) << ParseTransNext(tiny).status();
+  ExpectTransNextError(tiny + R"(, "image_size": 100)",
+                       "must be a multiple of 32");
+  ExpectTransNextError(
+      R"(, "embed_dims": [8, 16, 30, 32], "num_heads": [2, 4, 4, 4],
+      "depths": [1, 1, 2, 1], "image_size": 64)",
+      "field 'num_heads[2]' must divide embed_dims[2] (30), got 4");
+  ExpectTransNextError(tiny + R"(, "moh_shared_heads": [2, 1, 2, 0],
+      "moh_routed_top_k": [0, 4, 1, 2])",
+                       "field 'moh_routed_top_k[1]' must be in [1, 3]");
+  ExpectTransNextError(tiny + R"(, "moh_shared_heads": [2, 4, 4, 4],
+      "moh_routed_top_k": [0, 0, 1, 0])",
+                       "must be 0 when every head is shared");
+  ExpectTransNextError(tiny + R"(, "sr_ratios": [8, 4, 2, 2])",
+                       "field 'sr_ratios[3]' must be 1");
+  ExpectTransNextError(tiny + R"(, "sr_ratios": [32, 4, 2, 1])",
+                       "at most the stage's resolution (16)");
+  ExpectTransNextError(tiny + R"(, "depths": [1, 1, 2])",
+                       "field 'depths' must be a list of 4 ints");
+}
+
+}  // namespace
+}  // namespace moh

@@ -32,6 +32,10 @@ struct MohLayerConfig {
   int32_t num_heads = 0;
   int32_t shared_heads = 0;
   int32_t top_k = 0;  // trained K; 0 when the layer has no routed heads
+  // Staged models (TransNeXt): the layer's stage and block within it; -1
+  // otherwise.
+  int32_t stage = -1;
+  int32_t block = -1;
 
   int32_t routed_heads() const { return num_heads - shared_heads; }
   // K for a requested activation ratio in (0, 1]; ratio <= 0 means the trained
@@ -89,12 +93,63 @@ struct VitConfig {
   }
 };
 
-enum class ModelFamily { kLlama, kVit };
+// One stage of a TransNeXt (MoH-ViT as released): an overlapping patch
+// embedding, `depth` blocks at resolution image_size / 2^(stage + 2), a norm.
+// Stages with sr_ratio > 1 use aggregated attention (a 3x3 window plus keys
+// pooled to resolution / sr_ratio), sr_ratio 1 full attention.
+struct TransNextStage {
+  int32_t embed_dim = 0;
+  int32_t num_heads = 0;
+  int32_t depth = 0;
+  int32_t sr_ratio = 1;
+  double mlp_ratio = 4.0;
+  int32_t shared_heads = 0;  // official shared_head
+  int32_t top_k = 0;         // official routed_head: the trained routed K
+
+  int32_t head_dim() const { return embed_dim / num_heads; }
+  // ConvolutionalGLU's hidden width: int(2 * int(dim * mlp_ratio) / 3).
+  int32_t glu_hidden() const;
+};
+
+// MoH-ViT (TransNeXt with MoH routing in every stage), `model_type:
+// "moh_transnext"`. `variant` (one of the four released) fills every
+// architecture field not given; tiny test models give them all.
+struct TransNextConfig {
+  std::string variant;  // "" when the architecture is spelled out
+  int32_t image_size = 224;
+  int32_t pretrain_size = 224;  // scales the CPB coordinates
+  int32_t resize_size = 256;    // shorter side before the centre crop
+  int32_t num_channels = 3;
+  int32_t patch_size = 4;
+  int32_t window_size = 3;  // odd: the local window's side
+  bool qkv_bias = true;
+  double layer_norm_eps = 1e-6;  // blocks and stage norms; the patch
+                                 // embeddings' and the pooled features' norms
+                                 // use LayerNorm's default 1e-5
+  std::vector<TransNextStage> stages;  // 4
+  std::vector<std::string> labels;
+  std::vector<float> image_mean;
+  std::vector<float> image_std;
+  MohConfig moh;  // one layer per block, stage after stage
+
+  // Token grid side of stage `s`: image_size / 2^(s + 2).
+  int32_t resolution(int s) const { return image_size >> (s + 2); }
+  // Pooled grid side of stage `s` (aggregated attention).
+  int32_t pool_size(int s) const { return resolution(s) / stages[s].sr_ratio; }
+  // The stage of each MoH layer (block), in order.
+  std::vector<int32_t> LayerStages() const;
+};
+
+// The released variants' names, for messages.
+const std::vector<std::string>& TransNextVariantNames();
+
+enum class ModelFamily { kLlama, kVit, kTransNext };
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
-  LlamaConfig llama;  // valid when family == kLlama
-  VitConfig vit;      // valid when family == kVit
+  LlamaConfig llama;          // valid when family == kLlama
+  VitConfig vit;              // valid when family == kVit
+  TransNextConfig transnext;  // valid when family == kTransNext
 };
 
 // Parses `json_text`; `source` names the file in error messages.

@@ -71,11 +71,16 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
   return model;
 }
 
-at::Tensor VitModel::NormalizePixels(const at::Tensor& pixels) const {
-  const int64_t ch = config_.num_channels;
-  at::Tensor mean = at::tensor(config_.image_mean).view({1, ch, 1, 1});
-  at::Tensor std = at::tensor(config_.image_std).view({1, ch, 1, 1});
-  return (pixels.to(at::kFloat).cpu() - mean) / std;
+ImagePreprocessing VitModel::preprocessing() const {
+  ImagePreprocessing p;
+  p.image_size = config_.image_size;
+  p.resize_size = config_.image_size;
+  p.num_channels = config_.num_channels;
+  return p;
+}
+
+std::vector<int64_t> VitModel::LayerTokens() const {
+  return std::vector<int64_t>(config_.num_layers, 1 + config_.num_patches());
 }
 
 at::Tensor VitModel::LayerNorm(const at::Tensor& x, const at::Tensor& w,
@@ -93,25 +98,6 @@ absl::Status VitModel::CheckPixels(const at::Tensor& pixels) const {
                      s, ", ", s, "], B >= 1"));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<ClassifierOutput> VitModel::Forward(
-    const at::Tensor& pixels, const std::vector<float>& ratios,
-    bool record_gates) const {
-  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
-  if (ratios.size() != static_cast<size_t>(pixels.size(0))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ratios needs one entry per row (", pixels.size(0), ")"));
-  }
-  for (size_t b = 0; b < ratios.size(); ++b) {
-    if (!(ratios[b] <= 1.0f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ratios[", b, "] must be in (0, 1] or <= 0 for the default, got ",
-          ratios[b]));
-    }
-  }
-  return ForwardWithTopK(pixels, TopKForRatios(config_.moh, ratios),
-                         record_gates);
 }
 
 absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(

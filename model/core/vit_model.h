@@ -16,20 +16,14 @@
 #include "absl/status/statusor.h"
 #include "model/core/device_context.h"
 #include "model/core/head_sparse_attention.h"
+#include "model/core/image_classifier.h"
 #include "model/core/model_config.h"
 #include "model/core/moh_router.h"
 #include "model/core/runtime.h"
 
 namespace moh {
 
-struct ClassifierOutput {
-  at::Tensor logits;             // float32 CPU [B, num_classes]
-  at::Tensor head_token_counts;  // int64 CPU [B, L, H]
-  std::vector<at::Tensor>
-      gates;  // when recorded: per layer float32 CPU [B, N, H]
-};
-
-class VitModel {
+class VitModel : public ImageClassifier {
  public:
   static absl::StatusOr<std::unique_ptr<VitModel>> Load(
       const std::string& dir, const DeviceOptions& device_options);
@@ -37,25 +31,32 @@ class VitModel {
       const std::string& dir, const VitConfig& config,
       const at::TensorOptions& options);
 
-  // pixels: [B, C, S, S] float, already normalized with image_mean/image_std
-  // (see NormalizePixels); ratios: one per row, <= 0 means the trained default.
-  absl::StatusOr<ClassifierOutput> Forward(const at::Tensor& pixels,
-                                           const std::vector<float>& ratios,
-                                           bool record_gates = false) const;
-  // The same with the routed K of every layer per row, as resolved at
-  // admission (Activation::top_k).
   absl::StatusOr<ClassifierOutput> ForwardWithTopK(
       const at::Tensor& pixels, const std::vector<LayerTopK>& top_k,
-      bool record_gates = false) const;
+      bool record_gates = false) const override;
 
-  // (pixels in [0, 1] - image_mean) / image_std, per channel; pixels [B, C, S,
-  // S].
-  at::Tensor NormalizePixels(const at::Tensor& pixels) const;
+  const MohConfig& moh() const override { return config_.moh; }
+  const std::vector<std::string>& labels() const override {
+    return config_.labels;
+  }
+  // Resized straight to the square (antialiased bilinear).
+  ImagePreprocessing preprocessing() const override;
+  // The class token and every patch, in every layer.
+  std::vector<int64_t> LayerTokens() const override;
+  void set_attention_mode(AttentionMode mode) override {
+    attention_mode_ = mode;
+  }
 
   const VitConfig& config() const { return config_; }
-  // See AttentionMode (head_sparse_attention.h). Set before use.
-  void set_attention_mode(AttentionMode mode) { attention_mode_ = mode; }
   const at::TensorOptions& options() const { return options_; }
+
+ protected:
+  const std::vector<float>& image_mean() const override {
+    return config_.image_mean;
+  }
+  const std::vector<float>& image_std() const override {
+    return config_.image_std;
+  }
 
  private:
   struct Block {
