@@ -78,6 +78,7 @@ def safetensors_corpus():
 # --- torch.save (.bin) -------------------------------------------------
 
 def torch_corpus():
+    import argparse
     import torch
     from collections import OrderedDict
     torch.manual_seed(0)
@@ -99,6 +100,18 @@ def torch_corpus():
         "plain_dict.bin": {"x": torch.ones(2, 2), "y": torch.zeros(0)},
         "empty.bin": {},
         "nn_linear.bin": torch.nn.Linear(2, 2, bias=True).state_dict(),
+        # A release-style training container: optimizer state (int keys,
+        # tensors outside the state dict) and an argparse.Namespace.
+        "training_container.bin": {
+            "model": OrderedDict([("w", base)]),
+            "optimizer": {"state": {0: {"step": 3, "exp_avg": torch.ones(2, 3)}},
+                          "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999),
+                                            "params": [0]}]},
+            "epoch": 3,
+            "args": argparse.Namespace(model="moh_transnext_small_75",
+                                       input_size=224, lr=1e-3),
+            "max_accuracy": 81.2,
+        },
     }
     for name, obj in cases.items():
         data = saved(obj)
