@@ -54,7 +54,7 @@ main() {
     libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
     prometheus-cpp-dev libmicrohttpd-dev libgnutls28-dev
     libgtest-dev libgmock-dev libbenchmark-dev
-    python3 python3-torch python3-numpy
+    python3 python3-torch python3-numpy python3-pil
     python3-grpcio python3-protobuf python3-pytest python3-yaml
     prometheus curl zlib1g-dev openssl
     clang libclang-rt-14-dev
