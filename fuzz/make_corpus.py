@@ -246,9 +246,12 @@ def jpeg(width, height, dc_values):
 
 def image_corpus():
     target = "image_decoder_fuzzer"
-    # First byte: bit 0 -> 3 channels, the rest -> side 1 + (b >> 1) % 64.
+    # First byte: bit 0 -> 3 channels, bits 1-6 -> side 1 + (b >> 1) % 64,
+    # bit 7 -> Pillow's path (bicubic, shorter side then centre crop).
     rgb3 = bytes([1 | (2 << 1)])
     grey8 = bytes([0 | (7 << 1)])
+    pillow_rgb5 = bytes([0x80 | 1 | (4 << 1)])
+    pillow_grey3 = bytes([0x80 | 0 | (2 << 1)])
     write(target, "grey_2x2.png", grey8 + png(2, 2, 0, [b"\x00\xff",
                                                          b"\x80\x40"]))
     write(target, "rgb_2x2.png", rgb3 + png(2, 2, 2, [b"\xff\0\0\0\xff\0",
@@ -262,6 +265,10 @@ def image_corpus():
     write(target, "grey_2x2.jpg", grey8 + jpeg(2, 2, [[0]]))
     write(target, "rgb_9x9.jpg", rgb3 + jpeg(9, 9, [[200, -200, 0, 0],
                                                     [0], [-130, 130]]))
+    write(target, "pillow_rgba_7x3.png", pillow_rgb5 + png(
+        7, 3, 6, [bytes(range(i, i + 28)) for i in (0, 90, 180)]))
+    write(target, "pillow_rgb_9x9.jpg", pillow_grey3 + jpeg(
+        9, 9, [[200, -200, 0, 0], [0], [-130, 130]]))
     write(target, "huge_header.png", rgb3 + png(8192, 8192, 0, [])[:33])
     write(target, "truncated.png", grey8 + png(2, 2, 0, [b"\0\0", b"\0\0"])[:40])
     write(target, "gif_signature", grey8 + b"GIF89a\x01\x00\x01\x00")

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "absl/base/attributes.h"
 #include "absl/strings/match.h"
@@ -14,6 +15,7 @@
 #include "base/status_macros.h"
 #include "jpeglib.h"
 #include "png.h"
+#include "service/image_resize.h"
 
 namespace moh {
 namespace {
@@ -43,7 +45,7 @@ struct ImageHeader {
 
 // PNG through libpng's simplified API, which catches libpng's errors itself.
 // The samples keep the file's colour type (palette expanded, 16 bits scaled
-// to 8); colour conversions are ToFloat's, the same for both formats.
+// to 8); colour conversions come after, the same for both formats.
 class PngReader {
  public:
   explicit PngReader(absl::string_view bytes) : bytes_(bytes) {
@@ -54,7 +56,7 @@ class PngReader {
   PngReader(const PngReader&) = delete;
   PngReader& operator=(const PngReader&) = delete;
 
-  absl::StatusOr<ImageHeader> ReadHeader(int /*channels*/) {
+  absl::StatusOr<ImageHeader> ReadHeader(int /*channels*/, bool /*pillow*/) {
     if (!png_image_begin_read_from_memory(&image_, bytes_.data(),
                                           bytes_.size())) {
       return absl::InvalidArgumentError(
@@ -115,7 +117,9 @@ void JpegProgress(j_common_ptr cinfo) {
   }
 }
 
-// JPEG through libjpeg-turbo, decoding straight to grey or RGB as asked.
+// JPEG through libjpeg-turbo, decoding to grey or RGB: as the model's
+// channels ask (libjpeg's luma for grey), or as Pillow does, grey files to
+// grey and colour ones to RGB.
 // The functions that call libjpeg (Start, Decompress; never inlined into a
 // caller) hold no object with a destructor, so the longjmp of an error skips
 // none.
@@ -133,7 +137,7 @@ class JpegReader {
   JpegReader(const JpegReader&) = delete;
   JpegReader& operator=(const JpegReader&) = delete;
 
-  absl::StatusOr<ImageHeader> ReadHeader(int channels) {
+  absl::StatusOr<ImageHeader> ReadHeader(int channels, bool pillow) {
     if (!Start()) {
       return absl::InvalidArgumentError(
           absl::StrCat("image must be an encoded PNG or JPEG (could not read "
@@ -145,8 +149,11 @@ class JpegReader {
       return absl::InvalidArgumentError(
           "image: CMYK JPEGs are not supported (send greyscale or RGB)");
     }
-    cinfo_.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
-    ImageHeader header{cinfo_.image_width, cinfo_.image_height, channels, 0};
+    const bool grey =
+        pillow ? cinfo_.jpeg_color_space == JCS_GRAYSCALE : channels == 1;
+    cinfo_.out_color_space = grey ? JCS_GRAYSCALE : JCS_RGB;
+    ImageHeader header{cinfo_.image_width, cinfo_.image_height, grey ? 1 : 3,
+                       0};
     // Progressive and other multi-scan files keep every DCT coefficient
     // until the last scan.
     if (jpeg_has_multiple_scans(&cinfo_)) {
@@ -219,9 +226,10 @@ absl::Status CheckSize(const ImageHeader& header) {
   return absl::OkStatus();
 }
 
-// [1, channels, height, width] floats in [0, 1] from 8-bit `samples` laid out
-// as `header` says. As stb_image, which decoded before: alpha is dropped, grey
-// is (77 r + 150 g + 29 b) >> 8, and grey becomes RGB repeated.
+// [1, channels, height, width] floats in [0, 1] (value / 255) from 8-bit
+// `samples` laid out as `header` says. As stb_image, which decoded before:
+// alpha is dropped, grey is (77 r + 150 g + 29 b) >> 8, and grey becomes RGB
+// repeated.
 at::Tensor ToFloat(const uint8_t* samples, const ImageHeader& header,
                    int channels) {
   float scale[256];
@@ -243,11 +251,43 @@ at::Tensor ToFloat(const uint8_t* samples, const ImageHeader& header,
   return image;
 }
 
+// Pillow's convert("L") or convert("RGB") of 8-bit pixels of `components`
+// samples, in place, into `bands` (1 or 3, at most `components`) samples per
+// pixel: alpha dropped, grey from colour as Pillow's ITU-R 601-2 luma.
+// (Pillow's grey to RGB repeats the sample: ToFloat does it after resizing.)
+void ConvertLikePillow(uint8_t* samples, int64_t pixels, int components,
+                       int bands) {
+  if (components == bands) return;
+  const bool colour = components >= 3;
+  for (int64_t i = 0; i < pixels; ++i) {
+    const uint8_t* p = samples + i * components;
+    uint8_t* out = samples + i * bands;  // never past p: bands <= components
+    if (bands == 1) {
+      *out = colour ? (19595 * p[0] + 38470 * p[1] + 7471 * p[2] + 0x8000) >> 16
+                    : p[0];
+    } else {
+      const uint8_t r = p[0], g = p[1], b = p[2];
+      out[0] = r;
+      out[1] = g;
+      out[2] = b;
+    }
+  }
+}
+
+absl::StatusOr<std::optional<ImageDecodeBudget::Reservation>> Reserve(
+    ImageDecodeBudget* budget, int64_t bytes) {
+  if (budget == nullptr) return std::nullopt;
+  MOH_ASSIGN_OR_RETURN(ImageDecodeBudget::Reservation reservation,
+                       budget->Reserve(bytes));
+  return std::optional<ImageDecodeBudget::Reservation>(std::move(reservation));
+}
+
+// Resized straight to size x size in floats (antialiased bilinear).
 template <typename Reader>
-absl::StatusOr<at::Tensor> Decode(Reader& reader, int channels, int size,
-                                  ImageDecodeBudget* budget) {
-  MOH_ASSIGN_OR_RETURN(const ImageHeader header, reader.ReadHeader(channels));
-  MOH_RETURN_IF_ERROR(CheckSize(header));
+absl::StatusOr<at::Tensor> DecodeToFloatAndResize(Reader& reader,
+                                                  const ImageHeader& header,
+                                                  int channels, int size,
+                                                  ImageDecodeBudget* budget) {
   // Held at once: the samples, their float copy, the decoder's own memory
   // and the resize's intermediate (the width resized first).
   const int64_t pixels = header.width * header.height;
@@ -255,10 +295,7 @@ absl::StatusOr<at::Tensor> Decode(Reader& reader, int channels, int size,
   const int64_t bytes = sample_bytes + pixels * channels * kFloatBytes +
                         header.decoder_bytes +
                         header.height * size * channels * kFloatBytes;
-  std::optional<ImageDecodeBudget::Reservation> reservation;
-  if (budget != nullptr) {
-    MOH_ASSIGN_OR_RETURN(reservation, budget->Reserve(bytes));
-  }
+  MOH_ASSIGN_OR_RETURN(const auto reservation, Reserve(budget, bytes));
   at::Tensor image;
   {
     std::unique_ptr<uint8_t[]> samples(new uint8_t[sample_bytes]);
@@ -272,10 +309,74 @@ absl::StatusOr<at::Tensor> Decode(Reader& reader, int channels, int size,
   return image.squeeze(0).clamp_(0.0, 1.0).contiguous();
 }
 
+// As torchvision on a PIL image: Pillow's conversion and 8-bit resampling,
+// torchvision's crop, then floats.
+template <typename Reader>
+absl::StatusOr<at::Tensor> DecodeLikePillow(Reader& reader,
+                                            const ImageHeader& header,
+                                            const ImageResize& resize,
+                                            ImageDecodeBudget* budget) {
+  const int width = static_cast<int>(header.width);
+  const int height = static_cast<int>(header.height);
+  const int size = resize.size;
+  const ResizeWindow window =
+      resize.shorter_side == 0
+          ? ResizeWindow{size, size, 0, 0, size, size}
+          : ShorterSideCentreCrop(width, height, resize.shorter_side, size);
+  const ResizeFilter filter =
+      resize.bicubic ? ResizeFilter::kBicubic : ResizeFilter::kBilinear;
+  // Grey is resized as grey, and repeated into RGB after.
+  const int bands = resize.channels == 1 || header.components <= 2 ? 1 : 3;
+  // Held at once, at most: the samples, the decoder's own memory, the
+  // resize's, its output and the floats.
+  const int64_t sample_bytes = header.width * header.height * header.components;
+  const int64_t out_pixels = int64_t{size} * size;
+  const int64_t bytes =
+      sample_bytes + header.decoder_bytes +
+      PillowResizeBytes(width, height, bands, window, filter) +
+      out_pixels * bands + out_pixels * resize.channels * kFloatBytes;
+  MOH_ASSIGN_OR_RETURN(const auto reservation, Reserve(budget, bytes));
+  std::unique_ptr<uint8_t[]> resized(new uint8_t[out_pixels * bands]);
+  {
+    std::unique_ptr<uint8_t[]> samples(new uint8_t[sample_bytes]);
+    MOH_RETURN_IF_ERROR(reader.ReadSamples(samples.get()));
+    ConvertLikePillow(samples.get(), header.width * header.height,
+                      header.components, bands);
+    PillowResize(samples.get(), width, height, bands, window, filter,
+                 resized.get());
+  }
+  return ToFloat(resized.get(), ImageHeader{size, size, bands, 0},
+                 resize.channels)
+      .squeeze(0);
+}
+
+template <typename Reader>
+absl::StatusOr<at::Tensor> Decode(Reader& reader, const ImageResize& resize,
+                                  ImageDecodeBudget* budget) {
+  const bool pillow = resize.shorter_side != 0 || resize.bicubic;
+  MOH_ASSIGN_OR_RETURN(const ImageHeader header,
+                       reader.ReadHeader(resize.channels, pillow));
+  MOH_RETURN_IF_ERROR(CheckSize(header));
+  if (pillow) return DecodeLikePillow(reader, header, resize, budget);
+  return DecodeToFloatAndResize(reader, header, resize.channels, resize.size,
+                                budget);
+}
+
 }  // namespace
 
-absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int channels,
-                                       int size, ImageDecodeBudget* budget) {
+absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes,
+                                       const ImageResize& resize,
+                                       ImageDecodeBudget* budget) {
+  if (resize.size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ImageResize.size must be positive, got ", resize.size));
+  }
+  if (resize.shorter_side != 0 &&
+      (resize.shorter_side < resize.size || resize.shorter_side > kMaxSide)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ImageResize.shorter_side must be 0 (no crop) or in [size, ", kMaxSide,
+        "] = [", resize.size, ", ", kMaxSide, "], got ", resize.shorter_side));
+  }
   if (bytes.empty()) return absl::InvalidArgumentError("image is empty");
   const bool png = absl::StartsWith(bytes, kPngSignature);
   // The API promises PNG and JPEG: recognized by their signatures.
@@ -284,16 +385,25 @@ absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int channels,
         "image must be an encoded PNG or JPEG (its first bytes are neither "
         "signature)");
   }
-  if (channels != 1 && channels != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "image: models with ", channels, " channels take pixels, not images"));
+  if (resize.channels != 1 && resize.channels != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("image: models with ", resize.channels,
+                     " channels take pixels, not images"));
   }
   if (png) {
     PngReader reader(bytes);
-    return Decode(reader, channels, size, budget);
+    return Decode(reader, resize, budget);
   }
   JpegReader reader(bytes);
-  return Decode(reader, channels, size, budget);
+  return Decode(reader, resize, budget);
+}
+
+absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int channels,
+                                       int size, ImageDecodeBudget* budget) {
+  ImageResize resize;
+  resize.channels = channels;
+  resize.size = size;
+  return DecodeImage(bytes, resize, budget);
 }
 
 }  // namespace moh

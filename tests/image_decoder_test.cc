@@ -2,16 +2,21 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>  // before jpeglib.h, which needs FILE and size_t
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "jpeglib.h"
 #include "service/image_decode_budget.h"
+#include "service/image_resize.h"
 
 namespace moh {
 namespace {
@@ -373,6 +378,176 @@ TEST(ImageDecoderTest, RefusesOversizedImagesFromTheirHeader) {
   }
 }
 
+// Files from tests/reference/make_image_fixtures.py: images and what
+// torchvision's Resize + CenterCrop on Pillow made of them, before /255.
+const std::string kImageFixtures = MOH_IMAGE_FIXTURES_DIR;
+
+std::string ReadFixture(const std::string& name) {
+  std::ifstream file(kImageFixtures + "/" + name, std::ios::binary);
+  EXPECT_TRUE(file.good()) << kImageFixtures << "/" << name
+                           << " is missing: run the test through ctest, or "
+                              "tests/reference/make_image_fixtures.py";
+  std::ostringstream bytes;
+  bytes << file.rdbuf();
+  return bytes.str();
+}
+
+// The [channels, size, size] floats of `image` as 8-bit HWC samples, after
+// checking that each float is exactly sample / 255 as ToTensor makes it.
+std::string ToSamples(const at::Tensor& image) {
+  const at::Tensor samples =
+      (image * 255).round_().to(at::kByte).permute({1, 2, 0}).contiguous();
+  EXPECT_TRUE(
+      at::equal(samples.permute({2, 0, 1}).to(at::kFloat) / 255, image));
+  return std::string(reinterpret_cast<const char*>(samples.data_ptr<uint8_t>()),
+                     samples.numel());
+}
+
+// Differences between two equally long byte strings: how many, and the
+// largest.
+std::pair<int, int> Differences(const std::string& a, const std::string& b) {
+  int count = 0, largest = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const int d = std::abs(uint8_t(a[i]) - uint8_t(b[i]));
+    count += d != 0;
+    largest = std::max(largest, d);
+  }
+  return {count, largest};
+}
+
+constexpr const char* kFixtureImages[] = {
+    "rgb_300x200.png",   "grey_150x401.png",  "rgba_257x257.png",
+    "palette_31x47.png", "photo_320x240.jpg", "grey_progressive_97x130.jpg",
+};
+
+// Every case make_image_fixtures.py writes: landscape, portrait and square;
+// down- and upscaled (the palette image); resized on one side only (257x257
+// to 256, 48x48 plain); grey, RGBA, palette with transparency; baseline
+// colour and progressive grey JPEG; grey out of colour.
+TEST(ImageDecoderPillowTest, EqualsTorchvisionOnPillowExactly) {
+  struct Case {
+    int shorter_side, size;
+    const char* mode;
+    bool bicubic;
+  };
+  const Case cases[] = {{256, 224, "RGB", true}, {73, 64, "RGB", true},
+                        {73, 64, "L", true},     {0, 48, "RGB", true},
+                        {48, 48, "RGB", true},   {73, 64, "RGB", false}};
+  for (const char* name : kFixtureImages) {
+    const std::string bytes = ReadFixture(name);
+    for (const Case& c : cases) {
+      const std::string expected_name =
+          absl::StrCat(name, ".s", c.shorter_side, "_c", c.size,
+                       c.bicubic ? "" : "_bilinear", ".", c.mode);
+      SCOPED_TRACE(expected_name);
+      ImageResize resize;
+      resize.channels = c.mode == std::string("L") ? 1 : 3;
+      resize.size = c.size;
+      resize.shorter_side = c.shorter_side;
+      resize.bicubic = c.bicubic;
+      auto image = DecodeImage(bytes, resize);
+      ASSERT_TRUE(image.ok()) << image.status();
+      ASSERT_EQ(image->sizes(),
+                (std::vector<int64_t>{resize.channels, c.size, c.size}));
+      const std::string expected = ReadFixture(expected_name);
+      const std::string actual = ToSamples(*image);
+      const auto [count, largest] = Differences(actual, expected);
+      ASSERT_EQ(actual.size(), expected.size());
+      EXPECT_EQ(count, 0) << "samples differ, by up to " << largest;
+    }
+  }
+}
+
+// Pillow's JPEG decode (libjpeg-turbo, ISLOW DCT, fancy upsampling) and
+// ours agree; the resize alone equals Pillow's on Pillow's decoded pixels.
+TEST(ImageDecoderPillowTest, ResizesPillowsJpegPixelsExactly) {
+  const std::string decoded = ReadFixture("photo_320x240.jpg.decoded.RGB");
+  ASSERT_EQ(decoded.size(), 320u * 240 * 3);
+  const ResizeWindow window = ShorterSideCentreCrop(320, 240, 256, 224);
+  std::string resized(224 * 224 * 3, '\0');
+  PillowResize(reinterpret_cast<const uint8_t*>(decoded.data()), 320, 240, 3,
+               window, ResizeFilter::kBicubic,
+               reinterpret_cast<uint8_t*>(resized.data()));
+  EXPECT_EQ(resized, ReadFixture("photo_320x240.jpg.s256_c224.RGB"));
+
+  ImageResize unresized;  // square JPEG pixels as they are: 240x240 of them
+  unresized.size = 240;
+  unresized.bicubic = true;
+  unresized.shorter_side = 240;
+  auto image = DecodeImage(ReadFixture("photo_320x240.jpg"), unresized);
+  ASSERT_TRUE(image.ok()) << image.status();
+  std::string centre;
+  for (int y = 0; y < 240; ++y)
+    centre += decoded.substr((y * 320 + 40) * 3, 720);
+  EXPECT_EQ(ToSamples(*image), centre);
+}
+
+// torchvision 0.15: the longer side int(S * long / short), the crop's offsets
+// round((excess) / 2) with halves to even.
+TEST(ImageDecoderPillowTest, ShorterSideCentreCropGeometry) {
+  struct Case {
+    int width, height, shorter_side, crop;
+    ResizeWindow expected;
+  };
+  const Case cases[] = {
+      {300, 200, 256, 224, {384, 256, 80, 16, 224, 224}},
+      {150, 401, 256, 224, {256, 684, 16, 230, 224, 224}},  // 684.37
+      {31, 47, 73, 64, {73, 110, 4, 23, 64, 64}},           // 110.68; 4.5 to 4
+      {200, 203, 200, 200, {200, 203, 0, 2, 200, 200}},     // 1.5 to 2
+      {200, 201, 200, 200, {200, 201, 0, 0, 200, 200}},     // 0.5 to 0
+      {1, 8192, 8192, 64, {8192, 67108864, 4064, 33554400, 64, 64}},
+  };
+  for (const Case& c : cases) {
+    const ResizeWindow w =
+        ShorterSideCentreCrop(c.width, c.height, c.shorter_side, c.crop);
+    const ResizeWindow& e = c.expected;
+    EXPECT_EQ(std::vector<int>({w.resized_width, w.resized_height, w.left,
+                                w.top, w.width, w.height}),
+              std::vector<int>({e.resized_width, e.resized_height, e.left,
+                                e.top, e.width, e.height}))
+        << c.width << "x" << c.height << " to " << c.shorter_side;
+  }
+}
+
+// DecodeImage(bytes, channels, size) is ImageResize{channels, size}: the
+// straight float resize, not Pillow's.
+TEST(ImageDecoderPillowTest, StraightResizeStaysTheFloatOne) {
+  const std::string bytes = ReadFixture("rgb_300x200.png");
+  auto former = DecodeImage(bytes, 3, 48);
+  ImageResize resize;
+  resize.size = 48;
+  auto straight = DecodeImage(bytes, resize);
+  ASSERT_TRUE(former.ok() && straight.ok());
+  EXPECT_TRUE(at::equal(*former, *straight));
+  // Pillow's bicubic on the same plain resize differs (the image is sharp).
+  resize.bicubic = true;
+  auto bicubic = DecodeImage(bytes, resize);
+  ASSERT_TRUE(bicubic.ok()) << bicubic.status();
+  EXPECT_FALSE(at::equal(*former, *bicubic));
+}
+
+TEST(ImageDecoderPillowTest, RejectsShorterSideOutsideItsRange) {
+  const std::string png = BlackPng(8, 8);
+  for (int shorter_side : {223, 9000, -1}) {
+    ImageResize resize;
+    resize.size = 224;
+    resize.shorter_side = shorter_side;
+    resize.bicubic = true;
+    auto image = DecodeImage(png, resize);
+    ASSERT_FALSE(image.ok()) << shorter_side;
+    EXPECT_EQ(image.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(image.status().message()),
+                HasSubstr(absl::StrCat(
+                    "ImageResize.shorter_side must be 0 (no crop) or in "
+                    "[size, 8192] = [224, 8192], got ",
+                    shorter_side)));
+  }
+  ImageResize resize;
+  resize.size = 224;
+  resize.shorter_side = 224;  // crops the longer side only
+  EXPECT_TRUE(DecodeImage(png, resize).ok());
+}
+
 // A 64x64 RGB PNG decoded for a 3x8x8 model holds 64*64*3 samples, their
 // float copy (4 bytes each) and the 64x8x3 floats of the resize: 67584 bytes.
 constexpr int64_t kDecodeBytes = 64 * 64 * 3 * 5 + 64 * 8 * 3 * 4;
@@ -417,6 +592,34 @@ TEST(ImageDecodeBudgetTest, ConcurrentDecodesShareTheBudget) {
   EXPECT_EQ(DecodeImage(corrupt, 3, 8, &budget).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(budget.reserved_bytes(), 0);
+}
+
+// The same PNG through Pillow's path, shorter side 10 then the centre 8x8:
+// its samples (64*64*3), the horizontal and vertical coefficients (bicubic,
+// 64 to 10: kernels of 2 * ceil(2 * 6.4) + 1 = 27 weights; 8 outputs each
+// with 27 int32 weights and two ints, and 27 doubles), the vertical pass's
+// 8*3 int32 sums, the horizontal pass's rows (8*3 samples of at most 64),
+// the 8x8x3 resized samples and their floats.
+constexpr int64_t kCoefficientBytes = 8 * (27 * 4 + 2 * 4) + 27 * 8;
+constexpr int64_t kPillowDecodeBytes = 64 * 64 * 3 + 2 * kCoefficientBytes +
+                                       8 * 3 * 4 + 8 * 3 * 64 + 8 * 8 * 3 +
+                                       8 * 8 * 3 * 4;
+
+TEST(ImageDecodeBudgetTest, PillowPathReservesItsEstimate) {
+  const std::string png = BlackPng(64, 64);
+  ImageResize resize;
+  resize.size = 8;
+  resize.shorter_side = 10;
+  resize.bicubic = true;
+  ImageDecodeBudget small(kPillowDecodeBytes - 1);
+  auto refused = DecodeImage(png, resize, &small);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(small.reserved_bytes(), 0);
+
+  ImageDecodeBudget exact(kPillowDecodeBytes);
+  ASSERT_TRUE(DecodeImage(png, resize, &exact).ok());
+  EXPECT_EQ(exact.reserved_bytes(), 0);  // released on return
 }
 
 TEST(ImageDecodeBudgetTest, ReservationsMoveAndReleaseOnce) {
