@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The benchmark suite in one command: builds what it needs, runs every
-# benchmark, and writes bench/RESULTS.md. Extra arguments go to bench/suite.py
+# benchmark, and writes bench/RESULTS.md, with its numbers (results.json) and
+# their plots (plots/*.png) beside it. Extra arguments go to bench/suite.py
 # (e.g. --quick for a smoke run, --lm_dir/--vit_dir for other models).
-# Section 5 (the llama.cpp peer) needs the bench virtual environment: it is
-# installed here (`scripts/install_deps.sh --bench`, once: it builds llama.cpp
-# from source); if that fails, the section says so and is skipped. With the
-# torch wheel installed, it also compares the two LibTorch builds.
+# Section 5 (the llama.cpp peer) and the plots (matplotlib) need the bench
+# virtual environment: it is installed here (`scripts/install_deps.sh
+# --bench`, once: it builds llama.cpp from source) when section 5 runs; if that
+# fails, the section says so and is skipped, and without matplotlib the plots
+# are. With the torch wheel installed, section 5 also compares the two
+# LibTorch builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh

@@ -12,7 +12,7 @@ this runs on are shared and noisy:
   3. serving overhead: moh-server throughput (moh-bench, closed loop at
      concurrency N) / the same model driven in process (moh-generate --batch N);
   4. batching gain: throughput at concurrency 32 / concurrency 1, for Generate
-     and Classify;
+     and Classify, and their throughput and latency at concurrency 1 to 32;
   5. peer: llama.cpp (llama-cpp-python, built from source into the bench
      virtual environment by `scripts/install_deps.sh --bench`) on the same
      24 M parameter shape (bench/make_bench_lm.py, written as an F32 GGUF by
@@ -24,12 +24,18 @@ this runs on are shared and noisy:
      the machine's read bandwidth (moh_read_bandwidth). Skipped, with the
      command that installs it, when the bench environment is missing;
   6. prefix cache: throughput and time to first token of requests whose
-     prompts repeat, with generation.prefix_caching on / off.
+     prompts repeat, with generation.prefix_caching on / off;
+  7. serving at each ratio: time to first token, time per output token and
+     throughput of Generate through moh-server, at ratio 0.5 to 1.0.
+
+Beside the Markdown (--out) it writes the numbers as results.json and, with
+bench/plot.py, PNG plots in plots/ that the Markdown shows; without
+matplotlib (the bench virtual environment's) it says the plots were skipped.
 
 Usage (after building: scripts/build.sh moh-server moh-bench moh-generate
 moh_attention_bench moh_read_bandwidth):
   /usr/bin/python3 bench/suite.py [--build build] [--out bench/RESULTS.md]
-      [--lm_dir DIR] [--vit_dir DIR] [--quick]
+      [--lm_dir DIR] [--vit_dir DIR] [--quick] [--sections=1,2,...]
 """
 import argparse
 import datetime
@@ -41,6 +47,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import plot
+from plot import Figure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RATIOS = [500, 625, 750, 875, 1000]
@@ -101,9 +110,21 @@ class Server:
                 raise RuntimeError("moh-server exited; see " + self.log.name)
             if subprocess.run([self.client, "--server=127.0.0.1:%d" % self.port,
                                "health"], capture_output=True).returncode == 0:
+                self.threads = self._intra_op_threads()
                 return
             time.sleep(0.3)
         raise RuntimeError("moh-server did not become SERVING")
+
+    def _intra_op_threads(self):
+        """From the start-up line "CPU: N intra-op threads, ..." (None if
+        absent)."""
+        self.log.flush()
+        with open(self.log.name) as f:
+            for line in f:
+                start = line.find("CPU: ")
+                if start >= 0 and "intra-op thread" in line:
+                    return int(line[start + 5:].split()[0])
+        return None
 
     def stop(self):
         self.proc.terminate()
@@ -145,7 +166,7 @@ def main():
                         help="a build against the PyPI torch wheel's LibTorch "
                         "(scripts/build.sh --torch=wheel); when it has "
                         "moh-generate, section 5 also measures it")
-    parser.add_argument("--sections", default="1,2,3,4,5,6",
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7",
                         help="comma-separated sections to run (1-2 share one "
                         "benchmark run)")
     args = parser.parse_args()
@@ -163,35 +184,78 @@ def main():
     quick = args.quick
     lines = []
     say = lines.append
+    command = "bash bench/run_suite.sh%s" % (" --quick" if quick else "")
+    machine = "%s, %d CPU cores, %s UTC" % (
+        os.uname().machine, os.cpu_count(),
+        datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"))
     say("# moh-serve benchmark results\n")
-    say("Command: `bash bench/run_suite.sh%s` — %s, %d CPU cores, %s UTC. "
-        "Each figure is a ratio of two measurements taken side by side in "
-        "this run.\n" % (" --quick" if quick else "", os.uname().machine,
-                         os.cpu_count(),
-                         datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M")))
+    say("Command: `%s` — %s. Each figure is a ratio of two measurements "
+        "taken side by side in this run.\n" % (command, machine))
+    # The numbers the plots draw, filled in by the sections as they run.
+    results = {"schema_version": 1, "title": "%s: %s" % (command, machine)}
 
     sections = set(args.sections.split(","))
     if sections & {"1", "2"}:
-        model_sections(say, build, quick)
+        model_sections(say, results, build, quick)
     if sections & {"3", "4"}:
-        server_sections(say, build, quick, lm_dir, vit_dir, sections)
+        server_sections(say, results, build, quick, lm_dir, vit_dir, sections)
     if "5" in sections:
-        peer_section(say, build, quick, lm_dir,
+        peer_section(say, results, build, quick, lm_dir,
                      os.path.abspath(args.wheel_build))
     if "6" in sections:
-        prefix_cache_section(say, build, quick, lm_dir)
+        prefix_cache_section(say, results, build, quick, lm_dir)
+    if "7" in sections:
+        serving_ratio_section(say, results, build, quick, lm_dir)
 
-    text = "\n".join(lines) + "\n"
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    results_path = os.path.join(out_dir, "results.json")
+    with open(results_path, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    print("plots (bench/plot.py) ...", file=sys.stderr)
+    drawn, skipped = plot.draw_plots(
+        results_path, os.path.join(out_dir, "plots"),
+        [bench_venv_python()[0], sys.executable])
+    if skipped:
+        lines.insert(2, "Plots skipped: %s. `bash scripts/install_deps.sh "
+                     "--bench` installs matplotlib; "
+                     "`$MOH_BENCH_VENV/bin/python bench/plot.py` then draws "
+                     "them from results.json.\n" % skipped)
+    elif drawn:
+        lines.insert(2, "Plots: `plots/`, drawn by `bench/plot.py` from the "
+                     "same numbers (`results.json`).\n")
+    text = plot.markdown(lines, drawn, "plots")
     with open(args.out, "w") as f:
         f.write(text)
     print(text)
 
 
-def model_sections(say, build, quick):
+def model_sections(say, results, build, quick):
     print("1-2. attention layer and model (moh_attention_bench) ...",
           file=sys.stderr)
     rounds = 1 if quick else 5
     m = attention_tables(build, 0.05 if quick else 0.3, rounds)
+
+    def series(name, sparse, field):
+        return [m[(name, r, sparse)][field] for r in RATIOS]
+    results["attention"] = {
+        # moh_attention_bench's LibTorch threads: MOH_BENCH_THREADS or every
+        # core.
+        "threads": int(os.environ.get("MOH_BENCH_THREADS") or
+                       os.cpu_count()),
+        "layer": "One MoH attention layer (hidden 1024, 16 heads)",
+        "model": "4-layer MoH-LLaMA (hidden 512, 8 heads)",
+        "ratios": [r / 1000 for r in RATIOS],
+        "layer_ms": {phase: {"dense": series(name, 0, 0),
+                             "head-sparse": series(name, 1, 0)}
+                     for phase, name in (("prefill", "BM_AttentionPrefill"),
+                                         ("decode", "BM_AttentionDecode"))},
+        "model_tokens_per_s": {
+            phase: {"every head": series(name, 0, 1),
+                    "head-sparse": series(name, 1, 1)}
+            for phase, name in (("prefill", "BM_ModelPrefill"),
+                                ("decode", "BM_ModelDecode"))},
+    }
     say("## 1. Attention layer: head-sparse time / every head computed\n")
     say("One attention-heavy layer (hidden 1024, 16 heads, 4 KV heads, 4 "
         "shared), 2048-token prompt; decode: 16 sequences over 512 cached "
@@ -221,6 +285,9 @@ def model_sections(say, build, quick):
         say("| %.3f | %.1f | %.1f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | "
             "%.2f |" % (r / 1000, pd, ps, ps / pd, ps / pk, target, dd, ds,
                         ds / dd, ds / dk))
+    say("")
+    say(Figure("ratio_attention_layer.png",
+               "Attention layer time against ratio, prefill and decode"))
     say("\n## 2. Whole model: tokens/s at each ratio\n")
     say("A 4-layer MoH-LLaMA (hidden 512, 8 heads, 2 shared, SwiGLU 1376, "
         "vocabulary 4096), 512-token prompt; head-sparse execution, and its "
@@ -235,12 +302,15 @@ def model_sections(say, build, quick):
         ds, dt = m[("BM_ModelDecode", r, 1)]
         say("| %.3f | %.0f | %.2f× | %.0f | %.2f× |" %
             (r / 1000, pt, pd / ps, dt, dd / ds))
+    say("")
+    say(Figure("ratio_model.png",
+               "Whole-model prefill and decode tokens/s against ratio"))
 
 
 PROMPT = "Once upon a time"
 
 
-def server_sections(say, build, quick, lm_dir, vit_dir, sections):
+def server_sections(say, results, build, quick, lm_dir, vit_dir, sections):
     with tempfile.TemporaryDirectory() as workdir:
         models = [("lm", lm_dir), ("vit", vit_dir)]
         if "3" in sections:
@@ -258,7 +328,8 @@ def server_sections(say, build, quick, lm_dir, vit_dir, sections):
                                   ("bench-lm (bench/make_bench_lm.py)",
                                    "bench-lm", bench_lm)])
             if "4" in sections:
-                batching_gain(say, build, server, quick, vit_dir)
+                batching_section(say, results, build, server, quick,
+                                 lm_dir, vit_dir)
         finally:
             server.stop()
 
@@ -298,33 +369,84 @@ def serving_overhead(say, build, server, quick, models):
             (label, l, s, s / l, "met" if s / l >= 0.95 else "MISSED"))
 
 
-def batching_gain(say, build, server, quick, vit_dir):
-    print("4. batching gain ...", file=sys.stderr)
-    say("\n## 4. Batching gain: throughput at concurrency 32 / 1\n")
-    say("| RPC | requests/s at 1 | requests/s at 32 | gain | target |")
-    say("|---|---|---|---|---|")
+CONCURRENCY = [1, 2, 4, 8, 16, 32]
+
+
+def median_field(reports, *path):
+    """The median over moh-bench JSON reports of one field, e.g.
+    median_field(reports, "latency_ms", "e2e", "p50")."""
+    values = []
+    for report in reports:
+        for key in path:
+            report = report[key]
+        values.append(report)
+    return statistics.median(values)
+
+
+def batching_section(say, results, build, server, quick, lm_dir, vit_dir):
+    print("4. batching ...", file=sys.stderr)
     with open(os.path.join(vit_dir, "config.json")) as f:
         vit = json.load(f)
     shape = "%d,%d,%d" % (vit.get("num_channels", 3), vit["image_size"],
                           vit["image_size"])
     cases = [
-        ("Generate", ["--rpc=generate", "--model=lm", "--prompt=" + PROMPT,
-                      "--max_new_tokens=16"]),
-        ("Classify", ["--rpc=classify", "--model=vit",
-                      "--pixels_shape=" + shape]),
+        ("Generate", lm_dir, ["--rpc=generate", "--model=lm",
+                              "--prompt=" + PROMPT, "--max_new_tokens=16"]),
+        ("Classify", vit_dir, ["--rpc=classify", "--model=vit",
+                               "--pixels_shape=" + shape]),
     ]
-    for name, flags in cases:
-        rates = {}
-        for c in (1, 32):
-            n = max(c * (2 if quick else 4), 8 if quick else 16)
-            result = bench(build, server, *flags, "--concurrency=%d" % c,
-                           "--requests=%d" % n,
-                           "--warmup_requests=%d" % min(c, 8))
-            rates[c] = result["throughput"]["requests_per_s"]
-        gain = rates[32] / rates[1]
+    rounds = 1 if quick else 3
+    reports = {}  # (RPC, concurrency) -> [moh-bench report per round]
+    for _ in range(rounds):
+        for name, _, flags in cases:
+            for c in CONCURRENCY:
+                n = max(c * (2 if quick else 8), 16 if quick else 64)
+                reports.setdefault((name, c), []).append(bench(
+                    build, server, *flags, "--concurrency=%d" % c,
+                    "--requests=%d" % n, "--warmup_requests=%d" % min(c, 8)))
+    curves = {"threads": server.threads, "concurrency": CONCURRENCY}
+    for name, model_dir, _ in cases:
+        fields = {"requests_per_s": ("throughput", "requests_per_s"),
+                  "e2e_p50_ms": ("latency_ms", "e2e", "p50"),
+                  "e2e_p99_ms": ("latency_ms", "e2e", "p99")}
+        if name == "Generate":
+            fields.update(tokens_per_s=("throughput", "tokens_per_s"),
+                          ttft_p50_ms=("latency_ms", "ttft", "p50"))
+        curves[name] = {key: [median_field(reports[(name, c)], *path)
+                              for c in CONCURRENCY]
+                        for key, path in fields.items()}
+        curves[name]["model"] = os.path.basename(model_dir)
+    results["concurrency"] = curves
+
+    say("\n## 4. Batching gain: throughput at concurrency 32 / 1\n")
+    say("| RPC | requests/s at 1 | requests/s at 32 | gain | target |")
+    say("|---|---|---|---|---|")
+    for name, _, _ in cases:
+        rate = curves[name]["requests_per_s"]
+        gain = rate[-1] / rate[0]
         say("| %s | %.1f | %.1f | %.1f× | ≥ 5× %s |" %
-            (name, rates[1], rates[32], gain,
-             "met" if gain >= 5 else "MISSED"))
+            (name, rate[0], rate[-1], gain, "met" if gain >= 5 else "MISSED"))
+    say("\n**Against concurrency.** Closed loop (moh-bench --concurrency N, "
+        "min(N, 8) warm-up requests, then max(%d N, %d) measured): Generate "
+        "on %s (prompt \"%s\", 16 new tokens, greedy), Classify on %s "
+        "(random pixels); medians of %d interleaved round(s), which also "
+        "give the gains above. Latency: each request's, send to last "
+        "response; server intra-op threads: %s.\n" %
+        (2 if quick else 8, 16 if quick else 64, curves["Generate"]["model"],
+         PROMPT, curves["Classify"]["model"], rounds, server.threads))
+    say("| concurrency | Generate requests/s | tokens/s | TTFT p50 ms | "
+        "latency p50 ms | p99 ms | Classify requests/s | latency p50 ms | "
+        "p99 ms |")
+    say("|---|---|---|---|---|---|---|---|---|")
+    g, k = curves["Generate"], curves["Classify"]
+    for i, c in enumerate(CONCURRENCY):
+        say("| %d | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |" %
+            (c, g["requests_per_s"][i], g["tokens_per_s"][i],
+             g["ttft_p50_ms"][i], g["e2e_p50_ms"][i], g["e2e_p99_ms"][i],
+             k["requests_per_s"][i], k["e2e_p50_ms"][i], k["e2e_p99_ms"][i]))
+    say("")
+    say(Figure("concurrency.png", "Generate and Classify requests/s and "
+               "latency against concurrency"))
 
 
 # Section 5: llama.cpp on the same shape, side by side (bench/llama_peer.py).
@@ -368,7 +490,7 @@ def moh_generate_fields(build, model_dir, *flags):
     raise RuntimeError("moh-generate printed no throughput:\n" + err)
 
 
-def peer_section(say, build, quick, lm_dir, wheel_build):
+def peer_section(say, results, build, quick, lm_dir, wheel_build):
     print("5. peer: llama.cpp ...", file=sys.stderr)
     say("\n## 5. Peer: llama.cpp on the same shape\n")
     py, version = bench_venv_python()
@@ -398,8 +520,8 @@ def peer_section(say, build, quick, lm_dir, wheel_build):
         if not os.access(os.path.join(wheel_build, "tools", "moh-generate"),
                          os.X_OK):
             wheel_build = None
-        peer_tables(say, build, py, models["bench-lm"], quick, rounds, repeat,
-                    steps, check, version, wheel_build)
+        peer_tables(say, results, build, py, models["bench-lm"], quick,
+                    rounds, repeat, steps, check, version, wheel_build)
 
 
 def peer_check(build, py, dense_dir):
@@ -421,8 +543,8 @@ def peer_check(build, py, dense_dir):
     return same, n
 
 
-def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
-                check, version, wheel_build):
+def peer_tables(say, results, build, py, model_dir, quick, rounds, repeat,
+                steps, check, version, wheel_build):
     gguf_path = model_dir + ".gguf"
     moh_default_kv = moh_kv_flag(build)
     # (label, llama.cpp --kv, moh-generate --kv_cache_dtype or None)
@@ -492,6 +614,23 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
                         moh(phase, batch, threads, 1.0, None, wheel_build))
     med = {k: statistics.median(v) for k, v in rates.items()}
     bw_med = {t: statistics.median(v) for t, v in bandwidth.items()}
+    results["peer"] = {
+        "model": "bench-lm (24 M parameters)",
+        "rows": ["%s\nbatch %d, %d thread%s" % (
+            phase if phase == "decode" else "prefill %d" % PEER_PREFILL_PROMPT,
+            batch, threads, "" if threads == 1 else "s")
+            for phase, batch, threads in PEER_ROWS],
+        "kv": [{"label": "%s (llama.cpp %s, moh-serve %s)" % (
+                    label, llama_kv, moh_kv or moh_default_kv or "float32"),
+                "tokens_per_s": {
+                    "llama.cpp": [med[(label,) + row + ("llama",)]
+                                  for row in PEER_ROWS],
+                    "moh 1.0": [med[(moh_kv or "model dtype",) + row + (1.0,)]
+                                for row in PEER_ROWS],
+                    "moh 0.5": [med[(moh_kv or "model dtype",) + row + (0.5,)]
+                                for row in PEER_ROWS]}}
+               for label, llama_kv, moh_kv in kv_settings],
+    }
 
     moh_kv_text = ("float32, its model's dtype (this moh-generate has no "
                    "--kv_cache_dtype)" if moh_default_kv is None else
@@ -544,6 +683,9 @@ def peer_tables(say, build, py, model_dir, quick, rounds, repeat, steps,
 
     # Every matrix is read once a token at batch 1 (the embedding table but
     # one row is not); the router's few KiB are left out.
+    say("")
+    say(Figure("peer_llama_cpp.png", "Tokens/s of llama.cpp, moh-serve at "
+               "ratio 1.0 and at 0.5, per row and KV cache"))
     say("\n**Batch-1 decode against the read bandwidth** "
         "(`moh_read_bandwidth`: a float sum, best of %s passes, over 1 GiB "
         "(*memory*) and over an array of the weights' size (*weights*, "
@@ -625,7 +767,7 @@ def peer_weight_bytes(path):
     return total
 
 
-def prefix_cache_section(say, build, quick, lm_dir):
+def prefix_cache_section(say, results, build, quick, lm_dir):
     print("6. prefix cache ...", file=sys.stderr)
     prompt, new, concurrency = 384, 4, 4
     rounds = 1 if quick else 3
@@ -648,10 +790,10 @@ def prefix_cache_section(say, build, quick, lm_dir):
         server = Server(build, [("cached", model),
                                 ("uncached", model, "prefix_caching: false")],
                         workdir, max_running=8)
-        results = {"cached": [], "uncached": []}
+        runs = {"cached": [], "uncached": []}
         try:
             for _ in range(rounds):
-                for name in results:
+                for name in runs:
                     r = bench(build, server, "--rpc=generate",
                               "--model=" + name,
                               "--prompt_tokens=%d" % prompt,
@@ -659,21 +801,93 @@ def prefix_cache_section(say, build, quick, lm_dir):
                               "--concurrency=%d" % concurrency,
                               "--requests=%d" % requests,
                               "--warmup_requests=16")
-                    results[name].append(
+                    runs[name].append(
                         (r["throughput"]["requests_per_s"],
                          r["latency_ms"]["ttft"]["p50"]))
         finally:
             server.stop()
+    medians = {"threads": server.threads,
+               "model": "bench-lm, %d-token prompts" % prompt}
     say("| prefix cache | requests/s | TTFT p50 ms |")
     say("|---|---|---|")
-    for name in results:
-        say("| %s | %.1f | %.1f |" % (
-            "on" if name == "cached" else "off",
-            statistics.median(r for r, _ in results[name]),
-            statistics.median(t for _, t in results[name])))
-    on = statistics.median(r for r, _ in results["cached"])
-    off = statistics.median(r for r, _ in results["uncached"])
-    say("\nThroughput with the cache / without: %.1f×." % (on / off))
+    for name, label in (("cached", "on"), ("uncached", "off")):
+        medians[label] = {
+            "requests_per_s": statistics.median(r for r, _ in runs[name]),
+            "ttft_p50_ms": statistics.median(t for _, t in runs[name])}
+        say("| %s | %.1f | %.1f |" % (label, medians[label]["requests_per_s"],
+                                      medians[label]["ttft_p50_ms"]))
+    results["prefix_cache"] = medians
+    say("\nThroughput with the cache / without: %.1f×.\n" %
+        (medians["on"]["requests_per_s"] / medians["off"]["requests_per_s"]))
+    say(Figure("prefix_cache.png", "Requests/s and time to first token with "
+               "the prefix cache on and off"))
+
+
+def serving_ratio_section(say, results, build, quick, lm_dir):
+    print("7. serving at each ratio ...", file=sys.stderr)
+    prompt, new = 128, 32
+    rounds = 1 if quick else 3
+    # concurrency -> measured requests
+    loads = {1: 6, 8: 8} if quick else {1: 12, 8: 16}
+    with tempfile.TemporaryDirectory() as workdir:
+        model = os.path.join(workdir, "bench-lm")
+        run([sys.executable, os.path.join(ROOT, "bench", "make_bench_lm.py"),
+             "--out=" + model, "--demo_dir=" + lm_dir])
+        server = Server(build, [("bench-lm", model, "prefix_caching: false")],
+                        workdir, max_running=8)
+        runs = {}  # (ratio, concurrency) -> [moh-bench report per round]
+        try:
+            for _ in range(rounds):
+                for r in RATIOS:
+                    for c, n in loads.items():
+                        runs.setdefault((r, c), []).append(bench(
+                            build, server, "--rpc=generate",
+                            "--model=bench-lm", "--prompt_tokens=%d" % prompt,
+                            "--max_new_tokens=%d" % new,
+                            "--ratios=%g" % (r / 1000),
+                            "--concurrency=%d" % c, "--requests=%d" % n,
+                            "--warmup_requests=%d" % c))
+        finally:
+            server.stop()
+    say("\n## 7. Serving at each ratio\n")
+    say("The 24 M model (bench/make_bench_lm.py) through moh-server with "
+        "`generation.prefix_caching` off (so each prompt is computed): "
+        "moh-bench Generate, %d-token synthetic prompts (`--prompt_tokens`), "
+        "%d new tokens, greedy, every request at the row's ratio "
+        "(`--ratios`); measured requests: %s, after as many warm-up ones as "
+        "the concurrency. Latency at concurrency 1: time to first token (the "
+        "prompt's prefill) and time per output token (between streamed "
+        "tokens). %d interleaved round(s); medians. Server intra-op threads: "
+        "%s.\n" % (prompt, new, ", ".join(
+            "%d at concurrency %d" % (n, c) for c, n in loads.items()),
+            rounds, server.threads))
+    curves = {"model": "bench-lm (24 M), %d-token prompts, %d new tokens" %
+              (prompt, new), "threads": server.threads,
+              "ratios": [r / 1000 for r in RATIOS]}
+    for key, path in (("ttft_p50_ms", ("ttft", "p50")),
+                      ("ttft_p99_ms", ("ttft", "p99")),
+                      ("itl_p50_ms", ("itl", "p50")),
+                      ("itl_p99_ms", ("itl", "p99")),
+                      ("e2e_p50_ms", ("e2e", "p50"))):
+        curves[key] = [median_field(runs[(r, 1)], "latency_ms", *path)
+                       for r in RATIOS]
+    curves["tokens_per_s"] = {
+        str(c): [median_field(runs[(r, c)], "throughput", "tokens_per_s")
+                 for r in RATIOS] for c in loads}
+    results["serving_ratio"] = curves
+    say("| ratio | TTFT p50 ms | TTFT p99 ms | per token p50 ms | per token "
+        "p99 ms | request p50 ms | %s |" % " | ".join(
+            "tokens/s at %d" % c for c in loads))
+    say("|---|---|---|---|---|---|%s" % ("---|" * len(loads)))
+    for i, r in enumerate(RATIOS):
+        say("| %.3f | %.1f | %.1f | %.2f | %.2f | %.1f | %s |" % (
+            r / 1000, curves["ttft_p50_ms"][i], curves["ttft_p99_ms"][i],
+            curves["itl_p50_ms"][i], curves["itl_p99_ms"][i],
+            curves["e2e_p50_ms"][i], " | ".join(
+                "%.0f" % curves["tokens_per_s"][str(c)][i] for c in loads)))
+    say("")
+    say(Figure("ratio_serving.png", "Time to first token, time per output "
+               "token and tokens/s against ratio, through moh-server"))
 
 
 if __name__ == "__main__":

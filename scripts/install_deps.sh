@@ -8,8 +8,9 @@
 #                        the virtual environment $MOH_TORCH_VENV
 #   --bench              also the benchmark suite's peer engine: llama.cpp
 #                        (llama-cpp-python, built from source for this CPU)
-#                        and gguf, pinned in bench_venv.env, in the virtual
-#                        environment $MOH_BENCH_VENV (bench/run_suite.sh only)
+#                        and gguf, and matplotlib for its plots, pinned in
+#                        bench_venv.env, in the virtual environment
+#                        $MOH_BENCH_VENV (bench/run_suite.sh only)
 #   --runtime            only the shared libraries moh-server/moh-client need
 #                        (the container image's runtime stage)
 #   --runtime-no-torch   the same without Debian's LibTorch (CUDA images bring
@@ -117,6 +118,15 @@ print(m.version("llama_cpp_python"), m.version("gguf"))' 2>/dev/null)" = "$want"
         "$MOH_BENCH_VENV/bin/pip" install -q --disable-pip-version-check \
         "llama-cpp-python==$MOH_LLAMA_CPP_PYTHON_VERSION" \
         "gguf==$MOH_GGUF_VERSION" "numpy==$MOH_BENCH_NUMPY_VERSION"
+    fi
+    # Apart, so that adding it to an existing environment builds nothing.
+    if [ "$("$py" -c 'import importlib.metadata as m
+print(m.version("matplotlib"))' 2>/dev/null)" = "$MOH_MATPLOTLIB_VERSION" ]; then
+      echo "install_deps: matplotlib $MOH_MATPLOTLIB_VERSION present in $MOH_BENCH_VENV"
+    else
+      echo "install_deps: installing matplotlib==$MOH_MATPLOTLIB_VERSION into $MOH_BENCH_VENV"
+      "$MOH_BENCH_VENV/bin/pip" install -q --disable-pip-version-check \
+        "matplotlib==$MOH_MATPLOTLIB_VERSION" "numpy==$MOH_BENCH_NUMPY_VERSION"
     fi
   fi
 }

@@ -1,0 +1,259 @@
+#!/usr/bin/python3
+"""Draws the benchmark suite's numbers as PNG plots.
+
+  $MOH_BENCH_VENV/bin/python bench/plot.py [--results bench/results.json]
+      [--out_dir bench/plots]
+
+Reads the results.json bench/suite.py writes beside RESULTS.md (the numbers
+of its tables) and writes one PNG per measured section into --out_dir with
+matplotlib's Agg backend, printing each file's name on a line. matplotlib
+comes with the bench virtual environment (`scripts/install_deps.sh --bench`,
+pinned in scripts/bench_venv.env); suite.py imports this module without it
+and runs this file with that environment's python (draw_plots), so a missing
+matplotlib only skips the plots.
+
+results.json (schema_version 1; each section present only when it ran;
+lists run along the section's "ratios" or "concurrency"):
+  "title": machine text,
+  "attention" (sections 1-2): "threads", "layer", "model", "ratios",
+      "layer_ms": {"prefill"|"decode": {"dense", "head-sparse": [ms]}},
+      "model_tokens_per_s": {"prefill"|"decode":
+                             {"every head", "head-sparse": [tokens/s]}}
+  "concurrency" (section 4): "threads", "concurrency",
+      "Generate"|"Classify": {"model", "requests_per_s", "e2e_p50_ms",
+                              "e2e_p99_ms"[, "tokens_per_s", "ttft_p50_ms"]}
+  "peer" (section 5): "model", "rows": [row label],
+      "kv": [{"label", "tokens_per_s":
+              {"llama.cpp"|"moh 1.0"|"moh 0.5": [tokens/s per row]}}]
+  "prefix_cache" (section 6): "model", "threads",
+      "on"|"off": {"requests_per_s", "ttft_p50_ms"}
+  "serving_ratio" (section 7): "model", "threads", "ratios",
+      "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms"
+      (at concurrency 1),
+      "tokens_per_s": {"1"|"8"...: [tokens/s]}
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+
+class Figure:
+    """Where suite.py's Markdown shows a plot: a line of its own in the
+    list of lines, a Markdown image when the plot was drawn (markdown())."""
+
+    def __init__(self, name, alt):
+        self.name, self.alt = name, alt
+
+
+def markdown(lines, drawn, rel_dir):
+    """`lines` (strings and Figures) as Markdown text; a Figure whose file is
+    not among `drawn` is left out."""
+    out = []
+    for line in lines:
+        if isinstance(line, Figure):
+            if line.name in drawn:
+                out.append("![%s](%s/%s)" % (line.alt, rel_dir, line.name))
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def draw_plots(results_path, out_dir, pythons):
+    """Runs this file with the first of `pythons` that has matplotlib.
+    Returns (names of the files drawn, None), or (empty set, why not)."""
+    for py in pythons:
+        if py and os.access(py, os.X_OK) and subprocess.run(
+                [py, "-c", "import matplotlib"],
+                capture_output=True).returncode == 0:
+            break
+    else:
+        return set(), "no python with matplotlib (tried %s)" % ", ".join(
+            p for p in pythons if p)
+    try:
+        p = subprocess.run([py, os.path.abspath(__file__),
+                            "--results=" + results_path,
+                            "--out_dir=" + out_dir],
+                           capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        return set(), "bench/plot.py did not run: %s" % e
+    if p.returncode != 0:
+        err = p.stderr.strip().splitlines()
+        return set(), "bench/plot.py failed: %s" % (err[-1] if err else
+                                                     "exit %d" % p.returncode)
+    return set(p.stdout.split()), None
+
+
+def _threads(n):
+    if n is None:
+        return "the server's default threads"
+    return "%d thread%s" % (n, "" if n == 1 else "s")
+
+
+def _lines(ax, x, series, xlabel, ylabel, title, log2_x=False):
+    for label, ys, style in series:
+        ax.plot(x, ys, style, label=label)
+    if log2_x:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x)
+        ax.set_xticklabels([str(v) for v in x])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def plot_attention_layer(plt, a):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    r = a["ratios"]
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        ms = a["layer_ms"][phase]
+        series = [("dense (every head, official)", ms["dense"], "o-"),
+                  ("head-sparse (pair kernel)", ms["head-sparse"], "s-")]
+        if phase == "prefill":
+            # Section 1's target: ratio r costs at most (r + 0.1) of the
+            # faster of dense (measured at r) and the pair kernel at 1.0
+            # (head-sparse at ratio 1.0).
+            kernel = ms["head-sparse"][r.index(1.0)]
+            series.append(("target: (r + 0.1) × faster baseline",
+                           [(x + 0.1) * min(dense, kernel)
+                            for x, dense in zip(r, ms["dense"])], "k:"))
+        _lines(ax, r, series, "activation ratio", "time per call (ms)",
+               phase)
+    fig.suptitle("%s: time against ratio, %s" % (a["layer"],
+                                                  _threads(a["threads"])))
+    return fig
+
+
+def plot_model_ratio(plt, a):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        t = a["model_tokens_per_s"][phase]
+        _lines(ax, a["ratios"],
+               [("head-sparse", t["head-sparse"], "s-"),
+                ("every head (dense)", t["every head"], "o-")],
+               "activation ratio", "tokens/s", phase)
+    fig.suptitle("%s: throughput against ratio, %s" %
+                 (a["model"], _threads(a["threads"])))
+    return fig
+
+
+def plot_serving_ratio(plt, s):
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    r = s["ratios"]
+    _lines(axes[0], r, [("p50", s["ttft_p50_ms"], "o-"),
+                        ("p99", s["ttft_p99_ms"], "s--")],
+           "activation ratio", "ms", "time to first token, concurrency 1")
+    _lines(axes[1], r, [("p50", s["itl_p50_ms"], "o-"),
+                        ("p99", s["itl_p99_ms"], "s--")],
+           "activation ratio", "ms", "time per output token, concurrency 1")
+    _lines(axes[2], r, [("concurrency %s" % c, v, "o-")
+                        for c, v in sorted(s["tokens_per_s"].items(),
+                                           key=lambda kv: int(kv[0]))],
+           "activation ratio", "generated tokens/s", "throughput")
+    fig.suptitle("moh-server, %s: Generate against ratio, %s" %
+                 (s["model"], _threads(s["threads"])))
+    return fig
+
+
+def plot_concurrency(plt, c):
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    x = c["concurrency"]
+    for row, rpc in zip(axes, ("Generate", "Classify")):
+        d = c[rpc]
+        _lines(row[0], x, [("requests/s", d["requests_per_s"], "o-")],
+               "concurrency (requests in flight)", "requests/s",
+               "%s (%s): throughput" % (rpc, d["model"]), log2_x=True)
+        latency = [("p50", d["e2e_p50_ms"], "o-"),
+                   ("p99", d["e2e_p99_ms"], "s--")]
+        if "ttft_p50_ms" in d:
+            latency.append(("time to first token p50", d["ttft_p50_ms"],
+                            "^:"))
+        _lines(row[1], x, latency, "concurrency (requests in flight)",
+               "request latency (ms)", "%s (%s): latency" % (rpc, d["model"]),
+               log2_x=True)
+    fig.suptitle("moh-server, closed loop (moh-bench): throughput and latency "
+                 "against concurrency, %s" % _threads(c["threads"]))
+    return fig
+
+
+def plot_peer(plt, p):
+    kvs = p["kv"]
+    fig, axes = plt.subplots(len(kvs), 1, figsize=(11, 3.6 * len(kvs)),
+                             squeeze=False)
+    engines = ("llama.cpp", "moh 1.0", "moh 0.5")
+    width = 0.8 / len(engines)
+    for ax, kv in zip(axes[:, 0], kvs):
+        for i, engine in enumerate(engines):
+            ys = kv["tokens_per_s"][engine]
+            bars = ax.bar([j + (i - 1) * width for j in range(len(ys))], ys,
+                          width, label=engine)
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_xticks(range(len(p["rows"])))
+        ax.set_xticklabels(p["rows"], fontsize=8)
+        ax.set_ylabel("tokens/s")
+        ax.set_title("KV cache: %s" % kv["label"], fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("%s: moh-serve (ratio 1.0 and 0.5) beside llama.cpp, in "
+                 "process, same threads per row" % p["model"])
+    return fig
+
+
+def plot_prefix_cache(plt, p):
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.8))
+    names = ("on", "off")
+    for ax, key, label in zip(axes, ("requests_per_s", "ttft_p50_ms"),
+                              ("requests/s", "time to first token p50 (ms)")):
+        bars = ax.bar(names, [p[n][key] for n in names], color=["C2", "C7"])
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+        ax.set_xlabel("prefix cache")
+        ax.set_ylabel(label)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("moh-server, %s: repeated prompts, prefix cache on / off, "
+                 "%s" % (p["model"], _threads(p["threads"])), fontsize=10)
+    return fig
+
+
+# results.json section -> (file name, drawing function).
+PLOTS = [
+    ("attention", "ratio_attention_layer.png", plot_attention_layer),
+    ("attention", "ratio_model.png", plot_model_ratio),
+    ("serving_ratio", "ratio_serving.png", plot_serving_ratio),
+    ("concurrency", "concurrency.png", plot_concurrency),
+    ("peer", "peer_llama_cpp.png", plot_peer),
+    ("prefix_cache", "prefix_cache.png", plot_prefix_cache),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser.add_argument("--results", default=os.path.join(here,
+                                                          "results.json"))
+    parser.add_argument("--out_dir", default=os.path.join(here, "plots"))
+    args = parser.parse_args()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(args.results) as f:
+        results = json.load(f)
+    os.makedirs(args.out_dir, exist_ok=True)
+    for section, name, draw in PLOTS:
+        if section not in results:
+            continue
+        fig = draw(plt, results[section])
+        fig.text(0.99, 0.005, results.get("title", ""), ha="right",
+                 va="bottom", fontsize=7, color="0.4")
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out_dir, name), dpi=100)
+        plt.close(fig)
+        print(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
