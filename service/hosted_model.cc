@@ -32,8 +32,9 @@ absl::StatusOr<std::unique_ptr<Servable>> LoadServable(
     case ModelFamily::kLlama:
       return WarmedUp(LanguageServable::Load(config, device, metrics));
     case ModelFamily::kVit:
-      return WarmedUp(
-          VisionServable::Load(config, device, metrics, image_decode_budget));
+    case ModelFamily::kTransNext:
+      return WarmedUp(VisionServable::Load(config, family, device, metrics,
+                                           image_decode_budget));
   }
   return absl::InvalidArgumentError("unknown model family");
 }

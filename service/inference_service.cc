@@ -150,8 +150,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       response.set_activation_ratio(summary.applied_ratio);
       if (reactor_->include_routing_) {
         *response.mutable_routing() =
-            ToRouting(summary.head_tokens, reactor_->model_->num_layers(),
-                      summary.routed_tokens);
+            ToRouting(summary.head_tokens, reactor_->model_->moh(),
+                      summary.routed_tokens, {});
       }
       reactor_->Send(std::move(response), absl::OkStatus());
     }
@@ -339,16 +339,26 @@ ClassifyCall FromProto(const v1::ClassifyRequest& request) {
 }  // namespace
 
 v1::Routing ToRouting(const std::vector<int64_t>& head_tokens,
-                      int32_t num_layers, int64_t tokens) {
+                      const MohConfig& moh, int64_t tokens,
+                      const std::vector<int64_t>& layer_tokens) {
   v1::Routing routing;
   routing.set_tokens(tokens);
-  if (num_layers <= 0 || head_tokens.size() % num_layers != 0) return routing;
-  const size_t heads = head_tokens.size() / num_layers;
-  for (int32_t l = 0; l < num_layers; ++l) {
+  const size_t num_layers = moh.layers.size();
+  if (num_layers == 0 || head_tokens.size() % num_layers != 0) return routing;
+  const size_t stride = head_tokens.size() / num_layers;
+  for (size_t l = 0; l < num_layers; ++l) {
+    const MohLayerConfig& config = moh.layers[l];
+    const size_t heads =
+        std::min<size_t>(stride, static_cast<size_t>(config.num_heads));
     v1::LayerRouting* layer = routing.add_layers();
     layer->set_layer(l);
-    layer->mutable_head_tokens()->Add(head_tokens.begin() + l * heads,
-                                      head_tokens.begin() + (l + 1) * heads);
+    if (config.stage >= 0) {
+      layer->set_stage(config.stage);
+      layer->set_block(config.block);
+    }
+    layer->set_tokens(l < layer_tokens.size() ? layer_tokens[l] : tokens);
+    layer->mutable_head_tokens()->Add(head_tokens.begin() + l * stride,
+                                      head_tokens.begin() + l * stride + heads);
   }
   return routing;
 }
@@ -431,8 +441,9 @@ void InferenceService::StartClassify(grpc::CallbackServerContext* context,
         response->set_effective_activation_ratio(result->effective_ratio);
         response->set_activation_ratio(result->applied_ratio);
         if (include_routing) {
-          *response->mutable_routing() = ToRouting(
-              result->head_tokens, model->num_layers(), result->routed_tokens);
+          *response->mutable_routing() =
+              ToRouting(result->head_tokens, model->moh(),
+                        result->routed_tokens, result->layer_tokens);
         }
         finish(absl::OkStatus());
       });

@@ -66,8 +66,11 @@ class InferenceService final : public v1::Inference::CallbackService {
   }
 };
 
-// Tokens each head served, as the API's Routing message.
+// Tokens each head served, as the API's Routing message: head_tokens is
+// [layers * H] (H the most heads of any layer of `moh`); `tokens` is what each
+// layer routed, unless `layer_tokens` gives it per layer.
 v1::Routing ToRouting(const std::vector<int64_t>& head_tokens,
-                      int32_t num_layers, int64_t tokens);
+                      const MohConfig& moh, int64_t tokens,
+                      const std::vector<int64_t>& layer_tokens);
 
 }  // namespace moh

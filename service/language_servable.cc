@@ -105,8 +105,8 @@ void LanguageServable::Describe(v1::ModelInfo* info) const {
   DescribeMoh(lm_.model->config().moh, info);
 }
 
-int32_t LanguageServable::num_layers() const {
-  return lm_.model->config().num_layers;
+const MohConfig& LanguageServable::moh() const {
+  return lm_.model->config().moh;
 }
 
 absl::StatusOr<uint64_t> LanguageServable::Generate(

@@ -28,7 +28,7 @@ class LanguageServable : public Servable {
   bool Serves(Task task) const override {
     return task == Task::kGenerate || task == Task::kClassifyText;
   }
-  int32_t num_layers() const override;
+  const MohConfig& moh() const override;
   ModelMetrics* metrics() const override { return metrics_; }
   absl::StatusOr<uint64_t> Generate(
       GenerateCall call, std::shared_ptr<GenerationObserver> observer) override;

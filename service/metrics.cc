@@ -1,5 +1,6 @@
 #include "service/metrics.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -299,7 +300,9 @@ void ModelMetrics::HeadTokens(const std::vector<int64_t>& counts) {
     return;
   }
   for (size_t i = 0; i < counts.size(); ++i) {
-    if (counts[i] > 0) heads[i]->Increment(static_cast<double>(counts[i]));
+    if (counts[i] > 0 && heads[i] != nullptr) {
+      heads[i]->Increment(static_cast<double>(counts[i]));
+    }
   }
 }
 
@@ -333,6 +336,14 @@ Metrics::~Metrics() = default;
 
 ModelMetrics* Metrics::ForModel(const std::string& name, int num_layers,
                                 int num_heads, bool head_metrics) {
+  return ForModel(name,
+                  std::vector<int32_t>(std::max(num_layers, 0), num_heads),
+                  head_metrics);
+}
+
+ModelMetrics* Metrics::ForModel(const std::string& name,
+                                const std::vector<int32_t>& layer_heads,
+                                bool head_metrics) {
   absl::MutexLock lock(&mu_);
   std::unique_ptr<ModelMetrics>& slot = models_[name];
   if (slot != nullptr) return slot.get();
@@ -373,14 +384,20 @@ ModelMetrics* Metrics::ForModel(const std::string& name, int num_layers,
   impl->prefix_hits = &f.prefix_hits.Add(model);
   impl->activation_ratio =
       &f.activation_ratio.Add(model, ActivationRatioBuckets());
-  if (head_metrics && num_layers > 0 && num_heads > 0) {
-    impl->head_tokens.reserve(static_cast<size_t>(num_layers) * num_heads);
-    for (int l = 0; l < num_layers; ++l) {
-      for (int h = 0; h < num_heads; ++h) {
+  const int32_t max_heads =
+      layer_heads.empty()
+          ? 0
+          : *std::max_element(layer_heads.begin(), layer_heads.end());
+  if (head_metrics && max_heads > 0) {
+    impl->head_tokens.reserve(layer_heads.size() * max_heads);
+    for (size_t l = 0; l < layer_heads.size(); ++l) {
+      for (int32_t h = 0; h < max_heads; ++h) {
         impl->head_tokens.push_back(
-            &f.head_tokens.Add({{"model", name},
-                                {"layer", std::to_string(l)},
-                                {"head", std::to_string(h)}}));
+            h < layer_heads[l]
+                ? &f.head_tokens.Add({{"model", name},
+                                      {"layer", std::to_string(l)},
+                                      {"head", std::to_string(h)}})
+                : nullptr);
       }
     }
   }

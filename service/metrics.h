@@ -70,6 +70,7 @@ class ModelMetrics {
   // moh_activation_ratio{model}: effective ratio of one finished request.
   void ActivationRatio(double effective_ratio);
   // moh_head_tokens_total{model,layer,head} += counts[layer * num_heads + head]
+  // (num_heads: the most heads of any layer)
   // (no-op when head metrics are off). counts.size() must be layers * heads.
   void HeadTokens(const std::vector<int64_t>& counts);
   // moh_activation_ratio_lowered_total{model}: adaptive mode lowered a ratio.
@@ -99,6 +100,12 @@ class Metrics {
   // same object). `num_layers` x `num_heads` head counters are created up front
   // when `head_metrics` is true.
   ModelMetrics* ForModel(const std::string& name, int num_layers, int num_heads,
+                         bool head_metrics);
+  // The same for layers with different numbers of heads (`layer_heads[l]`):
+  // HeadTokens then takes [layers * H] counts, H the most heads of any
+  // layer, and ignores the entries past a layer's heads.
+  ModelMetrics* ForModel(const std::string& name,
+                         const std::vector<int32_t>& layer_heads,
                          bool head_metrics);
 
   // A request that reached no model's metrics (unknown model, model loading,

@@ -23,9 +23,21 @@ void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info) {
     heads->set_shared_heads(layer.shared_heads);
     heads->set_routed_heads(layer.routed_heads());
     heads->set_default_top_k(layer.top_k);
+    if (layer.stage >= 0) {
+      heads->set_stage(layer.stage);
+      heads->set_block(layer.block);
+    }
   }
   info->set_default_ratio(moh.DefaultRatio());
   info->set_min_ratio(moh.MinRatio());
+}
+
+std::vector<int32_t> LayerHeads(const MohConfig& moh) {
+  std::vector<int32_t> heads;
+  for (const MohLayerConfig& layer : moh.layers) {
+    heads.push_back(layer.num_heads);
+  }
+  return heads;
 }
 
 absl::Status NotServedError(absl::string_view field, absl::string_view model,

@@ -65,8 +65,11 @@ struct ClassifyResult {
   std::vector<ClassScoreResult> classes;
   double effective_ratio = 1.0;
   float applied_ratio = 0.0f;
-  int64_t routed_tokens = 0;
-  std::vector<int64_t> head_tokens;  // [num_layers * num_heads]
+  int64_t routed_tokens = 0;  // per layer, when every layer routes as many
+  // Tokens of each layer, when they differ (TransNeXt's stages); else empty.
+  std::vector<int64_t> layer_tokens;
+  // [num_layers * H], H the most heads of any layer (zeros past a layer's).
+  std::vector<int64_t> head_tokens;
 };
 
 using ClassifyDone = std::function<void(absl::StatusOr<ClassifyResult>)>;
@@ -91,8 +94,9 @@ class Servable {
   // maximum sequence length, labels.
   virtual void Describe(v1::ModelInfo* info) const = 0;
   virtual bool Serves(Task task) const = 0;
-  // Attention layers: the rows of a routing table.
-  virtual int32_t num_layers() const = 0;
+  // The MoH layout: heads of each attention layer (the rows of a routing
+  // table).
+  virtual const MohConfig& moh() const = 0;
   virtual ModelMetrics* metrics() const = 0;
 
   // Starts generation; the observer then gets the output. Errors as
@@ -117,6 +121,9 @@ class Servable {
 // The MoH part of ListModels: router, heads per layer, default and lowest
 // ratios.
 void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info);
+
+// Heads of each layer of `moh`.
+std::vector<int32_t> LayerHeads(const MohConfig& moh);
 
 // The one status for a request a model's family does not serve:
 // INVALID_ARGUMENT naming `field` (the request field that chose the model or

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/core/transnext_model.h"
+#include "model/core/vit_model.h"
 #include "model/generation/generator.h"
 #include "service/image_decoder.h"
 
@@ -16,46 +18,56 @@ constexpr int32_t kDefaultImageTopN = 5;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<VisionServable>> VisionServable::Load(
-    const v1::ModelConfig& config, const DeviceOptions& device,
-    Metrics* metrics, ImageDecodeBudget* image_decode_budget) {
-  MOH_ASSIGN_OR_RETURN(std::unique_ptr<VitModel> vit,
-                       VitModel::Load(config.model_dir(), device));
-  const VitConfig& c = vit->config();
+    const v1::ModelConfig& config, ModelFamily family,
+    const DeviceOptions& device, Metrics* metrics,
+    ImageDecodeBudget* image_decode_budget) {
+  std::unique_ptr<ImageClassifier> model;
+  if (family == ModelFamily::kTransNext) {
+    MOH_ASSIGN_OR_RETURN(model,
+                         TransNextModel::Load(config.model_dir(), device));
+  } else {
+    MOH_ASSIGN_OR_RETURN(model, VitModel::Load(config.model_dir(), device));
+  }
   const bool head_metrics = !config.has_head_metrics() || config.head_metrics();
   ModelMetrics* model_metrics =
-      metrics->ForModel(config.name(), c.num_layers, c.num_heads, head_metrics);
+      metrics->ForModel(config.name(), LayerHeads(model->moh()), head_metrics);
   std::unique_ptr<VisionServable> servable(new VisionServable(
-      config.name(), std::move(vit), model_metrics, image_decode_budget));
+      config.name(), family == ModelFamily::kTransNext ? "transnext" : "vit",
+      std::move(model), model_metrics, image_decode_budget));
   VisionServable* self = servable.get();
   MOH_ASSIGN_OR_RETURN(
       servable->classifier_,
       BatchedClassifier::Create(
-          config, self->vit_->config().moh, model_metrics,
+          config, self->model_->moh(), model_metrics,
           [self](std::vector<ClassifyTask>& batch) { self->RunBatch(batch); }));
   return servable;
 }
 
 VisionServable::VisionServable(const std::string& name,
-                               std::unique_ptr<VitModel> vit,
+                               const std::string& family,
+                               std::unique_ptr<ImageClassifier> model,
                                ModelMetrics* metrics,
                                ImageDecodeBudget* image_decode_budget)
-    : Servable(name, "vit"),
-      vit_(std::move(vit)),
+    : Servable(name, family),
+      model_(std::move(model)),
+      preprocessing_(model_->preprocessing()),
+      layer_tokens_(model_->LayerTokens()),
+      routable_pairs_(RoutablePairs(model_->moh(), layer_tokens_)),
       metrics_(metrics),
       image_decode_budget_(image_decode_budget) {}
 
 absl::Status VisionServable::Warmup() const {
-  const VitConfig& c = vit_->config();
+  const ImagePreprocessing& p = preprocessing_;
   at::Tensor pixels =
-      at::zeros({1, c.num_channels, c.image_size, c.image_size});
-  return vit_->Forward(pixels, {0.0f}).status();
+      at::zeros({1, p.num_channels, p.image_size, p.image_size});
+  return model_->Forward(pixels, {0.0f}).status();
 }
 
 void VisionServable::Describe(v1::ModelInfo* info) const {
-  const VitConfig& c = vit_->config();
-  info->set_max_seq_len(1 + c.num_patches());
-  for (const std::string& label : c.labels) info->add_labels(label);
-  DescribeMoh(c.moh, info);
+  info->set_max_seq_len(
+      *std::max_element(layer_tokens_.begin(), layer_tokens_.end()));
+  for (const std::string& label : model_->labels()) info->add_labels(label);
+  DescribeMoh(model_->moh(), info);
 }
 
 absl::Status VisionServable::Classify(ClassifyCall call, ClassifyDone done) {
@@ -74,11 +86,12 @@ absl::StatusOr<ClassifyTask> VisionServable::Prepare(ClassifyCall& call) const {
         absl::StrCat("labels: model '", name(),
                      "' has fixed classes; labels are for language models"));
   }
-  const VitConfig& c = vit_->config();
+  const ImagePreprocessing& p = preprocessing_;
   ClassifyTask task;
-  MOH_ASSIGN_OR_RETURN(task.activation,
-                       Activation::Resolve(c.moh, call.ratio, call.min_ratio));
-  const int64_t classes = c.labels.size();
+  MOH_ASSIGN_OR_RETURN(
+      task.activation,
+      Activation::Resolve(model_->moh(), call.ratio, call.min_ratio));
+  const int64_t classes = model_->labels().size();
   if (call.top_n > classes) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_n must be in [0, ", classes, "], got ", call.top_n));
@@ -87,19 +100,23 @@ absl::StatusOr<ClassifyTask> VisionServable::Prepare(ClassifyCall& call) const {
                               : std::min<int32_t>(kDefaultImageTopN, classes);
   at::Tensor pixels;
   if (call.image) {
-    MOH_ASSIGN_OR_RETURN(pixels,
-                         DecodeImage(*call.image, c.num_channels, c.image_size,
-                                     image_decode_budget_));
+    ImageResize resize;
+    resize.channels = p.num_channels;
+    resize.size = p.image_size;
+    resize.shorter_side = p.resize_size;
+    resize.bicubic = p.bicubic;
+    MOH_ASSIGN_OR_RETURN(
+        pixels, DecodeImage(*call.image, resize, image_decode_budget_));
   } else {
     const auto& [shape, data] = *call.pixels;
-    const std::vector<int64_t> expected = {c.num_channels, c.image_size,
-                                           c.image_size};
+    const std::vector<int64_t> expected = {p.num_channels, p.image_size,
+                                           p.image_size};
     if (shape != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "pixels.shape must be [", c.num_channels, ", ", c.image_size, ", ",
-          c.image_size, "] (channels, height, width)"));
+          "pixels.shape must be [", p.num_channels, ", ", p.image_size, ", ",
+          p.image_size, "] (channels, height, width)"));
     }
-    const int64_t n = c.num_channels * c.image_size * c.image_size;
+    const int64_t n = int64_t{p.num_channels} * p.image_size * p.image_size;
     if (static_cast<int64_t>(data.size()) != n) {
       return absl::InvalidArgumentError(absl::StrCat(
           "pixels.data must have ", n,
@@ -113,7 +130,7 @@ absl::StatusOr<ClassifyTask> VisionServable::Prepare(ClassifyCall& call) const {
     }
     pixels = at::tensor(data).view(expected);
   }
-  task.pixels = vit_->NormalizePixels(pixels.unsqueeze(0)).squeeze(0);
+  task.pixels = model_->NormalizePixels(pixels.unsqueeze(0)).squeeze(0);
   return task;
 }
 
@@ -124,13 +141,16 @@ void VisionServable::RunBatch(std::vector<ClassifyTask>& batch) {
     pixels.push_back(task.pixels);
     top_k.push_back(task.activation.top_k());
   }
-  auto out = vit_->ForwardWithTopK(at::stack(pixels), top_k);
+  auto out = model_->ForwardWithTopK(at::stack(pixels), top_k);
   if (!out.ok()) {
     for (ClassifyTask& task : batch) classifier_->Finish(task, out.status());
     return;
   }
-  const VitConfig& c = vit_->config();
-  const int64_t tokens = 1 + c.num_patches();
+  const std::vector<std::string>& labels = model_->labels();
+  const int64_t tokens =
+      *std::max_element(layer_tokens_.begin(), layer_tokens_.end());
+  const bool uniform = std::all_of(layer_tokens_.begin(), layer_tokens_.end(),
+                                   [&](int64_t n) { return n == tokens; });
   at::Tensor probs = at::softmax(out->logits, -1);
   for (size_t b = 0; b < batch.size(); ++b) {
     ClassifyTask& task = batch[b];
@@ -138,13 +158,15 @@ void VisionServable::RunBatch(std::vector<ClassifyTask>& batch) {
     auto [scores, indices] = at::topk(probs[b], task.top_n);
     for (int64_t i = 0; i < task.top_n; ++i) {
       const int64_t index = indices[i].item<int64_t>();
-      result.classes.push_back({c.labels[index], static_cast<int32_t>(index),
+      result.classes.push_back({labels[index], static_cast<int32_t>(index),
                                 scores[i].item<float>(), 0.0});
     }
     at::Tensor counts = out->head_token_counts[b];
-    result.effective_ratio = EffectiveRatio(counts, tokens);
+    result.effective_ratio =
+        static_cast<double>(counts.sum().item<int64_t>()) / routable_pairs_;
     result.applied_ratio = task.activation.requested_ratio();
     result.routed_tokens = tokens;
+    if (!uniform) result.layer_tokens = layer_tokens_;
     result.head_tokens = HeadTokenVector(counts);
     classifier_->Finish(task, std::move(result));
   }

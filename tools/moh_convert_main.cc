@@ -6,13 +6,19 @@
 //                          ImageNet-1k preprocessing (224 px, resize 256,
 //                          mean/std) and the 1000 class names in index order}.
 // The architecture is not written: the model loader derives it from
-// "variant". The container is read by the restricted reader
+// "variant". With --config=FILE (a moh_transnext config.json: another
+// resolution, a fine-tune's classes, a custom architecture) that file is
+// written instead. Either way the weights are checked against the
+// architecture (every tensor present with its shape, none left over) by
+// building the model before anything is written. The container is read by
+// the restricted reader
 // (model/checkpoint/torch_bin_reader.h): nothing in it is run; a refused
 // pickle fails with the reader's message. The class names are compiled in
 // (tools/data/imagenet1k_labels.txt).
 //
 //   moh-convert --input=moh_transnext_small_75.pth --output_dir=DIR
-//               [--variant=moh_transnext_small_75] [--config_only]
+//               [--variant=moh_transnext_small_75 | --config=config.json]
+//               [--config_only]
 //
 // --variant defaults to the container's args.model. Exit status: 0 written;
 // 1 the input cannot be read (or is refused) or the output cannot be written;
@@ -38,9 +44,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/read_file.h"
+#include "base/status_macros.h"
 #include "model/checkpoint/mapped_file.h"
 #include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/torch_bin_reader.h"
+#include "model/core/model_config.h"
+#include "model/core/transnext_model.h"
 
 ABSL_FLAG(std::string, input, "",
           "The release checkpoint: a torch.save file (*.pth), a training "
@@ -52,6 +62,10 @@ ABSL_FLAG(std::string, variant, "",
           "moh_transnext_base_75, moh_transnext_base_50, "
           "moh_transnext_small_80 or moh_transnext_small_75; default: the "
           "container's args.model");
+ABSL_FLAG(std::string, config, "",
+          "A moh_transnext config.json to write instead of the variant's "
+          "(e.g. another resolution or a fine-tune's classes); excludes "
+          "--variant");
 ABSL_FLAG(bool, config_only, false,
           "Write config.json only (the input is still read and checked)");
 
@@ -157,11 +171,29 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// Builds the model of `config` from a copy of `tensors` on the CPU: every
+// tensor it needs present with its shape, none left over.
+absl::Status CheckWeights(const TensorStore& tensors,
+                          const TransNextConfig& config) {
+  TensorStore copy(tensors.description());
+  for (const std::string& name : tensors.Names()) {
+    MOH_ASSIGN_OR_RETURN(at::Tensor t, tensors.Get(name));
+    MOH_RETURN_IF_ERROR(copy.Insert(name, t, tensors.description()));
+  }
+  return TransNextModel::FromStore(copy, config,
+                                   at::TensorOptions().dtype(at::kFloat))
+      .status();
+}
+
 int Run() {
   const std::string input = absl::GetFlag(FLAGS_input);
   const std::string output_dir = absl::GetFlag(FLAGS_output_dir);
   const std::string flag_variant = absl::GetFlag(FLAGS_variant);
+  const std::string config_flag = absl::GetFlag(FLAGS_config);
   if (input.empty()) return Fail(kExitUsage, "--input is required");
+  if (!flag_variant.empty() && !config_flag.empty()) {
+    return Fail(kExitUsage, "--variant and --config exclude each other");
+  }
   if (output_dir.empty()) return Fail(kExitUsage, "--output_dir is required");
   if (!flag_variant.empty() && !IsVariant(flag_variant)) {
     return Fail(kExitUsage, absl::StrCat("--variant='", flag_variant,
@@ -183,15 +215,41 @@ int Run() {
   if (!contents.ok()) {
     return Fail(kExitFailure, std::string(contents.status().message()));
   }
-  const std::string variant = ResolveVariant(input, contents->args);
-  if (variant.empty()) return kExitUsage;
-  auto input_size = contents->args.integers.find("input_size");
-  if (input_size != contents->args.integers.end() &&
-      input_size->second != kImageSize) {
-    return Fail(kExitFailure,
-                absl::StrCat(input, ": args.input_size is ", input_size->second,
-                             "; only ", kImageSize,
-                             "-pixel checkpoints are converted"));
+  std::string config_text, described;
+  if (!config_flag.empty()) {
+    absl::StatusOr<std::string> text = ReadSmallFile(config_flag, "--config");
+    if (!text.ok())
+      return Fail(kExitUsage, std::string(text.status().message()));
+    config_text = *std::move(text);
+    described = "from " + config_flag;
+  } else {
+    const std::string variant = ResolveVariant(input, contents->args);
+    if (variant.empty()) return kExitUsage;
+    auto input_size = contents->args.integers.find("input_size");
+    if (input_size != contents->args.integers.end() &&
+        input_size->second != kImageSize) {
+      return Fail(
+          kExitFailure,
+          absl::StrCat(input, ": args.input_size is ", input_size->second,
+                       "; the variants' config is ", kImageSize,
+                       " pixels: pass --config with this resolution"));
+    }
+    config_text = Config(variant, labels).dump(2) + "\n";
+    described = "variant " + variant;
+  }
+  // The weights must build the model the config describes.
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(
+      config_text, config_flag.empty() ? "config.json" : config_flag);
+  if (!config.ok())
+    return Fail(kExitUsage, std::string(config.status().message()));
+  if (config->family != ModelFamily::kTransNext) {
+    return Fail(kExitUsage, absl::StrCat("--config=", config_flag,
+                                         ": model_type must be moh_transnext"));
+  }
+  if (absl::Status fits = CheckWeights(contents->tensors, config->transnext);
+      !fits.ok()) {
+    return Fail(kExitFailure, absl::StrCat(input, ": the weights do not fit ",
+                                           described, ": ", fits.message()));
   }
 
   std::error_code error;
@@ -215,10 +273,9 @@ int Run() {
                      : absl::StrCat("'s '", contents->container_key, "'"));
   }
   const std::string config_path = (dir / "config.json").string();
-  const absl::Status written =
-      WriteTextFile(config_path, Config(variant, labels).dump(2) + "\n");
+  const absl::Status written = WriteTextFile(config_path, config_text);
   if (!written.ok()) return Fail(kExitFailure, std::string(written.message()));
-  absl::PrintF("moh-convert: wrote %s: variant %s\n", config_path, variant);
+  absl::PrintF("moh-convert: wrote %s: %s\n", config_path, described);
   return 0;
 }
 

@@ -32,10 +32,11 @@ struct ClassifierOutput {
 // How an image becomes the model's input.
 struct ImagePreprocessing {
   int32_t image_size = 0;   // the model's input side
-  int32_t resize_size = 0;  // the shorter side is resized to this, then the
-                            // centre image_size square is cut (== image_size:
-                            // resize straight to the square)
-  bool bicubic = false;     // PIL's bicubic (else antialiased bilinear)
+  // 0: resized straight to the square (antialiased bilinear); else the
+  // shorter side is resized to this, then the centre square is cut (as
+  // torchvision's Resize + CenterCrop on a PIL image).
+  int32_t resize_size = 0;
+  bool bicubic = false;  // PIL's bicubic (else bilinear)
   int32_t num_channels = 3;
 };
 

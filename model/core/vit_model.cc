@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
 ImagePreprocessing VitModel::preprocessing() const {
   ImagePreprocessing p;
   p.image_size = config_.image_size;
-  p.resize_size = config_.image_size;
+  p.resize_size = 0;
   p.num_channels = config_.num_channels;
   return p;
 }
