@@ -193,3 +193,83 @@ TEST(TransNextTest, RejectsWrongPixelsAndTopK) {
 
 }  // namespace
 }  // namespace moh
+
+namespace moh {
+namespace {
+
+// Every released variant, from its name alone, takes exactly the tensors of
+// the official state dict (tests/reference/moh_transnext.py computes the
+// manifest from the official module definitions): names and shapes, none
+// missing, none left over.
+TEST(TransNextManifestTest, VariantsTakeExactlyTheOfficialTensors) {
+  const json manifest = ReadJson(kFixtures + "/transnext_manifest.json");
+  ASSERT_EQ(manifest.size(), 4u);
+  for (const auto& [variant, entry] : manifest.items()) {
+    json config = {{"model_type", "moh_transnext"}, {"variant", variant}};
+    config["labels"] =
+        std::vector<std::string>(entry.at("num_classes").get<int>(), "class");
+    auto parsed = ParseModelConfig(config.dump(), variant);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    // The architecture the variant name fills equals the reference's.
+    const json& want = entry.at("config");
+    const TransNextConfig& c = parsed->transnext;
+    for (int s = 0; s < 4; ++s) {
+      EXPECT_EQ(c.stages[s].embed_dim, want.at("embed_dims")[s]) << variant;
+      EXPECT_EQ(c.stages[s].num_heads, want.at("num_heads")[s]) << variant;
+      EXPECT_EQ(c.stages[s].depth, want.at("depths")[s]) << variant;
+      EXPECT_EQ(c.stages[s].shared_heads, want.at("moh_shared_heads")[s]);
+      EXPECT_EQ(c.stages[s].top_k, want.at("moh_routed_top_k")[s]);
+    }
+    // Tensors of the manifest's shapes (values irrelevant: one broadcast
+    // zero each) build the model; one missing is named.
+    TensorStore store(variant);
+    for (const auto& [name, shape] : entry.at("tensors").items()) {
+      const std::vector<int64_t> sizes = shape.get<std::vector<int64_t>>();
+      ASSERT_TRUE(
+          store.Insert(name, at::zeros({1}).expand(sizes), variant).ok());
+    }
+    auto model = TransNextModel::FromStore(store, c, at::kFloat);
+    ASSERT_TRUE(model.ok()) << variant << ": " << model.status();
+    EXPECT_EQ((*model)->moh().layers.size(),
+              static_cast<size_t>(c.stages[0].depth + c.stages[1].depth +
+                                  c.stages[2].depth + c.stages[3].depth));
+  }
+}
+
+TEST(TransNextManifestTest, AMissingOrExtraTensorIsNamed) {
+  const json manifest = ReadJson(kFixtures + "/transnext_manifest.json");
+  const json& entry = manifest.at("moh_transnext_small_75");
+  json config = {{"model_type", "moh_transnext"},
+                 {"variant", "moh_transnext_small_75"},
+                 {"labels", std::vector<std::string>(1000, "c")}};
+  auto parsed = ParseModelConfig(config.dump(), "small");
+  ASSERT_TRUE(parsed.ok());
+  auto build = [&](const std::string& skip, bool extra) {
+    TensorStore store("small");
+    for (const auto& [name, shape] : entry.at("tensors").items()) {
+      if (name == skip) continue;
+      EXPECT_TRUE(
+          store
+              .Insert(name,
+                      at::zeros({1}).expand(shape.get<std::vector<int64_t>>()),
+                      "small.pth")
+              .ok());
+    }
+    if (extra) {
+      EXPECT_TRUE(
+          store.Insert("block3.0.attn.extra", at::zeros({2}), "small.pth")
+              .ok());
+    }
+    return TransNextModel::FromStore(store, parsed->transnext, at::kFloat)
+        .status();
+  };
+  absl::Status missing = build("block3.4.attn.wg.weight", false);
+  EXPECT_THAT(std::string(missing.message()),
+              ::testing::HasSubstr("block3.4.attn.wg.weight"));
+  absl::Status extra = build("", true);
+  EXPECT_THAT(std::string(extra.message()),
+              ::testing::HasSubstr("unexpected tensor 'block3.0.attn.extra'"));
+}
+
+}  // namespace
+}  // namespace moh
