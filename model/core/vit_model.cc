@@ -50,12 +50,13 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
     Block b;
     MOH_ASSIGN_OR_RETURN(b.norm1_w, take(pre + "norm1.weight", {c}));
     MOH_ASSIGN_OR_RETURN(b.norm1_b, take(pre + "norm1.bias", {c}));
-    MOH_ASSIGN_OR_RETURN(b.qkv_w, take(pre + "attn.qkv.weight", {3 * c, c}));
+    MOH_ASSIGN_OR_RETURN(b.attn.qkv_w,
+                         take(pre + "attn.qkv.weight", {3 * c, c}));
     if (config.qkv_bias) {
-      MOH_ASSIGN_OR_RETURN(b.qkv_b, take(pre + "attn.qkv.bias", {3 * c}));
+      MOH_ASSIGN_OR_RETURN(b.attn.qkv_b, take(pre + "attn.qkv.bias", {3 * c}));
     }
-    MOH_ASSIGN_OR_RETURN(b.proj_w, take(pre + "attn.proj.weight", {c, c}));
-    MOH_ASSIGN_OR_RETURN(b.proj_b, take(pre + "attn.proj.bias", {c}));
+    MOH_ASSIGN_OR_RETURN(b.attn.proj_w, take(pre + "attn.proj.weight", {c, c}));
+    MOH_ASSIGN_OR_RETURN(b.attn.proj_b, take(pre + "attn.proj.bias", {c}));
     MOH_ASSIGN_OR_RETURN(b.norm2_w, take(pre + "norm2.weight", {c}));
     MOH_ASSIGN_OR_RETURN(b.norm2_b, take(pre + "norm2.bias", {c}));
     MOH_ASSIGN_OR_RETURN(b.fc1_w, take(pre + "mlp.fc1.weight", {inter, c}));
@@ -136,8 +137,10 @@ absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
         for (size_t l = 0; l < blocks_.size(); ++l) {
           const Block& block = blocks_[l];
           at::Tensor gates;
-          x = x + Attention(block, LayerNorm(x, block.norm1_w, block.norm1_b),
-                            top_k[l], bounds[l], &gates);
+          x = x + BidirectionalAttention(
+                      block.attn, block.router,
+                      LayerNorm(x, block.norm1_w, block.norm1_b), top_k[l],
+                      bounds[l], attention_mode_, &gates);
           at::Tensor hidden =
               at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
                                   block.fc1_w, block.fc1_b));
@@ -159,58 +162,6 @@ absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
         out.gates.assign(results.begin() + 2, results.end());
         return out;
       });
-}
-
-at::Tensor VitModel::Attention(const Block& block, const at::Tensor& x,
-                               const at::Tensor& top_k,
-                               const TopKBounds& bounds,
-                               at::Tensor* gates) const {
-  const int64_t rows = x.size(0), tokens = x.size(1), c = x.size(2);
-  const int64_t heads = config_.num_heads, d = c / heads, n = rows * tokens;
-  at::Tensor x_flat = x.reshape({n, c});
-  *gates = block.router.Gates(x_flat, at::Tensor(), top_k, bounds.max)
-               .view({rows, tokens, -1});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-
-  if (UseHeadSparse(attention_mode_, block.router, bounds.min, x.options())) {
-    // Keys and values for every token; queries only where selected.
-    at::Tensor kv_w = block.qkv_w.narrow(0, c, 2 * c);
-    at::Tensor kv = block.qkv_b.defined()
-                        ? at::linear(x, kv_w, block.qkv_b.narrow(0, c, 2 * c))
-                        : at::linear(x, kv_w);
-    kv = kv.view({rows, tokens, 2, heads, d});
-    HeadSparseAttentionInputs in;
-    in.x = x_flat;
-    in.gates = gates->reshape({n, heads});
-    in.q_weight = block.qkv_w.narrow(0, 0, c);
-    if (block.qkv_b.defined()) in.q_bias = block.qkv_b.narrow(0, 0, c);
-    in.key_cache = kv.select(2, 0);    // [B, N, H, D]
-    in.value_cache = kv.select(2, 1);  // [B, N, H, D]
-    const at::TensorOptions longs =
-        at::TensorOptions().dtype(at::kLong).device(x.device());
-    in.block_table = at::arange(rows, longs).unsqueeze(1);
-    in.token_row = at::arange(rows, longs).repeat_interleave(tokens);
-    // Every token sees every token of its image.
-    in.token_pos = at::full({n}, tokens - 1, longs);
-    in.row_len = at::full({rows}, tokens, longs);
-    in.o_weight = block.proj_w;
-    in.o_bias = block.proj_b;
-    in.scale = scale;
-    return HeadSparseAttention(
-               in, attention_mode_ == AttentionMode::kHeadSparseAten)
-        .view({rows, tokens, c});
-  }
-
-  at::Tensor qkv = block.qkv_b.defined()
-                       ? at::linear(x, block.qkv_w, block.qkv_b)
-                       : at::linear(x, block.qkv_w);
-  qkv = qkv.view({rows, tokens, 3, heads, d}).permute({2, 0, 3, 1, 4});
-  at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];  // [B, H, N, D]
-  at::Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));
-  at::Tensor attn = at::matmul(at::softmax(scores, -1), v);  // [B, H, N, D]
-  attn = attn.transpose(1, 2) * gates->unsqueeze(-1);        // [B, N, H, D]
-  return at::linear(attn.reshape({rows, tokens, c}), block.proj_w,
-                    block.proj_b);
 }
 
 }  // namespace moh

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/core/bidirectional_attention.h"
 #include "model/core/device_context.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/image_classifier.h"
@@ -60,7 +61,8 @@ class VitModel : public ImageClassifier {
 
  private:
   struct Block {
-    at::Tensor norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b;
+    at::Tensor norm1_w, norm1_b;
+    BidirectionalAttentionWeights attn;
     at::Tensor norm2_w, norm2_b, fc1_w, fc1_b, fc2_w, fc2_b;
     MohRouter router;
   };
@@ -73,11 +75,6 @@ class VitModel : public ImageClassifier {
   absl::Status CheckPixels(const at::Tensor& pixels) const;
   at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w,
                        const at::Tensor& b) const;
-  // top_k: [B * N] int64 on the device, routed heads per token.
-  at::Tensor Attention(const Block& block, const at::Tensor& x,
-                       const at::Tensor& top_k, const TopKBounds& bounds,
-                       at::Tensor* gates) const;
-
   VitConfig config_;
   at::TensorOptions options_;
   std::unique_ptr<DeviceContext> context_;
