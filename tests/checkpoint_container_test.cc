@@ -152,6 +152,13 @@ TEST_F(CheckpointTest, LoadCheckpointReadsTheOnePthFile) {
   ExpectSameTensors(store, LoadOrDie(Generated("vit_expected")));
 }
 
+TEST_F(CheckpointTest, LoadCheckpointReadsTheOnePtFile) {
+  const std::string dir = CopyOf("vit_container");
+  fs::rename(dir + "/" + kVitPth, dir + "/0000100.pt");
+  TensorStore store = LoadOrDie(dir);
+  EXPECT_EQ(*store.SourceFile("head.weight"), dir + "/0000100.pt");
+}
+
 TEST_F(CheckpointTest, LoadCheckpointPrefersTheUsualNamesOverPth) {
   const std::string dir = CopyOf("vit_container");
   fs::copy(Generated("single_bin") + "/pytorch_model.bin", dir);
@@ -163,10 +170,12 @@ TEST_F(CheckpointTest, LoadCheckpointPrefersTheUsualNamesOverPth) {
 TEST_F(CheckpointTest, LoadCheckpointRefusesSeveralPthFiles) {
   const std::string dir = CopyOf("vit_container");
   fs::copy(dir + "/" + kVitPth, dir + "/best.pth");
-  fs::copy(dir + "/" + kVitPth, dir + "/checkpoint.pt");  // Not *.pth.
+  fs::copy(dir + "/" + kVitPth, dir + "/checkpoint.pt");  // *.pt counts.
+  fs::copy(dir + "/" + kVitPth, dir + "/notes.ptx");      // Not *.pt.
   ExpectError(LoadCheckpoint(dir).status(), absl::StatusCode::kInvalidArgument,
               {"checkpoint " + dir,
-               std::string("2 *.pth files (best.pth, ") + kVitPth + ")",
+               std::string("3 *.pth/*.pt files (best.pth, checkpoint.pt, ") +
+                   kVitPth + ")",
                "keep exactly one"});
 }
 

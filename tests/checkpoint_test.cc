@@ -132,7 +132,7 @@ TEST_F(CheckpointTest, NoCheckpointIsNotFound) {
   ExpectError(LoadCheckpoint(scratch_).status(), absl::StatusCode::kNotFound,
               {scratch_, "model.safetensors,", "model.safetensors.index.json",
                "pytorch_model.bin,", "pytorch_model.bin.index.json",
-               "or a *.pth file"});
+               "or a *.pth or *.pt file"});
   ExpectError(LoadCheckpoint(scratch_ + "/absent").status(),
               absl::StatusCode::kNotFound, {scratch_ + "/absent"});
 }

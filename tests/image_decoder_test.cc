@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "jpeglib.h"
 #include "service/image_decode_budget.h"
+#include "service/image_encoder.h"
 #include "service/image_resize.h"
 
 namespace moh {
@@ -634,6 +635,35 @@ TEST(ImageDecodeBudgetTest, ReservationsMoveAndReleaseOnce) {
   ASSERT_TRUE(b.ok());
   moved = std::move(*b);  // releases the 60
   EXPECT_EQ(budget.reserved_bytes(), 40);
+}
+
+}  // namespace
+}  // namespace moh
+
+namespace moh {
+namespace {
+
+// Generated images go out as PNG: what EncodePng writes decodes (libpng) to
+// the same pixels, grey and RGB (square, so the decoder does not resample).
+TEST(ImageEncoderTest, PngRoundTripsThroughTheDecoder) {
+  at::manual_seed(11);
+  for (int64_t channels : {1, 3}) {
+    at::Tensor pixels =
+        at::randint(0, 256, {channels, 9, 9}, at::TensorOptions(at::kByte));
+    auto png = EncodePng(pixels);
+    ASSERT_TRUE(png.ok()) << png.status();
+    EXPECT_EQ(png->substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+    auto decoded = DecodeImage(*png, static_cast<int>(channels), 9);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_TRUE(at::equal(at::round(*decoded * 255).to(at::kByte), pixels))
+        << channels << " channels";
+  }
+}
+
+TEST(ImageEncoderTest, RejectsOtherShapesAndTypes) {
+  EXPECT_FALSE(EncodePng(at::zeros({2, 4, 4}, at::kByte)).ok());
+  EXPECT_FALSE(EncodePng(at::zeros({3, 4, 4}, at::kFloat)).ok());
+  EXPECT_FALSE(EncodePng(at::zeros({4, 4}, at::kByte)).ok());
 }
 
 }  // namespace

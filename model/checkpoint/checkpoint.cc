@@ -284,16 +284,18 @@ absl::StatusOr<at::Tensor> TensorFromMappedFile(
   }
 }
 
-// The regular files named *.pth in `dir`, sorted; none if `dir` cannot be
-// listed.
+// The regular files named *.pth or *.pt (torch.save's usual suffixes: the
+// MoH-ViT release files, the MoH-DiT one) in `dir`, sorted; none if `dir`
+// cannot be listed.
 std::vector<std::string> PthFiles(const std::string& dir) {
   std::vector<std::string> names;
   std::error_code error;
   for (fs::directory_iterator it(dir, error), end; !error && it != end;
        it.increment(error)) {
     const std::string name = it->path().filename().string();
-    if (name.size() > 4 && absl::EndsWith(name, ".pth") &&
-        IsRegularFile(JoinPath(dir, name))) {
+    const bool torch_save = (name.size() > 4 && absl::EndsWith(name, ".pth")) ||
+                            (name.size() > 3 && absl::EndsWith(name, ".pt"));
+    if (torch_save && IsRegularFile(JoinPath(dir, name))) {
       names.push_back(name);
     }
   }
@@ -340,10 +342,10 @@ absl::StatusOr<TensorStore> LoadCheckpoint(const std::string& dir,
   }
   const std::vector<std::string> pth = PthFiles(dir);
   if (pth.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint ", dir, ": ", pth.size(), " *.pth files (",
-                     absl::StrJoin(pth, ", "), ") and none of ",
-                     absl::StrJoin(tried, ", "), "; keep exactly one"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", dir, ": ", pth.size(), " *.pth/*.pt files (",
+        absl::StrJoin(pth, ", "), ") and none of ", absl::StrJoin(tried, ", "),
+        "; keep exactly one"));
   }
   if (pth.size() == 1) {
     MOH_ASSIGN_OR_RETURN(TensorStore store,
@@ -353,7 +355,7 @@ absl::StatusOr<TensorStore> LoadCheckpoint(const std::string& dir,
   }
   return absl::NotFoundError(absl::StrCat("checkpoint ", dir, ": none of ",
                                           absl::StrJoin(tried, ", "),
-                                          " or a *.pth file exists"));
+                                          " or a *.pth or *.pt file exists"));
 }
 
 }  // namespace moh

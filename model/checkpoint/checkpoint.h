@@ -119,10 +119,10 @@ struct CheckpointOptions {
 // Reads the checkpoint in directory `dir`, choosing in this order:
 // model.safetensors; model.safetensors.index.json (+ shards);
 // pytorch_model.bin; pytorch_model.bin.index.json (+ shards); the one *.pth
-// file in `dir` (a release checkpoint, often a training container: see
-// CheckpointOptions). NOT_FOUND naming the directory and the file names tried
-// if none exists; INVALID_ARGUMENT listing them if `dir` holds several *.pth
-// files and none of the names before. The store's description() is `dir`;
+// or *.pt file in `dir` (a release checkpoint, often a training container:
+// see CheckpointOptions). NOT_FOUND naming the directory and the file names
+// tried if none exists; INVALID_ARGUMENT listing them if `dir` holds several
+// *.pth/*.pt files and none of the names before. The store's description() is `dir`;
 // every tensor's source file is the path it came from. Malformed files and
 // indexes: INVALID_ARGUMENT naming the file (and tensor); a shard listed in an
 // index but absent: NOT_FOUND naming shard and a tensor; a torch.save file
