@@ -19,6 +19,8 @@ Layout (see tests/reference/README.md for the full schema):
   vit_learned/            MoH-ViT (timm names), F16 model.safetensors, golden.json
   transnext_tiny/, transnext_tiny_st/, transnext_tiny_b/, preprocess/,
   transnext_manifest.json MoH-ViT on TransNeXt (make_transnext_fixtures.py)
+  dit_tiny/, dit_tiny_vae/, dit_tiny_vae_old/, dit_tiny_pixels/,
+  dit_manifest.json       MoH-DiT image generation (make_dit_fixtures.py)
   stamp
 """
 import hashlib
@@ -36,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import checkpoint_io  # noqa: E402
+import make_dit_fixtures  # noqa: E402
 from gpt2_bytes import (bytes_to_unicode,  # noqa: E402
                         byte_level_bpe_tokenizer_json)
 import make_transnext_fixtures  # noqa: E402
@@ -449,11 +452,15 @@ def generate(outdir, log):
     # 4. MoH-ViT on TransNeXt: release container, safetensors, preprocessing, manifest
     make_transnext_fixtures.generate(outdir, log)
 
+    # 5. MoH-DiT: release container, tiny VAEs in both attention namings, pixel space, manifest
+    make_dit_fixtures.generate(outdir, log)
+
 
 def source_hash():
     h = hashlib.sha256()
     for name in ("make_fixtures.py", "moh_reference.py", "checkpoint_io.py", "moh_transnext.py",
-                 "make_transnext_fixtures.py", "pil_resample.py"):
+                 "make_transnext_fixtures.py", "pil_resample.py", "moh_dit.py", "moh_dit_official.py",
+                 "make_dit_fixtures.py"):
         with open(os.path.join(HERE, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read() + b"\0")
     # PIL's encoders and bicubic resampling shape the preprocessing fixtures
