@@ -257,3 +257,65 @@ TEST(TransNextConfigTest, RejectsBadFieldsNamingThem) {
 
 }  // namespace
 }  // namespace moh
+
+namespace moh {
+namespace {
+
+absl::StatusOr<ModelConfig> ParseDit(const std::string& fields) {
+  return ParseModelConfig(R"({"model_type": "moh_dit")" + fields + "}",
+                          "cfg.json");
+}
+
+// The released configurations (MoH-DiT/models.py).
+TEST(DitConfigTest, VariantsFillTheArchitecture) {
+  auto xl = ParseDit(R"(, "variant": "MoH-DiT-XL/2-90")");
+  ASSERT_TRUE(xl.ok()) << xl.status();
+  ASSERT_EQ(xl->family, ModelFamily::kDit);
+  const DitConfig& c = xl->dit;
+  EXPECT_EQ(c.hidden_size, 1152);
+  EXPECT_EQ(c.depth, 28);
+  EXPECT_EQ(c.input_size, 32);
+  EXPECT_EQ(c.out_channels(), 8);
+  EXPECT_EQ(c.tokens(), 256);
+  ASSERT_EQ(c.moh.layers.size(), 28u);
+  EXPECT_EQ(c.num_heads[0], 8);
+  EXPECT_EQ(c.num_heads[27], 24);
+  EXPECT_EQ(c.head_dim[27], 72);  // 24 x 72 = 1728 != 1152
+  EXPECT_EQ(c.moh.layers[27].shared_heads, 16);
+  EXPECT_EQ(c.moh.layers[27].top_k, 3);
+  EXPECT_EQ(c.moh.layers[0].routed_heads(), 0);
+  EXPECT_EQ(c.labels.size(), 1000u);
+  EXPECT_EQ(c.labels[207], "207");
+  auto s75 = ParseDit(R"(, "variant": "MoH-DiT-S/2-75")");
+  ASSERT_TRUE(s75.ok()) << s75.status();
+  EXPECT_EQ(s75->dit.head_dim[0], 64);  // 384 / 6
+  EXPECT_EQ(s75->dit.moh.layers[6].top_k, 2);
+  EXPECT_EQ(
+      ParseDit(R"(, "variant": "MoH-DiT-L/2-75")")->dit.moh.layers[8].top_k, 4);
+}
+
+TEST(DitConfigTest, RejectsBadFieldsNamingThem) {
+  auto error = [](const std::string& fields) {
+    auto c = ParseDit(fields);
+    return c.ok() ? std::string("ok") : std::string(c.status().message());
+  };
+  EXPECT_THAT(error(R"(, "variant": "DiT-XL/2")"),
+              HasSubstr("field 'variant' must be one of MoH-DiT-XL/2-90"));
+  EXPECT_THAT(error(R"(, "hidden_size": 64)"),
+              HasSubstr("'depth' is required"));
+  const std::string tiny = R"(, "hidden_size": 32, "depth": 2, "input_size": 8,
+      "num_heads": [2, 4], "num_classes": 10)";
+  EXPECT_EQ(error(tiny), "ok");
+  EXPECT_THAT(error(tiny + R"(, "patch_size": 3)"),
+              HasSubstr("'patch_size' must divide input_size (8)"));
+  EXPECT_THAT(error(tiny + R"(, "moh_shared_heads": [2, 1],
+      "moh_routed_top_k": [0, 4])"),
+              HasSubstr("'moh_routed_top_k[1]' must be in [1, 3]"));
+  EXPECT_THAT(error(tiny + R"(, "labels": ["a"])"),
+              HasSubstr("'labels' must have num_classes (10) names"));
+  EXPECT_THAT(error(tiny + R"(, "default_guidance": 0.5)"),
+              HasSubstr("'default_guidance' must be in [1, 100]"));
+}
+
+}  // namespace
+}  // namespace moh

@@ -214,6 +214,14 @@ absl::StatusOr<at::Tensor> TensorStore::Take(std::string_view name,
   return copy;
 }
 
+void TensorStore::Discard(std::string_view prefix) {
+  for (auto it = entries_.lower_bound(prefix);
+       it != entries_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+       ++it) {
+    taken_.insert(it->first);
+  }
+}
+
 absl::Status TensorStore::CheckAllTaken() const {
   std::vector<std::string> extra;
   for (const auto& [name, entry] : entries_) {

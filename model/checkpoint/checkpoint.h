@@ -66,6 +66,9 @@ class TensorStore {
   // INVALID_ARGUMENT naming every tensor never taken
   // ("unexpected tensor '<name>' in <file>", joined by "; "), else OK.
   absl::Status CheckAllTaken() const;
+  // Marks every tensor whose name starts with `prefix` as taken without
+  // reading it (weights a model does not use, e.g. a VAE's encoder).
+  void Discard(std::string_view prefix);
 
   const std::string& description() const { return description_; }
   void set_description(std::string description) {
@@ -122,10 +125,10 @@ struct CheckpointOptions {
 // or *.pt file in `dir` (a release checkpoint, often a training container:
 // see CheckpointOptions). NOT_FOUND naming the directory and the file names
 // tried if none exists; INVALID_ARGUMENT listing them if `dir` holds several
-// *.pth/*.pt files and none of the names before. The store's description() is `dir`;
-// every tensor's source file is the path it came from. Malformed files and
-// indexes: INVALID_ARGUMENT naming the file (and tensor); a shard listed in an
-// index but absent: NOT_FOUND naming shard and a tensor; a torch.save file
+// *.pth/*.pt files and none of the names before. The store's description() is
+// `dir`; every tensor's source file is the path it came from. Malformed files
+// and indexes: INVALID_ARGUMENT naming the file (and tensor); a shard listed in
+// an index but absent: NOT_FOUND naming shard and a tensor; a torch.save file
 // that is neither a state dict nor a container holding one of
 // `options.container_keys`: INVALID_ARGUMENT naming the file and listing its
 // top-level keys.

@@ -95,11 +95,8 @@ at::Tensor Padded(const at::Tensor& ragged, const at::Tensor& flat,
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
     const std::string& dir, const DeviceOptions& device_options) {
-  MOH_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
-  if (config.family != ModelFamily::kLlama) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, "/config.json: not a LLaMA-style decoder"));
-  }
+  MOH_ASSIGN_OR_RETURN(ModelConfig config,
+                       LoadModelConfig(dir, ModelFamily::kLlama));
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
                        ResolveTensorOptions(device_options));
   return Load(dir, config.llama, options);

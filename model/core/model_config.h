@@ -143,13 +143,52 @@ struct TransNextConfig {
 // The released variants' names, for messages.
 const std::vector<std::string>& TransNextVariantNames();
 
-enum class ModelFamily { kLlama, kVit, kTransNext };
+// MoH-DiT (`model_type: "moh_dit"`): a class-conditional diffusion
+// transformer whose attention is MoH (MoH-DiT/models.py). Heads and head_dim
+// are per block (H * head_dim may differ from hidden_size); `variant` (one
+// of the eight released configurations) fills every architecture field not
+// given. Pixel-space models have no `vae`.
+struct DitConfig {
+  std::string variant;      // "" when the architecture is spelled out
+  int32_t input_size = 32;  // latent (or pixel) side
+  int32_t patch_size = 2;
+  int32_t in_channels = 4;
+  int32_t hidden_size = 0;
+  int32_t depth = 0;
+  std::vector<int32_t> num_heads;  // per block
+  std::vector<int32_t> head_dim;   // per block
+  double mlp_ratio = 4.0;
+  int32_t num_classes = 1000;
+  bool learn_sigma = true;
+  std::vector<std::string> labels;  // num_classes names ("0".. when absent)
+  // The VAE decoder's directory (relative to the model's), "" = pixel space.
+  std::string vae;
+  double latent_scale = 0.18215;
+  int32_t default_steps = 250;
+  double default_guidance = 4.0;
+  MohConfig moh;
+
+  int32_t out_channels() const {
+    return learn_sigma ? 2 * in_channels : in_channels;
+  }
+  int32_t grid() const { return input_size / patch_size; }
+  int32_t tokens() const { return grid() * grid(); }
+  int32_t mlp_hidden() const {
+    return static_cast<int32_t>(hidden_size * mlp_ratio);
+  }
+};
+
+// The released MoH-DiT configurations' names ("MoH-DiT-XL/2-90", ...).
+const std::vector<std::string>& DitVariantNames();
+
+enum class ModelFamily { kLlama, kVit, kTransNext, kDit };
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
   LlamaConfig llama;          // valid when family == kLlama
   VitConfig vit;              // valid when family == kVit
   TransNextConfig transnext;  // valid when family == kTransNext
+  DitConfig dit;              // valid when family == kDit
 };
 
 // Parses `json_text`; `source` names the file in error messages.
@@ -157,5 +196,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                              const std::string& source);
 // Reads and parses `dir`/config.json.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
+// The same, for a loader of `family`: INVALID_ARGUMENT
+// "<dir>/config.json: not a <model_type> model" for another family.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir,
+                                            ModelFamily family);
 
 }  // namespace moh

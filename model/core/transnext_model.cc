@@ -83,11 +83,8 @@ at::Tensor WindowNeighbours(int64_t resolution, int64_t side) {
 
 absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::Load(
     const std::string& dir, const DeviceOptions& device_options) {
-  MOH_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
-  if (config.family != ModelFamily::kTransNext) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, "/config.json: not a moh_transnext model"));
-  }
+  MOH_ASSIGN_OR_RETURN(ModelConfig config,
+                       LoadModelConfig(dir, ModelFamily::kTransNext));
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
                        ResolveTensorOptions(device_options));
   return Load(dir, config.transnext, options);

@@ -13,11 +13,8 @@ namespace moh {
 
 absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
     const std::string& dir, const DeviceOptions& device_options) {
-  MOH_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
-  if (config.family != ModelFamily::kVit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, "/config.json: not a moh_vit model"));
-  }
+  MOH_ASSIGN_OR_RETURN(ModelConfig config,
+                       LoadModelConfig(dir, ModelFamily::kVit));
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
                        ResolveTensorOptions(device_options));
   return Load(dir, config.vit, options);
