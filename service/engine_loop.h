@@ -78,6 +78,8 @@ class StepExecutor {
 struct EngineLoopOptions {
   std::string name;          // the model's: logs and the thread's name
   Rpc rpc = Rpc::kGenerate;  // the queue-time metric's label
+  // The batch-size metric's kind of a step's rows without a prompt.
+  BatchKind step_kind = BatchKind::kDecode;
   StepPlannerOptions planner;
   Clock* clock = RealClock();
 };
@@ -235,7 +237,7 @@ class EngineLoop {
         metrics_->BatchSize(BatchKind::kPrefill, plan.prefill_rows());
       }
       if (plan.decode_rows() > 0) {
-        metrics_->BatchSize(BatchKind::kDecode, plan.decode_rows());
+        metrics_->BatchSize(options_.step_kind, plan.decode_rows());
       }
     }
     std::vector<Request*> requests;

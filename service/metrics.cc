@@ -18,8 +18,8 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr int kNumRpcs = 2;
-constexpr int kNumBatchKinds = 3;
+constexpr int kNumRpcs = 3;
+constexpr int kNumBatchKinds = 4;
 constexpr int kNumCodes = 17;  // absl::StatusCode (== grpc::StatusCode) 0..16.
 constexpr int kUnknownCode = 2;
 
@@ -90,12 +90,14 @@ auto& Register(Builder builder, const char* name, const char* help,
 }  // namespace
 
 const char* RpcName(Rpc rpc) {
-  static constexpr const char* kNames[] = {"Generate", "Classify"};
+  static constexpr const char* kNames[] = {"Generate", "Classify",
+                                           "GenerateImage"};
   return EnumName(rpc, kNames);
 }
 
 const char* BatchKindName(BatchKind kind) {
-  static constexpr const char* kNames[] = {"prefill", "decode", "classify"};
+  static constexpr const char* kNames[] = {"prefill", "decode", "classify",
+                                           "image_step"};
   return EnumName(kind, kNames);
 }
 

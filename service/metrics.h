@@ -32,11 +32,13 @@ class ProcessCollector;  // service/process_collector.h
 
 // The RPCs served by one model. ListModels is the server's, not a model's, and
 // has no per-model series.
-enum class Rpc { kGenerate, kClassify };
-enum class BatchKind { kPrefill, kDecode, kClassify };
+enum class Rpc { kGenerate, kClassify, kGenerateImage };
+enum class BatchKind { kPrefill, kDecode, kClassify, kImageStep };
 
-const char* RpcName(Rpc rpc);               // "Generate", "Classify"
-const char* BatchKindName(BatchKind kind);  // "prefill", "decode", "classify"
+const char* RpcName(Rpc rpc);  // "Generate", "Classify", "GenerateImage"
+// "prefill", "decode", "classify", "image_step" (model rows of a sampler
+// step)
+const char* BatchKindName(BatchKind kind);
 
 // The metrics of one hosted model. Owned by Metrics; valid as long as it.
 class ModelMetrics {

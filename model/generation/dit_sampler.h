@@ -57,6 +57,9 @@ class ImageSample {
   const at::Tensor& x() const { return x_; }
   // Tokens each head served, summed over steps and rows: [L, H].
   const at::Tensor& head_token_counts() const { return head_tokens_; }
+  // Another activation before the first step (adaptive lowering at
+  // admission); `top_k` as ValidateTopK accepts.
+  void set_top_k(LayerTopK top_k) { request_.top_k = std::move(top_k); }
 
  private:
   friend absl::Status SampleStep(const DitModel& model,

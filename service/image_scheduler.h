@@ -1,0 +1,100 @@
+// Step-level continuous batching for GenerateImage: the diffusion family's
+// executor under the engine loop (engine_loop.h), as the language family's.
+// A request is a sequence of sampler steps (the planner sees no prompt and
+// `steps` outputs); each loop iteration runs ONE DiT forward over every
+// running request, whatever its step, class, guidance and ratio (guided
+// requests take two rows: the class and the null class). Requests join at
+// the next step and leave when their image is done: decoded (VAE, or the
+// pixels themselves), encoded as PNG and delivered.
+//
+// Each request samples with its own generator (dit_sampler.h), so its image
+// does not depend on the batch.
+//
+// Threading: Submit/Cancel/StopAccepting/counters are thread-safe. Observer
+// callbacks run on the loop thread and must not block.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "model/core/dit_model.h"
+#include "model/core/vae_decoder.h"
+#include "model/generation/diffusion.h"
+#include "service/config_limits.h"
+#include "service/metrics.h"
+
+namespace moh {
+
+// One GenerateImage request, checked by Submit.
+struct ImageJob {
+  int64_t class_id = 0;
+  uint64_t seed = 0;
+  int32_t steps = 0;       // 0: the model's default_steps
+  float guidance = 0.0f;   // 0: the model's default_guidance; else >= 1
+  float ratio = 0.0f;      // 0: the model's default
+  float min_ratio = 0.0f;  // adaptive floor; 0 = never lowered
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct ImageResult {
+  std::string png;
+  int32_t width = 0, height = 0;
+  int32_t steps = 0;
+  float applied_ratio = 0.0f;        // after adaptive lowering (0 = default)
+  double effective_ratio = 1.0;      // used (token, head) pairs / all pairs
+  int64_t routed_tokens = 0;         // tokens per block, over steps and rows
+  std::vector<int64_t> head_tokens;  // [L * H], H the most heads of a block
+  absl::Duration queued, sampling, decoding;
+};
+
+// Receives one request's output on the loop thread. OnProgress after every
+// step; then exactly one of OnFinished / OnError.
+class ImageObserver {
+ public:
+  virtual ~ImageObserver() = default;
+  virtual void OnProgress(int32_t step, int32_t steps) = 0;
+  virtual void OnFinished(const ImageResult& result) = 0;
+  // CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE (shut down), INTERNAL.
+  virtual void OnError(const absl::Status& status) = 0;
+};
+
+class ImageScheduler {
+ public:
+  struct Options {
+    std::string model_name;
+    // Requests sampled at once (each one or two model rows per step).
+    int32_t max_running = config_limits::kMaxRunning.default_value;
+    int32_t max_queued_requests =
+        config_limits::kGenerationMaxQueuedRequests.default_value;
+    int32_t adaptive_queue_depth = config_limits::kAdaptiveQueueDepthOff;
+  };
+
+  // `model` and `vae` (null: pixel space) outlive the scheduler.
+  static absl::StatusOr<std::unique_ptr<ImageScheduler>> Create(
+      const Options& options, const DitModel& model, const VaeDecoder* vae,
+      ModelMetrics* metrics);
+  ~ImageScheduler();
+
+  // Checks `job` (INVALID_ARGUMENT naming the field and its range), draws
+  // its initial noise and queues it.
+  absl::StatusOr<uint64_t> Submit(const ImageJob& job,
+                                  std::shared_ptr<ImageObserver> observer);
+  void Cancel(uint64_t id);
+  void StopAccepting();
+  bool Idle() const;
+  int64_t num_running() const;
+  int64_t num_waiting() const;
+
+ private:
+  class Impl;
+  explicit ImageScheduler(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moh

@@ -1,0 +1,193 @@
+// Step-level batching of GenerateImage (service/image_scheduler.h) on the
+// tiny MoH-DiT of tests/reference/make_dit_fixtures.py: requests submitted
+// together, at different steps, guidance scales and ratios, share forwards
+// and each gets the reference's image (tests/reference/moh_dit.py); progress
+// after every step; cancellation, deadlines and bad fields.
+#include "service/image_scheduler.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "service/image_decoder.h"
+
+namespace moh {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+const std::string kFixtures = MOH_FIXTURES_DIR;
+
+json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return json::parse(s.str());
+}
+
+class Recorder : public ImageObserver {
+ public:
+  void OnProgress(int32_t step, int32_t steps) override {
+    absl::MutexLock lock(&mu_);
+    progress_.push_back(step);
+    steps_ = steps;
+  }
+  void OnFinished(const ImageResult& result) override {
+    absl::MutexLock lock(&mu_);
+    result_ = result;
+    done_.Notify();
+  }
+  void OnError(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    done_.Notify();
+  }
+  bool Wait() {
+    return done_.WaitForNotificationWithTimeout(absl::Seconds(60));
+  }
+  std::vector<int32_t> progress() {
+    absl::MutexLock lock(&mu_);
+    return progress_;
+  }
+  ImageResult result() {
+    absl::MutexLock lock(&mu_);
+    return result_;
+  }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Notification done_;
+  std::vector<int32_t> progress_;
+  int32_t steps_ = 0;
+  ImageResult result_;
+  absl::Status status_;
+};
+
+class ImageSchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = kFixtures + "/dit_tiny";
+    auto model = DitModel::Load(dir, DeviceOptions{"cpu", "float32"});
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    auto vae = VaeDecoder::Load(dir + "/" + model_->config().vae,
+                                at::TensorOptions().dtype(at::kFloat));
+    ASSERT_TRUE(vae.ok()) << vae.status();
+    vae_ = std::move(*vae);
+    golden_ = ReadJson(dir + "/golden.json");
+  }
+
+  std::unique_ptr<ImageScheduler> Scheduler(int32_t max_running) {
+    ImageScheduler::Options options;
+    options.model_name = "dit";
+    options.max_running = max_running;
+    auto scheduler =
+        ImageScheduler::Create(options, *model_, vae_.get(), nullptr);
+    EXPECT_TRUE(scheduler.ok()) << scheduler.status();
+    return std::move(*scheduler);
+  }
+
+  static ImageJob JobOf(const json& s) {
+    ImageJob job;
+    job.class_id = s.at("class").get<int64_t>();
+    job.seed = s.at("seed").get<uint64_t>();
+    job.steps = s.at("steps").get<int32_t>();
+    job.guidance = s.at("guidance").get<float>();
+    job.ratio = s.at("ratio").get<float>();
+    return job;
+  }
+
+  std::unique_ptr<DitModel> model_;
+  std::unique_ptr<VaeDecoder> vae_;
+  json golden_;
+};
+
+TEST_F(ImageSchedulerTest, RequestsBatchedTogetherGetTheReferenceImages) {
+  std::unique_ptr<ImageScheduler> scheduler = Scheduler(8);
+  std::vector<std::shared_ptr<Recorder>> recorders;
+  for (const json& s : golden_.at("samples")) {
+    recorders.push_back(std::make_shared<Recorder>());
+    ASSERT_TRUE(scheduler->Submit(JobOf(s), recorders.back()).ok());
+  }
+  for (size_t i = 0; i < recorders.size(); ++i) {
+    ASSERT_TRUE(recorders[i]->Wait());
+    const json& s = golden_.at("samples")[i];
+    ASSERT_TRUE(recorders[i]->status().ok()) << recorders[i]->status();
+    const ImageResult result = recorders[i]->result();
+    const int32_t steps = s.at("steps").get<int32_t>();
+    std::vector<int32_t> expected(steps);
+    for (int32_t k = 0; k < steps; ++k) expected[k] = k + 1;
+    EXPECT_EQ(recorders[i]->progress(), expected);
+    EXPECT_EQ(result.steps, steps);
+    ASSERT_EQ(result.width, 32);
+    auto pixels = DecodeImage(result.png, 3, 32);
+    ASSERT_TRUE(pixels.ok()) << pixels.status();
+    std::vector<uint8_t> want;
+    for (const json& c : s.at("image_u8")) {
+      for (const json& row : c) {
+        for (const json& v : row) want.push_back(v.get<uint8_t>());
+      }
+    }
+    at::Tensor got = at::round(*pixels * 255).to(at::kLong).flatten();
+    at::Tensor expect =
+        at::tensor(std::vector<int64_t>(want.begin(), want.end()));
+    EXPECT_LE((got - expect).abs().max().item<int64_t>(), 1) << "sample " << i;
+    EXPECT_GT(result.effective_ratio, 0.0);
+    EXPECT_LE(result.effective_ratio, 1.0);
+  }
+}
+
+TEST_F(ImageSchedulerTest, BadFieldsAreNamed) {
+  std::unique_ptr<ImageScheduler> scheduler = Scheduler(2);
+  auto recorder = std::make_shared<Recorder>();
+  ImageJob job;
+  job.steps = 1;
+  EXPECT_THAT(std::string(scheduler->Submit(job, recorder).status().message()),
+              HasSubstr("steps must be in [2, 1000]"));
+  job.steps = 4;
+  job.guidance = 0.5f;
+  EXPECT_THAT(std::string(scheduler->Submit(job, recorder).status().message()),
+              HasSubstr("guidance_scale must be in [1, 100]"));
+  job.guidance = 1.0f;
+  job.class_id = 10;
+  EXPECT_THAT(std::string(scheduler->Submit(job, recorder).status().message()),
+              HasSubstr("class_index must be in [0, 10)"));
+  job.class_id = 1;
+  job.ratio = 2.0f;
+  EXPECT_THAT(std::string(scheduler->Submit(job, recorder).status().message()),
+              HasSubstr("activation.ratio must be in (0, 1]"));
+}
+
+TEST_F(ImageSchedulerTest, CancelledAndExpiredRequestsEndWithTheirStatus) {
+  std::unique_ptr<ImageScheduler> scheduler = Scheduler(1);
+  ImageJob job;
+  job.steps = 1000;  // long enough to cancel midway
+  job.guidance = 1.0f;
+  auto running = std::make_shared<Recorder>();
+  auto id = scheduler->Submit(job, running);
+  ASSERT_TRUE(id.ok());
+  ImageJob late = job;
+  late.deadline = absl::Now() - absl::Seconds(1);
+  auto expired = std::make_shared<Recorder>();
+  ASSERT_TRUE(scheduler->Submit(late, expired).ok());
+  scheduler->Cancel(*id);
+  ASSERT_TRUE(running->Wait());
+  EXPECT_EQ(running->status().code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(expired->Wait());
+  EXPECT_EQ(expired->status().code(), absl::StatusCode::kDeadlineExceeded);
+  for (int i = 0; i < 200 && !scheduler->Idle(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(scheduler->Idle());
+}
+
+}  // namespace
+}  // namespace moh
