@@ -65,20 +65,30 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   return s;
 }
 
-// Streams one Generate call. The scheduler's loop thread produces messages
-// (through Observer); gRPC completes writes on its own threads. The reactor
-// finishes only after the scheduler's final callback (or when Submit failed),
-// so the observer never outlives it in use. It is deleted when both gRPC
-// (OnDone) and the request worker (after Start) are done with it: once the
-// job is submitted, the scheduler can finish the call, and gRPC end it,
-// before Start returns.
-class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+// Streams one server-streaming call (Generate, GenerateImage). The model's
+// loop thread produces messages (through the RPC's observer); gRPC completes
+// writes on its own threads. The reactor finishes only after the loop's final
+// callback (or when the submission failed), so the observer never outlives it
+// in use. It is deleted when both gRPC (OnDone) and the request worker (after
+// Start) are done with it: once the request is submitted, the loop can finish
+// the call, and gRPC end it, before Start returns.
+//
+// Traits: Request, Response, kTask (finding the model), kRpc (metrics),
+// Submit(reactor, servable, request, deadline) -> id (builds the call and its
+// observer), Cancel(servable, id), Coalesce(queued, response) (merges a
+// message produced while another is written into the queued one).
+template <typename Traits>
+class StreamingReactor
+    : public grpc::ServerWriteReactor<typename Traits::Response> {
  public:
+  using Request = typename Traits::Request;
+  using Response = typename Traits::Response;
+
   // `auth`: the call's authentication (OK, or why it is refused). The rest
   // of the work (Start) runs on a request worker.
-  GenerateReactor(ModelManager* models, RequestWorkers* workers,
-                  grpc::CallbackServerContext* context,
-                  const v1::GenerateRequest* request, const absl::Status& auth)
+  StreamingReactor(ModelManager* models, RequestWorkers* workers,
+                   grpc::CallbackServerContext* context, const Request* request,
+                   const absl::Status& auth)
       : start_(absl::Now()),
         deadline_(Deadline(context)),
         server_metrics_(models->metrics()),
@@ -107,8 +117,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       cancelled_ = true;
       submitted = submitted_;
     }
-    // The scheduler answers with OnFinished(kCancelled); Finish happens there.
-    if (submitted) model_->CancelGenerate(id_);
+    // The loop answers with its final callback; Finish happens there.
+    if (submitted) Traits::Cancel(model_, id_);
   }
   void OnWriteDone(bool ok) override {
     std::optional<grpc::Status> finish;
@@ -119,7 +129,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       if (!ok) DropUnsent();  // the stream is gone; nothing more to send
       if (!queue_.empty()) {
         writing_ = true;
-        StartWrite(&queue_.front());
+        this->StartWrite(&queue_.front());
       } else if (final_status_) {
         finish = final_status_;
       }
@@ -129,112 +139,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
   void OnDone() override { Release(); }
 
- private:
-  class Observer : public GenerationObserver {
-   public:
-    explicit Observer(GenerateReactor* reactor) : reactor_(reactor) {}
-    void OnChunk(const GenerationChunk& chunk) override {
-      v1::GenerateResponse response;
-      response.set_text(chunk.text);
-      response.mutable_token_ids()->Add(chunk.token_ids.begin(),
-                                        chunk.token_ids.end());
-      reactor_->Send(std::move(response), std::nullopt);
-    }
-    void OnFinished(const GenerationSummary& summary) override {
-      v1::GenerateResponse response;
-      response.set_finish_reason(ToProto(summary.finish_reason));
-      response.mutable_usage()->set_prompt_tokens(summary.prompt_tokens);
-      response.mutable_usage()->set_completion_tokens(
-          summary.completion_tokens);
-      response.set_effective_activation_ratio(summary.effective_ratio);
-      response.set_activation_ratio(summary.applied_ratio);
-      if (reactor_->include_routing_) {
-        *response.mutable_routing() =
-            ToRouting(summary.head_tokens, reactor_->model_->moh(),
-                      summary.routed_tokens, {});
-      }
-      reactor_->Send(std::move(response), absl::OkStatus());
-    }
-    void OnError(const absl::Status& status) override {
-      reactor_->Send(std::nullopt, status);
-    }
-
-   private:
-    GenerateReactor* const reactor_;
-  };
-
-  // Drops one of the holds; the last one deletes the reactor.
-  void Release() {
-    if (holds_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
-  }
-
-  // On a request worker: finds the model and hands it the request
-  // (tokenizing, checks, admission).
-  void Start(ModelManager* models, const v1::GenerateRequest& request) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (cancelled_) {
-        // Gone while it waited for a worker: nothing to prepare.
-        FinishWith(GoneStatus());
-        return;
-      }
-    }
-    auto found = models->Find(request.model(), Task::kGenerate);
-    if (!found.ok()) {
-      FinishWith(found.status());
-      return;
-    }
-    model_name_ = (*found)->name();
-    auto servable = (*found)->Ready();
-    if (!servable.ok()) {
-      FinishWith(servable.status());
-      return;
-    }
-    model_ = *servable;
-    metrics_ = model_->metrics();
-    GenerateCall call;
-    if (!request.prompt().empty()) call.prompt = request.prompt();
-    if (!request.token_ids().empty()) {
-      call.token_ids.emplace(request.token_ids().begin(),
-                             request.token_ids().end());
-    }
-    call.sampling = FromProto(request.sampling());
-    if (request.sampling().has_max_new_tokens()) {
-      call.max_new_tokens = request.sampling().max_new_tokens();
-    }
-    call.ratio = request.activation().ratio();
-    call.min_ratio = request.activation().min_ratio();
-    call.deadline = deadline_;
-    auto observer = std::make_shared<Observer>(this);
-    auto id = model_->Generate(std::move(call), observer);
-    if (!id.ok()) {
-      FinishWith(id.status());
-      return;
-    }
-    bool cancelled;
-    {
-      absl::MutexLock lock(&mu_);
-      id_ = *id;
-      submitted_ = true;
-      cancelled = cancelled_;
-    }
-    // A cancellation that arrived while the job was being submitted.
-    if (cancelled) model_->CancelGenerate(id_);
-  }
-
-  // The status of a call gRPC cancelled: its deadline passed (gRPC cancels a
-  // call whose deadline passed; its timer may fire a little before our clock
-  // reaches the deadline it reported: allow for it), or the client went.
-  absl::Status GoneStatus() const {
-    constexpr absl::Duration kTimerSlack = absl::Milliseconds(50);
-    return absl::Now() + kTimerSlack >= deadline_
-               ? absl::DeadlineExceededError("deadline exceeded")
-               : absl::CancelledError("cancelled by the client");
-  }
+  // For the observers (on the loop thread).
+  bool include_routing() const { return include_routing_; }
+  const Servable& model() const { return *model_; }
 
   // Queues `response` (if any); with `done`, finishes the call once every
   // queued message has been written.
-  void Send(std::optional<v1::GenerateResponse> response,
+  void Send(std::optional<Response> response,
             std::optional<absl::Status> done) {
     std::optional<grpc::Status> finish;
     {
@@ -250,7 +161,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       if (done) final_status_ = ToGrpcStatus(*done);
       if (!writing_ && !queue_.empty()) {
         writing_ = true;
-        StartWrite(&queue_.front());
+        this->StartWrite(&queue_.front());
       } else if (!writing_ && final_status_) {
         finish = final_status_;
       }
@@ -258,21 +169,72 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     if (finish) FinishWith(*finish);
   }
 
+ private:
+  // Drops one of the holds; the last one deletes the reactor.
+  void Release() {
+    if (holds_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  // On a request worker: finds the model and hands it the request
+  // (tokenizing, checks, admission).
+  void Start(ModelManager* models, const Request& request) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) {
+        // Gone while it waited for a worker: nothing to prepare.
+        FinishWith(GoneStatus());
+        return;
+      }
+    }
+    auto found = models->Find(request.model(), Traits::kTask);
+    if (!found.ok()) {
+      FinishWith(found.status());
+      return;
+    }
+    model_name_ = (*found)->name();
+    auto servable = (*found)->Ready();
+    if (!servable.ok()) {
+      FinishWith(servable.status());
+      return;
+    }
+    model_ = *servable;
+    metrics_ = model_->metrics();
+    auto id = Traits::Submit(this, model_, request, deadline_);
+    if (!id.ok()) {
+      FinishWith(id.status());
+      return;
+    }
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = *id;
+      submitted_ = true;
+      cancelled = cancelled_;
+    }
+    // A cancellation that arrived while the request was being submitted.
+    if (cancelled) Traits::Cancel(model_, id_);
+  }
+
+  // The status of a call gRPC cancelled: its deadline passed (gRPC cancels a
+  // call whose deadline passed; its timer may fire a little before our clock
+  // reaches the deadline it reported: allow for it), or the client went.
+  absl::Status GoneStatus() const {
+    constexpr absl::Duration kTimerSlack = absl::Milliseconds(50);
+    return absl::Now() + kTimerSlack >= deadline_
+               ? absl::DeadlineExceededError("deadline exceeded")
+               : absl::CancelledError("cancelled by the client");
+  }
+
   // Queues `response` for writing. While gRPC writes one message, what the
-  // scheduler produces meanwhile is coalesced into the next one (a message
-  // carries the text and ids "since the previous message"; the last one also
-  // the summary), so that a slow reader or a busy server costs one write per
-  // backlog, not one per token.
-  void Enqueue(v1::GenerateResponse response)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // loop produces meanwhile is coalesced into the next one, so that a slow
+  // reader or a busy server costs one write per backlog, not one per output.
+  void Enqueue(Response response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (queue_.size() < (writing_ ? 2u : 1u)) {
       queue_.push_back(std::move(response));
       return;
     }
-    v1::GenerateResponse& next = queue_.back();  // queued, not being written
-    std::string text = next.text() + response.text();
-    next.MergeFrom(response);  // ids appended; the summary's fields set
-    next.set_text(std::move(text));
+    // The last one is queued, not being written.
+    Traits::Coalesce(queue_.back(), std::move(response));
   }
 
   // Discards queued messages, but never the one gRPC is writing (it holds a
@@ -287,9 +249,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
   // Records the request and finishes; the reactor may be deleted right after.
   void FinishWith(const grpc::Status& status) {
-    RecordRequest(metrics_, server_metrics_, Rpc::kGenerate, model_name_,
+    RecordRequest(metrics_, server_metrics_, Traits::kRpc, model_name_,
                   static_cast<absl::StatusCode>(status.error_code()), start_);
-    Finish(status);
+    this->Finish(status);
   }
 
   const absl::Time start_;
@@ -307,8 +269,80 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Response> queue_ ABSL_GUARDED_BY(mu_);
   std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+// Generate: text chunks, then the summary.
+struct GenerateTraits {
+  using Request = v1::GenerateRequest;
+  using Response = v1::GenerateResponse;
+  static constexpr Task kTask = Task::kGenerate;
+  static constexpr Rpc kRpc = Rpc::kGenerate;
+  using Reactor = StreamingReactor<GenerateTraits>;
+
+  class Observer : public GenerationObserver {
+   public:
+    explicit Observer(Reactor* reactor) : reactor_(reactor) {}
+    void OnChunk(const GenerationChunk& chunk) override {
+      v1::GenerateResponse response;
+      response.set_text(chunk.text);
+      response.mutable_token_ids()->Add(chunk.token_ids.begin(),
+                                        chunk.token_ids.end());
+      reactor_->Send(std::move(response), std::nullopt);
+    }
+    void OnFinished(const GenerationSummary& summary) override {
+      v1::GenerateResponse response;
+      response.set_finish_reason(ToProto(summary.finish_reason));
+      response.mutable_usage()->set_prompt_tokens(summary.prompt_tokens);
+      response.mutable_usage()->set_completion_tokens(
+          summary.completion_tokens);
+      response.set_effective_activation_ratio(summary.effective_ratio);
+      response.set_activation_ratio(summary.applied_ratio);
+      if (reactor_->include_routing()) {
+        *response.mutable_routing() =
+            ToRouting(summary.head_tokens, reactor_->model().moh(),
+                      summary.routed_tokens, {});
+      }
+      reactor_->Send(std::move(response), absl::OkStatus());
+    }
+    void OnError(const absl::Status& status) override {
+      reactor_->Send(std::nullopt, status);
+    }
+
+   private:
+    Reactor* const reactor_;
+  };
+
+  static absl::StatusOr<uint64_t> Submit(Reactor* reactor, Servable* model,
+                                         const Request& request,
+                                         absl::Time deadline) {
+    GenerateCall call;
+    if (!request.prompt().empty()) call.prompt = request.prompt();
+    if (!request.token_ids().empty()) {
+      call.token_ids.emplace(request.token_ids().begin(),
+                             request.token_ids().end());
+    }
+    call.sampling = FromProto(request.sampling());
+    if (request.sampling().has_max_new_tokens()) {
+      call.max_new_tokens = request.sampling().max_new_tokens();
+    }
+    call.ratio = request.activation().ratio();
+    call.min_ratio = request.activation().min_ratio();
+    call.deadline = deadline;
+    return model->Generate(std::move(call),
+                           std::make_shared<Observer>(reactor));
+  }
+  static void Cancel(Servable* model, uint64_t id) {
+    model->CancelGenerate(id);
+  }
+  // A message carries the text and ids "since the previous message"; the
+  // last one also the summary.
+  static void Coalesce(Response& next, Response response) {
+    std::string text = next.text() + response.text();
+    next.MergeFrom(response);  // ids appended; the summary's fields set
+    next.set_text(std::move(text));
+  }
 };
 
 ClassifyCall FromProto(const v1::ClassifyRequest& request) {
@@ -366,8 +400,8 @@ v1::Routing ToRouting(const std::vector<int64_t>& head_tokens,
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   CallArrived();
-  return new GenerateReactor(models_, workers_, context, request,
-                             Authenticate(context));
+  return new GenerateTraits::Reactor(models_, workers_, context, request,
+                                     Authenticate(context));
 }
 
 absl::Status InferenceService::Authenticate(
