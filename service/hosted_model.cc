@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "model/core/runtime.h"
+#include "service/diffusion_servable.h"
 #include "service/draining.h"
 #include "service/language_servable.h"
 #include "service/vision_servable.h"
@@ -31,6 +32,8 @@ absl::StatusOr<std::unique_ptr<Servable>> LoadServable(
   switch (family) {
     case ModelFamily::kLlama:
       return WarmedUp(LanguageServable::Load(config, device, metrics));
+    case ModelFamily::kDit:
+      return WarmedUp(DiffusionServable::Load(config, device, metrics));
     case ModelFamily::kVit:
     case ModelFamily::kTransNext:
       return WarmedUp(VisionServable::Load(config, family, device, metrics,

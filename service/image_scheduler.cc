@@ -87,6 +87,9 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
         at::Tensor image,
         SampleImage(*r.sample, vae_, model_.config().latent_scale));
     ImageResult& result = r.result;
+    result.class_id = r.job.class_id;
+    result.seed = r.job.seed;
+    result.guidance = r.job.guidance;
     MOH_ASSIGN_OR_RETURN(result.png, EncodePng(image));
     result.height = image.size(1);
     result.width = image.size(2);
@@ -168,6 +171,8 @@ class ImageScheduler::Impl {
     work.can_lower = activation.CanLower();
     auto state = std::make_unique<ImageRequestState>();
     state->job = job;
+    state->job.steps = steps;
+    state->job.guidance = guidance;
     state->activation = std::move(activation);
     state->observer = std::move(observer);
     state->sample = std::move(sample);

@@ -43,6 +43,10 @@ struct ImageJob {
 };
 
 struct ImageResult {
+  // What it was asked, resolved: the class, the seed, the guidance scale.
+  int64_t class_id = 0;
+  uint64_t seed = 0;
+  float guidance = 1.0f;
   std::string png;
   int32_t width = 0, height = 0;
   int32_t steps = 0;

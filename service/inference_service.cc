@@ -345,6 +345,97 @@ struct GenerateTraits {
   }
 };
 
+// GenerateImage: progress messages, then the image.
+struct GenerateImageTraits {
+  using Request = v1::GenerateImageRequest;
+  using Response = v1::GenerateImageResponse;
+  static constexpr Task kTask = Task::kGenerateImage;
+  static constexpr Rpc kRpc = Rpc::kGenerateImage;
+  using Reactor = StreamingReactor<GenerateImageTraits>;
+
+  class Observer : public ImageObserver {
+   public:
+    Observer(Reactor* reactor, bool progress)
+        : reactor_(reactor), progress_(progress) {}
+    void OnProgress(int32_t step, int32_t steps) override {
+      if (!progress_ || step == steps) return;  // the last message says it
+      v1::GenerateImageResponse response;
+      response.set_step(step);
+      response.set_steps(steps);
+      reactor_->Send(std::move(response), std::nullopt);
+    }
+    void OnFinished(const ImageResult& result) override {
+      v1::GenerateImageResponse response;
+      response.set_step(result.steps);
+      response.set_steps(result.steps);
+      response.set_png(result.png);
+      response.set_width(result.width);
+      response.set_height(result.height);
+      response.set_class_index(static_cast<int32_t>(result.class_id));
+      response.set_seed(result.seed);
+      response.set_guidance_scale(result.guidance);
+      response.set_activation_ratio(result.applied_ratio);
+      response.set_effective_activation_ratio(result.effective_ratio);
+      if (reactor_->include_routing()) {
+        *response.mutable_routing() =
+            ToRouting(result.head_tokens, reactor_->model().moh(),
+                      result.routed_tokens, {});
+      }
+      v1::ImageTimings* timings = response.mutable_timings();
+      timings->set_queue_seconds(absl::ToDoubleSeconds(result.queued));
+      timings->set_sampling_seconds(absl::ToDoubleSeconds(result.sampling));
+      timings->set_decode_seconds(absl::ToDoubleSeconds(result.decoding));
+      reactor_->Send(std::move(response), absl::OkStatus());
+    }
+    void OnError(const absl::Status& status) override {
+      reactor_->Send(std::nullopt, status);
+    }
+
+   private:
+    Reactor* const reactor_;
+    const bool progress_;
+  };
+
+  static absl::StatusOr<uint64_t> Submit(Reactor* reactor, Servable* model,
+                                         const Request& request,
+                                         absl::Time deadline) {
+    GenerateImageCall call;
+    switch (request.condition_case()) {
+      case v1::GenerateImageRequest::kClassIndex:
+        call.class_index = request.class_index();
+        break;
+      case v1::GenerateImageRequest::kClassLabel:
+        call.class_label = request.class_label();
+        break;
+      case v1::GenerateImageRequest::CONDITION_NOT_SET:
+        break;
+    }
+    if (request.has_seed()) call.seed = request.seed();
+    call.steps = request.steps();
+    if (request.has_guidance_scale()) {
+      call.guidance = request.guidance_scale();
+      if (call.guidance == 0.0f) {
+        return absl::InvalidArgumentError(
+            "guidance_scale must be in [1, 100] (absent: the model's "
+            "default), got 0");
+      }
+    }
+    call.ratio = request.activation().ratio();
+    call.min_ratio = request.activation().min_ratio();
+    call.deadline = deadline;
+    return model->GenerateImage(
+        std::move(call),
+        std::make_shared<Observer>(reactor, request.progress()));
+  }
+  static void Cancel(Servable* model, uint64_t id) {
+    model->CancelGenerateImage(id);
+  }
+  // Progress while a write is in flight: only the latest step matters.
+  static void Coalesce(Response& next, Response response) {
+    next = std::move(response);
+  }
+};
+
 ClassifyCall FromProto(const v1::ClassifyRequest& request) {
   ClassifyCall call;
   switch (request.input_case()) {
@@ -402,6 +493,14 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
   CallArrived();
   return new GenerateTraits::Reactor(models_, workers_, context, request,
                                      Authenticate(context));
+}
+
+grpc::ServerWriteReactor<v1::GenerateImageResponse>*
+InferenceService::GenerateImage(grpc::CallbackServerContext* context,
+                                const v1::GenerateImageRequest* request) {
+  CallArrived();
+  return new GenerateImageTraits::Reactor(models_, workers_, context, request,
+                                          Authenticate(context));
 }
 
 absl::Status InferenceService::Authenticate(

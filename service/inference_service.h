@@ -37,6 +37,9 @@ class InferenceService final : public v1::Inference::CallbackService {
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context,
       const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<v1::GenerateImageResponse>* GenerateImage(
+      grpc::CallbackServerContext* context,
+      const v1::GenerateImageRequest* request) override;
   grpc::ServerUnaryReactor* Classify(grpc::CallbackServerContext* context,
                                      const v1::ClassifyRequest* request,
                                      v1::ClassifyResponse* response) override;

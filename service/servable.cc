@@ -11,7 +11,8 @@ Task TaskOf(const ClassifyCall& call) {
 
 const char* TaskName(Task task) {
   static constexpr const char* kNames[] = {"Generate", "Classify of an image",
-                                           "Classify of a text"};
+                                           "Classify of a text",
+                                           "GenerateImage"};
   return EnumName(task, kNames);
 }
 
@@ -69,6 +70,14 @@ absl::StatusOr<uint64_t> Servable::Generate(
 }
 
 void Servable::CancelGenerate(uint64_t) {}
+
+absl::StatusOr<uint64_t> Servable::GenerateImage(
+    GenerateImageCall, std::shared_ptr<ImageObserver>) {
+  return NotServedError("model", name_, family_, Task::kGenerateImage,
+                        "choose an image generator (MoH-DiT)");
+}
+
+void Servable::CancelGenerateImage(uint64_t) {}
 
 absl::Status Servable::Classify(ClassifyCall call, ClassifyDone) {
   return NotServedError("model", name_, family_, TaskOf(call),

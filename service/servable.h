@@ -26,6 +26,7 @@
 #include "model/generation/sampler.h"
 #include "moh/v1/inference.pb.h"
 #include "service/continuous_batch_scheduler.h"
+#include "service/image_scheduler.h"
 #include "service/metrics.h"
 
 namespace moh {
@@ -36,6 +37,17 @@ struct GenerateCall {
   SamplingParams sampling;  // max_new_tokens is ignored: see below
   // Tokens to generate; unset: the model's configured default.
   std::optional<int32_t> max_new_tokens;
+  float ratio = 0.0f;
+  float min_ratio = 0.0f;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct GenerateImageCall {
+  std::optional<int64_t> class_index;
+  std::optional<std::string> class_label;
+  std::optional<uint64_t> seed;  // unset: random
+  int32_t steps = 0;             // 0: the model's default
+  float guidance = 0.0f;         // 0: the model's default
   float ratio = 0.0f;
   float min_ratio = 0.0f;
   absl::Time deadline = absl::InfiniteFuture();
@@ -76,7 +88,7 @@ using ClassifyDone = std::function<void(absl::StatusOr<ClassifyResult>)>;
 
 // The kinds of work a request asks for: how a request without a model name
 // finds a model that serves it.
-enum class Task { kGenerate, kClassifyImage, kClassifyText };
+enum class Task { kGenerate, kClassifyImage, kClassifyText, kGenerateImage };
 Task TaskOf(const ClassifyCall& call);
 const char* TaskName(Task task);  // "Generate", "Classify of an image", ...
 
@@ -108,6 +120,11 @@ class Servable {
   // Queues a classification; `done` is called exactly once, later, on a
   // batcher thread — unless this returns an error, then never.
   virtual absl::Status Classify(ClassifyCall call, ClassifyDone done);
+  // Starts generating an image; the observer then gets progress and the
+  // result. Families that do not generate images: NotServedError.
+  virtual absl::StatusOr<uint64_t> GenerateImage(
+      GenerateImageCall call, std::shared_ptr<ImageObserver> observer);
+  virtual void CancelGenerateImage(uint64_t id);
 
   // Drain: new work gets UNAVAILABLE; work already accepted completes.
   virtual void StopAccepting() = 0;

@@ -140,7 +140,8 @@ def test_reflection_lists_and_describes_the_service(main_server):
     package, inference = service[0]
     assert package == "moh.v1" and inference.name == "Inference"
     methods = {m.name: m for m in inference.method}
-    assert sorted(methods) == ["Classify", "Generate", "ListModels"]
+    assert sorted(methods) == ["Classify", "Generate", "GenerateImage",
+                               "ListModels"]
     assert methods["Generate"].server_streaming
     assert not methods["Classify"].server_streaming
 
