@@ -135,6 +135,55 @@ int RunGenerate(moh::v1::Inference::StubInterface& stub,
   return kExitOk;
 }
 
+int RunGenerateImage(moh::v1::Inference::StubInterface& stub,
+                     const moh::v1::GenerateImageRequest& request,
+                     const std::string& out, const CallOptions& call) {
+  moh::v1::GenerateImageResponse last;
+  grpc::Status status;
+  {
+    grpc::ClientContext context;
+    ConfigureContext(call, &context);
+    CancelOnInterrupt cancel(&context);
+    std::unique_ptr<grpc::ClientReaderInterface<moh::v1::GenerateImageResponse>>
+        reader = stub.GenerateImage(&context, request);
+    moh::v1::GenerateImageResponse message;
+    while (reader->Read(&message)) {
+      if (request.progress() && message.png().empty()) {
+        absl::FPrintF(stderr, "step %d/%d\n", message.step(), message.steps());
+      }
+      last.Swap(&message);
+    }
+    status = reader->Finish();
+  }
+  if (!status.ok()) return ReportRpcError(status);
+  std::FILE* file = std::fopen(out.c_str(), "wb");
+  const std::string& png = last.png();
+  const bool written = file != nullptr && std::fwrite(png.data(), 1, png.size(),
+                                                      file) == png.size();
+  if (file != nullptr && std::fclose(file) != 0) {
+    absl::FPrintF(stderr, "moh-client: cannot write %s\n", out);
+    return kExitFailure;
+  }
+  if (!written) {
+    absl::FPrintF(stderr, "moh-client: cannot write %s\n", out);
+    return kExitFailure;
+  }
+  absl::FPrintF(stderr,
+                "wrote %s: %dx%d PNG, class %d, seed %u, %d steps, guidance "
+                "%g\n",
+                out, last.width(), last.height(), last.class_index(),
+                last.seed(), last.steps(), last.guidance_scale());
+  PrintActivation(last.effective_activation_ratio(), last.activation_ratio());
+  absl::FPrintF(
+      stderr, "timings: queue %.3f s, sampling %.3f s, decode %.3f s\n",
+      last.timings().queue_seconds(), last.timings().sampling_seconds(),
+      last.timings().decode_seconds());
+  if (request.include_routing()) {
+    PrintHeadLoad(stub, request.model(), last.routing(), call);
+  }
+  return kExitOk;
+}
+
 int RunClassify(moh::v1::Inference::StubInterface& stub,
                 const moh::v1::ClassifyRequest& request,
                 const CallOptions& call) {

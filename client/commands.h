@@ -29,6 +29,14 @@ int RunClassify(moh::v1::Inference::StubInterface& stub,
                 const moh::v1::ClassifyRequest& request,
                 const CallOptions& call);
 
+// Streams GenerateImage, printing progress to stderr when asked, writes the
+// PNG to `out` and prints what made it (class, seed, steps, guidance, ratios,
+// timings; with request.include_routing() the head-load table) to stderr.
+// Ctrl-C cancels the call (exit 130).
+int RunGenerateImage(moh::v1::Inference::StubInterface& stub,
+                     const moh::v1::GenerateImageRequest& request,
+                     const std::string& out, const CallOptions& call);
+
 // grpc.health.v1.Health/Check: prints the serving status; kExitOk only when
 // SERVING.
 int RunHealthCheck(grpc::health::v1::Health::StubInterface& stub,

@@ -54,6 +54,13 @@ ABSL_FLAG(int32_t, top_n, 0, "Classes to return; 0 = server default");
 ABSL_FLAG(std::string, text, "", "Text to score the --labels against");
 ABSL_FLAG(std::vector<std::string>, labels, {},
           "Comma-separated candidate labels for --text");
+ABSL_FLAG(std::string, class, "",
+          "generate-image: the class, by index (digits) or label");
+ABSL_FLAG(std::string, out, "", "generate-image: the PNG file to write");
+ABSL_FLAG(int32_t, steps, 0, "generate-image: sampler steps; 0 = default");
+ABSL_FLAG(std::optional<float>, guidance, std::nullopt,
+          "generate-image: guidance scale >= 1; unset = the model's default");
+ABSL_FLAG(bool, progress, false, "generate-image: print each step to stderr");
 ABSL_FLAG(std::string, service, "",
           "Health service name; empty = the whole server");
 
@@ -81,6 +88,12 @@ const std::vector<Command>& Commands() {
        "  classify --text=TEXT --labels=a,b,c\n"
        "                           score labels for TEXT with a language model",
        {"model", "ratio", "min_ratio", "top_n", "text", "labels", "routing"}},
+      {"generate-image",
+       "generate-image --class=C --out=FILE.png\n"
+       "                           generate an image of class C (index or "
+       "label)",
+       {"model", "ratio", "min_ratio", "class", "out", "seed", "steps",
+        "guidance", "progress", "routing"}},
       {"health",
        "health                   grpc.health.v1 Check; exit 0 only if SERVING",
        {"service"}},
@@ -205,6 +218,27 @@ moh::v1::Activation ActivationFromFlags() {
 }
 
 // Builds the GenerateRequest; returns an error message on bad usage.
+// The GenerateImage request of the flags; an error message, or "".
+std::string BuildGenerateImageRequest(moh::v1::GenerateImageRequest* request) {
+  const std::string c = absl::GetFlag(FLAGS_class);
+  if (c.empty()) return "generate-image needs --class (an index or a label)";
+  if (absl::GetFlag(FLAGS_out).empty()) return "generate-image needs --out";
+  int32_t index = 0;
+  if (absl::SimpleAtoi(c, &index)) {
+    request->set_class_index(index);
+  } else {
+    request->set_class_label(c);
+  }
+  request->set_model(absl::GetFlag(FLAGS_model));
+  if (auto v = absl::GetFlag(FLAGS_seed)) request->set_seed(*v);
+  request->set_steps(absl::GetFlag(FLAGS_steps));
+  if (auto v = absl::GetFlag(FLAGS_guidance)) request->set_guidance_scale(*v);
+  request->set_progress(absl::GetFlag(FLAGS_progress));
+  request->set_include_routing(absl::GetFlag(FLAGS_routing));
+  *request->mutable_activation() = ActivationFromFlags();
+  return "";
+}
+
 std::string BuildGenerateRequest(const std::vector<std::string>& args,
                                  moh::v1::GenerateRequest* request) {
   const std::vector<std::string> ids = absl::GetFlag(FLAGS_token_ids);
@@ -327,6 +361,13 @@ int Main(int argc, char** argv) {
     error = BuildGenerateRequest(args, &request);
     if (!error.empty()) return UsageError(error);
     return RunGenerate(*stub, request, call);
+  }
+  if (name == "generate-image") {
+    if (!args.empty()) return UsageError("generate-image takes no arguments");
+    moh::v1::GenerateImageRequest request;
+    error = BuildGenerateImageRequest(&request);
+    if (!error.empty()) return UsageError(error);
+    return RunGenerateImage(*stub, request, absl::GetFlag(FLAGS_out), call);
   }
   moh::v1::ClassifyRequest request;
   bool io_error = false;

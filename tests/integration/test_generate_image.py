@@ -170,3 +170,25 @@ def test_other_families_do_not_generate_images(api, stub, models):
     with pytest.raises(grpc.RpcError) as error:
         stub.Classify(request, timeout=lib.RPC_TIMEOUT)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_moh_client_writes_the_png(api, stub, server, models, tmp_path):
+    import subprocess
+    out = tmp_path / "three.png"
+    result = subprocess.run(
+        [lib.CLIENT, "--server=127.0.0.1:%d" % server.port, "generate-image",
+         "--model=pixels", "--class=3", "--seed=11", "--steps=5",
+         "--out=%s" % out, "--progress"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "wrote %s: 8x8 PNG, class 3, seed 11, 5 steps" % out in result.stderr
+    assert "step 1/5" in result.stderr
+    direct = run(stub, api.pb.GenerateImageRequest(
+        model="pixels", class_index=3, seed=11, steps=5))[-1]
+    assert out.read_bytes() == direct.png
+    bad = subprocess.run(
+        [lib.CLIENT, "--server=127.0.0.1:%d" % server.port, "generate-image",
+         "--model=pixels", "--out=%s" % out], capture_output=True, text=True,
+        timeout=60)
+    assert bad.returncode != 0
+    assert "generate-image needs --class" in bad.stderr
