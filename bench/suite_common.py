@@ -1,0 +1,22 @@
+"""What the benchmark suite's sections share: the repository root, the
+ratios sections 1, 2 and 7 measure, a checked subprocess and the bench
+virtual environment's python."""
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RATIOS = [500, 625, 750, 875, 1000]
+
+
+def run(cmd, **kwargs):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True,
+                          **kwargs)
+
+
+def bench_venv_python():
+    """The bench virtual environment's python (scripts/bench_venv.env,
+    $MOH_BENCH_VENV overrides) and the pinned llama-cpp-python version."""
+    out = run(["bash", "-c", '. "$1"; echo "$MOH_BENCH_VENV"; '
+               'echo "$MOH_LLAMA_CPP_PYTHON_VERSION"', "_",
+               os.path.join(ROOT, "scripts", "bench_venv.env")]).stdout.split()
+    return os.path.join(out[0], "bin", "python"), out[1]
