@@ -26,20 +26,26 @@ this runs on are shared and noisy:
   6. prefix cache: throughput and time to first token of requests whose
      prompts repeat, with generation.prefix_caching on / off;
   7. serving at each ratio: time to first token, time per output token and
-     throughput of Generate through moh-server, at ratio 0.5 to 1.0.
+     throughput of Generate through moh-server, at ratio 0.5 to 1.0;
+  8. MoH-ViT TransNeXt images/s in process (moh-classify) on full-size
+     random-weight checkpoints of the S and B shapes, at batch 1 and 32:
+     the variant's default ratio, 0.5 and 0.25 / every head computed (the
+     pair kernel at ratio 1.0, and dense as the official code does), with
+     the effective ratio each computes.
 
 The driver is this file; each section's code is in its own module:
-suite_model.py (1-2), suite_server.py (3, 4, 6, 7), suite_peer.py (5), and
-what they share in suite_common.py.
+suite_model.py (1-2), suite_server.py (3, 4, 6, 7), suite_peer.py (5),
+suite_vit.py (8), and what they share in suite_common.py.
 
 Beside the Markdown (--out) it writes the numbers as results.json and, with
 bench/plot.py, PNG plots in plots/ that the Markdown shows; without
 matplotlib (the bench virtual environment's) it says the plots were skipped.
 
 Usage (after building: scripts/build.sh moh-server moh-bench moh-generate
-moh_attention_bench moh_read_bandwidth):
+moh-classify moh_attention_bench moh_read_bandwidth):
   /usr/bin/python3 bench/suite.py [--build build] [--out bench/RESULTS.md]
-      [--lm_dir DIR] [--vit_dir DIR] [--quick] [--sections=1,2,...]
+      [--lm_dir DIR] [--vit_dir DIR] [--work_dir DIR] [--quick]
+      [--sections=1,2,...]
 """
 import argparse
 import datetime
@@ -53,6 +59,7 @@ from suite_model import model_sections
 from suite_peer import peer_section
 from suite_server import (prefix_cache_section, server_sections,
                           serving_ratio_section)
+from suite_vit import vit_section
 
 
 def main():
@@ -69,7 +76,11 @@ def main():
                         help="a build against the PyPI torch wheel's LibTorch "
                         "(scripts/build.sh --torch=wheel); when it has "
                         "moh-generate, section 5 also measures it")
-    parser.add_argument("--sections", default="1,2,3,4,5,6,7",
+    parser.add_argument("--work_dir",
+                        help="where sections keep what they generate "
+                        "between runs (section 8's checkpoints, ~560 MB); "
+                        "default: BUILD/bench-work")
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8",
                         help="comma-separated sections to run (1-2 share one "
                         "benchmark run)")
     args = parser.parse_args()
@@ -109,6 +120,9 @@ def main():
         prefix_cache_section(say, results, build, quick, lm_dir)
     if "7" in sections:
         serving_ratio_section(say, results, build, quick, lm_dir)
+    if "8" in sections:
+        vit_section(say, results, build, quick, os.path.abspath(
+            args.work_dir or os.path.join(build, "bench-work")))
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     results_path = os.path.join(out_dir, "results.json")

@@ -6,7 +6,7 @@ import statistics
 import sys
 
 from plot import Figure
-from suite_common import RATIOS, run
+from suite_common import RATIOS, bench_threads, run
 
 
 def attention_tables(build, min_time, rounds):
@@ -37,10 +37,7 @@ def model_sections(say, results, build, quick):
     def series(name, sparse, field):
         return [m[(name, r, sparse)][field] for r in RATIOS]
     results["attention"] = {
-        # moh_attention_bench's LibTorch threads: MOH_BENCH_THREADS or every
-        # core.
-        "threads": int(os.environ.get("MOH_BENCH_THREADS") or
-                       os.cpu_count()),
+        "threads": bench_threads(),
         "layer": "One MoH attention layer (hidden 1024, 16 heads)",
         "model": "4-layer MoH-LLaMA (hidden 512, 8 heads)",
         "ratios": [r / 1000 for r in RATIOS],

@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 from plot import Figure
-from suite_common import ROOT, bench_venv_python, run
+from suite_common import ROOT, bench_venv_python, ratio_text, run
 
 
 # Section 5: llama.cpp on the same shape, side by side (bench/llama_peer.py).
@@ -224,12 +224,8 @@ def peer_tables(say, results, build, py, model_dir, quick, rounds, repeat,
             mkey = (moh_kv or "model dtype", phase, batch, threads)
 
             def ratio(r):
-                per_round = [m / l for m, l in zip(rates[mkey + (r,)],
-                                                   rates[lkey])]
-                text = "%.2f" % statistics.median(per_round)
-                if len(per_round) > 1:
-                    text += " (%.2f–%.2f)" % (min(per_round), max(per_round))
-                return text
+                return ratio_text([m / l for m, l in zip(rates[mkey + (r,)],
+                                                         rates[lkey])])
             say("| %s%s | %d | %d | %.0f | %.0f | %s | %s |" %
                 (phase, " %d" % PEER_PREFILL_PROMPT if phase == "prefill"
                  else "", batch, threads, med[lkey], med[mkey + (1.0,)],
