@@ -31,6 +31,13 @@ lists run along the section's "ratios" or "concurrency"):
       "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms"
       (at concurrency 1),
       "tokens_per_s": {"1"|"8"...: [tokens/s]}
+  "vit_throughput" (section 8): "threads", "batches", "seconds", "configs"
+      (labels: "default", lower ratios, "1.0", "dense"),
+      "shapes": [{"label", "variant",
+                  "images_per_s"|"effective_ratio"|"selected_ratio":
+                  {"1"|"32"...: [per config]}}]
+      (effective_ratio: pairs computed, 1 for dense; selected_ratio: what
+      the gates select, as moh-classify prints it)
 """
 import argparse
 import json
@@ -218,6 +225,43 @@ def plot_prefix_cache(plt, p):
     return fig
 
 
+def plot_vit_throughput(plt, v):
+    shapes, batches = v["shapes"], v["batches"]
+    fig, axes = plt.subplots(len(shapes), len(batches),
+                             figsize=(5.5 * len(batches), 3.8 * len(shapes)),
+                             squeeze=False)
+    configs = v["configs"]
+    routed = [i for i, c in enumerate(configs) if c not in ("1.0", "dense")]
+    every = [("1.0", "pair kernel at ratio 1.0 (every head)", "D", "C3"),
+             ("dense", "dense (every head, official)", "X", "k")]
+    for row, shape in zip(axes, shapes):
+        for ax, batch in zip(row, batches):
+            x = shape["effective_ratio"][str(batch)]
+            y = shape["images_per_s"][str(batch)]
+            # The head-sparse points and the pair kernel at 1.0, along x.
+            line = sorted(routed + [configs.index("1.0")], key=lambda i: x[i])
+            ax.plot([x[i] for i in line], [y[i] for i in line], "o-",
+                    color="C0", label="head-sparse")
+            for i in routed:
+                ax.annotate(configs[i], (x[i], y[i]), fontsize=7,
+                            textcoords="offset points", xytext=(4, 4))
+            for name, label, marker, color in every:
+                i = configs.index(name)
+                ax.plot([x[i]], [y[i]], marker, color=color, markersize=9,
+                        label=label)
+            ax.set_xlabel("effective ratio ((token, head) pairs computed)")
+            ax.set_ylabel("images/s")
+            ax.set_title("%s (%s), batch %d" % (shape["label"],
+                                                shape["variant"], batch),
+                         fontsize=10)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle("MoH-ViT TransNeXt, in process (moh-classify): images/s "
+                 "against the effective ratio, %s" % _threads(v["threads"]))
+    return fig
+
+
 # results.json section -> (file name, drawing function).
 PLOTS = [
     ("attention", "ratio_attention_layer.png", plot_attention_layer),
@@ -226,6 +270,7 @@ PLOTS = [
     ("concurrency", "concurrency.png", plot_concurrency),
     ("peer", "peer_llama_cpp.png", plot_peer),
     ("prefix_cache", "prefix_cache.png", plot_prefix_cache),
+    ("vit_throughput", "vit_throughput.png", plot_vit_throughput),
 ]
 
 

@@ -26,6 +26,7 @@ import suite  # noqa: E402  (bench/suite.py)
 RATIOS = [0.5, 0.625, 0.75, 0.875, 1.0]
 CONCURRENCY = [1, 2, 4, 8, 16, 32]
 PEER_ROWS = ["decode\nbatch 1, 1 thread", "prefill 512\nbatch 16, 2 threads"]
+VIT_CONFIGS = ["default", "0.5", "0.25", "1.0", "dense"]
 
 
 def synthetic_results():
@@ -80,6 +81,19 @@ def synthetic_results():
             "e2e_p50_ms": rising(157.0, 1.0, 5),
             "tokens_per_s": {"1": rising(203.0, -1.0, 5),
                              "8": rising(321.0, -2.0, 5)}},
+        "vit_throughput": {
+            "threads": 2, "batches": [1, 32], "seconds": 900.0,
+            "configs": VIT_CONFIGS,
+            "shapes": [{"label": label, "variant": variant,
+                        "images_per_s": {"1": [4.0, 4.3, 4.6, 3.9, 3.3],
+                                         "32": [2.7, 2.9, 3.1, 2.5, 1.2]},
+                        "effective_ratio": {b: [0.88, 0.78, 0.66, 1.0, 1.0]
+                                            for b in ("1", "32")},
+                        "selected_ratio": {b: [0.88, 0.78, 0.66, 1.0, 0.88]
+                                           for b in ("1", "32")}}
+                       for label, variant in (
+                           ("S", "moh_transnext_small_75"),
+                           ("B", "moh_transnext_base_75"))]},
     }
 
 
@@ -131,7 +145,7 @@ def test_sections_that_did_not_run_are_not_drawn(tmp_path):
                                      [py])
     assert skipped is None
     assert drawn == {"concurrency.png", "prefix_cache.png",
-                     "ratio_serving.png"}
+                     "ratio_serving.png", "vit_throughput.png"}
     assert_pngs(tmp_path / "plots", drawn)
 
 
