@@ -46,6 +46,7 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
       std::vector<ImageSample*> samples;
       for (ImageRequestState* r : requests) samples.push_back(r->sample.get());
       MOH_RETURN_IF_ERROR(SampleStep(model_, samples));
+      if (metrics_ != nullptr) metrics_->DiffusionSteps(samples.size());
       for (size_t i = 0; i < requests.size(); ++i) {
         ImageRequestState& r = *requests[i];
         r.observer->OnProgress(r.sample->steps_done(), r.sample->steps());
@@ -67,6 +68,7 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
         if (metrics_ != nullptr) {
           metrics_->ActivationRatio(r.result.effective_ratio);
           metrics_->HeadTokens(r.result.head_tokens);
+          metrics_->ImageGenerated(absl::Now() - r.submitted);
         }
         r.observer->OnFinished(r.result);
         return;

@@ -124,6 +124,15 @@ struct Metrics::Families {
         generated_tokens(Register(prometheus::BuildCounter(),
                                   "moh_generated_tokens_total",
                                   "Tokens generated (decode).", r)),
+        images(Register(prometheus::BuildCounter(),
+                        "moh_images_generated_total",
+                        "Images generated (GenerateImage).", r)),
+        image_seconds(
+            Register(prometheus::BuildHistogram(), "moh_image_seconds",
+                     "Time from submission to the finished image (PNG).", r)),
+        diffusion_steps(Register(prometheus::BuildCounter(),
+                                 "moh_diffusion_steps_total",
+                                 "Sampler steps computed, per request.", r)),
         batch_size(Register(prometheus::BuildHistogram(), "moh_batch_size",
                             "Rows in one model step, by kind.", r)),
         running(Register(prometheus::BuildGauge(), "moh_requests_running",
@@ -169,6 +178,9 @@ struct Metrics::Families {
   Family<Histogram>& itl;
   Family<Counter>& prompt_tokens;
   Family<Counter>& generated_tokens;
+  Family<Counter>& images;
+  Family<Histogram>& image_seconds;
+  Family<Counter>& diffusion_steps;
   Family<Histogram>& batch_size;
   Family<Gauge>& running;
   Family<Gauge>& waiting;
@@ -195,6 +207,9 @@ struct ModelMetrics::Impl {
   Histogram* itl = nullptr;
   Counter* prompt_tokens = nullptr;
   Counter* generated_tokens = nullptr;
+  Counter* images = nullptr;
+  Histogram* image_seconds = nullptr;
+  Counter* diffusion_steps = nullptr;
   std::array<Histogram*, kNumBatchKinds> batch_size{};
   Gauge* running = nullptr;
   Gauge* waiting = nullptr;
@@ -254,6 +269,15 @@ void ModelMetrics::PromptTokens(int64_t n) {
 
 void ModelMetrics::GeneratedTokens(int64_t n) {
   if (n > 0) impl_->generated_tokens->Increment(static_cast<double>(n));
+}
+
+void ModelMetrics::ImageGenerated(absl::Duration total) {
+  impl_->images->Increment();
+  impl_->image_seconds->Observe(absl::ToDoubleSeconds(total));
+}
+
+void ModelMetrics::DiffusionSteps(int64_t n) {
+  if (n > 0) impl_->diffusion_steps->Increment(static_cast<double>(n));
 }
 
 void ModelMetrics::BatchSize(BatchKind kind, int64_t rows) {
@@ -372,6 +396,14 @@ ModelMetrics* Metrics::ForModel(const std::string& name,
   impl->itl = &f.itl.Add(model, ItlBuckets());
   impl->prompt_tokens = &f.prompt_tokens.Add(model);
   impl->generated_tokens = &f.generated_tokens.Add(model);
+  impl->images = &f.images.Add(model);
+  // Time per image: the tiny demo's tens of milliseconds to a large model's
+  // minutes on a CPU.
+  impl->image_seconds = &f.image_seconds.Add(
+      model,
+      Histogram::BucketBoundaries{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                  10, 25, 50, 100, 250, 500, 1000});
+  impl->diffusion_steps = &f.diffusion_steps.Add(model);
   for (int k = 0; k < kNumBatchKinds; ++k) {
     impl->batch_size[k] = &f.batch_size.Add(
         with("kind", BatchKindName(static_cast<BatchKind>(k))),

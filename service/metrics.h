@@ -55,6 +55,11 @@ class ModelMetrics {
   // moh_prompt_tokens_total{model}, moh_generated_tokens_total{model}.
   void PromptTokens(int64_t n);
   void GeneratedTokens(int64_t n);
+  // moh_images_generated_total{model}, moh_image_seconds{model} (submission
+  // to the finished PNG) of one generated image.
+  void ImageGenerated(absl::Duration total);
+  // moh_diffusion_steps_total{model}: sampler steps computed (per request).
+  void DiffusionSteps(int64_t n);
   // moh_batch_size{model,kind}: rows in one model step.
   void BatchSize(BatchKind kind, int64_t rows);
   // moh_requests_running{model}, moh_requests_waiting{model},

@@ -154,6 +154,9 @@ TEST_F(MetricsTest, EveryFamilyPresentWithHelpAndType) {
       {"moh_inter_token_latency_seconds", MetricType::Histogram},
       {"moh_prompt_tokens_total", MetricType::Counter},
       {"moh_generated_tokens_total", MetricType::Counter},
+      {"moh_images_generated_total", MetricType::Counter},
+      {"moh_image_seconds", MetricType::Histogram},
+      {"moh_diffusion_steps_total", MetricType::Counter},
       {"moh_batch_size", MetricType::Histogram},
       {"moh_requests_running", MetricType::Gauge},
       {"moh_requests_waiting", MetricType::Gauge},
@@ -634,6 +637,41 @@ TEST_F(MetricsTest, PromtoolCheckMetricsPasses) {
   EXPECT_EQ(output.str(), "") << output.str();
   std::remove(path.c_str());
   std::remove(out_path.c_str());
+}
+
+}  // namespace
+}  // namespace moh
+
+namespace moh {
+namespace {
+
+TEST(ImageMetricsTest, ImagesStepsAndTimePerImage) {
+  Metrics metrics(std::make_shared<prometheus::Registry>());
+  ModelMetrics* m = metrics.ForModel("dit", std::vector<int32_t>{4, 6}, true);
+  m->DiffusionSteps(3);
+  m->DiffusionSteps(0);
+  m->ImageGenerated(absl::Milliseconds(80));
+  m->BatchSize(BatchKind::kImageStep, 5);
+  bool images = false, steps = false, seconds = false, batch = false;
+  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
+    for (const prometheus::ClientMetric& c : f.metric) {
+      if (f.name == "moh_images_generated_total") {
+        images = c.counter.value == 1;
+      } else if (f.name == "moh_diffusion_steps_total") {
+        steps = c.counter.value == 3;
+      } else if (f.name == "moh_image_seconds") {
+        seconds =
+            c.histogram.sample_count == 1 && c.histogram.sample_sum == 0.08;
+      } else if (f.name == "moh_batch_size") {
+        for (const prometheus::ClientMetric::Label& l : c.label) {
+          if (l.name == "kind" && l.value == "image_step") {
+            batch = c.histogram.sample_count == 1;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(images && steps && seconds && batch);
 }
 
 }  // namespace

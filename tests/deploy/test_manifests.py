@@ -203,7 +203,8 @@ def test_dashboard_config_map(rendered, overlay):
     for wanted in ("requests", "error", "duration", "first token",
                    "inter-token", "tokens / s", "batch", "waiting",
                    "activation ratio", "head load", "prefix cache",
-                   "kv cache blocks"):
+                   "kv cache blocks", "images generated", "time per image",
+                   "image step batch"):
         assert wanted in titles, "no %r panel" % wanted
     heatmaps = {p["title"] for p in on_disk["panels"] if p["type"] == "heatmap"}
     assert any("activation" in t.lower() for t in heatmaps)
