@@ -46,10 +46,11 @@ absl::StatusOr<std::unique_ptr<moh::ImageClassifier>> Load(
     case moh::ModelFamily::kTransNext:
       return moh::TransNextModel::Load(dir, device);
     case moh::ModelFamily::kLlama:
+    case moh::ModelFamily::kDit:
       break;
   }
   return absl::InvalidArgumentError(
-      dir + "/config.json: a language model; moh-classify takes image models");
+      dir + "/config.json: not an image classifier (moh_vit or moh_transnext)");
 }
 
 }  // namespace
