@@ -37,7 +37,8 @@ lists run along the section's "ratios" or "concurrency"):
                   "images_per_s"|"effective_ratio"|"selected_ratio":
                   {"1"|"32"...: [per config]}}]
       (effective_ratio: pairs computed, 1 for dense; selected_ratio: what
-      the gates select, as moh-classify prints it)
+      the gates select, as moh-classify prints it), "images_per_s_rounds":
+      {"1"|"32"...: [[images/s per round] per config]}
 """
 import argparse
 import json

@@ -104,7 +104,10 @@ def vit_section(say, results, build, quick, work_dir):
                                 for b in batches},
             "selected_ratio": {str(b): [statistics.median(
                 effective[(shape, b, c)]) for c, _, _ in VIT_CONFIGS]
-                for b in batches}}
+                for b in batches},
+            "images_per_s_rounds": {str(b): [rates[(shape, b, c)]
+                                             for c, _, _ in VIT_CONFIGS]
+                                    for b in batches}}
             for shape, variant in VIT_SHAPES],
     }
 
