@@ -41,6 +41,7 @@ lists run along the section's "ratios" or "concurrency"):
   "dit" (section 9): "seconds" (the whole section),
       "step": {"threads", "configs" (as vit_throughput's),
                "shapes": [{"label", "variant", "input_size", "rows",
+                           "timed_steps",
                            "step_seconds"|"effective_ratio"|"selected_ratio":
                            [per config]}]},
       "batching": {"model", "requests", "steps", "threads",

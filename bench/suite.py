@@ -33,12 +33,13 @@ this runs on are shared and noisy:
      pair kernel at ratio 1.0, and dense as the official code does), with
      the effective ratio each computes;
   9. MoH-DiT image generation: seconds per sampler step in process
-     (moh-generate-image) on a full-size random-weight checkpoint of the XL
-     shape (256 px, one guided request) at the default ratio, 0.75 and 0.5 /
-     every head computed (ratio 1.0 and dense); and the batching gain of
-     GenerateImage through moh-server: 8 requests at once / the same 8 one
-     at a time (a small random-weight S-shape model), with whether each
-     request's image is the same both ways.
+     (moh-generate-image) on full-size random-weight checkpoints of the XL
+     and S shapes (256 px, one guided request) at the default ratio, 0.75
+     and 0.5 / every head computed (ratio 1.0 and dense); and the batching
+     gain of GenerateImage through moh-server: 8 requests at once / the same
+     8 one at a time, beside the same in process (models/demo-dit, else a
+     small random-weight S-shape model), with whether each request's image
+     is the same both ways.
 
 The driver is this file; each section's code is in its own module:
 suite_model.py (1-2), suite_server.py (3, 4, 6, 7), suite_peer.py (5),

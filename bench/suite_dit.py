@@ -1,12 +1,15 @@
 """Section 9 of the benchmark suite: MoH-DiT image generation.
 
 (a) Seconds per sampler step in process (moh-generate-image --time_steps) on
-a full-size random-weight checkpoint of the XL shape (bench/make_bench_dit.py)
-at the variant's default ratio and lower ones, against every head computed
-(ratio 1.0 through the same pair kernel, and --attention=dense as the
-official code computes it). (b) The batching gain of GenerateImage through
-moh-server: 8 requests at once against the same 8 one at a time, and whether
-each request's image is the same both ways."""
+full-size random-weight checkpoints of the XL and S shapes
+(bench/make_bench_dit.py) at the variant's default ratio and lower ones,
+against every head computed (ratio 1.0 through the same pair kernel, and
+--attention=dense as the official code computes it). (b) The batching gain of
+GenerateImage through moh-server: 8 requests at once against the same 8 one
+at a time (the trained demo when there is one, else a small random-weight
+model), beside the same in process, and whether each request's image is the
+same both ways."""
+import json
 import os
 import statistics
 import sys
@@ -18,17 +21,20 @@ from plot import Figure
 from suite_common import ROOT, bench_threads, made_once, ratio_text, run
 from suite_server import Server
 
-# (label, variant of make_bench_dit.py, latent side): the step-time shapes;
-# --quick runs the small one only.
-STEP_SHAPES = [("XL", "MoH-DiT-XL/2-90", 32)]
-QUICK_STEP_SHAPES = [("S", "MoH-DiT-S/2-90", 16)]
+# (label, variant of make_bench_dit.py, latent side, timed steps per
+# process): the step-time shapes. An XL step takes seconds on 2 cores, so S
+# (whose routed blocks are two thirds of its 12) is measured beside it, with
+# more steps; --quick runs a small S only.
+STEP_SHAPES = [("XL", "MoH-DiT-XL/2-90", 32, 1), ("S", "MoH-DiT-S/2-90", 32, 3)]
+QUICK_STEP_SHAPES = [("S", "MoH-DiT-S/2-90", 16, 1)]
 # (label, requested ratio: 0 is the variant's default, attention mode); the
 # last two compute every head.
 STEP_CONFIGS = [("default", 0.0, "auto"), ("0.75", 0.75, "auto"),
                 ("0.5", 0.5, "auto"), ("1.0", 1.0, "auto"),
                 ("dense", 0.0, "dense")]
-# The served model of (b): the S shape at a small pixel-space input (RGB
-# samples are the images: no VAE), with `max_running` requests at once.
+# The served model of (b) when there is no trained demo (models/demo-dit):
+# the S shape at a small pixel-space input (RGB samples are the images: no
+# VAE). CONCURRENT requests at once, and max_running.
 SERVED = ("MoH-DiT-S/2-90", 16)
 CONCURRENT = 8
 # What a cached checkpoint was made by: a change to these remakes it.
@@ -141,14 +147,13 @@ def step_time_part(say, build, quick, work_dir):
     """Writes 9a; returns its numbers (results.json's "dit"/"step")."""
     shapes = QUICK_STEP_SHAPES if quick else STEP_SHAPES
     rounds = 1 if quick else 3
-    time_steps = 1
     threads = bench_threads()
     dirs = {label: bench_checkpoint(work_dir, variant, size)
-            for label, variant, size in shapes}
+            for label, variant, size, _ in shapes}
     seconds, effective, rows = {}, {}, {}  # (shape, config) -> per round
     for r in range(rounds):
         print("  step time, round %d/%d" % (r + 1, rounds), file=sys.stderr)
-        for shape, _, _ in shapes:
+        for shape, _, _, time_steps in shapes:
             for config, ratio, attention in STEP_CONFIGS:
                 key = (shape, config)
                 s, eff, rows[shape] = step_seconds(
@@ -163,21 +168,21 @@ def step_time_part(say, build, quick, work_dir):
         "threads": threads, "configs": [c for c, _, _ in STEP_CONFIGS],
         "shapes": [{
             "label": shape, "variant": variant, "input_size": size,
-            "rows": rows[shape],
+            "rows": rows[shape], "timed_steps": time_steps,
             "step_seconds": [med[(shape, c)] for c, _, _ in STEP_CONFIGS],
             "effective_ratio": [computed[(shape, c)]
                                 for c, _, _ in STEP_CONFIGS],
             "selected_ratio": [statistics.median(effective[(shape, c)])
                                for c, _, _ in STEP_CONFIGS]}
-            for shape, variant, size in shapes],
+            for shape, variant, size, time_steps in shapes],
     }
     say("### 9a. Seconds per sampler step at each ratio (in process)\n")
     say("Random-weight checkpoints of the released shapes "
         "(`bench/make_bench_dit.py`: %s), "
         "one guided request (guidance 4: the class and the null-class row, 2 "
         "rows per step) sampled in process by `moh-generate-image` at %d "
-        "intra-op thread(s): one untimed step, then %d timed one(s) per "
-        "process. Configurations: the variant's default ratio (its trained "
+        "intra-op thread(s): one untimed step, then %s per process. "
+        "Configurations: the variant's default ratio (its trained "
         "top-K), ratios 0.75 and 0.5, ratio 1.0 (every head, through the "
         "same head-sparse pair kernel) and `--attention=dense` at the default "
         "ratio (every head computed as the official code does, the gates "
@@ -188,14 +193,16 @@ def step_time_part(say, build, quick, work_dir):
         "each round's ratio%s.\n" %
         (", ".join("%s `%s` at latent %d × %d (%d px)" %
                    (label, variant, size, size, size * 8)
-                   for label, variant, size in shapes), threads, time_steps,
+                   for label, variant, size, _ in shapes), threads,
+         " and ".join("%d timed (%s)" % (n, label)
+                      for label, _, _, n in shapes),
          "; ".join("%s: %s" % (label, routing_text(variant))
-                   for label, variant, _ in shapes),
+                   for label, variant, _, _ in shapes),
          rounds, ", with their range" if rounds > 1 else ""))
     say("| shape | configuration | effective ratio | s / step | ratio 1.0 / "
         "this | dense / this |")
     say("|---|---|---|---|---|---|")
-    for shape, _, _ in shapes:
+    for shape, _, _, _ in shapes:
         for config, _, _ in STEP_CONFIGS:
             key = (shape, config)
 
@@ -215,14 +222,35 @@ def step_time_part(say, build, quick, work_dir):
         "--input_size %d --out bench-dit` and `build/tools/moh-generate-image "
         "--model_dir=bench-dit --batch=1 --time_steps=%d --threads=%d "
         "--ratio=0.5` (`--ratio=0 --attention=dense` for dense).\n" %
-        (shapes[0][1], shapes[0][2], time_steps, threads))
+        (shapes[0][1], shapes[0][2], shapes[0][3], threads))
     return numbers
+
+
+def served_model(work_dir):
+    """(directory, name, Markdown description, guidance) of (b)'s model: the
+    trained demo when the repository has one, else SERVED's random
+    weights."""
+    demo = os.path.join(ROOT, "models", "demo-dit")
+    if os.path.exists(os.path.join(demo, "config.json")):
+        with open(os.path.join(demo, "config.json")) as f:
+            c = json.load(f)
+        size, channels = c.get("input_size", 32), c.get("in_channels", 4)
+        return (demo, "demo-dit, %d × %d" % (size, size),
+                "`models/demo-dit` (the trained demo: %d × %d, %d channel(s)%s)"
+                % (size, size, channels,
+                   ", with its VAE" if c.get("vae") else ", pixel space"),
+                c.get("default_guidance", 4.0))
+    variant, size = SERVED
+    return (bench_checkpoint(work_dir, variant, size, in_channels=3),
+            "%s, %d × %d pixels" % (variant, size, size),
+            "a random-weight `%s` (`bench/make_bench_dit.py --input_size %d "
+            "--in_channels 3`: pixel space, %d × %d RGB, no VAE)" %
+            (variant, size, size, size), 4.0)
 
 
 def batching_part(say, build, quick, work_dir):
     """Writes 9b; returns its numbers (results.json's "dit"/"batching")."""
-    variant, size = SERVED
-    model_dir = bench_checkpoint(work_dir, variant, size, in_channels=3)
+    model_dir, name, description, guidance = served_model(work_dir)
     rounds = 1 if quick else 3
     steps = 4 if quick else 10
     seeds = list(range(CONCURRENT))
@@ -246,7 +274,7 @@ def batching_part(say, build, quick, work_dir):
                 pngs = {}
                 for mode in modes:
                     batch = 1 if mode == one else CONCURRENT
-                    s = step_seconds(build, model_dir, 2, threads,
+                    s = step_seconds(build, model_dir, steps - 1, threads,
                                      batch=batch)[0]
                     rates.setdefault(("in process", mode), []).append(
                         batch / (steps * s))
@@ -262,7 +290,7 @@ def batching_part(say, build, quick, work_dir):
     gains = {w: [m / o for o, m in zip(rates[(w, one)], rates[(w, many)])]
              for w in ways}
     numbers = {
-        "model": "%s, %d × %d pixels" % (variant, size, size),
+        "model": name,
         "requests": CONCURRENT, "steps": steps, "threads": threads,
         "modes": [one, many],
         "images_per_s": {w: [statistics.median(rates[(w, m)])
@@ -272,21 +300,21 @@ def batching_part(say, build, quick, work_dir):
         "identical_images": identical,
     }
     say("\n### 9b. Batching gain of GenerateImage\n")
-    say("A random-weight `%s` (`bench/make_bench_dit.py --input_size %d "
-        "--in_channels 3`: pixel space, %d × %d RGB, no VAE), %d requests "
-        "(class 1, seeds 0-%d, %d steps, guidance 4: 2 rows each) one at a "
-        "time and all %d at once, at %d intra-op thread(s): through "
+    say("%s%s, %d requests (class 1, seeds 0-%d, %d steps, the model's "
+        "guidance %g: %d row(s) each) one at a time and all %d at once, at %d intra-op thread(s): through "
         "moh-server (`generation { max_running: %d }`, its default threads), "
         "sent from Python (grpcio; at once: one thread each), images/s = %d "
         "/ the wall time from the first request to the last image; and in "
         "process, sampler steps only (`moh-generate-image --batch=1` and "
-        "`--batch=%d --time_steps=2` at the same threads: images/s = batch / "
-        "(%d × seconds per step)), the most batching can gain when every "
+        "`--batch=%d --time_steps=%d` at the same threads: images/s = batch "
+        "/ (%d × seconds per step)), the most batching can gain when every "
         "request steps together. Medians of %d interleaved round(s), the "
         "gain the median of each round's ratio. Each request's image is the "
         "same both ways through the server: **%s**.\n" %
-        (variant, size, size, size, CONCURRENT, CONCURRENT - 1, steps,
-         CONCURRENT, threads, CONCURRENT, CONCURRENT, CONCURRENT, steps,
+        (description[0].upper(), description[1:], CONCURRENT,
+         CONCURRENT - 1, steps, guidance, 2 if guidance != 1 else 1,
+         CONCURRENT, threads, CONCURRENT, CONCURRENT, CONCURRENT, steps - 1,
+         steps,
          rounds, "yes" if identical else "NO"))
     say("| | images/s, %s | images/s, %s | gain |" % (one, many))
     say("|---|---|---|---|")
@@ -294,8 +322,8 @@ def batching_part(say, build, quick, work_dir):
         say("| %s | %.2f | %.2f | %s |" % (
             w, statistics.median(rates[(w, one)]),
             statistics.median(rates[(w, many)]), ratio_text(gains[w])))
-    say("\nRequest latency through moh-server, p50: %.2f s one at a time, "
-        "%.2f s at once.\n" % tuple(numbers["latency_p50_s"]))
+    say("\nRequest latency through moh-server, p50: %.3f s one at a time, "
+        "%.3f s at once.\n" % tuple(numbers["latency_p50_s"]))
     return numbers
 
 

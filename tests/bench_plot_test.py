@@ -100,7 +100,7 @@ def synthetic_results():
             "step": {
                 "threads": 2, "configs": VIT_CONFIGS[:1] + DIT_CONFIGS,
                 "shapes": [{"label": "XL", "variant": "MoH-DiT-XL/2-90",
-                            "input_size": 32, "rows": 2,
+                            "input_size": 32, "rows": 2, "timed_steps": 1,
                             "step_seconds": [3.1, 3.05, 2.9, 3.3, 3.6],
                             "effective_ratio": [0.90, 0.88, 0.84, 1.0, 1.0],
                             "selected_ratio": [0.90, 0.88, 0.84, 1.0,
