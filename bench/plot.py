@@ -39,6 +39,18 @@ lists run along the section's "ratios" or "concurrency"):
       (effective_ratio: pairs computed, 1 for dense; selected_ratio: what
       the gates select, as moh-classify prints it), "images_per_s_rounds":
       {"1"|"32"...: [[images/s per round] per config]}
+  "dit" (section 9): "seconds" (the whole section),
+      "step": {"threads", "configs" (as vit_throughput's),
+               "shapes": [{"label", "variant", "input_size", "rows",
+                           "timed_steps",
+                           "step_seconds"|"effective_ratio"|"selected_ratio":
+                           [per config]}]},
+      "batching": {"model", "requests", "steps", "threads",
+                   "modes": [one at a time, at once],
+                   "images_per_s": {"in process"|"moh-server": [per mode]},
+                   "gain": {"in process"|"moh-server": at once / one},
+                   "latency_p50_s": [per mode] (moh-server),
+                   "identical_images"}
 """
 import argparse
 import json
@@ -226,40 +238,81 @@ def plot_prefix_cache(plt, p):
     return fig
 
 
+def _every_head_against_ratio(ax, configs, x, y):
+    """Head-sparse configurations as a line along the effective ratio x
+    (labelled), ratio 1.0 and dense as markers of their own."""
+    routed = [i for i, c in enumerate(configs) if c not in ("1.0", "dense")]
+    line = sorted(routed + [configs.index("1.0")], key=lambda i: x[i])
+    ax.plot([x[i] for i in line], [y[i] for i in line], "o-", color="C0",
+            label="head-sparse")
+    for i in routed:
+        ax.annotate(configs[i], (x[i], y[i]), fontsize=7,
+                    textcoords="offset points", xytext=(4, 4))
+    for name, label, marker, color in (
+            ("1.0", "pair kernel at ratio 1.0 (every head)", "D", "C3"),
+            ("dense", "dense (every head, official)", "X", "k")):
+        i = configs.index(name)
+        ax.plot([x[i]], [y[i]], marker, color=color, markersize=9,
+                label=label)
+    ax.set_xlabel("effective ratio ((token, head) pairs computed)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def plot_vit_throughput(plt, v):
     shapes, batches = v["shapes"], v["batches"]
     fig, axes = plt.subplots(len(shapes), len(batches),
                              figsize=(5.5 * len(batches), 3.8 * len(shapes)),
                              squeeze=False)
-    configs = v["configs"]
-    routed = [i for i, c in enumerate(configs) if c not in ("1.0", "dense")]
-    every = [("1.0", "pair kernel at ratio 1.0 (every head)", "D", "C3"),
-             ("dense", "dense (every head, official)", "X", "k")]
     for row, shape in zip(axes, shapes):
         for ax, batch in zip(row, batches):
-            x = shape["effective_ratio"][str(batch)]
-            y = shape["images_per_s"][str(batch)]
-            # The head-sparse points and the pair kernel at 1.0, along x.
-            line = sorted(routed + [configs.index("1.0")], key=lambda i: x[i])
-            ax.plot([x[i] for i in line], [y[i] for i in line], "o-",
-                    color="C0", label="head-sparse")
-            for i in routed:
-                ax.annotate(configs[i], (x[i], y[i]), fontsize=7,
-                            textcoords="offset points", xytext=(4, 4))
-            for name, label, marker, color in every:
-                i = configs.index(name)
-                ax.plot([x[i]], [y[i]], marker, color=color, markersize=9,
-                        label=label)
-            ax.set_xlabel("effective ratio ((token, head) pairs computed)")
+            _every_head_against_ratio(ax, v["configs"],
+                                      shape["effective_ratio"][str(batch)],
+                                      shape["images_per_s"][str(batch)])
             ax.set_ylabel("images/s")
             ax.set_title("%s (%s), batch %d" % (shape["label"],
                                                 shape["variant"], batch),
                          fontsize=10)
-            ax.set_ylim(bottom=0)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
     fig.suptitle("MoH-ViT TransNeXt, in process (moh-classify): images/s "
                  "against the effective ratio, %s" % _threads(v["threads"]))
+    return fig
+
+
+def plot_dit(plt, d):
+    step, batching = d["step"], d["batching"]
+    shapes = step["shapes"]
+    fig, axes = plt.subplots(1, len(shapes) + 1,
+                             figsize=(5.5 * (len(shapes) + 1), 4.2))
+    for ax, shape in zip(axes, shapes):
+        _every_head_against_ratio(ax, step["configs"],
+                                  shape["effective_ratio"],
+                                  shape["step_seconds"])
+        ax.set_ylabel("seconds per sampler step")
+        ax.set_title("%s (%s), latent %d, %d rows per step" % (
+            shape["label"], shape["variant"], shape["input_size"],
+            shape["rows"]), fontsize=10)
+    ax = axes[-1]
+    ways = list(batching["images_per_s"])
+    for i, mode in enumerate(batching["modes"]):
+        bars = ax.bar([j + (i - 0.5) * 0.4 for j in range(len(ways))],
+                      [batching["images_per_s"][w][i] for w in ways], 0.4,
+                      label=mode, color=("C7", "C2")[i])
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.set_xticks(range(len(ways)))
+    ax.set_xticklabels(["%s\n(gain %.2f×)" % (w, batching["gain"][w])
+                        for w in ways])
+    ax.set_ylim(0, 1.3 * max(max(v) for v in
+                             batching["images_per_s"].values()))
+    ax.set_ylabel("images/s")
+    ax.set_title("GenerateImage, %d requests of %d steps\n(%s, %s)" % (
+        batching["requests"], batching["steps"], batching["model"],
+        _threads(batching["threads"])), fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle("MoH-DiT: seconds per step against the effective ratio (in "
+                 "process, %s); GenerateImage batching" %
+                 _threads(step["threads"]))
     return fig
 
 
@@ -272,6 +325,7 @@ PLOTS = [
     ("peer", "peer_llama_cpp.png", plot_peer),
     ("prefix_cache", "prefix_cache.png", plot_prefix_cache),
     ("vit_throughput", "vit_throughput.png", plot_vit_throughput),
+    ("dit", "dit.png", plot_dit),
 ]
 
 

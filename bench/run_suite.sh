@@ -23,7 +23,7 @@ if [ "$peer" = 1 ]; then
     echo "run_suite: the bench environment did not install; section 5 is skipped" >&2
 fi
 bash scripts/build.sh moh-server moh-client moh-bench moh-generate moh-classify \
-  moh_attention_bench moh_demo_models moh_read_bandwidth
+  moh-generate-image moh_attention_bench moh_demo_models moh_read_bandwidth
 # Section 5 also measures a build against the PyPI torch wheel's LibTorch
 # when that wheel is installed (scripts/install_deps.sh --torch=wheel).
 # shellcheck source=../scripts/torch_wheel.env

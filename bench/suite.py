@@ -31,18 +31,26 @@ this runs on are shared and noisy:
      random-weight checkpoints of the S and B shapes, at batch 1 and 32:
      the variant's default ratio, 0.5 and 0.25 / every head computed (the
      pair kernel at ratio 1.0, and dense as the official code does), with
-     the effective ratio each computes.
+     the effective ratio each computes;
+  9. MoH-DiT image generation: seconds per sampler step in process
+     (moh-generate-image) on full-size random-weight checkpoints of the XL
+     and S shapes (256 px, one guided request) at the default ratio, 0.75
+     and 0.5 / every head computed (ratio 1.0 and dense); and the batching
+     gain of GenerateImage through moh-server: 8 requests at once / the same
+     8 one at a time, beside the same in process (models/demo-dit, else a
+     small random-weight S-shape model), with whether each request's image
+     is the same both ways.
 
 The driver is this file; each section's code is in its own module:
 suite_model.py (1-2), suite_server.py (3, 4, 6, 7), suite_peer.py (5),
-suite_vit.py (8), and what they share in suite_common.py.
+suite_vit.py (8), suite_dit.py (9), and what they share in suite_common.py.
 
 Beside the Markdown (--out) it writes the numbers as results.json and, with
 bench/plot.py, PNG plots in plots/ that the Markdown shows; without
 matplotlib (the bench virtual environment's) it says the plots were skipped.
 
 Usage (after building: scripts/build.sh moh-server moh-bench moh-generate
-moh-classify moh_attention_bench moh_read_bandwidth):
+moh-classify moh-generate-image moh_attention_bench moh_read_bandwidth):
   /usr/bin/python3 bench/suite.py [--build build] [--out bench/RESULTS.md]
       [--lm_dir DIR] [--vit_dir DIR] [--work_dir DIR] [--quick]
       [--sections=1,2,...]
@@ -55,6 +63,7 @@ import sys
 
 import plot
 from suite_common import ROOT, bench_venv_python
+from suite_dit import dit_section
 from suite_model import model_sections
 from suite_peer import peer_section
 from suite_server import (prefix_cache_section, server_sections,
@@ -78,9 +87,10 @@ def main():
                         "moh-generate, section 5 also measures it")
     parser.add_argument("--work_dir",
                         help="where sections keep what they generate "
-                        "between runs (section 8's checkpoints, ~560 MB); "
+                        "between runs (the checkpoints of section 8, "
+                        "~560 MB, and section 9, ~1.4 GB); "
                         "default: BUILD/bench-work")
-    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8",
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8,9",
                         help="comma-separated sections to run (1-2 share one "
                         "benchmark run)")
     args = parser.parse_args()
@@ -120,9 +130,12 @@ def main():
         prefix_cache_section(say, results, build, quick, lm_dir)
     if "7" in sections:
         serving_ratio_section(say, results, build, quick, lm_dir)
+    work_dir = os.path.abspath(args.work_dir or
+                               os.path.join(build, "bench-work"))
     if "8" in sections:
-        vit_section(say, results, build, quick, os.path.abspath(
-            args.work_dir or os.path.join(build, "bench-work")))
+        vit_section(say, results, build, quick, work_dir)
+    if "9" in sections:
+        dit_section(say, results, build, quick, work_dir)
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     results_path = os.path.join(out_dir, "results.json")

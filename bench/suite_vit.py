@@ -3,14 +3,13 @@ in process) on full-size random-weight checkpoints of the released S and B
 shapes (bench/make_bench_transnext.py), at the variant's default ratio and
 lower ones, against every head computed by the pair kernel (ratio 1.0) and
 as the official code does (--attention=dense)."""
-import hashlib
 import os
 import statistics
 import sys
 import time
 
 from plot import Figure
-from suite_common import ROOT, bench_threads, ratio_text, run
+from suite_common import bench_threads, made_once, ratio_text, run
 
 # (label, variant of make_bench_transnext.py)
 VIT_SHAPES = [("S", "moh_transnext_small_75"), ("B", "moh_transnext_base_75")]
@@ -29,23 +28,7 @@ def bench_checkpoint(work_dir, variant):
     """The random-weight checkpoint of `variant` under work_dir, made once
     and kept while its generator is unchanged."""
     out = os.path.join(work_dir, "bench-" + variant)
-    digest = hashlib.sha256(variant.encode())
-    for path in GENERATOR:
-        with open(os.path.join(ROOT, path), "rb") as f:
-            digest.update(f.read())
-    stamp = os.path.join(out, "generator.sha256")
-    if os.path.exists(stamp):
-        with open(stamp) as f:
-            if f.read().strip() == digest.hexdigest():
-                return out
-    print("  making %s (bench/make_bench_transnext.py) ..." % out,
-          file=sys.stderr)
-    run([sys.executable, os.path.join(ROOT, "bench",
-                                      "make_bench_transnext.py"),
-         "--variant", variant, "--out", out])
-    with open(stamp, "w") as f:
-        f.write(digest.hexdigest() + "\n")
-    return out
+    return made_once(out, GENERATOR[0], ["--variant", variant], GENERATOR)
 
 
 def classify(build, model_dir, batch, repeat, threads, ratio, attention):

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/generation/dit_sampler.h"
 
 namespace moh {
 
@@ -13,19 +14,8 @@ absl::StatusOr<std::unique_ptr<DiffusionServable>> DiffusionServable::Load(
     Metrics* metrics) {
   MOH_ASSIGN_OR_RETURN(std::unique_ptr<DitModel> model,
                        DitModel::Load(config.model_dir(), device));
-  std::unique_ptr<VaeDecoder> vae;
-  const std::string& vae_dir = model->config().vae;
-  if (!vae_dir.empty()) {
-    const std::string path =
-        vae_dir.front() == '/' ? vae_dir : config.model_dir() + "/" + vae_dir;
-    MOH_ASSIGN_OR_RETURN(vae, VaeDecoder::Load(path, model->options()));
-    if (vae->config().latent_channels != model->config().in_channels) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, "/config.json: latent_channels (",
-          vae->config().latent_channels, ") must equal the DiT's in_channels (",
-          model->config().in_channels, ")"));
-    }
-  }
+  MOH_ASSIGN_OR_RETURN(std::unique_ptr<VaeDecoder> vae,
+                       LoadDitVae(config.model_dir(), *model));
   const bool head_metrics = !config.has_head_metrics() || config.head_metrics();
   ModelMetrics* model_metrics = metrics->ForModel(
       config.name(), LayerHeads(model->config().moh), head_metrics);

@@ -102,13 +102,7 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
                               counts.data_ptr<int64_t>() + counts.numel());
     const int64_t rows = int64_t{r.sample->steps()} * r.sample->rows();
     result.routed_tokens = rows * model_.config().tokens();
-    int64_t pairs = 0;
-    for (const MohLayerConfig& l : model_.config().moh.layers) {
-      pairs += result.routed_tokens * l.num_heads;
-    }
-    result.effective_ratio =
-        pairs == 0 ? 1.0
-                   : static_cast<double>(counts.sum().item<int64_t>()) / pairs;
+    result.effective_ratio = r.sample->effective_ratio();
     const absl::Time now = absl::Now();
     result.queued = r.started - r.submitted;
     result.sampling = sampled - r.started;

@@ -27,6 +27,7 @@ RATIOS = [0.5, 0.625, 0.75, 0.875, 1.0]
 CONCURRENCY = [1, 2, 4, 8, 16, 32]
 PEER_ROWS = ["decode\nbatch 1, 1 thread", "prefill 512\nbatch 16, 2 threads"]
 VIT_CONFIGS = ["default", "0.5", "0.25", "1.0", "dense"]
+DIT_CONFIGS = ["0.75", "0.5", "1.0", "dense"]
 
 
 def synthetic_results():
@@ -94,6 +95,24 @@ def synthetic_results():
                        for label, variant in (
                            ("S", "moh_transnext_small_75"),
                            ("B", "moh_transnext_base_75"))]},
+        "dit": {
+            "seconds": 280.0,
+            "step": {
+                "threads": 2, "configs": VIT_CONFIGS[:1] + DIT_CONFIGS,
+                "shapes": [{"label": "XL", "variant": "MoH-DiT-XL/2-90",
+                            "input_size": 32, "rows": 2, "timed_steps": 1,
+                            "step_seconds": [3.1, 3.05, 2.9, 3.3, 3.6],
+                            "effective_ratio": [0.90, 0.88, 0.84, 1.0, 1.0],
+                            "selected_ratio": [0.90, 0.88, 0.84, 1.0,
+                                               0.90]}]},
+            "batching": {"model": "MoH-DiT-S/2-90, 16 × 16 pixels",
+                         "requests": 8, "steps": 10, "threads": 2,
+                         "modes": ["one at a time", "8 at once"],
+                         "images_per_s": {"in process": [1.2, 1.4],
+                                          "moh-server": [1.0, 1.2]},
+                         "gain": {"in process": 1.17, "moh-server": 1.2},
+                         "latency_p50_s": [0.9, 6.3],
+                         "identical_images": True}},
     }
 
 
@@ -145,7 +164,7 @@ def test_sections_that_did_not_run_are_not_drawn(tmp_path):
                                      [py])
     assert skipped is None
     assert drawn == {"concurrency.png", "prefix_cache.png",
-                     "ratio_serving.png", "vit_throughput.png"}
+                     "ratio_serving.png", "vit_throughput.png", "dit.png"}
     assert_pngs(tmp_path / "plots", drawn)
 
 

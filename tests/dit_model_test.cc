@@ -111,13 +111,10 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
   ASSERT_NE(model, nullptr);
   const std::string dir = kFixtures + "/" + GetParam();
   const json golden = ReadJson(dir + "/golden.json");
-  std::unique_ptr<VaeDecoder> vae;
-  if (!model->config().vae.empty()) {
-    auto loaded = VaeDecoder::Load(dir + "/" + model->config().vae,
-                                   at::TensorOptions().dtype(at::kFloat));
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    vae = std::move(*loaded);
-  }
+  auto loaded = LoadDitVae(dir, *model);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::unique_ptr<VaeDecoder> vae = std::move(*loaded);
+  EXPECT_EQ(vae == nullptr, model->config().vae.empty());
   std::map<int32_t, Diffusion> schedules;
   std::vector<std::unique_ptr<ImageSample>> alone, together;
   for (const json& s : golden.at("samples")) {
@@ -141,6 +138,7 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
     // Draw 1, exactly.
     EXPECT_TRUE(at::equal((*a)->x(), ToTensor(s.at("z")).to(at::kFloat)));
     EXPECT_EQ((*a)->rows(), s.at("model_rows").get<int32_t>());
+    EXPECT_EQ((*a)->effective_ratio(), 1.0);  // no step yet
     alone.push_back(std::move(*a));
     together.push_back(std::move(*b));
   }
@@ -169,13 +167,21 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
     EXPECT_LE(MaxAbs(together[i]->x().to(at::kDouble) - want), bound)
         << what << " batched";
     const json& counts = s.at("head_token_counts");  // [L][H]
+    int64_t used = 0, pairs = 0;
     for (size_t l = 0; l < counts.size(); ++l) {
       for (size_t h = 0; h < counts[l].size(); ++h) {
         EXPECT_EQ(alone[i]->head_token_counts()[l][h].item<int64_t>(),
                   counts[l][h].get<int64_t>())
             << what;
+        used += counts[l][h].get<int64_t>();
       }
+      pairs += int64_t{model->config().tokens()} *
+               model->config().moh.layers[l].num_heads;
     }
+    pairs *= int64_t{alone[i]->steps()} * alone[i]->rows();
+    EXPECT_DOUBLE_EQ(alone[i]->effective_ratio(),
+                     static_cast<double>(used) / pairs)
+        << what;
     auto image =
         SampleImage(*alone[i], vae.get(), model->config().latent_scale);
     ASSERT_TRUE(image.ok()) << image.status();

@@ -41,10 +41,17 @@ absl::StatusOr<std::unique_ptr<ImageSample>> ImageSample::Start(
   int64_t max_heads = 0;
   for (const MohLayerConfig& l : c.moh.layers) {
     max_heads = std::max<int64_t>(max_heads, l.num_heads);
+    sample->pairs_per_row_ += int64_t{c.tokens()} * l.num_heads;
   }
   sample->head_tokens_ = at::zeros(
       {static_cast<int64_t>(c.moh.layers.size()), max_heads}, at::kLong);
   return sample;
+}
+
+double ImageSample::effective_ratio() const {
+  const int64_t pairs = int64_t{steps_done()} * rows() * pairs_per_row_;
+  if (pairs == 0) return 1.0;
+  return static_cast<double>(head_tokens_.sum().item<int64_t>()) / pairs;
 }
 
 absl::Status SampleStep(const DitModel& model,
@@ -111,6 +118,23 @@ absl::StatusOr<at::Tensor> SampleImage(const ImageSample& sample,
       at::Tensor image,
       vae->Decode(sample.x().unsqueeze(0) / static_cast<float>(latent_scale)));
   return ImageToBytes(image[0]);
+}
+
+absl::StatusOr<std::unique_ptr<VaeDecoder>> LoadDitVae(
+    const std::string& model_dir, const DitModel& model) {
+  const std::string& vae_dir = model.config().vae;
+  if (vae_dir.empty()) return nullptr;
+  const std::string path =
+      vae_dir.front() == '/' ? vae_dir : model_dir + "/" + vae_dir;
+  MOH_ASSIGN_OR_RETURN(std::unique_ptr<VaeDecoder> vae,
+                       VaeDecoder::Load(path, model.options()));
+  if (vae->config().latent_channels != model.config().in_channels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, "/config.json: latent_channels (", vae->config().latent_channels,
+        ") must equal the DiT's in_channels (", model.config().in_channels,
+        ")"));
+  }
+  return vae;
 }
 
 }  // namespace moh

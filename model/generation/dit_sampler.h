@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -57,6 +58,9 @@ class ImageSample {
   const at::Tensor& x() const { return x_; }
   // Tokens each head served, summed over steps and rows: [L, H].
   const at::Tensor& head_token_counts() const { return head_tokens_; }
+  // The (token, head) pairs computed / every pair of every block, over the
+  // steps done and their rows (1.0 before the first step).
+  double effective_ratio() const;
   // Another activation before the first step (adaptive lowering at
   // admission); `top_k` as ValidateTopK accepts.
   void set_top_k(LayerTopK top_k) { request_.top_k = std::move(top_k); }
@@ -72,6 +76,7 @@ class ImageSample {
   at::Generator generator_;
   at::Tensor x_;
   at::Tensor head_tokens_;
+  int64_t pairs_per_row_ = 0;  // tokens x heads, summed over blocks
   int32_t next_ = 0;  // the next respaced step, counting down; -1 = done
 };
 
@@ -86,5 +91,12 @@ absl::Status SampleStep(const DitModel& model,
 absl::StatusOr<at::Tensor> SampleImage(const ImageSample& sample,
                                        const VaeDecoder* vae,
                                        double latent_scale);
+
+// The VAE decoder that the config of `model`, loaded from `model_dir`, names
+// (its `vae`, relative to `model_dir` unless absolute), with the model's
+// tensor options; null when it names none (a pixel-space model).
+// INVALID_ARGUMENT when its latent channels are not the model's in_channels.
+absl::StatusOr<std::unique_ptr<VaeDecoder>> LoadDitVae(
+    const std::string& model_dir, const DitModel& model);
 
 }  // namespace moh
