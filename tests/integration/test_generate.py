@@ -250,8 +250,10 @@ def test_a_slow_reader_gets_the_tokens_coalesced(api, start_server,
         late = lib.drain_stream(call, lib.RPC_TIMEOUT)
     finally:
         channel.close()
-    assert len(eager) > 0 and len(late) < len(eager) - 10, (len(late),
-                                                           len(eager))
+    # Compared with the tokens, not with the eager reader's messages: on a
+    # loaded machine the eager reader's writes are coalesced too.
+    tokens = len(lib.token_ids_of(eager))
+    assert tokens > 100 and len(late) < tokens // 2, (len(late), tokens)
     assert lib.token_ids_of(late) == lib.token_ids_of(eager)
     assert "".join(m.text for m in late) == "".join(m.text for m in eager)
     for m in late[:-1]:
