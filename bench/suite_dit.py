@@ -116,7 +116,7 @@ def generate_images(api, port, seeds, steps, concurrent):
         stub = pb_grpc.InferenceStub(channel)
 
         def one(seed):
-            start = time.time()
+            start = time.monotonic()
             try:
                 for response in stub.GenerateImage(pb.GenerateImageRequest(
                         model="dit", class_index=1, seed=seed, steps=steps),
@@ -125,9 +125,9 @@ def generate_images(api, port, seeds, steps, concurrent):
                         pngs[seed] = response.png
             except grpc.RpcError as e:
                 errors.append("seed %d: %s" % (seed, e))
-            latency[seed] = time.time() - start
+            latency[seed] = time.monotonic() - start
 
-        start = time.time()
+        start = time.monotonic()
         if concurrent:
             threads = [threading.Thread(target=one, args=(s,)) for s in seeds]
             for t in threads:
@@ -137,7 +137,7 @@ def generate_images(api, port, seeds, steps, concurrent):
         else:
             for s in seeds:
                 one(s)
-        seconds = time.time() - start
+        seconds = time.monotonic() - start
     if errors or len(pngs) != len(seeds):
         raise RuntimeError("GenerateImage failed: %s" % "; ".join(errors))
     return seconds, pngs, [latency[s] for s in seeds]
