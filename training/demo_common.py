@@ -107,12 +107,14 @@ def save_metadata(out, meta, stats):
     return meta
 
 
-def start(doc, default_out, option, default, seed):
-    """Parses a recipe's flags (--out, and its length `option`), seeds and
-    pins torch; returns (args, clock)."""
+def start(doc, default_out, option, default, seed, more_flags=None):
+    """Parses a recipe's flags (--out, its length `option`, and what `more_flags(parser)`
+    adds), seeds and pins torch; returns (args, clock)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(REPO, "models", default_out))
     parser.add_argument(option, type=int, default=default)
+    if more_flags is not None:
+        more_flags(parser)
     args = parser.parse_args()
     setup(seed, threads=1)
     return args, Clock()
