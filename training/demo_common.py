@@ -17,8 +17,10 @@ import json
 import os
 import random
 import re
+import struct
 import sys
 import time
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -105,12 +107,14 @@ def save_metadata(out, meta, stats):
     return meta
 
 
-def start(doc, default_out, option, default, seed):
-    """Parses a recipe's flags (--out, and its length `option`), seeds and
-    pins torch; returns (args, clock)."""
+def start(doc, default_out, option, default, seed, more_flags=None):
+    """Parses a recipe's flags (--out, its length `option`, and what `more_flags(parser)`
+    adds), seeds and pins torch; returns (args, clock)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(REPO, "models", default_out))
     parser.add_argument(option, type=int, default=default)
+    if more_flags is not None:
+        more_flags(parser)
     args = parser.parse_args()
     setup(seed, threads=1)
     return args, Clock()
@@ -119,6 +123,19 @@ def start(doc, default_out, option, default, seed):
 def rounded(values, digits=6):
     """Floats for golden files: enough digits for a 1e-4 comparison, small files."""
     return [float("%.*g" % (digits, v)) for v in values]
+
+
+def png_grey(rows):
+    """An 8-bit greyscale PNG of a [H][W] list of 0..255 values."""
+    h, w = len(rows), len(rows[0])
+    raw = b"".join(b"\x00" + bytes(row) for row in rows)
+
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
 
 
 class Clock:

@@ -24,9 +24,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see demo_common.setup
 
 import gzip
-import struct
 import time
-import zlib
 
 import torch
 import torch.nn.functional as F
@@ -145,15 +143,7 @@ def train(model, x_train, y_train, mean, std, epochs, clock):
 
 def png_grey(values8x8):
     """An 8-bit greyscale PNG of a [8][8] list of 0..16 values (value * 255 / 16)."""
-    h, w = len(values8x8), len(values8x8[0])
-    raw = b"".join(b"\x00" + bytes(round(v * 255 / 16) for v in row) for row in values8x8)
-
-    def chunk(kind, data):
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)) +
-            chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    return dc.png_grey([[round(v * 255 / 16) for v in row] for row in values8x8])
 
 
 def write_outputs(out, model, config, x_test, values_test, y_test, stats):

@@ -94,15 +94,18 @@ class _Recorder:
         self.counts = counts if self.counts is None else [a + b for a, b in zip(self.counts, counts)]
 
 
-def golden(models, cfg):
+def golden(models, cfg, requests=None, forward_seed=20241201):
     """Everything in float64 (model, VAE) with float32 twins for the error bounds.
 
-    Returns (golden dict, float32 results for the roundtrip check)."""
+    requests: the samples' (class, seed, steps, guidance, ratio), by default the fixture's;
+    forward_seed: the seed of forward_inputs' x.  Also used by training/train_demo_dit.py for
+    models/demo-dit's golden.json.  Returns (golden dict, float32 results for the roundtrip
+    check)."""
     m64, m32 = models
     rec_all = _Recorder()
     f32 = {"forwards": [], "latents": []}
     errors = OrderedDict([("forward", 0.0), ("latent", 0.0), ("latent_relative", 0.0), ("image", 0.0)])
-    x, t, y = _forward_inputs(cfg, 20241201)
+    x, t, y = _forward_inputs(cfg, forward_seed)
     forwards = []
     for ratios in FORWARD_RATIOS:
         r64, r32 = _Recorder(), _Recorder()
@@ -119,7 +122,9 @@ def golden(models, cfg):
         forwards.append({"ratios": ratios, "top_k": [list(k) for k in zip(*[m64.layer_top_k(r) for r in ratios])],
                          "output": out.tolist(), "head_token_counts": md.head_token_counts(gates)})
     samples = []
-    for label, seed, steps, guidance, ratio in (SAMPLES_TINY if cfg.in_channels == 4 else SAMPLES_PIXELS):
+    if requests is None:
+        requests = SAMPLES_TINY if cfg.in_channels == 4 else SAMPLES_PIXELS
+    for label, seed, steps, guidance, ratio in requests:
         req = md.Request(label, seed, steps, guidance, ratio)
         r64, r32 = _Recorder(), _Recorder()
         with torch.no_grad():
