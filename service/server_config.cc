@@ -204,6 +204,9 @@ v1::ServerConfig DemoServerConfig(const std::string& demo_dir) {
   v1::ModelConfig* vit = config.add_models();
   vit->set_name("demo-vit");
   vit->set_model_dir(demo_dir + "/demo-vit");
+  v1::ModelConfig* dit = config.add_models();
+  dit->set_name("demo-dit");
+  dit->set_model_dir(demo_dir + "/demo-dit");
   return config;
 }
 

@@ -54,8 +54,13 @@ at::Tensor ToTensor(const json& nested) {
 
 double MaxAbs(const at::Tensor& a) { return a.abs().max().item<double>(); }
 
+// A fixture's name, or a directory path (the shipped demo).
+std::string ModelDir(const std::string& name) {
+  return name.find('/') == std::string::npos ? kFixtures + "/" + name : name;
+}
+
 std::unique_ptr<DitModel> LoadOrDie(const std::string& dir) {
-  auto model = DitModel::Load(kFixtures + "/" + dir, kCpu);
+  auto model = DitModel::Load(ModelDir(dir), kCpu);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
 }
@@ -68,7 +73,7 @@ class DitGoldenTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(DitGoldenTest, ForwardsMatchTheReference) {
   std::unique_ptr<DitModel> model = LoadOrDie(GetParam());
   ASSERT_NE(model, nullptr);
-  const json golden = ReadJson(kFixtures + "/" + GetParam() + "/golden.json");
+  const json golden = ReadJson(ModelDir(GetParam()) + "/golden.json");
   const json& in = golden.at("forward_inputs");
   const at::Tensor x = ToTensor(in.at("x")).to(at::kFloat);
   const at::Tensor t = ToTensor(in.at("t")).to(at::kFloat);
@@ -109,7 +114,7 @@ TEST_P(DitGoldenTest, ForwardsMatchTheReference) {
 TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
   std::unique_ptr<DitModel> model = LoadOrDie(GetParam());
   ASSERT_NE(model, nullptr);
-  const std::string dir = kFixtures + "/" + GetParam();
+  const std::string dir = ModelDir(GetParam());
   const json golden = ReadJson(dir + "/golden.json");
   auto loaded = LoadDitVae(dir, *model);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -191,8 +196,19 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, DitGoldenTest,
-                         ::testing::Values("dit_tiny", "dit_tiny_pixels"));
+// The tiny fixtures, and the shipped demo against the golden.json its
+// training recipe wrote with the same reference.
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, DitGoldenTest,
+    ::testing::Values("dit_tiny", "dit_tiny_pixels",
+                      std::string(MOH_MODELS_DIR) + "/demo-dit"),
+    [](const ::testing::TestParamInfo<std::string>& info) {
+      std::string name = info.param.substr(info.param.rfind('/') + 1);
+      for (char& c : name) {
+        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      return name;
+    });
 
 TEST(DitTest, ScheduleEqualsTheReferenceTables) {
   const json golden = ReadJson(kFixtures + "/dit_tiny/golden.json");
