@@ -12,10 +12,14 @@ measure the same way:
                    -sum(log-likelihoods) / bytes of the continuations / ln 2. Contexts and
                    continuations are split at a space, where tokenizing them apart equals
                    tokenizing them together, so this is the model's real bits per byte.
+  generated digits GenerateImage(model=demo-dit, class c, seed c * seed_stride + i) at the
+                   model's default steps and guidance, then Classify(model=demo-vit,
+                   image=the PNG it returned); correct when the top class is c.
 """
 import json
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -90,3 +94,48 @@ def bits_per_byte(channel, pb, eval_chunks, ratio, model="demo-lm"):
     ll, effective = chunk_log_likelihoods(channel, pb, eval_chunks["chunks"], ratio, model)
     n_bytes = sum(len(c["continuation"].encode()) for c in eval_chunks["chunks"])
     return -sum(ll) / n_bytes / math.log(2), sum(effective) / len(effective)
+
+
+def image_request(pb, class_index, seed, ratio, steps=0, guidance=None, model="demo-dit"):
+    """A GenerateImageRequest (steps 0 and guidance None: the model's defaults)."""
+    request = pb.GenerateImageRequest(model=model, class_index=class_index, seed=seed,
+                                      steps=steps)
+    if guidance is not None:
+        request.guidance_scale = guidance
+    request.activation.ratio = ratio
+    return request
+
+
+def generate_images(channel, pb, requests):
+    """The last GenerateImageResponse (PNG and all) of each request, in order, at most
+    IN_FLIGHT outstanding (the server batches them step by step)."""
+    call = channel.unary_stream(SERVICE + "GenerateImage",
+                                request_serializer=pb.GenerateImageRequest.SerializeToString,
+                                response_deserializer=pb.GenerateImageResponse.FromString)
+
+    def last(request):
+        response = None
+        for response in call(request, timeout=TIMEOUT):
+            pass
+        return response
+
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        return list(pool.map(last, requests))
+
+
+def generated_digits_accuracy(channel, pb, ratio, per_class, seed_stride=None, classes=10,
+                              model="demo-dit", classifier="demo-vit"):
+    """(accuracy, [accuracy per class], mean effective ratio) of `model`'s digits at `ratio`
+    as read by `classifier`, both through the server: class c, image i has seed
+    c * seed_stride + i (seed_stride defaults to per_class, training/dit_quality.py's seeds)."""
+    stride = seed_stride or per_class
+    labels = [c for c in range(classes) for _ in range(per_class)]
+    images = generate_images(channel, pb, [
+        image_request(pb, c, c * stride + i, ratio, model=model)
+        for c in range(classes) for i in range(per_class)])
+    read = _run_all(classify_call(channel, pb), [
+        pb.ClassifyRequest(model=classifier, image=r.png, top_n=1) for r in images])
+    correct = [r.classes[0].index == y for r, y in zip(read, labels)]
+    per = [sum(correct[c * per_class:(c + 1) * per_class]) / per_class for c in range(classes)]
+    effective = sum(r.effective_activation_ratio for r in images) / len(images)
+    return sum(correct) / len(correct), per, effective

@@ -15,7 +15,10 @@ Generation source (pluggable: an object with `name`, `config` (the model's md.Di
 `generate(requests)`, md.Request list -> one uint8 [1, 8, 8] tensor per request, in order):
   reference   tests/reference/moh_dit.py's sampler in this process (sample_batch: requests
               batched as a server batches them, each with its own generator)
-A `--server HOST:PORT` source (GenerateImage over gRPC) is meant to come next to it.
+  server      GenerateImage over gRPC (the PNG of each request's last message): `--serve`
+              starts build/service/moh-server on models/ (demo-dit is served by default),
+              `--server HOST:PORT` uses a running one. The README's grid and quality table
+              are made this way.
 
 Ratios 0.5 .. 1.0 and 0 (the trained K); ratios that give the same K in every block (0.625 is
 the trained K of demo-dit) are generated once.  `--grid PNG` also writes the README's grid:
@@ -25,12 +28,16 @@ upscaled with nearest neighbour.
 Usage: /usr/bin/python3 training/dit_quality.py [--model models/demo-dit]
            [--classifier models/demo-vit] [--per-class 100] [--steps N] [--guidance G]
            [--ratios 0.5,1.0] [--grid PNG] [--json OUT]
+           [--serve [--moh_server BINARY] [--threads N] | --server HOST:PORT [--served_as NAME]]
 """
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see demo_common.setup
 
 import argparse
+import io
+import json
+import sys
 import time
 from collections import OrderedDict
 
@@ -39,6 +46,8 @@ import torch
 import demo_common as dc
 
 import moh_dit as md  # tests/reference (demo_common put it on the path)
+
+import demo_eval
 
 RATIOS = [0.5, 0.625, 0.75, 0.875, 1.0, 0.0]  # 0 = the trained K
 GRID_RATIOS = [0.5, 0.0, 1.0]
@@ -67,6 +76,30 @@ class ReferenceSource:
             for i in range(0, len(requests), self.batch):
                 for latent in md.sample_batch(self.model, requests[i:i + self.batch]):
                     images.append(md.decode_image(latent, self.vae, self.config.latent_scale))
+        return images
+
+
+class ServerSource:
+    """Images from a moh-server's GenerateImage (training/demo_eval.py's client)."""
+
+    name = "server"
+
+    def __init__(self, model_dir, channel, pb, served_as="demo-dit"):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            self.config = md.DiTConfig(json.load(f))
+        self.channel, self.pb, self.served_as = channel, pb, served_as
+
+    def generate(self, requests):
+        from PIL import Image  # python3-pil; only this source decodes PNGs
+
+        responses = demo_eval.generate_images(self.channel, self.pb, [
+            demo_eval.image_request(self.pb, q.label, q.seed, q.ratio, q.steps, q.guidance,
+                                    model=self.served_as) for q in requests])
+        images = []
+        for r in responses:
+            grey = Image.open(io.BytesIO(r.png)).convert("L")
+            images.append(torch.tensor(list(grey.getdata()), dtype=torch.uint8).view(
+                1, grey.height, grey.width))
         return images
 
 
@@ -165,16 +198,43 @@ def main():
     parser.add_argument("--ratios", default=",".join(str(r) for r in RATIOS))
     parser.add_argument("--grid", help="also write the sample grid PNG here")
     parser.add_argument("--json", help="also write the results here")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--serve", action="store_true",
+                       help="generate through a moh-server started on --models")
+    where.add_argument("--server", help="generate through this running moh-server (HOST:PORT)")
+    parser.add_argument("--served_as", default="demo-dit", help="the model's name on the server")
+    parser.add_argument("--moh_server", default=os.path.join(dc.REPO, "build", "service",
+                                                            "moh-server"))
+    parser.add_argument("--models", default=os.path.join(dc.REPO, "models"))
+    parser.add_argument("--threads", type=int, default=2, help="the started server's threads")
     args = parser.parse_args()
     dc.setup(0, threads=1)
-    source = ReferenceSource(args.model)
+    proc = None
+    if args.serve or args.server:
+        sys.path.insert(0, os.path.join(dc.REPO, "client", "python"))
+        import moh_client
+        import quality_vs_ratio as qr
+
+        target, log_path = args.server, None
+        if args.serve:
+            proc, target, log_path = qr.start_server(args.moh_server, args.models, args.threads)
+        client = moh_client.MohClient(target, timeout=120)
+        qr.wait_ready(client, proc, log_path)
+        source = ServerSource(args.model, client.channel, client.pb, args.served_as)
+    else:
+        source = ReferenceSource(args.model)
     classifier = DigitsClassifier(args.classifier)
-    t0 = time.time()
-    q = measure(source, classifier, [float(r) for r in args.ratios.split(",")], args.per_class,
-                args.steps, args.guidance)
-    q["seconds"] = round(time.time() - t0)
-    if args.grid:
-        q["grid"] = grid_png(source, args.grid)
+    try:
+        t0 = time.time()
+        q = measure(source, classifier, [float(r) for r in args.ratios.split(",")],
+                    args.per_class, args.steps, args.guidance)
+        q["seconds"] = round(time.time() - t0)
+        if args.grid:
+            q["grid"] = grid_png(source, args.grid)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
     if args.json:
         dc.write_json(args.json, q)
     trained = "%.4g" % effective_ratio(source.config, 0.0)
