@@ -112,7 +112,8 @@ RUN --mount=type=cache,id=moh-ccache,target=/root/.cache/ccache \
  && dir=build && if [ "$MOH_TORCH" = wheel ]; then dir=build-cuda; fi \
  && install -D -m 0755 -t /opt/moh/bin "$dir/service/moh-server" "$dir/client/moh-client" \
  && rm -rf build build-cuda
-# The demo models: the repository's models/ directory (demo-lm, demo-vit).
+# The demo models: the repository's models/ directory (demo-lm, demo-vit,
+# demo-dit).
 RUN cp -a models /opt/moh/models
 
 # ---- runtime: shared libraries only ----

@@ -62,9 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     moh::fuzz::CheckInvalidArgument(config.status());
     return 0;
   }
-  const moh::MohConfig& moh = config->family == moh::ModelFamily::kVit
-                                  ? config->vit.moh
-                                  : config->llama.moh;
+  const moh::MohConfig& moh = config->moh();
   const double default_ratio = moh.DefaultRatio();
   MOH_FUZZ_CHECK(default_ratio > 0.0 && default_ratio <= 1.0,
                  absl::StrCat("default ratio ", default_ratio));

@@ -281,7 +281,7 @@ def validation_corpus():
     ratios = [(0.0, 0.0), (0.5, 0.25), (1.0, 0.0), (0.0, 0.1),
               (float("nan"), 0.0), (2.0, -1.0)]
     configs = []
-    for model in ("demo-lm", "demo-vit"):
+    for model in ("demo-lm", "demo-vit", "demo-dit"):
         with open(os.path.join(ROOT, "models", model, "config.json")) as f:
             configs.append((model, compact(json.load(f))))
     configs.append(("dense", compact({

@@ -1,6 +1,12 @@
 #include "service/image_scheduler.h"
 
+#include <pthread.h>
+
+#include <atomic>
+#include <deque>
 #include <exception>
+#include <functional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,15 +27,96 @@ struct ImageRequestState {
   Activation activation;  // resolved at Submit; lowered at admission
   std::shared_ptr<ImageObserver> observer;
   std::unique_ptr<ImageSample> sample;
-  absl::Time submitted, started;
-  ImageResult result;  // filled when the image is done
+  absl::Time submitted, started, sampled;
+  bool counted = false;  // sampled: in ImageExecutor::undelivered_
+};
+
+// A sampled image on its way to the client: decoded, encoded, delivered.
+struct FinishedImage {
+  ImageJob job;
+  float applied_ratio = 0.0f;
+  std::shared_ptr<ImageObserver> observer;
+  std::unique_ptr<ImageSample> sample;
+  absl::Time submitted, started, sampled;
+};
+
+// Runs `deliver` on finished images on its own thread, first come first
+// served, so that a VAE decode (about a second for XL at 256 px on CPU)
+// does not stall the other requests' steps. At most `max_backlog` wait;
+// TryPost refuses beyond, and the caller decodes itself: a slow decoder
+// then slows the loop instead of growing memory. The destructor delivers
+// what waits, then joins.
+class DecodeWorker {
+ public:
+  DecodeWorker(const std::string& name, int32_t max_backlog,
+               std::function<void(FinishedImage)> deliver)
+      : max_backlog_(max_backlog), deliver_(std::move(deliver)) {
+    thread_ = std::thread([this] { Loop(); });
+    // Linux limits thread names to 15 characters.
+    pthread_setname_np(thread_.native_handle(),
+                       ("moh-vae-" + name).substr(0, 15).c_str());
+  }
+
+  ~DecodeWorker() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+
+  // Queues `image` (moved from) unless the backlog is full.
+  bool TryPost(FinishedImage& image) {
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int32_t>(queue_.size()) >= max_backlog_) return false;
+    queue_.push_back(std::move(image));
+    return true;
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      FinishedImage image;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](DecodeWorker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
+              return w->stopping_ || !w->queue_.empty();
+            },
+            this));
+        if (queue_.empty()) return;  // stopping, nothing left
+        image = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      deliver_(std::move(image));
+    }
+  }
+
+  const int32_t max_backlog_;
+  const std::function<void(FinishedImage)> deliver_;
+  absl::Mutex mu_;
+  std::deque<FinishedImage> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
 };
 
 class ImageExecutor : public StepExecutor<ImageRequestState> {
  public:
-  ImageExecutor(const DitModel& model, const VaeDecoder* vae,
+  // With a VAE, images are decoded on a DecodeWorker (at most `max_running`
+  // waiting); pixel-space images are mapped on the loop thread (cheap).
+  ImageExecutor(const std::string& name, int32_t max_running,
+                const DitModel& model, const VaeDecoder* vae,
                 ModelMetrics* metrics)
-      : model_(model), vae_(vae), metrics_(metrics) {}
+      : model_(model), vae_(vae), metrics_(metrics) {
+    if (vae_ != nullptr) {
+      decoder_ = std::make_unique<DecodeWorker>(
+          name, max_running,
+          [this](FinishedImage image) { Deliver(std::move(image)); });
+    }
+  }
+
+  // Every image sampled so far has reached its observer.
+  bool AllDelivered() const { return undelivered_.load() == 0; }
 
   void Admit(ImageRequestState& r, const AdmittedRequest& admitted) override {
     if (admitted.lowered) {
@@ -47,12 +134,16 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
       for (ImageRequestState* r : requests) samples.push_back(r->sample.get());
       MOH_RETURN_IF_ERROR(SampleStep(model_, samples));
       if (metrics_ != nullptr) metrics_->DiffusionSteps(samples.size());
+      const absl::Time now = absl::Now();
       for (size_t i = 0; i < requests.size(); ++i) {
         ImageRequestState& r = *requests[i];
         r.observer->OnProgress(r.sample->steps_done(), r.sample->steps());
         if (!r.sample->done()) continue;
-        // A request whose image cannot be made fails alone.
-        (*outcomes)[i].error = Finish(r);
+        // Counted before the planner lets it go, so that the scheduler is
+        // never idle while an image is still on its way.
+        r.sampled = now;
+        r.counted = true;
+        ++undelivered_;
         (*outcomes)[i].finished = true;
       }
       return absl::OkStatus();
@@ -64,55 +155,85 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
   void End(ImageRequestState& r, EndKind kind,
            const absl::Status& status) override {
     switch (kind) {
-      case EndKind::kFinished:
-        if (metrics_ != nullptr) {
-          metrics_->ActivationRatio(r.result.effective_ratio);
-          metrics_->HeadTokens(r.result.head_tokens);
-          metrics_->ImageGenerated(absl::Now() - r.submitted);
+      case EndKind::kFinished: {
+        FinishedImage image{r.job,       r.activation.requested_ratio(),
+                            r.observer,  std::move(r.sample),
+                            r.submitted, r.started,
+                            r.sampled};
+        if (decoder_ == nullptr || !decoder_->TryPost(image)) {
+          Deliver(std::move(image));
         }
-        r.observer->OnFinished(r.result);
         return;
+      }
       case EndKind::kCancelled:
+        Uncount(r);
         r.observer->OnError(absl::CancelledError("the client cancelled"));
         return;
       case EndKind::kFailed:
+        Uncount(r);
         r.observer->OnError(status);
         return;
     }
   }
 
  private:
-  // Decodes and encodes the finished sample into r.result.
-  absl::Status Finish(ImageRequestState& r) {
-    const absl::Time sampled = absl::Now();
+  void Uncount(const ImageRequestState& r) {
+    if (r.counted) --undelivered_;
+  }
+
+  // Decodes and encodes `image` and hands it to its observer; a request
+  // whose image cannot be made fails alone. Loop or decode thread.
+  void Deliver(FinishedImage image) {
+    ImageResult result;
+    absl::Status status;
+    try {
+      status = Finish(image, &result);
+    } catch (const std::exception& e) {
+      status = absl::InternalError(e.what());
+    }
+    if (status.ok()) {
+      if (metrics_ != nullptr) {
+        metrics_->ActivationRatio(result.effective_ratio);
+        metrics_->HeadTokens(result.head_tokens);
+        metrics_->ImageGenerated(absl::Now() - image.submitted);
+      }
+      image.observer->OnFinished(result);
+    } else {
+      image.observer->OnError(status);
+    }
+    --undelivered_;
+  }
+
+  absl::Status Finish(const FinishedImage& image, ImageResult* result) {
+    const ImageSample& sample = *image.sample;
     MOH_ASSIGN_OR_RETURN(
-        at::Tensor image,
-        SampleImage(*r.sample, vae_, model_.config().latent_scale));
-    ImageResult& result = r.result;
-    result.class_id = r.job.class_id;
-    result.seed = r.job.seed;
-    result.guidance = r.job.guidance;
-    MOH_ASSIGN_OR_RETURN(result.png, EncodePng(image));
-    result.height = image.size(1);
-    result.width = image.size(2);
-    result.steps = r.sample->steps();
-    result.applied_ratio = r.activation.requested_ratio();
-    const at::Tensor counts = r.sample->head_token_counts().contiguous();
-    result.head_tokens.assign(counts.data_ptr<int64_t>(),
-                              counts.data_ptr<int64_t>() + counts.numel());
-    const int64_t rows = int64_t{r.sample->steps()} * r.sample->rows();
-    result.routed_tokens = rows * model_.config().tokens();
-    result.effective_ratio = r.sample->effective_ratio();
-    const absl::Time now = absl::Now();
-    result.queued = r.started - r.submitted;
-    result.sampling = sampled - r.started;
-    result.decoding = now - sampled;
+        at::Tensor pixels,
+        SampleImage(sample, vae_, model_.config().latent_scale));
+    result->class_id = image.job.class_id;
+    result->seed = image.job.seed;
+    result->guidance = image.job.guidance;
+    MOH_ASSIGN_OR_RETURN(result->png, EncodePng(pixels));
+    result->height = pixels.size(1);
+    result->width = pixels.size(2);
+    result->steps = sample.steps();
+    result->applied_ratio = image.applied_ratio;
+    const at::Tensor counts = sample.head_token_counts().contiguous();
+    result->head_tokens.assign(counts.data_ptr<int64_t>(),
+                               counts.data_ptr<int64_t>() + counts.numel());
+    const int64_t rows = int64_t{sample.steps()} * sample.rows();
+    result->routed_tokens = rows * model_.config().tokens();
+    result->effective_ratio = sample.effective_ratio();
+    result->queued = image.started - image.submitted;
+    result->sampling = image.sampled - image.started;
+    result->decoding = absl::Now() - image.sampled;
     return absl::OkStatus();
   }
 
   const DitModel& model_;
   const VaeDecoder* const vae_;
   ModelMetrics* const metrics_;
+  std::atomic<int64_t> undelivered_{0};
+  std::unique_ptr<DecodeWorker> decoder_;  // last: joined first
 };
 
 }  // namespace
@@ -122,7 +243,7 @@ class ImageScheduler::Impl {
   Impl(const Options& options, const DitModel& model, const VaeDecoder* vae,
        ModelMetrics* metrics)
       : model_(model),
-        executor_(model, vae, metrics),
+        executor_(options.model_name, options.max_running, model, vae, metrics),
         loop_(LoopOptions(options), &executor_, metrics) {}
 
   absl::StatusOr<uint64_t> Submit(const ImageJob& job,
@@ -165,6 +286,7 @@ class ImageScheduler::Impl {
     work.max_outputs = steps;
     work.deadline = job.deadline;
     work.can_lower = activation.CanLower();
+    work.rows_per_step = sample->rows();
     auto state = std::make_unique<ImageRequestState>();
     state->job = job;
     state->job.steps = steps;
@@ -178,6 +300,8 @@ class ImageScheduler::Impl {
 
   EngineLoop<ImageRequestState>& loop() { return loop_; }
   const EngineLoop<ImageRequestState>& loop() const { return loop_; }
+  // The loop first: an image leaving it is counted before the loop is idle.
+  bool Idle() const { return loop_.idle() && executor_.AllDelivered(); }
 
  private:
   static EngineLoopOptions LoopOptions(const Options& options) {
@@ -186,7 +310,8 @@ class ImageScheduler::Impl {
     loop.rpc = Rpc::kGenerateImage;
     loop.step_kind = BatchKind::kImageStep;
     loop.planner.max_running = options.max_running;
-    loop.planner.max_seq_len = kMaxSteps;  // outputs are steps
+    loop.planner.max_step_rows = options.max_running;  // model rows
+    loop.planner.max_seq_len = kMaxSteps;              // outputs are steps
     loop.planner.max_queued_requests = options.max_queued_requests;
     loop.planner.prefill_token_budget = 1;  // no prompts
     loop.planner.adaptive_queue_depth = options.adaptive_queue_depth;
@@ -247,7 +372,7 @@ absl::StatusOr<uint64_t> ImageScheduler::Submit(
 }
 void ImageScheduler::Cancel(uint64_t id) { impl_->loop().Cancel(id); }
 void ImageScheduler::StopAccepting() { impl_->loop().StopAccepting(); }
-bool ImageScheduler::Idle() const { return impl_->loop().idle(); }
+bool ImageScheduler::Idle() const { return impl_->Idle(); }
 int64_t ImageScheduler::num_running() const {
   return impl_->loop().num_running();
 }

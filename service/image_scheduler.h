@@ -4,14 +4,17 @@
 // `steps` outputs); each loop iteration runs ONE DiT forward over every
 // running request, whatever its step, class, guidance and ratio (guided
 // requests take two rows: the class and the null class). Requests join at
-// the next step and leave when their image is done: decoded (VAE, or the
-// pixels themselves), encoded as PNG and delivered.
+// the next step and leave when sampled; the image is then decoded (VAE, or
+// the pixels themselves), encoded as PNG and delivered. A VAE decode runs on
+// the model's decode thread (moh-vae-<model>) while the loop steps on.
 //
 // Each request samples with its own generator (dit_sampler.h), so its image
 // does not depend on the batch.
 //
 // Threading: Submit/Cancel/StopAccepting/counters are thread-safe. Observer
-// callbacks run on the loop thread and must not block.
+// callbacks run on the loop thread, except OnFinished and a decode's
+// OnError, which run on the decode thread with a VAE; none may block.
+// Idle() is false until every sampled image has been delivered.
 #pragma once
 
 #include <cstdint>
@@ -72,7 +75,9 @@ class ImageScheduler {
  public:
   struct Options {
     std::string model_name;
-    // Requests sampled at once (each one or two model rows per step).
+    // Model rows each step computes at most: a guided request takes two
+    // (its class and the null class), an unguided one one. A request is
+    // admitted when its rows fit beside the running ones'.
     int32_t max_running = config_limits::kMaxRunning.default_value;
     int32_t max_queued_requests =
         config_limits::kGenerationMaxQueuedRequests.default_value;

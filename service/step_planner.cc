@@ -152,14 +152,17 @@ StepPlan StepPlanner::Schedule(absl::Time now) {
   }
 
   // Admission: first come, into the lowest free slot, while its KV memory
-  // fits. Adaptive activation lowers a request that allows it when more than
-  // adaptive_queue_depth requests wait (itself included) as it is admitted.
+  // and its rows (max_step_rows) fit. Adaptive activation lowers a request that
+  // allows it when more than adaptive_queue_depth requests wait (itself
+  // included) as it is admitted.
   int32_t slot = 0;
   while (!queue_.empty()) {
     while (slot < options_.max_running && slot_owner_[slot] != 0) ++slot;
     Queued& next = queue_.front();
     if (slot == options_.max_running ||
-        (!paged() && reserved_ + next.work.reserved() > total_positions())) {
+        (!paged() && reserved_ + next.work.reserved() > total_positions()) ||
+        (options_.max_step_rows > 0 && step_rows_ > 0 &&
+         step_rows_ + next.work.rows_per_step > options_.max_step_rows)) {
       break;
     }
     const int64_t waiting = queue_.size();
@@ -174,6 +177,7 @@ StepPlan StepPlanner::Schedule(absl::Time now) {
     ++next_order_;
     plan.admitted.push_back(admitted);
     if (!paged()) reserved_ += running.work.reserved();
+    step_rows_ += running.work.rows_per_step;
     running_[next.id] = std::move(running);
     slot_owner_[slot] = next.id;
     queue_.pop_front();
@@ -275,6 +279,7 @@ void StepPlanner::Release(uint64_t id) {
   } else {
     reserved_ -= r.work.reserved();
   }
+  step_rows_ -= r.work.rows_per_step;
   cancelled_.erase(id);
   running_.erase(it);
 }

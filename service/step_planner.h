@@ -53,6 +53,10 @@ struct StepPlannerOptions {
   int32_t kv_blocks = 0;
   int32_t kv_block_size = 0;
   bool prefix_caching = false;  // paged only
+  // Model rows a step computes at most, summed over running requests'
+  // rows_per_step (0: no limit but max_running). A request needing more
+  // than the whole budget runs alone.
+  int32_t max_step_rows = 0;
 };
 
 // What the planner knows of a request.
@@ -61,6 +65,8 @@ struct PlannedWork {
   int32_t max_outputs = 1;  // outputs at most (max_new_tokens, or steps)
   absl::Time deadline = absl::InfiniteFuture();
   bool can_lower = false;  // its activation has a floor below its ratio
+  // Model rows it adds to every step (a guided image request: 2).
+  int32_t rows_per_step = 1;
   // Prefix caching: the prompt (empty: not shared) and the keys of the KV
   // it computes at its activation and at its floor (when lowered).
   std::vector<int32_t> prompt_tokens;
@@ -192,6 +198,7 @@ class StepPlanner {
   std::unordered_set<uint64_t> cancelled_;
   std::vector<uint64_t> slot_owner_;   // id per slot; 0 = free
   int64_t reserved_ = 0;               // slots: positions held
+  int64_t step_rows_ = 0;              // rows_per_step of the running
   std::unique_ptr<KvBlockPool> pool_;  // paged
   int64_t blocks_to_allocate_ = 0;     // paged: sum of Running::to_allocate
   uint64_t next_order_ = 0;

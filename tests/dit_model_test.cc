@@ -198,17 +198,19 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
 
 // The tiny fixtures, and the shipped demo against the golden.json its
 // training recipe wrote with the same reference.
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, DitGoldenTest,
-    ::testing::Values("dit_tiny", "dit_tiny_pixels",
-                      std::string(MOH_MODELS_DIR) + "/demo-dit"),
-    [](const ::testing::TestParamInfo<std::string>& info) {
-      std::string name = info.param.substr(info.param.rfind('/') + 1);
-      for (char& c : name) {
-        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, DitGoldenTest,
+                         ::testing::Values("dit_tiny", "dit_tiny_pixels",
+                                           std::string(MOH_MODELS_DIR) +
+                                               "/demo-dit"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name =
+                               info.param.substr(info.param.rfind('/') + 1);
+                           for (char& c : name) {
+                             if (!isalnum(static_cast<unsigned char>(c)))
+                               c = '_';
+                           }
+                           return name;
+                         });
 
 TEST(DitTest, ScheduleEqualsTheReferenceTables) {
   const json golden = ReadJson(kFixtures + "/dit_tiny/golden.json");

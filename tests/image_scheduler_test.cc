@@ -2,9 +2,13 @@
 // tiny MoH-DiT of tests/reference/make_dit_fixtures.py: requests submitted
 // together, at different steps, guidance scales and ratios, share forwards
 // and each gets the reference's image (tests/reference/moh_dit.py); progress
-// after every step; cancellation, deadlines and bad fields.
+// after every step; the row budget; the VAE decode on its own thread;
+// cancellation, deadlines and bad fields.
 #include "service/image_scheduler.h"
 
+#include <pthread.h>
+
+#include <atomic>
 #include <fstream>
 #include <sstream>
 
@@ -29,16 +33,28 @@ json ReadJson(const std::string& path) {
   return json::parse(s.str());
 }
 
+std::string ThreadName() {
+  char name[16] = {};
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  return name;
+}
+
+// Orders the callbacks of all recorders.
+std::atomic<int64_t> g_sequence{0};
+
 class Recorder : public ImageObserver {
  public:
   void OnProgress(int32_t step, int32_t steps) override {
     absl::MutexLock lock(&mu_);
     progress_.push_back(step);
+    progress_order_.push_back(g_sequence++);
     steps_ = steps;
+    progress_thread_ = ThreadName();
   }
   void OnFinished(const ImageResult& result) override {
     absl::MutexLock lock(&mu_);
     result_ = result;
+    finished_thread_ = ThreadName();
     done_.Notify();
   }
   void OnError(const absl::Status& status) override {
@@ -57,6 +73,19 @@ class Recorder : public ImageObserver {
     absl::MutexLock lock(&mu_);
     return result_;
   }
+  // When (g_sequence) each progress callback ran.
+  std::vector<int64_t> progress_order() {
+    absl::MutexLock lock(&mu_);
+    return progress_order_;
+  }
+  std::string progress_thread() {
+    absl::MutexLock lock(&mu_);
+    return progress_thread_;
+  }
+  std::string finished_thread() {
+    absl::MutexLock lock(&mu_);
+    return finished_thread_;
+  }
   absl::Status status() {
     absl::MutexLock lock(&mu_);
     return status_;
@@ -66,6 +95,8 @@ class Recorder : public ImageObserver {
   absl::Mutex mu_;
   absl::Notification done_;
   std::vector<int32_t> progress_;
+  std::vector<int64_t> progress_order_;
+  std::string progress_thread_, finished_thread_;
   int32_t steps_ = 0;
   ImageResult result_;
   absl::Status status_;
@@ -143,6 +174,50 @@ TEST_F(ImageSchedulerTest, RequestsBatchedTogetherGetTheReferenceImages) {
     EXPECT_GT(result.effective_ratio, 0.0);
     EXPECT_LE(result.effective_ratio, 1.0);
   }
+}
+
+TEST_F(ImageSchedulerTest, RowBudgetCountsGuidedRequestsTwice) {
+  // max_running 2 = two model rows per step: two unguided requests run side
+  // by side, two guided ones (two rows each) one after the other.
+  for (const float guidance : {1.0f, 3.0f}) {
+    std::unique_ptr<ImageScheduler> scheduler = Scheduler(2);
+    ImageJob job;
+    job.steps = 4;
+    job.guidance = guidance;
+    auto first = std::make_shared<Recorder>();
+    auto second = std::make_shared<Recorder>();
+    ASSERT_TRUE(scheduler->Submit(job, first).ok());
+    ASSERT_TRUE(scheduler->Submit(job, second).ok());
+    ASSERT_TRUE(first->Wait() && second->Wait());
+    ASSERT_TRUE(first->status().ok() && second->status().ok());
+    const bool after =
+        second->progress_order().front() > first->progress_order().back();
+    EXPECT_EQ(after, guidance > 1.0f) << "guidance " << guidance;
+  }
+}
+
+TEST_F(ImageSchedulerTest, VaeDecodesOffTheLoopThread) {
+  std::unique_ptr<ImageScheduler> scheduler = Scheduler(4);
+  std::vector<std::shared_ptr<Recorder>> recorders;
+  for (int i = 0; i < 3; ++i) {
+    ImageJob job;
+    job.steps = 3 + i;  // they finish at different steps
+    job.guidance = 1.0f;
+    recorders.push_back(std::make_shared<Recorder>());
+    ASSERT_TRUE(scheduler->Submit(job, recorders.back()).ok());
+  }
+  for (const auto& r : recorders) {
+    ASSERT_TRUE(r->Wait());
+    ASSERT_TRUE(r->status().ok()) << r->status();
+    EXPECT_EQ(r->progress_thread(), "moh-loop-dit");
+    EXPECT_EQ(r->finished_thread(), "moh-vae-dit");
+    EXPECT_GT(r->result().decoding, absl::ZeroDuration());
+  }
+  // Idle once every image is delivered.
+  for (int i = 0; i < 200 && !scheduler->Idle(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(scheduler->Idle());
 }
 
 TEST_F(ImageSchedulerTest, BadFieldsAreNamed) {

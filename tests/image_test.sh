@@ -5,9 +5,10 @@
 # non-root user) in a buildah working container on the host's network, and
 # calls it with the image's moh-client:
 #   - the image's HEALTHCHECK command reports SERVING (within 120 s),
-#   - `models` lists demo-lm and demo-vit, READY,
+#   - `models` lists demo-lm, demo-vit and demo-dit, READY,
 #   - `generate` streams some text and reports 8 completion tokens,
 #   - `classify` of the held-out digit-0 sample answers class 0,
+#   - `generate-image --class=3` writes a PNG that `classify` reads as 3,
 #   - the Prometheus endpoint serves moh_requests_total,
 #   - SIGTERM drains the server and it exits 0.
 # The working container is removed whatever happens. Must run as root.
@@ -157,7 +158,7 @@ say "health: $(cat "$work/health.out")"
 # 2. models
 client models >"$work/models.out" 2>&1 || fail "moh-client models: $(cat "$work/models.out")"
 sed 's/^/  | /' "$work/models.out"
-for name in demo-lm demo-vit; do
+for name in demo-lm demo-vit demo-dit; do
   grep -Eq "^${name}[[:space:]].*READY" "$work/models.out" ||
     fail "moh-client models does not list $name READY"
 done
@@ -179,6 +180,16 @@ client classify /opt/moh/models/demo-vit/samples/digit-0.png \
 sed 's/^/  | /' "$work/classify.out" "$work/classify.err"
 top="$(awk 'NR == 1 && $1 == "LABEL" { next } NF { print $1; exit }' "$work/classify.out")"
 [ "$top" = 0 ] || fail "digit-0.png classified as '$top', not 0"
+
+# 4b. generate-image: a 3 from demo-dit, read back by demo-vit.
+client generate-image --class=3 --seed=7 --out=/tmp/three.png \
+  >"$work/image.out" 2>"$work/image.err" ||
+  fail "moh-client generate-image: $(cat "$work/image.out" "$work/image.err")"
+sed 's/^/  | /' "$work/image.err"
+client classify /tmp/three.png >"$work/classify3.out" 2>&1 ||
+  fail "moh-client classify three.png: $(cat "$work/classify3.out")"
+top="$(awk 'NR == 1 && $1 == "LABEL" { next } NF { print $1; exit }' "$work/classify3.out")"
+[ "$top" = 3 ] || fail "the generated 3 was classified as '$top'"
 
 # 5. metrics (from the host: the server listens on the host's network)
 if command -v curl >/dev/null; then

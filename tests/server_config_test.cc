@@ -173,14 +173,16 @@ TEST(ServerConfigTest, UnsetMaxSeqLenIsTheModelMaximumCappedAt4096) {
   EXPECT_EQ(config_limits::ResolveMaxSeqLen(100, 32768), 100);
 }
 
-TEST(ServerConfigTest, DemoConfigServesBothDemoModels) {
+TEST(ServerConfigTest, DemoConfigServesTheThreeDemoModels) {
   v1::ServerConfig config = DemoServerConfig("/demo");
   ASSERT_TRUE(ResolveServerConfig(&config).ok());
-  ASSERT_EQ(config.models_size(), 2);
+  ASSERT_EQ(config.models_size(), 3);
   EXPECT_EQ(config.models(0).name(), "demo-lm");
   EXPECT_EQ(config.models(0).model_dir(), "/demo/demo-lm");
   EXPECT_EQ(config.models(1).name(), "demo-vit");
   EXPECT_EQ(config.models(1).model_dir(), "/demo/demo-vit");
+  EXPECT_EQ(config.models(2).name(), "demo-dit");
+  EXPECT_EQ(config.models(2).model_dir(), "/demo/demo-dit");
 }
 
 }  // namespace

@@ -229,6 +229,34 @@ TEST(StepPlannerTest, WorkWithoutPromptEmitsFromItsFirstStep) {
   EXPECT_EQ(steps, 3);
 }
 
+TEST(StepPlannerTest, RowBudgetAdmitsByRowsPerStep) {
+  // Guided image requests take two model rows per step, unguided ones one:
+  // a budget of 4 rows holds two guided, or one guided and two unguided.
+  StepPlannerOptions options = Options(/*max_running=*/4);
+  options.max_step_rows = 4;
+  StepPlanner planner(options);
+  FakeModel model;
+  const int32_t rows[] = {2, 2, 1, 1, 5};
+  for (uint64_t id = 1; id <= 5; ++id) {
+    PlannedWork work = Work(0, id == 1 ? 1 : 2);
+    work.rows_per_step = rows[id - 1];
+    planner.Enqueue(id, work, kT0);
+    model.Expect(id, work.max_outputs);
+  }
+  StepPlan plan = planner.Schedule(kT0);
+  EXPECT_EQ(Ids(plan.admitted), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(planner.Update(plan, model.Run(plan)), (std::vector<uint64_t>{1}));
+  plan = planner.Schedule(kT0);  // 2 rows free: request 3 and 4 fit
+  EXPECT_EQ(Ids(plan.admitted), (std::vector<uint64_t>{3, 4}));
+  EXPECT_EQ(planner.Update(plan, model.Run(plan)), (std::vector<uint64_t>{2}));
+  plan = planner.Schedule(kT0);  // 5 rows wait for an empty step
+  EXPECT_TRUE(plan.admitted.empty());
+  EXPECT_EQ(planner.Update(plan, model.Run(plan)),
+            (std::vector<uint64_t>{3, 4}));
+  plan = planner.Schedule(kT0);  // larger than the budget: runs alone
+  EXPECT_EQ(Ids(plan.admitted), (std::vector<uint64_t>{5}));
+}
+
 TEST(StepPlannerTest, FailedStepEndsItsRequestsOnly) {
   StepPlanner planner(Options(/*max_running=*/1));
   planner.Enqueue(1, Work(3, 4), kT0);

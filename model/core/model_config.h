@@ -189,6 +189,21 @@ struct ModelConfig {
   VitConfig vit;              // valid when family == kVit
   TransNextConfig transnext;  // valid when family == kTransNext
   DitConfig dit;              // valid when family == kDit
+
+  // The routing configuration of whichever family this is.
+  const MohConfig& moh() const {
+    switch (family) {
+      case ModelFamily::kVit:
+        return vit.moh;
+      case ModelFamily::kTransNext:
+        return transnext.moh;
+      case ModelFamily::kDit:
+        return dit.moh;
+      case ModelFamily::kLlama:
+        break;
+    }
+    return llama.moh;
+  }
 };
 
 // Parses `json_text`; `source` names the file in error messages.

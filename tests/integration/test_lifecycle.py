@@ -166,9 +166,10 @@ def test_demo_dir_serves_the_demo_models(api, server_factory):
         "--host=127.0.0.1", "--threads=1"
     ])
     models = list_models(api, server)
-    assert sorted(models) == ["demo-lm", "demo-vit"]
+    assert sorted(models) == ["demo-dit", "demo-lm", "demo-vit"]
     assert models["demo-lm"].family == "llama"
     assert models["demo-vit"].family == "vit"
+    assert models["demo-dit"].family == "dit"
 
 
 def test_verbose_logs_requests(api, server_factory):
