@@ -1,0 +1,541 @@
+#include "model/tokenizer/jinja_value.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "model/tokenizer/jinja_text.h"
+
+namespace moh {
+namespace jinja {
+
+// ------------------------------------------------------------------ Value --
+
+Value::Value() : kind_(Kind::kUndefined) {
+  static const auto* const kReason =
+      new std::shared_ptr<const std::string>(
+          std::make_shared<const std::string>("value is undefined"));
+  string_ = *kReason;
+}
+
+Value Value::Undefined(std::string why) {
+  Value v(Kind::kUndefined);
+  v.string_ = std::make_shared<const std::string>(std::move(why));
+  return v;
+}
+
+Value Value::None() {
+  Value v(Kind::kNone);
+  return v;
+}
+
+Value Value::Bool(bool value) {
+  Value v(Kind::kBool);
+  v.bool_ = value;
+  v.int_ = value ? 1 : 0;
+  return v;
+}
+
+Value Value::Int(int64_t value) {
+  Value v(Kind::kInt);
+  v.int_ = value;
+  return v;
+}
+
+Value Value::Float(double value) {
+  Value v(Kind::kFloat);
+  v.float_ = value;
+  return v;
+}
+
+Value Value::String(std::string value) {
+  Value v(Kind::kString);
+  v.string_ = std::make_shared<const std::string>(std::move(value));
+  return v;
+}
+
+Value Value::MakeList(List items) {
+  int depth = 0;
+  for (const Value& item : items) depth = std::max(depth, item.depth());
+  Value v(Kind::kList);
+  v.list_ = std::make_shared<const ListData>(ListData{std::move(items), depth + 1});
+  return v;
+}
+
+Value Value::MakeDict(Dict items) {
+  int depth = 0;
+  for (const auto& [key, item] : items) depth = std::max(depth, item.depth());
+  Value v(Kind::kDict);
+  v.dict_ = std::make_shared<const DictData>(DictData{std::move(items), depth + 1});
+  return v;
+}
+
+Value Value::MakeNamespace(Dict attributes) {
+  Value v(Kind::kNamespace);
+  v.namespace_ = std::make_shared<Dict>(std::move(attributes));
+  return v;
+}
+
+Value Value::Function(std::string name) {
+  Value v(Kind::kFunction);
+  v.string_ = std::make_shared<const std::string>(std::move(name));
+  return v;
+}
+
+bool Value::IsNumber() const {
+  return kind_ == Kind::kBool || kind_ == Kind::kInt || kind_ == Kind::kFloat;
+}
+
+double Value::AsDouble() const {
+  return kind_ == Kind::kFloat ? float_ : static_cast<double>(int_);
+}
+
+const Dict& Value::AsDict() const {
+  return kind_ == Kind::kNamespace ? *namespace_ : dict_->items;
+}
+
+const Value* Value::Find(absl::string_view key) const {
+  if (kind_ != Kind::kDict && kind_ != Kind::kNamespace) return nullptr;
+  for (const auto& [k, v] : AsDict()) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+int Value::depth() const {
+  switch (kind_) {
+    case Kind::kList:
+      return list_->depth;
+    case Kind::kDict:
+      return dict_->depth;
+    case Kind::kNamespace: {
+      // Namespaces hold no namespaces (the renderer refuses it), so this
+      // recursion is one level deep.
+      int depth = 0;
+      for (const auto& [k, v] : *namespace_) depth = std::max(depth, v.depth());
+      return depth + 1;
+    }
+    default:
+      return 0;
+  }
+}
+
+bool Value::Truthy() const {
+  switch (kind_) {
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+    case Kind::kInt:
+      return int_ != 0;
+    case Kind::kFloat:
+      return float_ != 0;
+    case Kind::kString:
+      return !string_->empty();
+    case Kind::kList:
+      return !list_->items.empty();
+    case Kind::kDict:
+      return !dict_->items.empty();
+    case Kind::kNamespace:
+    case Kind::kFunction:
+      return true;
+  }
+  return false;
+}
+
+std::string Value::TypeName() const {
+  switch (kind_) {
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
+    case Kind::kFunction:
+      return "builtin_function_or_method";
+  }
+  return "object";
+}
+
+// ------------------------------------------------------------ str / repr --
+
+std::string FloatRepr(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
+  // The fewest significant digits that read back as `value`.
+  char buf[40];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*e", precision - 1, value);
+    if (std::strtod(buf, nullptr) == value) break;
+  }
+  std::string text(buf);
+  std::string sign;
+  if (text[0] == '-') {
+    sign = "-";
+    text.erase(0, 1);
+  }
+  const size_t e = text.find('e');
+  const int exponent = std::atoi(text.c_str() + e + 1);
+  std::string digits = text.substr(0, e);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  // As Python's repr: positional notation for 1e-4 <= |value| < 1e16.
+  const int point = exponent + 1;  // Digits before the decimal point.
+  if (point < -3 || point > 16) {
+    std::string mantissa = digits.substr(0, 1);
+    if (digits.size() > 1) absl::StrAppend(&mantissa, ".", digits.substr(1));
+    char exp[8];
+    std::snprintf(exp, sizeof(exp), "e%c%02d", exponent < 0 ? '-' : '+',
+                  std::abs(exponent));
+    return absl::StrCat(sign, mantissa, exp);
+  }
+  if (point <= 0) {
+    return absl::StrCat(sign, "0.", std::string(-point, '0'), digits);
+  }
+  if (point >= static_cast<int>(digits.size())) {
+    return absl::StrCat(sign, digits, std::string(point - digits.size(), '0'),
+                        ".0");
+  }
+  return absl::StrCat(sign, digits.substr(0, point), ".",
+                      digits.substr(point));
+}
+
+namespace {
+
+// Approximates Python's str.isprintable() for characters outside ASCII.
+bool IsPrintable(char32_t c) {
+  return !(c < 0x20 || (c >= 0x7F && c <= 0xA0) || c == 0xAD ||
+           c == 0x1680 || (c >= 0x2000 && c <= 0x200F) ||
+           (c >= 0x2028 && c <= 0x202F) || (c >= 0x205F && c <= 0x206F) ||
+           c == 0x3000 || c == 0xFEFF || (c >= 0xD800 && c <= 0xF8FF));
+}
+
+void AppendStringRepr(const std::string& s, std::string* out) {
+  const bool has_single = s.find('\'') != std::string::npos;
+  const bool has_double = s.find('"') != std::string::npos;
+  const char quote = has_single && !has_double ? '"' : '\'';
+  out->push_back(quote);
+  for (char32_t c : DecodeUtf8(s)) {
+    if (c == static_cast<char32_t>(quote) || c == '\\') {
+      out->push_back('\\');
+      out->push_back(static_cast<char>(c));
+    } else if (c == '\n') {
+      out->append("\\n");
+    } else if (c == '\r') {
+      out->append("\\r");
+    } else if (c == '\t') {
+      out->append("\\t");
+    } else if (IsPrintable(c)) {
+      AppendUtf8(c, out);
+    } else {
+      char buf[12];
+      std::snprintf(buf, sizeof(buf),
+                    c < 0x100 ? "\\x%02x" : (c < 0x10000 ? "\\u%04x" : "\\U%08x"),
+                    static_cast<unsigned>(c));
+      out->append(buf);
+    }
+  }
+  out->push_back(quote);
+}
+
+bool AppendPython(const Value& value, bool repr, size_t limit,
+                  std::string* out) {
+  using Kind = Value::Kind;
+  switch (value.kind()) {
+    case Kind::kUndefined:
+      if (repr) out->append("Undefined");
+      break;
+    case Kind::kNone:
+      out->append("None");
+      break;
+    case Kind::kBool:
+      out->append(value.AsBool() ? "True" : "False");
+      break;
+    case Kind::kInt:
+      absl::StrAppend(out, value.AsInt());
+      break;
+    case Kind::kFloat:
+      out->append(FloatRepr(value.AsDouble()));
+      break;
+    case Kind::kString:
+      if (repr) {
+        AppendStringRepr(value.AsString(), out);
+      } else {
+        out->append(value.AsString());
+      }
+      break;
+    case Kind::kList:
+      out->push_back('[');
+      for (size_t i = 0; i < value.AsList().size(); ++i) {
+        if (i > 0) out->append(", ");
+        if (!AppendPython(value.AsList()[i], true, limit, out)) return false;
+      }
+      out->push_back(']');
+      break;
+    case Kind::kDict:
+    case Kind::kNamespace: {
+      const bool ns = value.is(Kind::kNamespace);
+      out->append(ns ? "<Namespace {" : "{");
+      bool first = true;
+      for (const auto& [key, item] : value.AsDict()) {
+        if (!first) out->append(", ");
+        first = false;
+        AppendStringRepr(key, out);
+        out->append(": ");
+        if (!AppendPython(item, true, limit, out)) return false;
+      }
+      out->append(ns ? "}>" : "}");
+      break;
+    }
+    case Kind::kFunction:
+      absl::StrAppend(out, "<built-in function ", value.AsString(), ">");
+      break;
+  }
+  return out->size() <= limit;
+}
+
+}  // namespace
+
+bool AppendStr(const Value& value, size_t limit, std::string* out) {
+  return AppendPython(value, /*repr=*/false, limit, out);
+}
+
+bool AppendRepr(const Value& value, size_t limit, std::string* out) {
+  return AppendPython(value, /*repr=*/true, limit, out);
+}
+
+// ------------------------------------------------------------------- JSON --
+
+namespace {
+
+void AppendJsonString(const std::string& s, bool ensure_ascii,
+                      std::string* out) {
+  out->push_back('"');
+  for (char32_t c : DecodeUtf8(s)) {
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        continue;
+      case '\\':
+        out->append("\\\\");
+        continue;
+      case '\n':
+        out->append("\\n");
+        continue;
+      case '\r':
+        out->append("\\r");
+        continue;
+      case '\t':
+        out->append("\\t");
+        continue;
+      case '\b':
+        out->append("\\b");
+        continue;
+      case '\f':
+        out->append("\\f");
+        continue;
+    }
+    char buf[16];
+    if (c < 0x20 || (ensure_ascii && c > 0x7E && c < 0x10000)) {
+      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
+      out->append(buf);
+    } else if (ensure_ascii && c >= 0x10000) {
+      const char32_t v = c - 0x10000;
+      std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x",
+                    static_cast<unsigned>(0xD800 + (v >> 10)),
+                    static_cast<unsigned>(0xDC00 + (v & 0x3FF)));
+      out->append(buf);
+    } else {
+      AppendUtf8(c, out);
+    }
+  }
+  out->push_back('"');
+}
+
+class JsonWriter {
+ public:
+  JsonWriter(const JsonOptions& options, size_t limit, std::string* out)
+      : options_(options), limit_(limit), out_(out) {
+    const bool indented = options.indent.has_value();
+    item_separator_ = indented ? "," : ", ";
+    key_separator_ = ": ";
+    if (options.separators) {
+      item_separator_ = options.separators->first;
+      key_separator_ = options.separators->second;
+    }
+  }
+
+  absl::Status Write(const Value& value, int level) {
+    using Kind = Value::Kind;
+    switch (value.kind()) {
+      case Kind::kNone:
+        out_->append("null");
+        break;
+      case Kind::kBool:
+        out_->append(value.AsBool() ? "true" : "false");
+        break;
+      case Kind::kInt:
+        absl::StrAppend(out_, value.AsInt());
+        break;
+      case Kind::kFloat: {
+        const double d = value.AsDouble();
+        if (std::isnan(d)) {
+          out_->append("NaN");
+        } else if (std::isinf(d)) {
+          out_->append(d < 0 ? "-Infinity" : "Infinity");
+        } else {
+          out_->append(FloatRepr(d));
+        }
+        break;
+      }
+      case Kind::kString:
+        AppendJsonString(value.AsString(), options_.ensure_ascii, out_);
+        break;
+      case Kind::kList:
+        return WriteContainer('[', ']', value.AsList().size(), level,
+                              [&](size_t i) {
+                                return Write(value.AsList()[i], level + 1);
+                              });
+      case Kind::kDict: {
+        std::vector<const std::pair<std::string, Value>*> items;
+        for (const auto& item : value.AsDict()) items.push_back(&item);
+        if (options_.sort_keys) {
+          std::stable_sort(items.begin(), items.end(),
+                           [](const auto* a, const auto* b) {
+                             return a->first < b->first;
+                           });
+        }
+        return WriteContainer('{', '}', items.size(), level, [&](size_t i) {
+          AppendJsonString(items[i]->first, options_.ensure_ascii, out_);
+          out_->append(key_separator_);
+          return Write(items[i]->second, level + 1);
+        });
+      }
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Object of type ", value.TypeName(), " is not JSON serializable"));
+    }
+    return CheckLimit();
+  }
+
+ private:
+  template <typename WriteItem>
+  absl::Status WriteContainer(char open, char close, size_t size, int level,
+                              WriteItem write_item) {
+    out_->push_back(open);
+    if (size == 0) {
+      out_->push_back(close);
+      return absl::OkStatus();
+    }
+    for (size_t i = 0; i < size; ++i) {
+      if (i > 0) out_->append(item_separator_);
+      NewLine(level + 1);
+      absl::Status status = write_item(i);
+      if (!status.ok()) return status;
+    }
+    NewLine(level);
+    out_->push_back(close);
+    return CheckLimit();
+  }
+
+  void NewLine(int level) {
+    if (!options_.indent) return;
+    out_->push_back('\n');
+    for (int i = 0; i < level; ++i) out_->append(*options_.indent);
+  }
+
+  absl::Status CheckLimit() const {
+    if (out_->size() <= limit_) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("JSON text longer than ", limit_, " bytes"));
+  }
+
+  const JsonOptions& options_;
+  const size_t limit_;
+  std::string* out_;
+  std::string item_separator_, key_separator_;
+};
+
+}  // namespace
+
+absl::Status AppendJson(const Value& value, const JsonOptions& options,
+                        size_t limit, std::string* out) {
+  return JsonWriter(options, limit, out).Write(value, 0);
+}
+
+// ------------------------------------------------------------ comparison --
+
+bool Equals(const Value& a, const Value& b) {
+  using Kind = Value::Kind;
+  if (a.IsNumber() && b.IsNumber()) {
+    if (a.is(Kind::kFloat) || b.is(Kind::kFloat)) {
+      return a.AsDouble() == b.AsDouble();
+    }
+    return a.AsInt() == b.AsInt();
+  }
+  if (a.kind() != b.kind()) return false;
+  switch (a.kind()) {
+    case Kind::kUndefined:
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+    case Kind::kFunction:
+      return a.AsString() == b.AsString();
+    case Kind::kList:
+      return std::equal(a.AsList().begin(), a.AsList().end(),
+                        b.AsList().begin(), b.AsList().end(), Equals);
+    case Kind::kDict:
+      if (a.AsDict().size() != b.AsDict().size()) return false;
+      for (const auto& [key, item] : a.AsDict()) {
+        const Value* other = b.Find(key);
+        if (other == nullptr || !Equals(item, *other)) return false;
+      }
+      return true;
+    case Kind::kNamespace:
+      return &a.AsDict() == &b.AsDict();
+    default:
+      return false;
+  }
+}
+
+absl::StatusOr<int> Compare(const Value& a, const Value& b) {
+  using Kind = Value::Kind;
+  if (a.IsNumber() && b.IsNumber()) {
+    if (a.is(Kind::kFloat) || b.is(Kind::kFloat)) {
+      const double x = a.AsDouble(), y = b.AsDouble();
+      return x < y ? -1 : (x > y ? 1 : 0);
+    }
+    return a.AsInt() < b.AsInt() ? -1 : (a.AsInt() > b.AsInt() ? 1 : 0);
+  }
+  if (a.is(Kind::kString) && b.is(Kind::kString)) {
+    const int c = a.AsString().compare(b.AsString());
+    return c < 0 ? -1 : (c > 0 ? 1 : 0);
+  }
+  if (a.is(Kind::kList) && b.is(Kind::kList)) {
+    const List &x = a.AsList(), &y = b.AsList();
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+      if (!Equals(x[i], y[i])) return Compare(x[i], y[i]);
+    }
+    return x.size() < y.size() ? -1 : (x.size() > y.size() ? 1 : 0);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("cannot order '", a.TypeName(), "' and '", b.TypeName(),
+                   "' values"));
+}
+
+}  // namespace jinja
+}  // namespace moh
