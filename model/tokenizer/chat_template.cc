@@ -68,8 +68,9 @@ absl::StatusOr<std::string> GetTemplateSource(const json& root) {
   if (source == nullptr) return absl::NotFoundError("no chat_template");
   if (source->is_string()) return source->get<std::string>();
   if (!source->is_array()) {
-    return Invalid("chat_template", "must be a string or a list of "
-                                    "{\"name\", \"template\"}");
+    return Invalid("chat_template",
+                   "must be a string or a list of "
+                   "{\"name\", \"template\"}");
   }
   for (size_t i = 0; i < source->size(); ++i) {
     const json& entry = (*source)[i];
@@ -102,8 +103,8 @@ absl::StatusOr<LoadedChatTemplate> LoadChatTemplate(
   try {
     root = json::parse(text.str());
   } catch (const json::exception& e) {
-    return in_file(absl::InvalidArgumentError(
-        absl::StrCat("malformed JSON: ", e.what())));
+    return in_file(
+        absl::InvalidArgumentError(absl::StrCat("malformed JSON: ", e.what())));
   }
   if (!root.is_object()) {
     return in_file(Invalid("(root)", "must be a JSON object"));

@@ -40,8 +40,8 @@ class Params {
     for (const auto& [name, value] : args.keyword) {
       auto it = std::find(names.begin(), names.end(), name);
       if (it == names.end() || params.values_[it - names.begin()]) {
-        return Error(function, "() got an unexpected keyword argument '",
-                     name, "'");
+        return Error(function, "() got an unexpected keyword argument '", name,
+                     "'");
       }
       params.values_[it - names.begin()] = value;
     }
@@ -100,8 +100,8 @@ std::string JinjaTitle(absl::string_view text) {
   std::vector<char32_t> chars = DecodeUtf8(text);
   bool word_start = true;
   for (char32_t& c : chars) {
-    const bool separator = IsSpace(c) || c == '-' || c == '(' || c == '{' ||
-                           c == '[' || c == '<';
+    const bool separator =
+        IsSpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
     c = word_start ? ToUpper(c) : ToLower(c);
     word_start = separator;
   }
@@ -182,7 +182,7 @@ std::optional<int64_t> ParseInt(const std::string& text, int base) {
       continue;
     }
     const char c = static_cast<char>(std::tolower(s[i]));
-    const int d = c >= '0' && c <= '9' ? c - '0'
+    const int d = c >= '0' && c <= '9'     ? c - '0'
                   : (c >= 'a' && c <= 'z') ? c - 'a' + 10
                                            : 99;
     if (d >= base) return std::nullopt;
@@ -224,11 +224,10 @@ absl::StatusOr<Value> Length(const Value& value) {
 
 absl::StatusOr<Value> ToJson(const Value& value, const CallArgs& args,
                              size_t limit) {
-  MOH_ASSIGN_OR_RETURN(
-      Params p, Params::Bind("tojson",
-                             {"ensure_ascii", "indent", "separators",
-                              "sort_keys"},
-                             args));
+  MOH_ASSIGN_OR_RETURN(Params p, Params::Bind("tojson",
+                                              {"ensure_ascii", "indent",
+                                               "separators", "sort_keys"},
+                                              args));
   JsonOptions options;
   options.ensure_ascii = p.Get(0, Value::Bool(false)).Truthy();
   const Value indent = p.Get(1);
@@ -265,7 +264,8 @@ absl::StatusOr<Value> FirstOrLast(const Value& value, bool first) {
 }
 
 absl::StatusOr<Value> IntFilter(const Value& value, const CallArgs& args) {
-  MOH_ASSIGN_OR_RETURN(Params p, Params::Bind("int", {"default", "base"}, args));
+  MOH_ASSIGN_OR_RETURN(Params p,
+                       Params::Bind("int", {"default", "base"}, args));
   const Value fallback = p.Get(0, Value::Int(0));
   MOH_ASSIGN_OR_RETURN(const int64_t base,
                        ToInt(p.Get(1, Value::Int(10)), "int(): base"));
@@ -332,7 +332,8 @@ absl::StatusOr<std::optional<Value>> ApplySimpleFilter(absl::string_view name,
     return Value::MakeList(std::move(items));
   }
   if (name == "abs") {
-    if (value.is(Kind::kFloat)) return Value::Float(std::fabs(value.AsDouble()));
+    if (value.is(Kind::kFloat))
+      return Value::Float(std::fabs(value.AsDouble()));
     if (value.IsNumber() && value.AsInt() != INT64_MIN) {
       return Value::Int(std::abs(value.AsInt()));
     }
@@ -373,11 +374,11 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value,
     MOH_ASSIGN_OR_RETURN(const auto chars,
                          OptionalString(p.Get(0), "trim(): chars"));
     MOH_ASSIGN_OR_RETURN(const std::string s, ToStr(value, limit));
-    return Value::String(
-        Strip(s, chars ? &*chars : nullptr, StripSide::kBoth));
+    return Value::String(Strip(s, chars ? &*chars : nullptr, StripSide::kBoth));
   }
   if (name == "join") {
-    MOH_ASSIGN_OR_RETURN(Params p, Params::Bind("join", {"d", "attribute"}, args));
+    MOH_ASSIGN_OR_RETURN(Params p,
+                         Params::Bind("join", {"d", "attribute"}, args));
     if (p.Has(1)) return Error("join(): attribute= is not supported");
     MOH_ASSIGN_OR_RETURN(const std::string separator,
                          ToStr(p.Get(0, Value::String("")), limit));
@@ -468,8 +469,8 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& value,
     return Contains(container, value);
   }
   static constexpr absl::string_view kOrder[][2] = {
-      {"lt", "<"}, {"le", "<="}, {"gt", ">"}, {"ge", ">="},
-      {"lessthan", "<"}, {"greaterthan", ">"}};
+      {"lt", "<"},  {"le", "<="},      {"gt", ">"},
+      {"ge", ">="}, {"lessthan", "<"}, {"greaterthan", ">"}};
   for (const auto& [word, op] : kOrder) {
     if (name != word && name != op) continue;
     MOH_ASSIGN_OR_RETURN(const Value other, arg());
@@ -495,7 +496,8 @@ absl::StatusOr<Value> StringMethod(const std::string& s, absl::string_view name,
     return Value::String(Strip(s, chars ? &*chars : nullptr, side));
   }
   if (name == "split") {
-    MOH_ASSIGN_OR_RETURN(Params p, Params::Bind(name, {"sep", "maxsplit"}, args));
+    MOH_ASSIGN_OR_RETURN(Params p,
+                         Params::Bind(name, {"sep", "maxsplit"}, args));
     MOH_ASSIGN_OR_RETURN(const auto sep, OptionalString(p.Get(0), "split()"));
     MOH_ASSIGN_OR_RETURN(const int64_t maxsplit,
                          ToInt(p.Get(1, Value::Int(-1)), "split(): maxsplit"));
@@ -510,11 +512,10 @@ absl::StatusOr<Value> StringMethod(const std::string& s, absl::string_view name,
         return Error(name, "() takes a string or a tuple of strings");
       }
       const std::string& c = candidate.AsString();
-      const bool match =
-          c.size() <= s.size() &&
-          (name == "startswith" ? s.compare(0, c.size(), c) == 0
-                                : s.compare(s.size() - c.size(), c.size(), c) ==
-                                      0);
+      const bool match = c.size() <= s.size() &&
+                         (name == "startswith" ? s.compare(0, c.size(), c) == 0
+                                               : s.compare(s.size() - c.size(),
+                                                           c.size(), c) == 0);
       if (match) return Value::Bool(true);
     }
     return Value::Bool(false);
@@ -543,7 +544,7 @@ absl::StatusOr<Value> StringMethod(const std::string& s, absl::string_view name,
     return MakeCheckedString(absl::StrJoin(parts, s), limit);
   }
   static constexpr absl::string_view kCase[] = {"upper", "lower", "title",
-                                               "capitalize"};
+                                                "capitalize"};
   if (std::find(std::begin(kCase), std::end(kCase), name) != std::end(kCase)) {
     MOH_ASSIGN_OR_RETURN(Params p, Params::Bind(name, {}, args));
     (void)p;
@@ -558,7 +559,8 @@ absl::StatusOr<Value> StringMethod(const std::string& s, absl::string_view name,
 absl::StatusOr<Value> DictMethod(const Value& dict, absl::string_view name,
                                  const CallArgs& args) {
   if (name == "get") {
-    MOH_ASSIGN_OR_RETURN(Params p, Params::Bind(name, {"key", "default"}, args));
+    MOH_ASSIGN_OR_RETURN(Params p,
+                         Params::Bind(name, {"key", "default"}, args));
     const Value key = p.Get(0);
     const Value* found =
         key.is(Kind::kString) ? dict.Find(key.AsString()) : nullptr;
@@ -597,8 +599,8 @@ absl::StatusOr<Value> CallMethod(const Value& object, absl::string_view name,
 // ----------------------------------------------------- global functions --
 
 bool IsGlobalFunction(absl::string_view name) {
-  return name == "raise_exception" || name == "range" ||
-         name == "namespace" || name == "dict";
+  return name == "raise_exception" || name == "range" || name == "namespace" ||
+         name == "dict";
 }
 
 absl::StatusOr<Value> CallGlobalFunction(absl::string_view name,
@@ -621,8 +623,8 @@ absl::StatusOr<Value> CallGlobalFunction(absl::string_view name,
     }
     const auto [start, stop, step] = bounds;
     if (step == 0) return Error("range() arg 3 must not be zero");
-    const double count = std::max(
-        0.0, std::ceil((static_cast<double>(stop) - start) / step));
+    const double count =
+        std::max(0.0, std::ceil((static_cast<double>(stop) - start) / step));
     if (count > static_cast<double>(kMaxListItems)) {
       return Error("range() of more than ", kMaxListItems, " items");
     }
@@ -650,7 +652,8 @@ absl::StatusOr<Value> CallGlobalFunction(absl::string_view name,
   }
   if (name == "dict") return Value::MakeDict(std::move(items));
   for (const auto& [key, value] : items) {
-    if (HoldsNamespace(value)) return Error("a namespace cannot hold a namespace");
+    if (HoldsNamespace(value))
+      return Error("a namespace cannot hold a namespace");
   }
   return Value::MakeNamespace(std::move(items));
 }
@@ -669,7 +672,8 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
       return std::any_of(container.AsList().begin(), container.AsList().end(),
                          [&](const Value& v) { return Equals(v, item); });
     case Kind::kDict:
-      return item.is(Kind::kString) && container.Find(item.AsString()) != nullptr;
+      return item.is(Kind::kString) &&
+             container.Find(item.AsString()) != nullptr;
     case Kind::kUndefined:
       return false;
     default:
@@ -713,10 +717,9 @@ bool HoldsNamespace(const Value& value) {
       return std::any_of(value.AsList().begin(), value.AsList().end(),
                          HoldsNamespace);
     case Kind::kDict:
-      return std::any_of(value.AsDict().begin(), value.AsDict().end(),
-                         [](const auto& item) {
-                           return HoldsNamespace(item.second);
-                         });
+      return std::any_of(
+          value.AsDict().begin(), value.AsDict().end(),
+          [](const auto& item) { return HoldsNamespace(item.second); });
     default:
       return false;
   }

@@ -8,11 +8,11 @@
 
 #include <cstddef>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "model/tokenizer/jinja_value.h"
 
 namespace moh {

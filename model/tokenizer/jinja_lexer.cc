@@ -50,11 +50,13 @@ std::string RStrip(absl::string_view text) {
 }
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-bool IsNameStart(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+bool IsNameStart(char c) {
+  return std::isalpha(static_cast<unsigned char>(c)) || c == '_';
+}
 bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
 
-constexpr absl::string_view kTwoCharOperators[] = {"//", "**", "==",
-                                                  "!=", "<=", ">="};
+constexpr absl::string_view kTwoCharOperators[] = {
+    "//", "**", "==", "!=", "<=", ">="};
 constexpr absl::string_view kOneCharOperators = "+-*/%~<>=()[]{},.:|;";
 
 class Lexer {
@@ -158,7 +160,8 @@ class Lexer {
              (static_cast<unsigned char>(src_[next]) & 0xC0) == 0x80) {
         ++next;
       }
-      const std::vector<char32_t> c = DecodeUtf8(src_.substr(pos_, next - pos_));
+      const std::vector<char32_t> c =
+          DecodeUtf8(src_.substr(pos_, next - pos_));
       if (c.size() != 1 || !IsSpace(c[0])) return;
       pos_ = next;
     }
@@ -188,15 +191,14 @@ class Lexer {
 
   // The tokens of a {{ ... }} or {% ... %} tag starting at `start`.
   absl::Status LexTag(size_t start, bool block) {
-    Emit(block ? Token::Kind::kBlockBegin : Token::Kind::kVariableBegin,
-         start);
+    Emit(block ? Token::Kind::kBlockBegin : Token::Kind::kVariableBegin, start);
     const absl::string_view close = block ? "%}" : "}}";
     std::string brackets;  // Unclosed ( [ {: their end tags are operators.
     while (true) {
       SkipSpace();
       if (pos_ >= src_.size()) {
-        return ErrorAt(start, absl::StrCat("tag is not closed with '", close,
-                                           "'"));
+        return ErrorAt(start,
+                       absl::StrCat("tag is not closed with '", close, "'"));
       }
       const absl::string_view rest = absl::string_view(src_).substr(pos_);
       if (brackets.empty()) {
@@ -244,8 +246,8 @@ class Lexer {
       brackets->push_back(c);
     } else if (const size_t k = kClose.find(c); k != absl::string_view::npos) {
       if (brackets->empty() || brackets->back() != kOpen[k]) {
-        return ErrorAt(pos_, absl::StrCat("unexpected '", std::string(1, c),
-                                          "'"));
+        return ErrorAt(pos_,
+                       absl::StrCat("unexpected '", std::string(1, c), "'"));
       }
       brackets->pop_back();
     }
@@ -278,7 +280,8 @@ class Lexer {
     if (!after_dot && end < src_.size() &&
         (src_[end] == 'e' || src_[end] == 'E')) {
       size_t digits = end + 1;
-      if (digits < src_.size() && (src_[digits] == '+' || src_[digits] == '-')) {
+      if (digits < src_.size() &&
+          (src_[digits] == '+' || src_[digits] == '-')) {
         ++digits;
       }
       if (digits < src_.size() && IsDigit(src_[digits])) {
@@ -314,9 +317,9 @@ class Lexer {
     }
     if (end >= src_.size()) return ErrorAt(start, "string is not closed");
     std::string value;
-    MOH_RETURN_IF_ERROR(
-        DecodeEscapes(absl::string_view(src_).substr(start + 1, end - start - 1),
-                      start, &value));
+    MOH_RETURN_IF_ERROR(DecodeEscapes(
+        absl::string_view(src_).substr(start + 1, end - start - 1), start,
+        &value));
     Emit(Token::Kind::kString, start, std::move(value));
     pos_ = end + 1;
     return absl::OkStatus();

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -19,9 +20,13 @@ using EK = Expr::Kind;
 
 // Tags of jinja2 that this engine does not implement.
 constexpr absl::string_view kUnsupportedTags[] = {
-    "macro",  "call",  "filter", "include",    "import", "from",
-    "extends", "block", "raw",    "with",       "autoescape",
-    "do",     "trans", "print",  "endmacro",   "endcall"};
+    "macro", "call", "filter", "include",    "import", "from",  "extends",
+    "block", "raw",  "with",   "autoescape", "do",     "trans", "print"};
+
+// Tags that continue or close a block opened earlier.
+bool IsClosingTag(absl::string_view tag) {
+  return tag == "elif" || tag == "else" || absl::StartsWith(tag, "end");
+}
 
 std::string Describe(const Token& token) {
   switch (token.kind) {
@@ -89,8 +94,8 @@ class Parser {
     return SyntaxError(Peek().line, Peek().column, what);
   }
   absl::Status Unexpected(absl::string_view expected) const {
-    return ErrorHere(absl::StrCat("expected ", expected, ", found ",
-                                  Describe(Peek())));
+    return ErrorHere(
+        absl::StrCat("expected ", expected, ", found ", Describe(Peek())));
   }
   absl::Status ExpectOperator(absl::string_view op) {
     if (SkipOperator(op)) return absl::OkStatus();
@@ -152,9 +157,9 @@ class Parser {
       switch (token.kind) {
         case TK::kEnd:
           if (stop.size() == 0) return absl::OkStatus();
-          return ErrorHere(absl::StrCat(
-              "unexpected end of template, expected '",
-              absl::StrJoin(stop, "' or '"), "'"));
+          return ErrorHere(
+              absl::StrCat("unexpected end of template, expected '",
+                           absl::StrJoin(stop, "' or '"), "'"));
         case TK::kText: {
           auto node = std::make_unique<Node>();
           node->kind = Node::Kind::kText;
@@ -179,6 +184,15 @@ class Parser {
           if (std::find(stop.begin(), stop.end(), tag) != stop.end()) {
             *stopped = tag;
             return absl::OkStatus();
+          }
+          if (IsClosingTag(tag)) {
+            const Token& name = tokens_[pos_ - 1];
+            return SyntaxError(
+                name.line, name.column,
+                stop.size() == 0
+                    ? absl::StrCat("unexpected '", tag, "'")
+                    : absl::StrCat("unexpected '", tag, "', expected '",
+                                   absl::StrJoin(stop, "' or '"), "'"));
           }
           MOH_RETURN_IF_ERROR(ParseStatement(tag, body));
           break;
@@ -214,9 +228,9 @@ class Parser {
       return ExpectBlockEnd();
     } else {
       const Token& name = tokens_[pos_ - 1];
-      const bool unsupported = std::find(std::begin(kUnsupportedTags),
-                                         std::end(kUnsupportedTags),
-                                         tag) != std::end(kUnsupportedTags);
+      const bool unsupported =
+          std::find(std::begin(kUnsupportedTags), std::end(kUnsupportedTags),
+                    tag) != std::end(kUnsupportedTags);
       return SyntaxError(
           name.line, name.column,
           unsupported ? absl::StrCat("'", tag,
@@ -280,7 +294,8 @@ class Parser {
     if (stopped == "else") {
       MOH_RETURN_IF_ERROR(ExpectBlockEnd());
       node->bodies.emplace_back();
-      MOH_RETURN_IF_ERROR(ParseBody({"endfor"}, &node->bodies.back(), &stopped));
+      MOH_RETURN_IF_ERROR(
+          ParseBody({"endfor"}, &node->bodies.back(), &stopped));
     }
     return ExpectBlockEnd();
   }
@@ -353,9 +368,8 @@ class Parser {
   using Level = absl::StatusOr<ExprPtr> (Parser::*)();
 
   // Left-associative binary operators `ops` over operands parsed by `next`.
-  absl::StatusOr<ExprPtr> ParseBinary(Level next,
-                                      std::initializer_list<absl::string_view> ops,
-                                      bool names) {
+  absl::StatusOr<ExprPtr> ParseBinary(
+      Level next, std::initializer_list<absl::string_view> ops, bool names) {
     MOH_ASSIGN_OR_RETURN(ExprPtr left, (this->*next)());
     while (true) {
       const Token& token = Peek();
@@ -366,8 +380,8 @@ class Parser {
       const int line = token.line;
       std::string op = Next().text;
       MOH_ASSIGN_OR_RETURN(ExprPtr right, (this->*next)());
-      left = MakeExpr(EK::kBinary, line, Args(std::move(left), std::move(right)),
-                      std::move(op));
+      left = MakeExpr(EK::kBinary, line,
+                      Args(std::move(left), std::move(right)), std::move(op));
     }
   }
 
@@ -394,7 +408,7 @@ class Parser {
     operands.push_back(std::move(first));
     while (true) {
       static constexpr absl::string_view kOps[] = {"==", "!=", "<",
-                                                  "<=", ">",  ">="};
+                                                   "<=", ">",  ">="};
       if (Peek().kind == TK::kOperator &&
           std::find(std::begin(kOps), std::end(kOps), Peek().text) !=
               std::end(kOps)) {
@@ -538,7 +552,8 @@ class Parser {
         if (Peek().kind == TK::kInt) {
           auto index = MakeExpr(EK::kLiteral, line, {});
           index->value = Value::Int(Next().int_value);
-          expr = MakeExpr(EK::kItem, line, Args(std::move(expr), std::move(index)));
+          expr = MakeExpr(EK::kItem, line,
+                          Args(std::move(expr), std::move(index)));
           continue;
         }
         MOH_ASSIGN_OR_RETURN(std::string name, ExpectName("an attribute name"));

@@ -3,9 +3,8 @@
 // model/tokenizer/chat_template.h. Not part of the public API.
 #pragma once
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "model/tokenizer/jinja_ast.h"
 
 namespace moh {

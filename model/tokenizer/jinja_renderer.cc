@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 #include "model/tokenizer/jinja_builtins.h"
 #include "model/tokenizer/jinja_text.h"
@@ -198,15 +198,12 @@ class Renderer {
       MOH_RETURN_IF_ERROR(Step(node.line));
       Scope iteration(&scope);
       MOH_RETURN_IF_ERROR(Unpack(node.targets, items[i], node.line, iteration));
-      Dict loop = {{"index", Value::Int(i + 1)},
-                   {"index0", Value::Int(i)},
-                   {"revindex", Value::Int(n - i)},
-                   {"revindex0", Value::Int(n - i - 1)},
-                   {"first", Value::Bool(i == 0)},
-                   {"last", Value::Bool(i == n - 1)},
-                   {"length", Value::Int(n)},
-                   {"depth", Value::Int(1)},
-                   {"depth0", Value::Int(0)}};
+      Dict loop = {
+          {"index", Value::Int(i + 1)},    {"index0", Value::Int(i)},
+          {"revindex", Value::Int(n - i)}, {"revindex0", Value::Int(n - i - 1)},
+          {"first", Value::Bool(i == 0)},  {"last", Value::Bool(i == n - 1)},
+          {"length", Value::Int(n)},       {"depth", Value::Int(1)},
+          {"depth0", Value::Int(0)}};
       if (i > 0) loop.emplace_back("previtem", items[i - 1]);
       if (i + 1 < n) loop.emplace_back("nextitem", items[i + 1]);
       iteration.Set("loop", Value::MakeDict(std::move(loop)));
@@ -294,8 +291,9 @@ class Renderer {
       case EK::kTest: {
         MOH_ASSIGN_OR_RETURN(const Value value, Eval(*expr.args[0], scope));
         MOH_ASSIGN_OR_RETURN(const CallArgs args, EvalArgs(expr, scope));
-        MOH_ASSIGN_OR_RETURN(const bool result,
-                             AtLine(expr.line, ApplyTest(expr.name, value, args)));
+        MOH_ASSIGN_OR_RETURN(
+            const bool result,
+            AtLine(expr.line, ApplyTest(expr.name, value, args)));
         return Value::Bool(result != expr.negated);
       }
       case EK::kUnary: {
@@ -363,19 +361,18 @@ class Renderer {
   }
 
   static absl::StatusOr<Value> GetAttribute(const Value& object,
-                                            const std::string& name,
-                                            int line) {
+                                            const std::string& name, int line) {
     if (object.is(Kind::kUndefined)) return ErrorAt(line, object.AsString());
     if (const Value* member = object.Find(name)) return *member;
-    return Value::Undefined(absl::StrCat("'", object.TypeName(),
-                                         " object' has no attribute '", name,
-                                         "'"));
+    return Value::Undefined(absl::StrCat(
+        "'", object.TypeName(), " object' has no attribute '", name, "'"));
   }
 
   static absl::StatusOr<Value> GetItem(const Value& object, const Value& key,
                                        int line) {
     if (object.is(Kind::kUndefined)) return ErrorAt(line, object.AsString());
-    if (key.is(Kind::kString)) return GetAttribute(object, key.AsString(), line);
+    if (key.is(Kind::kString))
+      return GetAttribute(object, key.AsString(), line);
     const bool is_index = key.is(Kind::kInt) || key.is(Kind::kBool);
     if (is_index && (object.is(Kind::kList) || object.is(Kind::kString))) {
       std::vector<char32_t> chars;
@@ -409,7 +406,8 @@ class Renderer {
         return ErrorAt(expr.line, "slice indices must be integers or none");
       }
     }
-    if (object.is(Kind::kUndefined)) return ErrorAt(expr.line, object.AsString());
+    if (object.is(Kind::kUndefined))
+      return ErrorAt(expr.line, object.AsString());
     std::vector<char32_t> chars;
     int64_t size;
     if (object.is(Kind::kList)) {
@@ -507,9 +505,12 @@ class Renderer {
         for (const Value* v : {&left, &right}) {
           if (v->is(Kind::kUndefined)) return ErrorAt(expr.line, v->AsString());
         }
-        MOH_ASSIGN_OR_RETURN(const int c, AtLine(expr.line, Compare(left, right)));
-        result = op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0
-                                                                    : c >= 0;
+        MOH_ASSIGN_OR_RETURN(const int c,
+                             AtLine(expr.line, Compare(left, right)));
+        result = op == "<"    ? c < 0
+                 : op == "<=" ? c <= 0
+                 : op == ">"  ? c > 0
+                              : c >= 0;
       }
       if (!result) return Value::Bool(false);
       left = std::move(right);
@@ -554,7 +555,8 @@ absl::StatusOr<Value> Repeat(const Value& sequence, int64_t times,
         absl::StrCat("list longer than ", kMaxListItems, " items"));
   }
   List out;
-  for (int64_t i = 0; i < times; ++i) out.insert(out.end(), items.begin(), items.end());
+  for (int64_t i = 0; i < times; ++i)
+    out.insert(out.end(), items.begin(), items.end());
   return Value::MakeList(std::move(out));
 }
 
@@ -594,7 +596,8 @@ absl::StatusOr<Value> Renderer::Arithmetic(const std::string& op,
   const size_t max_bytes = limits_.max_output_bytes;
   if (a.IsNumber() && b.IsNumber()) {
     if (op == "/") {
-      if (b.AsDouble() == 0) return absl::InvalidArgumentError("division by zero");
+      if (b.AsDouble() == 0)
+        return absl::InvalidArgumentError("division by zero");
       return Value::Float(a.AsDouble() / b.AsDouble());
     }
     if (!a.is(Kind::kFloat) && !b.is(Kind::kFloat)) {
@@ -635,8 +638,10 @@ absl::StatusOr<Value> Renderer::Arithmetic(const std::string& op,
     items.insert(items.end(), b.AsList().begin(), b.AsList().end());
     return Value::MakeList(std::move(items));
   }
-  if (op == "*" && is_sequence(a) && is_int(b)) return Repeat(a, b.AsInt(), max_bytes);
-  if (op == "*" && is_int(a) && is_sequence(b)) return Repeat(b, a.AsInt(), max_bytes);
+  if (op == "*" && is_sequence(a) && is_int(b))
+    return Repeat(a, b.AsInt(), max_bytes);
+  if (op == "*" && is_int(a) && is_sequence(b))
+    return Repeat(b, a.AsInt(), max_bytes);
   if (op == "%" && a.is(Kind::kString)) {
     return absl::InvalidArgumentError(
         "string formatting with '%' is not supported");

@@ -44,9 +44,8 @@ struct CaseRange {
   char32_t upper_first, upper_last, lower_first;
 };
 constexpr CaseRange kCaseRanges[] = {
-    {U'A', U'Z', U'a'},          {0xC0, 0xD6, 0xE0},
-    {0xD8, 0xDE, 0xF8},          {0x391, 0x3A1, 0x3B1},
-    {0x3A3, 0x3AB, 0x3C3},       {0x410, 0x42F, 0x430},
+    {U'A', U'Z', U'a'},    {0xC0, 0xD6, 0xE0},    {0xD8, 0xDE, 0xF8},
+    {0x391, 0x3A1, 0x3B1}, {0x3A3, 0x3AB, 0x3C3}, {0x410, 0x42F, 0x430},
     {0x400, 0x40F, 0x450},
 };
 
@@ -113,11 +112,12 @@ bool IsSpace(char32_t c) {
 }
 
 char32_t ToUpper(char32_t c) {
-  if (c == 0xFF) return 0x178;  // ÿ -> Ÿ
+  if (c == 0xFF) return 0x178;   // ÿ -> Ÿ
   if (c == 0x3C2) return 0x3A3;  // Final sigma.
   for (const CaseRange& r : kCaseRanges) {
     const char32_t last = r.lower_first + (r.upper_last - r.upper_first);
-    if (c >= r.lower_first && c <= last) return c - r.lower_first + r.upper_first;
+    if (c >= r.lower_first && c <= last)
+      return c - r.lower_first + r.upper_first;
   }
   return c;
 }
@@ -152,7 +152,14 @@ std::string Upper(absl::string_view text) {
 }
 
 std::string Lower(absl::string_view text) {
-  return MapChars(text, [](const auto& s, size_t i) { return ToLower(s[i]); });
+  return MapChars(text, [](const auto& s, size_t i) {
+    // Python's Final_Sigma: a capital sigma ending a word lowers to ς.
+    if (s[i] == 0x3A3 && i > 0 && IsCased(s[i - 1]) &&
+        (i + 1 == s.size() || !IsCased(s[i + 1]))) {
+      return char32_t{0x3C2};
+    }
+    return ToLower(s[i]);
+  });
 }
 
 std::string PyTitle(absl::string_view text) {

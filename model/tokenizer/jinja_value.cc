@@ -14,9 +14,8 @@ namespace jinja {
 // ------------------------------------------------------------------ Value --
 
 Value::Value() : kind_(Kind::kUndefined) {
-  static const auto* const kReason =
-      new std::shared_ptr<const std::string>(
-          std::make_shared<const std::string>("value is undefined"));
+  static const auto* const kReason = new std::shared_ptr<const std::string>(
+      std::make_shared<const std::string>("value is undefined"));
   string_ = *kReason;
 }
 
@@ -60,7 +59,8 @@ Value Value::MakeList(List items) {
   int depth = 0;
   for (const Value& item : items) depth = std::max(depth, item.depth());
   Value v(Kind::kList);
-  v.list_ = std::make_shared<const ListData>(ListData{std::move(items), depth + 1});
+  v.list_ =
+      std::make_shared<const ListData>(ListData{std::move(items), depth + 1});
   return v;
 }
 
@@ -68,7 +68,8 @@ Value Value::MakeDict(Dict items) {
   int depth = 0;
   for (const auto& [key, item] : items) depth = std::max(depth, item.depth());
   Value v(Kind::kDict);
-  v.dict_ = std::make_shared<const DictData>(DictData{std::move(items), depth + 1});
+  v.dict_ =
+      std::make_shared<const DictData>(DictData{std::move(items), depth + 1});
   return v;
 }
 
@@ -210,18 +211,17 @@ std::string FloatRepr(double value) {
     return absl::StrCat(sign, digits, std::string(point - digits.size(), '0'),
                         ".0");
   }
-  return absl::StrCat(sign, digits.substr(0, point), ".",
-                      digits.substr(point));
+  return absl::StrCat(sign, digits.substr(0, point), ".", digits.substr(point));
 }
 
 namespace {
 
 // Approximates Python's str.isprintable() for characters outside ASCII.
 bool IsPrintable(char32_t c) {
-  return !(c < 0x20 || (c >= 0x7F && c <= 0xA0) || c == 0xAD ||
-           c == 0x1680 || (c >= 0x2000 && c <= 0x200F) ||
-           (c >= 0x2028 && c <= 0x202F) || (c >= 0x205F && c <= 0x206F) ||
-           c == 0x3000 || c == 0xFEFF || (c >= 0xD800 && c <= 0xF8FF));
+  return !(c < 0x20 || (c >= 0x7F && c <= 0xA0) || c == 0xAD || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200F) || (c >= 0x2028 && c <= 0x202F) ||
+           (c >= 0x205F && c <= 0x206F) || c == 0x3000 || c == 0xFEFF ||
+           (c >= 0xD800 && c <= 0xF8FF));
 }
 
 void AppendStringRepr(const std::string& s, std::string* out) {
@@ -243,9 +243,10 @@ void AppendStringRepr(const std::string& s, std::string* out) {
       AppendUtf8(c, out);
     } else {
       char buf[12];
-      std::snprintf(buf, sizeof(buf),
-                    c < 0x100 ? "\\x%02x" : (c < 0x10000 ? "\\u%04x" : "\\U%08x"),
-                    static_cast<unsigned>(c));
+      std::snprintf(
+          buf, sizeof(buf),
+          c < 0x100 ? "\\x%02x" : (c < 0x10000 ? "\\u%04x" : "\\U%08x"),
+          static_cast<unsigned>(c));
       out->append(buf);
     }
   }
@@ -406,18 +407,16 @@ class JsonWriter {
         AppendJsonString(value.AsString(), options_.ensure_ascii, out_);
         break;
       case Kind::kList:
-        return WriteContainer('[', ']', value.AsList().size(), level,
-                              [&](size_t i) {
-                                return Write(value.AsList()[i], level + 1);
-                              });
+        return WriteContainer(
+            '[', ']', value.AsList().size(), level,
+            [&](size_t i) { return Write(value.AsList()[i], level + 1); });
       case Kind::kDict: {
         std::vector<const std::pair<std::string, Value>*> items;
         for (const auto& item : value.AsDict()) items.push_back(&item);
         if (options_.sort_keys) {
-          std::stable_sort(items.begin(), items.end(),
-                           [](const auto* a, const auto* b) {
-                             return a->first < b->first;
-                           });
+          std::stable_sort(
+              items.begin(), items.end(),
+              [](const auto* a, const auto* b) { return a->first < b->first; });
         }
         return WriteContainer('{', '}', items.size(), level, [&](size_t i) {
           AppendJsonString(items[i]->first, options_.ensure_ascii, out_);
@@ -532,9 +531,8 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b) {
     }
     return x.size() < y.size() ? -1 : (x.size() > y.size() ? 1 : 0);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("cannot order '", a.TypeName(), "' and '", b.TypeName(),
-                   "' values"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cannot order '", a.TypeName(), "' and '", b.TypeName(), "' values"));
 }
 
 }  // namespace jinja
