@@ -1,39 +1,24 @@
-// The filters, tests, methods and global functions of the chat-template
-// engine (model/tokenizer/chat_template.h lists them), with the behaviour
-// jinja2 and Python give them. Not part of the public API.
+// The methods ("x".strip(), d.items()) and global functions (range,
+// namespace, raise_exception, dict) of the chat-template engine, and the
+// Python semantics of `in` and iteration they and the renderer share;
+// model/tokenizer/chat_template.h lists them. Not part of the public API.
 //
 // Errors are INVALID_ARGUMENT without a position (the renderer adds it),
 // except raise_exception(msg): ABORTED carrying `msg` alone.
 #pragma once
 
 #include <cstddef>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "model/tokenizer/jinja_call.h"
 #include "model/tokenizer/jinja_value.h"
 
 namespace moh {
 namespace jinja {
 
-// Lists built by filters, methods and operators hold at most this many
-// items (jinja2's sandbox allows range() as many).
-inline constexpr size_t kMaxListItems = 100000;
-
-struct CallArgs {
-  std::vector<Value> positional;
-  std::vector<std::pair<std::string, Value>> keyword;
-};
-
-// Strings built by builtins are at most `max_string_bytes` long.
-absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value,
-                                  const CallArgs& args,
-                                  size_t max_string_bytes);
-absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& value,
-                               const CallArgs& args);
-// object.name(args): str, dict and list methods.
+// object.name(args): str and dict methods. Strings built are at most
+// `max_string_bytes` long.
 absl::StatusOr<Value> CallMethod(const Value& object, absl::string_view name,
                                  const CallArgs& args, size_t max_string_bytes);
 
@@ -48,6 +33,8 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item);
 // The items `for x in value` visits: a list's items, a dict's keys, a
 // string's characters, nothing for undefined; an error for other kinds.
 absl::StatusOr<List> Iterate(const Value& value);
+// A dict's (key, value) pairs as two-item lists; none for undefined.
+absl::StatusOr<Value> Items(const Value& value);
 // Whether a namespace occurs in `value` (namespaces may not hold one).
 bool HoldsNamespace(const Value& value);
 

@@ -1,7 +1,6 @@
 #include "model/tokenizer/jinja_renderer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -10,7 +9,8 @@
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 #include "model/tokenizer/jinja_builtins.h"
-#include "model/tokenizer/jinja_text.h"
+#include "model/tokenizer/jinja_filters.h"
+#include "model/tokenizer/jinja_operators.h"
 
 namespace moh {
 namespace jinja {
@@ -53,30 +53,6 @@ class Scope {
 
 // What a statement asks of the loop around it.
 enum class Flow { kNormal, kBreak, kContinue };
-
-// Python's slice bounds for a sequence of `size` items: the indices visited.
-absl::StatusOr<std::vector<size_t>> SliceIndices(
-    int64_t size, const std::optional<int64_t>& start_arg,
-    const std::optional<int64_t>& stop_arg, int64_t step) {
-  if (step == 0) {
-    return absl::InvalidArgumentError("slice step cannot be zero");
-  }
-  const auto clamp = [&](const std::optional<int64_t>& arg, int64_t dflt) {
-    if (!arg) return dflt;
-    int64_t i = *arg;
-    if (i < 0) i += size;
-    if (i < 0) return step < 0 ? int64_t{-1} : int64_t{0};
-    if (i >= size) return step < 0 ? size - 1 : size;
-    return i;
-  };
-  const int64_t start = clamp(start_arg, step < 0 ? size - 1 : 0);
-  const int64_t stop = clamp(stop_arg, step < 0 ? -1 : size);
-  std::vector<size_t> indices;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-    indices.push_back(static_cast<size_t>(i));
-  }
-  return indices;
-}
 
 class Renderer {
  public:
@@ -271,12 +247,12 @@ class Renderer {
         return EvalContainer(expr, scope);
       case EK::kAttribute: {
         MOH_ASSIGN_OR_RETURN(const Value object, Eval(*expr.args[0], scope));
-        return GetAttribute(object, expr.name, expr.line);
+        return AtLine(expr.line, GetAttribute(object, expr.name));
       }
       case EK::kItem: {
         MOH_ASSIGN_OR_RETURN(const Value object, Eval(*expr.args[0], scope));
         MOH_ASSIGN_OR_RETURN(const Value key, Eval(*expr.args[1], scope));
-        return GetItem(object, key, expr.line);
+        return AtLine(expr.line, GetItem(object, key));
       }
       case EK::kSlice:
         return EvalSlice(expr, scope);
@@ -298,7 +274,8 @@ class Renderer {
       }
       case EK::kUnary: {
         MOH_ASSIGN_OR_RETURN(const Value operand, Eval(*expr.args[0], scope));
-        return Unary(expr.name, operand, expr.line);
+        if (expr.name == "not") return Value::Bool(!operand.Truthy());
+        return AtLine(expr.line, UnaryOperation(expr.name, operand));
       }
       case EK::kBinary:
         return EvalBinary(expr, scope);
@@ -360,40 +337,6 @@ class Renderer {
     return result;
   }
 
-  static absl::StatusOr<Value> GetAttribute(const Value& object,
-                                            const std::string& name, int line) {
-    if (object.is(Kind::kUndefined)) return ErrorAt(line, object.AsString());
-    if (const Value* member = object.Find(name)) return *member;
-    return Value::Undefined(absl::StrCat(
-        "'", object.TypeName(), " object' has no attribute '", name, "'"));
-  }
-
-  static absl::StatusOr<Value> GetItem(const Value& object, const Value& key,
-                                       int line) {
-    if (object.is(Kind::kUndefined)) return ErrorAt(line, object.AsString());
-    if (key.is(Kind::kString))
-      return GetAttribute(object, key.AsString(), line);
-    const bool is_index = key.is(Kind::kInt) || key.is(Kind::kBool);
-    if (is_index && (object.is(Kind::kList) || object.is(Kind::kString))) {
-      std::vector<char32_t> chars;
-      if (object.is(Kind::kString)) chars = DecodeUtf8(object.AsString());
-      const int64_t size = object.is(Kind::kList)
-                               ? static_cast<int64_t>(object.AsList().size())
-                               : static_cast<int64_t>(chars.size());
-      const int64_t i = key.AsInt() < 0 ? key.AsInt() + size : key.AsInt();
-      if (i >= 0 && i < size) {
-        if (object.is(Kind::kList)) return object.AsList()[i];
-        std::string c;
-        AppendUtf8(chars[i], &c);
-        return Value::String(std::move(c));
-      }
-    }
-    std::string key_text;
-    AppendRepr(key, 200, &key_text);
-    return Value::Undefined(absl::StrCat("'", object.TypeName(),
-                                         " object' has no element ", key_text));
-  }
-
   absl::StatusOr<Value> EvalSlice(const Expr& expr, const Scope& scope) {
     MOH_ASSIGN_OR_RETURN(const Value object, Eval(*expr.args[0], scope));
     std::optional<int64_t> bounds[3];
@@ -406,31 +349,7 @@ class Renderer {
         return ErrorAt(expr.line, "slice indices must be integers or none");
       }
     }
-    if (object.is(Kind::kUndefined))
-      return ErrorAt(expr.line, object.AsString());
-    std::vector<char32_t> chars;
-    int64_t size;
-    if (object.is(Kind::kList)) {
-      size = static_cast<int64_t>(object.AsList().size());
-    } else if (object.is(Kind::kString)) {
-      chars = DecodeUtf8(object.AsString());
-      size = static_cast<int64_t>(chars.size());
-    } else {
-      return ErrorAt(expr.line, "'", object.TypeName(),
-                     "' object is not subscriptable");
-    }
-    MOH_ASSIGN_OR_RETURN(
-        const std::vector<size_t> indices,
-        AtLine(expr.line, SliceIndices(size, bounds[0], bounds[1],
-                                       bounds[2].value_or(1))));
-    if (object.is(Kind::kList)) {
-      List items;
-      for (size_t i : indices) items.push_back(object.AsList()[i]);
-      return Value::MakeList(std::move(items));
-    }
-    std::string text;
-    for (size_t i : indices) AppendUtf8(chars[i], &text);
-    return Value::String(std::move(text));
+    return AtLine(expr.line, GetSlice(object, bounds[0], bounds[1], bounds[2]));
   }
 
   absl::StatusOr<Value> EvalCall(const Expr& expr, const Scope& scope) {
@@ -453,20 +372,6 @@ class Renderer {
                    "' object is not callable");
   }
 
-  static absl::StatusOr<Value> Unary(const std::string& op,
-                                     const Value& operand, int line) {
-    if (op == "not") return Value::Bool(!operand.Truthy());
-    if (operand.is(Kind::kUndefined)) return ErrorAt(line, operand.AsString());
-    if (operand.is(Kind::kFloat)) {
-      return Value::Float(op == "-" ? -operand.AsDouble() : operand.AsDouble());
-    }
-    if (!operand.IsNumber() || (op == "-" && operand.AsInt() == INT64_MIN)) {
-      return ErrorAt(line, "bad operand type for unary ", op, ": '",
-                     operand.TypeName(), "'");
-    }
-    return Value::Int(op == "-" ? -operand.AsInt() : operand.AsInt());
-  }
-
   absl::StatusOr<Value> EvalBinary(const Expr& expr, const Scope& scope) {
     MOH_ASSIGN_OR_RETURN(const Value left, Eval(*expr.args[0], scope));
     if (expr.name == "and" && !left.Truthy()) return left;
@@ -480,14 +385,9 @@ class Renderer {
       MOH_RETURN_IF_ERROR(CheckOutput(expr.line, text, ok));
       return Value::String(std::move(text));
     }
-    for (const Value* v : {&left, &right}) {
-      if (v->is(Kind::kUndefined)) return ErrorAt(expr.line, v->AsString());
-    }
-    return AtLine(expr.line, Arithmetic(expr.name, left, right));
+    return AtLine(expr.line, BinaryOperation(expr.name, left, right,
+                                             limits_.max_output_bytes));
   }
-
-  absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a,
-                                   const Value& b) const;
 
   absl::StatusOr<Value> EvalCompare(const Expr& expr, const Scope& scope) {
     MOH_ASSIGN_OR_RETURN(Value left, Eval(*expr.args[0], scope));
@@ -521,133 +421,6 @@ class Renderer {
   const RenderLimits limits_;
   int64_t steps_ = 0;
 };
-
-// ------------------------------------------------------------ arithmetic --
-
-absl::Status TypeError(const std::string& op, const Value& a, const Value& b) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported operand types for ", op, ": '", a.TypeName(),
-                   "' and '", b.TypeName(), "'"));
-}
-
-absl::Status Overflow() {
-  return absl::InvalidArgumentError("integer result does not fit in 64 bits");
-}
-
-// `text` or `list` repeated `times` times, within the limits.
-absl::StatusOr<Value> Repeat(const Value& sequence, int64_t times,
-                             size_t max_bytes) {
-  times = std::max<int64_t>(times, 0);
-  if (sequence.is(Kind::kString)) {
-    const std::string& s = sequence.AsString();
-    if (!s.empty() && static_cast<uint64_t>(times) > max_bytes / s.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("string longer than ", max_bytes, " bytes"));
-    }
-    std::string out;
-    for (int64_t i = 0; i < times; ++i) out += s;
-    return Value::String(std::move(out));
-  }
-  const List& items = sequence.AsList();
-  if (!items.empty() &&
-      static_cast<uint64_t>(times) > kMaxListItems / items.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("list longer than ", kMaxListItems, " items"));
-  }
-  List out;
-  for (int64_t i = 0; i < times; ++i)
-    out.insert(out.end(), items.begin(), items.end());
-  return Value::MakeList(std::move(out));
-}
-
-absl::StatusOr<Value> IntArithmetic(const std::string& op, int64_t x,
-                                    int64_t y) {
-  int64_t r;
-  if (op == "+") {
-    if (__builtin_add_overflow(x, y, &r)) return Overflow();
-  } else if (op == "-") {
-    if (__builtin_sub_overflow(x, y, &r)) return Overflow();
-  } else if (op == "*") {
-    if (__builtin_mul_overflow(x, y, &r)) return Overflow();
-  } else if (op == "//" || op == "%") {
-    if (y == 0) {
-      return absl::InvalidArgumentError("integer division or modulo by zero");
-    }
-    if (x == INT64_MIN && y == -1) return Overflow();
-    int64_t q = x / y, m = x % y;
-    if (m != 0 && ((m < 0) != (y < 0))) --q, m += y;  // Python floors.
-    r = op == "//" ? q : m;
-  } else if (op == "**") {
-    if (y < 0) return Value::Float(std::pow(x, static_cast<double>(y)));
-    r = 1;
-    for (int64_t base = x; y > 0; y >>= 1) {
-      if ((y & 1) && __builtin_mul_overflow(r, base, &r)) return Overflow();
-      if (y > 1 && __builtin_mul_overflow(base, base, &base)) return Overflow();
-    }
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown operator ", op));
-  }
-  return Value::Int(r);
-}
-
-absl::StatusOr<Value> Renderer::Arithmetic(const std::string& op,
-                                           const Value& a,
-                                           const Value& b) const {
-  const size_t max_bytes = limits_.max_output_bytes;
-  if (a.IsNumber() && b.IsNumber()) {
-    if (op == "/") {
-      if (b.AsDouble() == 0)
-        return absl::InvalidArgumentError("division by zero");
-      return Value::Float(a.AsDouble() / b.AsDouble());
-    }
-    if (!a.is(Kind::kFloat) && !b.is(Kind::kFloat)) {
-      return IntArithmetic(op, a.AsInt(), b.AsInt());
-    }
-    const double x = a.AsDouble(), y = b.AsDouble();
-    if ((op == "//" || op == "%") && y == 0) {
-      return absl::InvalidArgumentError("float division or modulo by zero");
-    }
-    if (op == "+") return Value::Float(x + y);
-    if (op == "-") return Value::Float(x - y);
-    if (op == "*") return Value::Float(x * y);
-    if (op == "**") return Value::Float(std::pow(x, y));
-    double m = std::fmod(x, y);
-    if (m != 0 && ((m < 0) != (y < 0))) m += y;
-    if (op == "%") return Value::Float(m);
-    return Value::Float(std::round((x - m) / y));  // "//"
-  }
-  const auto is_sequence = [](const Value& v) {
-    return v.is(Kind::kString) || v.is(Kind::kList);
-  };
-  const auto is_int = [](const Value& v) {
-    return v.is(Kind::kInt) || v.is(Kind::kBool);
-  };
-  if (op == "+" && a.kind() == b.kind() && is_sequence(a)) {
-    if (a.is(Kind::kString)) {
-      if (a.AsString().size() + b.AsString().size() > max_bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("string longer than ", max_bytes, " bytes"));
-      }
-      return Value::String(a.AsString() + b.AsString());
-    }
-    if (a.AsList().size() + b.AsList().size() > kMaxListItems) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("list longer than ", kMaxListItems, " items"));
-    }
-    List items = a.AsList();
-    items.insert(items.end(), b.AsList().begin(), b.AsList().end());
-    return Value::MakeList(std::move(items));
-  }
-  if (op == "*" && is_sequence(a) && is_int(b))
-    return Repeat(a, b.AsInt(), max_bytes);
-  if (op == "*" && is_int(a) && is_sequence(b))
-    return Repeat(b, a.AsInt(), max_bytes);
-  if (op == "%" && a.is(Kind::kString)) {
-    return absl::InvalidArgumentError(
-        "string formatting with '%' is not supported");
-  }
-  return TypeError(op, a, b);
-}
 
 }  // namespace
 

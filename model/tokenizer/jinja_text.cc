@@ -198,5 +198,28 @@ std::string Strip(absl::string_view text, const std::string* chars,
   return EncodeUtf8(std::vector<char32_t>(s.begin() + begin, s.begin() + end));
 }
 
+std::string PyReplace(const std::string& s, const std::string& old,
+                      const std::string& replacement, int64_t count) {
+  std::string out;
+  if (old.empty()) {  // Python inserts `replacement` around every character.
+    const std::vector<char32_t> chars = DecodeUtf8(s);
+    for (size_t i = 0; i <= chars.size(); ++i) {
+      if (count < 0 || static_cast<int64_t>(i) < count) out += replacement;
+      if (i < chars.size()) AppendUtf8(chars[i], &out);
+    }
+    return out;
+  }
+  size_t pos = 0;
+  for (int64_t n = 0; count < 0 || n < count; ++n) {
+    const size_t found = s.find(old, pos);
+    if (found == std::string::npos) break;
+    out.append(s, pos, found - pos);
+    out += replacement;
+    pos = found + old.size();
+  }
+  out.append(s, pos, std::string::npos);
+  return out;
+}
+
 }  // namespace jinja
 }  // namespace moh

@@ -7,6 +7,7 @@
 // encodes back to itself, so no input is ever altered or rejected.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,10 @@ enum class StripSide { kLeft, kRight, kBoth };
 // str.strip() (chars == nullptr: whitespace) / str.strip(chars).
 std::string Strip(absl::string_view text, const std::string* chars,
                   StripSide side);
+
+// str.replace(old, replacement, count); count < 0: every occurrence.
+std::string PyReplace(const std::string& s, const std::string& old,
+                      const std::string& replacement, int64_t count);
 
 }  // namespace jinja
 }  // namespace moh

@@ -1,0 +1,335 @@
+#include "model/tokenizer/jinja_filters.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "base/status_macros.h"
+#include "model/tokenizer/jinja_builtins.h"
+#include "model/tokenizer/jinja_text.h"
+
+namespace moh {
+namespace jinja {
+namespace {
+
+using Kind = Value::Kind;
+
+// jinja2's title filter: words begin after -, whitespace, (, {, [ or <.
+std::string JinjaTitle(absl::string_view text) {
+  std::vector<char32_t> chars = DecodeUtf8(text);
+  bool word_start = true;
+  for (char32_t& c : chars) {
+    const bool separator =
+        IsSpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    c = word_start ? ToUpper(c) : ToLower(c);
+    word_start = separator;
+  }
+  return EncodeUtf8(chars);
+}
+
+// Python's int(text, base): whitespace around, a sign, digits with single
+// underscores between them.
+std::optional<int64_t> ParseInt(const std::string& text, int base) {
+  const std::string s = Strip(text, nullptr, StripSide::kBoth);
+  size_t i = 0;
+  bool negative = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) negative = s[i++] == '-';
+  if (i == s.size()) return std::nullopt;
+  int64_t value = 0;
+  for (bool digit_before = false; i < s.size(); ++i) {
+    if (s[i] == '_' && digit_before && i + 1 < s.size() && s[i + 1] != '_') {
+      continue;
+    }
+    const char c = static_cast<char>(std::tolower(s[i]));
+    const int d = c >= '0' && c <= '9'     ? c - '0'
+                  : (c >= 'a' && c <= 'z') ? c - 'a' + 10
+                                           : 99;
+    if (d >= base) return std::nullopt;
+    if (value > (INT64_MAX - d) / base) return std::nullopt;
+    value = value * base + d;
+    digit_before = true;
+  }
+  return negative ? -value : value;
+}
+
+// Python's float(text) for decimal text, "inf" and "nan".
+std::optional<double> ParseFloat(const std::string& text) {
+  const std::string s = Strip(text, nullptr, StripSide::kBoth);
+  if (s.empty() || s.find_first_of("xXpP_") != std::string::npos) {
+    return std::nullopt;
+  }
+  char* end = nullptr;
+  const double value = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size()) return std::nullopt;
+  return value;
+}
+
+absl::StatusOr<Value> Length(const Value& value) {
+  switch (value.kind()) {
+    case Kind::kString:
+      return Value::Int(CodePointCount(value.AsString()));
+    case Kind::kList:
+      return Value::Int(value.AsList().size());
+    case Kind::kDict:
+      return Value::Int(value.AsDict().size());
+    case Kind::kUndefined:
+      return Value::Int(0);
+    default:
+      return ArgumentError("object of type '", value.TypeName(),
+                           "' has no len()");
+  }
+}
+
+absl::StatusOr<Value> ToJson(const Value& value, const CallArgs& args,
+                             size_t limit) {
+  MOH_ASSIGN_OR_RETURN(Params p, Params::Bind("tojson",
+                                              {"ensure_ascii", "indent",
+                                               "separators", "sort_keys"},
+                                              args));
+  JsonOptions options;
+  options.ensure_ascii = p.Get(0, Value::Bool(false)).Truthy();
+  const Value indent = p.Get(1);
+  if (indent.is(Kind::kInt)) {
+    options.indent = std::string(std::max<int64_t>(0, indent.AsInt()), ' ');
+  } else if (indent.is(Kind::kString)) {
+    options.indent = indent.AsString();
+  } else if (!indent.is(Kind::kNone)) {
+    return ArgumentError("tojson(): indent must be an integer or a string");
+  }
+  const Value separators = p.Get(2);
+  if (!separators.is(Kind::kNone)) {
+    if (!separators.is(Kind::kList) || separators.AsList().size() != 2 ||
+        !separators.AsList()[0].is(Kind::kString) ||
+        !separators.AsList()[1].is(Kind::kString)) {
+      return ArgumentError("tojson(): separators must be two strings");
+    }
+    options.separators.emplace(separators.AsList()[0].AsString(),
+                               separators.AsList()[1].AsString());
+  }
+  options.sort_keys = p.Get(3, Value::Bool(false)).Truthy();
+  std::string out;
+  MOH_RETURN_IF_ERROR(AppendJson(value, options, limit, &out));
+  return Value::String(std::move(out));
+}
+
+absl::StatusOr<Value> FirstOrLast(const Value& value, bool first) {
+  MOH_ASSIGN_OR_RETURN(const List items, Iterate(value));
+  if (items.empty()) {
+    return Value::Undefined(absl::StrCat("No ", first ? "first" : "last",
+                                         " item, sequence was empty."));
+  }
+  return first ? items.front() : items.back();
+}
+
+absl::StatusOr<Value> IntFilter(const Value& value, const CallArgs& args) {
+  MOH_ASSIGN_OR_RETURN(Params p,
+                       Params::Bind("int", {"default", "base"}, args));
+  const Value fallback = p.Get(0, Value::Int(0));
+  MOH_ASSIGN_OR_RETURN(const int64_t base,
+                       ToInt(p.Get(1, Value::Int(10)), "int(): base"));
+  if (base < 2 || base > 36)
+    return ArgumentError("int(): base must be in 2..36");
+  switch (value.kind()) {
+    case Kind::kInt:
+    case Kind::kBool:
+      return Value::Int(value.AsInt());
+    case Kind::kFloat: {
+      const double d = value.AsDouble();
+      if (!std::isfinite(d) || std::fabs(d) >= 9.2e18) {
+        return ArgumentError("cannot convert float ", FloatRepr(d),
+                             " to integer");
+      }
+      return Value::Int(static_cast<int64_t>(d));
+    }
+    case Kind::kString: {
+      if (auto i = ParseInt(value.AsString(), static_cast<int>(base))) {
+        return Value::Int(*i);
+      }
+      const std::optional<double> d = ParseFloat(value.AsString());
+      if (d && std::isfinite(*d) && std::fabs(*d) < 9.2e18) {
+        return Value::Int(static_cast<int64_t>(*d));
+      }
+      return fallback;
+    }
+    default:
+      return fallback;
+  }
+}
+
+absl::StatusOr<Value> FloatFilter(const Value& value, const CallArgs& args) {
+  MOH_ASSIGN_OR_RETURN(Params p, Params::Bind("float", {"default"}, args));
+  if (value.IsNumber()) return Value::Float(value.AsDouble());
+  if (value.is(Kind::kString)) {
+    if (auto d = ParseFloat(value.AsString())) return Value::Float(*d);
+  }
+  return p.Get(0, Value::Float(0.0));
+}
+
+// Filters taking no argument but the value.
+absl::StatusOr<std::optional<Value>> ApplySimpleFilter(absl::string_view name,
+                                                       const Value& value,
+                                                       size_t limit) {
+  if (name == "length" || name == "count") return Length(value);
+  if (name == "first" || name == "last") {
+    return FirstOrLast(value, name == "first");
+  }
+  if (name == "items") return Items(value);
+  if (name == "list") {
+    MOH_ASSIGN_OR_RETURN(List items, Iterate(value));
+    return Value::MakeList(std::move(items));
+  }
+  if (name == "abs") {
+    if (value.is(Kind::kFloat))
+      return Value::Float(std::fabs(value.AsDouble()));
+    if (value.IsNumber() && value.AsInt() != INT64_MIN) {
+      return Value::Int(std::abs(value.AsInt()));
+    }
+    return ArgumentError("bad operand type for abs(): '", value.TypeName(),
+                         "'");
+  }
+  static constexpr absl::string_view kStringFilters[] = {
+      "upper", "lower", "title", "capitalize", "string"};
+  if (std::find(std::begin(kStringFilters), std::end(kStringFilters), name) ==
+      std::end(kStringFilters)) {
+    return std::nullopt;
+  }
+  MOH_ASSIGN_OR_RETURN(const std::string s, ToStr(value, limit));
+  if (name == "upper") return Value::String(Upper(s));
+  if (name == "lower") return Value::String(Lower(s));
+  if (name == "title") return Value::String(JinjaTitle(s));
+  if (name == "capitalize") return Value::String(Capitalize(s));
+  return Value::String(s);
+}
+
+}  // namespace
+
+absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value,
+                                  const CallArgs& args, size_t limit) {
+  if (name == "tojson") return ToJson(value, args, limit);
+  if (name == "int") return IntFilter(value, args);
+  if (name == "float") return FloatFilter(value, args);
+  if (name == "default" || name == "d") {
+    MOH_ASSIGN_OR_RETURN(
+        Params p, Params::Bind(name, {"default_value", "boolean"}, args));
+    const bool boolean = p.Get(1, Value::Bool(false)).Truthy();
+    if (value.is(Kind::kUndefined) || (boolean && !value.Truthy())) {
+      return p.Get(0, Value::String(""));
+    }
+    return value;
+  }
+  if (name == "trim") {
+    MOH_ASSIGN_OR_RETURN(Params p, Params::Bind("trim", {"chars"}, args));
+    MOH_ASSIGN_OR_RETURN(const auto chars,
+                         OptionalString(p.Get(0), "trim(): chars"));
+    MOH_ASSIGN_OR_RETURN(const std::string s, ToStr(value, limit));
+    return Value::String(Strip(s, chars ? &*chars : nullptr, StripSide::kBoth));
+  }
+  if (name == "join") {
+    MOH_ASSIGN_OR_RETURN(Params p,
+                         Params::Bind("join", {"d", "attribute"}, args));
+    if (p.Has(1)) return ArgumentError("join(): attribute= is not supported");
+    MOH_ASSIGN_OR_RETURN(const std::string separator,
+                         ToStr(p.Get(0, Value::String("")), limit));
+    MOH_ASSIGN_OR_RETURN(const List items, Iterate(value));
+    std::string out;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i > 0) out += separator;
+      if (!AppendStr(items[i], limit, &out) || out.size() > limit) {
+        return ArgumentError("string longer than ", limit, " bytes");
+      }
+    }
+    return Value::String(std::move(out));
+  }
+  if (name == "replace") {
+    MOH_ASSIGN_OR_RETURN(
+        Params p, Params::Bind("replace", {"old", "new", "count"}, args));
+    if (!p.Has(0) || !p.Has(1))
+      return ArgumentError("replace() needs old and new");
+    MOH_ASSIGN_OR_RETURN(const std::string s, ToStr(value, limit));
+    MOH_ASSIGN_OR_RETURN(const std::string old, ToStr(p.Get(0), limit));
+    MOH_ASSIGN_OR_RETURN(const std::string replacement, ToStr(p.Get(1), limit));
+    int64_t count = -1;
+    if (!p.Get(2).is(Kind::kNone)) {
+      MOH_ASSIGN_OR_RETURN(count, ToInt(p.Get(2), "replace(): count"));
+    }
+    return MakeCheckedString(PyReplace(s, old, replacement, count), limit);
+  }
+  MOH_ASSIGN_OR_RETURN(std::optional<Value> result,
+                       ApplySimpleFilter(name, value, limit));
+  if (!result) return ArgumentError("no filter named '", name, "'");
+  if (!args.positional.empty() || !args.keyword.empty()) {
+    return ArgumentError(name, "() takes no arguments");
+  }
+  return *std::move(result);
+}
+
+// --------------------------------------------------------------- tests --
+
+absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& value,
+                               const CallArgs& args) {
+  const auto arg = [&]() -> absl::StatusOr<Value> {
+    if (args.positional.size() != 1 || !args.keyword.empty()) {
+      return ArgumentError("test '", name, "' takes one argument");
+    }
+    return args.positional[0];
+  };
+  if (name == "defined") return !value.is(Kind::kUndefined);
+  if (name == "undefined") return value.is(Kind::kUndefined);
+  if (name == "none") return value.is(Kind::kNone);
+  if (name == "string") return value.is(Kind::kString);
+  if (name == "number") return value.IsNumber();
+  if (name == "integer") return value.is(Kind::kInt);
+  if (name == "float") return value.is(Kind::kFloat);
+  if (name == "boolean") return value.is(Kind::kBool);
+  if (name == "true") return value.is(Kind::kBool) && value.AsBool();
+  if (name == "false") return value.is(Kind::kBool) && !value.AsBool();
+  if (name == "mapping") return value.is(Kind::kDict);
+  if (name == "callable") return value.is(Kind::kFunction);
+  if (name == "iterable" || name == "sequence") {
+    return value.is(Kind::kString) || value.is(Kind::kList) ||
+           value.is(Kind::kDict) || value.is(Kind::kUndefined);
+  }
+  if (name == "lower" || name == "upper") {
+    if (!value.is(Kind::kString)) return false;
+    const std::string& s = value.AsString();
+    return (name == "lower" ? Lower(s) : Upper(s)) == s;
+  }
+  if (name == "odd" || name == "even" || name == "divisibleby") {
+    MOH_ASSIGN_OR_RETURN(const int64_t n, ToInt(value, name));
+    if (name == "divisibleby") {
+      MOH_ASSIGN_OR_RETURN(const Value divisor, arg());
+      MOH_ASSIGN_OR_RETURN(const int64_t d, ToInt(divisor, "divisibleby"));
+      if (d == 0) return ArgumentError("integer modulo by zero");
+      return d == -1 || n % d == 0;
+    }
+    return (n % 2 != 0) == (name == "odd");
+  }
+  if (name == "eq" || name == "equalto" || name == "==" || name == "sameas") {
+    MOH_ASSIGN_OR_RETURN(const Value other, arg());
+    if (name == "sameas" && other.kind() != value.kind()) return false;
+    return Equals(value, other);
+  }
+  if (name == "ne" || name == "!=") {
+    MOH_ASSIGN_OR_RETURN(const Value other, arg());
+    return !Equals(value, other);
+  }
+  if (name == "in") {
+    MOH_ASSIGN_OR_RETURN(const Value container, arg());
+    return Contains(container, value);
+  }
+  static constexpr absl::string_view kOrder[][2] = {
+      {"lt", "<"},  {"le", "<="},      {"gt", ">"},
+      {"ge", ">="}, {"lessthan", "<"}, {"greaterthan", ">"}};
+  for (const auto& [word, op] : kOrder) {
+    if (name != word && name != op) continue;
+    MOH_ASSIGN_OR_RETURN(const Value other, arg());
+    MOH_ASSIGN_OR_RETURN(const int c, Compare(value, other));
+    return op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0;
+  }
+  return ArgumentError("no test named '", name, "'");
+}
+
+}  // namespace jinja
+}  // namespace moh
