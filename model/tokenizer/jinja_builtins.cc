@@ -227,19 +227,12 @@ absl::StatusOr<Value> CallGlobalFunction(absl::string_view name,
     return ArgumentError(name, "() takes one mapping and keyword arguments");
   }
   Dict items = args.positional.empty() ? Dict() : args.positional[0].AsDict();
-  for (const auto& [key, value] : args.keyword) {
-    auto it = std::find_if(items.begin(), items.end(),
-                           [&](const auto& item) { return item.first == key; });
-    if (it != items.end()) {
-      it->second = value;
-    } else {
-      items.emplace_back(key, value);
-    }
-  }
+  for (const auto& [key, value] : args.keyword) SetItem(&items, key, value);
   if (name == "dict") return Value::MakeDict(std::move(items));
   for (const auto& [key, value] : items) {
-    if (HoldsNamespace(value))
+    if (HoldsNamespace(value)) {
       return ArgumentError("a namespace cannot hold a namespace");
+    }
   }
   return Value::MakeNamespace(std::move(items));
 }

@@ -145,8 +145,7 @@ class Parser {
     node->kind = Node::Kind::kIf;
     std::string stopped = "if";
     while (stopped == "if" || stopped == "elif") {
-      MOH_ASSIGN_OR_RETURN(ExprPtr condition,
-                           ParseTuple(tokens_, false));
+      MOH_ASSIGN_OR_RETURN(ExprPtr condition, ParseTuple(tokens_, false));
       node->conditions.push_back(std::move(condition));
       MOH_RETURN_IF_ERROR(tokens_.ExpectBlockEnd());
       node->bodies.emplace_back();

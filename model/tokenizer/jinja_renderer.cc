@@ -37,13 +37,7 @@ class Scope {
   }
 
   void Set(const std::string& name, Value value) {
-    for (auto& [key, existing] : vars_) {
-      if (key == name) {
-        existing = std::move(value);
-        return;
-      }
-    }
-    vars_.emplace_back(name, std::move(value));
+    SetItem(&vars_, name, std::move(value));
   }
 
  private:
@@ -221,13 +215,7 @@ class Renderer {
     if (HoldsNamespace(value)) {
       return ErrorAt(node.line, "a namespace cannot hold a namespace");
     }
-    for (auto& [key, existing] : ns->MutableAttributes()) {
-      if (key == node.attribute) {
-        existing = value;
-        return absl::OkStatus();
-      }
-    }
-    ns->MutableAttributes().emplace_back(node.attribute, value);
+    SetItem(&ns->MutableAttributes(), node.attribute, value);
     return absl::OkStatus();
   }
 
@@ -319,14 +307,7 @@ class Renderer {
           return ErrorAt(expr.line, "dict keys must be strings, not '",
                          key.TypeName(), "'");
         }
-        auto it = std::find_if(dict.begin(), dict.end(), [&](const auto& e) {
-          return e.first == key.AsString();
-        });
-        if (it != dict.end()) {
-          it->second = items.positional[i + 1];
-        } else {
-          dict.emplace_back(key.AsString(), items.positional[i + 1]);
-        }
+        SetItem(&dict, key.AsString(), items.positional[i + 1]);
       }
       result = Value::MakeDict(std::move(dict));
     }

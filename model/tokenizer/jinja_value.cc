@@ -11,6 +11,16 @@
 namespace moh {
 namespace jinja {
 
+void SetItem(Dict* dict, const std::string& key, Value value) {
+  for (auto& [k, v] : *dict) {
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  }
+  dict->emplace_back(key, std::move(value));
+}
+
 // ------------------------------------------------------------------ Value --
 
 Value::Value() : kind_(Kind::kUndefined) {

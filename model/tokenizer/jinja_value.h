@@ -23,6 +23,9 @@ using List = std::vector<Value>;
 // are supported.
 using Dict = std::vector<std::pair<std::string, Value>>;
 
+// Sets dict[key] = value: an existing key keeps its place, as in Python.
+void SetItem(Dict* dict, const std::string& key, Value value);
+
 // Lists and dicts nest at most this deep, so that printing, comparing or
 // serializing a value never exhausts the stack.
 inline constexpr int kMaxValueDepth = 64;
