@@ -28,7 +28,10 @@
 //   Filters:     trim, length/count, upper, lower, title, capitalize,
 //                tojson(ensure_ascii, indent, separators, sort_keys: as
 //                transformers' json.dumps), default/d, first, last, join,
-//                replace, string, int, float, abs, list, items.
+//                replace, string, int, float, abs, list, items, select,
+//                reject, selectattr, rejectattr, map (a filter or
+//                attribute=), sort, dictsort (these give lists where jinja2
+//                gives generators).
 //   Methods:     str: strip, lstrip, rstrip, split, startswith, endswith,
 //                upper, lower, title, capitalize, replace, join;
 //                dict: items, keys, values, get.
@@ -38,8 +41,8 @@
 //                errors, as in jinja2.
 // Not supported (a named INVALID_ARGUMENT at Parse): macros, call blocks,
 // filter blocks, include/import/extends/block, raw, with, recursive loops,
-// custom filters or tests, *args/**kwargs, strftime_now. At Render: string
-// '%' formatting, filters beyond the list above (map, selectattr, ...).
+// *args/**kwargs. At Render: custom filters or tests and any not listed
+// above, string '%' formatting, strftime_now.
 // Case mapping covers ASCII, Latin-1, Greek and Cyrillic; list and dict
 // values print as Python's repr with tuples shown as lists.
 #pragma once

@@ -5,9 +5,14 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "model/tokenizer/jinja_builtins.h"
+#include "model/tokenizer/jinja_operators.h"
 #include "model/tokenizer/jinja_text.h"
 
 namespace moh {
@@ -203,11 +208,179 @@ absl::StatusOr<std::optional<Value>> ApplySimpleFilter(absl::string_view name,
   return Value::String(s);
 }
 
+// The value of `attribute` of `item`: "a.b" looks up a then b, a part of
+// digits indexes a list (jinja2's attribute getter).
+absl::StatusOr<Value> AttributeOf(const Value& item,
+                                  const std::string& attribute) {
+  Value value = item;
+  for (absl::string_view part : absl::StrSplit(attribute, '.')) {
+    Value key = Value::String(std::string(part));
+    int64_t index;
+    if (!part.empty() &&
+        std::all_of(part.begin(), part.end(),
+                    [](char c) { return c >= '0' && c <= '9'; }) &&
+        absl::SimpleAtoi(part, &index)) {
+      key = Value::Int(index);
+    }
+    MOH_ASSIGN_OR_RETURN(value, GetItem(value, key));
+  }
+  return value;
+}
+
+// select/reject(test, args...) and selectattr/rejectattr(attribute, test,
+// args...): the items whose value passes the test (truthy without one).
+absl::StatusOr<Value> SelectOrReject(absl::string_view name, const Value& value,
+                                     const CallArgs& args) {
+  if (!args.keyword.empty()) {
+    return ArgumentError(name, "() takes no keyword arguments");
+  }
+  const bool by_attribute = absl::EndsWith(name, "attr");
+  const bool keep_passing = absl::StartsWith(name, "select");
+  size_t next = 0;
+  std::string attribute;
+  if (by_attribute) {
+    if (args.positional.empty() || !args.positional[0].is(Kind::kString)) {
+      return ArgumentError(name, "() needs an attribute name");
+    }
+    attribute = args.positional[next++].AsString();
+  }
+  std::string test;
+  if (next < args.positional.size()) {
+    if (!args.positional[next].is(Kind::kString)) {
+      return ArgumentError(name, "(): the test must be named by a string");
+    }
+    test = args.positional[next++].AsString();
+  }
+  CallArgs test_args;
+  test_args.positional.assign(args.positional.begin() + next,
+                              args.positional.end());
+  MOH_ASSIGN_OR_RETURN(const List items, Iterate(value));
+  List kept;
+  for (const Value& item : items) {
+    Value tested = item;
+    if (by_attribute) {
+      MOH_ASSIGN_OR_RETURN(tested, AttributeOf(item, attribute));
+    }
+    bool passes = tested.Truthy();
+    if (!test.empty()) {
+      MOH_ASSIGN_OR_RETURN(passes, ApplyTest(test, tested, test_args));
+    }
+    if (passes == keep_passing) kept.push_back(item);
+  }
+  return Value::MakeList(std::move(kept));
+}
+
+// map(attribute=name[, default=value]) or map(filter, args...).
+absl::StatusOr<Value> Map(const Value& value, const CallArgs& args,
+                          size_t limit) {
+  MOH_ASSIGN_OR_RETURN(const List items, Iterate(value));
+  List mapped;
+  if (args.positional.empty()) {
+    MOH_ASSIGN_OR_RETURN(Params p,
+                         Params::Bind("map", {"attribute", "default"}, args));
+    if (!p.Get(0).is(Kind::kString)) {
+      return ArgumentError("map() needs a filter name or attribute=");
+    }
+    for (const Value& item : items) {
+      MOH_ASSIGN_OR_RETURN(Value v, AttributeOf(item, p.Get(0).AsString()));
+      if (v.is(Kind::kUndefined) && p.Has(1)) v = p.Get(1);
+      mapped.push_back(std::move(v));
+    }
+    return Value::MakeList(std::move(mapped));
+  }
+  if (!args.positional[0].is(Kind::kString)) {
+    return ArgumentError("map(): the filter must be named by a string");
+  }
+  CallArgs filter_args = args;
+  filter_args.positional.erase(filter_args.positional.begin());
+  for (const Value& item : items) {
+    MOH_ASSIGN_OR_RETURN(Value v, ApplyFilter(args.positional[0].AsString(),
+                                              item, filter_args, limit));
+    mapped.push_back(std::move(v));
+  }
+  return Value::MakeList(std::move(mapped));
+}
+
+// Python's sorted() on `keys`, case-insensitive for strings unless
+// `case_sensitive`; the order of `items` (one per key) follows.
+absl::StatusOr<List> Sorted(List items, const List& keys, bool case_sensitive,
+                            bool reverse) {
+  std::vector<Value> sort_keys;
+  for (const Value& key : keys) {
+    sort_keys.push_back(key.is(Kind::kString) && !case_sensitive
+                            ? Value::String(Lower(key.AsString()))
+                            : key);
+  }
+  std::vector<size_t> order(items.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  absl::Status error;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    absl::StatusOr<int> c = Compare(sort_keys[a], sort_keys[b]);
+    if (!c.ok()) {
+      error.Update(c.status());
+      return false;
+    }
+    return reverse ? *c > 0 : *c < 0;
+  });
+  MOH_RETURN_IF_ERROR(error);
+  List sorted;
+  for (size_t i : order) sorted.push_back(std::move(items[i]));
+  return sorted;
+}
+
+// sort(reverse, case_sensitive, attribute) and dictsort(case_sensitive, by,
+// reverse).
+absl::StatusOr<Value> Sort(absl::string_view name, const Value& value,
+                           const CallArgs& args) {
+  List items, keys;
+  bool case_sensitive, reverse;
+  if (name == "dictsort") {
+    MOH_ASSIGN_OR_RETURN(
+        Params p,
+        Params::Bind(name, {"case_sensitive", "by", "reverse"}, args));
+    case_sensitive = p.Get(0, Value::Bool(false)).Truthy();
+    reverse = p.Get(2, Value::Bool(false)).Truthy();
+    const Value by = p.Get(1, Value::String("key"));
+    if (!by.is(Kind::kString) ||
+        (by.AsString() != "key" && by.AsString() != "value")) {
+      return ArgumentError("dictsort(): by must be 'key' or 'value'");
+    }
+    MOH_ASSIGN_OR_RETURN(const Value pairs, Items(value));
+    for (const Value& pair : pairs.AsList()) {
+      items.push_back(pair);
+      keys.push_back(pair.AsList()[by.AsString() == "key" ? 0 : 1]);
+    }
+  } else {
+    MOH_ASSIGN_OR_RETURN(
+        Params p,
+        Params::Bind(name, {"reverse", "case_sensitive", "attribute"}, args));
+    reverse = p.Get(0, Value::Bool(false)).Truthy();
+    case_sensitive = p.Get(1, Value::Bool(false)).Truthy();
+    MOH_ASSIGN_OR_RETURN(items, Iterate(value));
+    for (const Value& item : items) {
+      Value key = item;
+      if (p.Get(2).is(Kind::kString)) {
+        MOH_ASSIGN_OR_RETURN(key, AttributeOf(item, p.Get(2).AsString()));
+      }
+      keys.push_back(std::move(key));
+    }
+  }
+  MOH_ASSIGN_OR_RETURN(List sorted,
+                       Sorted(std::move(items), keys, case_sensitive, reverse));
+  return Value::MakeList(std::move(sorted));
+}
+
 }  // namespace
 
 absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value,
                                   const CallArgs& args, size_t limit) {
   if (name == "tojson") return ToJson(value, args, limit);
+  if (name == "select" || name == "reject" || name == "selectattr" ||
+      name == "rejectattr") {
+    return SelectOrReject(name, value, args);
+  }
+  if (name == "map") return Map(value, args, limit);
+  if (name == "sort" || name == "dictsort") return Sort(name, value, args);
   if (name == "int") return IntFilter(value, args);
   if (name == "float") return FloatFilter(value, args);
   if (name == "default" || name == "d") {

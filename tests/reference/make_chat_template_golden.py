@@ -190,6 +190,24 @@ line" }} {{ '{{ not a tag }}' }}"""),
      "|{{ [1, 2]|tojson(separators=(',', ':')) }}|{{ messages[0]|tojson }}"
      "|{{ '🙂\\x01'|tojson(ensure_ascii=true) }}|{{ 1e100|tojson }}|{{ 3.0|tojson }}"
      "|{{ [1, [2]]|tojson(indent='--') }}|{{ none|tojson }}|{{ 'x'|tojson(indent=4) }}"),
+    ("list_filters",
+     "{{ messages|selectattr('role', 'equalto', 'user')|map(attribute='content')"
+     "|join(',') }}|{{ messages|rejectattr('role', 'in', ['user', 'system'])|list"
+     "|length }}|{{ [0, 1, 2, '', 'x']|select|list }}|{{ [1, 2, 3, 4]|reject('odd')"
+     "|list }}|{{ [1, 2, 3]|select('gt', 1)|list }}"
+     "|{{ messages|selectattr('missing', 'undefined')|list|length }}"
+     "|{{ ['a', 'B', 'c']|map('upper')|list }}"
+     "|{{ messages|map(attribute='nope', default='-')|join }}"
+     "|{{ [[1, 2], [3]]|map('length')|list }}"
+     "|{% for k, v in {'b': 1, 'A': 2, 'c': 0}|dictsort %}{{ k }}{{ v }}{% endfor %}"
+     "|{% for k, v in {'b': 1, 'A': 2}|dictsort(true) %}{{ k }}{% endfor %}"
+     "|{% for k, v in {'b': 1, 'a': 2}|dictsort(by='value', reverse=true) %}"
+     "{{ k }}{% endfor %}|{{ ['b', 'A', 'c']|sort }}"
+     "|{{ ['b', 'A', 'c']|sort(case_sensitive=true) }}|{{ [3, 1, 2]|sort(reverse=true) }}"
+     "|{{ messages|sort(attribute='role')|map(attribute='content')|join('/') }}"
+     "|{{ [[1, 'x'], [0, 'y']]|map(attribute='1')|join }}"
+     "|{{ messages|selectattr('role')|list|length }}"
+     "|{{ messages|map('tojson')|first }}"),
     ("methods",
      "{{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ '  x  '.lstrip() }}"
      "|{{ '  x  '.rstrip() }}|{{ 'a b  c '.split() }}|{{ 'a,b,,c'.split(',') }}"
@@ -234,6 +252,8 @@ line" }} {{ '{{ not a tag }}' }}"""),
      "{% if messages %}{{ messages|nosuchfilter }}{% endif %}"),
     ("error_not_callable", "{{ bos_token() }}"),
     ("error_unpack", "{% for a, b in [[1, 2, 3]] %}{% endfor %}"),
+    ("error_sort_mixed", "{{ [1, 'a']|sort }}"),
+    ("error_select_unknown_test", "{{ [1]|select('frobnicated')|list }}"),
     ("error_set_attribute_on_dict", "{% set d = {} %}{% set d.x = 1 %}"),
 ]
 
