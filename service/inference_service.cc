@@ -305,6 +305,9 @@ struct GenerateTraits {
                              request.token_ids().end());
     }
     call.sampling = FromProto(request.sampling());
+    const v1::SamplingParams& p = request.sampling();
+    call.sampling_set = {p.has_temperature(), p.top_k() != 0, p.has_top_p(),
+                         p.has_repetition_penalty()};
     if (request.sampling().has_max_new_tokens()) {
       call.max_new_tokens = request.sampling().max_new_tokens();
     }

@@ -322,13 +322,16 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
   MOH_ASSIGN_OR_RETURN(std::optional<double> temperature,
                        f.Number("temperature", 0.0, 2.0));
   s.temperature = static_cast<float>(temperature.value_or(1.0));
+  call.sampling_set.temperature = temperature.has_value();
   MOH_ASSIGN_OR_RETURN(std::optional<double> top_p,
                        f.Number("top_p", 0.0, 1.0, /*lo_open=*/true));
   s.top_p = static_cast<float>(top_p.value_or(1.0));
+  call.sampling_set.top_p = top_p.has_value();
   MOH_ASSIGN_OR_RETURN(
       std::optional<int64_t> top_k,
       f.Integer("top_k", -1, std::numeric_limits<int32_t>::max()));
   s.top_k = top_k && *top_k > 0 ? static_cast<int32_t>(*top_k) : 0;
+  call.sampling_set.top_k = top_k.has_value();
   MOH_ASSIGN_OR_RETURN(
       std::optional<int64_t> seed,
       f.Integer("seed", 0, std::numeric_limits<int64_t>::max()));
@@ -337,6 +340,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
       std::optional<double> penalty,
       f.Number("repetition_penalty", 0.0, 1e6, /*lo_open=*/true));
   s.repetition_penalty = static_cast<float>(penalty.value_or(1.0));
+  call.sampling_set.repetition_penalty = penalty.has_value();
   MOH_RETURN_IF_ERROR(ReadStop(f, &s));
   MOH_ASSIGN_OR_RETURN(std::optional<int64_t> n, f.Integer("n", 1, 1 << 20));
   if (n && *n != 1) {

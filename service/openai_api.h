@@ -34,7 +34,8 @@ struct Message {
 };
 
 // A POST /v1/completions or /v1/chat/completions body, checked. Sampling
-// defaults are OpenAI's: temperature 1, top_p 1, max_tokens the model's
+// fields left out take the model's generation_config.json defaults when it
+// has them, else OpenAI's (temperature 1, top_p 1); max_tokens the model's
 // configured default.
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;

@@ -143,6 +143,29 @@ def test_stop_and_seed(client):
     assert a == b
 
 
+def test_generation_config_defaults_fill_unset_fields(api, client, stub):
+    """demo-lm's generation_config.json samples at temperature 0.8, top_p 0.95
+    (and Hugging Face's top_k 50 when do_sample leaves it out): requests that
+    leave those out, over gRPC and HTTP alike, sample so."""
+    def grpc_text(**sampling):
+        return "".join(m.text for m in lib.run_generate(stub, lib.generate_request(
+            api.pb, prompt=PROMPT, model="demo-lm", max_new_tokens=16, seed=3,
+            **sampling)))
+
+    explicit = grpc_text(temperature=0.8, top_p=0.95, top_k=50)
+    assert grpc_text() == explicit
+    http = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=16, seed=3)
+    assert http.choices[0].text == explicit
+    http_explicit = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=16,
+                                              seed=3, temperature=0.8, top_p=0.95,
+                                              extra_body={"top_k": 50})
+    assert http_explicit.choices[0].text == explicit
+    # A field the request sets wins: greedy.
+    greedy, _ = grpc_greedy(api, stub, PROMPT, 16)
+    assert client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=16,
+                                     temperature=0).choices[0].text == greedy
+
+
 def test_token_id_prompts(api, client, stub):
     messages = lib.run_generate(stub, lib.generate_request(
         api.pb, token_ids=[5, 6, 7], model="demo-lm", temperature=0.0, max_new_tokens=6))
