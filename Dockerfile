@@ -3,7 +3,7 @@
 #
 #   docker build -t moh-serve:cpu .                                   # CPU (Debian LibTorch 1.13)
 #   docker build -t moh-serve:cuda --build-arg TORCH_VARIANT=cuda .   # CUDA (PyPI torch wheel's LibTorch)
-#   docker run --rm -p 50051:50051 -p 9464:9464 moh-serve:cpu         # serves the demo models
+#   docker run --rm -p 50051:50051 -p 9464:9464 -p 8000:8000 moh-serve:cpu  # serves the demo models
 #
 # Without a Docker daemon or registry: scripts/build_images.sh [--cpu] [--cuda]
 # builds the same file with buildah on a debootstrapped Debian 12 base
@@ -149,7 +149,7 @@ ENV PATH=/opt/moh/bin:${PATH}
 USER 10001:10001
 WORKDIR /opt/moh
 # gRPC (Inference, grpc.health.v1.Health, reflection) and Prometheus /metrics.
-EXPOSE 50051 9464
+EXPOSE 50051 9464 8000
 # Healthy once every model is loaded and warmed up; unhealthy while draining.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
   CMD ["/opt/moh/bin/moh-client", "health", "--server=localhost:50051"]

@@ -27,7 +27,7 @@ class Server:
         self.port = free_port()
         config = os.path.join(workdir, "bench-%d.textproto" % self.port)
         with open(config, "w") as f:
-            f.write("port: %d\nmetrics_port: -1\nhost: \"127.0.0.1\"\n" %
+            f.write("port: %d\nmetrics_port: -1\nhttp_port: -1\nhost: \"127.0.0.1\"\n" %
                     self.port)
             for name, path, *extra in models:
                 f.write('models { name: "%s" model_dir: "%s" generation { '

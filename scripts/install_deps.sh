@@ -11,6 +11,9 @@
 #                        and gguf, and matplotlib for its plots, pinned in
 #                        bench_venv.env, in the virtual environment
 #                        $MOH_BENCH_VENV (bench/run_suite.sh only)
+#   --test               also the test suite's PyPI packages: the official
+#                        openai client (pinned in test_venv.env), in the
+#                        virtual environment $MOH_TEST_VENV (scripts/test.sh)
 #   --runtime            only the shared libraries moh-server/moh-client need
 #                        (the container image's runtime stage)
 #   --runtime-no-torch   the same without Debian's LibTorch (CUDA images bring
@@ -67,14 +70,16 @@ main() {
   )
   torch_wheel=0
   bench=0
+  test_venv=0
   case "${1:-}" in
     --torch=wheel) torch_wheel=1; PACKAGES+=(python3-venv) ;;
     --torch=debian | "") ;;
     --bench) bench=1; PACKAGES+=(python3-venv) ;;
+    --test) test_venv=1; PACKAGES+=(python3-venv) ;;
     --runtime) PACKAGES=("${RUNTIME_PACKAGES[@]}" libtorch1.13) ;;
     --runtime-no-torch) PACKAGES=("${RUNTIME_PACKAGES[@]}") ;;
     *)
-      echo "usage: $0 [--torch=debian | --torch=wheel | --bench | --runtime | --runtime-no-torch]" >&2
+      echo "usage: $0 [--torch=debian | --torch=wheel | --bench | --test | --runtime | --runtime-no-torch]" >&2
       exit 2
       ;;
   esac
@@ -93,6 +98,21 @@ main() {
       /usr/bin/python3 -m venv "$MOH_TORCH_VENV"
       "$MOH_TORCH_VENV/bin/pip" install -q --disable-pip-version-check \
         "torch==$MOH_TORCH_WHEEL_VERSION"
+    fi
+  fi
+
+  if [ "$test_venv" = 1 ]; then
+    # shellcheck source=test_venv.env
+    . "$here/test_venv.env"
+    py="$MOH_TEST_VENV/bin/python"
+    if [ -x "$py" ] && [ "$("$py" -c 'import importlib.metadata as m
+print(m.version("openai"))' 2>/dev/null)" = "$MOH_OPENAI_VERSION" ]; then
+      echo "install_deps: openai $MOH_OPENAI_VERSION present in $MOH_TEST_VENV"
+    else
+      echo "install_deps: installing openai==$MOH_OPENAI_VERSION into $MOH_TEST_VENV"
+      /usr/bin/python3 -m venv --system-site-packages "$MOH_TEST_VENV"
+      "$MOH_TEST_VENV/bin/pip" install -q --disable-pip-version-check \
+        "openai==$MOH_OPENAI_VERSION"
     fi
   fi
 

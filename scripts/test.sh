@@ -33,6 +33,7 @@ want() {  # want VALUE PREREQUISITE_OK : decides auto
 }
 
 bash scripts/install_deps.sh
+bash scripts/install_deps.sh --test
 bash scripts/build.sh
 ctest_build build
 [ "${MOH_TEST_FUZZ:-1}" = 0 ] || bash scripts/fuzz.sh

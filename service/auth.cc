@@ -52,7 +52,16 @@ absl::Status TokenAuth::Check(
     return absl::UnauthenticatedError(
         "authorization: send the metadata \"authorization: Bearer <token>\"");
   }
-  const absl::string_view value(it->second.data(), it->second.size());
+  return CheckHeader(absl::string_view(it->second.data(), it->second.size()));
+}
+
+absl::Status TokenAuth::CheckHeader(
+    std::optional<absl::string_view> authorization) const {
+  if (!authorization) {
+    return absl::UnauthenticatedError(
+        "authorization: send the header \"Authorization: Bearer <token>\"");
+  }
+  const absl::string_view value = *authorization;
   constexpr absl::string_view kBearer = "Bearer ";
   if (!absl::StartsWith(value, kBearer)) {
     return absl::UnauthenticatedError(

@@ -1,16 +1,18 @@
-// Bearer-token authentication for the moh.v1.Inference RPCs
-// (ServerConfig.auth_token_file).
+// Bearer-token authentication for the moh.v1.Inference RPCs and the HTTP
+// API (ServerConfig.auth_token_file).
 #pragma once
 
 #include <grpcpp/support/string_ref.h>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace moh {
 
@@ -27,6 +29,9 @@ class TokenAuth {
   // time depends on the known tokens' lengths only).
   absl::Status Check(
       const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+  // The same for an HTTP request's Authorization header (nullopt: absent).
+  absl::Status CheckHeader(
+      std::optional<absl::string_view> authorization) const;
 
  private:
   explicit TokenAuth(std::vector<std::string> tokens)

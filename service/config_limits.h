@@ -46,6 +46,11 @@ inline constexpr int32_t kHealthPortOff = 0;
 // metrics_port: the Prometheus exporter's port, or kMetricsPortOff.
 inline constexpr ConfigLimits<int32_t> kMetricsPort{9464, 1, 65535};
 inline constexpr int32_t kMetricsPortOff = -1;
+// http_port: the OpenAI-compatible HTTP API's port, or kHttpPortOff.
+inline constexpr ConfigLimits<int32_t> kHttpPort{8000, 1, 65535};
+inline constexpr int32_t kHttpPortOff = -1;
+// http_max_connections: HTTP connections served at once.
+inline constexpr ConfigLimits<int32_t> kHttpMaxConnections{256, 1, 4096};
 // host: the listen address.
 inline constexpr char kDefaultHost[] = "0.0.0.0";
 // drain_timeout_seconds: how long in-flight requests may run after SIGTERM.

@@ -7,8 +7,6 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "base/abbreviate.h"
-#include "base/log.h"
 #include "service/grpc_status.h"
 
 namespace moh {
@@ -34,23 +32,6 @@ v1::FinishReason ToProto(FinishReason reason) {
       return v1::CANCELLED;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
-}
-
-// Every finished request: its metrics and, at debug level, one log line.
-// `metrics`: the model's, or null when the request reached no model; then it
-// is counted on `server`.
-void RecordRequest(ModelMetrics* metrics, Metrics* server, Rpc rpc,
-                   absl::string_view model, absl::StatusCode code,
-                   absl::Time start) {
-  const absl::Duration duration = absl::Now() - start;
-  if (metrics != nullptr) {
-    metrics->RequestFinished(rpc, code, duration);
-  } else if (server != nullptr) {
-    server->RequestWithoutModel(rpc, code);
-  }
-  MOH_LOG(Debug) << RpcName(rpc) << " model=" << Abbreviate(model)
-                 << " code=" << absl::StatusCodeToString(code)
-                 << " duration=" << duration;
 }
 
 SamplingParams FromProto(const v1::SamplingParams& p) {
@@ -324,6 +305,9 @@ struct GenerateTraits {
                              request.token_ids().end());
     }
     call.sampling = FromProto(request.sampling());
+    const v1::SamplingParams& p = request.sampling();
+    call.sampling_set = {p.has_temperature(), p.top_k() != 0, p.has_top_p(),
+                         p.has_repetition_penalty()};
     if (request.sampling().has_max_new_tokens()) {
       call.max_new_tokens = request.sampling().max_new_tokens();
     }

@@ -130,11 +130,21 @@ absl::StatusOr<uint64_t> LanguageServable::Generate(
           absl::StrCat("prompt: model '", name(),
                        "' has no tokenizer.json; send token_ids instead"));
     }
-    job.prompt_ids = lm_.tokenizer->Encode(*call.prompt, true);
+    job.prompt_ids =
+        lm_.tokenizer->Encode(*call.prompt, call.add_special_tokens);
   } else {
     job.prompt_ids = std::move(*call.token_ids);
   }
   job.sampling = std::move(call.sampling);
+  if (lm_.generation_defaults) {
+    const GenerationDefaults& d = *lm_.generation_defaults;
+    const SamplingFieldsSet& set = call.sampling_set;
+    SamplingParams& s = job.sampling;
+    if (!set.temperature) s.temperature = d.do_sample ? d.temperature : 0.0f;
+    if (!set.top_k) s.top_k = d.do_sample ? d.top_k : 0;
+    if (!set.top_p) s.top_p = d.do_sample ? d.top_p : 1.0f;
+    if (!set.repetition_penalty) s.repetition_penalty = d.repetition_penalty;
+  }
   // Unset: the configured default, clamped to what the context leaves after
   // the prompt (a prompt too long for any output is refused by Submit).
   const int64_t room = int64_t{scheduler_->max_seq_len()} -

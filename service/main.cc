@@ -27,10 +27,12 @@
 #include "model/core/device_context.h"
 #include "model/core/runtime.h"
 #include "service/auth.h"
+#include "service/config_limits.h"
 #include "service/inference_service.h"
 #include "service/metrics.h"
 #include "service/metrics_http.h"
 #include "service/model_manager.h"
+#include "service/openai_http.h"
 #include "service/request_workers.h"
 #include "service/server_config.h"
 #include "service/tls_pem.h"
@@ -44,6 +46,8 @@ ABSL_FLAG(std::string, model_name, "", "Name of --model_dir's model");
 ABSL_FLAG(int32_t, port, 0, "gRPC port (default 50051)");
 ABSL_FLAG(int32_t, metrics_port, 0,
           "Prometheus /metrics port (default 9464; -1: off)");
+ABSL_FLAG(int32_t, http_port, 0,
+          "OpenAI-compatible HTTP API port (default 8000; -1: off)");
 ABSL_FLAG(std::string, host, "", "Listen address (default 0.0.0.0)");
 ABSL_FLAG(std::string, device, "", "auto, cpu, cuda or cuda:N (default auto)");
 ABSL_FLAG(std::string, dtype, "",
@@ -116,6 +120,9 @@ absl::StatusOr<v1::ServerConfig> BuildConfig() {
     config.set_port(absl::GetFlag(FLAGS_port));
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
     config.set_metrics_port(absl::GetFlag(FLAGS_metrics_port));
+  }
+  if (absl::GetFlag(FLAGS_http_port) != 0) {
+    config.set_http_port(absl::GetFlag(FLAGS_http_port));
   }
   if (!absl::GetFlag(FLAGS_host).empty())
     config.set_host(absl::GetFlag(FLAGS_host));
@@ -249,6 +256,26 @@ int Run() {
     MOH_LOG(Error) << "cannot listen on " << address;
     return 1;
   }
+  std::unique_ptr<OpenAiHttpServer> http;
+  if (config->http_port() != config_limits::kHttpPortOff) {
+    OpenAiHttpServer::Options http_options;
+    http_options.host = config->host();
+    http_options.port = config->http_port();
+    http_options.tls = *tls;
+    http_options.max_connections = config->http_max_connections();
+    http_options.max_body_bytes = static_cast<size_t>(config->max_message_mb())
+                                  << 20;
+    absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> started =
+        OpenAiHttpServer::Start(http_options, &models, auth.get());
+    if (!started.ok()) {
+      MOH_LOG(Error) << started.status().message();
+      return 1;
+    }
+    http = std::move(*started);
+    MOH_LOG(Info) << "OpenAI-compatible API on "
+                  << (tls->has_value() ? "https://" : "http://")
+                  << config->host() << ":" << config->http_port() << "/v1";
+  }
   // Kubernetes' gRPC probes cannot speak TLS: health_port serves the same
   // health status, alone and in plaintext, on a port of its own.
   std::unique_ptr<grpc::Server> health_server;
@@ -301,6 +328,7 @@ int Run() {
   set_health(false);
   models.StopLoading();
   models.StopAccepting();
+  if (http) http->StopAccepting();
   const absl::Time give_up = absl::Now() + drain_timeout;
   while (!models.Idle() && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(20));
@@ -317,6 +345,7 @@ int Run() {
          absl::Now() - service.last_call() < kQuietPeriod) {
     absl::SleepFor(absl::Milliseconds(20));
   }
+  http.reset();  // cancels what still runs over HTTP
   if (health_server) health_server->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(500));

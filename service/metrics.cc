@@ -7,7 +7,10 @@
 #include <iostream>
 #include <utility>
 
+#include "absl/time/clock.h"
+#include "base/abbreviate.h"
 #include "base/enum_names.h"
+#include "base/log.h"
 #include "service/process_collector.h"
 
 namespace moh {
@@ -18,7 +21,7 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr int kNumRpcs = 3;
+constexpr int kNumRpcs = 5;
 constexpr int kNumBatchKinds = 4;
 constexpr int kNumCodes = 17;  // absl::StatusCode (== grpc::StatusCode) 0..16.
 constexpr int kUnknownCode = 2;
@@ -91,7 +94,8 @@ auto& Register(Builder builder, const char* name, const char* help,
 
 const char* RpcName(Rpc rpc) {
   static constexpr const char* kNames[] = {"Generate", "Classify",
-                                           "GenerateImage"};
+                                           "GenerateImage", "Completions",
+                                           "ChatCompletions"};
   return EnumName(rpc, kNames);
 }
 
@@ -459,6 +463,20 @@ void Metrics::RequestWithoutModel(Rpc rpc, absl::StatusCode code) {
 std::vector<std::weak_ptr<prometheus::Collectable>> Metrics::Collectables()
     const {
   return {registry_, process_collector_};
+}
+
+void RecordRequest(ModelMetrics* metrics, Metrics* server, Rpc rpc,
+                   absl::string_view model, absl::StatusCode code,
+                   absl::Time start) {
+  const absl::Duration duration = absl::Now() - start;
+  if (metrics != nullptr) {
+    metrics->RequestFinished(rpc, code, duration);
+  } else if (server != nullptr) {
+    server->RequestWithoutModel(rpc, code);
+  }
+  MOH_LOG(Debug) << RpcName(rpc) << " model=" << Abbreviate(model)
+                 << " code=" << absl::StatusCodeToString(code)
+                 << " duration=" << duration;
 }
 
 }  // namespace moh

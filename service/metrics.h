@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
@@ -30,12 +31,21 @@ namespace moh {
 
 class ProcessCollector;  // service/process_collector.h
 
-// The RPCs served by one model. ListModels is the server's, not a model's, and
-// has no per-model series.
-enum class Rpc { kGenerate, kClassify, kGenerateImage };
+// The RPCs served by one model: the gRPC methods, and the OpenAI-compatible
+// HTTP endpoints (openai_http.h). ListModels is the server's, not a model's,
+// and has no per-model series.
+enum class Rpc {
+  kGenerate,
+  kClassify,
+  kGenerateImage,
+  kCompletions,
+  kChatCompletions
+};
 enum class BatchKind { kPrefill, kDecode, kClassify, kImageStep };
 
-const char* RpcName(Rpc rpc);  // "Generate", "Classify", "GenerateImage"
+// "Generate", "Classify", "GenerateImage", "Completions" (POST
+// /v1/completions), "ChatCompletions" (POST /v1/chat/completions).
+const char* RpcName(Rpc rpc);
 // "prefill", "decode", "classify", "image_step" (model rows of a sampler
 // step)
 const char* BatchKindName(BatchKind kind);
@@ -140,5 +150,12 @@ class Metrics {
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_
       ABSL_GUARDED_BY(mu_);
 };
+
+// Every finished request, gRPC or HTTP: its metrics and, at debug level,
+// one log line. `metrics`: the model's, or null when the request reached no
+// model; then it is counted on `server`.
+void RecordRequest(ModelMetrics* metrics, Metrics* server, Rpc rpc,
+                   absl::string_view model, absl::StatusCode code,
+                   absl::Time start);
 
 }  // namespace moh

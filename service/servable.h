@@ -31,10 +31,25 @@
 
 namespace moh {
 
+// Which sampling fields a request set. The others take the model's
+// generation_config.json defaults when it has them (Hugging Face's reading:
+// language_model.h), else keep the API's own defaults, already in
+// GenerateCall::sampling (gRPC: greedy; the OpenAI API: temperature 1).
+struct SamplingFieldsSet {
+  bool temperature = false;
+  bool top_k = false;
+  bool top_p = false;
+  bool repetition_penalty = false;
+};
+
 struct GenerateCall {
   std::optional<std::string> prompt;
   std::optional<std::vector<int32_t>> token_ids;
+  // Tokenize `prompt` with the tokenizer's special tokens (BOS); false for a
+  // prompt rendered by a chat template, which writes its own.
+  bool add_special_tokens = true;
   SamplingParams sampling;  // max_new_tokens is ignored: see below
+  SamplingFieldsSet sampling_set;
   // Tokens to generate; unset: the model's configured default.
   std::optional<int32_t> max_new_tokens;
   float ratio = 0.0f;

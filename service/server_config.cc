@@ -159,6 +159,20 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
         "] and differ from port and metrics_port, or 0 (off), got ",
         config->health_port()));
   }
+  const ConfigLimits<int32_t>& http_port = config_limits::kHttpPort;
+  if (config->http_port() == 0) config->set_http_port(http_port.default_value);
+  if (config->http_port() != config_limits::kHttpPortOff &&
+      (!http_port.Contains(config->http_port()) ||
+       config->http_port() == config->port() ||
+       config->http_port() == config->metrics_port() ||
+       config->http_port() == config->health_port())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_port must be in [", http_port.min, ", ", http_port.max,
+        "] and differ from port, metrics_port and health_port, or ",
+        config_limits::kHttpPortOff, " (off), got ", config->http_port()));
+  }
+  MOH_DEFAULT(config, http_max_connections, std::string("http_max_connections"),
+              config_limits::kHttpMaxConnections);
   if (config->host().empty()) config->set_host(config_limits::kDefaultHost);
   if (config->metrics_host().empty()) config->set_metrics_host(config->host());
   MOH_DEFAULT(config, drain_timeout_seconds,

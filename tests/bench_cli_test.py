@@ -69,7 +69,7 @@ def start_server(tmp_path_factory):
         with open(log, "wb") as out:
             proc = subprocess.Popen([
                 SERVER, "--model_dir=" + os.path.join(FIXTURES, model),
-                "--port=%d" % port, "--metrics_port=-1", "--host=127.0.0.1",
+                "--port=%d" % port, "--metrics_port=-1", "--http_port=-1", "--host=127.0.0.1",
                 "--threads=1"
             ], stdout=out, stderr=subprocess.STDOUT)
         procs.append(proc)

@@ -10,6 +10,7 @@
 #   - `classify` of the held-out digit-0 sample answers class 0,
 #   - `generate-image --class=3` writes a PNG that `classify` reads as 3,
 #   - the Prometheus endpoint serves moh_requests_total,
+#   - the OpenAI-compatible API answers POST /v1/completions,
 #   - SIGTERM drains the server and it exits 0.
 # The working container is removed whatever happens. Must run as root.
 #   tests/image_test.sh [cpu|cuda]
@@ -128,8 +129,10 @@ case "${user%%:*}" in "" | 0 | root) fail "the image runs as root" ;; esac
 ctr="$(buildah from --pull=never --name "moh-image-test-$$" "$IMAGE")"
 port="$(free_port)"
 metrics_port="$(free_port)"
+http_port="$(free_port)"
 # Loopback only: the container shares the host's network.
-command+=(--host=127.0.0.1 --port="$port" --metrics_port="$metrics_port")
+command+=(--host=127.0.0.1 --port="$port" --metrics_port="$metrics_port"
+  --http_port="$http_port")
 say "serving from $IMAGE as user $user: ${command[*]}"
 buildah run --isolation "$ISOLATION" --net=host "$ctr" -- "${command[@]}" \
   >"$work/server.log" 2>&1 &
@@ -198,6 +201,17 @@ if command -v curl >/dev/null; then
   grep -q '^moh_requests_total{' "$work/metrics.out" ||
     fail "/metrics has no moh_requests_total"
   say "metrics: $(grep -c '^moh_' "$work/metrics.out") moh_ samples"
+fi
+
+# 5b. the OpenAI-compatible HTTP API (from the host)
+if command -v curl >/dev/null; then
+  curl -sf "http://localhost:$http_port/v1/completions" \
+    -H 'Content-Type: application/json' \
+    -d '{"prompt": "In the beginning", "max_tokens": 4, "temperature": 0}' \
+    >"$work/completion.out" || fail "POST /v1/completions failed"
+  grep -q '"object":"text_completion"' "$work/completion.out" ||
+    fail "POST /v1/completions: $(cat "$work/completion.out")"
+  say "http: $(cat "$work/completion.out")"
 fi
 
 # 6. SIGTERM: drains and exits 0.

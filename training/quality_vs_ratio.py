@@ -39,7 +39,7 @@ def start_server(binary, models, threads):
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="moh_quality_", suffix=".log", delete=False)
     proc = subprocess.Popen([binary, "--demo_dir=" + models, "--port=%d" % port,
-                             "--metrics_port=-1", "--host=127.0.0.1", "--threads=%d" % threads],
+                             "--metrics_port=-1", "--http_port=-1", "--host=127.0.0.1", "--threads=%d" % threads],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return proc, "127.0.0.1:%d" % port, log.name
 

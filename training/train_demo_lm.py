@@ -16,7 +16,9 @@ tied embeddings, learned two-stage router with S = 2 shared heads and K = 4 of t
 6 routed heads (trained ratio 0.75), 0.01 load-balance loss.
 
 Writes OUT (default models/demo-lm): config.json, model.safetensors, tokenizer.json,
-generation_config.json, golden.json (prompts -> greedy tokens and label
+generation_config.json, tokenizer_config.json (special tokens and a chat template for
+/v1/chat/completions: the model was not trained on dialogue, so the template lays a
+conversation out as verses it can continue), golden.json (prompts -> greedy tokens and label
 log-likelihoods, for the serving tests), eval_chunks.json (held-out chunks for
 training/quality_vs_ratio.py, with the Python model's log-likelihoods), metadata.json.
 
@@ -253,6 +255,13 @@ def greedy(model, ids, ratio, steps, eos):
     return out
 
 
+def write_tokenizer_config(out):
+    dc.write_json(os.path.join(out, "tokenizer_config.json"), {
+        "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+        "model_max_length": CONFIG["max_position_embeddings"],
+        "chat_template": CHAT_TEMPLATE})
+
+
 def unigram_bits_per_byte(train_text, text):
     counts = [1] * 256  # add-one
     for b in train_text.encode():
@@ -261,13 +270,31 @@ def unigram_bits_per_byte(train_text, text):
     return -sum(math.log2(counts[b] / total) for b in text.encode()) / len(text.encode())
 
 
+# The chat template (Jinja, as Hugging Face's apply_chat_template renders it): the
+# system text, then each turn on its own line, and the model's turn opened last.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] | trim }}\n"
+    "{% elif message['role'] == 'user' %}Q: {{ message['content'] | trim }}\n"
+    "{% elif message['role'] == 'assistant' %}A: {{ message['content'] | trim }}\n"
+    "{% else %}{{ raise_exception('roles are system, user and assistant') }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}A:{% endif %}")
+
+
 def write_outputs(out, model, encoder, train_text, held_text, held_windows, stats):
     os.makedirs(out, exist_ok=True)
     config = dict(CONFIG, bos_token_id=encoder.bos, eos_token_id=encoder.eos)
     dc.write_json(os.path.join(out, "config.json"), config)
+    # Sampling defaults that read well (greedy decoding soon repeats itself);
+    # the server applies them to requests that leave these fields out.
     dc.write_json(os.path.join(out, "generation_config.json"),
-                  {"bos_token_id": encoder.bos, "eos_token_id": encoder.eos})
+                  {"bos_token_id": encoder.bos, "eos_token_id": encoder.eos,
+                   "do_sample": True, "temperature": 0.8, "top_p": 0.95})
     dc.write_json(os.path.join(out, "tokenizer.json"), encoder.tokenizer_json(), indent=None)
+    write_tokenizer_config(out)
     dc.checkpoint_io.save_safetensors(export_tensors(model), os.path.join(out, "model.safetensors"),
                                       {"format": "pt"})
     # Golden outputs of the Python model, for the serving tests.

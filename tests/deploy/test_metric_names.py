@@ -65,7 +65,7 @@ class Server:
         self.proc = subprocess.Popen(
             [SERVER, "--config=" + config, "--model_dir=" + MODEL_DIR,
              "--host=127.0.0.1", "--port=%d" % self.port,
-             "--metrics_port=%d" % self.metrics_port, "--threads=1",
+             "--metrics_port=%d" % self.metrics_port, "--http_port=-1", "--threads=1",
              "--device=cpu", "--dtype=float32", *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT)
 

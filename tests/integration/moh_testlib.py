@@ -224,11 +224,14 @@ class MohServer:
 
     models: list of (name, model_dir, extra textproto for the ModelConfig).
     flags: instead of a config file, these command-line flags (with
-    "{port}" and "{metrics_port}" in them replaced by the chosen ports).
+    "{port}", "{metrics_port}" and "{http_port}" in them replaced by the
+    chosen ports; --http_port is added when absent).
+    http: serve the OpenAI-compatible HTTP API on a free port (http_port);
+    off otherwise.
     """
 
     def __init__(self, name, workdir, models, drain_timeout=60, threads=1,
-                 metrics=True, extra="", flags=None):
+                 metrics=True, extra="", flags=None, http=False):
         self.name = name
         self.workdir = workdir
         self.models = models
@@ -237,8 +240,9 @@ class MohServer:
         self.metrics = metrics
         self.extra = extra
         self.flags = flags
+        self.http = http
         self.proc = None
-        self.port = self.metrics_port = None
+        self.port = self.metrics_port = self.http_port = None
         self.log_path = os.path.join(workdir, name + ".log")
         self.config_path = os.path.join(workdir, name + ".textproto")
         self._channel = None
@@ -249,6 +253,7 @@ class MohServer:
         lines = [
             "port: %d" % self.port,
             "metrics_port: %d" % (self.metrics_port if self.metrics else -1),
+            "http_port: %d" % (self.http_port if self.http else -1),
             'host: "127.0.0.1"',
             "drain_timeout_seconds: %g" % self.drain_timeout,
             "threads: %d" % self.threads,
@@ -267,15 +272,19 @@ class MohServer:
         for attempt in range(attempts):
             self.port = free_port()
             self.metrics_port = free_port() if self.metrics else None
+            self.http_port = free_port() if self.http else None
             if self.flags is None:
                 with open(self.config_path, "w") as f:
                     f.write(self.config_text())
                 command = [SERVER, "--config=" + self.config_path]
             else:
                 command = [SERVER] + [
-                    f.format(port=self.port, metrics_port=self.metrics_port)
+                    f.format(port=self.port, metrics_port=self.metrics_port,
+                             http_port=self.http_port)
                     for f in self.flags
                 ]
+                if not any(f.startswith("--http_port") for f in self.flags):
+                    command.append("--http_port=%d" % (self.http_port or -1))
             offset = len(self.log())
             log = open(self.log_path, "ab")
             log.write(("=== %s (attempt %d): %s\n" %

@@ -1,6 +1,7 @@
 """Server lifecycle: health, ListModels states, reflection, command-line
 configuration, and the graceful drain on SIGTERM/SIGINT."""
 import os
+import shutil
 import signal
 import time
 
@@ -77,18 +78,27 @@ def test_bad_model_dir_stays_not_serving_and_reports_failed(
     with open(os.path.join(corrupt, "config.json"), "w") as f:
         f.write("{ this is not json")
     missing = os.path.join(workdir, "no_such_model_dir")
+    # A sound model whose generation_config.json is not.
+    bad_sampling = os.path.join(workdir, "bad_sampling_model")
+    shutil.rmtree(bad_sampling, ignore_errors=True)
+    shutil.copytree(lib.LM_DIR, bad_sampling)
+    with open(os.path.join(bad_sampling, "generation_config.json"), "w") as f:
+        f.write('{"do_sample": true, "temperature": "hot"}')
     server = server_factory("bad_models", [
         ("good", lib.LM_DIR, ""),
         ("missing", missing, ""),
         ("corrupt", corrupt, ""),
+        ("bad_sampling", bad_sampling, ""),
     ], wait_serving=False, metrics=False)
 
     models = lib.wait_models_loaded(api, server)
     assert models["good"].state == api.pb.ModelInfo.READY
-    for name, path in (("missing", missing), ("corrupt", corrupt)):
+    for name in ("missing", "corrupt", "bad_sampling"):
         assert models[name].state == api.pb.ModelInfo.FAILED, models[name]
         assert models[name].failure_reason, models[name]
     assert "config.json" in models["corrupt"].failure_reason
+    assert ("generation_config.json: field 'temperature' must be a number in [0, 100]"
+            in models["bad_sampling"].failure_reason)
     assert missing in models["missing"].failure_reason
     # It stays NOT_SERVING (polled over a while), but keeps running.
     for _ in range(10):

@@ -129,7 +129,7 @@ def test_tls_and_tokens(api, server_factory, pki):
 def test_tls_without_its_key_is_refused_at_start(pki):
     result = subprocess.run(
         [lib.SERVER, "--tls_cert=" + os.path.join(pki, "server.pem"),
-         "--port=1", "--metrics_port=-1"],
+         "--port=1", "--metrics_port=-1", "--http_port=-1"],
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "tls.cert_file and tls.key_file must be set together" in (

@@ -1,0 +1,47 @@
+// Starting a GNU libmicrohttpd daemon on host:port, plain HTTP or HTTPS with
+// the server's TLS files, for the Prometheus exporter (metrics_http.h) and
+// the OpenAI-compatible API (openai_http.h).
+#pragma once
+
+#include <microhttpd.h>
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "service/tls_pem.h"
+
+namespace moh {
+
+struct HttpDaemonOptions {
+  std::string what;  // names the server in errors: "metrics", "http"
+  std::string host;
+  int port = 0;
+  // HTTPS with these (clients need a certificate its client CA signed, when
+  // it has one; see HttpClientVerified); the daemon keeps pointers into it,
+  // so it must outlive the daemon. Null or empty: plain HTTP.
+  const std::optional<TlsPem>* tls = nullptr;
+  // A thread per connection (handlers may block), else `pool_threads`
+  // polling threads (handlers must not).
+  bool thread_per_connection = false;
+  int pool_threads = 2;
+  int max_connections = 64;
+  int idle_timeout_seconds = 30;
+};
+
+// Starts the daemon with `handler` (and `completed`, called when a request
+// ends, may be null). UNAVAILABLE "<what>: cannot listen on host:port" when
+// the address is taken or unknown (or the TLS files do not load).
+absl::StatusOr<MHD_Daemon*> StartHttpDaemon(
+    const HttpDaemonOptions& options, MHD_AccessHandlerCallback handler,
+    void* handler_cls, MHD_RequestCompletedCallback completed,
+    void* completed_cls);
+
+// Whether the client presented a certificate the client CA signed.
+bool HttpClientVerified(MHD_Connection* connection);
+
+// Answers `body` with `code` and `content_type`.
+MHD_Result HttpRespond(MHD_Connection* connection, unsigned int code,
+                       const std::string& body, const char* content_type);
+
+}  // namespace moh

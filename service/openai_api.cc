@@ -1,0 +1,526 @@
+#include "service/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "base/status_macros.h"
+#include "model/generation/sampler.h"
+#include "nlohmann/json.hpp"
+
+namespace moh {
+namespace openai {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", what));
+}
+
+// A JSON value's type for messages.
+std::string TypeName(const json& v) { return v.type_name(); }
+
+// Reads body fields; a null value counts as absent (OpenAI's clients send
+// null for "default").
+class Fields {
+ public:
+  explicit Fields(const json& body) : body_(body) {}
+
+  const json* Get(const std::string& name) const {
+    auto it = body_.find(name);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  absl::StatusOr<std::optional<double>> Number(const std::string& name,
+                                               double lo, double hi,
+                                               bool lo_open = false) const {
+    const json* v = Get(name);
+    if (v == nullptr) return std::optional<double>();
+    if (!v->is_number()) {
+      return Invalid(name,
+                     absl::StrCat("must be a number, got ", TypeName(*v)));
+    }
+    const double x = v->get<double>();
+    const bool above = lo_open ? x > lo : x >= lo;
+    if (!(above && x <= hi)) {
+      return Invalid(name, absl::StrCat("must be in ", lo_open ? "(" : "[", lo,
+                                        ", ", hi, "], got ", x));
+    }
+    return std::optional<double>(x);
+  }
+
+  absl::StatusOr<std::optional<int64_t>> Integer(const std::string& name,
+                                                 int64_t lo, int64_t hi) const {
+    const json* v = Get(name);
+    if (v == nullptr) return std::optional<int64_t>();
+    if (!v->is_number_integer()) {
+      return Invalid(name,
+                     absl::StrCat("must be an integer, got ", TypeName(*v)));
+    }
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+      return Invalid(name, absl::StrCat("must be in [", lo, ", ", hi, "], got ",
+                                        v->get<uint64_t>()));
+    }
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) {
+      return Invalid(name,
+                     absl::StrCat("must be in [", lo, ", ", hi, "], got ", x));
+    }
+    return std::optional<int64_t>(x);
+  }
+
+  absl::StatusOr<bool> Bool(const std::string& name, bool fallback) const {
+    const json* v = Get(name);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) {
+      return Invalid(name,
+                     absl::StrCat("must be true or false, got ", TypeName(*v)));
+    }
+    return v->get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(const std::string& name) const {
+    const json* v = Get(name);
+    if (v == nullptr) return std::string();
+    if (!v->is_string()) {
+      return Invalid(name,
+                     absl::StrCat("must be a string, got ", TypeName(*v)));
+    }
+    return v->get<std::string>();
+  }
+
+ private:
+  const json& body_;
+};
+
+// Fields OpenAI defines that this server accepts only at their defaults
+// (the value that means "off"), so that a client relying on one hears so.
+absl::Status CheckUnsupported(const Fields& f) {
+  struct Off {
+    const char* name;
+    const char* off;  // what the client may send instead
+  };
+  for (const Off& o :
+       {Off{"logprobs", "null, false or 0"}, Off{"top_logprobs", "null or 0"},
+        Off{"echo", "false"}, Off{"best_of", "null or 1"},
+        Off{"suffix", "null or \"\""}, Off{"presence_penalty", "0"},
+        Off{"frequency_penalty", "0"}, Off{"logit_bias", "null or {}"},
+        Off{"tools", "null or []"}, Off{"tool_choice", "null or \"none\""},
+        Off{"response_format", "null or {\"type\": \"text\"}"}}) {
+    const json* v = f.Get(o.name);
+    if (v == nullptr) continue;
+    const bool off =
+        (v->is_boolean() && !v->get<bool>()) ||
+        (v->is_number() && v->get<double>() == 0.0) ||
+        (v->is_number() && std::string(o.name) == "best_of" &&
+         v->get<double>() == 1.0) ||
+        (v->is_string() &&
+         (v->get<std::string>().empty() || v->get<std::string>() == "none")) ||
+        (v->is_object() &&
+         (v->empty() ||
+          (v->size() == 1 && v->contains("type") && (*v)["type"] == "text"))) ||
+        (v->is_array() && v->empty());
+    if (!off) {
+      return Invalid(o.name,
+                     absl::StrCat("is not supported by this server yet: "
+                                  "send ",
+                                  o.off, " or leave it out"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list,
+                                              const std::string& field) {
+  std::vector<int32_t> ids;
+  for (const json& t : list) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Invalid(field,
+                     "must be a string or a list of token ids "
+                     "(non-negative integers)");
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+// prompt: a string, a list of token ids, or a list holding one of those.
+absl::Status ReadPrompt(const Fields& f, GenerateCall* call) {
+  const json* p = f.Get("prompt");
+  if (p == nullptr) return Invalid("prompt", "is required");
+  if (p->is_string()) {
+    call->prompt = p->get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!p->is_array() || p->empty()) {
+    return Invalid("prompt", "must be a string or a list of token ids");
+  }
+  const json& first = (*p)[0];
+  if (first.is_number_integer()) {
+    auto ids = TokenIds(*p, "prompt");
+    if (!ids.ok()) return ids.status();
+    call->token_ids = std::move(*ids);
+    return absl::OkStatus();
+  }
+  if (p->size() != 1) {
+    return Invalid(
+        "prompt", absl::StrCat("must hold one prompt (one request per prompt), "
+                               "got ",
+                               p->size()));
+  }
+  if (first.is_string()) {
+    call->prompt = first.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (first.is_array() && !first.empty()) {
+    auto ids = TokenIds(first, "prompt");
+    if (!ids.ok()) return ids.status();
+    call->token_ids = std::move(*ids);
+    return absl::OkStatus();
+  }
+  return Invalid("prompt", "must be a string or a list of token ids");
+}
+
+// messages: [{"role": "system"|"user"|"assistant"|..., "content": text or
+// [{"type": "text", "text": ...}, ...]}, ...]
+absl::StatusOr<std::vector<Message>> ReadMessages(const Fields& f) {
+  const json* m = f.Get("messages");
+  if (m == nullptr) return Invalid("messages", "is required");
+  if (!m->is_array() || m->empty()) {
+    return Invalid("messages", "must be a non-empty list of messages");
+  }
+  std::vector<Message> messages;
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& entry = (*m)[i];
+    const std::string at = absl::StrCat("messages[", i, "]");
+    if (!entry.is_object()) return Invalid(at, "must be an object");
+    Message message;
+    auto role = entry.find("role");
+    if (role == entry.end() || !role->is_string() ||
+        role->get<std::string>().empty()) {
+      return Invalid(at + ".role", "must be a non-empty string");
+    }
+    message.role = role->get<std::string>();
+    auto content = entry.find("content");
+    if (content == entry.end() || content->is_null()) {
+      // An assistant turn may have no content (it called tools).
+    } else if (content->is_string()) {
+      message.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& part = (*content)[k];
+        const std::string part_at = absl::StrCat(at, ".content[", k, "]");
+        if (!part.is_object() || part.value("type", "") != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          return Invalid(part_at,
+                         "must be {\"type\": \"text\", \"text\": ...} "
+                         "(this server takes text only)");
+        }
+        message.content += part["text"].get<std::string>();
+      }
+    } else {
+      return Invalid(at + ".content",
+                     "must be a string or a list of text parts");
+    }
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
+// stop: a string or a list of at most kMaxStopStrings strings.
+absl::Status ReadStop(const Fields& f, SamplingParams* sampling) {
+  const json* s = f.Get("stop");
+  if (s == nullptr) return absl::OkStatus();
+  if (s->is_string()) {
+    sampling->stop.push_back(s->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!s->is_array()) {
+    return Invalid("stop", "must be a string or a list of strings");
+  }
+  for (const json& one : *s) {
+    if (!one.is_string()) {
+      return Invalid("stop", "must be a string or a list of strings");
+    }
+    sampling->stop.push_back(one.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+std::set<std::string> KnownFields(Endpoint endpoint) {
+  std::set<std::string> known = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+      "stream", "stream_options", "n", "repetition_penalty", "user",
+      "activation_ratio", "min_activation_ratio",
+      // Accepted only at their defaults (CheckUnsupported).
+      "logprobs", "top_logprobs", "echo", "best_of", "suffix",
+      "presence_penalty", "frequency_penalty", "logit_bias"};
+  if (endpoint == Endpoint::kCompletions) {
+    known.insert("prompt");
+  } else {
+    known.insert({"messages", "max_completion_tokens", "add_generation_prompt",
+                  "tools", "tool_choice", "response_format"});
+  }
+  return known;
+}
+
+}  // namespace
+
+absl::StatusOr<GenerationRequest> ParseGenerationRequest(
+    Endpoint endpoint, absl::string_view body) {
+  json parsed = json::parse(body.begin(), body.end(), nullptr,
+                            /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    return absl::InvalidArgumentError("the body must be JSON");
+  }
+  if (!parsed.is_object()) {
+    return absl::InvalidArgumentError("the body must be a JSON object");
+  }
+  const std::set<std::string> known = KnownFields(endpoint);
+  for (const auto& [key, value] : parsed.items()) {
+    if (known.count(key) == 0) {
+      return Invalid(absl::StrCat("\"", key, "\""),
+                     absl::StrCat("is not a field of this endpoint (fields: ",
+                                  absl::StrJoin(known, ", "), ")"));
+    }
+  }
+  const Fields f(parsed);
+  MOH_RETURN_IF_ERROR(CheckUnsupported(f));
+
+  GenerationRequest request;
+  request.endpoint = endpoint;
+  GenerateCall& call = request.call;
+  SamplingParams& s = call.sampling;
+  MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
+  if (endpoint == Endpoint::kCompletions) {
+    MOH_RETURN_IF_ERROR(ReadPrompt(f, &call));
+  } else {
+    MOH_ASSIGN_OR_RETURN(request.messages, ReadMessages(f));
+    MOH_ASSIGN_OR_RETURN(request.add_generation_prompt,
+                         f.Bool("add_generation_prompt", true));
+  }
+  // The server's own limits (max_seq_len) apply later, in the servable.
+  constexpr int64_t kMaxTokens = 1 << 20;
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
+                       f.Integer("max_tokens", 1, kMaxTokens));
+  if (endpoint == Endpoint::kChatCompletions) {
+    // The newer name wins.
+    MOH_ASSIGN_OR_RETURN(std::optional<int64_t> max_completion_tokens,
+                         f.Integer("max_completion_tokens", 1, kMaxTokens));
+    if (max_completion_tokens) max_tokens = max_completion_tokens;
+  }
+  if (max_tokens) call.max_new_tokens = static_cast<int32_t>(*max_tokens);
+  MOH_ASSIGN_OR_RETURN(std::optional<double> temperature,
+                       f.Number("temperature", 0.0, 2.0));
+  s.temperature = static_cast<float>(temperature.value_or(1.0));
+  call.sampling_set.temperature = temperature.has_value();
+  MOH_ASSIGN_OR_RETURN(std::optional<double> top_p,
+                       f.Number("top_p", 0.0, 1.0, /*lo_open=*/true));
+  s.top_p = static_cast<float>(top_p.value_or(1.0));
+  call.sampling_set.top_p = top_p.has_value();
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<int64_t> top_k,
+      f.Integer("top_k", -1, std::numeric_limits<int32_t>::max()));
+  s.top_k = top_k && *top_k > 0 ? static_cast<int32_t>(*top_k) : 0;
+  call.sampling_set.top_k = top_k.has_value();
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<int64_t> seed,
+      f.Integer("seed", 0, std::numeric_limits<int64_t>::max()));
+  if (seed) s.seed = static_cast<uint64_t>(*seed);
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<double> penalty,
+      f.Number("repetition_penalty", 0.0, 1e6, /*lo_open=*/true));
+  s.repetition_penalty = static_cast<float>(penalty.value_or(1.0));
+  call.sampling_set.repetition_penalty = penalty.has_value();
+  MOH_RETURN_IF_ERROR(ReadStop(f, &s));
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> n, f.Integer("n", 1, 1 << 20));
+  if (n && *n != 1) {
+    return Invalid(
+        "n", absl::StrCat("must be 1 (one sample per request), got ", *n));
+  }
+  MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
+                       f.Number("activation_ratio", 0.0, 1.0));
+  call.ratio = static_cast<float>(ratio.value_or(0.0));
+  MOH_ASSIGN_OR_RETURN(std::optional<double> min_ratio,
+                       f.Number("min_activation_ratio", 0.0, 1.0));
+  call.min_ratio = static_cast<float>(min_ratio.value_or(0.0));
+  MOH_ASSIGN_OR_RETURN(std::string user, f.String("user"));
+  (void)user;  // accepted, not used
+  MOH_ASSIGN_OR_RETURN(request.stream, f.Bool("stream", false));
+  if (const json* options = f.Get("stream_options")) {
+    if (!request.stream) {
+      return Invalid("stream_options", "needs \"stream\": true");
+    }
+    if (!options->is_object())
+      return Invalid("stream_options", "must be an object");
+    for (const auto& [key, value] : options->items()) {
+      if (key != "include_usage") {
+        return Invalid(absl::StrCat("stream_options.", key),
+                       "is not supported (stream_options: include_usage)");
+      }
+    }
+    MOH_ASSIGN_OR_RETURN(request.include_usage,
+                         Fields(*options).Bool("include_usage", false));
+  }
+  return request;
+}
+
+std::string WithHttpFieldNames(absl::string_view message) {
+  return absl::StrReplaceAll(message,
+                             {{"sampling.max_new_tokens", "max_tokens"},
+                              {"sampling.", ""},
+                              {"activation.min_ratio", "min_activation_ratio"},
+                              {"activation.ratio", "activation_ratio"},
+                              {"prompt (or token_ids)", "prompt"},
+                              {"token_ids", "prompt token ids"}});
+}
+
+int HttpStatus(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;  // the client closed the request (nginx's code)
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kFailedPrecondition:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+std::string ErrorJson(const absl::Status& status) {
+  const int http = HttpStatus(status.code());
+  const char* type = http == 401   ? "authentication_error"
+                     : http == 403 ? "permission_error"
+                     : http == 404 ? "not_found_error"
+                     : http == 429 ? "rate_limit_error"
+                     : http < 500  ? "invalid_request_error"
+                                   : "server_error";
+  json error = {{"message", WithHttpFieldNames(status.message())},
+                {"type", type},
+                {"param", nullptr},
+                {"code", absl::StatusCodeToString(status.code())}};
+  return json{{"error", error}}.dump(-1, ' ', false,
+                                     json::error_handler_t::replace);
+}
+
+std::string NewId(Endpoint endpoint) {
+  thread_local std::mt19937_64 random(std::random_device{}());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-";
+  for (int i = 0; i < 24; ++i) id += kHex[random() % 16];
+  return id;
+}
+
+const char* FinishReasonString(FinishReason reason) {
+  return reason == FinishReason::kLength ? "length" : "stop";
+}
+
+namespace {
+
+json Usage(const GenerationSummary& s) {
+  return {{"prompt_tokens", s.prompt_tokens},
+          {"completion_tokens", s.completion_tokens},
+          {"total_tokens", s.prompt_tokens + s.completion_tokens}};
+}
+
+json MohObject(const GenerationSummary& s) {
+  return {{"activation_ratio", s.applied_ratio},
+          {"effective_activation_ratio", s.effective_ratio}};
+}
+
+json Head(Endpoint endpoint, const std::string& id, int64_t created,
+          const std::string& model, bool chunk) {
+  const char* object =
+      endpoint == Endpoint::kCompletions
+          ? "text_completion"
+          : (chunk ? "chat.completion.chunk" : "chat.completion");
+  return {
+      {"id", id}, {"object", object}, {"created", created}, {"model", model}};
+}
+
+}  // namespace
+
+std::string ResponseJson(Endpoint endpoint, const Finished& f) {
+  json out = Head(endpoint, f.id, f.created, f.model, /*chunk=*/false);
+  json choice = {{"index", 0},
+                 {"finish_reason", FinishReasonString(f.summary.finish_reason)},
+                 {"logprobs", nullptr}};
+  if (endpoint == Endpoint::kCompletions) {
+    choice["text"] = f.text;
+  } else {
+    choice["message"] = {{"role", "assistant"}, {"content", f.text}};
+  }
+  out["choices"] = json::array({choice});
+  out["usage"] = Usage(f.summary);
+  out["moh"] = MohObject(f.summary);
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string ChunkJson(Endpoint endpoint, const Chunk& c) {
+  json out = Head(endpoint, c.id, c.created, c.model, /*chunk=*/true);
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  choice["finish_reason"] =
+      c.summary ? json(FinishReasonString(c.summary->finish_reason)) : json();
+  if (endpoint == Endpoint::kCompletions) {
+    choice["text"] = c.text;
+  } else {
+    json delta = json::object();
+    if (c.first) delta["role"] = "assistant";
+    if (!c.text.empty() || c.first) delta["content"] = c.text;
+    choice["delta"] = delta;
+  }
+  out["choices"] = json::array({choice});
+  if (c.summary) out["moh"] = MohObject(*c.summary);
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string UsageChunkJson(Endpoint endpoint, const Chunk& c) {
+  json out = Head(endpoint, c.id, c.created, c.model, /*chunk=*/true);
+  out["choices"] = json::array();
+  if (c.summary) out["usage"] = Usage(*c.summary);
+  return out.dump();
+}
+
+std::string ModelsJson(const std::vector<v1::ModelInfo>& models) {
+  json data = json::array();
+  for (const v1::ModelInfo& m : models) {
+    data.push_back({{"id", m.name()},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "moh-serve"},
+                    {"moh",
+                     {{"family", m.family()},
+                      {"state", v1::ModelInfo::State_Name(m.state())},
+                      {"default_activation_ratio", m.default_ratio()},
+                      {"min_activation_ratio", m.min_ratio()},
+                      {"max_seq_len", m.max_seq_len()}}}});
+  }
+  return json{{"object", "list"}, {"data", data}}.dump();
+}
+
+}  // namespace openai
+}  // namespace moh

@@ -1,0 +1,99 @@
+// The JSON of the OpenAI-compatible HTTP API (openai_http.h): request bodies
+// checked and turned into the servables' calls, results turned into OpenAI's
+// response, stream chunk, model list and error objects. No HTTP here, so all
+// of it is unit-tested on strings (tests/openai_api_test.cc).
+//
+// Field names are OpenAI's (`max_tokens`, `stop`, ...); moh-serve's own idea,
+// the activation ratio, enters as `activation_ratio` and
+// `min_activation_ratio` and leaves as the `moh` object beside `usage`:
+//   "moh": {"activation_ratio": 0.5, "effective_activation_ratio": 0.58}
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "moh/v1/inference.pb.h"
+#include "service/continuous_batch_scheduler.h"
+#include "service/servable.h"
+
+namespace moh {
+namespace openai {
+
+// What the endpoint is: the object names of its responses differ.
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// One chat message (`messages[i]`): its role and text content.
+struct Message {
+  std::string role;
+  std::string content;
+};
+
+// A POST /v1/completions or /v1/chat/completions body, checked. Sampling
+// fields left out take the model's generation_config.json defaults when it
+// has them, else OpenAI's (temperature 1, top_p 1); max_tokens the model's
+// configured default.
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;  // empty: the server's only (or first) language model
+  GenerateCall call;  // completions: the prompt; chat: no prompt yet
+  std::vector<Message> messages;      // chat only
+  bool add_generation_prompt = true;  // chat only
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// Parses and checks a body. INVALID_ARGUMENT naming the field (OpenAI's
+// name) and its allowed values; unknown fields are refused by name.
+absl::StatusOr<GenerationRequest> ParseGenerationRequest(
+    Endpoint endpoint, absl::string_view body);
+
+// The servables' error messages name gRPC fields ("sampling.top_p",
+// "activation.ratio"); this rewrites them with the HTTP API's names.
+std::string WithHttpFieldNames(absl::string_view message);
+
+// The HTTP status of an error (400, 401, 403, 404, 429, 499, 500, 503, 504).
+int HttpStatus(absl::StatusCode code);
+// {"error": {"message", "type", "param": null, "code": "INVALID_ARGUMENT"}}
+std::string ErrorJson(const absl::Status& status);
+
+// A new response id: "cmpl-" or "chatcmpl-" and 24 random hex digits.
+std::string NewId(Endpoint endpoint);
+
+// "stop" (EOS or a stop string) or "length".
+const char* FinishReasonString(FinishReason reason);
+
+// The whole response of a finished request (stream false).
+struct Finished {
+  std::string id;
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  std::string text;
+  GenerationSummary summary;
+};
+std::string ResponseJson(Endpoint endpoint, const Finished& finished);
+
+// One stream chunk ("data: <this>\n\n"): `text` new since the last chunk;
+// the last chunk has the finish reason, and the `moh` object; with
+// include_usage, the usage chunk (empty choices) follows it.
+struct Chunk {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  std::string text;
+  bool first = false;  // chat: the first delta also carries the role
+  const GenerationSummary* summary = nullptr;  // the last chunk
+};
+std::string ChunkJson(Endpoint endpoint, const Chunk& chunk);
+std::string UsageChunkJson(Endpoint endpoint, const Chunk& chunk);
+
+// GET /v1/models: {"object": "list", "data": [...]}, every hosted model with
+// a `moh` object (family, state, ratios, max_seq_len).
+std::string ModelsJson(const std::vector<v1::ModelInfo>& models);
+
+}  // namespace openai
+}  // namespace moh

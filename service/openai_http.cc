@@ -1,0 +1,426 @@
+#include "service/openai_http.h"
+
+#include <poll.h>
+
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "service/http_daemon.h"
+#include "service/metrics.h"
+#include "service/openai_api.h"
+
+namespace moh {
+namespace {
+
+using openai::Endpoint;
+
+// How often a waiting request looks at its client's connection.
+constexpr absl::Duration kPoll = absl::Milliseconds(50);
+constexpr char kJson[] = "application/json";
+
+// Whether the client closed its end of the connection (or it broke).
+bool ClientGone(MHD_Connection* connection) {
+  const MHD_ConnectionInfo* info =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (info == nullptr) return false;
+  pollfd fd{info->connect_fd, POLLRDHUP, 0};
+  return poll(&fd, 1, 0) > 0 &&
+         (fd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+MHD_Result RespondError(MHD_Connection* connection, const absl::Status& status,
+                        unsigned int http = 0) {
+  return HttpRespond(connection,
+                     http != 0 ? http : openai::HttpStatus(status.code()),
+                     openai::ErrorJson(status), kJson);
+}
+
+// One generation's output as the model's loop thread delivers it; the
+// connection's thread takes it.
+class Sink : public GenerationObserver {
+ public:
+  struct Update {
+    std::string text;  // new since the last Take
+    bool done = false;
+    GenerationSummary summary;  // when done without error
+    absl::Status error;         // when done with one
+  };
+
+  void OnChunk(const GenerationChunk& chunk) override {
+    absl::MutexLock lock(&mu_);
+    text_ += chunk.text;
+  }
+  void OnFinished(const GenerationSummary& summary) override {
+    absl::MutexLock lock(&mu_);
+    summary_ = summary;
+    done_ = true;
+  }
+  void OnError(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    error_ = status;
+    done_ = true;
+  }
+
+  // Waits up to `timeout` for new text or the end, and takes it.
+  Update Take(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &Sink::Ready), timeout);
+    Update update;
+    update.text.swap(text_);
+    update.done = done_;
+    if (done_) {
+      update.summary = summary_;
+      update.error = error_;
+    }
+    return update;
+  }
+
+ private:
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done_ || !text_.empty();
+  }
+
+  absl::Mutex mu_;
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  GenerationSummary summary_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+// A request being received (MHD's per-request pointer).
+struct Incoming {
+  absl::Time start = absl::Now();
+  std::string body;
+  bool too_big = false;
+};
+
+// A generation accepted by a model: the request it came from and where its
+// output goes.
+struct Running {
+  Endpoint endpoint = Endpoint::kCompletions;
+  Rpc rpc = Rpc::kCompletions;
+  absl::Time start;
+  std::string model;
+  Servable* servable = nullptr;
+  uint64_t id = 0;
+  std::shared_ptr<Sink> sink;
+  std::string response_id;
+  int64_t created = 0;
+  bool include_usage = false;
+  bool recorded = false;
+
+  // Counts the request once.
+  void Record(absl::StatusCode code) {
+    if (recorded) return;
+    recorded = true;
+    RecordRequest(servable->metrics(), nullptr, rpc, model, code, start);
+  }
+};
+
+// A streamed response: MHD pulls server-sent events from Read on the
+// connection's thread.
+struct Stream {
+  Running run;
+  MHD_Connection* connection = nullptr;
+  const std::atomic<bool>* stopping = nullptr;
+  std::string pending;  // bytes not yet handed to MHD
+  size_t sent = 0;
+  bool first = true;
+  bool ended = false;      // the last event is in `pending`
+  bool cancelled = false;  // the client went (or the server stops)
+
+  void Event(const std::string& json) {
+    absl::StrAppend(&pending, "data: ", json, "\n\n");
+  }
+
+  // Waits a little for output and turns it into events.
+  void Fill() {
+    if (stopping->load() || ClientGone(connection)) {
+      run.servable->CancelGenerate(run.id);
+      run.Record(absl::StatusCode::kCancelled);
+      cancelled = true;
+      return;
+    }
+    Sink::Update update = run.sink->Take(kPoll);
+    openai::Chunk chunk{run.response_id,        run.created, run.model,
+                        std::move(update.text), first,       nullptr};
+    if (!chunk.text.empty() ||
+        (first && run.endpoint == Endpoint::kChatCompletions)) {
+      Event(openai::ChunkJson(run.endpoint, chunk));
+      first = false;
+      chunk.first = false;
+    }
+    if (!update.done) return;
+    if (!update.error.ok()) {
+      // The status line went out with the first bytes: the error is an event.
+      Event(openai::ErrorJson(update.error));
+      run.Record(update.error.code());
+    } else {
+      chunk.text.clear();
+      chunk.summary = &update.summary;
+      Event(openai::ChunkJson(run.endpoint, chunk));
+      if (run.include_usage) {
+        Event(openai::UsageChunkJson(run.endpoint, chunk));
+      }
+      run.Record(update.summary.finish_reason == FinishReason::kCancelled
+                     ? absl::StatusCode::kCancelled
+                     : absl::StatusCode::kOk);
+    }
+    absl::StrAppend(&pending, "data: [DONE]\n\n");
+    ended = true;
+  }
+
+  // MHD_ContentReaderCallback.
+  static ssize_t Read(void* cls, uint64_t /*pos*/, char* buf, size_t max) {
+    auto* s = static_cast<Stream*>(cls);
+    while (s->sent == s->pending.size()) {
+      s->pending.clear();
+      s->sent = 0;
+      if (s->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+      s->Fill();
+      if (s->cancelled) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    const size_t n = std::min(max, s->pending.size() - s->sent);
+    std::memcpy(buf, s->pending.data() + s->sent, n);
+    s->sent += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  // MHD_ContentReaderFreeCallback: the response is done with, sent or not.
+  static void Free(void* cls) {
+    auto* s = static_cast<Stream*>(cls);
+    if (!s->ended && !s->cancelled) {
+      s->run.servable->CancelGenerate(s->run.id);
+      s->run.Record(absl::StatusCode::kCancelled);
+    }
+    delete s;
+  }
+};
+
+}  // namespace
+
+struct OpenAiHttpServer::Handler {
+  static MHD_Result Access(void* cls, MHD_Connection* connection,
+                           const char* url, const char* method,
+                           const char* /*version*/, const char* upload_data,
+                           size_t* upload_data_size, void** con_cls) {
+    auto* server = static_cast<OpenAiHttpServer*>(cls);
+    auto* incoming = static_cast<Incoming*>(*con_cls);
+    if (incoming == nullptr) {  // the headers: the body follows
+      *con_cls = new Incoming;
+      return MHD_YES;
+    }
+    if (*upload_data_size != 0) {
+      if (incoming->body.size() + *upload_data_size >
+          server->options_.max_body_bytes) {
+        incoming->too_big = true;
+      } else {
+        incoming->body.append(upload_data, *upload_data_size);
+      }
+      *upload_data_size = 0;
+      return MHD_YES;
+    }
+    return Serve(server, connection, url, method, *incoming);
+  }
+
+  static MHD_Result Serve(OpenAiHttpServer* server, MHD_Connection* connection,
+                          const char* url, const char* method,
+                          Incoming& incoming);
+  static MHD_Result Generate(OpenAiHttpServer* server,
+                             MHD_Connection* connection, Endpoint endpoint,
+                             Incoming& incoming);
+  static MHD_Result StartStream(OpenAiHttpServer* server,
+                                MHD_Connection* connection, Running run);
+  static absl::Status MethodNotAllowed(const char* allowed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("method not allowed: this endpoint takes ", allowed));
+  }
+
+  // MHD_RequestCompletedCallback: frees the per-request state.
+  static void Completed(void* /*cls*/, MHD_Connection* /*connection*/,
+                        void** con_cls, MHD_RequestTerminationCode /*code*/) {
+    delete static_cast<Incoming*>(*con_cls);
+    *con_cls = nullptr;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
+    Options options, ModelManager* models, const TokenAuth* auth) {
+  std::unique_ptr<OpenAiHttpServer> server(
+      new OpenAiHttpServer(std::move(options), models, auth));
+  HttpDaemonOptions daemon;
+  daemon.what = "http";
+  daemon.host = server->options_.host;
+  daemon.port = server->options_.port;
+  daemon.tls = &server->options_.tls;
+  daemon.thread_per_connection = true;
+  daemon.max_connections = server->options_.max_connections;
+  daemon.idle_timeout_seconds = 60;
+  MOH_ASSIGN_OR_RETURN(server->daemon_,
+                       StartHttpDaemon(daemon, &Handler::Access, server.get(),
+                                       &Handler::Completed, nullptr));
+  return server;
+}
+
+OpenAiHttpServer::~OpenAiHttpServer() {
+  stopping_ = true;  // waiting requests cancel and return
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
+}
+
+MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
+                                            MHD_Connection* connection,
+                                            const char* url, const char* method,
+                                            Incoming& incoming) {
+  const std::string path = url;
+  const bool get = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0;
+  const bool post = std::strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+  if (server->options_.tls && !server->options_.tls->client_ca.empty() &&
+      !HttpClientVerified(connection)) {
+    return RespondError(connection,
+                        absl::PermissionDeniedError(
+                            "a client certificate signed by the client CA is "
+                            "required"));
+  }
+  if (path == "/health") {
+    if (!get) return RespondError(connection, MethodNotAllowed("GET"), 405);
+    const bool draining = !server->accepting_;
+    const bool ready = server->models_->AllReady();
+    const char* status = draining ? "draining" : (ready ? "ok" : "not ready");
+    return HttpRespond(connection, !draining && ready ? 200 : 503,
+                       absl::StrCat("{\"status\": \"", status, "\"}"), kJson);
+  }
+  Endpoint endpoint = Endpoint::kCompletions;
+  if (path == "/v1/models") {
+    if (!get) return RespondError(connection, MethodNotAllowed("GET"), 405);
+  } else if (path == "/v1/completions") {
+    endpoint = Endpoint::kCompletions;
+  } else if (path == "/v1/chat/completions") {
+    endpoint = Endpoint::kChatCompletions;
+  } else {
+    return RespondError(
+        connection,
+        absl::NotFoundError(absl::StrCat(
+            "no such endpoint: ", path,
+            " (endpoints: GET /v1/models, POST /v1/completions, POST "
+            "/v1/chat/completions, GET /health)")));
+  }
+  if (server->auth_ != nullptr) {
+    const char* header = MHD_lookup_connection_value(
+        connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    absl::Status status = server->auth_->CheckHeader(
+        header != nullptr ? std::optional<absl::string_view>(header)
+                          : std::nullopt);
+    if (!status.ok()) return RespondError(connection, status);
+  }
+  if (path == "/v1/models") {
+    return HttpRespond(connection, 200,
+                       openai::ModelsJson(server->models_->List()), kJson);
+  }
+  if (!post) return RespondError(connection, MethodNotAllowed("POST"), 405);
+  return Generate(server, connection, endpoint, incoming);
+}
+
+MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
+                                               MHD_Connection* connection,
+                                               Endpoint endpoint,
+                                               Incoming& incoming) {
+  Running run;
+  run.endpoint = endpoint;
+  run.rpc = endpoint == Endpoint::kCompletions ? Rpc::kCompletions
+                                               : Rpc::kChatCompletions;
+  run.start = incoming.start;
+  // Errors before the request reaches a model.
+  auto fail = [&](const absl::Status& status, unsigned int http = 0) {
+    if (run.servable != nullptr) {
+      run.Record(status.code());
+    } else {
+      RecordRequest(nullptr, server->models_->metrics(), run.rpc, run.model,
+                    status.code(), run.start);
+    }
+    return RespondError(connection, status, http);
+  };
+  if (incoming.too_big) {
+    return fail(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "the body is larger than ", server->options_.max_body_bytes >> 20,
+            " MiB (max_message_mb)")),
+        413);
+  }
+  if (!server->accepting_) {
+    return fail(
+        absl::UnavailableError("the server is draining; retry on "
+                               "another replica"));
+  }
+  absl::StatusOr<openai::GenerationRequest> request =
+      openai::ParseGenerationRequest(endpoint, incoming.body);
+  if (!request.ok()) return fail(request.status());
+  run.model = request->model;
+  absl::StatusOr<HostedModel*> found =
+      server->models_->Find(request->model, Task::kGenerate);
+  if (!found.ok()) return fail(found.status());
+  run.model = (*found)->name();
+  absl::StatusOr<Servable*> servable = (*found)->Ready();
+  if (!servable.ok()) return fail(servable.status());
+  run.servable = *servable;
+  if (endpoint == Endpoint::kChatCompletions) {
+    return fail(absl::UnimplementedError("chat templates: not yet"));
+  }
+  run.sink = std::make_shared<Sink>();
+  absl::StatusOr<uint64_t> id =
+      run.servable->Generate(std::move(request->call), run.sink);
+  if (!id.ok()) return fail(id.status());
+  run.id = *id;
+  run.response_id = openai::NewId(endpoint);
+  run.created = absl::ToUnixSeconds(absl::Now());
+  run.include_usage = request->include_usage;
+  if (request->stream) return StartStream(server, connection, std::move(run));
+
+  // Not streamed: the whole text, once it is done.
+  std::string text;
+  for (;;) {
+    Sink::Update update = run.sink->Take(kPoll);
+    text += update.text;
+    if (update.done) {
+      if (!update.error.ok()) return fail(update.error);
+      run.Record(absl::StatusCode::kOk);
+      openai::Finished finished{run.response_id, run.created, run.model,
+                                std::move(text), update.summary};
+      return HttpRespond(connection, 200,
+                         openai::ResponseJson(endpoint, finished), kJson);
+    }
+    if (server->stopping_ || ClientGone(connection)) {
+      run.servable->CancelGenerate(run.id);
+      run.Record(absl::StatusCode::kCancelled);
+      return MHD_NO;  // closes the connection
+    }
+  }
+}
+
+MHD_Result OpenAiHttpServer::Handler::StartStream(OpenAiHttpServer* server,
+                                                  MHD_Connection* connection,
+                                                  Running run) {
+  auto* stream = new Stream;
+  stream->run = std::move(run);
+  stream->connection = connection;
+  stream->stopping = &server->stopping_;
+  MHD_Response* response = MHD_create_response_from_callback(
+      MHD_SIZE_UNKNOWN, 16 << 10, &Stream::Read, stream, &Stream::Free);
+  if (response == nullptr) {
+    Stream::Free(stream);
+    return MHD_NO;
+  }
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE,
+                          "text/event-stream");
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  const MHD_Result result = MHD_queue_response(connection, 200, response);
+  MHD_destroy_response(response);
+  return result;
+}
+
+}  // namespace moh

@@ -1,0 +1,66 @@
+// The OpenAI-compatible HTTP API, in moh-server's process on its own port
+// (ServerConfig.http_port): GET /v1/models, POST /v1/completions,
+// POST /v1/chat/completions (streamed as server-sent events, or not) and
+// GET /health. The JSON is openai_api.h's; this file is the transport, on
+// GNU libmicrohttpd with a thread per connection.
+//
+// Requests go to the same servables as gRPC's, so they share batching,
+// limits, adaptive activation, metrics (rpc="Completions" and
+// "ChatCompletions") and the drain. A client that disconnects cancels its
+// generation: its connection is watched while the request waits and runs.
+// Authentication: with auth tokens configured, /v1/* needs
+// "Authorization: Bearer <token>"; /health stays open (probes).
+#pragma once
+
+#include <microhttpd.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "service/auth.h"
+#include "service/model_manager.h"
+#include "service/tls_pem.h"
+
+namespace moh {
+
+class OpenAiHttpServer {
+ public:
+  struct Options {
+    std::string host;
+    int port = 0;
+    std::optional<TlsPem> tls;  // HTTPS, as the gRPC port
+    int max_connections = 256;
+    size_t max_body_bytes = size_t{64} << 20;
+  };
+
+  // Listens; `models` and `auth` (null: no authentication) outlive the
+  // server. UNAVAILABLE "http: cannot listen on ..." when the port is taken.
+  static absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> Start(
+      Options options, ModelManager* models, const TokenAuth* auth);
+  // Stops listening, cancels what still runs and waits for its connections.
+  ~OpenAiHttpServer();
+
+  OpenAiHttpServer(const OpenAiHttpServer&) = delete;
+  OpenAiHttpServer& operator=(const OpenAiHttpServer&) = delete;
+
+  // Drain: /health answers 503 and new requests UNAVAILABLE; requests
+  // already running complete.
+  void StopAccepting() { accepting_ = false; }
+
+ private:
+  OpenAiHttpServer(Options options, ModelManager* models, const TokenAuth* auth)
+      : options_(std::move(options)), models_(models), auth_(auth) {}
+  struct Handler;
+
+  const Options options_;
+  ModelManager* const models_;
+  const TokenAuth* const auth_;
+  std::atomic<bool> accepting_{true};
+  std::atomic<bool> stopping_{false};  // the destructor runs
+  MHD_Daemon* daemon_ = nullptr;
+};
+
+}  // namespace moh

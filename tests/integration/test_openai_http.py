@@ -1,0 +1,299 @@
+"""The OpenAI-compatible HTTP API of a real moh-server (service/openai_http.h),
+driven by the official `openai` Python client (PyPI, pinned in
+scripts/test_venv.env) and by raw HTTP where the client hides the wire:
+
+- GET /v1/models, POST /v1/completions streamed and not: the same tokens as
+  gRPC's Generate for the same request, usage, finish reasons, and the `moh`
+  object with the effective activation ratio; activation_ratio changes it;
+- errors in OpenAI's format with the HTTP status of the gRPC code, naming the
+  OpenAI field; unknown model, path and method; a body over max_message_mb;
+- bearer tokens (auth_token_file) on /v1/*, not on /health;
+- a client that disconnects cancels its generation (streamed or not);
+- metrics count the requests with rpc="Completions".
+"""
+import http.client
+import json
+import os
+import socket
+import time
+
+import pytest
+
+import moh_testlib as lib
+
+if os.environ.get("CI") == "true":
+    import openai  # the test environment must have it under CI
+else:
+    openai = pytest.importorskip(
+        "openai", reason="the openai client: bash scripts/install_deps.sh --test")
+
+DEMO_LM = os.path.join(lib.SOURCE_DIR, "models", "demo-lm")
+PROMPT = "In the beginning"
+
+
+@pytest.fixture(scope="module")
+def server(start_server, long_lm_dir):
+    return start_server("openai", [("demo-lm", DEMO_LM, ""),
+                                   ("long", long_lm_dir,
+                                    "generation { max_seq_len: 8192 }")], http=True)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.http_port,
+                         api_key="unused", timeout=lib.RPC_TIMEOUT, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def stub(server, api):
+    return api.grpc.InferenceStub(server.channel())
+
+
+def request(server, method, path, body=None, headers=None):
+    """(status, headers, parsed JSON or text) of one raw HTTP request."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port,
+                                      timeout=lib.RPC_TIMEOUT)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body)
+    conn.request(method, path, body=data, headers=headers or {})
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    try:
+        return response.status, response, json.loads(text)
+    except ValueError:
+        return response.status, response, text
+
+
+def grpc_greedy(api, stub, prompt, n, ratio=0.0):
+    messages = lib.run_generate(stub, lib.generate_request(
+        api.pb, prompt=prompt, model="demo-lm", temperature=0.0,
+        max_new_tokens=n, ratio=ratio))
+    return "".join(m.text for m in messages), messages[-1]
+
+
+def test_models_lists_every_hosted_model(client, server):
+    ids = sorted(m.id for m in client.models.list())
+    assert ids == ["demo-lm", "long"]
+    status, _, body = request(server, "GET", "/v1/models")
+    assert status == 200
+    lm = next(m for m in body["data"] if m["id"] == "demo-lm")
+    assert lm["object"] == "model"
+    assert lm["moh"]["family"] == "llama" and lm["moh"]["state"] == "READY"
+    assert lm["moh"]["default_activation_ratio"] == pytest.approx(0.75)
+
+
+def test_completion_equals_grpc_generate(api, client, stub):
+    want, last = grpc_greedy(api, stub, PROMPT, 12)
+    got = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=12,
+                                    temperature=0)
+    assert got.object == "text_completion" and got.id.startswith("cmpl-")
+    assert got.model == "demo-lm"
+    assert got.choices[0].text == want
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.prompt_tokens == last.usage.prompt_tokens
+    assert got.usage.completion_tokens == 12
+    assert got.usage.total_tokens == got.usage.prompt_tokens + 12
+    moh = got.model_extra["moh"]
+    assert moh["effective_activation_ratio"] == pytest.approx(
+        last.effective_activation_ratio, abs=1e-6)
+
+
+def test_activation_ratio_is_a_request_field(api, client, stub):
+    want, last = grpc_greedy(api, stub, PROMPT, 8, ratio=0.5)
+    got = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=8,
+                                    temperature=0, extra_body={"activation_ratio": 0.5})
+    assert got.choices[0].text == want
+    moh = got.model_extra["moh"]
+    assert moh["activation_ratio"] == pytest.approx(0.5)
+    assert moh["effective_activation_ratio"] == pytest.approx(
+        last.effective_activation_ratio, abs=1e-6)
+    default = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=8,
+                                        temperature=0)
+    assert (default.model_extra["moh"]["effective_activation_ratio"] >
+            moh["effective_activation_ratio"])
+
+
+def test_streamed_completion_equals_the_whole_one(client):
+    whole = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=16,
+                                      temperature=0)
+    chunks = list(client.completions.create(
+        model="demo-lm", prompt=PROMPT, max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1 and finishing[0].choices[0].finish_reason == "length"
+    assert finishing[0].model_extra["moh"]["effective_activation_ratio"] == pytest.approx(
+        whole.model_extra["moh"]["effective_activation_ratio"])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_stop_and_seed(client):
+    whole = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=24,
+                                      temperature=0).choices[0].text
+    stop = whole[len(whole) // 2:len(whole) // 2 + 2]
+    cut = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=24,
+                                    temperature=0, stop=[stop])
+    assert cut.choices[0].text == whole[:whole.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    a, b = (client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=12,
+                                      temperature=1.0, seed=7).choices[0].text
+            for _ in range(2))
+    assert a == b
+
+
+def test_generation_config_defaults_fill_unset_fields(api, client, stub):
+    """demo-lm's generation_config.json samples at temperature 0.8, top_p 0.95
+    (and Hugging Face's top_k 50 when do_sample leaves it out): requests that
+    leave those out, over gRPC and HTTP alike, sample so."""
+    def grpc_text(**sampling):
+        return "".join(m.text for m in lib.run_generate(stub, lib.generate_request(
+            api.pb, prompt=PROMPT, model="demo-lm", max_new_tokens=16, seed=3,
+            **sampling)))
+
+    explicit = grpc_text(temperature=0.8, top_p=0.95, top_k=50)
+    assert grpc_text() == explicit
+    http = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=16, seed=3)
+    assert http.choices[0].text == explicit
+    http_explicit = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=16,
+                                              seed=3, temperature=0.8, top_p=0.95,
+                                              extra_body={"top_k": 50})
+    assert http_explicit.choices[0].text == explicit
+    # A field the request sets wins: greedy.
+    greedy, _ = grpc_greedy(api, stub, PROMPT, 16)
+    assert client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=16,
+                                     temperature=0).choices[0].text == greedy
+
+
+def test_token_id_prompts(api, client, stub):
+    messages = lib.run_generate(stub, lib.generate_request(
+        api.pb, token_ids=[5, 6, 7], model="demo-lm", temperature=0.0, max_new_tokens=6))
+    got = client.completions.create(model="demo-lm", prompt=[5, 6, 7], max_tokens=6,
+                                    temperature=0)
+    assert got.choices[0].text == "".join(m.text for m in messages)
+
+
+def test_errors_are_openais_and_name_the_field(client, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="demo-lm", prompt=PROMPT, temperature=3)
+    assert e.value.status_code == 400
+    assert "temperature must be in [0, 2], got 3" in e.value.message
+    assert e.value.body["code"] == "INVALID_ARGUMENT"
+    assert e.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=100000)
+    assert "max_tokens must be in [1, " in e.value.message  # the model's limit
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="demo-lm", prompt=PROMPT, extra_body={
+            "activation_ratio": 0.5, "min_activation_ratio": 0.9})
+    # The model's check, in the HTTP API's names.
+    assert "min_activation_ratio must be 0 (off) or in (0, 0.5]" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="demo-lm", prompt=PROMPT,
+                                  extra_body={"best_of": 3})
+    assert "best_of is not supported by this server yet" in e.value.message
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="nope", prompt=PROMPT)
+    assert "nope" in e.value.message
+    status, _, body = request(server, "POST", "/v1/completions", b"{not json")
+    assert status == 400 and body["error"]["message"] == "the body must be JSON"
+    status, _, body = request(server, "GET", "/v1/completions")
+    assert status == 405 and "takes POST" in body["error"]["message"]
+    status, _, body = request(server, "GET", "/v2/things")
+    assert status == 404 and "no such endpoint: /v2/things" in body["error"]["message"]
+
+
+def test_health(server):
+    status, _, body = request(server, "GET", "/health")
+    assert (status, body) == (200, {"status": "ok"})
+
+
+def wait_for(predicate, what, timeout=30):
+    lib.wait_until(predicate, timeout, what, interval=0.05)
+
+
+def running(server, model):
+    return lib.metric_value(server.samples(), "moh_requests_running", model=model) or 0
+
+
+def cancelled(server, model):
+    return lib.metric_value(server.samples(), "moh_requests_total", model=model,
+                            rpc="Completions", code="CANCELLED") or 0
+
+
+def generated(server, model):
+    return lib.metric_value(server.samples(), "moh_generated_tokens_total", model=model) or 0
+
+
+def test_a_client_that_leaves_a_stream_cancels_it(server):
+    before, tokens = cancelled(server, "long"), generated(server, "long")
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    conn.request("POST", "/v1/completions", body=json.dumps({
+        "model": "long", "prompt": [1, 2, 3], "max_tokens": 8000, "temperature": 0,
+        "stream": True}), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.getheader("Content-Type") == "text/event-stream"
+    assert response.readline().startswith(b"data: {")
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    wait_for(lambda: cancelled(server, "long") == before + 1, "the stream's cancellation")
+    wait_for(lambda: running(server, "long") == 0, "the slot to be free")
+    assert generated(server, "long") - tokens < 8000
+
+
+def test_a_client_that_leaves_a_whole_request_cancels_it(server):
+    before, tokens = cancelled(server, "long"), generated(server, "long")
+    body = json.dumps({"model": "long", "prompt": [1, 2, 3], "max_tokens": 8000,
+                       "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        wait_for(lambda: running(server, "long") == 1, "the request to run")
+    wait_for(lambda: cancelled(server, "long") == before + 1, "the cancellation")
+    wait_for(lambda: running(server, "long") == 0, "the slot to be free")
+    assert generated(server, "long") - tokens < 8000
+
+
+def test_requests_are_counted_by_endpoint(client, server):
+    ok = lib.metric_value(server.samples(), "moh_requests_total", model="demo-lm",
+                          rpc="Completions", code="OK") or 0
+    client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="demo-lm", prompt=PROMPT, top_p=0)
+    samples = server.samples()
+    assert lib.metric_value(samples, "moh_requests_total", model="demo-lm",
+                            rpc="Completions", code="OK") == ok + 1
+    # Rejected before it reached a model: counted with model="".
+    assert lib.metric_value(samples, "moh_requests_total", model="",
+                            rpc="Completions", code="INVALID_ARGUMENT") >= 1
+
+
+def test_body_over_the_limit_is_refused(server_factory):
+    server = server_factory("openai_small", [("demo-lm", DEMO_LM, "")], http=True,
+                            metrics=False, extra="max_message_mb: 1")
+    status, _, body = request(server, "POST", "/v1/completions",
+                              json.dumps({"prompt": "x" * (2 << 20)}).encode())
+    assert status == 413
+    assert "larger than 1 MiB (max_message_mb)" in body["error"]["message"]
+
+
+def test_bearer_tokens_guard_v1_not_health(server_factory, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("sesame\n")
+    server = server_factory("openai_auth", [("demo-lm", DEMO_LM, "")], http=True,
+                            metrics=False, extra='auth_token_file: "%s"' % tokens)
+    url = "http://127.0.0.1:%d/v1" % server.http_port
+    anonymous = openai.OpenAI(base_url=url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        anonymous.models.list()
+    assert "unknown token" in e.value.message
+    status, _, body = request(server, "POST", "/v1/completions", {"prompt": "x"})
+    assert status == 401 and "Authorization: Bearer" in body["error"]["message"]
+    allowed = openai.OpenAI(base_url=url, api_key="sesame", max_retries=0)
+    assert [m.id for m in allowed.models.list()] == ["demo-lm"]
+    assert allowed.completions.create(model="demo-lm", prompt=PROMPT,
+                                      max_tokens=2).usage.completion_tokens == 2
+    assert request(server, "GET", "/health")[0] == 200

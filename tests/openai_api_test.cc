@@ -1,0 +1,264 @@
+// The OpenAI-compatible API's JSON (service/openai_api.h): request bodies
+// into calls, with errors that name OpenAI's fields; results into responses,
+// stream chunks, model lists and error objects.
+#include "service/openai_api.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace moh {
+namespace openai {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+GenerationRequest ParseOk(Endpoint endpoint, const std::string& body) {
+  auto parsed = ParseGenerationRequest(endpoint, body);
+  EXPECT_TRUE(parsed.ok()) << body << ": " << parsed.status();
+  return parsed.ok() ? *parsed : GenerationRequest{};
+}
+
+std::string ErrorOf(Endpoint endpoint, const std::string& body) {
+  auto parsed = ParseGenerationRequest(endpoint, body);
+  EXPECT_FALSE(parsed.ok()) << body;
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(parsed.status().message());
+}
+
+TEST(OpenAiApiTest, CompletionFieldsBecomeTheCall) {
+  const GenerationRequest r = ParseOk(Endpoint::kCompletions, R"({
+    "model": "lm", "prompt": "Once", "max_tokens": 7, "temperature": 0,
+    "top_p": 0.5, "top_k": 3, "seed": 42, "stop": ["\n", "."],
+    "repetition_penalty": 1.2, "stream": true,
+    "stream_options": {"include_usage": true}, "n": 1, "user": "u",
+    "activation_ratio": 0.5, "min_activation_ratio": 0.25,
+    "logprobs": null, "echo": false, "presence_penalty": 0})");
+  EXPECT_EQ(r.model, "lm");
+  EXPECT_EQ(r.call.prompt, "Once");
+  EXPECT_FALSE(r.call.token_ids.has_value());
+  EXPECT_EQ(r.call.max_new_tokens, 7);
+  EXPECT_EQ(r.call.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.call.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.call.sampling.top_k, 3);
+  EXPECT_EQ(r.call.sampling.seed, 42u);
+  EXPECT_EQ(r.call.sampling.stop, (std::vector<std::string>{"\n", "."}));
+  EXPECT_FLOAT_EQ(r.call.sampling.repetition_penalty, 1.2f);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.call.ratio, 0.5f);
+  EXPECT_EQ(r.call.min_ratio, 0.25f);
+}
+
+TEST(OpenAiApiTest, DefaultsAreOpenAis) {
+  const GenerationRequest r = ParseOk(
+      Endpoint::kCompletions, R"({"prompt": "x", "temperature": null})");
+  EXPECT_EQ(r.model, "");
+  EXPECT_FALSE(r.call.max_new_tokens.has_value());  // the model's default
+  EXPECT_EQ(r.call.sampling.temperature, 1.0f);
+  EXPECT_EQ(r.call.sampling.top_p, 1.0f);
+  EXPECT_EQ(r.call.sampling.top_k, 0);
+  EXPECT_FALSE(r.call.sampling.seed.has_value());
+  EXPECT_FALSE(r.stream);
+  EXPECT_EQ(r.call.ratio, 0.0f);
+}
+
+TEST(OpenAiApiTest, PromptShapes) {
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": [1, 2, 3]})")
+                .call.token_ids,
+            (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(
+      ParseOk(Endpoint::kCompletions, R"({"prompt": [[4, 5]]})").call.token_ids,
+      (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(
+      ParseOk(Endpoint::kCompletions, R"({"prompt": ["hi"]})").call.prompt,
+      "hi");
+  EXPECT_THAT(ErrorOf(Endpoint::kCompletions, R"({"prompt": ["a", "b"]})"),
+              HasSubstr("prompt must hold one prompt"));
+  EXPECT_THAT(ErrorOf(Endpoint::kCompletions, R"({"prompt": [1, -2]})"),
+              HasSubstr("prompt must be a string or a list of token ids"));
+  EXPECT_THAT(ErrorOf(Endpoint::kCompletions, R"({"max_tokens": 3})"),
+              HasSubstr("prompt is required"));
+}
+
+TEST(OpenAiApiTest, BadFieldsAreNamedWithTheirRange) {
+  const Endpoint c = Endpoint::kCompletions;
+  EXPECT_THAT(ErrorOf(c, "not json"), HasSubstr("the body must be JSON"));
+  EXPECT_THAT(ErrorOf(c, "[1]"), HasSubstr("must be a JSON object"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "temprature": 1})"),
+              HasSubstr("\"temprature\" is not a field of this endpoint"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "temperature": 3})"),
+              HasSubstr("temperature must be in [0, 2], got 3"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "temperature": "hot"})"),
+              HasSubstr("temperature must be a number, got string"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "top_p": 0})"),
+              HasSubstr("top_p must be in (0, 1], got 0"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "max_tokens": 0})"),
+              HasSubstr("max_tokens must be in [1, 1048576], got 0"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "max_tokens": 1.5})"),
+              HasSubstr("max_tokens must be an integer"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "seed": -1})"),
+              HasSubstr("seed must be in [0, "));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "n": 2})"),
+              HasSubstr("n must be 1"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "stop": [1]})"),
+              HasSubstr("stop must be a string or a list of strings"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "activation_ratio": 1.5})"),
+              HasSubstr("activation_ratio must be in [0, 1], got 1.5"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "logprobs": 2})"),
+              HasSubstr("logprobs is not supported by this server yet"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "stream_options": {}})"),
+              HasSubstr("stream_options needs \"stream\": true"));
+  EXPECT_THAT(
+      ErrorOf(c,
+              R"({"prompt": "x", "stream": true, "stream_options": {"x": 1}})"),
+      HasSubstr("stream_options.x is not supported"));
+  // Chat's fields are not completions'.
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "messages": []})"),
+              HasSubstr("\"messages\" is not a field"));
+}
+
+TEST(OpenAiApiTest, ChatMessages) {
+  const GenerationRequest r = ParseOk(Endpoint::kChatCompletions, R"({
+    "messages": [{"role": "system", "content": "Be brief."},
+                 {"role": "user", "content": [{"type": "text", "text": "Hi "},
+                                              {"type": "text", "text": "there"}]}],
+    "max_completion_tokens": 5, "max_tokens": 9,
+    "add_generation_prompt": false})");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[0].content, "Be brief.");
+  EXPECT_EQ(r.messages[1].content, "Hi there");
+  EXPECT_EQ(r.call.max_new_tokens, 5);  // max_completion_tokens wins
+  EXPECT_FALSE(r.add_generation_prompt);
+  EXPECT_FALSE(r.call.prompt.has_value());
+  const Endpoint chat = Endpoint::kChatCompletions;
+  EXPECT_THAT(ErrorOf(chat, R"({"messages": []})"),
+              HasSubstr("messages must be a non-empty list"));
+  EXPECT_THAT(ErrorOf(chat, R"({"messages": [{"content": "x"}]})"),
+              HasSubstr("messages[0].role must be a non-empty string"));
+  EXPECT_THAT(
+      ErrorOf(chat, R"({"messages": [{"role": "user", "content": 3}]})"),
+      HasSubstr("messages[0].content must be a string"));
+  EXPECT_THAT(
+      ErrorOf(
+          chat,
+          R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
+      HasSubstr("messages[0].content[0] must be {\"type\": \"text\""));
+  EXPECT_THAT(ErrorOf(chat, R"({"messages": [{"role": "user", "content": "x"}],
+                                "tools": [{"type": "function"}]})"),
+              HasSubstr("tools is not supported"));
+  EXPECT_THAT(ErrorOf(chat, R"({"prompt": "x"})"),
+              HasSubstr("\"prompt\" is not a field"));
+}
+
+TEST(OpenAiApiTest, ServableMessagesGetHttpFieldNames) {
+  EXPECT_EQ(WithHttpFieldNames("sampling.max_new_tokens must be in [1, 5]: "
+                               "prompt (3 tokens) + sampling.max_new_tokens"),
+            "max_tokens must be in [1, 5]: prompt (3 tokens) + max_tokens");
+  EXPECT_EQ(WithHttpFieldNames("activation.min_ratio must be 0 (off) or in "
+                               "(0, 0.5] (activation.ratio)"),
+            "min_activation_ratio must be 0 (off) or in (0, 0.5] "
+            "(activation_ratio)");
+  EXPECT_EQ(WithHttpFieldNames("sampling.top_k must be >= 0"),
+            "top_k must be >= 0");
+}
+
+TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
+  const json e = json::parse(
+      ErrorJson(absl::InvalidArgumentError("sampling.top_p must be ...")));
+  EXPECT_EQ(e["error"]["message"], "top_p must be ...");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["code"], "INVALID_ARGUMENT");
+  EXPECT_TRUE(e["error"]["param"].is_null());
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kDeadlineExceeded), 504);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kInternal), 500);
+  EXPECT_EQ(json::parse(ErrorJson(
+                absl::ResourceExhaustedError("full")))["error"]["type"],
+            "rate_limit_error");
+}
+
+GenerationSummary Summary() {
+  GenerationSummary s;
+  s.finish_reason = FinishReason::kLength;
+  s.prompt_tokens = 3;
+  s.completion_tokens = 4;
+  s.applied_ratio = 0.5f;
+  s.effective_ratio = 0.625;
+  return s;
+}
+
+TEST(OpenAiApiTest, ResponsesCarryUsageAndTheRatio) {
+  const Finished f{"cmpl-1", 1700000000, "lm", "abc", Summary()};
+  const json c = json::parse(ResponseJson(Endpoint::kCompletions, f));
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["choices"][0]["text"], "abc");
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(c["usage"]["total_tokens"], 7);
+  EXPECT_EQ(c["moh"]["activation_ratio"], 0.5);
+  EXPECT_EQ(c["moh"]["effective_activation_ratio"], 0.625);
+  const json chat = json::parse(ResponseJson(Endpoint::kChatCompletions, f));
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "abc");
+  // Invalid UTF-8 cannot break the JSON.
+  const Finished bad{"cmpl-2", 0, "lm", "\xff", Summary()};
+  EXPECT_NO_THROW(json::parse(ResponseJson(Endpoint::kCompletions, bad)));
+}
+
+TEST(OpenAiApiTest, StreamChunks) {
+  const GenerationSummary s = Summary();
+  Chunk chunk{"chatcmpl-1", 5, "lm", "He", true, nullptr};
+  json first = json::parse(ChunkJson(Endpoint::kChatCompletions, chunk));
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], "He");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(first.contains("moh"));
+  chunk = Chunk{"chatcmpl-1", 5, "lm", "", false, &s};
+  json last = json::parse(ChunkJson(Endpoint::kChatCompletions, chunk));
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_EQ(last["moh"]["effective_activation_ratio"], 0.625);
+  json usage = json::parse(UsageChunkJson(Endpoint::kChatCompletions, chunk));
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 4);
+  json text = json::parse(ChunkJson(
+      Endpoint::kCompletions, Chunk{"cmpl-1", 5, "lm", "x", true, nullptr}));
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["text"], "x");
+}
+
+TEST(OpenAiApiTest, ModelsList) {
+  v1::ModelInfo m;
+  m.set_name("lm");
+  m.set_family("llama");
+  m.set_state(v1::ModelInfo::READY);
+  m.set_default_ratio(0.75f);
+  m.set_max_seq_len(256);
+  const json list = json::parse(ModelsJson({m}));
+  EXPECT_EQ(list["object"], "list");
+  EXPECT_EQ(list["data"][0]["id"], "lm");
+  EXPECT_EQ(list["data"][0]["object"], "model");
+  EXPECT_EQ(list["data"][0]["moh"]["state"], "READY");
+  EXPECT_EQ(list["data"][0]["moh"]["default_activation_ratio"], 0.75);
+}
+
+TEST(OpenAiApiTest, IdsAreFreshAndPrefixed) {
+  const std::string a = NewId(Endpoint::kCompletions);
+  const std::string b = NewId(Endpoint::kCompletions);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(a.size(), 5u + 24u);
+  EXPECT_EQ(NewId(Endpoint::kChatCompletions).rfind("chatcmpl-", 0), 0u);
+}
+
+}  // namespace
+}  // namespace openai
+}  // namespace moh
