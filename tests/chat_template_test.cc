@@ -337,6 +337,30 @@ TEST_F(LoadChatTemplateTest, StringTemplateAndStringTokens) {
   EXPECT_EQ(Render(*loaded), "<s>hi</s>");
 }
 
+// The demo model's own tokenizer_config.json (models/demo-lm, written by
+// training/train_demo_lm.py); expected text as jinja2 renders it.
+TEST(LoadChatTemplateDemoTest, DemoLmTemplateRenders) {
+  absl::StatusOr<LoadedChatTemplate> loaded =
+      LoadChatTemplate(std::string(MOH_MODELS_DIR) + "/demo-lm");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->bos_token, "<|begin_of_text|>");
+  EXPECT_EQ(loaded->eos_token, "<|end_of_text|>");
+  const Variables variables = {{"bos_token", loaded->bos_token},
+                               {"eos_token", loaded->eos_token}};
+  absl::StatusOr<std::string> text =
+      loaded->chat_template.Render({{"system", " Be brief. "},
+                                    {"user", "Hi"},
+                                    {"assistant", "Hello"},
+                                    {"user", "Bye"}},
+                                   true, variables);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "<|begin_of_text|>Be brief.\nQ: Hi\nA: Hello\nQ: Bye\nA:");
+  EXPECT_EQ(loaded->chat_template.Render({{"tool", "x"}}, false, variables)
+                .status()
+                .message(),
+            "roles are system, user and assistant");
+}
+
 TEST_F(LoadChatTemplateTest, ListTakesTheDefaultTemplate) {
   WriteConfig(
       R"({"chat_template": [)"
