@@ -16,9 +16,10 @@
 //   Whitespace:  "{%-", "-%}", "{{-", "-}}", "{#-", "-#}", "{%+", "+%}";
 //                trim_blocks and lstrip_blocks exactly as jinja2 applies
 //                them; "\r\n" read as "\n"; one trailing newline dropped.
-//   Literals:    strings ('...' or "...", Python escapes), integers, floats,
-//                true/false/none (any case jinja2 accepts), [lists],
-//                (tuples, as lists), {dicts with string keys}.
+//   Literals:    strings ('...' or "...", Python escapes), integers
+//                (64-bit; 0x, 0o, 0b), floats, true/false/none (any case
+//                jinja2 accepts), [lists], (tuples), {dicts with string
+//                keys}.
 //   Operators:   + - * / // % ** ~, == != < <= > >= (chained), in, not in,
 //                and, or, not, a if c else b; x.attr, x[i], x[a:b:c].
 //   Tests:       defined, undefined, none, string, number, integer, float,
@@ -43,8 +44,9 @@
 // filter blocks, include/import/extends/block, raw, with, recursive loops,
 // *args/**kwargs. At Render: custom filters or tests and any not listed
 // above, string '%' formatting, strftime_now.
-// Case mapping covers ASCII, Latin-1, Greek and Cyrillic; list and dict
-// values print as Python's repr with tuples shown as lists.
+// Integers are 64-bit (overflow is an error, where Python grows them). Case
+// mapping covers ASCII, Latin-1, Greek and Cyrillic. Loop objects and
+// dict.items() print differently from jinja2 (nothing prints them).
 #pragma once
 
 #include <map>

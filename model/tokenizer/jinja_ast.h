@@ -20,7 +20,8 @@ struct Expr {
   enum class Kind {
     kLiteral,      // value
     kName,         // name
-    kList,         // [args...] (tuples too)
+    kList,         // [args...]
+    kTuple,        // (args...), or args separated by commas
     kDict,         // {args[0]: args[1], args[2]: args[3], ...}
     kAttribute,    // args[0].name
     kItem,         // args[0][args[1]]

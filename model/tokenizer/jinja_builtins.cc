@@ -61,7 +61,7 @@ absl::StatusOr<Value> Items(const Value& value) {
   }
   List pairs;
   for (const auto& [key, item] : value.AsDict()) {
-    pairs.push_back(Value::MakeList({Value::String(key), item}));
+    pairs.push_back(Value::MakeTuple({Value::String(key), item}));
   }
   return Value::MakeList(std::move(pairs));
 }
@@ -252,6 +252,9 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
       return std::any_of(container.AsList().begin(), container.AsList().end(),
                          [&](const Value& v) { return Equals(v, item); });
     case Kind::kDict:
+      if ((item.is(Kind::kList) && !item.is_tuple()) || item.is(Kind::kDict)) {
+        return ArgumentError("unhashable type: '", item.TypeName(), "'");
+      }
       return item.is(Kind::kString) &&
              container.Find(item.AsString()) != nullptr;
     case Kind::kUndefined:

@@ -33,7 +33,7 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item);
 // The items `for x in value` visits: a list's items, a dict's keys, a
 // string's characters, nothing for undefined; an error for other kinds.
 absl::StatusOr<List> Iterate(const Value& value);
-// A dict's (key, value) pairs as two-item lists; none for undefined.
+// A dict's (key, value) pairs as tuples; none for undefined.
 absl::StatusOr<Value> Items(const Value& value);
 // Whether a namespace occurs in `value` (namespaces may not hold one).
 bool HoldsNamespace(const Value& value);

@@ -62,8 +62,9 @@ absl::StatusOr<Value> MakeCheckedList(List items) {
 }
 
 absl::StatusOr<Value> MakeCheckedString(std::string s, size_t limit) {
-  if (s.size() > limit)
+  if (s.size() > limit) {
     return ArgumentError("string longer than ", limit, " bytes");
+  }
   return Value::String(std::move(s));
 }
 

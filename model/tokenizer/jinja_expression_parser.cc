@@ -38,7 +38,7 @@ class ExpressionParser {
       MOH_ASSIGN_OR_RETURN(ExprPtr item, ParseExpression(with_conditional));
       items.push_back(std::move(item));
     }
-    return MakeExpr(EK::kList, line, std::move(items));
+    return MakeExpr(EK::kTuple, line, std::move(items));
   }
 
   absl::StatusOr<ExprPtr> ParseExpression(bool with_conditional) {
@@ -200,7 +200,7 @@ class ExpressionParser {
 
   absl::StatusOr<ExprPtr> ParseParenthesized() {
     const int line = tokens_.Next().line;
-    if (tokens_.SkipOperator(")")) return MakeExpr(EK::kList, line, {});
+    if (tokens_.SkipOperator(")")) return MakeExpr(EK::kTuple, line, {});
     MOH_ASSIGN_OR_RETURN(ExprPtr first, ParseExpression(true));
     if (tokens_.SkipOperator(")")) return first;
     std::vector<ExprPtr> items;
@@ -211,7 +211,7 @@ class ExpressionParser {
       items.push_back(std::move(item));
     }
     MOH_RETURN_IF_ERROR(tokens_.ExpectOperator(")"));
-    return MakeExpr(EK::kList, line, std::move(items));
+    return MakeExpr(EK::kTuple, line, std::move(items));
   }
 
   absl::StatusOr<ExprPtr> ParseList() {
@@ -339,8 +339,9 @@ class ExpressionParser {
         filter->line = line;
         MOH_ASSIGN_OR_RETURN(filter->name, tokens_.ExpectName("a filter name"));
         filter->args.push_back(std::move(expr));
-        if (tokens_.IsOperator("("))
+        if (tokens_.IsOperator("(")) {
           MOH_RETURN_IF_ERROR(ParseArguments(filter.get()));
+        }
         expr = std::move(filter);
       } else if (tokens_.SkipName("is")) {
         auto test = std::make_unique<Expr>();

@@ -129,13 +129,15 @@ absl::StatusOr<Value> FirstOrLast(const Value& value, bool first) {
 }
 
 absl::StatusOr<Value> IntFilter(const Value& value, const CallArgs& args) {
+  if (value.is(Kind::kUndefined)) return ArgumentError(value.AsString());
   MOH_ASSIGN_OR_RETURN(Params p,
                        Params::Bind("int", {"default", "base"}, args));
   const Value fallback = p.Get(0, Value::Int(0));
   MOH_ASSIGN_OR_RETURN(const int64_t base,
                        ToInt(p.Get(1, Value::Int(10)), "int(): base"));
-  if (base < 2 || base > 36)
+  if (base < 2 || base > 36) {
     return ArgumentError("int(): base must be in 2..36");
+  }
   switch (value.kind()) {
     case Kind::kInt:
     case Kind::kBool:
@@ -165,6 +167,7 @@ absl::StatusOr<Value> IntFilter(const Value& value, const CallArgs& args) {
 
 absl::StatusOr<Value> FloatFilter(const Value& value, const CallArgs& args) {
   MOH_ASSIGN_OR_RETURN(Params p, Params::Bind("float", {"default"}, args));
+  if (value.is(Kind::kUndefined)) return ArgumentError(value.AsString());
   if (value.IsNumber()) return Value::Float(value.AsDouble());
   if (value.is(Kind::kString)) {
     if (auto d = ParseFloat(value.AsString())) return Value::Float(*d);
@@ -186,8 +189,9 @@ absl::StatusOr<std::optional<Value>> ApplySimpleFilter(absl::string_view name,
     return Value::MakeList(std::move(items));
   }
   if (name == "abs") {
-    if (value.is(Kind::kFloat))
+    if (value.is(Kind::kFloat)) {
       return Value::Float(std::fabs(value.AsDouble()));
+    }
     if (value.IsNumber() && value.AsInt() != INT64_MIN) {
       return Value::Int(std::abs(value.AsInt()));
     }
@@ -402,10 +406,15 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value,
   if (name == "join") {
     MOH_ASSIGN_OR_RETURN(Params p,
                          Params::Bind("join", {"d", "attribute"}, args));
-    if (p.Has(1)) return ArgumentError("join(): attribute= is not supported");
     MOH_ASSIGN_OR_RETURN(const std::string separator,
                          ToStr(p.Get(0, Value::String("")), limit));
-    MOH_ASSIGN_OR_RETURN(const List items, Iterate(value));
+    MOH_ASSIGN_OR_RETURN(List items, Iterate(value));
+    if (!p.Get(1).is(Kind::kNone)) {  // join(d, attribute): item.attribute
+      MOH_ASSIGN_OR_RETURN(const std::string attribute, ToStr(p.Get(1), limit));
+      for (Value& item : items) {
+        MOH_ASSIGN_OR_RETURN(item, AttributeOf(item, attribute));
+      }
+    }
     std::string out;
     for (size_t i = 0; i < items.size(); ++i) {
       if (i > 0) out += separator;
@@ -418,8 +427,9 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value,
   if (name == "replace") {
     MOH_ASSIGN_OR_RETURN(
         Params p, Params::Bind("replace", {"old", "new", "count"}, args));
-    if (!p.Has(0) || !p.Has(1))
+    if (!p.Has(0) || !p.Has(1)) {
       return ArgumentError("replace() needs old and new");
+    }
     MOH_ASSIGN_OR_RETURN(const std::string s, ToStr(value, limit));
     MOH_ASSIGN_OR_RETURN(const std::string old, ToStr(p.Get(0), limit));
     MOH_ASSIGN_OR_RETURN(const std::string replacement, ToStr(p.Get(1), limit));
@@ -440,14 +450,11 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& value,
 
 // --------------------------------------------------------------- tests --
 
-absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& value,
-                               const CallArgs& args) {
-  const auto arg = [&]() -> absl::StatusOr<Value> {
-    if (args.positional.size() != 1 || !args.keyword.empty()) {
-      return ArgumentError("test '", name, "' takes one argument");
-    }
-    return args.positional[0];
-  };
+namespace {
+
+// The tests that take no argument; nullopt for other names.
+absl::StatusOr<std::optional<bool>> TestWithoutArgument(absl::string_view name,
+                                                        const Value& value) {
   if (name == "defined") return !value.is(Kind::kUndefined);
   if (name == "undefined") return value.is(Kind::kUndefined);
   if (name == "none") return value.is(Kind::kNone);
@@ -469,15 +476,37 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& value,
     const std::string& s = value.AsString();
     return (name == "lower" ? Lower(s) : Upper(s)) == s;
   }
-  if (name == "odd" || name == "even" || name == "divisibleby") {
+  if (name == "odd" || name == "even") {
     MOH_ASSIGN_OR_RETURN(const int64_t n, ToInt(value, name));
-    if (name == "divisibleby") {
-      MOH_ASSIGN_OR_RETURN(const Value divisor, arg());
-      MOH_ASSIGN_OR_RETURN(const int64_t d, ToInt(divisor, "divisibleby"));
-      if (d == 0) return ArgumentError("integer modulo by zero");
-      return d == -1 || n % d == 0;
-    }
     return (n % 2 != 0) == (name == "odd");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& value,
+                               const CallArgs& args) {
+  MOH_ASSIGN_OR_RETURN(const std::optional<bool> result,
+                       TestWithoutArgument(name, value));
+  if (result) {
+    if (!args.positional.empty() || !args.keyword.empty()) {
+      return ArgumentError("test '", name, "' takes no argument");
+    }
+    return *result;
+  }
+  const auto arg = [&]() -> absl::StatusOr<Value> {
+    if (args.positional.size() != 1 || !args.keyword.empty()) {
+      return ArgumentError("test '", name, "' takes one argument");
+    }
+    return args.positional[0];
+  };
+  if (name == "divisibleby") {
+    MOH_ASSIGN_OR_RETURN(const int64_t n, ToInt(value, name));
+    MOH_ASSIGN_OR_RETURN(const Value divisor, arg());
+    MOH_ASSIGN_OR_RETURN(const int64_t d, ToInt(divisor, "divisibleby"));
+    if (d == 0) return ArgumentError("integer modulo by zero");
+    return d == -1 || n % d == 0;
   }
   if (name == "eq" || name == "equalto" || name == "==" || name == "sameas") {
     MOH_ASSIGN_OR_RETURN(const Value other, arg());

@@ -181,6 +181,8 @@ class Lexer {
   absl::Status SkipComment(size_t start) {
     const size_t end = src_.find("#}", pos_);
     if (end == std::string::npos) {
+      // jinja2 ends quietly on a comment opened at the very end.
+      if (pos_ == src_.size()) return absl::OkStatus();
       return ErrorAt(start, "comment is not closed with '#}'");
     }
     const char sign = end > pos_ ? src_[end - 1] : 0;
@@ -266,9 +268,42 @@ class Lexer {
     return pos;
   }
 
+  // The end of an integer starting with '0' (jinja2 reads 0b.., 0o.., 0x..,
+  // or zeros alone: "05" is 0 then 5); `base` its base.
+  size_t ScanZeroInteger(size_t start, int* base) const {
+    const auto is_digit_of = [](char c, int b) {
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const int d = IsDigit(c)               ? c - '0'
+                    : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                                             : 99;
+      return d < b;
+    };
+    // After the first digit, each further one may follow one underscore.
+    const auto scan = [&](size_t pos, int b) {
+      while (pos < src_.size()) {
+        const size_t digit = src_[pos] == '_' ? pos + 1 : pos;
+        if (digit >= src_.size() || !is_digit_of(src_[digit], b)) break;
+        pos = digit + 1;
+      }
+      return pos;
+    };
+    const char prefix = start + 1 < src_.size()
+                            ? static_cast<char>(std::tolower(
+                                  static_cast<unsigned char>(src_[start + 1])))
+                            : 0;
+    *base = prefix == 'b' ? 2 : prefix == 'o' ? 8 : prefix == 'x' ? 16 : 10;
+    if (*base != 10) {
+      const size_t end = scan(start + 2, *base);
+      if (end > start + 2) return end;
+      *base = 10;
+    }
+    return scan(start + 1, 1);  // Base 1: only '0' is a digit.
+  }
+
   absl::Status LexNumber() {
     const size_t start = pos_;
     size_t end = ScanDigits(pos_);
+    int base = 10;
     bool is_float = false;
     // jinja2 reads "x.1.2" as x . 1 . 2: no fraction after a '.'.
     const bool after_dot = start > 0 && src_[start - 1] == '.';
@@ -289,8 +324,9 @@ class Lexer {
         is_float = true;
       }
     }
+    if (!is_float && src_[start] == '0') end = ScanZeroInteger(start, &base);
     std::string text;
-    for (size_t i = start; i < end; ++i) {
+    for (size_t i = start + (base == 10 ? 0 : 2); i < end; ++i) {
       if (src_[i] != '_') text.push_back(src_[i]);
     }
     Emit(is_float ? Token::Kind::kFloat : Token::Kind::kInt, start);
@@ -299,7 +335,7 @@ class Lexer {
     if (is_float) {
       token.float_value = std::strtod(text.c_str(), nullptr);
     } else {
-      token.int_value = std::strtoll(text.c_str(), nullptr, 10);
+      token.int_value = std::strtoll(text.c_str(), nullptr, base);
       if (errno == ERANGE) {
         return ErrorAt(start, "integer literal does not fit in 64 bits");
       }

@@ -55,6 +55,12 @@ absl::Status Overflow() {
 }
 
 // `text` or `list` repeated `times` times, within the limits.
+// `items` as a list, or as a tuple when `like` is one.
+Value LikeSequence(const Value& like, List items) {
+  return like.is_tuple() ? Value::MakeTuple(std::move(items))
+                         : Value::MakeList(std::move(items));
+}
+
 absl::StatusOr<Value> Repeat(const Value& sequence, int64_t times,
                              size_t max_bytes) {
   times = std::max<int64_t>(times, 0);
@@ -75,9 +81,10 @@ absl::StatusOr<Value> Repeat(const Value& sequence, int64_t times,
         absl::StrCat("list longer than ", kMaxListItems, " items"));
   }
   List out;
-  for (int64_t i = 0; i < times; ++i)
+  for (int64_t i = 0; i < times; ++i) {
     out.insert(out.end(), items.begin(), items.end());
-  return Value::MakeList(std::move(out));
+  }
+  return LikeSequence(sequence, std::move(out));
 }
 
 absl::StatusOr<Value> IntArithmetic(absl::string_view op, int64_t x,
@@ -115,13 +122,15 @@ absl::StatusOr<Value> IntArithmetic(absl::string_view op, int64_t x,
 absl::StatusOr<Value> BinaryOperation(absl::string_view op, const Value& a,
                                       const Value& b, size_t max_bytes) {
   for (const Value* v : {&a, &b}) {
-    if (v->is(Kind::kUndefined))
+    if (v->is(Kind::kUndefined)) {
       return absl::InvalidArgumentError(v->AsString());
+    }
   }
   if (a.IsNumber() && b.IsNumber()) {
     if (op == "/") {
-      if (b.AsDouble() == 0)
+      if (b.AsDouble() == 0) {
         return absl::InvalidArgumentError("division by zero");
+      }
       return Value::Float(a.AsDouble() / b.AsDouble());
     }
     if (!a.is(Kind::kFloat) && !b.is(Kind::kFloat)) {
@@ -146,7 +155,8 @@ absl::StatusOr<Value> BinaryOperation(absl::string_view op, const Value& a,
   const auto is_int = [](const Value& v) {
     return v.is(Kind::kInt) || v.is(Kind::kBool);
   };
-  if (op == "+" && a.kind() == b.kind() && is_sequence(a)) {
+  if (op == "+" && a.kind() == b.kind() && is_sequence(a) &&
+      a.is_tuple() == b.is_tuple()) {
     if (a.is(Kind::kString)) {
       if (a.AsString().size() + b.AsString().size() > max_bytes) {
         return absl::InvalidArgumentError(
@@ -160,12 +170,14 @@ absl::StatusOr<Value> BinaryOperation(absl::string_view op, const Value& a,
     }
     List items = a.AsList();
     items.insert(items.end(), b.AsList().begin(), b.AsList().end());
-    return Value::MakeList(std::move(items));
+    return LikeSequence(a, std::move(items));
   }
-  if (op == "*" && is_sequence(a) && is_int(b))
+  if (op == "*" && is_sequence(a) && is_int(b)) {
     return Repeat(a, b.AsInt(), max_bytes);
-  if (op == "*" && is_int(a) && is_sequence(b))
+  }
+  if (op == "*" && is_int(a) && is_sequence(b)) {
     return Repeat(b, a.AsInt(), max_bytes);
+  }
   if (op == "%" && a.is(Kind::kString)) {
     return absl::InvalidArgumentError(
         "string formatting with '%' is not supported");
@@ -239,7 +251,7 @@ absl::StatusOr<Value> GetSlice(const Value& object,
   if (object.is(Kind::kList)) {
     List items;
     for (size_t i : indices) items.push_back(object.AsList()[i]);
-    return Value::MakeList(std::move(items));
+    return LikeSequence(object, std::move(items));
   }
   std::string text;
   for (size_t i : indices) AppendUtf8(chars[i], &text);

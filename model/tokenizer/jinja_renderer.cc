@@ -231,6 +231,7 @@ class Renderer {
         if (IsGlobalFunction(expr.name)) return Value::Function(expr.name);
         return Value::Undefined(absl::StrCat("'", expr.name, "' is undefined"));
       case EK::kList:
+      case EK::kTuple:
       case EK::kDict:
         return EvalContainer(expr, scope);
       case EK::kAttribute: {
@@ -299,6 +300,8 @@ class Renderer {
     Value result;
     if (expr.kind == EK::kList) {
       result = Value::MakeList(std::move(items.positional));
+    } else if (expr.kind == EK::kTuple) {
+      result = Value::MakeTuple(std::move(items.positional));
     } else {
       Dict dict;
       for (size_t i = 0; i + 1 < items.positional.size(); i += 2) {

@@ -116,8 +116,9 @@ char32_t ToUpper(char32_t c) {
   if (c == 0x3C2) return 0x3A3;  // Final sigma.
   for (const CaseRange& r : kCaseRanges) {
     const char32_t last = r.lower_first + (r.upper_last - r.upper_first);
-    if (c >= r.lower_first && c <= last)
+    if (c >= r.lower_first && c <= last) {
       return c - r.lower_first + r.upper_first;
+    }
   }
   return c;
 }

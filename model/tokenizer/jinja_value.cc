@@ -65,13 +65,21 @@ Value Value::String(std::string value) {
   return v;
 }
 
-Value Value::MakeList(List items) {
+Value Value::MakeSequence(List items, bool tuple) {
   int depth = 0;
   for (const Value& item : items) depth = std::max(depth, item.depth());
   Value v(Kind::kList);
-  v.list_ =
-      std::make_shared<const ListData>(ListData{std::move(items), depth + 1});
+  v.list_ = std::make_shared<const ListData>(
+      ListData{std::move(items), depth + 1, tuple});
   return v;
+}
+
+Value Value::MakeList(List items) {
+  return MakeSequence(std::move(items), /*tuple=*/false);
+}
+
+Value Value::MakeTuple(List items) {
+  return MakeSequence(std::move(items), /*tuple=*/true);
 }
 
 Value Value::MakeDict(Dict items) {
@@ -171,7 +179,7 @@ std::string Value::TypeName() const {
     case Kind::kString:
       return "str";
     case Kind::kList:
-      return "list";
+      return is_tuple() ? "tuple" : "list";
     case Kind::kDict:
       return "dict";
     case Kind::kNamespace:
@@ -290,12 +298,13 @@ bool AppendPython(const Value& value, bool repr, size_t limit,
       }
       break;
     case Kind::kList:
-      out->push_back('[');
+      out->push_back(value.is_tuple() ? '(' : '[');
       for (size_t i = 0; i < value.AsList().size(); ++i) {
         if (i > 0) out->append(", ");
         if (!AppendPython(value.AsList()[i], true, limit, out)) return false;
       }
-      out->push_back(']');
+      if (value.is_tuple() && value.AsList().size() == 1) out->push_back(',');
+      out->push_back(value.is_tuple() ? ')' : ']');
       break;
     case Kind::kDict:
     case Kind::kNamespace: {
@@ -505,7 +514,8 @@ bool Equals(const Value& a, const Value& b) {
     case Kind::kFunction:
       return a.AsString() == b.AsString();
     case Kind::kList:
-      return std::equal(a.AsList().begin(), a.AsList().end(),
+      return a.is_tuple() == b.is_tuple() &&
+             std::equal(a.AsList().begin(), a.AsList().end(),
                         b.AsList().begin(), b.AsList().end(), Equals);
     case Kind::kDict:
       if (a.AsDict().size() != b.AsDict().size()) return false;
@@ -534,7 +544,7 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b) {
     const int c = a.AsString().compare(b.AsString());
     return c < 0 ? -1 : (c > 0 ? 1 : 0);
   }
-  if (a.is(Kind::kList) && b.is(Kind::kList)) {
+  if (a.is(Kind::kList) && b.is(Kind::kList) && a.is_tuple() == b.is_tuple()) {
     const List &x = a.AsList(), &y = b.AsList();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
       if (!Equals(x[i], y[i])) return Compare(x[i], y[i]);

@@ -42,7 +42,7 @@ class Value {
     kInt,
     kFloat,
     kString,
-    kList,
+    kList,  // A list, or a tuple (is_tuple()): they differ only in repr and ==.
     kDict,
     kNamespace,
     kFunction,  // A global function (raise_exception, range, ...), by name.
@@ -58,6 +58,7 @@ class Value {
   static Value Float(double value);
   static Value String(std::string value);
   static Value MakeList(List items);
+  static Value MakeTuple(List items);
   static Value MakeDict(Dict items);
   static Value MakeNamespace(Dict attributes);
   static Value Function(std::string name);
@@ -74,6 +75,7 @@ class Value {
   // The string; also the reason of an undefined value, a function's name.
   const std::string& AsString() const { return *string_; }
   const List& AsList() const { return list_->items; }
+  bool is_tuple() const { return kind_ == Kind::kList && list_->tuple; }
   // A dict's items, or a namespace's attributes.
   const Dict& AsDict() const;
   // A namespace's attributes.
@@ -92,6 +94,7 @@ class Value {
   struct ListData {
     List items;
     int depth;
+    bool tuple;
   };
   struct DictData {
     Dict items;
@@ -99,6 +102,7 @@ class Value {
   };
 
   explicit Value(Kind kind) : kind_(kind) {}
+  static Value MakeSequence(List items, bool tuple);
 
   Kind kind_;
   bool bool_ = false;

@@ -208,6 +208,15 @@ line" }} {{ '{{ not a tag }}' }}"""),
      "|{{ [[1, 'x'], [0, 'y']]|map(attribute='1')|join }}"
      "|{{ messages|selectattr('role')|list|length }}"
      "|{{ messages|map('tojson')|first }}"),
+    ("tuples_and_numbers",
+     "{{ (1, 'a') }} {{ (1,) }} {{ () }} {{ 1, 2 }} {{ (1, 2) == [1, 2] }}"
+     " {{ (1, 2) == (1, 2) }} {{ (1, 2) + (3,) }} {{ (1, 2)[1:] }} {{ (0,) * 2 }}"
+     " {{ {'a': 1}.items()|list }} {{ ('x', 'y')|join }} {{ 0x1F }} {{ 0b101 }}"
+     " {{ 0o17 }} {{ 0 }} {{ 0_0 }} {{ 1_000_000 }} {{ 0.5 }} {{ 00.5 }}"
+     " {{ messages|join('|', attribute='role') }} {{ [[1, 2], [3, 4]]|join(',', 1) }}"
+     " {{ ('a', 'b') is iterable }} {{ 'ab'.startswith(('x', 'a')) }}"),
+    ("comment_at_end", "text{#"),
+    ("comment_at_end_strip", "text  \n {#-"),
     ("methods",
      "{{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ '  x  '.lstrip() }}"
      "|{{ '  x  '.rstrip() }}|{{ 'a b  c '.split() }}|{{ 'a,b,,c'.split(',') }}"
@@ -254,6 +263,12 @@ line" }} {{ '{{ not a tag }}' }}"""),
     ("error_unpack", "{% for a, b in [[1, 2, 3]] %}{% endfor %}"),
     ("error_sort_mixed", "{{ [1, 'a']|sort }}"),
     ("error_select_unknown_test", "{{ [1]|select('frobnicated')|list }}"),
+    ("error_leading_zero", "{{ 05 }}"),
+    ("error_unclosed_comment", "{# x"),
+    ("error_test_extra_argument", "{{ 1 is odd 3 }}"),
+    ("error_undefined_int", "{{ nothing|int }}"),
+    ("error_undefined_float", "{{ nothing|float }}"),
+    ("error_unhashable_in", "{{ [1] in {'a': 1} }}"),
     ("error_set_attribute_on_dict", "{% set d = {} %}{% set d.x = 1 %}"),
 ]
 
