@@ -510,7 +510,10 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& value,
   }
   if (name == "eq" || name == "equalto" || name == "==" || name == "sameas") {
     MOH_ASSIGN_OR_RETURN(const Value other, arg());
-    if (name == "sameas" && other.kind() != value.kind()) return false;
+    if (name == "sameas" &&
+        (other.kind() != value.kind() || value.is(Kind::kUndefined))) {
+      return false;  // Python's `is`; two undefined values are distinct.
+    }
     return Equals(value, other);
   }
   if (name == "ne" || name == "!=") {

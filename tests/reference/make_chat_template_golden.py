@@ -160,6 +160,7 @@ line" }} {{ '{{ not a tag }}' }}"""),
      " {{ 9 is divisibleby(2) }} {{ 1 is integer }} {{ true is integer }}"
      " {{ true is boolean }} {{ 'abc' is lower }} {{ 'ABC' is upper }}"
      " {{ 2 is eq 2 }} {{ 2 is in [1, 2] }} {{ none is sameas none }}"
+     " {{ nothing is sameas nothing }} {{ false is sameas 0 }}"
      " {{ raise_exception is callable }} {{ 1.0 is float }} {{ 'a' is sequence }}"
      " {{ true is true }} {{ 0 is false }} {{ 3 is gt 2 }} {{ 3 is le(2) }}"
      " {{ 1 is ne 2 }} {{ x is undefined }} {{ messages[0] is mapping }}"),
