@@ -24,8 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       {"user", "Hello {{ x }} \xc3\xa9"},
       {"assistant", "  Hi  "},
       {"user", "Bye"}};
-  const std::map<std::string, std::string> variables = {
-      {"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  const std::map<std::string, std::string> variables = {{"bos_token", "<s>"},
+                                                        {"eos_token", "</s>"}};
   for (bool add_generation_prompt : {false, true}) {
     absl::StatusOr<std::string> text =
         chat_template->Render(messages, add_generation_prompt, variables);
