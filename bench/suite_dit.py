@@ -34,7 +34,8 @@ STEP_CONFIGS = [("default", 0.0, "auto"), ("0.75", 0.75, "auto"),
                 ("dense", 0.0, "dense")]
 # The served model of (b) when there is no trained demo (models/demo-dit):
 # the S shape at a small pixel-space input (RGB samples are the images: no
-# VAE). CONCURRENT requests at once, and max_running.
+# VAE). CONCURRENT requests at once, and max_running (model rows per step:
+# room for every one of them guided, two rows each).
 SERVED = ("MoH-DiT-S/2-90", 16)
 CONCURRENT = 8
 # What a cached checkpoint was made by: a change to these remakes it.
@@ -261,7 +262,7 @@ def batching_part(say, build, quick, work_dir):
     with tempfile.TemporaryDirectory() as workdir:
         api = load_api(workdir)
         server = Server(build, [("dit", model_dir)], workdir,
-                        max_running=CONCURRENT)
+                        max_running=2 * CONCURRENT)
         threads = server.threads or bench_threads()
         try:
             # One image first: the server's first requests are slower.
@@ -302,7 +303,8 @@ def batching_part(say, build, quick, work_dir):
     say("\n### 9b. Batching gain of GenerateImage\n")
     say("%s%s, %d requests (class 1, seeds 0-%d, %d steps, the model's "
         "guidance %g: %d row(s) each) one at a time and all %d at once, at %d intra-op thread(s): through "
-        "moh-server (`generation { max_running: %d }`, its default threads), "
+        "moh-server (`generation { max_running: %d }`: model rows per step, "
+        "room for all %d guided; its default threads), "
         "sent from Python (grpcio; at once: one thread each), images/s = %d "
         "/ the wall time from the first request to the last image; and in "
         "process, sampler steps only (`moh-generate-image --batch=1` and "
@@ -313,7 +315,8 @@ def batching_part(say, build, quick, work_dir):
         "same both ways through the server: **%s**.\n" %
         (description[0].upper(), description[1:], CONCURRENT,
          CONCURRENT - 1, steps, guidance, 2 if guidance != 1 else 1,
-         CONCURRENT, threads, CONCURRENT, CONCURRENT, CONCURRENT, steps - 1,
+         CONCURRENT, threads, 2 * CONCURRENT, CONCURRENT, CONCURRENT,
+         CONCURRENT, steps - 1,
          steps,
          rounds, "yes" if identical else "NO"))
     say("| | images/s, %s | images/s, %s | gain |" % (one, many))

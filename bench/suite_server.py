@@ -68,9 +68,14 @@ class Server:
 
 
 def bench(build, server, *flags):
+    flags = list(flags)
+    if "--rpc=generate" in flags:
+        # Greedy, whatever sampling defaults a model's generation_config.json
+        # has (demo-lm's sample).
+        flags.append("--temperature=0")
     out = run([os.path.join(build, "client", "moh-bench"),
                "--server=127.0.0.1:%d" % server.port, "--quiet", "--json"] +
-              list(flags)).stdout
+              flags).stdout
     return json.loads(out)
 
 

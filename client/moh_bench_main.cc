@@ -87,7 +87,8 @@ ABSL_FLAG(int, prompt_tokens, 0,
 ABSL_FLAG(std::optional<int32_t>, max_new_tokens, std::nullopt,
           "Generate: tokens to generate; unset = model default");
 ABSL_FLAG(std::optional<float>, temperature, std::nullopt,
-          "Generate: sampling temperature; unset = greedy");
+          "Generate: sampling temperature; unset = the model's default "
+          "(greedy, unless its generation_config.json samples)");
 ABSL_FLAG(std::string, image, "", "Classify: PNG or JPEG file");
 ABSL_FLAG(std::vector<std::string>, pixels_shape, {},
           "Classify: C,H,W of random pixels in [0, 1]");

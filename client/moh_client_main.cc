@@ -38,7 +38,8 @@ ABSL_FLAG(float, min_ratio, 0,
 ABSL_FLAG(std::optional<int32_t>, max_new_tokens, std::nullopt,
           "Tokens to generate; unset = model default");
 ABSL_FLAG(std::optional<float>, temperature, std::nullopt,
-          "Sampling temperature; 0 = greedy (the default)");
+          "Sampling temperature; 0 = greedy; unset = the model's default "
+          "(greedy unless its generation_config.json samples)");
 ABSL_FLAG(int32_t, top_k, 0, "Top-k sampling; 0 = off");
 ABSL_FLAG(std::optional<float>, top_p, std::nullopt,
           "Nucleus sampling in (0, 1]; unset or 1 = off");

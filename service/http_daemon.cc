@@ -102,11 +102,15 @@ bool HttpClientVerified(MHD_Connection* connection) {
 }
 
 MHD_Result HttpRespond(MHD_Connection* connection, unsigned int code,
-                       const std::string& body, const char* content_type) {
+                       const std::string& body, const char* content_type,
+                       const char* request_id) {
   MHD_Response* response = MHD_create_response_from_buffer(
       body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
   if (response == nullptr) return MHD_NO;
   MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  if (request_id != nullptr) {
+    MHD_add_response_header(response, "X-Request-Id", request_id);
+  }
   const MHD_Result result = MHD_queue_response(connection, code, response);
   MHD_destroy_response(response);
   return result;

@@ -40,8 +40,10 @@ absl::StatusOr<MHD_Daemon*> StartHttpDaemon(
 // Whether the client presented a certificate the client CA signed.
 bool HttpClientVerified(MHD_Connection* connection);
 
-// Answers `body` with `code` and `content_type`.
+// Answers `body` with `code` and `content_type` (and the X-Request-Id
+// header, when `request_id` is given).
 MHD_Result HttpRespond(MHD_Connection* connection, unsigned int code,
-                       const std::string& body, const char* content_type);
+                       const std::string& body, const char* content_type,
+                       const char* request_id = nullptr);
 
 }  // namespace moh

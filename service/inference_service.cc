@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "service/grpc_status.h"
+#include "service/request_log.h"
 
 namespace moh {
 namespace {
@@ -18,6 +19,20 @@ absl::Time Deadline(const grpc::CallbackServerContext* context) {
     return absl::InfiniteFuture();
   }
   return absl::FromChrono(deadline);
+}
+
+// The call's request id (the client's x-request-id, or a fresh one), sent
+// back in the initial metadata.
+std::string CallRequestId(grpc::CallbackServerContext* context) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(kRequestIdKey);
+  std::optional<absl::string_view> given;
+  if (it != metadata.end()) {
+    given = absl::string_view(it->second.data(), it->second.size());
+  }
+  std::string id = RequestId(given);
+  context->AddInitialMetadata(kRequestIdKey, id);
+  return id;
 }
 
 v1::FinishReason ToProto(FinishReason reason) {
@@ -72,6 +87,7 @@ class StreamingReactor
                    const absl::Status& auth)
       : start_(absl::Now()),
         deadline_(Deadline(context)),
+        request_id_(CallRequestId(context)),
         server_metrics_(models->metrics()),
         include_routing_(request->include_routing()) {
     if (!auth.ok()) {
@@ -231,12 +247,14 @@ class StreamingReactor
   // Records the request and finishes; the reactor may be deleted right after.
   void FinishWith(const grpc::Status& status) {
     RecordRequest(metrics_, server_metrics_, Traits::kRpc, model_name_,
-                  static_cast<absl::StatusCode>(status.error_code()), start_);
+                  static_cast<absl::StatusCode>(status.error_code()), start_,
+                  request_id_);
     this->Finish(status);
   }
 
   const absl::Time start_;
   const absl::Time deadline_;
+  const std::string request_id_;
   Metrics* const server_metrics_;
   const bool include_routing_;
   std::string model_name_;
@@ -499,17 +517,18 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
   CallArrived();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::string request_id = CallRequestId(context);
   const absl::Status auth = Authenticate(context);
   // gRPC keeps the request, response and context until Finish.
   absl::Status queued =
-      auth.ok()
-          ? workers_->Run([this, context, request, response, reactor, start] {
-              StartClassify(context, *request, response, reactor, start);
-            })
-          : auth;
+      auth.ok() ? workers_->Run([this, context, request, response, reactor,
+                                 start, request_id] {
+        StartClassify(context, *request, response, reactor, start, request_id);
+      })
+                : auth;
   if (!queued.ok()) {
     RecordRequest(nullptr, models_->metrics(), Rpc::kClassify, request->model(),
-                  queued.code(), start);
+                  queued.code(), start, request_id);
     reactor->Finish(ToGrpcStatus(queued));
   }
   return reactor;
@@ -519,7 +538,8 @@ void InferenceService::StartClassify(grpc::CallbackServerContext* context,
                                      const v1::ClassifyRequest& request,
                                      v1::ClassifyResponse* response,
                                      grpc::ServerUnaryReactor* reactor,
-                                     absl::Time start) {
+                                     absl::Time start,
+                                     const std::string& request_id) {
   ClassifyCall call = FromProto(request);
   auto found = models_->Find(request.model(), TaskOf(call));
   absl::StatusOr<Servable*> ready =
@@ -527,15 +547,16 @@ void InferenceService::StartClassify(grpc::CallbackServerContext* context,
   if (!ready.ok()) {
     RecordRequest(nullptr, models_->metrics(), Rpc::kClassify,
                   found.ok() ? (*found)->name() : request.model(),
-                  ready.status().code(), start);
+                  ready.status().code(), start, request_id);
     reactor->Finish(ToGrpcStatus(ready.status()));
     return;
   }
   Servable* model = *ready;
   ModelMetrics* metrics = model->metrics();
-  auto finish = [reactor, metrics, start, model](const absl::Status& status) {
+  auto finish = [reactor, metrics, start, model,
+                 request_id](const absl::Status& status) {
     RecordRequest(metrics, nullptr, Rpc::kClassify, model->name(),
-                  status.code(), start);
+                  status.code(), start, request_id);
     reactor->Finish(ToGrpcStatus(status));
   };
   call.deadline = Deadline(context);

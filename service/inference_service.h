@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "absl/time/time.h"
 #include "moh/v1/inference.grpc.pb.h"
@@ -57,7 +58,8 @@ class InferenceService final : public v1::Inference::CallbackService {
   void StartClassify(grpc::CallbackServerContext* context,
                      const v1::ClassifyRequest& request,
                      v1::ClassifyResponse* response,
-                     grpc::ServerUnaryReactor* reactor, absl::Time start);
+                     grpc::ServerUnaryReactor* reactor, absl::Time start,
+                     const std::string& request_id);
 
   ModelManager* const models_;
   const TokenAuth* const auth_;

@@ -33,6 +33,7 @@
 #include "service/metrics_http.h"
 #include "service/model_manager.h"
 #include "service/openai_http.h"
+#include "service/request_log.h"
 #include "service/request_workers.h"
 #include "service/server_config.h"
 #include "service/tls_pem.h"
@@ -60,6 +61,8 @@ ABSL_FLAG(int32_t, threads, 0,
 ABSL_FLAG(std::string, demo_dir, MOH_DEFAULT_DEMO_DIR,
           "Where the demo models live (used when no model is configured)");
 ABSL_FLAG(bool, verbose, false, "Log every request (debug level)");
+ABSL_FLAG(bool, access_log, false,
+          "Log every finished request at info level (the access log)");
 ABSL_FLAG(std::string, tls_cert, "",
           "TLS: the server's PEM certificate chain (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "TLS: the server's PEM private key");
@@ -133,6 +136,7 @@ absl::StatusOr<v1::ServerConfig> BuildConfig() {
     config.set_threads(absl::GetFlag(FLAGS_threads));
   }
   if (absl::GetFlag(FLAGS_verbose)) config.set_log_requests(true);
+  if (absl::GetFlag(FLAGS_access_log)) config.set_access_log(true);
   if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
     config.mutable_tls()->set_cert_file(absl::GetFlag(FLAGS_tls_cert));
   }
@@ -172,6 +176,7 @@ int Run() {
     return 2;
   }
   if (config->log_requests()) SetLogLevel(LogLevel::kDebug);
+  SetAccessLog(config->access_log());
   ConfigureCpuThreads(config->threads());
   MOH_LOG(Info) << LibTorchBuildSummary();
   MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();

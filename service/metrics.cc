@@ -7,10 +7,7 @@
 #include <iostream>
 #include <utility>
 
-#include "absl/time/clock.h"
-#include "base/abbreviate.h"
 #include "base/enum_names.h"
-#include "base/log.h"
 #include "service/process_collector.h"
 
 namespace moh {
@@ -463,20 +460,6 @@ void Metrics::RequestWithoutModel(Rpc rpc, absl::StatusCode code) {
 std::vector<std::weak_ptr<prometheus::Collectable>> Metrics::Collectables()
     const {
   return {registry_, process_collector_};
-}
-
-void RecordRequest(ModelMetrics* metrics, Metrics* server, Rpc rpc,
-                   absl::string_view model, absl::StatusCode code,
-                   absl::Time start) {
-  const absl::Duration duration = absl::Now() - start;
-  if (metrics != nullptr) {
-    metrics->RequestFinished(rpc, code, duration);
-  } else if (server != nullptr) {
-    server->RequestWithoutModel(rpc, code);
-  }
-  MOH_LOG(Debug) << RpcName(rpc) << " model=" << Abbreviate(model)
-                 << " code=" << absl::StatusCodeToString(code)
-                 << " duration=" << duration;
 }
 
 }  // namespace moh

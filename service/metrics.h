@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
@@ -150,12 +149,5 @@ class Metrics {
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_
       ABSL_GUARDED_BY(mu_);
 };
-
-// Every finished request, gRPC or HTTP: its metrics and, at debug level,
-// one log line. `metrics`: the model's, or null when the request reached no
-// model; then it is counted on `server`.
-void RecordRequest(ModelMetrics* metrics, Metrics* server, Rpc rpc,
-                   absl::string_view model, absl::StatusCode code,
-                   absl::Time start);
 
 }  // namespace moh

@@ -14,6 +14,7 @@
 #include "service/http_daemon.h"
 #include "service/metrics.h"
 #include "service/openai_api.h"
+#include "service/request_log.h"
 
 namespace moh {
 namespace {
@@ -34,11 +35,11 @@ bool ClientGone(MHD_Connection* connection) {
          (fd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
-MHD_Result RespondError(MHD_Connection* connection, const absl::Status& status,
-                        unsigned int http = 0) {
+MHD_Result RespondError(MHD_Connection* connection, const std::string& id,
+                        const absl::Status& status, unsigned int http = 0) {
   return HttpRespond(connection,
                      http != 0 ? http : openai::HttpStatus(status.code()),
-                     openai::ErrorJson(status), kJson);
+                     openai::ErrorJson(status), kJson, id.c_str());
 }
 
 // One generation's output as the model's loop thread delivers it; the
@@ -96,6 +97,7 @@ class Sink : public GenerationObserver {
 // A request being received (MHD's per-request pointer).
 struct Incoming {
   absl::Time start = absl::Now();
+  std::string request_id;  // X-Request-Id, or a fresh one (request_log.h)
   std::string body;
   bool too_big = false;
 };
@@ -106,6 +108,7 @@ struct Running {
   Endpoint endpoint = Endpoint::kCompletions;
   Rpc rpc = Rpc::kCompletions;
   absl::Time start;
+  std::string request_id;
   std::string model;
   Servable* servable = nullptr;
   uint64_t id = 0;
@@ -119,7 +122,8 @@ struct Running {
   void Record(absl::StatusCode code) {
     if (recorded) return;
     recorded = true;
-    RecordRequest(servable->metrics(), nullptr, rpc, model, code, start);
+    RecordRequest(servable->metrics(), nullptr, rpc, model, code, start,
+                  request_id);
   }
 };
 
@@ -213,7 +217,12 @@ struct OpenAiHttpServer::Handler {
     auto* server = static_cast<OpenAiHttpServer*>(cls);
     auto* incoming = static_cast<Incoming*>(*con_cls);
     if (incoming == nullptr) {  // the headers: the body follows
-      *con_cls = new Incoming;
+      incoming = new Incoming;
+      const char* id = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
+                                                   kRequestIdKey);
+      incoming->request_id = RequestId(
+          id != nullptr ? std::optional<absl::string_view>(id) : std::nullopt);
+      *con_cls = incoming;
       return MHD_YES;
     }
     if (*upload_data_size != 0) {
@@ -282,29 +291,34 @@ MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
   const bool post = std::strcmp(method, MHD_HTTP_METHOD_POST) == 0;
   if (server->options_.tls && !server->options_.tls->client_ca.empty() &&
       !HttpClientVerified(connection)) {
-    return RespondError(connection,
+    return RespondError(connection, incoming.request_id,
                         absl::PermissionDeniedError(
                             "a client certificate signed by the client CA is "
                             "required"));
   }
   if (path == "/health") {
-    if (!get) return RespondError(connection, MethodNotAllowed("GET"), 405);
+    if (!get)
+      return RespondError(connection, incoming.request_id,
+                          MethodNotAllowed("GET"), 405);
     const bool draining = !server->accepting_;
     const bool ready = server->models_->AllReady();
     const char* status = draining ? "draining" : (ready ? "ok" : "not ready");
     return HttpRespond(connection, !draining && ready ? 200 : 503,
-                       absl::StrCat("{\"status\": \"", status, "\"}"), kJson);
+                       absl::StrCat("{\"status\": \"", status, "\"}"), kJson,
+                       incoming.request_id.c_str());
   }
   Endpoint endpoint = Endpoint::kCompletions;
   if (path == "/v1/models") {
-    if (!get) return RespondError(connection, MethodNotAllowed("GET"), 405);
+    if (!get)
+      return RespondError(connection, incoming.request_id,
+                          MethodNotAllowed("GET"), 405);
   } else if (path == "/v1/completions") {
     endpoint = Endpoint::kCompletions;
   } else if (path == "/v1/chat/completions") {
     endpoint = Endpoint::kChatCompletions;
   } else {
     return RespondError(
-        connection,
+        connection, incoming.request_id,
         absl::NotFoundError(absl::StrCat(
             "no such endpoint: ", path,
             " (endpoints: GET /v1/models, POST /v1/completions, POST "
@@ -316,13 +330,17 @@ MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
     absl::Status status = server->auth_->CheckHeader(
         header != nullptr ? std::optional<absl::string_view>(header)
                           : std::nullopt);
-    if (!status.ok()) return RespondError(connection, status);
+    if (!status.ok())
+      return RespondError(connection, incoming.request_id, status);
   }
   if (path == "/v1/models") {
     return HttpRespond(connection, 200,
-                       openai::ModelsJson(server->models_->List()), kJson);
+                       openai::ModelsJson(server->models_->List()), kJson,
+                       incoming.request_id.c_str());
   }
-  if (!post) return RespondError(connection, MethodNotAllowed("POST"), 405);
+  if (!post)
+    return RespondError(connection, incoming.request_id,
+                        MethodNotAllowed("POST"), 405);
   return Generate(server, connection, endpoint, incoming);
 }
 
@@ -335,15 +353,16 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
   run.rpc = endpoint == Endpoint::kCompletions ? Rpc::kCompletions
                                                : Rpc::kChatCompletions;
   run.start = incoming.start;
+  run.request_id = incoming.request_id;
   // Errors before the request reaches a model.
   auto fail = [&](const absl::Status& status, unsigned int http = 0) {
     if (run.servable != nullptr) {
       run.Record(status.code());
     } else {
       RecordRequest(nullptr, server->models_->metrics(), run.rpc, run.model,
-                    status.code(), run.start);
+                    status.code(), run.start, run.request_id);
     }
-    return RespondError(connection, status, http);
+    return RespondError(connection, incoming.request_id, status, http);
   };
   if (incoming.too_big) {
     return fail(
@@ -392,7 +411,8 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
       openai::Finished finished{run.response_id, run.created, run.model,
                                 std::move(text), update.summary};
       return HttpRespond(connection, 200,
-                         openai::ResponseJson(endpoint, finished), kJson);
+                         openai::ResponseJson(endpoint, finished), kJson,
+                         run.request_id.c_str());
     }
     if (server->stopping_ || ClientGone(connection)) {
       run.servable->CancelGenerate(run.id);
@@ -418,6 +438,8 @@ MHD_Result OpenAiHttpServer::Handler::StartStream(OpenAiHttpServer* server,
   MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE,
                           "text/event-stream");
   MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  MHD_add_response_header(response, "X-Request-Id",
+                          stream->run.request_id.c_str());
   const MHD_Result result = MHD_queue_response(connection, 200, response);
   MHD_destroy_response(response);
   return result;

@@ -270,8 +270,8 @@ TEST_F(MetricsTest, EveryStatusCodeHasItsGrpcName) {
 }
 
 // ListModels is the server's RPC: no model has a series for it, so none sits
-// at zero forever. Each model has its request and queue series per RPC it
-// serves, and an OK counter for each.
+// at zero forever. Each model has its request and queue series per RPC (the
+// HTTP API's endpoints included), and an OK counter for each.
 TEST_F(MetricsTest, PerModelSeriesOnlyForTheModelsRpcs) {
   metrics_.ForModel("m", 1, 1, false);
   const std::vector<MetricFamily> families = Collect();
@@ -281,8 +281,9 @@ TEST_F(MetricsTest, PerModelSeriesOnlyForTheModelsRpcs) {
     ASSERT_NE(f, nullptr) << name;
     std::vector<std::string> rpcs;
     for (const ClientMetric& m : f->metric) rpcs.push_back(Labels(m)["rpc"]);
-    EXPECT_THAT(rpcs, ::testing::UnorderedElementsAre("Generate", "Classify",
-                                                      "GenerateImage"))
+    EXPECT_THAT(rpcs, ::testing::UnorderedElementsAre(
+                          "Generate", "Classify", "GenerateImage",
+                          "Completions", "ChatCompletions"))
         << name;
   }
 }

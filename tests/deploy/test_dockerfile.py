@@ -106,12 +106,13 @@ def test_readme_and_dockerfile_use_the_same_install_script(dockerfile):
     installs = runs_script(runs, INSTALL)
     # The build installs exactly what the README's commands install (no
     # arguments: Debian's LibTorch; --torch=wheel: the CUDA build's; --bench,
-    # the benchmark suite's llama.cpp peer, is never part of an image); the
-    # runtime stage the --runtime subset of the same script.
+    # the benchmark suite's llama.cpp peer, and --test, the test suite's
+    # PyPI packages, are never part of an image); the runtime stage the
+    # --runtime subset of the same script.
     assert [INSTALL] in installs, installs
-    assert all(w[1:] in ([], ["--torch=wheel"], ["--bench"])
+    assert all(w[1:] in ([], ["--torch=wheel"], ["--bench"], ["--test"])
                for w in readme), readme
-    assert not any(w[1:] == ["--bench"] for w in installs), installs
+    assert not any(w[1:] in (["--bench"], ["--test"]) for w in installs), installs
     assert any(w[1:] == ["--torch=wheel"] for w in installs), installs
     assert any(w[1:2] == ["--runtime"] for w in installs), installs
     builds = runs_script(runs, BUILD)

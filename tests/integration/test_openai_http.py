@@ -14,6 +14,7 @@ scripts/test_venv.env) and by raw HTTP where the client hides the wire:
 import http.client
 import json
 import os
+import re
 import socket
 import time
 
@@ -204,6 +205,35 @@ def test_errors_are_openais_and_name_the_field(client, server):
     assert status == 404 and "no such endpoint: /v2/things" in body["error"]["message"]
 
 
+def test_request_ids_are_echoed_and_logged(api, server, stub, server_factory):
+    status, response, _ = request(server, "GET", "/v1/models",
+                                  headers={"X-Request-Id": "trace-42"})
+    assert status == 200 and response.getheader("X-Request-Id") == "trace-42"
+    status, response, _ = request(server, "POST", "/v1/completions",
+                                  {"model": "demo-lm", "prompt": "x", "top_p": 7})
+    assert status == 400
+    assert re.fullmatch(r"[0-9a-f]{16}", response.getheader("X-Request-Id"))
+    # Unprintable or oversized ids are replaced.
+    _, response, _ = request(server, "GET", "/health", headers={"X-Request-Id": "a" * 200})
+    assert re.fullmatch(r"[0-9a-f]{16}", response.getheader("X-Request-Id"))
+    # gRPC: the x-request-id metadata, in the initial metadata and the log.
+    responses = stub.Generate(lib.generate_request(api.pb, prompt=PROMPT, model="demo-lm",
+                                                   max_new_tokens=2),
+                              metadata=[("x-request-id", "grpc-7")], timeout=lib.RPC_TIMEOUT)
+    assert dict(responses.initial_metadata())["x-request-id"] == "grpc-7"
+    list(responses)
+    lib.wait_until(lambda: "request_id=grpc-7" in server.log(), 10, "the log line")
+    # The access log: info-level lines.
+    quiet = server_factory("openai_access", [("demo-lm", DEMO_LM, "")], http=True,
+                           metrics=False, extra="access_log: true")
+    request(quiet, "POST", "/v1/completions", {"model": "demo-lm", "prompt": "x",
+                                              "max_tokens": 1},
+            headers={"X-Request-Id": "access-1"})
+    lib.wait_until(lambda: "request_id=access-1" in quiet.log(), 10, "the access line")
+    line = next(l for l in quiet.log().splitlines() if "request_id=access-1" in l)
+    assert " I Completions model=demo-lm code=OK " in line
+
+
 def test_health(server):
     status, _, body = request(server, "GET", "/health")
     assert (status, body) == (200, {"status": "ok"})
@@ -297,3 +327,60 @@ def test_bearer_tokens_guard_v1_not_health(server_factory, tmp_path):
     assert allowed.completions.create(model="demo-lm", prompt=PROMPT,
                                       max_tokens=2).usage.completion_tokens == 2
     assert request(server, "GET", "/health")[0] == 200
+
+
+def render_chat(messages, add_generation_prompt=True):
+    """demo-lm's chat template rendered by jinja2 as transformers does."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    with open(os.path.join(DEMO_LM, "tokenizer_config.json")) as f:
+        config = json.load(f)
+
+    def raise_exception(message):
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(config["chat_template"]).render(
+        messages=messages, add_generation_prompt=add_generation_prompt,
+        bos_token=config["bos_token"], eos_token=config["eos_token"]), config["bos_token"]
+
+
+CHAT = [{"role": "system", "content": "Answer as the Preacher."},
+        {"role": "user", "content": "What profit hath a man?"}]
+
+
+def test_chat_completion_renders_the_models_template(client):
+    rendered, bos = render_chat(CHAT)
+    assert rendered.startswith(bos)
+    # The same tokens as a completion of the rendered text (its BOS added by
+    # the tokenizer instead of written by the template).
+    want = client.completions.create(model="demo-lm", prompt=rendered[len(bos):],
+                                     max_tokens=16, temperature=0)
+    got = client.chat.completions.create(model="demo-lm", messages=CHAT, max_tokens=16,
+                                         temperature=0)
+    assert got.object == "chat.completion" and got.id.startswith("chatcmpl-")
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == want.choices[0].text
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens
+    assert got.model_extra["moh"]["effective_activation_ratio"] > 0
+    chunks = list(client.chat.completions.create(
+        model="demo-lm", messages=CHAT, max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 16
+
+
+def test_chat_errors(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="demo-lm", messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])
+    assert "roles are system, user and assistant" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="long", messages=CHAT)
+    assert "model 'long' has no chat template" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="demo-lm", messages=[])
+    assert "messages must be a non-empty list" in e.value.message
