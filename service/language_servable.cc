@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "model/core/runtime.h"
 #include "model/generation/generator.h"
@@ -32,6 +33,13 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
       new LanguageServable(config, std::move(lm), model_metrics));
   LanguageServable* self = servable.get();
   const LanguageModel& model = self->lm_;
+  self->chat_template_ = LoadChatTemplate(config.model_dir());
+  if (!self->chat_template_.ok() &&
+      !absl::IsNotFound(self->chat_template_.status())) {
+    // Completions still work; chats say why they cannot.
+    MOH_LOG(Warning) << "model " << config.name() << ": no chat template: "
+                     << self->chat_template_.status().message();
+  }
 
   ContinuousBatchScheduler::Options options;
   options.model_name = config.name();
@@ -156,6 +164,27 @@ absl::StatusOr<uint64_t> LanguageServable::Generate(
   job.min_ratio = call.min_ratio;
   job.deadline = call.deadline;
   return scheduler_->Submit(std::move(job), std::move(observer));
+}
+
+absl::StatusOr<std::string> LanguageServable::ChatPrompt(
+    const std::vector<ChatMessage>& messages,
+    bool add_generation_prompt) const {
+  if (!chat_template_.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "messages: model '", name(), "' has no chat template",
+        absl::IsNotFound(chat_template_.status())
+            ? " (tokenizer_config.json \"chat_template\"); use /v1/completions"
+            : absl::StrCat(": ", chat_template_.status().message())));
+  }
+  const LoadedChatTemplate& t = *chat_template_;
+  absl::StatusOr<std::string> prompt = t.chat_template.Render(
+      messages, add_generation_prompt,
+      {{"bos_token", t.bos_token}, {"eos_token", t.eos_token}});
+  if (!prompt.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("messages: ", prompt.status().message()));
+  }
+  return prompt;
 }
 
 void LanguageServable::CancelGenerate(uint64_t id) { scheduler_->Cancel(id); }

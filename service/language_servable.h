@@ -33,6 +33,9 @@ class LanguageServable : public Servable {
   absl::StatusOr<uint64_t> Generate(
       GenerateCall call, std::shared_ptr<GenerationObserver> observer) override;
   void CancelGenerate(uint64_t id) override;
+  absl::StatusOr<std::string> ChatPrompt(
+      const std::vector<ChatMessage>& messages,
+      bool add_generation_prompt) const override;
   absl::Status Classify(ClassifyCall call, ClassifyDone done) override;
   void StopAccepting() override;
   bool Idle() const override;
@@ -48,6 +51,10 @@ class LanguageServable : public Servable {
 
   const int32_t default_max_new_tokens_;
   const LanguageModel lm_;
+  // tokenizer_config.json's chat template, or why there is none (NOT_FOUND:
+  // the model has none; else it did not load).
+  absl::StatusOr<LoadedChatTemplate> chat_template_ =
+      absl::NotFoundError("not loaded");
   ModelMetrics* const metrics_;
   std::unique_ptr<ContinuousBatchScheduler> scheduler_;
   std::unique_ptr<BatchedClassifier> classifier_;  // last: stopped first

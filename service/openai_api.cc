@@ -192,18 +192,18 @@ absl::Status ReadPrompt(const Fields& f, GenerateCall* call) {
 
 // messages: [{"role": "system"|"user"|"assistant"|..., "content": text or
 // [{"type": "text", "text": ...}, ...]}, ...]
-absl::StatusOr<std::vector<Message>> ReadMessages(const Fields& f) {
+absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const Fields& f) {
   const json* m = f.Get("messages");
   if (m == nullptr) return Invalid("messages", "is required");
   if (!m->is_array() || m->empty()) {
     return Invalid("messages", "must be a non-empty list of messages");
   }
-  std::vector<Message> messages;
+  std::vector<ChatMessage> messages;
   for (size_t i = 0; i < m->size(); ++i) {
     const json& entry = (*m)[i];
     const std::string at = absl::StrCat("messages[", i, "]");
     if (!entry.is_object()) return Invalid(at, "must be an object");
-    Message message;
+    ChatMessage message;
     auto role = entry.find("role");
     if (role == entry.end() || !role->is_string() ||
         role->get<std::string>().empty()) {

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "model/tokenizer/chat_template.h"
 #include "moh/v1/inference.pb.h"
 #include "service/continuous_batch_scheduler.h"
 #include "service/servable.h"
@@ -27,12 +28,6 @@ namespace openai {
 // What the endpoint is: the object names of its responses differ.
 enum class Endpoint { kCompletions, kChatCompletions };
 
-// One chat message (`messages[i]`): its role and text content.
-struct Message {
-  std::string role;
-  std::string content;
-};
-
 // A POST /v1/completions or /v1/chat/completions body, checked. Sampling
 // fields left out take the model's generation_config.json defaults when it
 // has them, else OpenAI's (temperature 1, top_p 1); max_tokens the model's
@@ -41,7 +36,7 @@ struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  // empty: the server's only (or first) language model
   GenerateCall call;  // completions: the prompt; chat: no prompt yet
-  std::vector<Message> messages;      // chat only
+  std::vector<ChatMessage> messages;  // chat only
   bool add_generation_prompt = true;  // chat only
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -388,7 +388,11 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
   if (!servable.ok()) return fail(servable.status());
   run.servable = *servable;
   if (endpoint == Endpoint::kChatCompletions) {
-    return fail(absl::UnimplementedError("chat templates: not yet"));
+    absl::StatusOr<std::string> prompt = run.servable->ChatPrompt(
+        request->messages, request->add_generation_prompt);
+    if (!prompt.ok()) return fail(prompt.status());
+    request->call.prompt = std::move(*prompt);
+    request->call.add_special_tokens = false;  // the template wrote them
   }
   run.sink = std::make_shared<Sink>();
   absl::StatusOr<uint64_t> id =

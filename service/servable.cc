@@ -71,6 +71,12 @@ absl::StatusOr<uint64_t> Servable::Generate(
 
 void Servable::CancelGenerate(uint64_t) {}
 
+absl::StatusOr<std::string> Servable::ChatPrompt(
+    const std::vector<ChatMessage>&, bool) const {
+  return NotServedError("model", name_, family_, Task::kGenerate,
+                        "choose a language model");
+}
+
 absl::StatusOr<uint64_t> Servable::GenerateImage(
     GenerateImageCall, std::shared_ptr<ImageObserver>) {
   return NotServedError("model", name_, family_, Task::kGenerateImage,

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "model/core/model_config.h"
 #include "model/generation/sampler.h"
+#include "model/tokenizer/chat_template.h"
 #include "moh/v1/inference.pb.h"
 #include "service/continuous_batch_scheduler.h"
 #include "service/image_scheduler.h"
@@ -132,6 +133,13 @@ class Servable {
   virtual absl::StatusOr<uint64_t> Generate(
       GenerateCall call, std::shared_ptr<GenerationObserver> observer);
   virtual void CancelGenerate(uint64_t id);
+  // The prompt of a conversation, by the model's chat template
+  // (tokenizer_config.json), ending with the assistant's turn opened when
+  // `add_generation_prompt`. INVALID_ARGUMENT when the model has no usable
+  // template, or the template refuses the conversation (its message).
+  virtual absl::StatusOr<std::string> ChatPrompt(
+      const std::vector<ChatMessage>& messages,
+      bool add_generation_prompt) const;
   // Queues a classification; `done` is called exactly once, later, on a
   // batcher thread — unless this returns an error, then never.
   virtual absl::Status Classify(ClassifyCall call, ClassifyDone done);
