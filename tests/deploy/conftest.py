@@ -28,6 +28,7 @@ HEALTH_SERVICES = ("", "moh.v1.Inference")
 DEFAULT_PORT = 50051
 DEFAULT_METRICS_PORT = 9464
 DEFAULT_DRAIN_SECONDS = 30.0
+DEFAULT_HTTP_PORT = 8000  # -1: off
 
 
 def need_tool(name):
@@ -126,6 +127,16 @@ def server_settings(objects):
             setting("metrics_port", "metrics_port", DEFAULT_METRICS_PORT, int),
             setting("drain_timeout_seconds", "drain_timeout",
                     DEFAULT_DRAIN_SECONDS, float))
+
+
+def http_port(objects):
+    """The OpenAI-compatible API's port moh-server gets (flag over config
+    over default), or None when it is off."""
+    _, container = server_container(objects)
+    value = (flag(container.get("args", []), "http_port") or
+             top_level_field(mounted_config(objects), "http_port"))
+    port = int(value) if value is not None else DEFAULT_HTTP_PORT
+    return None if port == -1 else port
 
 
 def health_port(objects):

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import (DEPLOY_DIR, HEALTH_SERVICES, OVERLAYS, SOURCE_DIR,
                       adapter_rules, dashboard_path, find, flag, health_port,
-                      mounted_config, one, server_container, server_settings)
+                      http_port, mounted_config, one, server_container,
+                      server_settings)
 
 CLUSTER_SCOPED = {"Namespace"}
 
@@ -50,6 +51,7 @@ def test_ports_and_probes_match_the_server(rendered, overlay):
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports.get("grpc") == grpc_port
     assert ports.get("metrics") == metrics_port
+    assert ports.get("http") == http_port(objects)
 
     # Probes go to the plaintext health-only port when there is one (gRPC
     # probes cannot speak TLS), else to the gRPC port.
@@ -73,8 +75,8 @@ def test_ports_and_probes_match_the_server(rendered, overlay):
         for port in service["spec"]["ports"]:
             target = container_port(container, port.get("targetPort",
                                                          port["port"]))
-            assert target == {"grpc": grpc_port,
-                              "metrics": metrics_port}[port["name"]], port
+            assert target == {"grpc": grpc_port, "metrics": metrics_port,
+                              "http": http_port(objects)}[port["name"]], port
     headless = [s for s in services.values()
                 if s["spec"].get("clusterIP") == "None"]
     regular = [s for s in services.values()
@@ -232,7 +234,7 @@ def test_network_policy_opens_only_the_served_ports(rendered, overlay):
     named = {p["name"] for p in container["ports"]}
     opened = [p["port"] for rule in policy["spec"]["ingress"]
               for p in rule["ports"]]
-    assert sorted(opened) == ["grpc", "metrics"] and set(opened) <= named
+    assert sorted(opened) == ["grpc", "http", "metrics"] and set(opened) <= named
     metrics_rule = [r for r in policy["spec"]["ingress"]
                     if any(p["port"] == "metrics" for p in r["ports"])][0]
     assert metrics_rule.get("from"), "the metrics port is open to everyone"
