@@ -267,6 +267,13 @@ absl::StatusOr<Activation> ContinuousBatchScheduler::Impl::Validate(
         job.sampling.max_new_tokens, ") must be <= max_seq_len ", max_len));
   }
   MOH_RETURN_IF_ERROR(ValidateSamplingParams(job.sampling, max_len - prompt));
+  for (int32_t id : job.sampling.stop_token_ids) {
+    if (id >= config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.stop_token_ids must be in [0, ",
+                       config.vocab_size, "), got ", id));
+    }
+  }
   if (!job.sampling.stop.empty() && lm_.tokenizer == nullptr) {
     return absl::InvalidArgumentError(
         "sampling.stop needs a model with a tokenizer");

@@ -58,6 +58,9 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   s.stop.assign(p.stop().begin(), p.stop().end());
   s.repetition_penalty =
       p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.ignore_eos = p.ignore_eos();
+  s.min_tokens = p.min_tokens();
   return s;
 }
 

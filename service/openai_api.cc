@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -138,20 +139,24 @@ absl::Status CheckUnsupported(const Fields& f) {
   return absl::OkStatus();
 }
 
+// `list`'s token ids; else INVALID_ARGUMENT "<field> must be <what>".
 absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list,
-                                              const std::string& field) {
+                                              const std::string& field,
+                                              const char* what) {
   std::vector<int32_t> ids;
   for (const json& t : list) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
         t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
       return Invalid(field,
-                     "must be a string or a list of token ids "
-                     "(non-negative integers)");
+                     absl::StrCat("must be ", what,
+                                  " (token ids: non-negative integers)"));
     }
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   return ids;
 }
+
+constexpr char kPromptShape[] = "a string or a list of token ids";
 
 // prompt: a string, a list of token ids, or a list holding one of those.
 absl::Status ReadPrompt(const Fields& f, GenerateCall* call) {
@@ -166,7 +171,7 @@ absl::Status ReadPrompt(const Fields& f, GenerateCall* call) {
   }
   const json& first = (*p)[0];
   if (first.is_number_integer()) {
-    auto ids = TokenIds(*p, "prompt");
+    auto ids = TokenIds(*p, "prompt", kPromptShape);
     if (!ids.ok()) return ids.status();
     call->token_ids = std::move(*ids);
     return absl::OkStatus();
@@ -182,7 +187,7 @@ absl::Status ReadPrompt(const Fields& f, GenerateCall* call) {
     return absl::OkStatus();
   }
   if (first.is_array() && !first.empty()) {
-    auto ids = TokenIds(first, "prompt");
+    auto ids = TokenIds(first, "prompt", kPromptShape);
     if (!ids.ok()) return ids.status();
     call->token_ids = std::move(*ids);
     return absl::OkStatus();
@@ -259,8 +264,9 @@ absl::Status ReadStop(const Fields& f, SamplingParams* sampling) {
 std::set<std::string> KnownFields(Endpoint endpoint) {
   std::set<std::string> known = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-      "stream", "stream_options", "n", "repetition_penalty", "user",
-      "activation_ratio", "min_activation_ratio",
+      "stop_token_ids", "ignore_eos", "min_tokens", "stream", "stream_options",
+      "n", "repetition_penalty", "user", "activation_ratio",
+      "min_activation_ratio",
       // Accepted only at their defaults (CheckUnsupported).
       "logprobs", "top_logprobs", "echo", "best_of", "suffix",
       "presence_penalty", "frequency_penalty", "logit_bias"};
@@ -342,6 +348,17 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
   s.repetition_penalty = static_cast<float>(penalty.value_or(1.0));
   call.sampling_set.repetition_penalty = penalty.has_value();
   MOH_RETURN_IF_ERROR(ReadStop(f, &s));
+  if (const json* ids = f.Get("stop_token_ids")) {
+    if (!ids->is_array()) {
+      return Invalid("stop_token_ids", "must be a list of token ids");
+    }
+    MOH_ASSIGN_OR_RETURN(s.stop_token_ids, TokenIds(*ids, "stop_token_ids",
+                                                    "a list of token ids"));
+  }
+  MOH_ASSIGN_OR_RETURN(s.ignore_eos, f.Bool("ignore_eos", false));
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
+                       f.Integer("min_tokens", 0, kMaxTokens));
+  s.min_tokens = static_cast<int32_t>(min_tokens.value_or(0));
   MOH_ASSIGN_OR_RETURN(std::optional<int64_t> n, f.Integer("n", 1, 1 << 20));
   if (n && *n != 1) {
     return Invalid(
@@ -375,13 +392,18 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
 }
 
 std::string WithHttpFieldNames(absl::string_view message) {
-  return absl::StrReplaceAll(message,
-                             {{"sampling.max_new_tokens", "max_tokens"},
-                              {"sampling.", ""},
-                              {"activation.min_ratio", "min_activation_ratio"},
-                              {"activation.ratio", "activation_ratio"},
-                              {"prompt (or token_ids)", "prompt"},
-                              {"token_ids", "prompt token ids"}});
+  std::string out = absl::StrReplaceAll(
+      message, {{"sampling.max_new_tokens", "max_tokens"},
+                {"sampling.", ""},
+                {"activation.min_ratio", "min_activation_ratio"},
+                {"activation.ratio", "activation_ratio"},
+                {"prompt (or token_ids)", "prompt"}});
+  // The scheduler's check of the prompt's ids (not stop_token_ids).
+  constexpr absl::string_view kIds = "token_ids ";
+  if (absl::StartsWith(out, kIds)) {
+    out = absl::StrCat("prompt token ids ", out.substr(kIds.size()));
+  }
+  return out;
 }
 
 int HttpStatus(absl::StatusCode code) {

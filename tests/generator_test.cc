@@ -143,6 +143,58 @@ TEST_F(GeneratorTest, EosEndsTheSequence) {
             std::vector<int32_t>(greedy.begin(), greedy.begin() + k + 1));
 }
 
+// The first greedy position whose token did not occur before it.
+size_t FirstNewToken(const std::vector<int32_t>& greedy) {
+  size_t k = 1;
+  while (k + 1 < greedy.size() && std::find(greedy.begin(), greedy.begin() + k,
+                                            greedy[k]) != greedy.begin() + k) {
+    ++k;
+  }
+  return k;
+}
+
+TEST_F(GeneratorTest, StopTokensEndIgnoreEosAndMinTokensDefer) {
+  const json golden = Golden();
+  const json& c = golden["cases"][0];
+  const auto greedy = c["greedy"].get<std::vector<int32_t>>();
+  ASSERT_GE(greedy.size(), 8u);
+  const size_t k = FirstNewToken(greedy);
+  GenerationRequest request;
+  request.prompt_ids =
+      golden["prompts"][c["prompt"].get<int>()].get<std::vector<int32_t>>();
+  request.sampling.max_new_tokens = 8;
+  request.ratio = c["ratio"].get<float>();
+  auto run = [&](const std::vector<int32_t>& eos) {
+    Generator generator(*lm_->model, lm_->tokenizer.get(), eos);
+    auto results = generator.Generate({request});
+    EXPECT_TRUE(results.ok()) << results.status();
+    return std::move((*results)[0]);
+  };
+  // A stop token ends with STOP, counted.
+  request.sampling.stop_token_ids = {greedy[k]};
+  GenerationResult stopped = run({});
+  EXPECT_EQ(stopped.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(stopped.token_ids,
+            std::vector<int32_t>(greedy.begin(), greedy.begin() + k + 1));
+  // Not before min_tokens: position k takes the next best token instead.
+  request.sampling.min_tokens = static_cast<int32_t>(k) + 1;
+  GenerationResult deferred = run({});
+  ASSERT_GT(deferred.token_ids.size(), k);
+  EXPECT_NE(deferred.token_ids[k], greedy[k]);
+  EXPECT_EQ(std::vector<int32_t>(deferred.token_ids.begin(),
+                                 deferred.token_ids.begin() + k),
+            std::vector<int32_t>(greedy.begin(), greedy.begin() + k));
+  // ignore_eos: the same token declared EOS ends nothing.
+  request.sampling = SamplingParams();
+  request.sampling.max_new_tokens = 8;
+  EXPECT_EQ(run({greedy[k]}).finish_reason, FinishReason::kEos);
+  request.sampling.ignore_eos = true;
+  GenerationResult ignored = run({greedy[k]});
+  EXPECT_EQ(ignored.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(ignored.token_ids,
+            std::vector<int32_t>(greedy.begin(), greedy.begin() + 8));
+}
+
 TEST_F(GeneratorTest, StopStringTruncatesTheText) {
   Generator generator(*lm_->model, lm_->tokenizer.get(), {});
   GenerationRequest request = Request("Once upon a time", 20);

@@ -34,6 +34,7 @@ TEST(OpenAiApiTest, CompletionFieldsBecomeTheCall) {
     "repetition_penalty": 1.2, "stream": true,
     "stream_options": {"include_usage": true}, "n": 1, "user": "u",
     "activation_ratio": 0.5, "min_activation_ratio": 0.25,
+    "stop_token_ids": [7, 9], "ignore_eos": true, "min_tokens": 3,
     "logprobs": null, "echo": false, "presence_penalty": 0})");
   EXPECT_EQ(r.model, "lm");
   EXPECT_EQ(r.call.prompt, "Once");
@@ -49,6 +50,9 @@ TEST(OpenAiApiTest, CompletionFieldsBecomeTheCall) {
   EXPECT_TRUE(r.include_usage);
   EXPECT_EQ(r.call.ratio, 0.5f);
   EXPECT_EQ(r.call.min_ratio, 0.25f);
+  EXPECT_EQ(r.call.sampling.stop_token_ids, (std::vector<int32_t>{7, 9}));
+  EXPECT_TRUE(r.call.sampling.ignore_eos);
+  EXPECT_EQ(r.call.sampling.min_tokens, 3);
 }
 
 TEST(OpenAiApiTest, DefaultsAreOpenAis) {
@@ -104,6 +108,10 @@ TEST(OpenAiApiTest, BadFieldsAreNamedWithTheirRange) {
               HasSubstr("n must be 1"));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "stop": [1]})"),
               HasSubstr("stop must be a string or a list of strings"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "stop_token_ids": [1, -1]})"),
+              HasSubstr("stop_token_ids must be a list of token ids"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "min_tokens": -1})"),
+              HasSubstr("min_tokens must be in [0, "));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "activation_ratio": 1.5})"),
               HasSubstr("activation_ratio must be in [0, 1], got 1.5"));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "logprobs": 2})"),
@@ -163,6 +171,10 @@ TEST(OpenAiApiTest, ServableMessagesGetHttpFieldNames) {
             "(activation_ratio)");
   EXPECT_EQ(WithHttpFieldNames("sampling.top_k must be >= 0"),
             "top_k must be >= 0");
+  EXPECT_EQ(WithHttpFieldNames("token_ids must be in [0, 10), got 12"),
+            "prompt token ids must be in [0, 10), got 12");
+  EXPECT_EQ(WithHttpFieldNames("sampling.stop_token_ids must be in [0, 10)"),
+            "stop_token_ids must be in [0, 10)");
 }
 
 TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "base/enum_names.h"
@@ -36,8 +37,11 @@ SequenceOutput::SequenceOutput(const SamplingParams& sampling,
                                const Tokenizer* tokenizer,
                                std::vector<int32_t> eos_ids)
     : max_new_tokens_(sampling.max_new_tokens),
+      min_tokens_(sampling.min_tokens),
+      stop_token_ids_(sampling.stop_token_ids),
       vocab_limit_(tokenizer != nullptr ? tokenizer->vocab_size() : 0),
-      eos_ids_(std::move(eos_ids)),
+      eos_ids_(sampling.ignore_eos ? std::vector<int32_t>()
+                                   : std::move(eos_ids)),
       sampler_(sampling),
       stop_matcher_(sampling.stop),
       history_(std::move(prompt_ids)) {
@@ -50,14 +54,29 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
   // Rows beyond the tokenizer (released checkpoints often pad the embedding)
   // are never sampled: every id streamed can be decoded.
   const bool padded = vocab_limit_ > 0 && logits.size(-1) > vocab_limit_;
-  const int32_t token = sampler_.Sample(
-      padded ? logits.narrow(-1, 0, vocab_limit_) : logits, history_);
+  at::Tensor scores = padded ? logits.narrow(-1, 0, vocab_limit_) : logits;
+  if (generated_ < min_tokens_) {
+    // Too early to end: the ending tokens cannot be drawn.
+    scores = scores.clone();
+    for (const std::vector<int32_t>* ids : {&eos_ids_, &stop_token_ids_}) {
+      for (int32_t id : *ids) {
+        if (id < scores.size(-1)) {
+          scores.select(-1, id).fill_(-std::numeric_limits<float>::infinity());
+        }
+      }
+    }
+  }
+  const int32_t token = sampler_.Sample(scores, history_);
   history_.push_back(token);
   ++generated_;
   GenerationChunk chunk;
   chunk.token_ids.push_back(token);
-  const bool eos =
-      std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+  const bool stop_token =
+      std::find(stop_token_ids_.begin(), stop_token_ids_.end(), token) !=
+      stop_token_ids_.end();
+  if (stop_token) finish_ = FinishReason::kStop;
+  const bool eos = stop_token || std::find(eos_ids_.begin(), eos_ids_.end(),
+                                           token) != eos_ids_.end();
   if (decoder_ && !eos) {
     MOH_ASSIGN_OR_RETURN(std::string text, decoder_->Push(token));
     StopStringMatcher::Result matched = stop_matcher_.Push(text);

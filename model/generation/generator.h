@@ -73,6 +73,10 @@ class SequenceOutput {
 
  private:
   const int32_t max_new_tokens_;
+  const int32_t min_tokens_;
+  // Tokens that end the sequence: EOS (kEos, unless ignore_eos), and the
+  // request's stop tokens (kStop).
+  const std::vector<int32_t> stop_token_ids_;
   // Ids the tokenizer can decode: [0, vocab_limit_); 0 = no tokenizer.
   const int32_t vocab_limit_;
   const std::vector<int32_t> eos_ids_;

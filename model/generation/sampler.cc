@@ -81,6 +81,20 @@ absl::Status ValidateSamplingParams(const SamplingParams& params,
                         absl::StrCat(size, " bytes"));
     }
   }
+  if (params.stop_token_ids.size() > static_cast<size_t>(kMaxStopTokenIds)) {
+    return OutOfRange("stop_token_ids",
+                      absl::StrCat("at most ", kMaxStopTokenIds, " ids"),
+                      absl::StrCat(params.stop_token_ids.size(), " ids"));
+  }
+  for (int32_t id : params.stop_token_ids) {
+    if (id < 0) return OutOfRange("stop_token_ids", "ids >= 0", id);
+  }
+  if (params.min_tokens < 0 || params.min_tokens > params.max_new_tokens) {
+    return OutOfRange(
+        "min_tokens",
+        absl::StrCat("in [0, max_new_tokens = ", params.max_new_tokens, "]"),
+        params.min_tokens);
+  }
   return absl::OkStatus();
 }
 

@@ -23,6 +23,8 @@ namespace moh {
 // Limits on SamplingParams::stop enforced by ValidateSamplingParams.
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 256;
+// Limit on SamplingParams::stop_token_ids.
+inline constexpr int kMaxStopTokenIds = 64;
 
 // Per-request sampling settings; the defaults are what an omitted field means.
 struct SamplingParams {
@@ -46,6 +48,15 @@ struct SamplingParams {
   // truncated before it. At most kMaxStopStrings, each 1..kMaxStopStringBytes
   // bytes.
   std::vector<std::string> stop;
+  // Generation stops after one of these tokens (finish reason stop; the
+  // token is counted, not decoded). At most kMaxStopTokenIds; ids within the
+  // vocabulary (checked by the scheduler, which knows it).
+  std::vector<int32_t> stop_token_ids;
+  // The model's end-of-sequence tokens do not end generation.
+  bool ignore_eos = false;
+  // Tokens generated before an end-of-sequence or stop token may be: those
+  // tokens are masked until then. In [0, max_new_tokens].
+  int32_t min_tokens = 0;
 };
 
 // Returns OK, or INVALID_ARGUMENT naming the first bad field and its allowed

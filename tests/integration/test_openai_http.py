@@ -384,3 +384,31 @@ def test_chat_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="demo-lm", messages=[])
     assert "messages must be a non-empty list" in e.value.message
+
+
+def test_stop_token_ids_ignore_eos_and_min_tokens(api, client, stub):
+    ids = lib.token_ids_of(lib.run_generate(stub, lib.generate_request(
+        api.pb, prompt=PROMPT, model="demo-lm", temperature=0.0, max_new_tokens=12)))
+    k = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
+
+    got = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=12,
+                                    temperature=0, extra_body={"stop_token_ids": [ids[k]]})
+    assert got.choices[0].finish_reason == "stop"
+    assert got.usage.completion_tokens == k + 1  # the stop token counts
+    request = lib.generate_request(api.pb, prompt=PROMPT, model="demo-lm", temperature=0.0,
+                                   max_new_tokens=12)
+    request.sampling.stop_token_ids.append(ids[k])
+    messages = lib.run_generate(stub, request)
+    assert got.choices[0].text == "".join(m.text for m in messages)
+    assert messages[-1].finish_reason == api.pb.STOP
+    later = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=12,
+                                      temperature=0, extra_body={
+                                          "stop_token_ids": [ids[k]], "min_tokens": k + 1})
+    assert later.usage.completion_tokens > k + 1
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="demo-lm", prompt=PROMPT,
+                                  extra_body={"stop_token_ids": [10 ** 6]})
+    assert "stop_token_ids must be in [0, 768)" in e.value.message
+    ignored = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=4,
+                                        temperature=0, extra_body={"ignore_eos": True})
+    assert ignored.usage.completion_tokens == 4
