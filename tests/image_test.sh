@@ -189,8 +189,8 @@ client generate-image --class=3 --seed=7 --out=/tmp/three.png \
   >"$work/image.out" 2>"$work/image.err" ||
   fail "moh-client generate-image: $(cat "$work/image.out" "$work/image.err")"
 sed 's/^/  | /' "$work/image.err"
-client classify /tmp/three.png >"$work/classify3.out" 2>&1 ||
-  fail "moh-client classify three.png: $(cat "$work/classify3.out")"
+client classify /tmp/three.png >"$work/classify3.out" 2>"$work/classify3.err" ||
+  fail "moh-client classify three.png: $(cat "$work/classify3.out" "$work/classify3.err")"
 top="$(awk 'NR == 1 && $1 == "LABEL" { next } NF { print $1; exit }' "$work/classify3.out")"
 [ "$top" = 3 ] || fail "the generated 3 was classified as '$top'"
 
