@@ -21,7 +21,9 @@ namespace {
 
 constexpr int32_t kMaxSteps = 1000;
 
-// One GenerateImage request inside the loop. Owned by the loop thread.
+// One GenerateImage request: inside the loop (owned by the loop thread),
+// then, once sampled, on its way to the client (decoded, encoded,
+// delivered; on the decode thread with a VAE).
 struct ImageRequestState {
   ImageJob job;
   Activation activation;  // resolved at Submit; lowered at admission
@@ -29,15 +31,6 @@ struct ImageRequestState {
   std::unique_ptr<ImageSample> sample;
   absl::Time submitted, started, sampled;
   bool counted = false;  // sampled: in ImageExecutor::undelivered_
-};
-
-// A sampled image on its way to the client: decoded, encoded, delivered.
-struct FinishedImage {
-  ImageJob job;
-  float applied_ratio = 0.0f;
-  std::shared_ptr<ImageObserver> observer;
-  std::unique_ptr<ImageSample> sample;
-  absl::Time submitted, started, sampled;
 };
 
 // Runs `deliver` on finished images on its own thread, first come first
@@ -49,7 +42,7 @@ struct FinishedImage {
 class DecodeWorker {
  public:
   DecodeWorker(const std::string& name, int32_t max_backlog,
-               std::function<void(FinishedImage)> deliver)
+               std::function<void(ImageRequestState)> deliver)
       : max_backlog_(max_backlog), deliver_(std::move(deliver)) {
     thread_ = std::thread([this] { Loop(); });
     // Linux limits thread names to 15 characters.
@@ -66,7 +59,7 @@ class DecodeWorker {
   }
 
   // Queues `image` (moved from) unless the backlog is full.
-  bool TryPost(FinishedImage& image) {
+  bool TryPost(ImageRequestState& image) {
     absl::MutexLock lock(&mu_);
     if (static_cast<int32_t>(queue_.size()) >= max_backlog_) return false;
     queue_.push_back(std::move(image));
@@ -76,7 +69,7 @@ class DecodeWorker {
  private:
   void Loop() {
     for (;;) {
-      FinishedImage image;
+      ImageRequestState image;
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
@@ -93,9 +86,9 @@ class DecodeWorker {
   }
 
   const int32_t max_backlog_;
-  const std::function<void(FinishedImage)> deliver_;
+  const std::function<void(ImageRequestState)> deliver_;
   absl::Mutex mu_;
-  std::deque<FinishedImage> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<ImageRequestState> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
@@ -111,7 +104,7 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
     if (vae_ != nullptr) {
       decoder_ = std::make_unique<DecodeWorker>(
           name, max_running,
-          [this](FinishedImage image) { Deliver(std::move(image)); });
+          [this](ImageRequestState image) { Deliver(std::move(image)); });
     }
   }
 
@@ -156,12 +149,8 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
            const absl::Status& status) override {
     switch (kind) {
       case EndKind::kFinished: {
-        FinishedImage image{r.job,       r.activation.requested_ratio(),
-                            r.observer,  std::move(r.sample),
-                            r.submitted, r.started,
-                            r.sampled};
-        if (decoder_ == nullptr || !decoder_->TryPost(image)) {
-          Deliver(std::move(image));
+        if (decoder_ == nullptr || !decoder_->TryPost(r)) {
+          Deliver(std::move(r));
         }
         return;
       }
@@ -183,7 +172,7 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
 
   // Decodes and encodes `image` and hands it to its observer; a request
   // whose image cannot be made fails alone. Loop or decode thread.
-  void Deliver(FinishedImage image) {
+  void Deliver(ImageRequestState image) {
     ImageResult result;
     absl::Status status;
     try {
@@ -204,7 +193,7 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
     --undelivered_;
   }
 
-  absl::Status Finish(const FinishedImage& image, ImageResult* result) {
+  absl::Status Finish(const ImageRequestState& image, ImageResult* result) {
     const ImageSample& sample = *image.sample;
     MOH_ASSIGN_OR_RETURN(
         at::Tensor pixels,
@@ -216,7 +205,7 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
     result->height = pixels.size(1);
     result->width = pixels.size(2);
     result->steps = sample.steps();
-    result->applied_ratio = image.applied_ratio;
+    result->applied_ratio = image.activation.requested_ratio();
     const at::Tensor counts = sample.head_token_counts().contiguous();
     result->head_tokens.assign(counts.data_ptr<int64_t>(),
                                counts.data_ptr<int64_t>() + counts.numel());

@@ -49,8 +49,13 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-SamplingParams FromProto(const v1::SamplingParams& p) {
-  SamplingParams s;
+// The request's sampling fields into `call`: their values (an absent field
+// takes gRPC's default) and which of them the request set.
+void FromProto(const v1::SamplingParams& p, GenerateCall* call) {
+  call->sampling_set = {p.has_temperature(), p.top_k() != 0, p.has_top_p(),
+                        p.has_repetition_penalty()};
+  if (p.has_max_new_tokens()) call->max_new_tokens = p.max_new_tokens();
+  SamplingParams& s = call->sampling;
   s.temperature = p.has_temperature() ? p.temperature() : 0.0f;
   s.top_k = p.top_k();
   s.top_p = p.has_top_p() ? p.top_p() : 1.0f;
@@ -61,7 +66,6 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.ignore_eos = p.ignore_eos();
   s.min_tokens = p.min_tokens();
-  return s;
 }
 
 // Streams one server-streaming call (Generate, GenerateImage). The model's
@@ -325,13 +329,7 @@ struct GenerateTraits {
       call.token_ids.emplace(request.token_ids().begin(),
                              request.token_ids().end());
     }
-    call.sampling = FromProto(request.sampling());
-    const v1::SamplingParams& p = request.sampling();
-    call.sampling_set = {p.has_temperature(), p.top_k() != 0, p.has_top_p(),
-                         p.has_repetition_penalty()};
-    if (request.sampling().has_max_new_tokens()) {
-      call.max_new_tokens = request.sampling().max_new_tokens();
-    }
+    FromProto(request.sampling(), &call);
     call.ratio = request.activation().ratio();
     call.min_ratio = request.activation().min_ratio();
     call.deadline = deadline;

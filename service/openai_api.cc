@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 #include <set>
 #include <utility>
 
@@ -13,6 +12,7 @@
 #include "base/status_macros.h"
 #include "model/generation/sampler.h"
 #include "nlohmann/json.hpp"
+#include "service/request_log.h"
 
 namespace moh {
 namespace openai {
@@ -450,11 +450,9 @@ std::string ErrorJson(const absl::Status& status) {
 }
 
 std::string NewId(Endpoint endpoint) {
-  thread_local std::mt19937_64 random(std::random_device{}());
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id = endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-";
-  for (int i = 0; i < 24; ++i) id += kHex[random() % 16];
-  return id;
+  return absl::StrCat(
+      endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-",
+      RandomHex(24));
 }
 
 const char* FinishReasonString(FinishReason reason) {

@@ -125,7 +125,26 @@ struct Running {
     RecordRequest(servable->metrics(), nullptr, rpc, model, code, start,
                   request_id);
   }
+  // Counts the request as its end says: its error, or OK (CANCELLED when
+  // the generation was cancelled).
+  void RecordEnd(const Sink::Update& end) {
+    Record(!end.error.ok() ? end.error.code()
+           : end.summary.finish_reason == FinishReason::kCancelled
+               ? absl::StatusCode::kCancelled
+               : absl::StatusCode::kOk);
+  }
+  // The client went (or the server stops): the generation stops, counted
+  // as CANCELLED.
+  void Cancel() {
+    servable->CancelGenerate(id);
+    Record(absl::StatusCode::kCancelled);
+  }
 };
+
+// Whether a running request's client is gone, or the server stops.
+bool Abandoned(const std::atomic<bool>& stopping, MHD_Connection* connection) {
+  return stopping.load() || ClientGone(connection);
+}
 
 // A streamed response: MHD pulls server-sent events from Read on the
 // connection's thread.
@@ -145,9 +164,8 @@ struct Stream {
 
   // Waits a little for output and turns it into events.
   void Fill() {
-    if (stopping->load() || ClientGone(connection)) {
-      run.servable->CancelGenerate(run.id);
-      run.Record(absl::StatusCode::kCancelled);
+    if (Abandoned(*stopping, connection)) {
+      run.Cancel();
       cancelled = true;
       return;
     }
@@ -161,10 +179,10 @@ struct Stream {
       chunk.first = false;
     }
     if (!update.done) return;
+    run.RecordEnd(update);
     if (!update.error.ok()) {
       // The status line went out with the first bytes: the error is an event.
       Event(openai::ErrorJson(update.error));
-      run.Record(update.error.code());
     } else {
       chunk.text.clear();
       chunk.summary = &update.summary;
@@ -172,9 +190,6 @@ struct Stream {
       if (run.include_usage) {
         Event(openai::UsageChunkJson(run.endpoint, chunk));
       }
-      run.Record(update.summary.finish_reason == FinishReason::kCancelled
-                     ? absl::StatusCode::kCancelled
-                     : absl::StatusCode::kOk);
     }
     absl::StrAppend(&pending, "data: [DONE]\n\n");
     ended = true;
@@ -199,10 +214,7 @@ struct Stream {
   // MHD_ContentReaderFreeCallback: the response is done with, sent or not.
   static void Free(void* cls) {
     auto* s = static_cast<Stream*>(cls);
-    if (!s->ended && !s->cancelled) {
-      s->run.servable->CancelGenerate(s->run.id);
-      s->run.Record(absl::StatusCode::kCancelled);
-    }
+    if (!s->ended && !s->cancelled) s->run.Cancel();
     delete s;
   }
 };
@@ -411,16 +423,15 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
     text += update.text;
     if (update.done) {
       if (!update.error.ok()) return fail(update.error);
-      run.Record(absl::StatusCode::kOk);
+      run.RecordEnd(update);
       openai::Finished finished{run.response_id, run.created, run.model,
                                 std::move(text), update.summary};
       return HttpRespond(connection, 200,
                          openai::ResponseJson(endpoint, finished), kJson,
                          run.request_id.c_str());
     }
-    if (server->stopping_ || ClientGone(connection)) {
-      run.servable->CancelGenerate(run.id);
-      run.Record(absl::StatusCode::kCancelled);
+    if (Abandoned(server->stopping_, connection)) {
+      run.Cancel();
       return MHD_NO;  // closes the connection
     }
   }

@@ -22,15 +22,20 @@ std::string RequestId(std::optional<absl::string_view> from_client) {
     for (char c : *from_client) printable &= c > ' ' && c < 127;
     if (printable) return std::string(*from_client);
   }
+  return RandomHex(16);
+}
+
+std::string RandomHex(int digits) {
   thread_local std::mt19937_64 random(std::random_device{}());
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string id(16, '0');
-  uint64_t bits = random();
-  for (char& c : id) {
-    c = kHex[bits & 15];
+  std::string hex(digits, '0');
+  uint64_t bits = 0;
+  for (int i = 0; i < digits; ++i) {
+    if (i % 16 == 0) bits = random();
+    hex[i] = kHex[bits & 15];
     bits >>= 4;
   }
-  return id;
+  return hex;
 }
 
 void SetAccessLog(bool on) { access_log = on; }

@@ -25,6 +25,9 @@ inline constexpr char kRequestIdKey[] = "x-request-id";
 // The client's id when it is acceptable, else 16 random hex digits.
 std::string RequestId(std::optional<absl::string_view> from_client);
 
+// `digits` random hexadecimal digits (ids, not secrets).
+std::string RandomHex(int digits);
+
 // Info-level request lines (the access log) on or off (the default).
 void SetAccessLog(bool on);
 
