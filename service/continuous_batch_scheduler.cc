@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -16,7 +17,49 @@
 namespace moh {
 namespace {
 
-// One Generate job inside the loop. Owned by the loop thread.
+// The samples of one job with n > 1 share its observer: each reports
+// through a SampleObserver, which numbers its output, and forwards one error
+// (cancelling the other samples) or every sample's end (the last one marked).
+// Loop thread only.
+struct SampleGroup {
+  std::shared_ptr<GenerationObserver> observer;
+  int32_t live;                  // samples that have not ended
+  bool failed = false;           // OnError was forwarded
+  std::function<void()> cancel;  // cancels every sample
+};
+
+class SampleObserver : public GenerationObserver {
+ public:
+  SampleObserver(std::shared_ptr<SampleGroup> group, int32_t index)
+      : group_(std::move(group)), index_(index) {}
+  void OnChunk(const GenerationChunk& chunk) override {
+    if (group_->failed) return;
+    GenerationChunk numbered = chunk;
+    numbered.index = index_;
+    group_->observer->OnChunk(numbered);
+  }
+  void OnFinished(const GenerationSummary& summary) override {
+    const bool last = --group_->live == 0;
+    if (group_->failed) return;
+    GenerationSummary numbered = summary;
+    numbered.index = index_;
+    numbered.last = last;
+    group_->observer->OnFinished(numbered);
+  }
+  void OnError(const absl::Status& status) override {
+    --group_->live;
+    if (group_->failed) return;
+    group_->failed = true;
+    group_->observer->OnError(status);
+    group_->cancel();
+  }
+
+ private:
+  const std::shared_ptr<SampleGroup> group_;
+  const int32_t index_;
+};
+
+// One Generate sample inside the loop. Owned by the loop thread.
 struct Sequence {
   GenerationJob job;
   Activation activation;  // resolved at Submit; lowered at admission
@@ -26,6 +69,9 @@ struct Sequence {
   int64_t processed = 0;                 // tokens run through the model
   std::vector<int64_t> head_tokens;      // [L * H]
   absl::Time last_token_time;
+  // With job.sampling.prompt_logprobs: entries computed so far, delivered
+  // with the first chunk.
+  std::vector<LogprobEntry> prompt_logprobs;
 };
 
 // The language family's steps: one LlamaModel::Forward over the planned rows,
@@ -81,8 +127,8 @@ class LanguageExecutor : public StepExecutor<Sequence> {
   absl::Status RunUnchecked(const std::vector<PlannedRow>& rows,
                             const std::vector<Sequence*>& seqs,
                             std::vector<RowOutcome>* outcomes) {
-    MOH_ASSIGN_OR_RETURN(DecoderOutput out,
-                         model_.Forward(BuildBatch(rows, seqs), cache_));
+    DecoderBatch batch = BuildBatch(rows, seqs);
+    MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
     const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
     const at::Tensor counts =
         out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
@@ -97,9 +143,15 @@ class LanguageExecutor : public StepExecutor<Sequence> {
       if (rows[b].prefill && metrics_ != nullptr) {
         metrics_->PromptTokens(rows[b].num_tokens);
       }
+      if (batch.all_logits && rows[b].prefill &&
+          seq.job.sampling.prompt_logprobs) {
+        AddPromptLogprobs(rows[b], logits[b], seq);
+      }
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
-      (*outcomes)[b].error = SampleAndEmit(seq, logits[b]);
+      (*outcomes)[b].error = SampleAndEmit(
+          seq,
+          batch.all_logits ? logits[b][rows[b].num_tokens - 1] : logits[b]);
       if ((*outcomes)[b].error.ok()) {
         (*outcomes)[b].token = seq.output->history().back();
       }
@@ -127,14 +179,31 @@ class LanguageExecutor : public StepExecutor<Sequence> {
       batch.block_tables.push_back(rows[b].blocks);
       batch.start_positions.push_back(rows[b].start);
       batch.top_k.push_back(seqs[b]->activation.top_k());
+      // A prompt's log-probabilities need the logits of every position.
+      batch.all_logits |=
+          rows[b].prefill && seqs[b]->job.sampling.prompt_logprobs;
     }
     return batch;
+  }
+
+  // The entries of the prompt tokens `row` (a prompt chunk) predicts: its
+  // position i's logits ([T, V]) are those of prompt token start + i + 1.
+  void AddPromptLogprobs(const PlannedRow& row, const at::Tensor& logits,
+                         Sequence& seq) const {
+    const std::vector<int32_t>& prompt = seq.job.prompt_ids;
+    for (int32_t i = 0; i < row.num_tokens; ++i) {
+      const size_t next = static_cast<size_t>(row.start) + i + 1;
+      if (next >= prompt.size()) break;
+      seq.prompt_logprobs.push_back(ComputeLogprobs(
+          logits[i], prompt[next], *seq.job.sampling.prompt_logprobs));
+    }
   }
 
   // Samples the next token of `seq` from its logits and streams it.
   absl::Status SampleAndEmit(Sequence& seq, const at::Tensor& logits) {
     const bool first = seq.output->generated() == 0;
     MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, seq.output->Next(logits));
+    if (first) chunk.prompt_logprobs = std::move(seq.prompt_logprobs);
     const absl::Time now = absl::Now();
     if (metrics_ != nullptr) {
       if (first) {
@@ -199,6 +268,7 @@ class ContinuousBatchScheduler::Impl {
     work.max_outputs = job.sampling.max_new_tokens;
     work.deadline = job.deadline;
     work.can_lower = activation.CanLower();
+    work.priority = job.priority;
     if (options_.prefix_caching) {
       // The KV of a prompt depends on the heads every layer routed: its
       // blocks are shared under the key of the activation that computed it.
@@ -206,11 +276,31 @@ class ContinuousBatchScheduler::Impl {
       work.prefix_key = absl::HashOf(activation.top_k());
       work.lowered_prefix_key =
           absl::HashOf(activation.Lowered(lm_.model->config().moh).top_k());
+      // Cached positions have no logits.
+      work.read_prefix = !job.sampling.prompt_logprobs;
     }
-    auto seq = std::make_unique<Sequence>(
-        Sequence{std::move(job), std::move(activation), std::move(observer),
-                 absl::Now()});
-    return loop_.Submit(work, std::move(seq));
+    const absl::Time now = absl::Now();
+    if (job.n == 1) {
+      return loop_.Submit(work, std::make_unique<Sequence>(Sequence{
+                                    std::move(job), std::move(activation),
+                                    std::move(observer), now}));
+    }
+    auto group = std::make_shared<SampleGroup>();
+    group->observer = std::move(observer);
+    group->live = job.n;
+    std::vector<std::unique_ptr<Sequence>> samples;
+    for (int32_t i = 0; i < job.n; ++i) {
+      GenerationJob sample = job;
+      if (sample.sampling.seed) *sample.sampling.seed += i;
+      // The prompt's log-probabilities come once, with sample 0.
+      if (i > 0) sample.sampling.prompt_logprobs.reset();
+      samples.push_back(std::make_unique<Sequence>(
+          Sequence{std::move(sample), activation,
+                   std::make_shared<SampleObserver>(group, i), now}));
+    }
+    return loop_.SubmitGroup(work, std::move(samples), [&](uint64_t id) {
+      group->cancel = [this, id] { loop_.Cancel(id); };
+    });
   }
 
   EngineLoop<Sequence>& loop() { return loop_; }
@@ -267,6 +357,15 @@ absl::StatusOr<Activation> ContinuousBatchScheduler::Impl::Validate(
         job.sampling.max_new_tokens, ") must be <= max_seq_len ", max_len));
   }
   MOH_RETURN_IF_ERROR(ValidateSamplingParams(job.sampling, max_len - prompt));
+  if (job.n < 1 || job.n > kMaxSamples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n must be in [1, ", kMaxSamples, "], got ", job.n));
+  }
+  if (job.priority < -kMaxPriority || job.priority > kMaxPriority) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("priority must be in [", -kMaxPriority, ", ", kMaxPriority,
+                     "], got ", job.priority));
+  }
   for (int32_t id : job.sampling.stop_token_ids) {
     if (id >= config.vocab_size) {
       return absl::InvalidArgumentError(

@@ -48,7 +48,15 @@ struct GenerationJob {
   float ratio = 0.0f;       // (0, 1], or 0 for the model's default
   float min_ratio = 0.0f;   // adaptive floor; 0 = never lowered
   absl::Time deadline = absl::InfiniteFuture();
+  // Samples of the prompt, [1, kMaxSamples]: they share its prefill (with
+  // prefix caching) and the activation; with a seed, sample i uses seed + i.
+  int32_t n = 1;
+  // [-kMaxPriority, kMaxPriority]; higher is admitted first.
+  int32_t priority = 0;
 };
+
+inline constexpr int32_t kMaxSamples = 16;
+inline constexpr int32_t kMaxPriority = 1000;
 
 // What a job produced, delivered once at its end.
 struct GenerationSummary {
@@ -60,19 +68,25 @@ struct GenerationSummary {
                                // 0 = the model's default)
   int64_t routed_tokens = 0;   // tokens processed (each once per layer)
   std::vector<int64_t> head_tokens;  // [num_layers * num_heads], row-major
+  int32_t index = 0;  // the sample (GenerationJob::n) it summarises
+  bool last = true;   // the job's last summary: its observer is done
 };
 
-// Receives one job's output. Exactly one of OnFinished / OnError is called,
-// last. Called on the scheduler's loop thread; must not block.
+// Receives one job's output. Either OnFinished is called once per sample
+// (GenerationChunk::index and GenerationSummary::index say which; the last
+// one has GenerationSummary::last), or OnError once, and nothing after it.
+// Called on the scheduler's loop thread; must not block.
 class GenerationObserver {
  public:
   virtual ~GenerationObserver() = default;
   // New text (whole UTF-8 characters) and token ids since the last chunk.
   virtual void OnChunk(const GenerationChunk& chunk) = 0;
-  // The job ended normally, or was cancelled (finish_reason kCancelled).
+  // A sample ended normally, or was cancelled (finish_reason kCancelled).
   virtual void OnFinished(const GenerationSummary& summary) = 0;
   // DEADLINE_EXCEEDED (its deadline passed, possibly before any compute),
-  // UNAVAILABLE (the scheduler shut down), INTERNAL (a model error).
+  // UNAVAILABLE (the scheduler shut down), INTERNAL (a model error). With
+  // several samples, the first sample's error ends the job: the others are
+  // cancelled and their output is dropped.
   virtual void OnError(const absl::Status& status) = 0;
 };
 
@@ -110,15 +124,16 @@ class ContinuousBatchScheduler {
 
   // Validates `job` (INVALID_ARGUMENT naming the field and allowed range:
   // prompt length, token ids, prompt + max_new_tokens <= max_seq_len, sampling
-  // params, ratio, min_ratio <= ratio), then queues it and returns its id.
+  // params, ratio, min_ratio <= ratio, n, priority), then queues its samples
+  // and returns its id.
   // Never blocks. RESOURCE_EXHAUSTED when max_queued_requests jobs are waiting;
   // UNAVAILABLE after StopAccepting(). Only on OK does the observer get called.
   absl::StatusOr<uint64_t> Submit(GenerationJob job,
                                   std::shared_ptr<GenerationObserver> observer);
 
   // Cancels job `id` if it is still queued or running: it leaves the batch at
-  // the next step and its observer gets OnFinished(kCancelled). No-op for
-  // unknown or finished ids.
+  // the next step and its observer gets OnFinished(kCancelled) for each
+  // sample still running. No-op for unknown or finished ids.
   void Cancel(uint64_t id);
 
   // Drain: later Submit() calls get UNAVAILABLE; queued and running jobs

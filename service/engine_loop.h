@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -119,28 +120,55 @@ class EngineLoop {
   // after StopAccepting(). On error the request is dropped unseen.
   absl::StatusOr<uint64_t> Submit(const PlannedWork& work,
                                   std::unique_ptr<Request> request) {
+    std::vector<std::unique_ptr<Request>> requests;
+    requests.push_back(std::move(request));
+    return SubmitGroup(work, std::move(requests));
+  }
+
+  // Queues the samples of one request as a group: all or none. They get
+  // consecutive ids from the returned one, the first's; every later one
+  // comes after the first (PlannedWork::after), and Cancel() of the first id
+  // cancels them all. Errors as Submit's, counting every sample. `on_queued`
+  // (may be null) gets the first id before any sample can run.
+  absl::StatusOr<uint64_t> SubmitGroup(
+      const PlannedWork& work, std::vector<std::unique_ptr<Request>> requests,
+      const std::function<void(uint64_t)>& on_queued = nullptr) {
     absl::MutexLock lock(&mu_);
     if (!accepting_) return DrainingError();
-    if (WaitingLocked() >= options_.planner.max_queued_requests) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("too many requests waiting (max_queued_requests = ",
-                       options_.planner.max_queued_requests, "); retry later"));
+    const int64_t n = requests.size();
+    if (WaitingLocked() + n > options_.planner.max_queued_requests) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "too many requests waiting (max_queued_requests = ",
+          options_.planner.max_queued_requests, ")",
+          n > 1 ? absl::StrCat(" for ", n, " samples") : "", "; retry later"));
     }
-    const uint64_t id = next_id_++;
-    inbox_.push_back(
-        Incoming{id, work, std::move(request), options_.clock->Now()});
-    live_.insert(id);
+    const uint64_t first = next_id_;
+    const absl::Time now = options_.clock->Now();
+    for (std::unique_ptr<Request>& request : requests) {
+      const uint64_t id = next_id_++;
+      PlannedWork sample = work;
+      if (id != first) sample.after = first;
+      inbox_.push_back(
+          Incoming{id, std::move(sample), std::move(request), now});
+      live_.insert(id);
+      if (n > 1) group_of_[id] = first;
+    }
+    if (n > 1) groups_[first] = Group{n, n};
+    if (on_queued) on_queued(first);
     // Set under the lock, as the loop does: set after it, this count could
     // land after the loop's newer one and leave the gauge stale while idle.
     if (metrics_ != nullptr) metrics_->SetWaiting(WaitingLocked());
-    return id;
+    return first;
   }
-
-  // Request `id` leaves at the next step (EndKind::kCancelled). No-op for
-  // unknown or ended ids.
+  // Request `id` (with a group's first id: every sample still live) leaves
+  // at the next step (EndKind::kCancelled). No-op for unknown or ended ids.
   void Cancel(uint64_t id) {
     absl::MutexLock lock(&mu_);
-    if (live_.count(id) != 0) cancels_.insert(id);
+    auto group = groups_.find(id);
+    const uint64_t n = group == groups_.end() ? 1 : group->second.size;
+    for (uint64_t member = id; member < id + n; ++member) {
+      if (live_.count(member) != 0) cancels_.insert(member);
+    }
   }
 
   // Drain: later Submit() calls get UNAVAILABLE; accepted requests complete.
@@ -171,6 +199,22 @@ class EngineLoop {
     absl::Time submitted;
   };
 
+  // The samples of one SubmitGroup: how many, and how many have not ended.
+  struct Group {
+    int64_t size;
+    int64_t live;
+  };
+
+  // Request `id` has ended: it can no longer be cancelled.
+  void Forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    live_.erase(id);
+    auto member = group_of_.find(id);
+    if (member == group_of_.end()) return;
+    auto group = groups_.find(member->second);
+    if (--group->second.live == 0) groups_.erase(group);
+    group_of_.erase(member);
+  }
+
   int64_t WaitingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return static_cast<int64_t>(inbox_.size()) + planner_.num_waiting();
   }
@@ -194,7 +238,7 @@ class EngineLoop {
         for (uint64_t id : cancels_) planner_.Cancel(id);
         cancels_.clear();
         plan = planner_.Schedule(options_.clock->Now());
-        for (const EndedRequest& ended : plan.ended) live_.erase(ended.id);
+        for (const EndedRequest& ended : plan.ended) Forget(ended.id);
         if (metrics_ != nullptr) metrics_->SetWaiting(WaitingLocked());
       }
       for (const EndedRequest& ended : plan.ended) {
@@ -224,6 +268,8 @@ class EngineLoop {
       inbox_.clear();
       for (const EndedRequest& e : planner_.Shutdown()) ended.push_back(e);
       live_.clear();
+      groups_.clear();
+      group_of_.clear();
     }
     const absl::Status shutdown =
         absl::UnavailableError("server shutting down");
@@ -261,7 +307,7 @@ class EngineLoop {
       absl::MutexLock lock(&mu_);
       done = status.ok() ? planner_.Update(plan, finished, emitted)
                          : planner_.Fail(plan);
-      for (uint64_t id : done) live_.erase(id);
+      for (uint64_t id : done) Forget(id);
     }
     if (status.ok()) {
       for (uint64_t id : done) {
@@ -315,6 +361,9 @@ class EngineLoop {
   std::vector<Incoming> inbox_ ABSL_GUARDED_BY(mu_);
   std::unordered_set<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
   std::unordered_set<uint64_t> live_ ABSL_GUARDED_BY(mu_);  // not yet ended
+  // Groups of samples by their first id, and the group of each sample.
+  std::unordered_map<uint64_t, Group> groups_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, uint64_t> group_of_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

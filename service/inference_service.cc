@@ -66,6 +66,29 @@ void FromProto(const v1::SamplingParams& p, GenerateCall* call) {
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.ignore_eos = p.ignore_eos();
   s.min_tokens = p.min_tokens();
+  s.min_p = p.min_p();
+  s.presence_penalty = p.presence_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  if (p.has_logprobs()) s.logprobs = p.logprobs();
+  if (p.has_prompt_logprobs()) s.prompt_logprobs = p.prompt_logprobs();
+}
+
+// Log-probability entries with their tokens' text.
+void ToProto(const std::vector<LogprobEntry>& entries, const Servable& model,
+             google::protobuf::RepeatedPtrField<v1::TokenLogprob>* out) {
+  for (const LogprobEntry& e : entries) {
+    v1::TokenLogprob* p = out->Add();
+    p->set_token_id(e.token.id);
+    p->set_token(model.TokenText(e.token.id));
+    p->set_logprob(e.token.logprob);
+    p->set_rank(e.rank);
+    for (const TokenLogprob& top : e.top) {
+      v1::TopLogprob* t = p->add_top_logprobs();
+      t->set_token_id(top.id);
+      t->set_token(model.TokenText(top.id));
+      t->set_logprob(top.logprob);
+    }
+  }
 }
 
 // Streams one server-streaming call (Generate, GenerateImage). The model's
@@ -78,8 +101,10 @@ void FromProto(const v1::SamplingParams& p, GenerateCall* call) {
 //
 // Traits: Request, Response, kTask (finding the model), kRpc (metrics),
 // Submit(reactor, servable, request, deadline) -> id (builds the call and its
-// observer), Cancel(servable, id), Coalesce(queued, response) (merges a
-// message produced while another is written into the queued one).
+// observer), Cancel(servable, id), CanCoalesce(queued, response) (whether
+// they belong to one output: one sample of a Generate) and Coalesce(queued,
+// response) (merges a message produced while another is written into the
+// queued one).
 template <typename Traits>
 class StreamingReactor
     : public grpc::ServerWriteReactor<typename Traits::Response> {
@@ -232,13 +257,21 @@ class StreamingReactor
   // Queues `response` for writing. While gRPC writes one message, what the
   // loop produces meanwhile is coalesced into the next one, so that a slow
   // reader or a busy server costs one write per backlog, not one per output.
+  // Messages that cannot be merged (another sample's) queue beside it: at
+  // most one per sample.
   void Enqueue(Response response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (queue_.size() < (writing_ ? 2u : 1u)) {
-      queue_.push_back(std::move(response));
-      return;
+    if (queue_.size() >= (writing_ ? 2u : 1u)) {
+      // Every message but the front one, if being written, is only queued.
+      const auto unsent = writing_ ? std::next(queue_.begin()) : queue_.begin();
+      for (auto it = queue_.end(); it != unsent;) {
+        --it;
+        if (Traits::CanCoalesce(*it, response)) {
+          Traits::Coalesce(*it, std::move(response));
+          return;
+        }
+      }
     }
-    // The last one is queued, not being written.
-    Traits::Coalesce(queue_.back(), std::move(response));
+    queue_.push_back(std::move(response));
   }
 
   // Discards queued messages, but never the one gRPC is writing (it holds a
@@ -292,13 +325,18 @@ struct GenerateTraits {
     explicit Observer(Reactor* reactor) : reactor_(reactor) {}
     void OnChunk(const GenerationChunk& chunk) override {
       v1::GenerateResponse response;
+      response.set_index(chunk.index);
       response.set_text(chunk.text);
       response.mutable_token_ids()->Add(chunk.token_ids.begin(),
                                         chunk.token_ids.end());
+      ToProto(chunk.logprobs, reactor_->model(), response.mutable_logprobs());
+      ToProto(chunk.prompt_logprobs, reactor_->model(),
+              response.mutable_prompt_logprobs());
       reactor_->Send(std::move(response), std::nullopt);
     }
     void OnFinished(const GenerationSummary& summary) override {
       v1::GenerateResponse response;
+      response.set_index(summary.index);
       response.set_finish_reason(ToProto(summary.finish_reason));
       response.mutable_usage()->set_prompt_tokens(summary.prompt_tokens);
       response.mutable_usage()->set_completion_tokens(
@@ -310,7 +348,10 @@ struct GenerateTraits {
             ToRouting(summary.head_tokens, reactor_->model().moh(),
                       summary.routed_tokens, {});
       }
-      reactor_->Send(std::move(response), absl::OkStatus());
+      reactor_->Send(std::move(response),
+                     summary.last
+                         ? std::optional<absl::Status>(absl::OkStatus())
+                         : std::nullopt);
     }
     void OnError(const absl::Status& status) override {
       reactor_->Send(std::nullopt, status);
@@ -333,14 +374,19 @@ struct GenerateTraits {
     call.ratio = request.activation().ratio();
     call.min_ratio = request.activation().min_ratio();
     call.deadline = deadline;
+    call.n = request.n() == 0 ? 1 : request.n();
+    call.priority = request.priority();
     return model->Generate(std::move(call),
                            std::make_shared<Observer>(reactor));
   }
   static void Cancel(Servable* model, uint64_t id) {
     model->CancelGenerate(id);
   }
-  // A message carries the text and ids "since the previous message"; the
-  // last one also the summary.
+  // A message carries the text and ids "since the previous message" of its
+  // sample; the last one also the summary.
+  static bool CanCoalesce(const Response& queued, const Response& response) {
+    return queued.index() == response.index();
+  }
   static void Coalesce(Response& next, Response response) {
     std::string text = next.text() + response.text();
     next.MergeFrom(response);  // ids appended; the summary's fields set
@@ -434,6 +480,7 @@ struct GenerateImageTraits {
     model->CancelGenerateImage(id);
   }
   // Progress while a write is in flight: only the latest step matters.
+  static bool CanCoalesce(const Response&, const Response&) { return true; }
   static void Coalesce(Response& next, Response response) {
     next = std::move(response);
   }

@@ -163,6 +163,8 @@ absl::StatusOr<uint64_t> LanguageServable::Generate(
   job.ratio = call.ratio;
   job.min_ratio = call.min_ratio;
   job.deadline = call.deadline;
+  job.n = call.n;
+  job.priority = call.priority;
   return scheduler_->Submit(std::move(job), std::move(observer));
 }
 
@@ -185,6 +187,13 @@ absl::StatusOr<std::string> LanguageServable::ChatPrompt(
         absl::StrCat("messages: ", prompt.status().message()));
   }
   return prompt;
+}
+
+std::string LanguageServable::TokenText(int32_t id) const {
+  if (!lm_.tokenizer) return "";
+  absl::StatusOr<std::string> text =
+      lm_.tokenizer->Decode({id}, /*skip_special_tokens=*/false);
+  return text.ok() ? *std::move(text) : "";
 }
 
 void LanguageServable::CancelGenerate(uint64_t id) { scheduler_->Cancel(id); }

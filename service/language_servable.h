@@ -36,6 +36,7 @@ class LanguageServable : public Servable {
   absl::StatusOr<std::string> ChatPrompt(
       const std::vector<ChatMessage>& messages,
       bool add_generation_prompt) const override;
+  std::string TokenText(int32_t id) const override;
   absl::Status Classify(ClassifyCall call, ClassifyDone done) override;
   void StopAccepting() override;
   bool Idle() const override;

@@ -110,10 +110,8 @@ absl::Status CheckUnsupported(const Fields& f) {
     const char* off;  // what the client may send instead
   };
   for (const Off& o :
-       {Off{"logprobs", "null, false or 0"}, Off{"top_logprobs", "null or 0"},
-        Off{"echo", "false"}, Off{"best_of", "null or 1"},
-        Off{"suffix", "null or \"\""}, Off{"presence_penalty", "0"},
-        Off{"frequency_penalty", "0"}, Off{"logit_bias", "null or {}"},
+       {Off{"echo", "false"}, Off{"best_of", "null or 1"},
+        Off{"suffix", "null or \"\""}, Off{"logit_bias", "null or {}"},
         Off{"tools", "null or []"}, Off{"tool_choice", "null or \"none\""},
         Off{"response_format", "null or {\"type\": \"text\"}"}}) {
     const json* v = f.Get(o.name);
@@ -261,20 +259,44 @@ absl::Status ReadStop(const Fields& f, SamplingParams* sampling) {
   return absl::OkStatus();
 }
 
+// Completions: logprobs, the number of alternatives (an integer). Chat:
+// logprobs true, with top_logprobs alternatives. Both: prompt_logprobs
+// (vLLM's).
+absl::Status ReadLogprobs(Endpoint endpoint, const Fields& f,
+                          SamplingParams* s) {
+  if (endpoint == Endpoint::kCompletions) {
+    MOH_ASSIGN_OR_RETURN(std::optional<int64_t> n,
+                         f.Integer("logprobs", 0, kMaxLogprobs));
+    if (n) s->logprobs = static_cast<int32_t>(*n);
+  } else {
+    MOH_ASSIGN_OR_RETURN(bool wanted, f.Bool("logprobs", false));
+    MOH_ASSIGN_OR_RETURN(std::optional<int64_t> top,
+                         f.Integer("top_logprobs", 0, kMaxLogprobs));
+    if (top && !wanted) {
+      return Invalid("top_logprobs", "needs \"logprobs\": true");
+    }
+    if (wanted) s->logprobs = static_cast<int32_t>(top.value_or(0));
+  }
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> prompt,
+                       f.Integer("prompt_logprobs", 0, kMaxLogprobs));
+  if (prompt) s->prompt_logprobs = static_cast<int32_t>(*prompt);
+  return absl::OkStatus();
+}
+
 std::set<std::string> KnownFields(Endpoint endpoint) {
   std::set<std::string> known = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "stop_token_ids", "ignore_eos", "min_tokens", "stream", "stream_options",
       "n", "repetition_penalty", "user", "activation_ratio",
-      "min_activation_ratio",
+      "min_activation_ratio", "logprobs", "prompt_logprobs", "min_p",
+      "presence_penalty", "frequency_penalty", "priority",
       // Accepted only at their defaults (CheckUnsupported).
-      "logprobs", "top_logprobs", "echo", "best_of", "suffix",
-      "presence_penalty", "frequency_penalty", "logit_bias"};
+      "echo", "best_of", "suffix", "logit_bias"};
   if (endpoint == Endpoint::kCompletions) {
     known.insert("prompt");
   } else {
     known.insert({"messages", "max_completion_tokens", "add_generation_prompt",
-                  "tools", "tool_choice", "response_format"});
+                  "top_logprobs", "tools", "tool_choice", "response_format"});
   }
   return known;
 }
@@ -359,11 +381,22 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
   MOH_ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
                        f.Integer("min_tokens", 0, kMaxTokens));
   s.min_tokens = static_cast<int32_t>(min_tokens.value_or(0));
-  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> n, f.Integer("n", 1, 1 << 20));
-  if (n && *n != 1) {
-    return Invalid(
-        "n", absl::StrCat("must be 1 (one sample per request), got ", *n));
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> n,
+                       f.Integer("n", 1, kMaxSamples));
+  call.n = static_cast<int32_t>(n.value_or(1));
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> priority,
+                       f.Integer("priority", -kMaxPriority, kMaxPriority));
+  call.priority = static_cast<int32_t>(priority.value_or(0));
+  for (auto [name, value] :
+       {std::pair<const char*, float*>{"presence_penalty", &s.presence_penalty},
+        {"frequency_penalty", &s.frequency_penalty}}) {
+    MOH_ASSIGN_OR_RETURN(std::optional<double> x,
+                         f.Number(name, -kMaxOutputPenalty, kMaxOutputPenalty));
+    *value = static_cast<float>(x.value_or(0.0));
   }
+  MOH_ASSIGN_OR_RETURN(std::optional<double> min_p, f.Number("min_p", 0, 1));
+  s.min_p = static_cast<float>(min_p.value_or(0.0));
+  MOH_RETURN_IF_ERROR(ReadLogprobs(endpoint, f, &s));
   MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
                        f.Number("activation_ratio", 0.0, 1.0));
   call.ratio = static_cast<float>(ratio.value_or(0.0));
@@ -482,47 +515,170 @@ json Head(Endpoint endpoint, const std::string& id, int64_t created,
       {"id", id}, {"object", object}, {"created", created}, {"model", model}};
 }
 
-}  // namespace
-
-std::string ResponseJson(Endpoint endpoint, const Finished& f) {
-  json out = Head(endpoint, f.id, f.created, f.model, /*chunk=*/false);
-  json choice = {{"index", 0},
-                 {"finish_reason", FinishReasonString(f.summary.finish_reason)},
-                 {"logprobs", nullptr}};
-  if (endpoint == Endpoint::kCompletions) {
-    choice["text"] = f.text;
-  } else {
-    choice["message"] = {{"role", "assistant"}, {"content", f.text}};
-  }
-  out["choices"] = json::array({choice});
-  out["usage"] = Usage(f.summary);
-  out["moh"] = MohObject(f.summary);
-  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+// A log-probability as JSON: -inf has no JSON number; OpenAI's clients
+// expect a number, so it is the most negative float.
+double JsonLogprob(float logprob) {
+  return std::isfinite(logprob) ? logprob : -std::numeric_limits<float>::max();
 }
 
-std::string ChunkJson(Endpoint endpoint, const Chunk& c) {
-  json out = Head(endpoint, c.id, c.created, c.model, /*chunk=*/true);
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
+json Utf8Bytes(const std::string& text) {
+  json bytes = json::array();
+  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+// The choice's logprobs object. Completions (OpenAI's legacy form):
+// {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
+// "text_offset"}, offsets counted from `offset` in the choice's text. Chat:
+// {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
+json LogprobsJson(Endpoint endpoint, const std::vector<LogprobEntry>& entries,
+                  const TokenTextFn& token_text, int64_t offset) {
+  if (endpoint == Endpoint::kChatCompletions) {
+    json content = json::array();
+    for (const LogprobEntry& e : entries) {
+      const std::string token = token_text(e.token.id);
+      json top = json::array();
+      for (const TokenLogprob& t : e.top) {
+        const std::string alternative = token_text(t.id);
+        top.push_back({{"token", alternative},
+                       {"logprob", JsonLogprob(t.logprob)},
+                       {"bytes", Utf8Bytes(alternative)}});
+      }
+      content.push_back({{"token", token},
+                         {"logprob", JsonLogprob(e.token.logprob)},
+                         {"bytes", Utf8Bytes(token)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(),
+       top_logprobs = json::array(), text_offset = json::array();
+  for (const LogprobEntry& e : entries) {
+    const std::string token = token_text(e.token.id);
+    tokens.push_back(token);
+    token_logprobs.push_back(JsonLogprob(e.token.logprob));
+    json top = json::object();
+    for (const TokenLogprob& t : e.top) {
+      top[token_text(t.id)] = JsonLogprob(t.logprob);
+    }
+    top_logprobs.push_back(top);
+    text_offset.push_back(offset);
+    offset += static_cast<int64_t>(token.size());
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top_logprobs},
+          {"text_offset", text_offset}};
+}
+
+// vLLM's prompt_logprobs: null for the first prompt token, then for each
+// token {"<id>": {"logprob", "rank", "decoded_token"}} for it and its top
+// alternatives.
+json PromptLogprobsJson(const std::vector<LogprobEntry>& entries,
+                        const TokenTextFn& token_text) {
+  json out = json::array({nullptr});
+  for (const LogprobEntry& e : entries) {
+    json position = json::object();
+    for (size_t i = 0; i < e.top.size(); ++i) {
+      position[std::to_string(e.top[i].id)] = {
+          {"logprob", JsonLogprob(e.top[i].logprob)},
+          {"rank", static_cast<int>(i) + 1},
+          {"decoded_token", token_text(e.top[i].id)}};
+    }
+    position[std::to_string(e.token.id)] = {
+        {"logprob", JsonLogprob(e.token.logprob)},
+        {"rank", e.rank},
+        {"decoded_token", token_text(e.token.id)}};
+    out.push_back(position);
+  }
+  return out;
+}
+
+// The fields a choice has in both forms: index, finish_reason, logprobs
+// and prompt_logprobs.
+json ChoiceHead(Endpoint endpoint, const ChoiceOutput& c,
+                const LogprobsAsked& asked, const TokenTextFn& token_text,
+                int64_t offset) {
+  json choice = {{"index", c.index}};
   choice["finish_reason"] =
       c.summary ? json(FinishReasonString(c.summary->finish_reason)) : json();
+  choice["logprobs"] =
+      asked.tokens ? LogprobsJson(endpoint, c.logprobs, token_text, offset)
+                   : json();
+  if (asked.prompt && !c.prompt_logprobs.empty()) {
+    choice["prompt_logprobs"] =
+        PromptLogprobsJson(c.prompt_logprobs, token_text);
+  }
+  return choice;
+}
+
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+GenerationSummary CombineSummaries(
+    const std::vector<GenerationSummary>& samples) {
+  if (samples.empty()) return GenerationSummary();
+  GenerationSummary all = samples.front();
+  all.completion_tokens = 0;
+  all.routed_tokens = 0;
+  double used = 0.0;  // (token, head) pairs, as fractions of each's tokens
+  for (const GenerationSummary& s : samples) {
+    all.completion_tokens += s.completion_tokens;
+    all.routed_tokens += s.routed_tokens;
+    used += s.effective_ratio * static_cast<double>(s.routed_tokens);
+  }
+  if (all.routed_tokens > 0) {
+    all.effective_ratio = used / static_cast<double>(all.routed_tokens);
+  }
+  return all;
+}
+
+std::string ResponseJson(Endpoint endpoint, const Finished& f,
+                         const TokenTextFn& token_text) {
+  json out = Head(endpoint, f.id, f.created, f.model, /*chunk=*/false);
+  json choices = json::array();
+  for (const ChoiceOutput& c : f.choices) {
+    json choice = ChoiceHead(endpoint, c, f.asked, token_text, 0);
+    if (endpoint == Endpoint::kCompletions) {
+      choice["text"] = c.text;
+    } else {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    }
+    choices.push_back(std::move(choice));
+  }
+  out["choices"] = std::move(choices);
+  out["usage"] = Usage(f.summary);
+  out["moh"] = MohObject(f.summary);
+  return Dump(out);
+}
+
+std::string ChunkJson(Endpoint endpoint, const Chunk& c,
+                      const TokenTextFn& token_text) {
+  json out = Head(endpoint, c.id, c.created, c.model, /*chunk=*/true);
+  json choice = ChoiceHead(endpoint, c.choice, c.asked, token_text, c.offset);
   if (endpoint == Endpoint::kCompletions) {
-    choice["text"] = c.text;
+    choice["text"] = c.choice.text;
   } else {
     json delta = json::object();
     if (c.first) delta["role"] = "assistant";
-    if (!c.text.empty() || c.first) delta["content"] = c.text;
+    if (!c.choice.text.empty() || c.first) delta["content"] = c.choice.text;
     choice["delta"] = delta;
   }
   out["choices"] = json::array({choice});
-  if (c.summary) out["moh"] = MohObject(*c.summary);
-  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (c.choice.summary) out["moh"] = MohObject(*c.choice.summary);
+  return Dump(out);
 }
 
-std::string UsageChunkJson(Endpoint endpoint, const Chunk& c) {
+std::string UsageChunkJson(Endpoint endpoint, const Chunk& c,
+                           const GenerationSummary& summary) {
   json out = Head(endpoint, c.id, c.created, c.model, /*chunk=*/true);
   out["choices"] = json::array();
-  if (c.summary) out["usage"] = Usage(*c.summary);
-  return out.dump();
+  out["usage"] = Usage(summary);
+  out["moh"] = MohObject(summary);
+  return Dump(out);
 }
 
 std::string ModelsJson(const std::vector<v1::ModelInfo>& models) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,29 +63,63 @@ std::string NewId(Endpoint endpoint);
 // "stop" (EOS or a stop string) or "length".
 const char* FinishReasonString(FinishReason reason);
 
-// The whole response of a finished request (stream false).
+// A token's text for log-probabilities (Servable::TokenText).
+using TokenTextFn = std::function<std::string(int32_t)>;
+
+// What one choice (sample `index` of n) produced: all of it (ResponseJson),
+// or what is new since its previous chunk (ChunkJson).
+struct ChoiceOutput {
+  int32_t index = 0;
+  std::string text;
+  std::vector<LogprobEntry> logprobs;          // one per token, when asked
+  std::vector<LogprobEntry> prompt_logprobs;   // when asked (choice 0)
+  const GenerationSummary* summary = nullptr;  // set once it has finished
+};
+
+// The log-probabilities the request asked for (`logprobs` / `top_logprobs`,
+// `prompt_logprobs`): choices without them show null.
+struct LogprobsAsked {
+  bool tokens = false;
+  bool prompt = false;
+};
+
+// The summary of a request's n samples together: its prompt once, the
+// completion tokens of all, the effective ratio over all tokens computed.
+GenerationSummary CombineSummaries(
+    const std::vector<GenerationSummary>& samples);
+
+// The whole response of a finished request (stream false): every choice,
+// each with its summary, and `summary` (CombineSummaries) for usage and moh.
 struct Finished {
   std::string id;
   int64_t created = 0;  // Unix seconds
   std::string model;
-  std::string text;
+  std::vector<ChoiceOutput> choices;
   GenerationSummary summary;
+  LogprobsAsked asked;
 };
-std::string ResponseJson(Endpoint endpoint, const Finished& finished);
+std::string ResponseJson(Endpoint endpoint, const Finished& finished,
+                         const TokenTextFn& token_text);
 
-// One stream chunk ("data: <this>\n\n"): `text` new since the last chunk;
-// the last chunk has the finish reason, and the `moh` object; with
-// include_usage, the usage chunk (empty choices) follows it.
+// One stream chunk ("data: <this>\n\n") of one choice: its new text (and
+// log-probabilities); a choice's last chunk has its finish reason and its
+// `moh` object. With include_usage, the usage chunk (empty choices, `summary`
+// of the request) follows the last choice's.
 struct Chunk {
   std::string id;
   int64_t created = 0;
   std::string model;
-  std::string text;
-  bool first = false;  // chat: the first delta also carries the role
-  const GenerationSummary* summary = nullptr;  // the last chunk
+  ChoiceOutput choice;
+  bool first = false;  // chat: the choice's first delta carries the role
+  LogprobsAsked asked;
+  // Completions' text_offset of the chunk's first token: the length of the
+  // tokens' text streamed before in this choice.
+  int64_t offset = 0;
 };
-std::string ChunkJson(Endpoint endpoint, const Chunk& chunk);
-std::string UsageChunkJson(Endpoint endpoint, const Chunk& chunk);
+std::string ChunkJson(Endpoint endpoint, const Chunk& chunk,
+                      const TokenTextFn& token_text);
+std::string UsageChunkJson(Endpoint endpoint, const Chunk& chunk,
+                           const GenerationSummary& summary);
 
 // GET /v1/models: {"object": "list", "data": [...]}, every hosted model with
 // a `moh` object (family, state, ratios, max_seq_len).

@@ -2,7 +2,9 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -47,20 +49,30 @@ MHD_Result RespondError(MHD_Connection* connection, const std::string& id,
 class Sink : public GenerationObserver {
  public:
   struct Update {
-    std::string text;  // new since the last Take
-    bool done = false;
-    GenerationSummary summary;  // when done without error
-    absl::Status error;         // when done with one
+    // New output since the last Take, one entry per choice that has some,
+    // by index (without summaries).
+    std::vector<openai::ChoiceOutput> outputs;
+    // Choices that finished since the last Take.
+    std::vector<GenerationSummary> finished;
+    bool done = false;   // every choice finished, or the request failed
+    absl::Status error;  // when it failed
   };
 
   void OnChunk(const GenerationChunk& chunk) override {
     absl::MutexLock lock(&mu_);
-    text_ += chunk.text;
+    openai::ChoiceOutput& out = pending_[chunk.index];
+    out.index = chunk.index;
+    out.text += chunk.text;
+    out.logprobs.insert(out.logprobs.end(), chunk.logprobs.begin(),
+                        chunk.logprobs.end());
+    out.prompt_logprobs.insert(out.prompt_logprobs.end(),
+                               chunk.prompt_logprobs.begin(),
+                               chunk.prompt_logprobs.end());
   }
   void OnFinished(const GenerationSummary& summary) override {
     absl::MutexLock lock(&mu_);
-    summary_ = summary;
-    done_ = true;
+    finished_.push_back(summary);
+    if (summary.last) done_ = true;
   }
   void OnError(const absl::Status& status) override {
     absl::MutexLock lock(&mu_);
@@ -68,29 +80,29 @@ class Sink : public GenerationObserver {
     done_ = true;
   }
 
-  // Waits up to `timeout` for new text or the end, and takes it.
+  // Waits up to `timeout` for new output or the end, and takes it.
   Update Take(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(this, &Sink::Ready), timeout);
     Update update;
-    update.text.swap(text_);
+    for (auto& [index, out] : pending_)
+      update.outputs.push_back(std::move(out));
+    pending_.clear();
+    update.finished.swap(finished_);
     update.done = done_;
-    if (done_) {
-      update.summary = summary_;
-      update.error = error_;
-    }
+    update.error = error_;
     return update;
   }
 
  private:
   bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return done_ || !text_.empty();
+    return done_ || !pending_.empty() || !finished_.empty();
   }
 
   absl::Mutex mu_;
-  std::string text_ ABSL_GUARDED_BY(mu_);
+  std::map<int32_t, openai::ChoiceOutput> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<GenerationSummary> finished_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
-  GenerationSummary summary_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -116,7 +128,13 @@ struct Running {
   std::string response_id;
   int64_t created = 0;
   bool include_usage = false;
+  openai::LogprobsAsked asked;
+  std::vector<GenerationSummary> summaries;  // of the choices finished
   bool recorded = false;
+
+  openai::TokenTextFn TokenText() const {
+    return [model = servable](int32_t id) { return model->TokenText(id); };
+  }
 
   // Counts the request once.
   void Record(absl::StatusCode code) {
@@ -128,10 +146,13 @@ struct Running {
   // Counts the request as its end says: its error, or OK (CANCELLED when
   // the generation was cancelled).
   void RecordEnd(const Sink::Update& end) {
+    const bool cancelled = std::any_of(
+        summaries.begin(), summaries.end(), [](const GenerationSummary& s) {
+          return s.finish_reason == FinishReason::kCancelled;
+        });
     Record(!end.error.ok() ? end.error.code()
-           : end.summary.finish_reason == FinishReason::kCancelled
-               ? absl::StatusCode::kCancelled
-               : absl::StatusCode::kOk);
+           : cancelled     ? absl::StatusCode::kCancelled
+                           : absl::StatusCode::kOk);
   }
   // The client went (or the server stops): the generation stops, counted
   // as CANCELLED.
@@ -154,12 +175,25 @@ struct Stream {
   const std::atomic<bool>* stopping = nullptr;
   std::string pending;  // bytes not yet handed to MHD
   size_t sent = 0;
-  bool first = true;
+  // Per choice: whether its first chunk went out, and the length of its
+  // tokens' text so far (completions' text_offset).
+  std::vector<bool> started;
+  std::vector<int64_t> offsets;
   bool ended = false;      // the last event is in `pending`
   bool cancelled = false;  // the client went (or the server stops)
 
   void Event(const std::string& json) {
     absl::StrAppend(&pending, "data: ", json, "\n\n");
+  }
+
+  openai::Chunk NewChunk(openai::ChoiceOutput choice) {
+    const size_t i = static_cast<size_t>(choice.index);
+    openai::Chunk chunk{run.response_id, run.created, run.model,
+                        std::move(choice)};
+    chunk.first = !started[i];
+    chunk.asked = run.asked;
+    chunk.offset = offsets[i];
+    return chunk;
   }
 
   // Waits a little for output and turns it into events.
@@ -170,26 +204,41 @@ struct Stream {
       return;
     }
     Sink::Update update = run.sink->Take(kPoll);
-    openai::Chunk chunk{run.response_id,        run.created, run.model,
-                        std::move(update.text), first,       nullptr};
-    if (!chunk.text.empty() ||
-        (first && run.endpoint == Endpoint::kChatCompletions)) {
-      Event(openai::ChunkJson(run.endpoint, chunk));
-      first = false;
+    const openai::TokenTextFn token_text = run.TokenText();
+    for (openai::ChoiceOutput& out : update.outputs) {
+      const size_t i = static_cast<size_t>(out.index);
+      int64_t length = 0;
+      for (const LogprobEntry& e : out.logprobs) {
+        length += token_text(e.token.id).size();
+      }
+      openai::Chunk chunk = NewChunk(std::move(out));
+      const openai::ChoiceOutput& c = chunk.choice;
+      if (!c.text.empty() || !c.logprobs.empty() ||
+          !c.prompt_logprobs.empty() ||
+          (chunk.first && run.endpoint == Endpoint::kChatCompletions)) {
+        Event(openai::ChunkJson(run.endpoint, chunk, token_text));
+        started[i] = true;
+        offsets[i] += length;
+      }
+    }
+    for (const GenerationSummary& summary : update.finished) {
+      run.summaries.push_back(summary);
+      openai::ChoiceOutput last;
+      last.index = summary.index;
+      last.summary = &run.summaries.back();
+      openai::Chunk chunk = NewChunk(std::move(last));
       chunk.first = false;
+      Event(openai::ChunkJson(run.endpoint, chunk, token_text));
     }
     if (!update.done) return;
     run.RecordEnd(update);
     if (!update.error.ok()) {
       // The status line went out with the first bytes: the error is an event.
       Event(openai::ErrorJson(update.error));
-    } else {
-      chunk.text.clear();
-      chunk.summary = &update.summary;
-      Event(openai::ChunkJson(run.endpoint, chunk));
-      if (run.include_usage) {
-        Event(openai::UsageChunkJson(run.endpoint, chunk));
-      }
+    } else if (run.include_usage) {
+      openai::Chunk chunk{run.response_id, run.created, run.model};
+      Event(openai::UsageChunkJson(run.endpoint, chunk,
+                                   openai::CombineSummaries(run.summaries)));
     }
     absl::StrAppend(&pending, "data: [DONE]\n\n");
     ended = true;
@@ -257,7 +306,8 @@ struct OpenAiHttpServer::Handler {
                              MHD_Connection* connection, Endpoint endpoint,
                              Incoming& incoming);
   static MHD_Result StartStream(OpenAiHttpServer* server,
-                                MHD_Connection* connection, Running run);
+                                MHD_Connection* connection, Running run,
+                                int32_t n);
   static absl::Status MethodNotAllowed(const char* allowed) {
     return absl::InvalidArgumentError(
         absl::StrCat("method not allowed: this endpoint takes ", allowed));
@@ -407,6 +457,9 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
     request->call.add_special_tokens = false;  // the template wrote them
   }
   run.sink = std::make_shared<Sink>();
+  const int32_t n = request->call.n;
+  run.asked = {request->call.sampling.logprobs.has_value(),
+               request->call.sampling.prompt_logprobs.has_value()};
   absl::StatusOr<uint64_t> id =
       run.servable->Generate(std::move(request->call), run.sink);
   if (!id.ok()) return fail(id.status());
@@ -414,21 +467,44 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
   run.response_id = openai::NewId(endpoint);
   run.created = absl::ToUnixSeconds(absl::Now());
   run.include_usage = request->include_usage;
-  if (request->stream) return StartStream(server, connection, std::move(run));
+  if (request->stream) {
+    return StartStream(server, connection, std::move(run), n);
+  }
 
-  // Not streamed: the whole text, once it is done.
-  std::string text;
+  // Not streamed: every choice whole, once all are done.
+  std::vector<openai::ChoiceOutput> choices(n);
   for (;;) {
     Sink::Update update = run.sink->Take(kPoll);
-    text += update.text;
+    for (openai::ChoiceOutput& out : update.outputs) {
+      openai::ChoiceOutput& choice = choices[out.index];
+      choice.text += out.text;
+      choice.logprobs.insert(choice.logprobs.end(), out.logprobs.begin(),
+                             out.logprobs.end());
+      choice.prompt_logprobs.insert(choice.prompt_logprobs.end(),
+                                    out.prompt_logprobs.begin(),
+                                    out.prompt_logprobs.end());
+    }
+    run.summaries.insert(run.summaries.end(), update.finished.begin(),
+                         update.finished.end());
     if (update.done) {
       if (!update.error.ok()) return fail(update.error);
       run.RecordEnd(update);
-      openai::Finished finished{run.response_id, run.created, run.model,
-                                std::move(text), update.summary};
-      return HttpRespond(connection, 200,
-                         openai::ResponseJson(endpoint, finished), kJson,
-                         run.request_id.c_str());
+      for (size_t i = 0; i < choices.size(); ++i) {
+        choices[i].index = static_cast<int32_t>(i);
+      }
+      for (const GenerationSummary& summary : run.summaries) {
+        choices[summary.index].summary = &summary;
+      }
+      openai::Finished finished{run.response_id,
+                                run.created,
+                                run.model,
+                                std::move(choices),
+                                openai::CombineSummaries(run.summaries),
+                                run.asked};
+      return HttpRespond(
+          connection, 200,
+          openai::ResponseJson(endpoint, finished, run.TokenText()), kJson,
+          run.request_id.c_str());
     }
     if (Abandoned(server->stopping_, connection)) {
       run.Cancel();
@@ -439,9 +515,11 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
 
 MHD_Result OpenAiHttpServer::Handler::StartStream(OpenAiHttpServer* server,
                                                   MHD_Connection* connection,
-                                                  Running run) {
+                                                  Running run, int32_t n) {
   auto* stream = new Stream;
   stream->run = std::move(run);
+  stream->started.assign(n, false);
+  stream->offsets.assign(n, 0);
   stream->connection = connection;
   stream->stopping = &server->stopping_;
   MHD_Response* response = MHD_create_response_from_callback(

@@ -77,6 +77,8 @@ absl::StatusOr<std::string> Servable::ChatPrompt(
                         "choose a language model");
 }
 
+std::string Servable::TokenText(int32_t) const { return ""; }
+
 absl::StatusOr<uint64_t> Servable::GenerateImage(
     GenerateImageCall, std::shared_ptr<ImageObserver>) {
   return NotServedError("model", name_, family_, Task::kGenerateImage,

@@ -56,6 +56,8 @@ struct GenerateCall {
   float ratio = 0.0f;
   float min_ratio = 0.0f;
   absl::Time deadline = absl::InfiniteFuture();
+  int32_t n = 1;         // samples (GenerationJob::n)
+  int32_t priority = 0;  // GenerationJob::priority
 };
 
 struct GenerateImageCall {
@@ -140,6 +142,10 @@ class Servable {
   virtual absl::StatusOr<std::string> ChatPrompt(
       const std::vector<ChatMessage>& messages,
       bool add_generation_prompt) const;
+  // The text of token `id` decoded alone (special tokens included; invalid
+  // UTF-8 replaced), for log-probabilities; empty without a tokenizer or for
+  // an unknown id.
+  virtual std::string TokenText(int32_t id) const;
   // Queues a classification; `done` is called exactly once, later, on a
   // batcher thread — unless this returns an error, then never.
   virtual absl::Status Classify(ClassifyCall call, ClassifyDone done);

@@ -35,18 +35,19 @@ int64_t StepPlanner::total_positions() const {
   return int64_t{pool_->num_blocks()} * pool_->block_size();
 }
 
-bool StepPlanner::TakeBlocks(bool lowered, Running& running,
-                             AdmittedRequest& admitted) {
+bool StepPlanner::TakeBlocks(Running& running, AdmittedRequest& admitted) {
   const PlannedWork& work = running.work;
   const int64_t block_size = pool_->block_size();
-  const uint64_t key = lowered ? work.lowered_prefix_key : work.prefix_key;
+  const uint64_t key =
+      running.lowered ? work.lowered_prefix_key : work.prefix_key;
   const bool share = options_.prefix_caching && !work.prompt_tokens.empty();
   // At least the prompt's last token is computed: its logits are the first
   // output's.
   const std::vector<int32_t> hits =
-      share ? pool_->Match(work.prompt_tokens.data(), work.prompt_len, key,
-                           (work.prompt_len - 1) / block_size)
-            : std::vector<int32_t>();
+      share && work.read_prefix
+          ? pool_->Match(work.prompt_tokens.data(), work.prompt_len, key,
+                         (work.prompt_len - 1) / block_size)
+          : std::vector<int32_t>();
   const int64_t needed =
       config_limits::KvBlocksFor(work.reserved(), pool_->block_size());
   const int64_t revived = std::count_if(
@@ -106,7 +107,22 @@ void StepPlanner::RegisterBlocks(Running& running) {
 
 void StepPlanner::Enqueue(uint64_t id, const PlannedWork& work,
                           absl::Time now) {
-  queue_.push_back(Queued{id, work, now});
+  auto behind = std::find_if(
+      queue_.begin(), queue_.end(),
+      [&work](const Queued& q) { return q.work.priority < work.priority; });
+  queue_.insert(behind, Queued{id, work, now});
+}
+
+bool StepPlanner::WaitsForPrompt(const PlannedWork& work, bool* lowered) const {
+  if (work.after == 0) return false;
+  auto first = running_.find(work.after);
+  if (first == running_.end()) {
+    // Still queued (ahead of it) or gone: only a queued one is waited for.
+    return std::any_of(queue_.begin(), queue_.end(),
+                       [&work](const Queued& q) { return q.id == work.after; });
+  }
+  *lowered = first->second.lowered;
+  return first->second.cached < first->second.work.prompt_len;
 }
 
 void StepPlanner::Cancel(uint64_t id) {
@@ -151,10 +167,13 @@ StepPlan StepPlanner::Schedule(absl::Time now) {
     if (ended.was_running) Release(ended.id);
   }
 
-  // Admission: first come, into the lowest free slot, while its KV memory
-  // and its rows (max_step_rows) fit. Adaptive activation lowers a request that
-  // allows it when more than adaptive_queue_depth requests wait (itself
-  // included) as it is admitted.
+  // Admission: by priority, then first come, into the lowest free slot, while
+  // its KV memory and its rows (max_step_rows) fit. Adaptive activation
+  // lowers a request that allows it when more than adaptive_queue_depth
+  // requests of its priority or higher wait (itself included) as it is
+  // admitted, so lower priorities are lowered first. A later sample of a
+  // group waits until the first has computed the prompt they share, and
+  // runs at its activation.
   int32_t slot = 0;
   while (!queue_.empty()) {
     while (slot < options_.max_running && slot_owner_[slot] != 0) ++slot;
@@ -165,12 +184,20 @@ StepPlan StepPlanner::Schedule(absl::Time now) {
          step_rows_ + next.work.rows_per_step > options_.max_step_rows)) {
       break;
     }
-    const int64_t waiting = queue_.size();
-    const bool lowered = LowerActivation(options_.adaptive_queue_depth, waiting,
-                                         next.work.can_lower);
+    bool lowered = false;
+    if (WaitsForPrompt(next.work, &lowered)) break;
+    if (next.work.after == 0 || running_.count(next.work.after) == 0) {
+      const int64_t waiting =
+          std::count_if(queue_.begin(), queue_.end(), [&next](const Queued& q) {
+            return q.work.priority >= next.work.priority;
+          });
+      lowered = LowerActivation(options_.adaptive_queue_depth, waiting,
+                                next.work.can_lower);
+    }
     AdmittedRequest admitted{next.id, slot, lowered, now - next.enqueued};
     Running running{std::move(next.work), slot, 0, next_order_};
-    if (paged() && !TakeBlocks(lowered, running, admitted)) {
+    running.lowered = lowered;
+    if (paged() && !TakeBlocks(running, admitted)) {
       next.work = std::move(running.work);  // waits for blocks
       break;
     }

@@ -72,6 +72,17 @@ struct PlannedWork {
   std::vector<int32_t> prompt_tokens;
   uint64_t prefix_key = 0;
   uint64_t lowered_prefix_key = 0;
+  // Prefix caching: whether it reads cached blocks of its prompt (false: it
+  // computes its whole prompt, e.g. for the prompt's log-probabilities; its
+  // blocks are still registered for others).
+  bool read_prefix = true;
+  // Admission order: higher first, first come first within a priority.
+  int32_t priority = 0;
+  // The request whose prompt this one shares (the first sample of its
+  // group), or 0. It is admitted only once that one has computed its prompt
+  // (or left), at that one's activation, so that it reads the prompt's
+  // blocks from the prefix cache instead of computing them again.
+  uint64_t after = 0;
   // KV positions it holds from admission to its end: the most it can fill.
   int64_t reserved() const { return int64_t{prompt_len} + max_outputs; }
 };
@@ -120,8 +131,9 @@ class StepPlanner {
   // `options` must be in range (see ContinuousBatchScheduler::Create).
   explicit StepPlanner(const StepPlannerOptions& options);
 
-  // Queues request `id`. The caller checks the queue limit and that the work
-  // fits a sequence (reserved() <= max_seq_len).
+  // Queues request `id` behind those of its priority or higher. The caller
+  // checks the queue limit and that the work fits a sequence (reserved() <=
+  // max_seq_len).
   void Enqueue(uint64_t id, const PlannedWork& work, absl::Time now);
   // The request leaves at the next Schedule() (OK status). Unknown ids:
   // ignored.
@@ -175,13 +187,17 @@ class StepPlanner {
     uint64_t prefix_key = 0;
     int32_t registered = 0;
     bool registering = false;
+    bool lowered = false;  // runs at its activation floor
   };
 
   bool paged() const { return pool_ != nullptr; }
   // Paged: whether `running`'s work fits the blocks (its cached prefix taken
   // into account); if so, takes them (and its prompt tokens, into
   // running.tokens). Fills the prefix fields of `admitted`.
-  bool TakeBlocks(bool lowered, Running& running, AdmittedRequest& admitted);
+  bool TakeBlocks(Running& running, AdmittedRequest& admitted);
+  // Whether queued `work` must wait for the request it comes after to
+  // compute its prompt; sets `*lowered` to that one's when it is running.
+  bool WaitsForPrompt(const PlannedWork& work, bool* lowered) const;
   // Paged: allocates blocks until `running` covers `positions`.
   void Grow(Running& running, int64_t positions);
   // Paged: registers the blocks `running` has completed (their keys and

@@ -3,6 +3,10 @@
 // stream chunks, model lists and error objects.
 #include "service/openai_api.h"
 
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -32,10 +36,12 @@ TEST(OpenAiApiTest, CompletionFieldsBecomeTheCall) {
     "model": "lm", "prompt": "Once", "max_tokens": 7, "temperature": 0,
     "top_p": 0.5, "top_k": 3, "seed": 42, "stop": ["\n", "."],
     "repetition_penalty": 1.2, "stream": true,
-    "stream_options": {"include_usage": true}, "n": 1, "user": "u",
+    "stream_options": {"include_usage": true}, "user": "u",
     "activation_ratio": 0.5, "min_activation_ratio": 0.25,
     "stop_token_ids": [7, 9], "ignore_eos": true, "min_tokens": 3,
-    "logprobs": null, "echo": false, "presence_penalty": 0})");
+    "logprobs": 3, "prompt_logprobs": 1, "echo": false, "n": 2,
+    "presence_penalty": 0.5, "frequency_penalty": -1, "min_p": 0.1,
+    "priority": -5})");
   EXPECT_EQ(r.model, "lm");
   EXPECT_EQ(r.call.prompt, "Once");
   EXPECT_FALSE(r.call.token_ids.has_value());
@@ -53,6 +59,36 @@ TEST(OpenAiApiTest, CompletionFieldsBecomeTheCall) {
   EXPECT_EQ(r.call.sampling.stop_token_ids, (std::vector<int32_t>{7, 9}));
   EXPECT_TRUE(r.call.sampling.ignore_eos);
   EXPECT_EQ(r.call.sampling.min_tokens, 3);
+  EXPECT_EQ(r.call.sampling.logprobs, 3);
+  EXPECT_EQ(r.call.sampling.prompt_logprobs, 1);
+  EXPECT_EQ(r.call.n, 2);
+  EXPECT_EQ(r.call.priority, -5);
+  EXPECT_EQ(r.call.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(r.call.sampling.frequency_penalty, -1.0f);
+  EXPECT_FLOAT_EQ(r.call.sampling.min_p, 0.1f);
+}
+
+TEST(OpenAiApiTest, ChatLogprobsAreABoolWithTopLogprobs) {
+  const Endpoint chat = Endpoint::kChatCompletions;
+  const std::string messages =
+      R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_FALSE(ParseOk(chat, "{" + messages + "}").call.sampling.logprobs);
+  EXPECT_EQ(ParseOk(chat, "{" + messages + R"(, "logprobs": true})")
+                .call.sampling.logprobs,
+            0);
+  EXPECT_EQ(ParseOk(chat, "{" + messages +
+                              R"(, "logprobs": true, "top_logprobs": 4})")
+                .call.sampling.logprobs,
+            4);
+  EXPECT_FALSE(ParseOk(chat, "{" + messages + R"(, "logprobs": false})")
+                   .call.sampling.logprobs);
+  EXPECT_THAT(ErrorOf(chat, "{" + messages + R"(, "top_logprobs": 2})"),
+              HasSubstr("top_logprobs needs \"logprobs\": true"));
+  EXPECT_THAT(ErrorOf(chat, "{" + messages +
+                                R"(, "logprobs": true, "top_logprobs": 21})"),
+              HasSubstr("top_logprobs must be in [0, 20], got 21"));
+  EXPECT_THAT(ErrorOf(chat, "{" + messages + R"(, "logprobs": 2})"),
+              HasSubstr("logprobs must be true or false"));
 }
 
 TEST(OpenAiApiTest, DefaultsAreOpenAis) {
@@ -104,8 +140,14 @@ TEST(OpenAiApiTest, BadFieldsAreNamedWithTheirRange) {
               HasSubstr("max_tokens must be an integer"));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "seed": -1})"),
               HasSubstr("seed must be in [0, "));
-  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "n": 2})"),
-              HasSubstr("n must be 1"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "n": 17})"),
+              HasSubstr("n must be in [1, 16], got 17"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "priority": 1001})"),
+              HasSubstr("priority must be in [-1000, 1000], got 1001"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "presence_penalty": -3})"),
+              HasSubstr("presence_penalty must be in [-2, 2], got -3"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "min_p": 2})"),
+              HasSubstr("min_p must be in [0, 1], got 2"));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "stop": [1]})"),
               HasSubstr("stop must be a string or a list of strings"));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "stop_token_ids": [1, -1]})"),
@@ -114,8 +156,12 @@ TEST(OpenAiApiTest, BadFieldsAreNamedWithTheirRange) {
               HasSubstr("min_tokens must be in [0, "));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "activation_ratio": 1.5})"),
               HasSubstr("activation_ratio must be in [0, 1], got 1.5"));
-  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "logprobs": 2})"),
-              HasSubstr("logprobs is not supported by this server yet"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "logprobs": 21})"),
+              HasSubstr("logprobs must be in [0, 20], got 21"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "logprobs": true})"),
+              HasSubstr("logprobs must be an integer"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "echo": true})"),
+              HasSubstr("echo is not supported by this server yet"));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "stream_options": {}})"),
               HasSubstr("stream_options needs \"stream\": true"));
   EXPECT_THAT(
@@ -206,45 +252,109 @@ GenerationSummary Summary() {
   return s;
 }
 
+std::string FakeText(int32_t id) { return absl::StrCat("t", id); }
+
 TEST(OpenAiApiTest, ResponsesCarryUsageAndTheRatio) {
-  const Finished f{"cmpl-1", 1700000000, "lm", "abc", Summary()};
-  const json c = json::parse(ResponseJson(Endpoint::kCompletions, f));
+  const GenerationSummary s = Summary();
+  Finished f{"cmpl-1", 1700000000, "lm", {}, s};
+  f.choices.push_back(ChoiceOutput{0, "abc", {}, {}, &s});
+  const json c = json::parse(ResponseJson(Endpoint::kCompletions, f, FakeText));
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"][0]["text"], "abc");
   EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(c["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(c["usage"]["total_tokens"], 7);
   EXPECT_EQ(c["moh"]["activation_ratio"], 0.5);
   EXPECT_EQ(c["moh"]["effective_activation_ratio"], 0.625);
-  const json chat = json::parse(ResponseJson(Endpoint::kChatCompletions, f));
+  const json chat =
+      json::parse(ResponseJson(Endpoint::kChatCompletions, f, FakeText));
   EXPECT_EQ(chat["object"], "chat.completion");
   EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(chat["choices"][0]["message"]["content"], "abc");
   // Invalid UTF-8 cannot break the JSON.
-  const Finished bad{"cmpl-2", 0, "lm", "\xff", Summary()};
-  EXPECT_NO_THROW(json::parse(ResponseJson(Endpoint::kCompletions, bad)));
+  f.choices[0].text = "\xff";
+  EXPECT_NO_THROW(
+      json::parse(ResponseJson(Endpoint::kCompletions, f, FakeText)));
+}
+
+TEST(OpenAiApiTest, LogprobsInBothForms) {
+  const GenerationSummary s = Summary();
+  LogprobEntry a{{7, -0.5f}, 2, {{3, -0.25f}, {7, -0.5f}}};
+  LogprobEntry b{{12, -std::numeric_limits<float>::infinity()}, 9, {}};
+  Finished f{"cmpl-1", 0, "lm", {}, s, LogprobsAsked{true, true}};
+  f.choices.push_back(ChoiceOutput{0, "t7t12", {a, b}, {a}, &s});
+  const json c = json::parse(ResponseJson(Endpoint::kCompletions, f, FakeText));
+  const json& lp = c["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"t7", "t12"}));
+  EXPECT_EQ(lp["token_logprobs"][0], -0.5);
+  // -inf is no JSON number: the most negative float.
+  EXPECT_EQ(lp["token_logprobs"][1], -std::numeric_limits<float>::max());
+  EXPECT_EQ(lp["top_logprobs"][0]["t3"], -0.25);
+  EXPECT_TRUE(lp["top_logprobs"][1].empty());
+  EXPECT_EQ(lp["text_offset"], json({0, 2}));
+  const json& prompt = c["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(prompt.size(), 2u);
+  EXPECT_TRUE(prompt[0].is_null());
+  EXPECT_EQ(prompt[1]["7"]["rank"], 2);
+  EXPECT_EQ(prompt[1]["3"]["rank"], 1);
+  EXPECT_EQ(prompt[1]["3"]["decoded_token"], "t3");
+
+  const json chat =
+      json::parse(ResponseJson(Endpoint::kChatCompletions, f, FakeText));
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "t7");
+  EXPECT_EQ(content[0]["logprob"], -0.5);
+  EXPECT_EQ(content[0]["bytes"], json({116, 55}));
+  EXPECT_EQ(content[0]["top_logprobs"][0]["token"], "t3");
+  EXPECT_EQ(content[1]["top_logprobs"].size(), 0u);
+}
+
+TEST(OpenAiApiTest, CombinedSummaryOfSamples) {
+  GenerationSummary a = Summary(), b = Summary();
+  a.routed_tokens = 7;
+  a.effective_ratio = 0.5;
+  b.index = 1;
+  b.routed_tokens = 3;
+  b.effective_ratio = 1.0;
+  b.completion_tokens = 2;
+  const GenerationSummary all = CombineSummaries({a, b});
+  EXPECT_EQ(all.prompt_tokens, 3);
+  EXPECT_EQ(all.completion_tokens, 6);
+  EXPECT_EQ(all.routed_tokens, 10);
+  EXPECT_DOUBLE_EQ(all.effective_ratio, 0.65);
 }
 
 TEST(OpenAiApiTest, StreamChunks) {
   const GenerationSummary s = Summary();
-  Chunk chunk{"chatcmpl-1", 5, "lm", "He", true, nullptr};
-  json first = json::parse(ChunkJson(Endpoint::kChatCompletions, chunk));
+  Chunk chunk{"chatcmpl-1", 5, "lm", ChoiceOutput{0, "He"}, true};
+  json first =
+      json::parse(ChunkJson(Endpoint::kChatCompletions, chunk, FakeText));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(first["choices"][0]["delta"]["content"], "He");
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   EXPECT_FALSE(first.contains("moh"));
-  chunk = Chunk{"chatcmpl-1", 5, "lm", "", false, &s};
-  json last = json::parse(ChunkJson(Endpoint::kChatCompletions, chunk));
+  chunk = Chunk{"chatcmpl-1", 5, "lm", ChoiceOutput{1, "", {}, {}, &s}, false};
+  json last =
+      json::parse(ChunkJson(Endpoint::kChatCompletions, chunk, FakeText));
+  EXPECT_EQ(last["choices"][0]["index"], 1);
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(last["choices"][0]["delta"].empty());
   EXPECT_EQ(last["moh"]["effective_activation_ratio"], 0.625);
-  json usage = json::parse(UsageChunkJson(Endpoint::kChatCompletions, chunk));
+  json usage =
+      json::parse(UsageChunkJson(Endpoint::kChatCompletions, chunk, s));
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 4);
-  json text = json::parse(ChunkJson(
-      Endpoint::kCompletions, Chunk{"cmpl-1", 5, "lm", "x", true, nullptr}));
-  EXPECT_EQ(text["object"], "text_completion");
-  EXPECT_EQ(text["choices"][0]["text"], "x");
+  Chunk text{"cmpl-1",    5,
+             "lm",        ChoiceOutput{0, "x", {{{4, -1.0f}, 1, {}}}},
+             true,        LogprobsAsked{true, false},
+             /*offset=*/5};
+  json completion =
+      json::parse(ChunkJson(Endpoint::kCompletions, text, FakeText));
+  EXPECT_EQ(completion["object"], "text_completion");
+  EXPECT_EQ(completion["choices"][0]["text"], "x");
+  EXPECT_EQ(completion["choices"][0]["logprobs"]["text_offset"], json({5}));
 }
 
 TEST(OpenAiApiTest, ModelsList) {

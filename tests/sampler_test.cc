@@ -261,6 +261,76 @@ TEST(SamplerTest, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
   EXPECT_THAT(Draws(penalised, Logits({2.0, 1.5}), 20, seen), Each(1));
 }
 
+TEST(SamplerTest, PresenceAndFrequencyPenaltiesCountTheOutputOnly) {
+  SamplingParams params = Params(0.0f);
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 0.25f;
+  Sampler sampler(params);
+  // History: prompt {1, 1}, then the output {0, 0, 0}: token 0 drops by
+  // 0.5 + 3 * 0.25 = 1.25, token 1 (prompt only) not at all.
+  const std::vector<int32_t> history = {1, 1, 0, 0, 0};
+  EXPECT_EQ(sampler.Sample(Logits({3.0, 1.8, 1.0}), history, 3), 1);  // 1.75
+  EXPECT_EQ(sampler.Sample(Logits({3.0, 1.7, 1.0}), history, 3), 0);
+  // All five generated: token 1 drops by 0.5 + 2 * 0.25 too.
+  EXPECT_EQ(sampler.Sample(Logits({3.0, 1.8, 1.0}), history, 5), 0);
+  // Without generated tokens nothing is penalised (the prompt is not).
+  EXPECT_EQ(sampler.Sample(Logits({3.0, 1.8, 1.0}), history, 0), 0);
+  // Only the frequency part repeats: 2.0 - 0.75 > 1.2 > 2.0 - 1.0.
+  EXPECT_EQ(sampler.Sample(Logits({2.0, 1.2}), {0}, 1), 0);
+  EXPECT_EQ(sampler.Sample(Logits({2.0, 1.2}), {0, 0}, 2), 1);
+  // Negative values favour repeats; ids outside the vocabulary are ignored.
+  params.presence_penalty = -1.0f;
+  params.frequency_penalty = 0.0f;
+  EXPECT_EQ(Sampler(params).Sample(Logits({1.0, 1.5}), {0, 7, -2}, 3), 0);
+}
+
+TEST(SamplerTest, MinPKeepsTokensAtLeastMinPTimesTheBest) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps p >= 0.25, i.e.
+  // {0, 1}; min_p 0.25 keeps p >= 0.125: {0, 1, 2}.
+  const at::Tensor logits = LogitsOfProbs({0.5, 0.3, 0.15, 0.05});
+  auto support = [&](float min_p, float temperature) {
+    SamplingParams params = Params(temperature);
+    params.min_p = min_p;
+    Sampler sampler(params);
+    return Support(Draws(sampler, logits, 3000));
+  };
+  EXPECT_EQ(support(0.5f, 1.0f), (std::set<int32_t>{0, 1}));
+  EXPECT_EQ(support(0.25f, 1.0f), (std::set<int32_t>{0, 1, 2}));
+  EXPECT_EQ(support(1.0f, 1.0f), (std::set<int32_t>{0}));
+  EXPECT_EQ(support(0.0f, 1.0f), (std::set<int32_t>{0, 1, 2, 3}));
+  // After temperature 2 the ratios are square roots: sqrt(0.15 / 0.5) =
+  // 0.55 >= 0.5 keeps token 2; sqrt(0.05 / 0.5) = 0.32 does not keep 3.
+  EXPECT_EQ(support(0.5f, 2.0f), (std::set<int32_t>{0, 1, 2}));
+}
+
+TEST(ComputeLogprobsTest, LogSoftmaxRankAndTopAlternatives) {
+  const at::Tensor logits = Logits({1.0, 3.0, 2.0, 3.0, kNan});
+  double z = 0;
+  for (float x : {1.0f, 3.0f, 2.0f, 3.0f}) z += std::exp(x);
+  const LogprobEntry entry = ComputeLogprobs(logits, 2, 3);
+  EXPECT_EQ(entry.token.id, 2);
+  EXPECT_NEAR(entry.token.logprob, 2.0 - std::log(z), 1e-6);
+  EXPECT_EQ(entry.rank, 3);  // after 1 and 3
+  ASSERT_EQ(entry.top.size(), 3u);
+  EXPECT_EQ(entry.top[0].id, 1);  // ties: the lower id first
+  EXPECT_EQ(entry.top[1].id, 3);
+  EXPECT_EQ(entry.top[2].id, 2);
+  EXPECT_NEAR(entry.top[0].logprob, 3.0 - std::log(z), 1e-6);
+  EXPECT_EQ(ComputeLogprobs(logits, 1, 0).rank, 1);
+  EXPECT_TRUE(ComputeLogprobs(logits, 1, 0).top.empty());
+  // NaN is -inf; asking for more than the vocabulary gives all of it.
+  const LogprobEntry nan = ComputeLogprobs(logits, 4, 10);
+  EXPECT_EQ(nan.token.logprob, -kInf);
+  EXPECT_EQ(nan.rank, 5);
+  EXPECT_EQ(nan.top.size(), 5u);
+  // Other dtypes and strides.
+  const at::Tensor table = at::tensor({0.0, 1.0, 0.0, 1.0}, at::kDouble);
+  EXPECT_NEAR(
+      ComputeLogprobs(table.view({2, 2}).select(1, 0), 0, 1).token.logprob,
+      std::log(0.5), 1e-6);
+  EXPECT_THROW(ComputeLogprobs(logits, 5, 0), c10::Error);
+}
+
 TEST(SamplerTest, AcceptsOtherDtypesAndStrides) {
   Sampler sampler(Params(0.0f));
   const at::Tensor table =
@@ -339,6 +409,16 @@ TEST(ValidateSamplingParamsTest, NamesTheFieldAndRange) {
        "sampling.stop[1] must be 1 to 256 bytes, got 0 bytes"},
       {"long stop", [](SamplingParams& p) { p.stop = {std::string(257, 'x')}; },
        "sampling.stop[0] must be 1 to 256 bytes, got 257 bytes"},
+      {"presence", [](SamplingParams& p) { p.presence_penalty = 2.5f; },
+       "sampling.presence_penalty must be in [-2, 2] (0 = off), got 2.5"},
+      {"frequency nan", [](SamplingParams& p) { p.frequency_penalty = kNan; },
+       "sampling.frequency_penalty must be in [-2, 2] (0 = off), got nan"},
+      {"min_p", [](SamplingParams& p) { p.min_p = 1.5f; },
+       "sampling.min_p must be in [0, 1] (0 = off), got 1.5"},
+      {"logprobs", [](SamplingParams& p) { p.logprobs = 21; },
+       "sampling.logprobs must be in [0, 20] (absent = none), got 21"},
+      {"prompt_logprobs", [](SamplingParams& p) { p.prompt_logprobs = -1; },
+       "sampling.prompt_logprobs must be in [0, 20] (absent = none), got -1"},
   };
   for (const BadCase& c : cases) {
     SamplingParams params;

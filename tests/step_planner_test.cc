@@ -287,6 +287,49 @@ TEST(StepPlannerTest, ShutdownEndsQueuedThenRunning) {
   EXPECT_EQ(planner.reserved_positions(), 0);
 }
 
+TEST(StepPlannerTest, HigherPriorityIsAdmittedFirstFirstComeWithin) {
+  StepPlanner planner(Options(/*max_running=*/1));
+  FakeModel model;
+  const int32_t priorities[] = {0, 5, -3, 5, 0};
+  for (uint64_t id = 1; id <= 5; ++id) {
+    PlannedWork work = Work(2, 1);
+    work.priority = priorities[id - 1];
+    planner.Enqueue(id, work, kT0);
+    model.Expect(id, 1);
+  }
+  std::vector<uint64_t> order;
+  while (!planner.idle()) {
+    StepPlan plan = planner.Schedule(kT0);
+    for (uint64_t id : Ids(plan.admitted)) order.push_back(id);
+    planner.Update(plan, model.Run(plan));
+  }
+  EXPECT_EQ(order, (std::vector<uint64_t>{2, 4, 1, 5, 3}));
+}
+
+TEST(StepPlannerTest, AdaptiveActivationLowersLowerPrioritiesFirst) {
+  // Depth 2: a request is lowered when more than 2 requests of its priority
+  // or higher wait. Two high-priority and three low-priority ones wait.
+  StepPlanner planner(Options(/*max_running=*/1, 512, /*depth=*/2));
+  FakeModel model;
+  for (uint64_t id = 1; id <= 5; ++id) {
+    PlannedWork work = Work(2, 1, absl::InfiniteFuture(), true);
+    work.priority = id <= 3 ? 0 : 1;
+    planner.Enqueue(id, work, kT0);
+    model.Expect(id, 1);
+  }
+  std::map<uint64_t, bool> lowered;
+  while (!planner.idle()) {
+    StepPlan plan = planner.Schedule(kT0);
+    for (const AdmittedRequest& a : plan.admitted) lowered[a.id] = a.lowered;
+    planner.Update(plan, model.Run(plan));
+  }
+  // 4 and 5 see 2 and 1 of their priority waiting: not lowered. Then 1, 2
+  // and 3 see 3, 2, 1 waiting: 1 is lowered.
+  EXPECT_EQ(lowered,
+            (std::map<uint64_t, bool>{
+                {1, true}, {2, false}, {3, false}, {4, false}, {5, false}}));
+}
+
 // Paged KV: blocks of 4 positions, kv_blocks of them.
 StepPlannerOptions Paged(int32_t max_running, int32_t kv_blocks,
                          bool prefix_caching = true) {
@@ -399,6 +442,75 @@ TEST(StepPlannerTest, PromptBlocksAreSharedUnderTheSameKeyOnly) {
   EXPECT_NE(rows[4].blocks[1], first_blocks[1]);
   planner.Update(plan, model.Run(plan));
   RunToIdle(planner, model, 16);
+}
+
+TEST(StepPlannerTest, LaterSamplesWaitForTheFirstsPromptAndShareIt) {
+  StepPlanner planner(Paged(/*max_running=*/4, /*kv_blocks=*/16));
+  FakeModel model;
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  PlannedWork first = Prompt(prompt, 2);
+  first.can_lower = true;
+  first.priority = 1;
+  planner.Enqueue(1, first, kT0);
+  PlannedWork sample = first;
+  sample.after = 1;
+  planner.Enqueue(2, sample, kT0);
+  planner.Enqueue(3, sample, kT0);
+  for (uint64_t id = 1; id <= 3; ++id) model.Expect(id, 2);
+  // A budget of 4 prompt tokens a step: the first's prompt takes 3 steps,
+  // and the others wait with free slots until it is done.
+  StepPlannerOptions options = Paged(4, 16);
+  options.prefill_token_budget = 4;
+  options.adaptive_queue_depth = 1;  // 3 waiting: the first is lowered
+  StepPlanner chunked(options);
+  chunked.Enqueue(1, first, kT0);
+  chunked.Enqueue(2, sample, kT0);
+  chunked.Enqueue(3, sample, kT0);
+  StepPlan plan = chunked.Schedule(kT0);
+  EXPECT_EQ(Ids(plan.admitted), (std::vector<uint64_t>{1}));
+  EXPECT_TRUE(plan.admitted[0].lowered);
+  for (int step = 0; step < 2; ++step) {
+    chunked.Update(plan, model.Run(plan));
+    plan = chunked.Schedule(kT0);
+    EXPECT_TRUE(plan.admitted.empty()) << step;
+  }
+  chunked.Update(plan, model.Run(plan));  // the prompt's last 2 tokens
+  plan = chunked.Schedule(kT0);
+  ASSERT_EQ(Ids(plan.admitted), (std::vector<uint64_t>{2, 3}));
+  for (const AdmittedRequest& a : plan.admitted) {
+    EXPECT_EQ(a.prefix_hit, 8) << a.id;  // the first's two whole blocks
+    EXPECT_TRUE(a.lowered) << a.id;      // at the first's activation
+  }
+  chunked.Update(plan, model.Run(plan));
+
+  // A sample whose first has left is admitted on its own.
+  planner.Cancel(1);
+  plan = planner.Schedule(kT0);
+  EXPECT_EQ(Ids(plan.admitted), (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(plan.admitted[0].prefix_hit, 0);
+}
+
+TEST(StepPlannerTest, ARequestThatDoesNotReadThePrefixStillRegistersIt) {
+  StepPlanner planner(Paged(/*max_running=*/4, /*kv_blocks=*/16));
+  FakeModel model;
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  for (uint64_t id = 1; id <= 3; ++id) model.Expect(id, 2);
+  planner.Enqueue(1, Prompt(prompt, 2), kT0);
+  StepPlan plan = planner.Schedule(kT0);
+  planner.Update(plan, model.Run(plan));
+  PlannedWork computes = Prompt(prompt, 2);
+  computes.read_prefix = false;
+  planner.Enqueue(2, computes, kT0);
+  plan = planner.Schedule(kT0);
+  ASSERT_EQ(plan.admitted.size(), 1u);
+  EXPECT_EQ(plan.admitted[0].prefix_hit, 0);
+  EXPECT_EQ(plan.rows.back().start, 0);
+  EXPECT_EQ(plan.rows.back().num_tokens, 10);
+  planner.Update(plan, model.Run(plan));
+  RunToIdle(planner, model, 16);
+  // Its blocks (or the first's) remain matchable.
+  planner.Enqueue(3, Prompt(prompt, 2), kT0);
+  EXPECT_EQ(planner.Schedule(kT0).admitted[0].prefix_hit, 8);
 }
 
 TEST(StepPlannerTest, CachedPrefixOutlivesItsRequestUntilEvicted) {

@@ -38,6 +38,7 @@ SequenceOutput::SequenceOutput(const SamplingParams& sampling,
                                std::vector<int32_t> eos_ids)
     : max_new_tokens_(sampling.max_new_tokens),
       min_tokens_(sampling.min_tokens),
+      logprobs_(sampling.logprobs.value_or(-1)),
       stop_token_ids_(sampling.stop_token_ids),
       vocab_limit_(tokenizer != nullptr ? tokenizer->vocab_size() : 0),
       eos_ids_(sampling.ignore_eos ? std::vector<int32_t>()
@@ -66,10 +67,16 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
       }
     }
   }
-  const int32_t token = sampler_.Sample(scores, history_);
+  const int32_t token = sampler_.Sample(scores, history_, generated_);
+  GenerationChunk chunk;
+  if (logprobs_ >= 0) {
+    // The model's distribution over the tokens it may stream.
+    chunk.logprobs.push_back(
+        ComputeLogprobs(padded ? logits.narrow(-1, 0, vocab_limit_) : logits,
+                        token, logprobs_));
+  }
   history_.push_back(token);
   ++generated_;
-  GenerationChunk chunk;
   chunk.token_ids.push_back(token);
   const bool stop_token =
       std::find(stop_token_ids_.begin(), stop_token_ids_.end(), token) !=
@@ -188,6 +195,8 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
       result.token_ids.insert(result.token_ids.end(), chunk.token_ids.begin(),
                               chunk.token_ids.end());
       result.text += chunk.text;
+      result.logprobs.insert(result.logprobs.end(), chunk.logprobs.begin(),
+                             chunk.logprobs.end());
       if (row.output.finish_reason()) {
         result.finish_reason = *row.output.finish_reason();
       }

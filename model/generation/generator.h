@@ -38,6 +38,13 @@ struct GenerationRequest {
 struct GenerationChunk {
   std::string text;
   std::vector<int32_t> token_ids;
+  // With SamplingParams::logprobs: one entry per token id.
+  std::vector<LogprobEntry> logprobs;
+  // With SamplingParams::prompt_logprobs, on a sequence's first chunk: one
+  // entry per prompt token after the first.
+  std::vector<LogprobEntry> prompt_logprobs;
+  // The sample of the request it belongs to (GenerateCall n), from 0.
+  int32_t index = 0;
 };
 
 struct GenerationResult {
@@ -45,8 +52,9 @@ struct GenerationResult {
   std::string text;                // decoded, stop string excluded
   FinishReason finish_reason = FinishReason::kLength;
   int32_t prompt_tokens = 0;
-  at::Tensor head_token_counts;  // int64 [L, H] over prompt and output
-  double effective_ratio = 1.0;  // used (token, head) pairs / all pairs
+  at::Tensor head_token_counts;        // int64 [L, H] over prompt and output
+  double effective_ratio = 1.0;        // used (token, head) pairs / all pairs
+  std::vector<LogprobEntry> logprobs;  // with SamplingParams::logprobs
 };
 
 // One sequence's output as its tokens are sampled: the sampler (own seeded
@@ -74,6 +82,7 @@ class SequenceOutput {
  private:
   const int32_t max_new_tokens_;
   const int32_t min_tokens_;
+  const int32_t logprobs_;  // SamplingParams::logprobs; -1 unset
   // Tokens that end the sequence: EOS (kEos, unless ignore_eos), and the
   // request's stop tokens (kStop).
   const std::vector<int32_t> stop_token_ids_;

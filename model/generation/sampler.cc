@@ -68,6 +68,30 @@ absl::Status ValidateSamplingParams(const SamplingParams& params,
     return OutOfRange("repetition_penalty", "finite and > 0 (1 = off)",
                       params.repetition_penalty);
   }
+  for (const auto& [name, value] :
+       {std::pair<const char*, float>{"presence_penalty",
+                                      params.presence_penalty},
+        {"frequency_penalty", params.frequency_penalty}}) {
+    if (!(std::fabs(value) <= kMaxOutputPenalty)) {
+      return OutOfRange(name,
+                        absl::StrCat("in [", -kMaxOutputPenalty, ", ",
+                                     kMaxOutputPenalty, "] (0 = off)"),
+                        value);
+    }
+  }
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
+    return OutOfRange("min_p", "in [0, 1] (0 = off)", params.min_p);
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::optional<int32_t>>{"logprobs",
+                                                       params.logprobs},
+        {"prompt_logprobs", params.prompt_logprobs}}) {
+    if (value && (*value < 0 || *value > kMaxLogprobs)) {
+      return OutOfRange(
+          name, absl::StrCat("in [0, ", kMaxLogprobs, "] (absent = none)"),
+          *value);
+    }
+  }
   if (params.stop.size() > static_cast<size_t>(kMaxStopStrings)) {
     return OutOfRange("stop",
                       absl::StrCat("at most ", kMaxStopStrings, " strings"),
@@ -134,6 +158,23 @@ void Sampler::ApplyRepetitionPenalty(absl::Span<const int32_t> history) {
   }
 }
 
+void Sampler::ApplyOutputPenalties(absl::Span<const int32_t> output) {
+  const float presence = params_.presence_penalty;
+  const float frequency = params_.frequency_penalty;
+  if ((presence == 0.0f && frequency == 0.0f) || output.empty()) return;
+  const auto vocab = static_cast<int32_t>(logits_.size());
+  penalized_.resize(logits_.size(), 0);
+  for (int32_t id : output) {
+    if (id < 0 || id >= vocab) continue;
+    logits_[id] -= frequency;
+    if (!penalized_[id]) logits_[id] -= presence;
+    penalized_[id] = 1;
+  }
+  for (int32_t id : output) {
+    if (id >= 0 && id < vocab) penalized_[id] = 0;
+  }
+}
+
 bool Sampler::Better(const Candidate& a, const Candidate& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
@@ -188,9 +229,10 @@ int32_t Sampler::DrawNucleus(size_t from, size_t to, double mass,
 }
 
 int32_t Sampler::Sample(const at::Tensor& logits,
-                        absl::Span<const int32_t> history) {
+                        absl::Span<const int32_t> history, size_t generated) {
   LoadLogits(logits);
   ApplyRepetitionPenalty(history);
+  ApplyOutputPenalties(history.last(std::min(generated, history.size())));
   const size_t vocab = logits_.size();
   // NaN becomes -inf; `best` is the lowest id among the maximal logits.
   int32_t best = 0;
@@ -211,6 +253,13 @@ int32_t Sampler::Sample(const at::Tensor& logits,
   // exp((x - max) / T) is softmax(x / T) up to normalisation; subtracting
   // first avoids overflow at tiny temperatures.
   const float temperature = params_.temperature;
+  if (params_.min_p > 0.0f) {
+    // p / p_max >= min_p  <=>  (x - max) / T >= log(min_p).
+    const float cutoff = max_logit + temperature * std::log(params_.min_p);
+    for (float& x : logits_) {
+      if (x < cutoff) x = kNegInf;
+    }
+  }
   auto weight = [max_logit, temperature](float logit) {
     return std::exp((logit - max_logit) / temperature);
   };
@@ -263,6 +312,56 @@ int32_t Sampler::Sample(const at::Tensor& logits,
   }
   std::sort(top_.begin() + lo, top_.begin() + hi, Better);
   return DrawNucleus(lo, hi, before, threshold);
+}
+
+LogprobEntry ComputeLogprobs(const at::Tensor& logits, int32_t token,
+                             int32_t top_n) {
+  TORCH_CHECK(logits.dim() == 1 && logits.numel() > 0 &&
+                  at::isFloatingType(logits.scalar_type()),
+              "ComputeLogprobs: logits must be a non-empty 1-D floating "
+              "tensor, got ",
+              logits.sizes(), " ", logits.scalar_type());
+  const int64_t vocab = logits.numel();
+  TORCH_CHECK(token >= 0 && token < vocab, "ComputeLogprobs: token ", token,
+              " outside [0, ", vocab, ")");
+  std::vector<float> x(vocab);
+  at::from_blob(x.data(), {vocab}, at::kFloat).copy_(logits);
+  float max_logit = kNegInf;
+  for (float& v : x) {
+    if (std::isnan(v)) v = kNegInf;
+    max_logit = std::max(max_logit, v);
+  }
+  // log softmax = x - (max + log sum exp(x - max)), summed in double.
+  double sum = 0.0;
+  if (std::isfinite(max_logit)) {
+    for (float v : x) sum += std::exp(static_cast<double>(v) - max_logit);
+  }
+  const double log_z = std::isfinite(max_logit)
+                           ? max_logit + std::log(sum)
+                           : static_cast<double>(max_logit);
+  auto logprob = [&](int64_t id) -> float {
+    if (std::isinf(max_logit) && max_logit > 0) {
+      return x[id] == max_logit ? 0.0f : kNegInf;  // +inf holds everything
+    }
+    return static_cast<float>(x[id] - log_z);
+  };
+  auto better = [&](int32_t a, int32_t b) {
+    return x[a] > x[b] || (x[a] == x[b] && a < b);
+  };
+  LogprobEntry entry;
+  entry.token = {token, logprob(token)};
+  for (int64_t id = 0; id < vocab; ++id) {
+    if (better(static_cast<int32_t>(id), token)) ++entry.rank;
+  }
+  const int64_t n = std::min<int64_t>(std::max(top_n, 0), vocab);
+  if (n == 0) return entry;
+  std::vector<int32_t> ids(vocab);
+  for (int64_t id = 0; id < vocab; ++id) ids[id] = static_cast<int32_t>(id);
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), better);
+  for (int64_t i = 0; i < n; ++i) {
+    entry.top.push_back({ids[i], logprob(ids[i])});
+  }
+  return entry;
 }
 
 StopStringMatcher::StopStringMatcher(std::vector<std::string> stops)

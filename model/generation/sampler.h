@@ -1,9 +1,10 @@
 // Token sampling for generation: per-request sampling settings, their
 // validation, a per-sequence Sampler and a streaming stop-string matcher.
 //
-// Sampling order (HF/vLLM convention): repetition penalty -> greedy argmax if
-// temperature == 0 -> divide by temperature -> top-k -> top-p -> softmax ->
-// one draw by inverse CDF from the sequence's own RNG.
+// Sampling order (vLLM's): repetition, presence and frequency penalties ->
+// greedy argmax if temperature == 0 -> divide by temperature -> min-p ->
+// top-k -> top-p -> softmax -> one draw by inverse CDF from the sequence's own
+// RNG.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -25,6 +26,10 @@ inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kMaxStopStringBytes = 256;
 // Limit on SamplingParams::stop_token_ids.
 inline constexpr int kMaxStopTokenIds = 64;
+// Limit on SamplingParams::logprobs and prompt_logprobs (vLLM's default).
+inline constexpr int kMaxLogprobs = 20;
+// Range of the presence and frequency penalties (OpenAI's).
+inline constexpr float kMaxOutputPenalty = 2.0f;
 
 // Per-request sampling settings; the defaults are what an omitted field means.
 struct SamplingParams {
@@ -44,6 +49,14 @@ struct SamplingParams {
   // CTRL/HF repetition penalty, > 0 and finite; 1 means off. For each token
   // already in the prompt or output: logit > 0 ? logit / p : logit * p.
   float repetition_penalty = 1.0f;
+  // OpenAI's penalties on tokens already generated (not the prompt), in
+  // [-2, 2]; 0 means off. Each logit drops by presence_penalty if its token
+  // occurs in the output and by frequency_penalty per occurrence.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // Keep only tokens whose probability is at least min_p times the most
+  // probable one's (after temperature), in [0, 1]; 0 means off.
+  float min_p = 0.0f;
   // Generation stops when the output contains one of these; the output is
   // truncated before it. At most kMaxStopStrings, each 1..kMaxStopStringBytes
   // bytes.
@@ -57,7 +70,33 @@ struct SamplingParams {
   // Tokens generated before an end-of-sequence or stop token may be: those
   // tokens are masked until then. In [0, max_new_tokens].
   int32_t min_tokens = 0;
+  // Log-probabilities returned with each generated token: unset none, else
+  // the sampled token's and those of the `logprobs` most likely tokens, in
+  // [0, kMaxLogprobs]. They are the model's own distribution (log-softmax of
+  // the raw logits, before penalties, temperature and truncation), as vLLM
+  // returns by default.
+  std::optional<int32_t> logprobs;
+  // The same for every prompt token after the first (computed, so the prompt
+  // is not read from the prefix cache).
+  std::optional<int32_t> prompt_logprobs;
 };
+
+// One token's log-probability under the model, with the most likely
+// alternatives at that position.
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+struct LogprobEntry {
+  TokenLogprob token;
+  int32_t rank = 1;               // 1 + the tokens more likely than it
+  std::vector<TokenLogprob> top;  // best first, ties by lower id
+};
+
+// The entry of `token` in `logits` ([vocab], any device and floating dtype)
+// with its `top_n` best alternatives. NaN logits count as -inf.
+LogprobEntry ComputeLogprobs(const at::Tensor& logits, int32_t token,
+                             int32_t top_n);
 
 // Returns OK, or INVALID_ARGUMENT naming the first bad field and its allowed
 // range, e.g. "sampling.top_p must be in (0, 1], got 1.5". NaN is rejected
@@ -83,10 +122,12 @@ class Sampler {
   // logits: 1-D floating tensor [vocab] on any device, any strides; it is
   // copied once into a CPU float32 buffer and never modified. history: prompt
   // and generated ids so far, for the repetition penalty (each distinct id
-  // is penalised once; ids outside [0, vocab) are ignored). Returns a token
-  // id in [0, vocab). Throws c10::Error if logits is not a non-empty 1-D
-  // floating tensor, like the LibTorch calls around it.
-  int32_t Sample(const at::Tensor& logits, absl::Span<const int32_t> history);
+  // is penalised once; ids outside [0, vocab) are ignored); its last
+  // `generated` ids are the output so far (the presence and frequency
+  // penalties). Returns a token id in [0, vocab). Throws c10::Error if logits
+  // is not a non-empty 1-D floating tensor, like the LibTorch calls around it.
+  int32_t Sample(const at::Tensor& logits, absl::Span<const int32_t> history,
+                 size_t generated = 0);
 
   const SamplingParams& params() const { return params_; }
   // The seed in use: params().seed, or the one drawn when it was unset, so
@@ -103,6 +144,7 @@ class Sampler {
   // Copies logits into logits_.
   void LoadLogits(const at::Tensor& logits);
   void ApplyRepetitionPenalty(absl::Span<const int32_t> history);
+  void ApplyOutputPenalties(absl::Span<const int32_t> output);
   // Strict order of preference: higher logit, then lower id.
   static bool Better(const Candidate& a, const Candidate& b);
   // Sets top_ to every token, by id. Weights are left unset.

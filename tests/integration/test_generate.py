@@ -5,6 +5,7 @@ activation ratio, the 8 tokens greedy decoding produces in the Python reference
 model, and the effective activation ratio it computed.
 """
 import json
+import math
 import os
 import threading
 import time
@@ -260,3 +261,79 @@ def test_a_slow_reader_gets_the_tokens_coalesced(api, start_server,
         assert m.finish_reason == api.pb.FINISH_REASON_UNSPECIFIED
     assert late[-1].finish_reason == api.pb.LENGTH
     assert late[-1].usage.completion_tokens == 300
+
+
+def log_softmax(row):
+    top = max(row)
+    log_z = top + math.log(sum(math.exp(x - top) for x in row))
+    return [x - log_z for x in row]
+
+
+def best(logprobs, n):
+    """The n best token ids, ties to the lower id."""
+    return sorted(range(len(logprobs)), key=lambda i: (-logprobs[i], i))[:n]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["prompt"] == 0],
+                         ids=lambda c: "ratio%g" % c["ratio"])
+def test_logprobs_equal_the_references(api, stub, case):
+    # The reference's logits at every prompt position: prompt token p + 1's
+    # log-probability, and the first generated token's.
+    prompt = _GOLDEN["prompts"][case["prompt"]]
+    reference = [log_softmax(row) for row in case["logits"]]
+    request = golden_request(api, case, include_routing=False)
+    request.sampling.logprobs = 3
+    request.sampling.prompt_logprobs = 2
+    messages = lib.run_generate(stub, request)
+    assert lib.token_ids_of(messages) == case["greedy"]
+    entries = [e for m in messages for e in m.logprobs]
+    assert [e.token_id for e in entries] == case["greedy"]
+    first = entries[0]
+    assert first.logprob == pytest.approx(
+        reference[-1][case["greedy"][0]], abs=2e-4)
+    assert first.rank == 1  # greedy
+    assert [t.token_id for t in first.top_logprobs] == best(reference[-1], 3)
+    for t in first.top_logprobs:
+        assert t.logprob == pytest.approx(reference[-1][t.token_id], abs=2e-4)
+    assert all(e.rank == 1 and len(e.top_logprobs) == 3 for e in entries)
+    # Prompt log-probabilities come once, on the first message.
+    assert all(not m.prompt_logprobs for m in messages[1:])
+    prompt_entries = messages[0].prompt_logprobs
+    assert [e.token_id for e in prompt_entries] == prompt[1:]
+    for p, e in enumerate(prompt_entries):
+        row = reference[p]
+        assert e.logprob == pytest.approx(row[prompt[p + 1]], abs=2e-4), p
+        assert e.rank == 1 + sum(x > row[prompt[p + 1]] for x in row), p
+        assert [t.token_id for t in e.top_logprobs] == best(row, 2), p
+
+
+def test_logprobs_out_of_range_name_the_field(api, stub):
+    for field, value in (("logprobs", 21), ("prompt_logprobs", -1)):
+        request = golden_request(api, CASES[0], include_routing=False)
+        setattr(request.sampling, field, value)
+        error = lib.rpc_error(stub.Generate, request, timeout=lib.RPC_TIMEOUT)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert ("sampling.%s must be in [0, 20] (absent = none), got %d"
+                % (field, value)) in error.details()
+
+
+def test_presence_frequency_and_min_p(api, stub):
+    # A frequency penalty at its maximum breaks greedy repetition: the output
+    # differs from plain greedy decoding and repeats no more often.
+    case = min(CASES, key=lambda c: len(set(c["greedy"])))
+    plain = case["greedy"]
+    assert len(set(plain)) < len(plain)
+    request = golden_request(api, case, include_routing=False)
+    request.sampling.frequency_penalty = 2.0
+    request.sampling.presence_penalty = 2.0
+    penalised = lib.token_ids_of(lib.run_generate(stub, request))
+    assert penalised != plain
+    assert len(set(penalised)) > len(set(plain))
+    # min_p 1 keeps only the most likely token: sampling is greedy.
+    request = golden_request(api, case, include_routing=False)
+    request.sampling.temperature = 1.5
+    request.sampling.min_p = 1.0
+    assert lib.token_ids_of(lib.run_generate(stub, request)) == case["greedy"]
+    request.sampling.min_p = 1.5
+    error = lib.rpc_error(stub.Generate, request, timeout=lib.RPC_TIMEOUT)
+    assert "sampling.min_p must be in [0, 1] (0 = off), got 1.5" in error.details()

@@ -167,3 +167,59 @@ def test_a_cache_too_small_for_one_sequence_fails_its_model_only(
     assert "kv_blocks must be in [8," in bad.failure_reason, bad.failure_reason
     assert "got 7" in bad.failure_reason
     generate(api, stub, "shared", 0.0)
+
+
+def samples_by_index(messages):
+    """{index: (token ids, last message)} of a stream with n samples."""
+    out = {}
+    for m in messages:
+        ids, _ = out.get(m.index, ([], None))
+        out[m.index] = (ids + list(m.token_ids), m)
+    return out
+
+
+def test_n_samples_share_one_prefill(api, stub, server, models):
+    # Three seeded samples in one request: sample i is what a request alone
+    # with seed + i generates; the first computes the prompt, the others
+    # read its whole blocks (a prompt no request has sent before).
+    prompt = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    wants = [lib.token_ids_of(lib.run_generate(stub, lib.generate_request(
+        api.pb, model="private", token_ids=prompt, ratio=0.5,
+        max_new_tokens=10, temperature=1.0, seed=100 + i))) for i in range(3)]
+    assert len({tuple(w) for w in wants}) > 1  # the seeds differ
+    _, hits = prefix_counters(server, "shared")
+    request = lib.generate_request(api.pb, model="shared", token_ids=prompt,
+                                   ratio=0.5, max_new_tokens=10,
+                                   temperature=1.0, seed=100)
+    request.n = 3
+    messages = lib.run_generate(stub, request)
+    samples = samples_by_index(messages)
+    assert sorted(samples) == [0, 1, 2]
+    for i, want in enumerate(wants):
+        ids, last = samples[i]
+        assert ids == want, i
+        assert last.finish_reason == api.pb.LENGTH
+        assert last.usage.completion_tokens == 10
+        assert last.usage.prompt_tokens == len(prompt)
+    # Each sample's last message ends it; the stream ends after all three.
+    finished = [m.index for m in messages if m.finish_reason]
+    assert sorted(finished) == [0, 1, 2]
+    shared = (len(prompt) - 1) // BLOCK * BLOCK
+    assert prefix_counters(server, "shared")[1] - hits == 2 * shared
+
+
+def test_n_samples_without_prefix_caching_compute_their_own(api, stub,
+                                                            server, models):
+    request = lib.generate_request(api.pb, model="private", prompt=PROMPT,
+                                   ratio=0.5, max_new_tokens=6,
+                                   temperature=0.0)
+    request.n = 2
+    samples = samples_by_index(lib.run_generate(stub, request))
+    want, _ = generate(api, stub, "private", 0.5, max_new_tokens=6)
+    assert samples[0][0] == want and samples[1][0] == want
+    for bad, message in ((17, "n must be in [1, 16], got 17"),
+                         (-1, "n must be in [1, 16], got -1")):
+        request.n = bad
+        error = lib.rpc_error(stub.Generate, request, timeout=lib.RPC_TIMEOUT)
+        assert error.code().name == "INVALID_ARGUMENT"
+        assert message in error.details()
