@@ -238,13 +238,6 @@ moh::v1::Activation ActivationFromFlags() {
   return activation;
 }
 
-// A float flag as the decimal it was typed as (0.7, not 0.699999988).
-double Decimal(float value) {
-  double decimal = value;
-  absl::SimpleAtod(absl::StrCat(value), &decimal);
-  return decimal;
-}
-
 // The request fields of `chat` (OpenAI's names); unset flags are left out,
 // so the server's defaults apply.
 nlohmann::json ChatFieldsFromFlags() {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -159,6 +160,12 @@ void SseSplitter::TakeLine(
   if (has_data_) data_ += '\n';
   data_.append(value.data(), value.size());
   has_data_ = true;
+}
+
+double Decimal(float value) {
+  double decimal = value;
+  absl::SimpleAtod(absl::StrCat(value), &decimal);
+  return decimal;
 }
 
 absl::Status StatusFromErrorJson(long http_status, absl::string_view text) {

@@ -55,6 +55,9 @@ class SseSplitter {
   bool has_data_ = false;
 };
 
+// A float as the decimal it was typed as (0.7, not 0.699999988), for JSON.
+double Decimal(float value);
+
 // The status of an OpenAI error JSON object ({"error": {...}}) sent with
 // `http_status`; UNKNOWN quoting the text when it is not one.
 absl::Status StatusFromErrorJson(long http_status, absl::string_view text);
