@@ -113,6 +113,9 @@ std::string ValidateBenchConfig(const BenchConfig& c) {
   if (!(c.min_ratio >= 0 && c.min_ratio <= 1)) {
     return "--min_ratio must be in [0, 1]";
   }
+  if (c.api == BenchApi::kOpenAi && c.rpc != BenchRpc::kGenerate) {
+    return "--api=openai loads --rpc=generate only (POST /v1/completions)";
+  }
   return c.rpc == BenchRpc::kGenerate ? ValidateGenerate(c)
                                       : ValidateClassify(c);
 }

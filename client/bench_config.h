@@ -15,6 +15,9 @@
 namespace moh::client {
 
 enum class BenchRpc { kGenerate, kClassify };
+// gRPC (the Inference service) or the OpenAI-compatible HTTP API (generate
+// only: POST /v1/completions, streamed).
+enum class BenchApi { kGrpc, kOpenAi };
 
 // Hard caps on one run, whatever the flags say.
 inline constexpr int64_t kMaxBenchRequests = 1000000;
@@ -22,8 +25,9 @@ inline constexpr double kMaxBenchSeconds = 3600;
 inline constexpr int kMaxBenchInFlight = 10000;
 
 struct BenchConfig {
-  std::string server;
-  std::string token;  // bearer token; empty: none
+  std::string server;  // HOST:PORT of the api's port
+  std::string token;   // bearer token; empty: none
+  BenchApi api = BenchApi::kGrpc;
   BenchRpc rpc = BenchRpc::kGenerate;
   std::string model;  // Empty: the server's default model.
 

@@ -14,6 +14,10 @@ namespace {
 
 bool IsGenerate(const BenchConfig& c) { return c.rpc == BenchRpc::kGenerate; }
 
+const char* ApiName(const BenchConfig& c) {
+  return c.api == BenchApi::kGrpc ? "grpc" : "openai";
+}
+
 double TokensPerSecond(const BenchResults& r) {
   return r.elapsed_s > 0 ? static_cast<double>(r.generated_tokens) / r.elapsed_s
                          : 0;
@@ -100,6 +104,7 @@ std::string JsonConfig(const BenchConfig& c, const std::string& served_model) {
   if (c.duration) duration_s = absl::ToDoubleSeconds(*c.duration);
   std::vector<std::pair<std::string, std::string>> fields = {
       {"server", JsonString(c.server)},
+      {"api", JsonString(ApiName(c))},
       {"rpc", JsonString(IsGenerate(c) ? "generate" : "classify")},
       {"model", JsonString(c.model)},
       {"served_model", JsonString(served_model)},
@@ -155,8 +160,9 @@ std::string RenderBenchText(const BenchConfig& c,
                             const std::string& served_model,
                             const BenchResults& r) {
   std::string out = absl::StrFormat(
-      "moh-bench: %s on %s, model %s, %s\n",
+      "moh-bench: %s on %s (%s), model %s, %s\n",
       IsGenerate(c) ? "generate" : "classify", c.server,
+      c.api == BenchApi::kGrpc ? "gRPC" : "OpenAI HTTP API",
       served_model.empty() ? (c.model.empty() ? "(default)" : c.model)
                            : served_model,
       c.IsOpenLoop()

@@ -6,7 +6,8 @@
 // {
 //   "schema_version": 1,
 //   "config": {
-//     "server": "HOST:PORT", "rpc": "generate" | "classify",
+//     "server": "HOST:PORT", "api": "grpc" | "openai",
+//     "rpc": "generate" | "classify",
 //     "model": requested name ("" = default), "served_model": name or "",
 //     "mode": "closed" | "open", "concurrency": int | null,
 //     "rate": requests/s | null, "max_in_flight": int,
@@ -23,14 +24,18 @@
 //   "requests": int,             // Sent = completed + errors.
 //   "completed": int, "errors": int,
 //   "dropped": int,              // Open loop: arrivals over max_in_flight.
-//   "errors_by_code": {"UNAVAILABLE": int, ...},
+//   "errors_by_code": {"UNAVAILABLE": int, ...},  // gRPC code names (openai:
+//                                 // the error JSON's "code", else of the
+//                                 // HTTP status or the transport failure)
 //   "warmup": {"requests": int, "errors": int},
-//   "generated_tokens": int,     // Streamed token ids (0 for classify).
+//   "generated_tokens": int,     // Streamed token ids (openai: usage's
+//                                // completion_tokens; 0 for classify).
 //   "throughput": {"requests_per_s": number,   // completed / elapsed_s
 //                  "tokens_per_s": number | null},  // null for classify
 //   "latency_ms": {"e2e": latency,
 //                  "ttft": latency | null,    // null for classify
-//                  "itl": latency | null},    // per token; null for classify
+//                  "itl": latency | null},    // per token (openai: per
+//                                             // chunk); null for classify
 //   "ratios": [{"requested": number (0 = model default),
 //               "requests": int, "completed": int, "errors": int,
 //               "mean_effective_activation_ratio": number | null,

@@ -4,20 +4,17 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <functional>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
-#include "client/rpc_util.h"
 
 namespace moh::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using DoneFn = std::function<void(const RequestResult&)>;
 
 // Longest the sending thread sleeps, so that the progress line stays fresh.
 constexpr Clock::duration kProgressPeriod = std::chrono::milliseconds(500);
@@ -26,119 +23,12 @@ double Seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-// Records the ratios a response reports (0 means not reported).
-void TakeRatios(float effective, float ran_at, RequestResult* result) {
-  if (effective > 0) result->effective_activation_ratio = effective;
-  if (ran_at > 0) result->activation_ratio = ran_at;
-}
-
-// What a benchmarked call records, from its start to its completion.
-struct CallRecord {
-  CallRecord(int ratio_index, DoneFn done_fn) : done(std::move(done_fn)) {
-    result.ratio_index = ratio_index;
-  }
-
-  // Stamps the outcome and hands the result over. Called on a record moved
-  // out of a call that has deleted itself (`done` may start the next call).
-  void Finish(const grpc::Status& status) {
-    result.code = status.error_code();
-    result.e2e_s = Seconds(Clock::now() - start);
-    done(result);
-  }
-
-  DoneFn done;
-  RequestResult result;
-  Clock::time_point start;
-};
-
-// One streaming Generate; deletes itself when done, after calling `done`.
-class GenerateCall : public grpc::ClientReadReactor<moh::v1::GenerateResponse> {
- public:
-  GenerateCall(std::shared_ptr<grpc::ClientContext> context,
-               moh::v1::GenerateRequest request, int ratio_index, DoneFn done)
-      : context_(std::move(context)),
-        request_(std::move(request)),
-        record_(ratio_index, std::move(done)) {}
-
-  void Start(moh::v1::Inference::Stub* stub) {
-    record_.start = Clock::now();
-    stub->async()->Generate(context_.get(), &request_, this);
-    StartRead(&response_);
-    StartCall();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows.
-    const Clock::time_point now = Clock::now();
-    const int tokens = response_.token_ids_size();
-    RequestResult& result = record_.result;
-    if (tokens > 0) {
-      if (!result.ttft_s) {
-        result.ttft_s = Seconds(now - record_.start);
-      } else {
-        const double gap = Seconds(now - last_tokens_) / tokens;
-        result.itl_s.insert(result.itl_s.end(), tokens, gap);
-      }
-      last_tokens_ = now;
-      result.tokens += tokens;
-    }
-    TakeRatios(response_.effective_activation_ratio(),
-               response_.activation_ratio(), &result);
-    StartRead(&response_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    CallRecord record = std::move(record_);
-    delete this;
-    record.Finish(status);
-  }
-
- private:
-  std::shared_ptr<grpc::ClientContext> context_;
-  moh::v1::GenerateRequest request_;
-  moh::v1::GenerateResponse response_;
-  CallRecord record_;
-  Clock::time_point last_tokens_;
-};
-
-// One unary Classify; deletes itself when done, after calling `done`.
-class ClassifyCall {
- public:
-  ClassifyCall(std::shared_ptr<grpc::ClientContext> context,
-               moh::v1::ClassifyRequest request, int ratio_index, DoneFn done)
-      : context_(std::move(context)),
-        request_(std::move(request)),
-        record_(ratio_index, std::move(done)) {}
-
-  void Start(moh::v1::Inference::Stub* stub) {
-    record_.start = Clock::now();
-    stub->async()->Classify(context_.get(), &request_, &response_,
-                            [this](grpc::Status status) { OnDone(status); });
-  }
-
- private:
-  void OnDone(const grpc::Status& status) {
-    if (status.ok()) {
-      TakeRatios(response_.effective_activation_ratio(),
-                 response_.activation_ratio(), &record_.result);
-    }
-    CallRecord record = std::move(record_);
-    delete this;
-    record.Finish(status);
-  }
-
-  std::shared_ptr<grpc::ClientContext> context_;
-  moh::v1::ClassifyRequest request_;
-  moh::v1::ClassifyResponse response_;
-  CallRecord record_;
-};
-
 }  // namespace
 
-BenchRunner::BenchRunner(const BenchConfig& config,
-                         moh::v1::Inference::Stub* stub, RequestSource* source)
+BenchRunner::BenchRunner(const BenchConfig& config, BenchTransport* transport,
+                         RequestSource* source)
     : config_(config),
-      stub_(stub),
+      transport_(transport),
       source_(source),
       show_progress_(!config.quiet && isatty(STDERR_FILENO)) {}
 
@@ -181,15 +71,15 @@ BenchResults BenchRunner::Run() {
 }
 
 void BenchRunner::Stop() {
-  std::vector<std::shared_ptr<grpc::ClientContext>> in_flight;
+  std::vector<std::shared_ptr<BenchCall>> in_flight;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
     changed_.SignalAll();
-    for (const auto& entry : contexts_) in_flight.push_back(entry.second);
+    for (const auto& entry : calls_) in_flight.push_back(entry.second);
   }
   // Outside the lock: a cancelled call may complete on this thread.
-  for (const auto& context : in_flight) context->TryCancel();
+  for (const auto& call : in_flight) call->Cancel();
 }
 
 BenchRunner::Clock::time_point BenchRunner::RunPhase(const Phase& phase,
@@ -258,45 +148,38 @@ BenchRunner::Clock::time_point BenchRunner::RunPhase(const Phase& phase,
 
 void BenchRunner::Send(BenchRecorder* recorder) {
   PlannedRequest planned = source_->Next();
-  auto context = std::make_shared<grpc::ClientContext>();
-  ConfigureContext({config_.timeout, config_.token}, context.get());
-  grpc::ClientContext* const key = context.get();
-  const std::shared_ptr<grpc::ClientContext> keep = context;
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_call_id_++;
+  }
+  std::shared_ptr<BenchCall> call = transport_->NewCall(
+      std::move(planned), [this, id, recorder](const RequestResult& result) {
+        OnCallDone(id, recorder, result);
+      });
   {
     absl::MutexLock lock(&mu_);
     ++in_flight_;
-    contexts_.emplace(key, context);
+    calls_.emplace(id, call);
   }
-  DoneFn done = [this, key, recorder](const RequestResult& result) {
-    OnCallDone(key, recorder, result);
-  };
-  if (config_.rpc == BenchRpc::kGenerate) {
-    (new GenerateCall(std::move(context), std::move(planned.generate),
-                      planned.ratio_index, std::move(done)))
-        ->Start(stub_);
-  } else {
-    (new ClassifyCall(std::move(context), std::move(planned.classify),
-                      planned.ratio_index, std::move(done)))
-        ->Start(stub_);
-  }
-  // A Stop that raced this send missed its context.
+  call->Start();
+  // A Stop that raced this send missed the call.
   bool stopped = false;
   {
     absl::MutexLock lock(&mu_);
     stopped = stop_;
   }
-  if (stopped) keep->TryCancel();
+  if (stopped) call->Cancel();
 }
 
-void BenchRunner::OnCallDone(grpc::ClientContext* context,
-                             BenchRecorder* recorder,
+void BenchRunner::OnCallDone(uint64_t call_id, BenchRecorder* recorder,
                              const RequestResult& result) {
   recorder->Record(result);
   absl::MutexLock lock(&mu_);
-  auto it = contexts_.find(context);
-  if (it != contexts_.end()) {
+  auto it = calls_.find(call_id);
+  if (it != calls_.end()) {
     finished_.push_back(std::move(it->second));
-    contexts_.erase(it);
+    calls_.erase(it);
   }
   --in_flight_;
   last_done_ = Clock::now();
@@ -304,7 +187,7 @@ void BenchRunner::OnCallDone(grpc::ClientContext* context,
 }
 
 void BenchRunner::ReleaseFinished() {
-  std::vector<std::shared_ptr<grpc::ClientContext>> finished;
+  std::vector<std::shared_ptr<BenchCall>> finished;
   absl::MutexLock lock(&mu_);
   finished.swap(finished_);
   // Destroyed after unlocking (declared first).

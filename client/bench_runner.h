@@ -1,5 +1,6 @@
-// BenchRunner: drives one moh-bench run against a server through the gRPC
-// callback API, so that sending never waits on a request in flight.
+// BenchRunner: drives one moh-bench run against a server through a
+// BenchTransport (gRPC or the OpenAI-compatible HTTP API, bench_transport.h),
+// which starts each request without waiting on those in flight.
 //
 // Closed loop: keeps `concurrency` requests outstanding, sending the next as
 // soon as one finishes. Open loop: sends at Poisson arrival times (seeded
@@ -11,12 +12,10 @@
 // the measured phase then restarts the request source.
 //
 // Threading: Run blocks the calling thread, which sends every request and
-// prints the progress line; completions are recorded on gRPC's threads. Stop
-// may be called from any thread.
+// prints the progress line; completions are recorded on the transport's
+// threads. Stop may be called from any thread.
 #ifndef MOH_CLIENT_BENCH_RUNNER_H_
 #define MOH_CLIENT_BENCH_RUNNER_H_
-
-#include <grpcpp/client_context.h>
 
 #include <chrono>
 #include <cstdint>
@@ -28,14 +27,14 @@
 #include "absl/synchronization/mutex.h"
 #include "client/bench_config.h"
 #include "client/bench_stats.h"
-#include "moh/v1/inference.grpc.pb.h"
+#include "client/bench_transport.h"
 
 namespace moh::client {
 
 class BenchRunner {
  public:
-  // `config` (validated), `stub` and `source` must outlive the runner.
-  BenchRunner(const BenchConfig& config, moh::v1::Inference::Stub* stub,
+  // `config` (validated), `transport` and `source` must outlive the runner.
+  BenchRunner(const BenchConfig& config, BenchTransport* transport,
               RequestSource* source);
   BenchRunner(const BenchRunner&) = delete;
   BenchRunner& operator=(const BenchRunner&) = delete;
@@ -61,7 +60,7 @@ class BenchRunner {
   // time sending stopped.
   Clock::time_point RunPhase(const Phase& phase, BenchRecorder* recorder);
   void Send(BenchRecorder* recorder);
-  void OnCallDone(grpc::ClientContext* context, BenchRecorder* recorder,
+  void OnCallDone(uint64_t call_id, BenchRecorder* recorder,
                   const RequestResult& result);
   // While at least `while_in_flight` requests are in flight, waits until
   // `until` (at most until the next progress line), or less when a request
@@ -74,7 +73,7 @@ class BenchRunner {
                           bool final);
 
   const BenchConfig& config_;
-  moh::v1::Inference::Stub* const stub_;
+  BenchTransport* const transport_;
   RequestSource* const source_;
   const bool show_progress_;
 
@@ -83,15 +82,15 @@ class BenchRunner {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   Clock::time_point last_done_ ABSL_GUARDED_BY(mu_);
-  // Contexts of the requests in flight, for Stop.
-  std::unordered_map<grpc::ClientContext*, std::shared_ptr<grpc::ClientContext>>
-      contexts_ ABSL_GUARDED_BY(mu_);
-  // Contexts of finished requests, freed on Run's thread (ReleaseFinished):
-  // a context holds the channel, whose last release must not happen on a
-  // gRPC callback thread, or the process could exit while that thread still
-  // tears the channel down.
-  std::vector<std::shared_ptr<grpc::ClientContext>> finished_
+  uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // The requests in flight, for Stop.
+  std::unordered_map<uint64_t, std::shared_ptr<BenchCall>> calls_
       ABSL_GUARDED_BY(mu_);
+  // Finished calls, freed on Run's thread (ReleaseFinished): a gRPC call's
+  // context holds the channel, whose last release must not happen on a gRPC
+  // callback thread, or the process could exit while that thread still tears
+  // the channel down.
+  std::vector<std::shared_ptr<BenchCall>> finished_ ABSL_GUARDED_BY(mu_);
 
   // Progress line state (Run's thread only).
   Clock::time_point phase_start_;

@@ -27,7 +27,8 @@ struct RequestResult {
   int64_t tokens = 0;            // Streamed token ids.
   // Inter-token latency: for each message with tokens after the first, the
   // gap since the previous such message divided by its token count, once per
-  // token.
+  // token. Over the OpenAI API, whose chunks do not say how many
+  // tokens they hold: the gap, once per chunk with text.
   std::vector<double> itl_s;
   std::optional<float> effective_activation_ratio;
   std::optional<float> activation_ratio;  // The ratio the request ran at.

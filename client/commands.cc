@@ -45,11 +45,6 @@ std::string SummarizeLayers(const ModelInfo& info) {
 
 std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
 
-void PrintActivation(float effective, float applied) {
-  absl::FPrintF(stderr, "activation: effective %.3f, applied ratio %.3f\n",
-                effective, applied);
-}
-
 // The head-load table, with shared heads marked when ListModels tells which.
 void PrintHeadLoad(moh::v1::Inference::StubInterface& stub,
                    const std::string& model, const moh::v1::Routing& routing,

@@ -11,6 +11,8 @@
 #include "base/read_file.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "Server address HOST:PORT");
+ABSL_FLAG(std::string, http, "localhost:8000",
+          "Address HOST:PORT of the server's OpenAI-compatible HTTP API");
 ABSL_FLAG(std::string, tls_ca, "",
           "Connect over TLS, trusting this PEM CA certificate");
 ABSL_FLAG(std::string, tls_cert, "",
@@ -23,6 +25,7 @@ namespace moh::client {
 absl::StatusOr<Connection> ConnectionFromFlags() {
   Connection c;
   c.server = absl::GetFlag(FLAGS_server);
+  c.http = absl::GetFlag(FLAGS_http);
   c.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   c.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   c.tls_key_file = absl::GetFlag(FLAGS_tls_key);

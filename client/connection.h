@@ -1,7 +1,7 @@
-// How moh-client and moh-bench reach moh-server: the address, TLS (optionally
-// mutual) and a bearer token, from the flags both programs share:
-//   --server=HOST:PORT  --tls_ca=FILE [--tls_cert=FILE --tls_key=FILE]
-//   --token_file=FILE
+// How moh-client and moh-bench reach moh-server: the addresses, TLS
+// (optionally mutual) and a bearer token, from the flags both programs share:
+//   --server=HOST:PORT (gRPC)  --http=HOST:PORT (the OpenAI-compatible API)
+//   --tls_ca=FILE [--tls_cert=FILE --tls_key=FILE]  --token_file=FILE
 #ifndef MOH_CLIENT_CONNECTION_H_
 #define MOH_CLIENT_CONNECTION_H_
 
@@ -16,7 +16,8 @@
 namespace moh::client {
 
 struct Connection {
-  std::string server;
+  std::string server;         // gRPC
+  std::string http;           // the OpenAI-compatible HTTP API (HTTPS with TLS)
   std::string tls_ca_file;    // set: TLS, trusting this PEM CA
   std::string tls_cert_file;  // with tls_key_file: a client certificate
   std::string tls_key_file;

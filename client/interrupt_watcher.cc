@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -15,7 +16,7 @@ namespace {
 
 struct WatcherState {
   absl::Mutex mu;
-  grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  std::function<void()> cancel ABSL_GUARDED_BY(mu);
   std::atomic<int> signal{0};
 };
 
@@ -41,8 +42,8 @@ void WatchSignals() {
     if (sigwait(&set, &sig) != 0) continue;
     if (state.signal.exchange(sig) != 0) _exit(128 + sig);
     absl::MutexLock lock(&state.mu);
-    if (state.context == nullptr) _exit(128 + sig);
-    state.context->TryCancel();
+    if (!state.cancel) _exit(128 + sig);
+    state.cancel();
   }
 }
 
@@ -57,18 +58,28 @@ void InstallInterruptWatcher() {
 
 int InterruptSignal() { return State().signal.load(); }
 
+void ClearInterrupt() { State().signal.store(0); }
+
 CancelOnInterrupt::CancelOnInterrupt(grpc::ClientContext* context) {
+  Register([context] { context->TryCancel(); });
+}
+
+CancelOnInterrupt::CancelOnInterrupt(std::atomic<bool>* cancel) {
+  Register([cancel] { cancel->store(true); });
+}
+
+void CancelOnInterrupt::Register(std::function<void()> cancel) {
   WatcherState& state = State();
   absl::MutexLock lock(&state.mu);
-  state.context = context;
-  // A signal that came before the context existed cancels it right away.
-  if (state.signal.load() != 0) context->TryCancel();
+  state.cancel = std::move(cancel);
+  // A signal that came before the call existed cancels it right away.
+  if (state.signal.load() != 0) state.cancel();
 }
 
 CancelOnInterrupt::~CancelOnInterrupt() {
   WatcherState& state = State();
   absl::MutexLock lock(&state.mu);
-  state.context = nullptr;
+  state.cancel = nullptr;
 }
 
 }  // namespace moh::client

@@ -1,6 +1,7 @@
 // moh-bench: load generator for moh-server (SPEC §3).
 //
 //   moh-bench --server=HOST:PORT [--rpc=generate|classify]
+//   moh-bench --api=openai --http=HOST:PORT  (generate over the HTTP API)
 //             [--concurrency=N | --rate=R] --requests=N and/or --duration=S
 //             [--ratios=0.5,1] [generate or classify options] [--json[=FILE]]
 //
@@ -15,7 +16,8 @@
 // --quiet.
 //
 // Exit status: 0 the run happened (request errors are reported, not fatal);
-// 1 the server is unreachable at the start (one ListModels call), the --model
+// 1 the server is unreachable at the start (one ListModels call, or GET
+// /v1/models), the --model
 // is not served, or a local I/O error; 2 usage error (absl's own flag parse
 // errors exit 1); 128 + signal when SIGINT/SIGTERM cut the run short (the
 // report of what finished is still printed). A second signal exits at once.
@@ -35,8 +37,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -48,10 +52,15 @@
 #include "client/bench_config.h"
 #include "client/bench_report.h"
 #include "client/bench_runner.h"
+#include "client/bench_transport.h"
 #include "client/connection.h"
 #include "client/rpc_util.h"
 #include "moh/v1/inference.grpc.pb.h"
 
+ABSL_FLAG(std::string, api, "grpc",
+          "The server's door to load: grpc (--server) or openai (the "
+          "OpenAI-compatible HTTP API at --http, POST /v1/completions "
+          "streamed; generate only)");
 ABSL_FLAG(std::string, rpc, "generate", "RPC to load: generate or classify");
 ABSL_FLAG(std::string, model, "", "Model name; empty = the server's default");
 ABSL_FLAG(std::optional<int>, concurrency, std::nullopt,
@@ -145,7 +154,24 @@ int UsageError(const std::string& message) {
 std::string ConfigFromFlags(BenchConfig* config) {
   absl::StatusOr<Connection> connection = ConnectionFromFlags();
   if (!connection.ok()) return std::string(connection.status().message());
-  config->server = connection->server;
+  const std::string api = absl::GetFlag(FLAGS_api);
+  if (api == "grpc") {
+    config->api = BenchApi::kGrpc;
+  } else if (api == "openai") {
+    config->api = BenchApi::kOpenAi;
+  } else {
+    return absl::StrFormat("--api=%s: expected grpc or openai", api);
+  }
+  const bool openai = config->api == BenchApi::kOpenAi;
+  // The other door's address, set (this abseil cannot tell "given" itself).
+  const absl::CommandLineFlag* other =
+      absl::FindCommandLineFlag(openai ? "server" : "http");
+  if (other->CurrentValue() != other->DefaultValue()) {
+    return openai ? "--api=openai takes the address as --http, not --server"
+                  : "--http applies to --api=openai; gRPC's address is "
+                    "--server";
+  }
+  config->server = openai ? connection->http : connection->server;
   config->token = connection->token;
   const std::string rpc = absl::GetFlag(FLAGS_rpc);
   if (rpc == "generate") {
@@ -216,32 +242,25 @@ std::string ConfigFromFlags(BenchConfig* config) {
   return ValidateBenchConfig(*config);
 }
 
-// One ListModels call. Returns the served model's name ("" when the server
-// picks among several) or, on failure, sets `error`.
-std::string CheckServer(moh::v1::Inference::Stub& stub,
-                        const BenchConfig& config, std::string* error) {
-  grpc::ClientContext context;
-  ConfigureContext({absl::Seconds(10), config.token}, &context);
-  moh::v1::ListModelsResponse response;
-  const grpc::Status status =
-      stub.ListModels(&context, moh::v1::ListModelsRequest(), &response);
-  if (!status.ok()) {
-    *error = absl::StrFormat("cannot reach %s: %s: %s", config.server,
-                             StatusCodeName(status.error_code()),
-                             status.error_message());
+// One ListModels call (GET /v1/models). Returns the served model's name (""
+// when the server picks among several) or, on failure, sets `error`.
+std::string CheckServer(BenchTransport& transport, const BenchConfig& config,
+                        std::string* error) {
+  absl::StatusOr<std::vector<std::string>> names = transport.ModelNames();
+  if (!names.ok()) {
+    *error = absl::StrFormat(
+        "cannot reach %s: %s: %s", config.server,
+        StatusCodeName(static_cast<grpc::StatusCode>(names.status().code())),
+        names.status().message());
     return "";
   }
-  std::vector<std::string> names;
-  for (const moh::v1::ModelInfo& info : response.models()) {
-    names.push_back(info.name());
-  }
-  if (config.model.empty()) return names.size() == 1 ? names[0] : "";
-  for (const std::string& name : names) {
+  if (config.model.empty()) return names->size() == 1 ? (*names)[0] : "";
+  for (const std::string& name : *names) {
     if (name == config.model) return name;
   }
-  *error = absl::StrFormat("model '%s' is not served by %s (it serves: %s)",
-                           config.model, config.server,
-                           names.empty() ? "none" : absl::StrJoin(names, ", "));
+  *error = absl::StrFormat(
+      "model '%s' is not served by %s (it serves: %s)", config.model,
+      config.server, names->empty() ? "none" : absl::StrJoin(*names, ", "));
   return "";
 }
 
@@ -274,9 +293,9 @@ int Main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "load generator for moh-server.\n"
-      "usage: moh-bench --server=HOST:PORT [--rpc=generate|classify] "
-      "[--concurrency=N | --rate=R] --requests=N and/or --duration=SECONDS "
-      "[flags]");
+      "usage: moh-bench [--server=HOST:PORT | --api=openai --http=HOST:PORT] "
+      "[--rpc=generate|classify] [--concurrency=N | --rate=R] --requests=N "
+      "and/or --duration=SECONDS [flags]");
   std::vector<char*> args = ExpandBareJson(argc, argv);
   const std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
@@ -295,18 +314,25 @@ int Main(int argc, char** argv) {
     return kExitFailure;
   }
   absl::StatusOr<Connection> connection = ConnectionFromFlags();
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> opened =
-      connection.ok() ? OpenChannel(*connection) : connection.status();
-  if (!opened.ok()) return UsageError(std::string(opened.status().message()));
-  const std::shared_ptr<grpc::Channel> channel = *opened;
-  auto stub = moh::v1::Inference::NewStub(channel);
-  const std::string served_model = CheckServer(*stub, config, &error);
+  if (!connection.ok()) {
+    return UsageError(std::string(connection.status().message()));
+  }
+  std::unique_ptr<BenchTransport> transport;
+  if (config.api == BenchApi::kOpenAi) {
+    transport = NewOpenAiBenchTransport(config, *connection);
+  } else {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> opened =
+        OpenChannel(*connection);
+    if (!opened.ok()) return UsageError(std::string(opened.status().message()));
+    transport = NewGrpcBenchTransport(config, *opened);
+  }
+  const std::string served_model = CheckServer(*transport, config, &error);
   if (!error.empty()) {
     absl::FPrintF(stderr, "moh-bench: %s\n", error);
     return kExitFailure;
   }
 
-  BenchRunner runner(config, stub.get(), &source);
+  BenchRunner runner(config, transport.get(), &source);
   {
     absl::MutexLock lock(&g_runner_mu);
     g_runner = &runner;

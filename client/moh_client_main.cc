@@ -2,16 +2,20 @@
 //
 //   moh-client [--server=HOST:PORT] [--timeout=SECONDS] COMMAND [ARGS] [FLAGS]
 //
-// Commands: models, generate, classify, health (see Usage() below). Flags may
-// come before or after the command and its arguments; "--" ends the flags.
+// Commands: models, generate, classify, generate-image, health over gRPC;
+// chat over the OpenAI-compatible HTTP API (--http=HOST:PORT). See Usage()
+// below. Flags may come before or after the command and its arguments; "--"
+// ends the flags.
 // Exit status: 0 OK, 1 RPC error / not SERVING / local I/O error, 2 usage
 // error, 130 interrupted (Ctrl-C).
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -23,10 +27,13 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/chat_command.h"
 #include "client/commands.h"
 #include "client/connection.h"
 #include "client/interrupt_watcher.h"
+#include "client/openai_http_client.h"
 #include "client/rpc_util.h"
 
 ABSL_FLAG(double, timeout, 0,
@@ -64,6 +71,7 @@ ABSL_FLAG(std::optional<float>, guidance, std::nullopt,
 ABSL_FLAG(bool, progress, false, "generate-image: print each step to stderr");
 ABSL_FLAG(std::string, service, "",
           "Health service name; empty = the whole server");
+ABSL_FLAG(std::string, system, "", "chat: the system message; empty = none");
 
 namespace moh::client {
 namespace {
@@ -72,10 +80,13 @@ struct Command {
   const char* name;
   const char* synopsis;
   std::vector<const char*> flags;  // Accepted besides the global ones.
+  // The address flag: "server" (gRPC) or "http" (the OpenAI-compatible API).
+  const char* address = "server";
 };
 
-const std::vector<const char*> kGlobalFlags = {
-    "server", "timeout", "tls_ca", "tls_cert", "tls_key", "token_file"};
+// Accepted by every command, besides its address flag.
+const std::vector<const char*> kGlobalFlags = {"timeout", "tls_ca", "tls_cert",
+                                               "tls_key", "token_file"};
 
 const std::vector<Command>& Commands() {
   static const auto* const commands = new std::vector<Command>{
@@ -98,6 +109,14 @@ const std::vector<Command>& Commands() {
       {"health",
        "health                   grpc.health.v1 Check; exit 0 only if SERVING",
        {"service"}},
+      {"chat",
+       "chat                     chat with a language model over the HTTP "
+       "API:\n"
+       "                           a line of stdin per turn, replies "
+       "streamed to stdout",
+       {"model", "ratio", "min_ratio", "max_new_tokens", "temperature", "top_k",
+        "top_p", "seed", "stop", "repetition_penalty", "system"},
+       "http"},
   };
   return *commands;
 }
@@ -111,10 +130,10 @@ void PrintFlag(std::FILE* out, const char* name) {
 
 // The synopsis of every command; with `flags`, their flags too.
 void Usage(std::FILE* out, bool flags) {
-  absl::FPrintF(
-      out,
-      "usage: moh-client [--server=HOST:PORT] [--timeout=SECONDS] [TLS, token] "
-      "COMMAND [ARGS] [FLAGS]\n\ncommands:\n");
+  absl::FPrintF(out,
+                "usage: moh-client [--server=HOST:PORT | --http=HOST:PORT] "
+                "[--timeout=SECONDS] [TLS, token] COMMAND [ARGS] [FLAGS]\n\n"
+                "commands:\n");
   for (const Command& command : Commands()) {
     absl::FPrintF(out, "  %s\n", command.synopsis);
     if (flags) {
@@ -126,6 +145,7 @@ void Usage(std::FILE* out, bool flags) {
     return;
   }
   absl::FPrintF(out, "global flags:\n");
+  for (const char* name : {"server", "http"}) PrintFlag(out, name);
   for (const char* name : kGlobalFlags) PrintFlag(out, name);
   absl::FPrintF(out,
                 "exit status: 0 ok, 1 RPC error or not SERVING, 2 usage "
@@ -218,7 +238,36 @@ moh::v1::Activation ActivationFromFlags() {
   return activation;
 }
 
-// Builds the GenerateRequest; returns an error message on bad usage.
+// The request fields of `chat` (OpenAI's names); unset flags are left out,
+// so the server's defaults apply.
+nlohmann::json ChatFieldsFromFlags() {
+  nlohmann::json fields = nlohmann::json::object();
+  if (const std::string model = absl::GetFlag(FLAGS_model); !model.empty()) {
+    fields["model"] = model;
+  }
+  if (auto v = absl::GetFlag(FLAGS_max_new_tokens)) fields["max_tokens"] = *v;
+  if (auto v = absl::GetFlag(FLAGS_temperature))
+    fields["temperature"] = Decimal(*v);
+  if (const int32_t k = absl::GetFlag(FLAGS_top_k); k != 0) {
+    fields["top_k"] = k;
+  }
+  if (auto v = absl::GetFlag(FLAGS_top_p)) fields["top_p"] = Decimal(*v);
+  if (auto v = absl::GetFlag(FLAGS_seed)) fields["seed"] = *v;
+  if (const auto stop = absl::GetFlag(FLAGS_stop); !stop.empty()) {
+    fields["stop"] = stop;
+  }
+  if (auto v = absl::GetFlag(FLAGS_repetition_penalty)) {
+    fields["repetition_penalty"] = Decimal(*v);
+  }
+  if (const float r = absl::GetFlag(FLAGS_ratio); r != 0) {
+    fields["activation_ratio"] = Decimal(r);
+  }
+  if (const float r = absl::GetFlag(FLAGS_min_ratio); r != 0) {
+    fields["min_activation_ratio"] = Decimal(r);
+  }
+  return fields;
+}
+
 // The GenerateImage request of the flags; an error message, or "".
 std::string BuildGenerateImageRequest(moh::v1::GenerateImageRequest* request) {
   const std::string c = absl::GetFlag(FLAGS_class);
@@ -322,7 +371,7 @@ int Main(int argc, char** argv) {
     return UsageError(absl::StrFormat("unknown command '%s'", name));
   }
   for (const std::string& flag : line.flags_given) {
-    bool accepted = false;
+    bool accepted = flag == command->address;
     for (const char* f : kGlobalFlags) accepted |= flag == f;
     for (const char* f : command->flags) accepted |= flag == f;
     if (!accepted) {
@@ -341,6 +390,15 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Connection> connection = ConnectionFromFlags();
   if (!connection.ok())
     return UsageError(std::string(connection.status().message()));
+  if (name == "chat") {
+    if (!args.empty()) return UsageError("chat takes no arguments");
+    ChatOptions options;
+    options.system = absl::GetFlag(FLAGS_system);
+    options.fields = ChatFieldsFromFlags();
+    options.show_prompt = isatty(STDIN_FILENO);
+    return RunChat(OpenAiHttpClient(*connection, call.timeout), options,
+                   std::cin);
+  }
   call.token = connection->token;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> opened =
       OpenChannel(*connection);

@@ -27,15 +27,26 @@ std::string StatusCodeName(grpc::StatusCode code) {
 }
 
 int ReportRpcError(const grpc::Status& status) {
+  return ReportError(
+      absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                   status.error_message()));
+}
+
+int ReportError(const absl::Status& status) {
+  const std::string code =
+      StatusCodeName(static_cast<grpc::StatusCode>(status.code()));
   const int signal = InterruptSignal();
   if (signal != 0) {
-    absl::FPrintF(stderr, "moh-client: interrupted (%s)\n",
-                  StatusCodeName(status.error_code()));
+    absl::FPrintF(stderr, "moh-client: interrupted (%s)\n", code);
     return 128 + signal;
   }
-  absl::FPrintF(stderr, "moh-client: %s: %s\n",
-                StatusCodeName(status.error_code()), status.error_message());
+  absl::FPrintF(stderr, "moh-client: %s: %s\n", code, status.message());
   return kExitFailure;
+}
+
+void PrintActivation(float effective, float applied) {
+  absl::FPrintF(stderr, "activation: effective %.3f, applied ratio %.3f\n",
+                effective, applied);
 }
 
 }  // namespace moh::client

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 
 namespace moh::client {
@@ -34,6 +35,12 @@ std::string StatusCodeName(grpc::StatusCode code);
 // interrupted) and returns the exit status: 128 + signal after an interrupt,
 // else kExitFailure. `status` must not be OK.
 int ReportRpcError(const grpc::Status& status);
+
+// The same for a failed HTTP request (client/openai_http_client.h).
+int ReportError(const absl::Status& status);
+
+// "activation: effective E, applied ratio R" on stderr.
+void PrintActivation(float effective, float applied);
 
 }  // namespace moh::client
 

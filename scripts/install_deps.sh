@@ -56,7 +56,7 @@ main() {
     libtorch-dev libopenblas0-openmp
     libabsl-dev nlohmann-json3-dev libpcre2-dev libpng-dev libjpeg62-turbo-dev
     libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-    prometheus-cpp-dev libmicrohttpd-dev libgnutls28-dev
+    prometheus-cpp-dev libmicrohttpd-dev libgnutls28-dev libcurl4-openssl-dev
     libgtest-dev libgmock-dev libbenchmark-dev
     python3 python3-torch python3-numpy python3-pil
     python3-grpcio python3-protobuf python3-pytest python3-yaml python3-jinja2
@@ -66,7 +66,7 @@ main() {
   RUNTIME_PACKAGES=(
     libopenblas0-openmp libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32
     libprometheus-cpp-core1.0 libmicrohttpd12 libgnutls30 libpcre2-8-0
-    libpng16-16 libjpeg62-turbo
+    libpng16-16 libjpeg62-turbo libcurl4
   )
   torch_wheel=0
   bench=0

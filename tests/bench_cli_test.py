@@ -59,17 +59,21 @@ def _serving(address):
 
 @pytest.fixture(scope="module")
 def start_server(tmp_path_factory):
-    """start_server(model) -> "127.0.0.1:PORT" of a SERVING moh-server."""
+    """start_server(model) -> "127.0.0.1:PORT" of a SERVING moh-server;
+    start_server(model, http=True) -> its gRPC and HTTP (OpenAI API)
+    addresses."""
     _require_inputs()
     procs = []
 
-    def start(model):
+    def start(model, http=False):
         port = _free_port()
+        http_port = _free_port() if http else -1
         log = tmp_path_factory.mktemp("server") / "server.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen([
                 SERVER, "--model_dir=" + os.path.join(FIXTURES, model),
-                "--port=%d" % port, "--metrics_port=-1", "--http_port=-1", "--host=127.0.0.1",
+                "--port=%d" % port, "--metrics_port=-1",
+                "--http_port=%d" % http_port, "--host=127.0.0.1",
                 "--threads=1"
             ], stdout=out, stderr=subprocess.STDOUT)
         procs.append(proc)
@@ -80,7 +84,7 @@ def start_server(tmp_path_factory):
                 pytest.fail("moh-server %s did not become SERVING:\n%s" %
                             (model, log.read_text(errors="replace")[-4000:]))
             time.sleep(0.1)
-        return address
+        return (address, "127.0.0.1:%d" % http_port) if http else address
 
     yield start
     for proc in procs:
@@ -91,6 +95,12 @@ def start_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lm_server(start_server):
     return start_server("llama_learned")
+
+
+@pytest.fixture(scope="module")
+def lm_http_server(start_server):
+    """(gRPC address, HTTP address) of one server of the LM."""
+    return start_server("llama_learned", http=True)
 
 
 @pytest.fixture(scope="module")
@@ -334,3 +344,111 @@ def test_bad_usage_exits_nonzero(args, message):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "cannot reach" not in proc.stderr
+
+
+# --- --api=openai: the same load over the OpenAI-compatible HTTP API ---
+
+
+def _fields(value, path=""):
+    """Every key path of a JSON value (list items as [])."""
+    if isinstance(value, dict):
+        return {p for k, v in value.items()
+                for p in {path + "/" + k} | _fields(v, path + "/" + k)}
+    if isinstance(value, list):
+        return {p for v in value for p in _fields(v, path + "[]")}
+    return set()
+
+
+def test_openai_api_reports_like_grpc(lm_http_server, tmp_path):
+    grpc_address, http_address = lm_http_server
+    args = ["--concurrency=2", "--requests=12", "--warmup_requests=1",
+            "--max_new_tokens=%d" % MAX_NEW_TOKENS, "--temperature=0",
+            "--ratios=0.5,0.75,1.0"]
+    over_grpc, _ = run_bench_json(tmp_path, "--server=" + grpc_address, *args)
+    over_http, proc = run_bench_json(tmp_path, "--api=openai",
+                                     "--http=" + http_address, *args)
+    check_generate(over_http)
+    assert over_http["requests"] == 12 and over_http["completed"] == 12
+    assert over_http["warmup"] == {"requests": 1, "errors": 0}
+    assert [r["requests"] for r in over_http["ratios"]] == [4, 4, 4]
+    assert over_http["config"]["api"] == "openai"
+    assert over_http["config"]["server"] == http_address
+    assert over_http["config"]["served_model"] == "llama_learned"
+    assert over_grpc["config"]["api"] == "grpc"
+    # The same report: every field, and the text report's sections.
+    assert _fields(over_http) == _fields(over_grpc)
+    for word in ("OpenAI HTTP API", "throughput", "TTFT", "inter-token",
+                 "end-to-end", "0.75"):
+        assert word in proc.stdout
+    # Greedy, same prompts and ratios: the same tokens (usage's count) and
+    # the same ratios as gRPC's streamed token ids.
+    assert 0 < over_http["generated_tokens"] <= 12 * MAX_NEW_TOKENS
+    assert over_http["generated_tokens"] == over_grpc["generated_tokens"]
+    for h, g in zip(over_http["ratios"], over_grpc["ratios"]):
+        assert h["mean_effective_activation_ratio"] == pytest.approx(
+            g["mean_effective_activation_ratio"])
+        assert h["mean_activation_ratio"] == pytest.approx(
+            g["mean_activation_ratio"])
+
+
+def test_openai_api_open_loop_synthetic_prompts(lm_http_server):
+    _, http_address = lm_http_server
+    proc = run_bench("--api=openai", "--http=" + http_address, "--rate=20",
+                     "--duration=1.5", "--prompt_tokens=12",
+                     "--max_new_tokens=%d" % MAX_NEW_TOKENS,
+                     "--ratios=0.5,0.75,1.0", "--ratio_order=random", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    check_generate(result)
+    assert result["config"]["mode"] == "open"
+    assert result["config"]["prompt_tokens"] == 12
+
+
+def test_openai_api_errors_by_code(lm_http_server, tmp_path):
+    _, http_address = lm_http_server
+    # Over the model's 256 positions: the server's 400, by its code.
+    result, proc = run_bench_json(tmp_path, "--api=openai",
+                                  "--http=" + http_address, "--requests=3",
+                                  "--max_new_tokens=100000")
+    check_consistent(result)
+    assert result["errors_by_code"] == {"INVALID_ARGUMENT": 3}
+    assert "INVALID_ARGUMENT" in proc.stdout
+
+
+def test_openai_api_interrupt(start_server, tmp_path):
+    _, http_address = start_server("llama_learned", http=True)
+    path = tmp_path / "bench.json"
+    proc = subprocess.Popen([
+        BENCH, "--api=openai", "--http=" + http_address, "--concurrency=2",
+        "--duration=30", "--max_new_tokens=8", "--json=%s" % path
+    ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert "(interrupted)" in stdout
+    with open(path) as f:
+        result = json.load(f)
+    assert result["interrupted"] is True
+    check_consistent(result)
+    assert result["completed"] > 0 and result["elapsed_s"] < 10
+
+
+def test_openai_api_unreachable_and_usage():
+    _require_inputs()
+    proc = run_bench("--api=openai", "--http=127.0.0.1:1", "--requests=1")
+    assert proc.returncode == 1
+    assert "cannot reach 127.0.0.1:1: UNAVAILABLE" in proc.stderr
+    for args, message in [
+        (["--api=openai", "--server=127.0.0.1:1"], "address as --http"),
+        (["--http=127.0.0.1:1"], "--http applies to --api=openai"),
+        (["--api=rest"], "expected grpc or openai"),
+        (["--api=openai", "--http=127.0.0.1:1", "--rpc=classify",
+          "--pixels_shape=3,16,16"], "generate only"),
+    ]:
+        proc = run_bench("--requests=1", *args)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr

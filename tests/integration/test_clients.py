@@ -1,11 +1,12 @@
 """The shipped clients against the real server: the example Python client
 (client/python/moh_client.py, with stubs from gen_stubs.sh) and the moh-client
-command-line tool."""
+command-line tool, over gRPC and (chat) the OpenAI-compatible HTTP API."""
 import importlib
 import json
 import os
 import subprocess
 import sys
+import urllib.request
 
 import grpc
 import pytest
@@ -193,3 +194,87 @@ def test_cli_errors_exit_nonzero_with_the_server_message(main_server):
                  "--model=demo-vit")
     assert result.returncode == 1
     assert "INVALID_ARGUMENT" in result.stderr and "text" in result.stderr
+
+
+# --- moh-client chat (the OpenAI-compatible HTTP API) ---
+
+DEMO_LM = os.path.join(lib.SOURCE_DIR, "models", "demo-lm")  # a chat template
+
+
+@pytest.fixture(scope="module")
+def http_server(start_server):
+    return start_server("chat", [("demo-lm", DEMO_LM, "")], http=True)
+
+
+def chat(server, lines, *args, timeout=120):
+    return subprocess.run(
+        [lib.CLIENT, "chat", "--http=127.0.0.1:%d" % server.http_port,
+         "--timeout=60"] + list(args),
+        input="".join(line + "\n" for line in lines),
+        capture_output=True, text=True, timeout=timeout)
+
+
+def chat_completion(server, messages, **fields):
+    """The reply of one whole (not streamed) POST /v1/chat/completions."""
+    body = dict(model="demo-lm", messages=messages, **fields)
+    request = urllib.request.Request(
+        "http://127.0.0.1:%d/v1/chat/completions" % server.http_port,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=lib.RPC_TIMEOUT) as response:
+        return json.load(response)["choices"][0]["message"]["content"]
+
+
+def test_cli_chat_keeps_the_conversation(http_server):
+    system = "Answer as the Preacher."
+    turns = ["What profit hath a man?", "And the sun?"]
+    result = chat(http_server, turns, "--system=" + system,
+                  "--max_new_tokens=12", "--temperature=0", "--ratio=0.5")
+    assert result.returncode == 0, result.stderr
+    sampling = dict(max_tokens=12, temperature=0, activation_ratio=0.5)
+    messages = [{"role": "system", "content": system},
+                {"role": "user", "content": turns[0]}]
+    first = chat_completion(http_server, messages, **sampling)
+    # The second turn is sent with the first one and its reply.
+    messages += [{"role": "assistant", "content": first},
+                 {"role": "user", "content": turns[1]}]
+    second = chat_completion(http_server, messages, **sampling)
+    assert result.stdout == first + "\n" + second + "\n"
+    # Usage and the ratios after each turn, on stderr only.
+    assert result.stderr.count("finish_reason: length") == 2
+    assert result.stderr.count("completion_tokens 12") == 2
+    assert result.stderr.count("activation: effective 0.500, applied ratio "
+                               "0.500") == 2
+    prompts = [int(line.split("prompt_tokens ")[1].split(",")[0])
+               for line in result.stderr.splitlines()
+               if line.startswith("usage:")]
+    assert prompts[1] > prompts[0] + 12  # the whole conversation
+    assert "> " not in result.stderr  # stdin is not a terminal: no prompt
+
+
+def test_cli_chat_eof_exits_zero(http_server):
+    result = chat(http_server, [])
+    assert (result.returncode, result.stdout) == (0, "")
+    result = chat(http_server, ["", ""])  # empty lines are not sent
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_cli_chat_server_errors_exit_nonzero(http_server):
+    result = chat(http_server, ["hi", "never sent"], "--ratio=2")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert ("moh-client: INVALID_ARGUMENT: HTTP 400 invalid_request_error: "
+            "activation_ratio must be in [0, 1], got 2") in result.stderr
+    result = chat(http_server, ["hi"], "--model=nope")
+    assert result.returncode == 1
+    assert "HTTP 404" in result.stderr and "'nope'" in result.stderr
+    # Nothing listens on port 1.
+    result = subprocess.run([lib.CLIENT, "chat", "--http=127.0.0.1:1"],
+                            input="hi\n", capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    assert "UNAVAILABLE" in result.stderr
+    # gRPC's address flag is not chat's.
+    result = chat(http_server, ["hi"], "--server=127.0.0.1:1")
+    assert result.returncode == 2
+    assert "--server does not apply to chat" in result.stderr
