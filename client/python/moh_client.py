@@ -11,12 +11,17 @@ protobuf, plus the message module generated from proto/moh/v1/inference.proto
         print(model.name, model.family, model.state)
     for chunk in client.generate("Once upon a time", max_new_tokens=32):
         print(chunk.text, end="", flush=True)
+    # Three samples, each token with its log-probability and 2 alternatives.
+    for sample in client.generate_samples("Once", n=3, temperature=0.8,
+                                          logprobs=2, max_new_tokens=8):
+        print(sample.index, sample.text, sample.logprobs[0].logprob)
     print(client.classify(text="I loved it", labels=["positive", "negative"]))
 
 As a program (Debian: run with /usr/bin/python3, which has grpcio):
 
     moh_client.py [--server=HOST:PORT] [--stubs=DIR] models
     moh_client.py generate "PROMPT" [--model=M] [--max_new_tokens=N] [--ratio=R]
+                  [--n=N] [--logprobs=K] [--priority=P]
     moh_client.py classify IMAGE_FILE [--top_n=N] | --text=T --labels=a,b
 
 RPC errors print "moh_client: <CODE>: <details>" and exit 1; bad usage exits 2.
@@ -84,24 +89,43 @@ def build_generate_request(pb,
                            seed=None,
                            stop=(),
                            repetition_penalty=None,
+                           min_p=0.0,
+                           presence_penalty=0.0,
+                           frequency_penalty=0.0,
+                           logprobs=None,
+                           prompt_logprobs=None,
+                           n=1,
+                           priority=0,
                            ratio=0.0,
                            min_ratio=0.0,
                            include_routing=False):
-    """A GenerateRequest; None leaves an optional sampling field unset."""
+    """A GenerateRequest; None leaves an optional sampling field unset.
+
+    logprobs=K returns each generated token's log-probability with the K most
+    likely alternatives (0..20); prompt_logprobs=K the same for the prompt.
+    n samples share one prefill; their messages carry `index`.
+    """
     if (prompt is None) == (not token_ids):
         raise ValueError("give exactly one of prompt or token_ids")
     request = pb.GenerateRequest(model=model,
-                                 include_routing=include_routing)
+                                 include_routing=include_routing,
+                                 n=n,
+                                 priority=priority)
     if prompt is not None:
         request.prompt = prompt
     request.token_ids.extend(token_ids or [])
     sampling = request.sampling
     for name, value in (("max_new_tokens", max_new_tokens),
                         ("temperature", temperature), ("top_p", top_p),
-                        ("seed", seed), ("repetition_penalty",
-                                         repetition_penalty)):
+                        ("seed", seed),
+                        ("repetition_penalty", repetition_penalty),
+                        ("logprobs", logprobs),
+                        ("prompt_logprobs", prompt_logprobs)):
         if value is not None:
             setattr(sampling, name, value)
+    sampling.min_p = min_p
+    sampling.presence_penalty = presence_penalty
+    sampling.frequency_penalty = frequency_penalty
     sampling.top_k = top_k
     sampling.stop.extend(stop)
     request.activation.ratio = ratio
@@ -192,11 +216,41 @@ class MohClient:
         return self._generate(request, timeout=self.timeout,
                               metadata=self.metadata)
 
+    def generate_samples(self, prompt=None, **kwargs):
+        """Runs Generate to its end and returns one Sample per index (n of
+        them), each with its whole text, token ids, log-probabilities (when
+        asked) and last message (finish reason, usage, ratios)."""
+        samples = {}
+        for m in self.generate(prompt, **kwargs):
+            sample = samples.setdefault(m.index, Sample(m.index))
+            sample.add(m)
+        return [samples[i] for i in sorted(samples)]
+
     def classify(self, **kwargs):
         """A ClassifyResponse (see build_classify_request)."""
         request = build_classify_request(self.pb, **kwargs)
         return self._classify(request, timeout=self.timeout,
                               metadata=self.metadata)
+
+
+class Sample:
+    """One sample of a Generate stream, put together."""
+
+    def __init__(self, index):
+        self.index = index
+        self.text = ""
+        self.token_ids = []
+        self.logprobs = []         # moh.v1.TokenLogprob per generated token
+        self.prompt_logprobs = []  # per prompt token after the first
+        self.last = None           # the message with the finish reason
+
+    def add(self, message):
+        self.text += message.text
+        self.token_ids.extend(message.token_ids)
+        self.logprobs.extend(message.logprobs)
+        self.prompt_logprobs.extend(message.prompt_logprobs)
+        if message.finish_reason:
+            self.last = message
 
 
 def _print_models(models, pb):
@@ -218,6 +272,28 @@ def _run(args, client):
         _print_models(client.list_models(), pb)
         return 0
     activation = dict(ratio=args.ratio, min_ratio=args.min_ratio)
+    if args.command == "generate" and (args.n > 1 or
+                                       args.logprobs is not None):
+        samples = client.generate_samples(args.prompt,
+                                          model=args.model,
+                                          max_new_tokens=args.max_new_tokens,
+                                          temperature=args.temperature,
+                                          seed=args.seed,
+                                          n=args.n,
+                                          logprobs=args.logprobs,
+                                          priority=args.priority,
+                                          **activation)
+        for s in samples:
+            print("[%d] %s" % (s.index, s.text))
+            for e in s.logprobs:
+                alternatives = " ".join("%r:%.3f" % (t.token, t.logprob)
+                                        for t in e.top_logprobs)
+                print("    %-16r %8.4f  %s" % (e.token, e.logprob,
+                                               alternatives))
+            print("[%d] finish_reason: %s, %d tokens" %
+                  (s.index, pb.FinishReason.Name(s.last.finish_reason),
+                   s.last.usage.completion_tokens), file=sys.stderr)
+        return 0
     if args.command == "generate":
         last = None
         call = client.generate(args.prompt,
@@ -225,6 +301,7 @@ def _run(args, client):
                                max_new_tokens=args.max_new_tokens,
                                temperature=args.temperature,
                                seed=args.seed,
+                               priority=args.priority,
                                **activation)
         try:
             for last in call:
@@ -284,6 +361,12 @@ def main(argv=None):
     gen.add_argument("--max_new_tokens", type=int, default=None)
     gen.add_argument("--temperature", type=float, default=None)
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--n", type=int, default=1,
+                     help="samples, sharing one prefill (printed whole)")
+    gen.add_argument("--logprobs", type=int, default=None,
+                     help="print each token's log-probability and K "
+                     "alternatives")
+    gen.add_argument("--priority", type=int, default=0)
     cls = sub.add_parser("classify", help="classify an image or score labels")
     cls.add_argument("image", nargs="?", default=None)
     cls.add_argument("--text", default=None)

@@ -220,3 +220,33 @@ def test_a_stream_past_its_deadline_counts_as_deadline_exceeded(
         "moh_requests_total{code=DEADLINE_EXCEEDED} + 1")
     assert counter(server, "moh_requests_total", rpc="Generate",
                    code="CANCELLED") == cancelled_before
+
+
+def test_higher_priority_is_admitted_first(api, server, stub):
+    # Behind the occupant wait a request of priority 0, then one of priority
+    # 5: the slot, once free, goes to the later, higher one.
+    occupant = lib.Occupant(stub, occupant_request(api))
+    order = []
+
+    def queue(priority):
+        request = occupant_request(api, 3)
+        request.priority = priority
+        call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
+
+        def read():
+            messages = lib.drain_stream(call, lib.RPC_TIMEOUT)
+            order.append((priority, messages[-1].finish_reason))
+        thread = threading.Thread(target=read)
+        thread.start()
+        return thread
+
+    low = queue(0)
+    lib.wait_until(lambda: gauges(server) == (1, 1), 30, "one waiting request")
+    high = queue(5)
+    lib.wait_until(lambda: gauges(server) == (1, 2), 30, "two waiting requests")
+    assert not occupant.done.is_set(), "occupant too short to test this"
+    occupant.call.cancel()
+    low.join(lib.RPC_TIMEOUT)
+    high.join(lib.RPC_TIMEOUT)
+    occupant.join()
+    assert order == [(5, api.pb.LENGTH), (0, api.pb.LENGTH)]

@@ -71,6 +71,23 @@ def test_python_client_all_rpcs(api, client, main_server, decoder, tmp_path):
     assert [c.index for c in by_pixels.classes][:1] == [2]
 
 
+def test_python_client_samples_and_logprobs(client):
+    samples = client.generate_samples("Once upon a time", model="demo-lm",
+                                      max_new_tokens=5, temperature=1.0,
+                                      seed=7, n=3, logprobs=2)
+    assert [s.index for s in samples] == [0, 1, 2]
+    for s in samples:
+        assert len(s.token_ids) == len(s.logprobs) == 5
+        assert [e.token_id for e in s.logprobs] == s.token_ids
+        assert all(len(e.top_logprobs) == 2 and e.logprob <= 0
+                   for e in s.logprobs)
+        assert s.last.finish_reason == client.pb.LENGTH
+    # Sample i is what seed 7 + i generates alone.
+    alone = client.generate_samples("Once upon a time", model="demo-lm",
+                                    max_new_tokens=5, temperature=1.0, seed=8)
+    assert alone[0].token_ids == samples[1].token_ids
+
+
 def test_python_client_cancel_and_errors(client):
     call = client.generate("Once upon a time", model="demo-lm",
                            max_new_tokens=200)
@@ -103,6 +120,11 @@ def test_python_client_as_a_program(main_server, api):
                  "--max_new_tokens=4")
     assert result.returncode == 0, result.stderr
     assert "finish_reason: LENGTH" in result.stderr
+    result = run("generate", "Once upon a time", "--model=demo-lm",
+                 "--max_new_tokens=3", "--n=2", "--logprobs=1")
+    assert result.returncode == 0, result.stderr
+    assert "[0] " in result.stdout and "[1] " in result.stdout
+    assert result.stderr.count("finish_reason: LENGTH, 3 tokens") == 2
     result = run("generate", "hi", "--model=nope")
     assert result.returncode == 1
     assert "NOT_FOUND" in result.stderr and "nope" in result.stderr

@@ -412,3 +412,116 @@ def test_stop_token_ids_ignore_eos_and_min_tokens(api, client, stub):
     ignored = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=4,
                                         temperature=0, extra_body={"ignore_eos": True})
     assert ignored.usage.completion_tokens == 4
+
+
+def grpc_messages(api, stub, **fields):
+    request = lib.generate_request(api.pb, prompt=PROMPT, model="demo-lm",
+                                   temperature=0.0, max_new_tokens=8)
+    for name, value in fields.items():
+        if name in ("n", "priority"):
+            setattr(request, name, value)
+        else:
+            setattr(request.sampling, name, value)
+    return lib.run_generate(stub, request)
+
+
+def test_n_choices_whole_and_streamed(api, client, stub):
+    want, _ = grpc_greedy(api, stub, PROMPT, 8)
+    got = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=8,
+                                    temperature=0, n=3)
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert all(c.text == want and c.finish_reason == "length" for c in got.choices)
+    assert got.usage.completion_tokens == 24
+    # Seeded samples: choice i is gRPC's sample i (seed + i).
+    sampled = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=8,
+                                        temperature=1.0, seed=3, n=2)
+    messages = grpc_messages(api, stub, temperature=1.0, seed=3, n=2)
+    for i in range(2):
+        assert sampled.choices[i].text == "".join(
+            m.text for m in messages if m.index == i)
+    chunks = list(client.chat.completions.create(
+        model="demo-lm", messages=[{"role": "user", "content": "hello"}],
+        max_tokens=6, temperature=0, n=2, stream=True,
+        stream_options={"include_usage": True}))
+    texts, finished = {0: "", 1: ""}, []
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.append(choice.index)
+    assert sorted(finished) == [0, 1]
+    assert texts[0] == texts[1] and texts[0]
+    assert chunks[-1].usage.completion_tokens == 12
+    whole = client.chat.completions.create(
+        model="demo-lm", messages=[{"role": "user", "content": "hello"}],
+        max_tokens=6, temperature=0)
+    assert whole.choices[0].message.content == texts[0]
+
+
+def test_completion_logprobs_equal_grpcs(api, client, stub):
+    messages = grpc_messages(api, stub, logprobs=2, prompt_logprobs=1)
+    entries = [e for m in messages for e in m.logprobs]
+    got = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=8,
+                                    temperature=0, logprobs=2,
+                                    extra_body={"prompt_logprobs": 1})
+    lp = got.choices[0].logprobs
+    assert lp.tokens == [e.token for e in entries]
+    assert lp.token_logprobs == pytest.approx([e.logprob for e in entries])
+    for top, e in zip(lp.top_logprobs, entries):
+        assert top == pytest.approx({t.token: t.logprob for t in e.top_logprobs})
+    assert lp.text_offset == [sum(len(x.token.encode()) for x in entries[:i])
+                              for i in range(len(entries))]
+    prompt = got.choices[0].model_extra["prompt_logprobs"]
+    want = messages[0].prompt_logprobs
+    assert prompt[0] is None and len(prompt) == len(want) + 1
+    for position, e in zip(prompt[1:], want):
+        assert position[str(e.token_id)]["logprob"] == pytest.approx(e.logprob)
+        assert position[str(e.token_id)]["rank"] == e.rank
+    streamed = list(client.completions.create(
+        model="demo-lm", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2,
+        stream=True))
+    tokens = [t for c in streamed if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.tokens]
+    offsets = [o for c in streamed if c.choices and c.choices[0].logprobs
+               for o in c.choices[0].logprobs.text_offset]
+    assert tokens == lp.tokens and offsets == lp.text_offset
+
+
+def test_chat_logprobs(client):
+    messages = [{"role": "user", "content": "hello"}]
+    got = client.chat.completions.create(model="demo-lm", messages=messages,
+                                         max_tokens=5, temperature=0, logprobs=True,
+                                         top_logprobs=3)
+    content = got.choices[0].logprobs.content
+    assert len(content) == got.usage.completion_tokens == 5
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the token is the most likely one.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert entry.bytes == list(entry.token.encode())
+    plain = client.chat.completions.create(model="demo-lm", messages=messages,
+                                           max_tokens=5, temperature=0)
+    assert plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="demo-lm", messages=messages,
+                                       top_logprobs=2)
+    assert 'top_logprobs needs "logprobs": true' in e.value.message
+
+
+def test_penalties_min_p_and_priority_equal_grpcs(api, client, stub):
+    fields = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "min_p": 0.2}
+    messages = grpc_messages(api, stub, temperature=0.9, seed=5, **fields)
+    got = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=8,
+                                    temperature=0.9, seed=5,
+                                    presence_penalty=1.5, frequency_penalty=0.5,
+                                    extra_body={"min_p": 0.2, "priority": 7})
+    assert got.choices[0].text == "".join(m.text for m in messages)
+    for field, value, message in (
+            ("presence_penalty", 3, "presence_penalty must be in [-2, 2], got 3"),
+            ("priority", 5000, "priority must be in [-1000, 1000], got 5000"),
+            ("n", 0, "n must be in [1, 16], got 0")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="demo-lm", prompt=PROMPT,
+                                      extra_body={field: value})
+        assert message in e.value.message
