@@ -3,7 +3,9 @@
 // NaN, infinities), then, for settings it accepts, the Sampler on fuzzed
 // logits and history and the StopStringMatcher on fuzzed streamed text.
 // Checked: a refusal is INVALID_ARGUMENT; a sampled id lies in the vocabulary
-// and is the same for the same seed; the matcher emits a prefix of the text,
+// and is the same for the same seed; its log-probability entry is no NaN and
+// at most 0, its rank in [1, vocab], its alternatives best first; the matcher
+// emits a prefix of the text,
 // cut right before the earliest stop string it has seen, everything when none
 // appears.
 #include <ATen/ATen.h>
@@ -41,13 +43,27 @@ void CheckSampler(const moh::SamplingParams& params, FuzzedDataProvider& in) {
   const at::Tensor tensor = at::from_blob(logits.data(), {vocab}, at::kFloat);
   moh::Sampler first(params);
   moh::Sampler second(params);
+  size_t generated = in.ConsumeIntegralInRange<size_t>(0, history.size());
   for (int step = 0; step < 2; ++step) {
-    const int32_t id = first.Sample(tensor, history);
+    const int32_t id = first.Sample(tensor, history, generated);
     MOH_FUZZ_CHECK(id >= 0 && id < vocab,
                    absl::StrCat("sampled ", id, " of ", vocab));
-    MOH_FUZZ_CHECK(second.Sample(tensor, history) == id,
+    MOH_FUZZ_CHECK(second.Sample(tensor, history, generated) == id,
                    "two samplers with one seed disagree");
+    const moh::LogprobEntry entry = moh::ComputeLogprobs(
+        tensor, id, params.logprobs.value_or(moh::kMaxLogprobs));
+    MOH_FUZZ_CHECK(entry.token.id == id && entry.token.logprob <= 0.0f,
+                   absl::StrCat("logprob ", entry.token.logprob));
+    MOH_FUZZ_CHECK(entry.rank >= 1 && entry.rank <= vocab,
+                   absl::StrCat("rank ", entry.rank, " of ", vocab));
+    for (size_t i = 0; i < entry.top.size(); ++i) {
+      MOH_FUZZ_CHECK(
+          entry.top[i].logprob <= 0.0f &&
+              (i == 0 || entry.top[i].logprob <= entry.top[i - 1].logprob),
+          "alternatives out of order");
+    }
     history.push_back(id);
+    ++generated;
   }
 }
 
@@ -97,6 +113,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   params.seed = in.ConsumeIntegral<uint64_t>();
   params.stop.resize(in.ConsumeIntegralInRange<int>(0, moh::kMaxStopStrings));
   for (std::string& stop : params.stop) stop = in.ConsumeRandomLengthString(8);
+  params.presence_penalty = AnyFloat(in);
+  params.frequency_penalty = AnyFloat(in);
+  params.min_p = AnyFloat(in);
+  if (in.ConsumeBool()) params.logprobs = in.ConsumeIntegral<int32_t>();
   const int32_t limit = in.ConsumeIntegral<int32_t>();
   const absl::Status valid = moh::ValidateSamplingParams(params, limit);
   if (!valid.ok()) {

@@ -340,8 +340,10 @@ LogprobEntry ComputeLogprobs(const at::Tensor& logits, int32_t token,
                            ? max_logit + std::log(sum)
                            : static_cast<double>(max_logit);
   auto logprob = [&](int64_t id) -> float {
-    if (std::isinf(max_logit) && max_logit > 0) {
-      return x[id] == max_logit ? 0.0f : kNegInf;  // +inf holds everything
+    if (std::isinf(max_logit)) {
+      // +inf holds all the probability; if every logit is -inf, nothing has
+      // any.
+      return max_logit > 0 && x[id] == max_logit ? 0.0f : kNegInf;
     }
     return static_cast<float>(x[id] - log_z);
   };

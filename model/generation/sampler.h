@@ -94,7 +94,9 @@ struct LogprobEntry {
 };
 
 // The entry of `token` in `logits` ([vocab], any device and floating dtype)
-// with its `top_n` best alternatives. NaN logits count as -inf.
+// with its `top_n` best alternatives. NaN logits count as -inf; +inf ones
+// share all the probability (log 0 each); when every logit is -inf, every
+// log-probability is -inf.
 LogprobEntry ComputeLogprobs(const at::Tensor& logits, int32_t token,
                              int32_t top_n);
 
