@@ -53,7 +53,7 @@ v1::FinishReason ToProto(FinishReason reason) {
 // takes gRPC's default) and which of them the request set.
 void FromProto(const v1::SamplingParams& p, GenerateCall* call) {
   call->sampling_set = {p.has_temperature(), p.top_k() != 0, p.has_top_p(),
-                        p.has_repetition_penalty()};
+                        p.min_p() != 0.0f, p.has_repetition_penalty()};
   if (p.has_max_new_tokens()) call->max_new_tokens = p.max_new_tokens();
   SamplingParams& s = call->sampling;
   s.temperature = p.has_temperature() ? p.temperature() : 0.0f;

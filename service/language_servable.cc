@@ -151,6 +151,7 @@ absl::StatusOr<uint64_t> LanguageServable::Generate(
     if (!set.temperature) s.temperature = d.do_sample ? d.temperature : 0.0f;
     if (!set.top_k) s.top_k = d.do_sample ? d.top_k : 0;
     if (!set.top_p) s.top_p = d.do_sample ? d.top_p : 1.0f;
+    if (!set.min_p) s.min_p = d.do_sample ? d.min_p : 0.0f;
     if (!set.repetition_penalty) s.repetition_penalty = d.repetition_penalty;
   }
   // Unset: the configured default, clamped to what the context leaves after

@@ -396,6 +396,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
   }
   MOH_ASSIGN_OR_RETURN(std::optional<double> min_p, f.Number("min_p", 0, 1));
   s.min_p = static_cast<float>(min_p.value_or(0.0));
+  call.sampling_set.min_p = min_p.has_value();
   MOH_RETURN_IF_ERROR(ReadLogprobs(endpoint, f, &s));
   MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
                        f.Number("activation_ratio", 0.0, 1.0));

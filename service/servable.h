@@ -40,6 +40,7 @@ struct SamplingFieldsSet {
   bool temperature = false;
   bool top_k = false;
   bool top_p = false;
+  bool min_p = false;
   bool repetition_penalty = false;
 };
 

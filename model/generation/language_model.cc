@@ -60,11 +60,12 @@ absl::StatusOr<GenerationConfig> ReadGenerationConfig(const std::string& path,
       config.eos_ids.push_back(id.get<int32_t>());
     }
   }
-  std::optional<double> temperature, top_k, top_p, penalty;
+  std::optional<double> temperature, top_k, top_p, min_p, penalty;
   MOH_RETURN_IF_ERROR(
       ReadNumber(j, path, "temperature", 0.0, 100.0, false, &temperature));
   MOH_RETURN_IF_ERROR(ReadNumber(j, path, "top_k", 0.0, 1e9, false, &top_k));
   MOH_RETURN_IF_ERROR(ReadNumber(j, path, "top_p", 0.0, 1.0, true, &top_p));
+  MOH_RETURN_IF_ERROR(ReadNumber(j, path, "min_p", 0.0, 1.0, false, &min_p));
   MOH_RETURN_IF_ERROR(
       ReadNumber(j, path, "repetition_penalty", 0.0, 1e6, true, &penalty));
   const bool has_do_sample =
@@ -73,12 +74,13 @@ absl::StatusOr<GenerationConfig> ReadGenerationConfig(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": field 'do_sample' must be true or false"));
   }
-  if (has_do_sample || temperature || top_k || top_p || penalty) {
+  if (has_do_sample || temperature || top_k || top_p || min_p || penalty) {
     GenerationDefaults d;
     d.do_sample = has_do_sample && j["do_sample"].get<bool>();
     if (temperature) d.temperature = static_cast<float>(*temperature);
     if (top_k) d.top_k = static_cast<int32_t>(*top_k);
     if (top_p) d.top_p = static_cast<float>(*top_p);
+    if (min_p) d.min_p = static_cast<float>(*min_p);
     if (penalty) d.repetition_penalty = static_cast<float>(*penalty);
     config.defaults = d;
   }

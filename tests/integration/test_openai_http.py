@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import socket
 import time
 
@@ -33,10 +34,27 @@ PROMPT = "In the beginning"
 
 
 @pytest.fixture(scope="module")
-def server(start_server, long_lm_dir):
+def min_p_lm_dir(workdir):
+    """The fixture LM whose generation_config.json samples hot (temperature
+    1.5) but with min_p 1: only the most likely token survives."""
+    path = os.path.join(workdir, "llama_min_p")
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(lib.LM_DIR, path)
+    config = os.path.join(path, "generation_config.json")
+    with open(config) as f:
+        generation = json.load(f)
+    generation.update({"do_sample": True, "temperature": 1.5, "min_p": 1.0})
+    with open(config, "w") as f:
+        json.dump(generation, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(start_server, long_lm_dir, min_p_lm_dir):
     return start_server("openai", [("demo-lm", DEMO_LM, ""),
                                    ("long", long_lm_dir,
-                                    "generation { max_seq_len: 8192 }")], http=True)
+                                    "generation { max_seq_len: 8192 }"),
+                                   ("min_p", min_p_lm_dir, "")], http=True)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +92,7 @@ def grpc_greedy(api, stub, prompt, n, ratio=0.0):
 
 def test_models_lists_every_hosted_model(client, server):
     ids = sorted(m.id for m in client.models.list())
-    assert ids == ["demo-lm", "long"]
+    assert ids == ["demo-lm", "long", "min_p"]
     status, _, body = request(server, "GET", "/v1/models")
     assert status == 200
     lm = next(m for m in body["data"] if m["id"] == "demo-lm")
@@ -525,3 +543,26 @@ def test_penalties_min_p_and_priority_equal_grpcs(api, client, stub):
             client.completions.create(model="demo-lm", prompt=PROMPT,
                                       extra_body={field: value})
         assert message in e.value.message
+
+
+def test_generation_config_min_p(api, client, stub):
+    # min_p 1 from generation_config.json makes hot sampling greedy; a
+    # request's own min_p (HTTP 0, or gRPC's nonzero value) wins.
+    request = lib.generate_request(api.pb, prompt=PROMPT, model="min_p",
+                                   max_new_tokens=12)
+    greedy = lib.token_ids_of(lib.run_generate(stub, lib.generate_request(
+        api.pb, prompt=PROMPT, model="min_p", max_new_tokens=12,
+        temperature=0.0)))
+    for seed in (1, 2, 3):
+        request.sampling.seed = seed
+        assert lib.token_ids_of(lib.run_generate(stub, request)) == greedy
+    texts = {client.completions.create(model="min_p", prompt=PROMPT, max_tokens=12,
+                                       seed=seed, extra_body={"min_p": 0}).choices[0].text
+             for seed in (1, 2, 3)}
+    assert len(texts) > 1  # sampling at temperature 1.5 again
+    request.sampling.min_p = 0.001
+    outputs = set()
+    for seed in (1, 2, 3):
+        request.sampling.seed = seed
+        outputs.add(tuple(lib.token_ids_of(lib.run_generate(stub, request))))
+    assert len(outputs) > 1
