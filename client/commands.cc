@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -60,6 +62,44 @@ void PrintHeadLoad(moh::v1::Inference::StubInterface& stub,
   std::fputs(FormatHeadLoadTable(routing, shared).c_str(), stderr);
 }
 
+// One sample of a Generate stream, put together.
+struct Sample {
+  std::string text;
+  std::vector<moh::v1::TokenLogprob> logprobs;
+  std::vector<moh::v1::TokenLogprob> prompt_logprobs;
+  moh::v1::GenerateResponse last;  // the message with the finish reason
+
+  void Add(moh::v1::GenerateResponse& message) {
+    text += message.text();
+    logprobs.insert(logprobs.end(), message.logprobs().begin(),
+                    message.logprobs().end());
+    prompt_logprobs.insert(prompt_logprobs.end(),
+                           message.prompt_logprobs().begin(),
+                           message.prompt_logprobs().end());
+    if (message.finish_reason() != moh::v1::FINISH_REASON_UNSPECIFIED) {
+      last.Swap(&message);
+    }
+  }
+};
+
+// Log-probabilities, one token a line: id, text, log-probability, rank and
+// the alternatives.
+void PrintLogprobs(const std::string& what,
+                   const std::vector<moh::v1::TokenLogprob>& entries) {
+  if (entries.empty()) return;
+  absl::FPrintF(stderr, "%s logprobs:\n", what);
+  for (const moh::v1::TokenLogprob& e : entries) {
+    std::vector<std::string> top;
+    for (const moh::v1::TopLogprob& t : e.top_logprobs()) {
+      top.push_back(absl::StrFormat("%d %s %.4f", t.token_id(),
+                                    absl::CHexEscape(t.token()), t.logprob()));
+    }
+    absl::FPrintF(stderr, "  %6d %-14s %9.4f rank %-4d %s\n", e.token_id(),
+                  absl::StrCat("\"", absl::CHexEscape(e.token()), "\""),
+                  e.logprob(), e.rank(), absl::StrJoin(top, ", "));
+  }
+}
+
 }  // namespace
 
 int RunListModels(moh::v1::Inference::StubInterface& stub,
@@ -93,7 +133,10 @@ int RunListModels(moh::v1::Inference::StubInterface& stub,
 int RunGenerate(moh::v1::Inference::StubInterface& stub,
                 const moh::v1::GenerateRequest& request,
                 const CallOptions& call) {
-  moh::v1::GenerateResponse last;
+  // One sample streams its text as it comes; several are printed whole, in
+  // index order, once the stream has ended.
+  const int samples = std::max(request.n(), 1);
+  std::vector<Sample> out(samples);
   bool ends_with_newline = true;
   grpc::Status status;
   {
@@ -104,28 +147,42 @@ int RunGenerate(moh::v1::Inference::StubInterface& stub,
         reader = stub.Generate(&context, request);
     moh::v1::GenerateResponse message;
     while (reader->Read(&message)) {
+      if (message.index() < 0 || message.index() >= samples) continue;
+      Sample& sample = out[message.index()];
       const std::string& text = message.text();
-      if (!text.empty()) {
+      if (samples == 1 && !text.empty()) {
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
         ends_with_newline = text.back() == '\n';
       }
-      last.Swap(&message);
+      sample.Add(message);
     }
     status = reader->Finish();
+  }
+  if (samples > 1) {
+    for (int i = 0; i < samples; ++i) {
+      absl::PrintF("[%d] %s\n", i, out[i].text);
+    }
   }
   // Keeps the summary on its own line in a terminal; pipes get the text as is.
   if (!ends_with_newline && isatty(STDOUT_FILENO)) std::fputs("\n", stdout);
   std::fflush(stdout);
   if (!status.ok()) return ReportRpcError(status);
 
-  absl::FPrintF(stderr, "finish_reason: %s\n",
-                moh::v1::FinishReason_Name(last.finish_reason()));
-  absl::FPrintF(stderr, "usage: prompt_tokens %d, completion_tokens %d\n",
-                last.usage().prompt_tokens(), last.usage().completion_tokens());
-  PrintActivation(last.effective_activation_ratio(), last.activation_ratio());
-  if (request.include_routing()) {
-    PrintHeadLoad(stub, request.model(), last.routing(), call);
+  for (int i = 0; i < samples; ++i) {
+    const moh::v1::GenerateResponse& last = out[i].last;
+    const std::string tag = samples > 1 ? absl::StrCat("[", i, "] ") : "";
+    if (i == 0) PrintLogprobs("prompt", out[0].prompt_logprobs);
+    PrintLogprobs(absl::StrCat(tag, "tokens"), out[i].logprobs);
+    absl::FPrintF(stderr, "%sfinish_reason: %s\n", tag,
+                  moh::v1::FinishReason_Name(last.finish_reason()));
+    absl::FPrintF(stderr, "%susage: prompt_tokens %d, completion_tokens %d\n",
+                  tag, last.usage().prompt_tokens(),
+                  last.usage().completion_tokens());
+    PrintActivation(last.effective_activation_ratio(), last.activation_ratio());
+    if (request.include_routing()) {
+      PrintHeadLoad(stub, request.model(), last.routing(), call);
+    }
   }
   return kExitOk;
 }

@@ -55,6 +55,20 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings");
 ABSL_FLAG(std::optional<float>, repetition_penalty, std::nullopt,
           "Repetition penalty > 0; unset or 1 = off");
+ABSL_FLAG(float, min_p, 0, "Min-p sampling in [0, 1]; 0 = off");
+ABSL_FLAG(float, presence_penalty, 0,
+          "Penalty in [-2, 2] on tokens already generated; 0 = off");
+ABSL_FLAG(float, frequency_penalty, 0,
+          "Penalty in [-2, 2] per occurrence in the output; 0 = off");
+ABSL_FLAG(std::optional<int32_t>, logprobs, std::nullopt,
+          "generate: print each token's log-probability and this many "
+          "alternatives (0-20) to stderr");
+ABSL_FLAG(std::optional<int32_t>, prompt_logprobs, std::nullopt,
+          "generate: the same for the prompt's tokens");
+ABSL_FLAG(int32_t, n, 1,
+          "generate: samples sharing one prefill (1-16), printed whole");
+ABSL_FLAG(int32_t, priority, 0,
+          "generate: scheduling priority (-1000 to 1000; higher first)");
 ABSL_FLAG(std::vector<std::string>, token_ids, {},
           "Comma-separated prompt token ids, instead of PROMPT");
 ABSL_FLAG(bool, routing, false, "Print the per-layer head-load table");
@@ -94,7 +108,9 @@ const std::vector<Command>& Commands() {
       {"generate",
        "generate PROMPT          stream a completion of PROMPT to stdout",
        {"model", "ratio", "min_ratio", "max_new_tokens", "temperature", "top_k",
-        "top_p", "seed", "stop", "repetition_penalty", "token_ids", "routing"}},
+        "top_p", "min_p", "seed", "stop", "repetition_penalty",
+        "presence_penalty", "frequency_penalty", "logprobs", "prompt_logprobs",
+        "n", "priority", "token_ids", "routing"}},
       {"classify",
        "classify IMAGE_FILE      classify a PNG or JPEG image\n"
        "  classify --text=TEXT --labels=a,b,c\n"
@@ -115,7 +131,8 @@ const std::vector<Command>& Commands() {
        "                           a line of stdin per turn, replies "
        "streamed to stdout",
        {"model", "ratio", "min_ratio", "max_new_tokens", "temperature", "top_k",
-        "top_p", "seed", "stop", "repetition_penalty", "system"},
+        "top_p", "min_p", "seed", "stop", "repetition_penalty",
+        "presence_penalty", "frequency_penalty", "priority", "system"},
        "http"},
   };
   return *commands;
@@ -259,6 +276,15 @@ nlohmann::json ChatFieldsFromFlags() {
   if (auto v = absl::GetFlag(FLAGS_repetition_penalty)) {
     fields["repetition_penalty"] = Decimal(*v);
   }
+  for (const auto& [name, value] :
+       {std::pair<const char*, float>{"min_p", absl::GetFlag(FLAGS_min_p)},
+        {"presence_penalty", absl::GetFlag(FLAGS_presence_penalty)},
+        {"frequency_penalty", absl::GetFlag(FLAGS_frequency_penalty)}}) {
+    if (value != 0) fields[name] = Decimal(value);
+  }
+  if (const int32_t p = absl::GetFlag(FLAGS_priority); p != 0) {
+    fields["priority"] = p;
+  }
   if (const float r = absl::GetFlag(FLAGS_ratio); r != 0) {
     fields["activation_ratio"] = Decimal(r);
   }
@@ -319,6 +345,15 @@ std::string BuildGenerateRequest(const std::vector<std::string>& args,
   if (auto v = absl::GetFlag(FLAGS_repetition_penalty)) {
     sampling->set_repetition_penalty(*v);
   }
+  sampling->set_min_p(absl::GetFlag(FLAGS_min_p));
+  sampling->set_presence_penalty(absl::GetFlag(FLAGS_presence_penalty));
+  sampling->set_frequency_penalty(absl::GetFlag(FLAGS_frequency_penalty));
+  if (auto v = absl::GetFlag(FLAGS_logprobs)) sampling->set_logprobs(*v);
+  if (auto v = absl::GetFlag(FLAGS_prompt_logprobs)) {
+    sampling->set_prompt_logprobs(*v);
+  }
+  request->set_n(absl::GetFlag(FLAGS_n));
+  request->set_priority(absl::GetFlag(FLAGS_priority));
   *request->mutable_activation() = ActivationFromFlags();
   request->set_include_routing(absl::GetFlag(FLAGS_routing));
   return "";

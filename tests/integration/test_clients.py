@@ -170,6 +170,31 @@ def test_cli_generate_token_ids_with_routing(main_server, decoder):
     assert "effective 1.000" in result.stderr
 
 
+def test_cli_generate_samples_and_logprobs(api, stub, main_server):
+    request = lib.generate_request(api.pb, prompt="Once upon a time",
+                                   model="demo-lm", max_new_tokens=4,
+                                   temperature=1.0, seed=11, logprobs=2)
+    request.n = 2
+    messages = lib.run_generate(stub, request)
+    texts = ["".join(m.text for m in messages if m.index == i) for i in (0, 1)]
+    entries = [e for m in messages if m.index == 0 for e in m.logprobs]
+    result = cli(main_server, "generate", "Once upon a time", "--model=demo-lm",
+                 "--max_new_tokens=4", "--temperature=1", "--seed=11", "--n=2",
+                 "--logprobs=2", "--priority=3", "--min_p=0.01")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[0] %s\n[1] %s\n" % tuple(texts)
+    assert result.stderr.count("finish_reason: LENGTH") == 2
+    assert "[1] usage: prompt_tokens" in result.stderr
+    rows = [line.split() for line in result.stderr.splitlines()
+            if line.startswith("  ")]
+    assert [int(r[0]) for r in rows[:4]] == [e.token_id for e in entries]
+    assert [float(r[2]) for r in rows[:4]] == pytest.approx(
+        [e.logprob for e in entries], abs=1e-4)
+    result = cli(main_server, "generate", "hi", "--model=demo-lm", "--n=20")
+    assert result.returncode == 1
+    assert "n must be in [1, 16], got 20" in result.stderr
+
+
 def test_cli_classify_png_file(main_server, tmp_path):
     path = tmp_path / "image.png"
     path.write_bytes(lib.encode_png(_VIT["pixels"][0]))
