@@ -279,14 +279,13 @@ def test_progress_line_on_a_terminal(lm_server):
     assert b"\r" not in proc.stdout  # The report itself stays clean.
 
 
-def test_interrupt_reports_what_finished(start_server, tmp_path):
-    # A server of its own: cancelling streams must not disturb other tests.
-    server = start_server("llama_learned")
+def interrupted_bench(tmp_path, *address):
+    """Runs moh-bench for 30 s, interrupts it after 1.5 s and checks that it
+    exits 130 and reports what finished, in under 10 s."""
     path = tmp_path / "bench.json"
-    proc = subprocess.Popen([
-        BENCH, "--server=" + server, "--concurrency=2", "--duration=30",
-        "--max_new_tokens=8", "--json=%s" % path
-    ],
+    proc = subprocess.Popen([BENCH, *address, "--concurrency=2",
+                             "--duration=30", "--max_new_tokens=8",
+                             "--json=%s" % path],
                             stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE,
                             text=True)
@@ -304,6 +303,11 @@ def test_interrupt_reports_what_finished(start_server, tmp_path):
     check_consistent(result)
     assert result["completed"] > 0
     assert result["elapsed_s"] < 10
+
+
+def test_interrupt_reports_what_finished(start_server, tmp_path):
+    # A server of its own: cancelling streams must not disturb other tests.
+    interrupted_bench(tmp_path, "--server=" + start_server("llama_learned"))
 
 
 def test_unknown_model_fails_at_start(lm_server):
@@ -417,24 +421,7 @@ def test_openai_api_errors_by_code(lm_http_server, tmp_path):
 
 def test_openai_api_interrupt(start_server, tmp_path):
     _, http_address = start_server("llama_learned", http=True)
-    path = tmp_path / "bench.json"
-    proc = subprocess.Popen([
-        BENCH, "--api=openai", "--http=" + http_address, "--concurrency=2",
-        "--duration=30", "--max_new_tokens=8", "--json=%s" % path
-    ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(1.5)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, stderr
-    assert "(interrupted)" in stdout
-    with open(path) as f:
-        result = json.load(f)
-    assert result["interrupted"] is True
-    check_consistent(result)
-    assert result["completed"] > 0 and result["elapsed_s"] < 10
+    interrupted_bench(tmp_path, "--api=openai", "--http=" + http_address)
 
 
 def test_openai_api_unreachable_and_usage():

@@ -272,18 +272,18 @@ def _run(args, client):
         _print_models(client.list_models(), pb)
         return 0
     activation = dict(ratio=args.ratio, min_ratio=args.min_ratio)
+    if args.command == "generate":
+        request = dict(model=args.model,
+                       max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature,
+                       seed=args.seed,
+                       n=args.n,
+                       logprobs=args.logprobs,
+                       priority=args.priority,
+                       **activation)
     if args.command == "generate" and (args.n > 1 or
                                        args.logprobs is not None):
-        samples = client.generate_samples(args.prompt,
-                                          model=args.model,
-                                          max_new_tokens=args.max_new_tokens,
-                                          temperature=args.temperature,
-                                          seed=args.seed,
-                                          n=args.n,
-                                          logprobs=args.logprobs,
-                                          priority=args.priority,
-                                          **activation)
-        for s in samples:
+        for s in client.generate_samples(args.prompt, **request):
             print("[%d] %s" % (s.index, s.text))
             for e in s.logprobs:
                 alternatives = " ".join("%r:%.3f" % (t.token, t.logprob)
@@ -296,13 +296,7 @@ def _run(args, client):
         return 0
     if args.command == "generate":
         last = None
-        call = client.generate(args.prompt,
-                               model=args.model,
-                               max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature,
-                               seed=args.seed,
-                               priority=args.priority,
-                               **activation)
+        call = client.generate(args.prompt, **request)
         try:
             for last in call:
                 sys.stdout.write(last.text)
