@@ -199,25 +199,26 @@ TEST_F(EngineLoopTest, GroupsQueueAllOrNoneAndCancelTogether) {
   PlannedWork work;
   work.prompt_len = 4;
   work.max_outputs = kOutputs;
-  auto group = [&](int n, std::vector<std::shared_ptr<Outcome>>* outcomes) {
+  auto group = [&](EngineLoop<FakeRequest>& target, int n,
+                   std::vector<std::shared_ptr<Outcome>>* outcomes) {
     std::vector<std::unique_ptr<FakeRequest>> requests;
     for (int i = 0; i < n; ++i) {
       requests.push_back(std::make_unique<FakeRequest>());
       if (outcomes != nullptr) outcomes->push_back(requests.back()->outcome);
     }
     uint64_t seen = 0;
-    auto id = loop.SubmitGroup(work, std::move(requests),
-                               [&seen](uint64_t first) { seen = first; });
+    auto id = target.SubmitGroup(work, std::move(requests),
+                                 [&seen](uint64_t first) { seen = first; });
     if (id.ok()) EXPECT_EQ(seen, *id);
     return id;
   };
   // Four samples do not fit a queue of three: none is queued.
-  auto full = group(4, nullptr);
+  auto full = group(loop, 4, nullptr);
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(full.status().message().find("for 4 samples"), std::string::npos);
   EXPECT_EQ(loop.num_waiting(), 0);
   std::vector<std::shared_ptr<Outcome>> samples;
-  auto id = group(3, &samples);
+  auto id = group(loop, 3, &samples);
   ASSERT_TRUE(id.ok()) << id.status();
   executor_.AwaitWaitingStep();  // the first computes its prompt
   loop.Cancel(*id);              // the first id cancels every sample
@@ -230,17 +231,23 @@ TEST_F(EngineLoopTest, GroupsQueueAllOrNoneAndCancelTogether) {
   EXPECT_TRUE(samples[0]->admitted);
   EXPECT_FALSE(samples[1]->admitted);
   EXPECT_FALSE(samples[2]->admitted);
-  // Cancelling a later sample's id cancels that one only.
+  EXPECT_TRUE(loop.idle());
+  // Cancelling a later sample's id cancels that one only (on a loop whose
+  // steps are held again).
+  FakeExecutor gated(kOutputs);
+  EngineLoop<FakeRequest> second(options_, &gated, nullptr);
   std::vector<std::shared_ptr<Outcome>> more;
-  auto next = group(2, &more);
+  auto next = group(second, 2, &more);
   ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, *id + 3);
-  loop.Cancel(*next + 1);
+  gated.AwaitWaitingStep();
+  second.Cancel(*next + 1);
+  gated.Allow(1 << 20);
   more[0]->ended.WaitForNotification();
   more[1]->ended.WaitForNotification();
   EXPECT_EQ(more[0]->kind, EndKind::kFinished);
   EXPECT_EQ(more[1]->kind, EndKind::kCancelled);
-  EXPECT_TRUE(loop.idle());
+  EXPECT_FALSE(more[1]->admitted);
+  EXPECT_TRUE(second.idle());
 }
 
 TEST_F(EngineLoopTest, FailedStepFailsItsRequestsOnly) {
