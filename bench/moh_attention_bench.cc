@@ -7,6 +7,8 @@
 //                  2 shared, SwiGLU 1376, vocabulary 4096).
 // Prefill: one prompt (2048 tokens for the layer, 512 for the model). Decode:
 // 16 sequences with 512 cached tokens each, one new token per sequence.
+//   BM_Linear:     one float32 projection at decode row counts, LibTorch's
+//                  at::linear (OpenBLAS) against moh::Linear.
 // MOH_BENCH_THREADS=N pins the threads.
 //
 //   build/bench/moh_attention_bench --benchmark_counters_tabular=true
@@ -16,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "model/core/linear.h"
 #include "model/core/llama_model.h"
 #include "model/core/runtime.h"
 
@@ -148,6 +151,24 @@ BENCHMARK(BM_AttentionPrefill) MOH_RATIOS->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ModelPrefill) MOH_RATIOS->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ModelDecode) MOH_RATIOS->Unit(benchmark::kMillisecond);
+
+// One projection of the model's MLP shape (x [rows, 512] W^T, W [1376,
+// 512]) at a decode step's row counts: LibTorch's at::linear (OpenBLAS) or
+// moh::Linear (sgemv for one row, SkinnyLinear up to kMaxSkinnyRows).
+void BM_Linear(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  const at::Tensor x = at::randn({rows, 512});
+  const at::Tensor w = at::randn({1376, 512});
+  const bool ours = state.range(1) != 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(ours ? Linear(x, w) : at::linear(x, w));
+  }
+  state.counters["rows"] = static_cast<double>(rows);
+}
+BENCHMARK(BM_Linear)
+    ->ArgNames({"rows", "moh"})
+    ->ArgsProduct({{1, 2, 4, 8, 16, 32}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace moh

@@ -14,4 +14,21 @@ void Gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, float alpha,
           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
           float *c, int64_t ldc);
 
+// Largest row count SkinnyLinear takes: up to here it beats OpenBLAS's sgemm
+// (2-16 rows: 0.22-0.85 of its time on the bench model's shapes, one thread;
+// `moh_attention_bench --benchmark_filter=BM_Linear`); from 24 rows sgemm's
+// packing is paid back and both run at the FMA units' peak.
+inline constexpr int64_t kMaxSkinnyRows = 16;
+
+// y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
+// row-major W [n, k] with row stride ldw >= k (a slice of a wider weight's
+// columns), with 1 <= m <= kMaxSkinnyRows: a decode step's few rows. It streams
+// W once (each pair of its rows stays in L1 while every row of x passes),
+// where OpenBLAS 0.3.21's sgemm first copies ("packs") the whole of W every
+// call, which for a few rows costs as much as the product. AVX2 + FMA, chosen
+// at run time; returns false (and does nothing) on a CPU without them. Threads
+// split W's rows on the intra-op pool when the product is large enough.
+bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
+                  int64_t ldw, int64_t n, const float *bias, float *y);
+
 }  // namespace moh

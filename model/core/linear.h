@@ -1,15 +1,18 @@
-// x W^T (+ bias), as at::linear, with one exception that matters for decode:
-// one float32 row on the CPU goes through a matrix-vector product. OpenBLAS
-// 0.3.21 (Debian 12) runs a one-row sgemm by first packing the whole weight
-// matrix, which was 58% of a batch-1 decode step of the bench model (perf);
-// sgemv reads the weights once (2.4x faster for one row, equal at 4 rows,
-// slower at 16: more rows stay on sgemm).
+// x W^T (+ bias), as at::linear, with two exceptions that matter for decode,
+// both for float32 on the CPU. OpenBLAS 0.3.21 (Debian 12) runs a few-row
+// sgemm by first packing the whole weight matrix, which was 58% of a batch-1
+// decode step of the bench model (perf) and half of a batch-8 one. One row
+// goes through a matrix-vector product (sgemv reads the weights once: 2.4x
+// faster); 2 to kMaxSkinnyRows rows through SkinnyLinear (cpu_gemm.h), which
+// streams the weights once for all of them.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
 #include <vector>
+
+#include "model/core/cpu_gemm.h"
 
 namespace moh {
 
@@ -23,6 +26,28 @@ inline at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor row = x.reshape({-1});
     return (bias.defined() ? at::addmv(bias, weight, row) : at::mv(weight, row))
         .view(shape);
+  }
+  if (x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
+      weight.is_cpu() && weight.scalar_type() == at::kFloat &&
+      weight.dim() == 2 && weight.stride(1) == 1 &&
+      weight.stride(0) >= weight.size(1) &&
+      (!bias.defined() ||
+       (bias.scalar_type() == at::kFloat && bias.is_contiguous())) &&
+      x.size(-1) == weight.size(1) && x.size(-1) > 0) {
+    const int64_t rows = x.numel() / x.size(-1);
+    if (rows >= 2 && rows <= kMaxSkinnyRows) {
+      const at::Tensor in = x.contiguous();
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() = weight.size(0);
+      at::Tensor out = at::empty(shape, x.options());
+      if (SkinnyLinear(in.data_ptr<float>(), rows, in.size(-1),
+                       weight.data_ptr<float>(), weight.stride(0),
+                       weight.size(0),
+                       bias.defined() ? bias.data_ptr<float>() : nullptr,
+                       out.data_ptr<float>())) {
+        return out;
+      }
+    }
   }
   return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
 }
