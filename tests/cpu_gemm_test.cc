@@ -54,7 +54,7 @@ TEST(SkinnyLinearTest, AWeightSliceOfAWiderMatrix) {
 TEST(SkinnyLinearTest, LargeProductsOnThePool) {
   const int threads = at::get_num_threads();
   at::set_num_threads(2);
-  ExpectMatchesLinear(16, 512, 1376, true);
+  ExpectMatchesLinear(kMaxSkinnyRows, 512, 1376, true);
   ExpectMatchesLinear(3, 1376, 515, false);
   at::set_num_threads(threads);
 }

@@ -14,11 +14,13 @@ void Gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, float alpha,
           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
           float *c, int64_t ldc);
 
-// Largest row count SkinnyLinear takes: up to here it beats OpenBLAS's sgemm
-// (2-16 rows: 0.22-0.85 of its time on the bench model's shapes, one thread;
-// `moh_attention_bench --benchmark_filter=BM_Linear`); from 24 rows sgemm's
-// packing is paid back and both run at the FMA units' peak.
-inline constexpr int64_t kMaxSkinnyRows = 16;
+// Largest row count SkinnyLinear takes. Measured on the bench model
+// (bench/make_bench_lm.py, moh-generate, 2 threads, decode tokens/s against
+// OpenBLAS's sgemm): 1.9x at 4 rows, 1.8x at 8, 2.0x at 12, but 0.92-0.96x
+// at 16, where OpenBLAS starts to thread its sgemm and its packing is paid
+// back. `moh_attention_bench --benchmark_filter=BM_Linear` times one
+// projection both ways.
+inline constexpr int64_t kMaxSkinnyRows = 12;
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
 // row-major W [n, k] with row stride ldw >= k (a slice of a wider weight's
