@@ -1,6 +1,7 @@
 #include "model/generation/sampler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -42,6 +43,19 @@ size_t IncompleteUtf8Tail(std::string_view text) {
     return len > back ? back : 0;
   }
   return 0;
+}
+
+// A fresh seed for a request without one: SplitMix64 over a process-wide
+// counter that starts from std::random_device once. Opening the random
+// device for every request was 0.65% of a busy server's time (perf).
+uint64_t RandomSeed() {
+  static std::atomic<uint64_t> state{(uint64_t{std::random_device{}()} << 32) ^
+                                     std::random_device{}()};
+  uint64_t z = state.fetch_add(0x9e3779b97f4a7c15, std::memory_order_relaxed) +
+               0x9e3779b97f4a7c15;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+  return z ^ (z >> 31);
 }
 
 }  // namespace
@@ -124,9 +138,7 @@ absl::Status ValidateSamplingParams(const SamplingParams& params,
 
 Sampler::Sampler(const SamplingParams& params)
     : params_(params),
-      seed_(params.seed.has_value() ? *params.seed
-                                    : (uint64_t{std::random_device{}()} << 32) ^
-                                          std::random_device{}()),
+      seed_(params.seed.has_value() ? *params.seed : RandomSeed()),
       rng_(seed_) {}
 
 void Sampler::LoadLogits(const at::Tensor& logits) {

@@ -44,7 +44,8 @@ struct SamplingParams {
   // probability (renormalised after top-k) sums to >= top_p, at least one
   // token. In (0, 1]; 1 means off.
   float top_p = 1.0f;
-  // RNG seed. Unset: seeded from std::random_device (see Sampler::seed()).
+  // RNG seed. Unset: a fresh one per sampler, from std::random_device mixed
+  // with a counter (see Sampler::seed()).
   std::optional<uint64_t> seed;
   // CTRL/HF repetition penalty, > 0 and finite; 1 means off. For each token
   // already in the prompt or output: logit > 0 ? logit / p : logit * p.
