@@ -124,10 +124,40 @@ class LanguageExecutor : public StepExecutor<Sequence> {
   }
 
  private:
+  // Rows whose prompt log-probabilities are asked for need the logits of
+  // every position: they run in a forward of their own, so that the others'
+  // (and their padding) never cost [rows, width, vocab] logits.
   absl::Status RunUnchecked(const std::vector<PlannedRow>& rows,
                             const std::vector<Sequence*>& seqs,
                             std::vector<RowOutcome>* outcomes) {
+    std::vector<size_t> last_logits, all_logits;
+    for (size_t b = 0; b < rows.size(); ++b) {
+      const bool all =
+          rows[b].prefill && seqs[b]->job.sampling.prompt_logprobs.has_value();
+      (all ? all_logits : last_logits).push_back(b);
+    }
+    if (!last_logits.empty()) {
+      MOH_RETURN_IF_ERROR(RunRows(rows, seqs, last_logits, false, outcomes));
+    }
+    if (!all_logits.empty()) {
+      MOH_RETURN_IF_ERROR(RunRows(rows, seqs, all_logits, true, outcomes));
+    }
+    return absl::OkStatus();
+  }
+
+  // One forward over rows[i] for i in `which`.
+  absl::Status RunRows(const std::vector<PlannedRow>& all_rows,
+                       const std::vector<Sequence*>& all_seqs,
+                       const std::vector<size_t>& which, bool all_logits,
+                       std::vector<RowOutcome>* outcomes) {
+    std::vector<PlannedRow> rows;
+    std::vector<Sequence*> seqs;
+    for (size_t i : which) {
+      rows.push_back(all_rows[i]);
+      seqs.push_back(all_seqs[i]);
+    }
     DecoderBatch batch = BuildBatch(rows, seqs);
+    batch.all_logits = all_logits;
     MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
     const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
     const at::Tensor counts =
@@ -135,6 +165,7 @@ class LanguageExecutor : public StepExecutor<Sequence> {
     const int64_t* count_data = counts.data_ptr<int64_t>();
     for (size_t b = 0; b < rows.size(); ++b) {
       Sequence& seq = *seqs[b];
+      RowOutcome& outcome = (*outcomes)[which[b]];
       const int64_t* row_counts = count_data + b * num_head_counters_;
       for (size_t k = 0; k < num_head_counters_; ++k) {
         seq.head_tokens[k] += row_counts[k];
@@ -143,19 +174,13 @@ class LanguageExecutor : public StepExecutor<Sequence> {
       if (rows[b].prefill && metrics_ != nullptr) {
         metrics_->PromptTokens(rows[b].num_tokens);
       }
-      if (batch.all_logits && rows[b].prefill &&
-          seq.job.sampling.prompt_logprobs) {
-        AddPromptLogprobs(rows[b], logits[b], seq);
-      }
+      if (all_logits) AddPromptLogprobs(rows[b], logits[b], seq);
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
-      (*outcomes)[b].error = SampleAndEmit(
-          seq,
-          batch.all_logits ? logits[b][rows[b].num_tokens - 1] : logits[b]);
-      if ((*outcomes)[b].error.ok()) {
-        (*outcomes)[b].token = seq.output->history().back();
-      }
-      (*outcomes)[b].finished = seq.output->finish_reason().has_value();
+      outcome.error = SampleAndEmit(
+          seq, all_logits ? logits[b][rows[b].num_tokens - 1] : logits[b]);
+      if (outcome.error.ok()) outcome.token = seq.output->history().back();
+      outcome.finished = seq.output->finish_reason().has_value();
     }
     return absl::OkStatus();
   }
@@ -179,9 +204,6 @@ class LanguageExecutor : public StepExecutor<Sequence> {
       batch.block_tables.push_back(rows[b].blocks);
       batch.start_positions.push_back(rows[b].start);
       batch.top_k.push_back(seqs[b]->activation.top_k());
-      // A prompt's log-probabilities need the logits of every position.
-      batch.all_logits |=
-          rows[b].prefill && seqs[b]->job.sampling.prompt_logprobs;
     }
     return batch;
   }

@@ -337,3 +337,30 @@ def test_presence_frequency_and_min_p(api, stub):
     request.sampling.min_p = 1.5
     error = lib.rpc_error(stub.Generate, request, timeout=lib.RPC_TIMEOUT)
     assert "sampling.min_p must be in [0, 1] (0 = off), got 1.5" in error.details()
+
+
+def test_prompt_logprobs_beside_other_requests(api, stub):
+    # A request asking for prompt log-probabilities runs its prompt in a
+    # forward of its own; beside plain requests in flight at the same time,
+    # every output is what it is alone.
+    cases = [c for c in CASES if c["prompt"] in (0, 1)][:4]
+    requests = [golden_request(api, c, include_routing=False) for c in cases]
+    requests[0].sampling.prompt_logprobs = 1
+    requests[0].sampling.logprobs = 1
+    alone = lib.run_generate(stub, requests[0])
+    barrier = threading.Barrier(len(requests), timeout=30)
+
+    def one(request):
+        call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
+        barrier.wait()
+        return list(call)
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(one, requests))
+    for case, messages in zip(cases, together):
+        assert lib.token_ids_of(messages) == case["greedy"]
+    logprobs = [(e.token_id, e.logprob) for m in together[0] for e in m.logprobs]
+    assert logprobs == pytest.approx(
+        [(e.token_id, e.logprob) for m in alone for e in m.logprobs], abs=1e-5)
+    assert ([(e.token_id, e.rank) for e in together[0][0].prompt_logprobs] ==
+            [(e.token_id, e.rank) for e in alone[0].prompt_logprobs])
