@@ -74,6 +74,16 @@ struct ChoiceOutput {
   std::vector<LogprobEntry> logprobs;          // one per token, when asked
   std::vector<LogprobEntry> prompt_logprobs;   // when asked (choice 0)
   const GenerationSummary* summary = nullptr;  // set once it has finished
+
+  // Appends more of the choice's output: its text and log-probabilities.
+  void Append(const std::string& more_text,
+              const std::vector<LogprobEntry>& more_logprobs,
+              const std::vector<LogprobEntry>& more_prompt_logprobs) {
+    text += more_text;
+    logprobs.insert(logprobs.end(), more_logprobs.begin(), more_logprobs.end());
+    prompt_logprobs.insert(prompt_logprobs.end(), more_prompt_logprobs.begin(),
+                           more_prompt_logprobs.end());
+  }
 };
 
 // The log-probabilities the request asked for (`logprobs` / `top_logprobs`,

@@ -8,6 +8,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -62,12 +63,7 @@ class Sink : public GenerationObserver {
     absl::MutexLock lock(&mu_);
     openai::ChoiceOutput& out = pending_[chunk.index];
     out.index = chunk.index;
-    out.text += chunk.text;
-    out.logprobs.insert(out.logprobs.end(), chunk.logprobs.begin(),
-                        chunk.logprobs.end());
-    out.prompt_logprobs.insert(out.prompt_logprobs.end(),
-                               chunk.prompt_logprobs.begin(),
-                               chunk.prompt_logprobs.end());
+    out.Append(chunk.text, chunk.logprobs, chunk.prompt_logprobs);
   }
   void OnFinished(const GenerationSummary& summary) override {
     absl::MutexLock lock(&mu_);
@@ -204,7 +200,14 @@ struct Stream {
       return;
     }
     Sink::Update update = run.sink->Take(kPoll);
-    const openai::TokenTextFn token_text = run.TokenText();
+    // A token's text is needed twice (the offsets, the chunk's JSON): it is
+    // decoded once.
+    absl::flat_hash_map<int32_t, std::string> texts;
+    const openai::TokenTextFn token_text = [&](int32_t id) {
+      auto [it, fresh] = texts.try_emplace(id);
+      if (fresh) it->second = run.servable->TokenText(id);
+      return it->second;
+    };
     for (openai::ChoiceOutput& out : update.outputs) {
       const size_t i = static_cast<size_t>(out.index);
       int64_t length = 0;
@@ -475,14 +478,8 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
   std::vector<openai::ChoiceOutput> choices(n);
   for (;;) {
     Sink::Update update = run.sink->Take(kPoll);
-    for (openai::ChoiceOutput& out : update.outputs) {
-      openai::ChoiceOutput& choice = choices[out.index];
-      choice.text += out.text;
-      choice.logprobs.insert(choice.logprobs.end(), out.logprobs.begin(),
-                             out.logprobs.end());
-      choice.prompt_logprobs.insert(choice.prompt_logprobs.end(),
-                                    out.prompt_logprobs.begin(),
-                                    out.prompt_logprobs.end());
+    for (const openai::ChoiceOutput& out : update.outputs) {
+      choices[out.index].Append(out.text, out.logprobs, out.prompt_logprobs);
     }
     run.summaries.insert(run.summaries.end(), update.finished.begin(),
                          update.finished.end());
