@@ -55,7 +55,9 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
   // Rows beyond the tokenizer (released checkpoints often pad the embedding)
   // are never sampled: every id streamed can be decoded.
   const bool padded = vocab_limit_ > 0 && logits.size(-1) > vocab_limit_;
-  at::Tensor scores = padded ? logits.narrow(-1, 0, vocab_limit_) : logits;
+  const at::Tensor streamable =
+      padded ? logits.narrow(-1, 0, vocab_limit_) : logits;
+  at::Tensor scores = streamable;
   if (generated_ < min_tokens_) {
     // Too early to end: the ending tokens cannot be drawn.
     scores = scores.clone();
@@ -71,9 +73,7 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
   GenerationChunk chunk;
   if (logprobs_ >= 0) {
     // The model's distribution over the tokens it may stream.
-    chunk.logprobs.push_back(
-        ComputeLogprobs(padded ? logits.narrow(-1, 0, vocab_limit_) : logits,
-                        token, logprobs_));
+    chunk.logprobs.push_back(ComputeLogprobs(streamable, token, logprobs_));
   }
   history_.push_back(token);
   ++generated_;
