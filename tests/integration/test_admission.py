@@ -16,6 +16,9 @@ import moh_testlib as lib
 
 MODEL = "long"
 OCCUPANT_TOKENS = 8000  # + 14 prompt tokens <= max_seq_len 8192
+# Tokens of each request queued behind it in the priority test: long enough
+# that one request's whole generation separates the two streams' starts.
+QUEUED_TOKENS = 400
 
 
 @pytest.fixture(scope="module")
@@ -224,18 +227,24 @@ def test_a_stream_past_its_deadline_counts_as_deadline_exceeded(
 
 def test_higher_priority_is_admitted_first(api, server, stub):
     # Behind the occupant wait a request of priority 0, then one of priority
-    # 5: the slot, once free, goes to the later, higher one.
+    # 5: the slot, once free, goes to the later, higher one, which generates
+    # all its tokens before the other's first (one slot). Compared by when
+    # each stream's first message arrived: the other's comes a whole
+    # generation later.
     occupant = lib.Occupant(stub, occupant_request(api))
-    order = []
+    first_message, finish = {}, {}
 
     def queue(priority):
-        request = occupant_request(api, 3)
+        request = occupant_request(api, QUEUED_TOKENS)
         request.priority = priority
         call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
 
         def read():
-            messages = lib.drain_stream(call, lib.RPC_TIMEOUT)
-            order.append((priority, messages[-1].finish_reason))
+            messages = []
+            for m in call:
+                first_message.setdefault(priority, time.monotonic())
+                messages.append(m)
+            finish[priority] = messages[-1].finish_reason
         thread = threading.Thread(target=read)
         thread.start()
         return thread
@@ -249,4 +258,5 @@ def test_higher_priority_is_admitted_first(api, server, stub):
     low.join(lib.RPC_TIMEOUT)
     high.join(lib.RPC_TIMEOUT)
     occupant.join()
-    assert order == [(5, api.pb.LENGTH), (0, api.pb.LENGTH)]
+    assert sorted(first_message, key=first_message.get) == [5, 0]
+    assert finish == {5: api.pb.LENGTH, 0: api.pb.LENGTH}
