@@ -167,7 +167,7 @@ void BM_Linear(benchmark::State& state) {
 }
 BENCHMARK(BM_Linear)
     ->ArgNames({"rows", "moh"})
-    ->ArgsProduct({{1, 2, 4, 8, 12, 16, 32}, {0, 1}})
+    ->ArgsProduct({{1, 2, 4, 8, 12, 16, 32, 128, 512}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The CPU products of model/core/cpu_gemm.h against LibTorch's (OpenBLAS):
-// SkinnyLinear at every row count it takes, odd column counts (the tiles'
-// and the vector width's remainders), with and without bias, one thread and
-// the pool.
+// SkinnyLinear at every row count it takes and BlockedLinear across its
+// micro-tile, depth and task block edges; odd column counts (the tiles' and
+// the vector width's remainders), with and without bias, one thread and the
+// pool.
 #include "model/core/cpu_gemm.h"
 
 #include <ATen/ATen.h>
@@ -13,8 +14,12 @@
 namespace moh {
 namespace {
 
+using Product = bool (*)(const float *, int64_t, int64_t, const float *,
+                         int64_t, int64_t, const float *, float *);
+
 void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
-                         int64_t extra_columns = 0) {
+                         int64_t extra_columns = 0,
+                         Product product = &SkinnyLinear) {
   at::manual_seed(m * 1000 + k + n);
   const at::Tensor x = at::randn({m, k});
   // W: the first k columns of a wider matrix when extra_columns > 0.
@@ -23,10 +28,11 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor b = at::randn({n});
   const at::Tensor want = bias ? at::linear(x, w, b) : at::linear(x, w);
   at::Tensor got = at::full({m, n}, std::nanf(""));
-  ASSERT_TRUE(SkinnyLinear(x.data_ptr<float>(), m, k, w.data_ptr<float>(),
-                           w.stride(0), n, bias ? b.data_ptr<float>() : nullptr,
-                           got.data_ptr<float>()))
-      << "this test needs AVX2 and FMA";
+  ASSERT_TRUE(product(x.data_ptr<float>(), m, k, w.data_ptr<float>(),
+                      w.stride(0), n, bias ? b.data_ptr<float>() : nullptr,
+                      got.data_ptr<float>()))
+      << "this test needs AVX2 and FMA (SkinnyLinear) or AVX-512F "
+         "(BlockedLinear)";
   EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
       << "m " << m << " k " << k << " n " << n << " bias " << bias << " ldw "
       << w.stride(0) << " max error " << (got - want).abs().max().item<float>();
@@ -64,6 +70,39 @@ TEST(SkinnyLinearTest, RefusesRowCountsOutsideItsRange) {
   EXPECT_FALSE(SkinnyLinear(&x, 0, 1, &w, 1, 1, nullptr, &y));
   EXPECT_FALSE(SkinnyLinear(&x, kMaxSkinnyRows + 1, 1, &w, 1, 1, nullptr, &y));
   EXPECT_EQ(y, 0.0f);
+}
+
+bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
+
+TEST(BlockedLinearTest, EdgesOfTilesDepthAndBlocks) {
+  if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
+  // Rows around the 14-row micro-tile and the 112-row task block; columns
+  // around the 16-float vector, the 32-column tile and the 256-column block;
+  // depths around the 256-deep pass.
+  for (int64_t m : {1, 13, 14, 15, 113, 230}) {
+    ExpectMatchesLinear(m, 64, 37, m % 2 == 0, 0, &BlockedLinear);
+  }
+  for (int64_t k : {1, 7, 255, 256, 257, 600}) {
+    ExpectMatchesLinear(29, k, 40, true, 0, &BlockedLinear);
+  }
+  for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 255, 257, 300}) {
+    ExpectMatchesLinear(20, 48, n, n % 2 == 1, 0, &BlockedLinear);
+  }
+}
+
+TEST(BlockedLinearTest, AWeightSliceOfAWiderMatrix) {
+  if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
+  ExpectMatchesLinear(40, 300, 70, true, /*extra_columns=*/64, &BlockedLinear);
+}
+
+TEST(BlockedLinearTest, PrefillShapesOnThePool) {
+  if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  ExpectMatchesLinear(512, 512, 1376, true, 0, &BlockedLinear);
+  ExpectMatchesLinear(300, 1376, 515, false, 0, &BlockedLinear);
+  ExpectMatchesLinear(16, 512, 256, false, 0, &BlockedLinear);
+  at::set_num_threads(threads);
 }
 
 }  // namespace

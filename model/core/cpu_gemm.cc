@@ -4,6 +4,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 
 // The Fortran BLAS single-precision product every BLAS exports (LibTorch's
 // own wrapper is not exported). Column-major: C = alpha op(A) op(B) + beta C.
@@ -141,6 +143,184 @@ bool HasAvx2Fma() {
   return has;
 }
 
+// BlockedLinear: the GotoBLAS/BLIS loop nest around an AVX-512 micro-kernel
+// that keeps a kBlockM x kBlockN tile of y in 28 of the 32 zmm registers.
+// Per k step it loads 2 vectors of packed W (kBlockN = 32 columns of y) and
+// broadcasts kBlockM values of packed x from memory into 28 FMAs. A packed
+// x micro-panel (kBlockM x up to kMaxDepth, 28 KB) stays in L1 while the
+// packed W block (up to kMaxDepth x kChunkN, 256 KB) streams from L2 under
+// it.
+constexpr int64_t kBlockM = 14;
+constexpr int64_t kBlockN = 32;
+// Longest pass over k (k is cut into equal passes no longer than this), and
+// the columns of y one parallel task owns.
+constexpr int64_t kMaxDepth = 512;
+constexpr int64_t kChunkN = 4 * kBlockN;
+
+// y rows [0, rows) x columns [0, cols) (rows <= kBlockM, cols <= kBlockN)
+// += (or =, for the first pass over k) packed x [depth][kBlockM] times packed
+// W [depth][kBlockN].
+__attribute__((target("avx512f"))) void BlockKernel(
+    int64_t depth, const float *xp, const float *wp, float *y, int64_t ldy,
+    int64_t rows, int64_t cols, bool accumulate) {
+  __m512 acc[kBlockM][2];
+#pragma GCC unroll 14
+  for (int i = 0; i < kBlockM; ++i) {
+    acc[i][0] = _mm512_setzero_ps();
+    acc[i][1] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < depth; ++p) {
+    const __m512 w0 = _mm512_load_ps(wp + p * kBlockN);
+    const __m512 w1 = _mm512_load_ps(wp + p * kBlockN + 16);
+    const float *xs = xp + p * kBlockM;
+#pragma GCC unroll 14
+    for (int i = 0; i < kBlockM; ++i) {
+      const __m512 xv = _mm512_set1_ps(xs[i]);
+      acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
+    }
+  }
+  const __mmask16 mask0 =
+      cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 mask1 =
+      cols >= 32
+          ? __mmask16(0xFFFF)
+          : (cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1));
+  for (int64_t i = 0; i < rows; ++i) {
+    float *row = y + i * ldy;
+    __m512 v0 = acc[i][0], v1 = acc[i][1];
+    if (accumulate) {
+      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(mask0, row));
+      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(mask1, row + 16));
+    }
+    _mm512_mask_storeu_ps(row, mask0, v0);
+    _mm512_mask_storeu_ps(row + 16, mask1, v1);
+  }
+}
+
+// out[q][i] = src[i][q] for a 16 x 16 block (row strides ld and ldo): four
+// rounds of in-register shuffles instead of 256 scalar moves.
+__attribute__((target("avx512f"))) void Transpose16(const float *src,
+                                                    int64_t ld, float *out,
+                                                    int64_t ldo) {
+  __m512 a[16], u[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(src + i * ld);
+  // Pairs of rows interleaved, then pairs of pairs: u[4 g + c] holds, in
+  // 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
+  for (int g = 0; g < 4; ++g) {
+    const __m512 *r = a + 4 * g;
+    const __m512d lo01 = _mm512_castps_pd(_mm512_unpacklo_ps(r[0], r[1]));
+    const __m512d hi01 = _mm512_castps_pd(_mm512_unpackhi_ps(r[0], r[1]));
+    const __m512d lo23 = _mm512_castps_pd(_mm512_unpacklo_ps(r[2], r[3]));
+    const __m512d hi23 = _mm512_castps_pd(_mm512_unpackhi_ps(r[2], r[3]));
+    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo01, lo23));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo01, lo23));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi01, hi23));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi01, hi23));
+  }
+  // Lane L of the four groups' u[., c] side by side: column 4 L + c.
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+    const __m512 v_hi = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 w_lo = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 w_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    _mm512_storeu_ps(out + (0 + c) * ldo,
+                     _mm512_shuffle_f32x4(v_lo, w_lo, 0x88));
+    _mm512_storeu_ps(out + (4 + c) * ldo,
+                     _mm512_shuffle_f32x4(v_lo, w_lo, 0xDD));
+    _mm512_storeu_ps(out + (8 + c) * ldo,
+                     _mm512_shuffle_f32x4(v_hi, w_hi, 0x88));
+    _mm512_storeu_ps(out + (12 + c) * ldo,
+                     _mm512_shuffle_f32x4(v_hi, w_hi, 0xDD));
+  }
+}
+
+// One panel: out[p][r] = src[r][p] for r < rows (row stride ld), p < depth;
+// zero for rows <= r < width, so the kernel's padding computes zeros. Whole
+// 16 x 16 blocks go through Transpose16; the edges one float at a time (in
+// output order: stores at a stride of the panel's width cost more than
+// loads, each source line serving 16 steps of p from L1).
+void PackPanel(const float *src, int64_t ld, int64_t rows, int64_t depth,
+               int64_t width, float *out) {
+  const int64_t block_rows = width % 16 == 0 ? rows / 16 * 16 : 0;
+  const int64_t block_depth = depth / 16 * 16;
+  for (int64_t r = 0; r < block_rows; r += 16) {
+    for (int64_t p = 0; p < block_depth; p += 16) {
+      Transpose16(src + r * ld + p, ld, out + p * width + r, width);
+    }
+  }
+  for (int64_t p = 0; p < depth; ++p) {
+    float *to = out + p * width;
+    for (int64_t r = p < block_depth ? block_rows : 0; r < rows; ++r) {
+      to[r] = src[r * ld + p];
+    }
+    for (int64_t r = rows; r < width; ++r) to[r] = 0.0f;
+  }
+}
+
+// A 64-byte aligned float buffer, grown on demand and kept by its owner (a
+// thread): prefill calls it a few hundred times a second.
+class AlignedBuffer {
+ public:
+  float *Get(int64_t floats) {
+    if (floats > capacity_) {
+      const size_t bytes =
+          (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+      data_.reset(static_cast<float *>(std::aligned_alloc(64, bytes)));
+      capacity_ = floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float *p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> data_;
+  int64_t capacity_ = 0;
+};
+
+// How BlockedLinear cuts k: `passes` passes of `depth` (the last shorter).
+struct Passes {
+  int64_t count, depth;
+};
+Passes CutDepth(int64_t k) {
+  const int64_t count = (k + kMaxDepth - 1) / kMaxDepth;
+  return {count, (k + count - 1) / count};
+}
+
+// y columns [n0, n1) = x W^T, from x packed by pass and row panel: one task
+// of BlockedLinear. It packs its own columns of W, one pass at a time.
+void BlockedColumns(const float *xp, int64_t m, int64_t padded_m, int64_t k,
+                    const float *w, int64_t ldw, int64_t n, int64_t n0,
+                    int64_t n1, float *y) {
+  thread_local AlignedBuffer w_buffer;
+  const Passes passes = CutDepth(k);
+  const int64_t cols = n1 - n0;
+  float *wp = w_buffer.Get(kChunkN * passes.depth);
+  for (int64_t pass = 0; pass < passes.count; ++pass) {
+    const int64_t p0 = pass * passes.depth;
+    const int64_t depth = std::min(passes.depth, k - p0);
+    for (int64_t j = 0; j < cols; j += kBlockN) {
+      PackPanel(w + (n0 + j) * ldw + p0, ldw, std::min(kBlockN, cols - j),
+                depth, kBlockN, wp + j * depth);
+    }
+    const float *x_pass = xp + p0 * padded_m;
+    for (int64_t i = 0; i < m; i += kBlockM) {
+      for (int64_t j = 0; j < cols; j += kBlockN) {
+        BlockKernel(depth, x_pass + i * depth, wp + j * depth,
+                    y + i * n + n0 + j, n, std::min(kBlockM, m - i),
+                    std::min(kBlockN, cols - j), pass > 0);
+      }
+    }
+  }
+}
+
+bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
 }  // namespace
 
 bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
@@ -155,6 +335,48 @@ bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
     run(0, tasks);
   } else {
     at::parallel_for(0, tasks, 1, run);
+  }
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
+    }
+  }
+  return true;
+}
+
+bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
+                   int64_t ldw, int64_t n, const float *bias, float *y) {
+  if (!HasAvx512() || m < 1 || k < 1 || n < 1) return false;
+  thread_local AlignedBuffer x_buffer;
+  const Passes passes = CutDepth(k);
+  const int64_t panels = (m + kBlockM - 1) / kBlockM;
+  const int64_t padded_m = panels * kBlockM;
+  float *xp = x_buffer.Get(padded_m * k);
+  const bool parallel =
+      m * k * n >= kMinParallelMacs && at::get_num_threads() >= 2;
+  // x, packed once for every task: pass by pass, kBlockM-row panels.
+  auto pack = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pass = t / panels, i = (t % panels) * kBlockM;
+      const int64_t p0 = pass * passes.depth;
+      const int64_t depth = std::min(passes.depth, k - p0);
+      PackPanel(x + i * k + p0, k, std::min(kBlockM, m - i), depth, kBlockM,
+                xp + p0 * padded_m + i * depth);
+    }
+  };
+  const int64_t tasks = (n + kChunkN - 1) / kChunkN;
+  auto multiply = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      BlockedColumns(xp, m, padded_m, k, w, ldw, n, t * kChunkN,
+                     std::min(n, (t + 1) * kChunkN), y);
+    }
+  };
+  if (parallel) {
+    at::parallel_for(0, passes.count * panels, 1, pack);
+    at::parallel_for(0, tasks, 1, multiply);
+  } else {
+    pack(0, passes.count * panels);
+    multiply(0, tasks);
   }
   if (bias != nullptr) {
     for (int64_t i = 0; i < m; ++i) {

@@ -1,10 +1,12 @@
-// x W^T (+ bias), as at::linear, with two exceptions that matter for decode,
-// both for float32 on the CPU. OpenBLAS 0.3.21 (Debian 12) runs a few-row
-// sgemm by first packing the whole weight matrix, which was 58% of a batch-1
-// decode step of the bench model (perf) and half of a batch-8 one. One row
-// goes through a matrix-vector product (sgemv reads the weights once: 2.4x
-// faster); 2 to kMaxSkinnyRows rows through SkinnyLinear (cpu_gemm.h), which
-// streams the weights once for all of them.
+// x W^T (+ bias), as at::linear, with three exceptions, all for float32 on
+// the CPU. OpenBLAS 0.3.21 (Debian 12) runs a few-row sgemm by first packing
+// the whole weight matrix, which was 58% of a batch-1 decode step of the
+// bench model (perf) and half of a batch-8 one. One row goes through a
+// matrix-vector product (sgemv reads the weights once: 2.4x faster); 2 to
+// kMaxSkinnyRows rows through SkinnyLinear (cpu_gemm.h), which streams the
+// weights once for all of them; from kMinBlockedRows rows (prefill, large
+// batches) through BlockedLinear, whose AVX-512 kernel does twice the
+// multiply-adds per cycle of OpenBLAS's AVX2 one on CPUs that have it.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -35,16 +37,17 @@ inline at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
        (bias.scalar_type() == at::kFloat && bias.is_contiguous())) &&
       x.size(-1) == weight.size(1) && x.size(-1) > 0) {
     const int64_t rows = x.numel() / x.size(-1);
-    if (rows >= 2 && rows <= kMaxSkinnyRows) {
+    if (rows >= 2 && (rows <= kMaxSkinnyRows || rows >= kMinBlockedRows)) {
       const at::Tensor in = x.contiguous();
       std::vector<int64_t> shape = x.sizes().vec();
       shape.back() = weight.size(0);
       at::Tensor out = at::empty(shape, x.options());
-      if (SkinnyLinear(in.data_ptr<float>(), rows, in.size(-1),
-                       weight.data_ptr<float>(), weight.stride(0),
-                       weight.size(0),
-                       bias.defined() ? bias.data_ptr<float>() : nullptr,
-                       out.data_ptr<float>())) {
+      auto* const product =
+          rows <= kMaxSkinnyRows ? &SkinnyLinear : &BlockedLinear;
+      if (product(in.data_ptr<float>(), rows, in.size(-1),
+                  weight.data_ptr<float>(), weight.stride(0), weight.size(0),
+                  bias.defined() ? bias.data_ptr<float>() : nullptr,
+                  out.data_ptr<float>())) {
         return out;
       }
     }
