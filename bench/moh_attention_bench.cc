@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
   // MOH_BENCH_THREADS=N pins LibTorch's thread count (default: every core;
   // nothing else runs beside the benchmark).
   const char* threads = std::getenv("MOH_BENCH_THREADS");
+  moh::ConfigureCpuAllocator();
   moh::ConfigureCpuThreads(
       threads != nullptr
           ? std::atoi(threads)

@@ -177,6 +177,7 @@ int Run() {
   }
   if (config->log_requests()) SetLogLevel(LogLevel::kDebug);
   SetAccessLog(config->access_log());
+  ConfigureCpuAllocator();
   ConfigureCpuThreads(config->threads());
   MOH_LOG(Info) << LibTorchBuildSummary();
   MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();

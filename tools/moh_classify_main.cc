@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
     std::cerr << "moh-classify: " << ok.message() << "\n";
     return 2;
   }
+  moh::ConfigureCpuAllocator();
   moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
   auto model =
       Load(dir, {absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_dtype)});

@@ -172,6 +172,7 @@ int main(int argc, char** argv) {
   if (absl::Status ok = moh::ValidateRatio(ratio, "--ratio"); !ok.ok()) {
     return Fail(ok);
   }
+  moh::ConfigureCpuAllocator();
   moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
   const Clock::time_point load_start = Clock::now();
   auto model = moh::DitModel::Load(

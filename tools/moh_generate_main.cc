@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
     std::cerr << "moh-generate: --model_dir is required\n";
     return 2;
   }
+  moh::ConfigureCpuAllocator();
   moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
   const auto load_start = std::chrono::steady_clock::now();
   auto lm = moh::LanguageModel::Load(

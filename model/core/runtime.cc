@@ -3,8 +3,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <dlfcn.h>
+#include <malloc.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -106,6 +108,25 @@ void ConfigureCpuThreads(int num_threads) {
     num_threads = OpenBlasParallelism() == 2 ? std::max(1, cores - 1) : 1;
   }
   at::set_num_threads(num_threads);
+}
+
+void ConfigureCpuAllocator() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && absl::StrContains(tunables, "glibc.malloc.")) {
+    return;
+  }
+  struct Setting {
+    int param;
+    const char* variable;
+    int value;
+  };
+  constexpr int kMiB = 1 << 20;
+  for (const Setting& s :
+       {Setting{M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_", 32 * kMiB},
+        Setting{M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", 256 * kMiB},
+        Setting{M_TOP_PAD, "MALLOC_TOP_PAD_", 64 * kMiB}}) {
+    if (std::getenv(s.variable) == nullptr) mallopt(s.param, s.value);
+  }
 }
 
 std::string CpuThreadingSummary() {
