@@ -170,6 +170,28 @@ BENCHMARK(BM_Linear)
     ->ArgsProduct({{1, 2, 4, 8, 12, 16, 32, 128, 512}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
+// The same projection with its weight drawn in turn from 48 matrices (132
+// MB, more than the last-level cache): each call reads W from memory, as a
+// decode step of a model larger than the cache does.
+void BM_LinearColdWeights(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  const at::Tensor x = at::randn({rows, 512});
+  std::vector<at::Tensor> weights;
+  for (int i = 0; i < 48; ++i) weights.push_back(at::randn({1376, 512}));
+  const bool ours = state.range(1) != 0;
+  size_t next = 0;
+  for (auto _ : state) {
+    const at::Tensor& w = weights[next];
+    next = (next + 1) % weights.size();
+    benchmark::DoNotOptimize(ours ? Linear(x, w) : at::linear(x, w));
+  }
+  state.counters["rows"] = static_cast<double>(rows);
+}
+BENCHMARK(BM_LinearColdWeights)
+    ->ArgNames({"rows", "moh"})
+    ->ArgsProduct({{1, 8, 16, 32, 128}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 }  // namespace moh
 

@@ -302,12 +302,10 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
                    return;
                  }
                  at::Tensor x = in.x.index_select(0, tokens);
-                 at::Tensor w = in.q_weight.narrow(0, h * d, d);
-                 if (in.q_bias.defined()) {
-                   at::addmm_out(dst, in.q_bias.narrow(0, h * d, d), x, w.t());
-                 } else {
-                   at::mm_out(dst, x, w.t());
-                 }
+                 LinearInto(x, in.q_weight.narrow(0, h * d, d),
+                            in.q_bias.defined() ? in.q_bias.narrow(0, h * d, d)
+                                                : at::Tensor(),
+                            dst);
                });
   if (in.rotate && num_pairs > 0) {
     q_routed.copy_(
