@@ -167,7 +167,7 @@ void BM_Linear(benchmark::State& state) {
 }
 BENCHMARK(BM_Linear)
     ->ArgNames({"rows", "moh"})
-    ->ArgsProduct({{1, 2, 4, 8, 12, 16, 32, 128, 512}, {0, 1}})
+    ->ArgsProduct({{1, 2, 4, 8, 12, 16, 32, 64, 128, 512}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 // The same projection with its weight drawn in turn from 48 matrices (132
@@ -189,7 +189,7 @@ void BM_LinearColdWeights(benchmark::State& state) {
 }
 BENCHMARK(BM_LinearColdWeights)
     ->ArgNames({"rows", "moh"})
-    ->ArgsProduct({{1, 8, 16, 32, 128}, {0, 1}})
+    ->ArgsProduct({{1, 8, 16, 32, 64, 128}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

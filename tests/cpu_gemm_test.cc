@@ -74,6 +74,30 @@ TEST(SkinnyLinearTest, RefusesRowCountsOutsideItsRange) {
 
 bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
 
+TEST(StreamedLinearTest, EdgesOfTilesAndVectors) {
+  if (!HasAvx512()) GTEST_SKIP() << "StreamedLinear needs AVX-512F";
+  // Rows around one and two 16-row vectors and up to its limit; columns
+  // around the 28-, 14-, 4- and 1-row tiles of W.
+  for (int64_t m : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17},
+                    int64_t{32}, int64_t{33}, kMaxStreamedRows}) {
+    ExpectMatchesLinear(m, 70, 61, m % 2 == 0, 0, &StreamedLinear);
+  }
+  for (int64_t n : {1, 3, 4, 13, 14, 27, 28, 29, 64, 65, 129}) {
+    ExpectMatchesLinear(20, 33, n, n % 2 == 1, 0, &StreamedLinear);
+    ExpectMatchesLinear(9, 33, n, false, 0, &StreamedLinear);
+  }
+  ExpectMatchesLinear(24, 300, 70, true, /*extra_columns=*/64, &StreamedLinear);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  ExpectMatchesLinear(16, 512, 1376, true, 0, &StreamedLinear);
+  ExpectMatchesLinear(48, 1376, 515, false, 0, &StreamedLinear);
+  at::set_num_threads(threads);
+  float x = 1.0f, w = 1.0f, y = 0.0f;
+  EXPECT_FALSE(StreamedLinear(&x, 0, 1, &w, 1, 1, nullptr, &y));
+  EXPECT_FALSE(
+      StreamedLinear(&x, kMaxStreamedRows + 1, 1, &w, 1, 1, nullptr, &y));
+}
+
 TEST(BlockedLinearTest, EdgesOfTilesDepthAndBlocks) {
   if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
   // Rows around the 14-row micro-tile and the 112-row task block; columns

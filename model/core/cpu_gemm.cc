@@ -321,6 +321,67 @@ bool HasAvx512() {
   return has;
 }
 
+// StreamedLinear: y^T = W x^T as outer products. x is packed transposed
+// (xt [k][padded m], small); W is read in place, kStreamRows rows at a time,
+// each value broadcast from memory against V vectors of 16 rows of x, so W
+// streams from memory once, in row order, with no packing.
+template <int R, int V>
+__attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
+                                                   int64_t k, const float *w,
+                                                   int64_t ldw, float *y,
+                                                   int64_t ldy, int64_t rows) {
+  __m512 acc[R][V];
+#pragma GCC unroll 28
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 xv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + p * ldx + 16 * v);
+#pragma GCC unroll 28
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = _mm512_set1_ps(w[r * ldw + p]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) {
+        acc[r][v] = _mm512_fmadd_ps(wv, xv[v], acc[r][v]);
+      }
+    }
+  }
+  alignas(64) float tile[R][16 * V];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int r = 0; r < R; ++r) y[i * ldy + r] = tile[r][i];
+  }
+}
+
+// W rows [first, last) against x's 16 V-row blocks: tiles of R W rows, the
+// remainder in smaller ones.
+template <int V>
+void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                const float *w, int64_t ldw, int64_t n, int64_t first,
+                int64_t last, float *y) {
+  constexpr int64_t kTile = V == 1 ? 28 : 14;
+  for (int64_t i = 0; i < m; i += 16 * V) {
+    const int64_t rows = std::min<int64_t>(16 * V, m - i);
+    const float *xb = xt + i;
+    float *yb = y + i * n;
+    int64_t j = first;
+    for (; j + kTile <= last; j += kTile) {
+      StreamTile<kTile, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, n, rows);
+    }
+    for (; j + 4 <= last; j += 4) {
+      StreamTile<4, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, n, rows);
+    }
+    for (; j < last; ++j) {
+      StreamTile<1, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, n, rows);
+    }
+  }
+}
+
 }  // namespace
 
 bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
@@ -377,6 +438,41 @@ bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
   } else {
     pack(0, passes.count * panels);
     multiply(0, tasks);
+  }
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
+    }
+  }
+  return true;
+}
+
+bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
+                    int64_t ldw, int64_t n, const float *bias, float *y) {
+  if (!HasAvx512() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
+    return false;
+  }
+  thread_local AlignedBuffer x_buffer;
+  const int64_t ldx = (m + 15) / 16 * 16;
+  float *xt = x_buffer.Get(ldx * k);
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t i = 0; i < m; ++i) xt[p * ldx + i] = x[i * k + p];
+    for (int64_t i = m; i < ldx; ++i) xt[p * ldx + i] = 0.0f;
+  }
+  const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
+  auto run = [&](int64_t begin, int64_t end) {
+    const int64_t first = begin * kRowsPerTask;
+    const int64_t last = std::min(n, end * kRowsPerTask);
+    if (m > 16) {
+      StreamRows<2>(xt, ldx, m, k, w, ldw, n, first, last, y);
+    } else {
+      StreamRows<1>(xt, ldx, m, k, w, ldw, n, first, last, y);
+    }
+  };
+  if (m * k * n < kMinParallelMacs || at::get_num_threads() < 2) {
+    run(0, tasks);
+  } else {
+    at::parallel_for(0, tasks, 1, run);
   }
   if (bias != nullptr) {
     for (int64_t i = 0; i < m; ++i) {

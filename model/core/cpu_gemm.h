@@ -33,22 +33,38 @@ inline constexpr int64_t kMaxSkinnyRows = 12;
 bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
                   int64_t ldw, int64_t n, const float *bias, float *y);
 
-// y [m, n] = x [m, k] W^T (+ bias [n]) with the same layouts as SkinnyLinear,
-// for any m: a prefill's or a large batch's rows. OpenBLAS 0.3.21 runs its
-// AVX2 kernels on CPUs it does not know (and this project's machines pin
-// OPENBLAS_CORETYPE=Haswell, since that build computes wrong results or
-// crashes on some of them), which leaves half of an AVX-512 core's multiply
-// throughput unused. This is the GotoBLAS loop nest (x and W packed into
-// panels, W's block in L2 and x's micro-panel in L1) around a 14 x 32
-// AVX-512 micro-kernel. Chosen at run time; returns false (and does nothing)
-// on a CPU without AVX-512F. Threads split y into 112 x 256 blocks on the
-// intra-op pool.
-// Fewest rows Linear gives BlockedLinear. Bench model decode in process
-// (moh-generate, 2 threads, tokens/s against OpenBLAS's sgemm): 0.9x at 16
-// rows (where OpenBLAS's packing, on weights that come from memory, keeps
-// up), 1.36x at 24, 1.13x at 32; prefill of 512 tokens 1.39x.
-inline constexpr int64_t kMinBlockedRows = 17;
+// Row counts StreamedLinear takes: from kMinStreamedRows (below, SkinnyLinear
+// is faster) to kMaxStreamedRows (above, BlockedLinear). One projection
+// (moh_attention_bench, BM_Linear and BM_LinearColdWeights: x [rows, 512]
+// W^T, W [1376, 512] hot in cache and read from memory; 2 threads), against
+// OpenBLAS's sgemm, hot / cold: 16 rows 80 / 122 us vs 178 / 215; 32 rows
+// 118 / 183 vs 277 / 304; 128 rows 484 / 503 vs 837 / 840 (BlockedLinear
+// 522 / 618). At 8 rows SkinnyLinear 68 / 120 us, StreamedLinear 77 / 129; at
+// 12, 96 against 75. At 512 rows both AVX-512 kernels take 1.8 ms, but the
+// whole model's prefill is 1.07x faster with BlockedLinear.
+inline constexpr int64_t kMinStreamedRows = 9;
+inline constexpr int64_t kMaxStreamedRows = 128;
 
+// y = x W^T with SkinnyLinear's layouts, for 1 <= m <= kMaxStreamedRows, on
+// AVX-512 (false, doing nothing, without it): y^T = W x^T as outer products,
+// each value of W broadcast from memory against x^T vectors of 16 (or 32)
+// rows, 28 (or 14) rows of W at a time in 28 accumulators. W is read once,
+// in place and in row order, where BlockedLinear's packing of W (and
+// OpenBLAS's) cannot keep up with memory when a few rows must pay it back;
+// only x is packed (transposed). Threads split W's rows on the intra-op pool.
+bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
+                    int64_t ldw, int64_t n, const float *bias, float *y);
+
+// y = x W^T with SkinnyLinear's layouts, for any m: a prefill's rows.
+// OpenBLAS 0.3.21 runs its AVX2 kernels on CPUs it does not know (and this
+// project's machines pin OPENBLAS_CORETYPE=Haswell, since that build computes
+// wrong results or crashes on some of them), which leaves half of an AVX-512
+// core's multiply throughput unused. This is the GotoBLAS loop nest (x and W
+// packed into panels, W's block in L2 and x's micro-panel in L1) around a
+// 14 x 32 AVX-512 micro-kernel, with 16 x 16 in-register transposes packing
+// W. Chosen at run time; returns false (and does nothing) on a CPU without
+// AVX-512F. Threads split y's columns into blocks of 128 on the intra-op
+// pool. The bench model's prefill of 512 tokens in process: 1.39x OpenBLAS.
 bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const float *bias, float *y);
 

@@ -31,7 +31,7 @@ struct ClassifierOutput {
 
 // How an image becomes the model's input.
 struct ImagePreprocessing {
-  int32_t image_size = 0;   // the model's input side
+  int32_t image_size = 0;  // the model's input side
   // 0: resized straight to the square (antialiased bilinear); else the
   // shorter side is resized to this, then the centre square is cut (as
   // torchvision's Resize + CenterCrop on a PIL image).

@@ -1,12 +1,12 @@
-// x W^T (+ bias), as at::linear, with three exceptions, all for float32 on
-// the CPU. OpenBLAS 0.3.21 (Debian 12) runs a few-row sgemm by first packing
-// the whole weight matrix, which was 58% of a batch-1 decode step of the
-// bench model (perf) and half of a batch-8 one. One row goes through a
-// matrix-vector product (sgemv reads the weights once: 2.4x faster); 2 to
-// kMaxSkinnyRows rows through SkinnyLinear (cpu_gemm.h), which streams the
-// weights once for all of them; from kMinBlockedRows rows (prefill, large
-// batches) through BlockedLinear, whose AVX-512 kernel does twice the
-// multiply-adds per cycle of OpenBLAS's AVX2 one on CPUs that have it.
+// x W^T (+ bias), as at::linear, except for float32 on the CPU, where
+// OpenBLAS 0.3.21 (Debian 12) runs a few-row sgemm by first packing the whole
+// weight matrix (58% of a batch-1 decode step of the bench model, perf) and
+// runs AVX2 kernels on AVX-512 CPUs. There one row goes through a
+// matrix-vector product (sgemv reads the weights once: 2.4x faster), and
+// more through this project's kernels (cpu_gemm.h) by row count: SkinnyLinear
+// up to kMinStreamedRows - 1, StreamedLinear up to kMaxStreamedRows (decode
+// batches), BlockedLinear beyond (prefill); on a CPU without AVX-512,
+// SkinnyLinear up to kMaxSkinnyRows and OpenBLAS beyond.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,8 +18,8 @@
 
 namespace moh {
 
-// Whether x [..., k] W^T (+ bias) can run on SkinnyLinear or BlockedLinear
-// (float32 CPU tensors, W's rows contiguous, a row count they take).
+// Whether x [..., k] W^T (+ bias) can run on this project's kernels: float32
+// CPU tensors, W's rows contiguous, at least 2 rows.
 inline bool OwnKernelTakes(const at::Tensor& x, const at::Tensor& weight,
                            const at::Tensor& bias) {
   if (!x.is_cpu() || x.scalar_type() != at::kFloat || x.dim() < 1 ||
@@ -31,21 +31,26 @@ inline bool OwnKernelTakes(const at::Tensor& x, const at::Tensor& weight,
        (bias.scalar_type() != at::kFloat || !bias.is_contiguous()))) {
     return false;
   }
-  const int64_t rows = x.numel() / x.size(-1);
-  return rows >= 2 && (rows <= kMaxSkinnyRows || rows >= kMinBlockedRows);
+  return x.numel() / x.size(-1) >= 2;
 }
 
 // x W^T (+ bias) into y (x's rows by W's rows) on the kernel the row count
-// picks, when OwnKernelTakes them; false when the CPU has not its
-// instructions.
+// picks, when OwnKernelTakes them; false when this CPU has none for it.
 inline bool RunOwnKernel(const at::Tensor& x, const at::Tensor& weight,
                          const at::Tensor& bias, float* y) {
   const at::Tensor in = x.contiguous();
   const int64_t rows = in.numel() / in.size(-1);
-  auto* const product = rows <= kMaxSkinnyRows ? &SkinnyLinear : &BlockedLinear;
-  return product(in.data_ptr<float>(), rows, in.size(-1),
-                 weight.data_ptr<float>(), weight.stride(0), weight.size(0),
-                 bias.defined() ? bias.data_ptr<float>() : nullptr, y);
+  auto run = [&](auto* product) {
+    return product(in.data_ptr<float>(), rows, in.size(-1),
+                   weight.data_ptr<float>(), weight.stride(0), weight.size(0),
+                   bias.defined() ? bias.data_ptr<float>() : nullptr, y);
+  };
+  if (rows < kMinStreamedRows) return run(&SkinnyLinear);
+  if (rows <= kMaxStreamedRows) {
+    return run(&StreamedLinear) ||
+           (rows <= kMaxSkinnyRows && run(&SkinnyLinear));
+  }
+  return run(&BlockedLinear);
 }
 
 // out = x W^T (+ bias) into `out` (contiguous, x's rows by W's rows): as
