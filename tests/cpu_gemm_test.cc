@@ -74,6 +74,28 @@ TEST(SkinnyLinearTest, RefusesRowCountsOutsideItsRange) {
 
 bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
 
+// RowLinear has SkinnyLinear's signature but for one row.
+bool OneRow(const float *x, int64_t m, int64_t k, const float *w, int64_t ldw,
+            int64_t n, const float *bias, float *y) {
+  return m == 1 && RowLinear(x, k, w, ldw, n, bias, y);
+}
+
+TEST(RowLinearTest, RemaindersOfRowsAndDepthOnThePool) {
+  if (!HasAvx512()) GTEST_SKIP() << "RowLinear needs AVX-512F";
+  // W rows around its 4-row step; depths around the 16-float vector.
+  for (int64_t n : {1, 3, 4, 5, 67}) {
+    for (int64_t k : {1, 15, 16, 17, 100}) {
+      ExpectMatchesLinear(1, k, n, n % 2 == 1, 0, &OneRow);
+    }
+  }
+  ExpectMatchesLinear(1, 64, 33, true, /*extra_columns=*/64, &OneRow);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  ExpectMatchesLinear(1, 512, 1376, true, 0, &OneRow);
+  ExpectMatchesLinear(1, 1376, 515, false, 0, &OneRow);
+  at::set_num_threads(threads);
+}
+
 TEST(StreamedLinearTest, EdgesOfTilesAndVectors) {
   if (!HasAvx512()) GTEST_SKIP() << "StreamedLinear needs AVX-512F";
   // Rows around one and two 16-row vectors and up to its limit; columns

@@ -45,6 +45,12 @@ std::atomic<int64_t> g_sequence{0};
 class Recorder : public ImageObserver {
  public:
   void OnProgress(int32_t step, int32_t steps) override {
+    // The loop thread waits here, before its first step is recorded, until
+    // the test lets it go on.
+    if (hold_ != nullptr) {
+      hold_->WaitForNotificationWithTimeout(absl::Seconds(60));
+      hold_ = nullptr;
+    }
     absl::MutexLock lock(&mu_);
     progress_.push_back(step);
     progress_order_.push_back(g_sequence++);
@@ -90,8 +96,11 @@ class Recorder : public ImageObserver {
     absl::MutexLock lock(&mu_);
     return status_;
   }
+  // Set before submitting: the first progress callback waits for `hold`.
+  void HoldFirstProgress(absl::Notification* hold) { hold_ = hold; }
 
  private:
+  absl::Notification* hold_ = nullptr;
   absl::Mutex mu_;
   absl::Notification done_;
   std::vector<int32_t> progress_;
@@ -186,8 +195,13 @@ TEST_F(ImageSchedulerTest, RowBudgetCountsGuidedRequestsTwice) {
     job.guidance = guidance;
     auto first = std::make_shared<Recorder>();
     auto second = std::make_shared<Recorder>();
+    // The first request's first step waits until the second is queued: on a
+    // fast machine it could otherwise finish all its steps before that.
+    absl::Notification second_queued;
+    first->HoldFirstProgress(&second_queued);
     ASSERT_TRUE(scheduler->Submit(job, first).ok());
     ASSERT_TRUE(scheduler->Submit(job, second).ok());
+    second_queued.Notify();
     ASSERT_TRUE(first->Wait() && second->Wait());
     ASSERT_TRUE(first->status().ok() && second->status().ok());
     const bool after =

@@ -64,6 +64,7 @@ constexpr int64_t kTileN = 2;
 // does it all (waking the pool costs microseconds).
 constexpr int64_t kRowsPerTask = 64;
 constexpr int64_t kMinParallelMacs = 1 << 18;
+constexpr int64_t kMinParallelRowMacs = 1 << 15;
 
 __attribute__((target("avx2,fma"))) inline float HorizontalSum(__m256 v) {
   const __m128 half =
@@ -121,6 +122,49 @@ TileFn TileFor(int64_t rows) {
     default:
       return &Tile<4, N>;
   }
+}
+
+bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// y[j] = W[j] . x for R rows of W: R accumulators of 16 floats, k's
+// remainder through masked loads.
+template <int R>
+__attribute__((target("avx512f"))) void DotRows(const float *x, int64_t k,
+                                                const float *w, int64_t ldw,
+                                                float *y) {
+  __m512 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t body = k & ~int64_t{15};
+  for (int64_t p = 0; p < body; p += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + p);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + r * ldw + p), xv, acc[r]);
+    }
+  }
+  if (body < k) {
+    const __mmask16 mask = __mmask16((1u << (k - body)) - 1);
+    const __m512 xv = _mm512_maskz_loadu_ps(mask, x + body);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, w + r * ldw + body),
+                               xv, acc[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+// One row of x against W rows [first, last), four at a time.
+void RowAgainstRows(const float *x, int64_t k, const float *w, int64_t ldw,
+                    int64_t first, int64_t last, float *y) {
+  int64_t j = first;
+  for (; j + 4 <= last; j += 4) DotRows<4>(x, k, w + j * ldw, ldw, y + j);
+  for (; j < last; ++j) DotRows<1>(x, k, w + j * ldw, ldw, y + j);
 }
 
 // W rows [first, last): every row of x against each pair of them.
@@ -316,11 +360,6 @@ void BlockedColumns(const float *xp, int64_t m, int64_t padded_m, int64_t k,
   }
 }
 
-bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
-
 // StreamedLinear: y^T = W x^T as outer products. x is packed transposed
 // (xt [k][padded m], small); W is read in place, kStreamRows rows at a time,
 // each value broadcast from memory against V vectors of 16 rows of x, so W
@@ -478,6 +517,27 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
     }
+  }
+  return true;
+}
+
+bool RowLinear(const float *x, int64_t k, const float *w, int64_t ldw,
+               int64_t n, const float *bias, float *y) {
+  if (!HasAvx512() || k < 1 || n < 1) return false;
+  const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
+  auto run = [&](int64_t begin, int64_t end) {
+    RowAgainstRows(x, k, w, ldw, begin * kRowsPerTask,
+                   std::min(n, end * kRowsPerTask), y);
+  };
+  // One row is bound by reading W, which a second core speeds up from far
+  // smaller products than SkinnyLinear's threshold.
+  if (k * n < kMinParallelRowMacs || at::get_num_threads() < 2) {
+    run(0, tasks);
+  } else {
+    at::parallel_for(0, tasks, 1, run);
+  }
+  if (bias != nullptr) {
+    for (int64_t j = 0; j < n; ++j) y[j] += bias[j];
   }
   return true;
 }

@@ -14,6 +14,13 @@ void Gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, float alpha,
           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
           float *c, int64_t ldc);
 
+// y [n] = W x for one row x [k] (W as below), AVX-512 dot products of four
+// rows of W at a time (false, doing nothing, without AVX-512F): a batch-1
+// decode step, which reads every weight once. Threads split W's rows on the
+// intra-op pool.
+bool RowLinear(const float *x, int64_t k, const float *w, int64_t ldw,
+               int64_t n, const float *bias, float *y);
+
 // Largest row count SkinnyLinear takes. Measured on the bench model
 // (bench/make_bench_lm.py, moh-generate, 2 threads, decode tokens/s against
 // OpenBLAS's sgemm): 1.9x at 4 rows, 1.8x at 8, 2.0x at 12, but 0.92-0.96x

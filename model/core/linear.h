@@ -19,7 +19,7 @@
 namespace moh {
 
 // Whether x [..., k] W^T (+ bias) can run on this project's kernels: float32
-// CPU tensors, W's rows contiguous, at least 2 rows.
+// CPU tensors, W's rows contiguous, at least one row.
 inline bool OwnKernelTakes(const at::Tensor& x, const at::Tensor& weight,
                            const at::Tensor& bias) {
   if (!x.is_cpu() || x.scalar_type() != at::kFloat || x.dim() < 1 ||
@@ -31,7 +31,7 @@ inline bool OwnKernelTakes(const at::Tensor& x, const at::Tensor& weight,
        (bias.scalar_type() != at::kFloat || !bias.is_contiguous()))) {
     return false;
   }
-  return x.numel() / x.size(-1) >= 2;
+  return x.numel() / x.size(-1) >= 1;
 }
 
 // x W^T (+ bias) into y (x's rows by W's rows) on the kernel the row count
@@ -45,6 +45,11 @@ inline bool RunOwnKernel(const at::Tensor& x, const at::Tensor& weight,
                    weight.data_ptr<float>(), weight.stride(0), weight.size(0),
                    bias.defined() ? bias.data_ptr<float>() : nullptr, y);
   };
+  if (rows == 1) {
+    return RowLinear(in.data_ptr<float>(), in.size(-1),
+                     weight.data_ptr<float>(), weight.stride(0), weight.size(0),
+                     bias.defined() ? bias.data_ptr<float>() : nullptr, y);
+  }
   if (rows < kMinStreamedRows) return run(&SkinnyLinear);
   if (rows <= kMaxStreamedRows) {
     return run(&StreamedLinear) ||
@@ -72,6 +77,12 @@ inline void LinearInto(const at::Tensor& x, const at::Tensor& weight,
 
 inline at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
                          const at::Tensor& bias = {}) {
+  if (OwnKernelTakes(x, weight, bias)) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    at::Tensor out = at::empty(shape, x.options());
+    if (RunOwnKernel(x, weight, bias, out.data_ptr<float>())) return out;
+  }
   if (x.is_cpu() && x.scalar_type() == at::kFloat &&
       weight.scalar_type() == at::kFloat && x.dim() >= 1 &&
       x.numel() == x.size(-1)) {
@@ -80,14 +91,6 @@ inline at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor row = x.reshape({-1});
     return (bias.defined() ? at::addmv(bias, weight, row) : at::mv(weight, row))
         .view(shape);
-  }
-  if (OwnKernelTakes(x, weight, bias)) {
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
-    at::Tensor out = at::empty(shape, x.options());
-    if (RunOwnKernel(x, weight, bias, out.data_ptr<float>())) {
-      return out;
-    }
   }
   return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
 }
