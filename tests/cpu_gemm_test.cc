@@ -10,6 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <vector>
+
+#include "model/core/cpu_softmax.h"
 
 namespace moh {
 namespace {
@@ -149,6 +153,29 @@ TEST(BlockedLinearTest, PrefillShapesOnThePool) {
   ExpectMatchesLinear(300, 1376, 515, false, 0, &BlockedLinear);
   ExpectMatchesLinear(16, 512, 256, false, 0, &BlockedLinear);
   at::set_num_threads(threads);
+}
+
+TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {
+  if (!HasAvx512()) GTEST_SKIP() << "SoftmaxRows needs AVX-512F";
+  const int64_t rows = 6, cols = 37;
+  at::manual_seed(7);
+  at::Tensor scores = at::randn({rows, cols}) * 30;
+  scores[2][3] = -std::numeric_limits<float>::infinity();
+  scores[4].fill_(-1e4);  // a row far below zero: every exp underflows alone
+  // Visible lengths around the 16-float vector, and the whole row.
+  const std::vector<int64_t> visible = {1, 15, 16, 17, 33, cols};
+  at::Tensor probs = at::full({rows, cols}, std::nanf(""));
+  ASSERT_TRUE(SoftmaxRows(scores.data_ptr<float>(), probs.data_ptr<float>(),
+                          rows, cols, visible.data()));
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t n = visible[i];
+    const at::Tensor want = at::softmax(scores[i].narrow(0, 0, n), 0);
+    EXPECT_TRUE(at::allclose(probs[i].narrow(0, 0, n), want, 1e-6, 1e-7))
+        << "row " << i << " max error "
+        << (probs[i].narrow(0, 0, n) - want).abs().max().item<float>();
+    EXPECT_EQ(probs[i].narrow(0, n, cols - n).abs().sum().item<float>(), 0.0f)
+        << "row " << i;
+  }
 }
 
 }  // namespace

@@ -230,7 +230,12 @@ __attribute__((target("avx512f"))) void BlockKernel(
       cols >= 32
           ? __mmask16(0xFFFF)
           : (cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1));
-  for (int64_t i = 0; i < rows; ++i) {
+  // Unrolled, so that acc is indexed by constants and stays in registers
+  // (with a run-time index GCC keeps the array on the stack, storing it
+  // every step of the loop above).
+#pragma GCC unroll 14
+  for (int i = 0; i < kBlockM; ++i) {
+    if (i >= rows) break;
     float *row = y + i * ldy;
     __m512 v0 = acc[i][0], v1 = acc[i][1];
     if (accumulate) {
@@ -389,7 +394,10 @@ __attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
     }
   }
   alignas(64) float tile[R][16 * V];
+  // Unrolled: see BlockKernel.
+#pragma GCC unroll 28
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
     for (int v = 0; v < V; ++v) _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
   }
   for (int64_t i = 0; i < rows; ++i) {
@@ -401,23 +409,123 @@ __attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
 // remainder in smaller ones.
 template <int V>
 void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
-                const float *w, int64_t ldw, int64_t n, int64_t first,
-                int64_t last, float *y) {
+                const float *w, int64_t ldw, int64_t first, int64_t last,
+                float *y, int64_t ldy) {
   constexpr int64_t kTile = V == 1 ? 28 : 14;
   for (int64_t i = 0; i < m; i += 16 * V) {
     const int64_t rows = std::min<int64_t>(16 * V, m - i);
     const float *xb = xt + i;
-    float *yb = y + i * n;
+    float *yb = y + i * ldy;
     int64_t j = first;
     for (; j + kTile <= last; j += kTile) {
-      StreamTile<kTile, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, n, rows);
+      StreamTile<kTile, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, ldy, rows);
     }
     for (; j + 4 <= last; j += 4) {
-      StreamTile<4, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, n, rows);
+      StreamTile<4, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, ldy, rows);
     }
     for (; j < last; ++j) {
-      StreamTile<1, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, n, rows);
+      StreamTile<1, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, ldy, rows);
     }
+  }
+}
+
+// x [m, k] (row stride ldx) times `scale`, transposed into this thread's
+// buffer: xt [k][m rounded up to 16], zero-padded.
+const float *PackTransposed(const float *x, int64_t ldx, int64_t m, int64_t k,
+                            float scale) {
+  thread_local AlignedBuffer buffer;
+  const int64_t ld = (m + 15) / 16 * 16;
+  float *xt = buffer.Get(ld * k);
+  for (int64_t p = 0; p < k; ++p) {
+    float *to = xt + p * ld;
+    for (int64_t i = 0; i < m; ++i) to[i] = scale * x[i * ldx + p];
+    for (int64_t i = m; i < ld; ++i) to[i] = 0.0f;
+  }
+  return xt;
+}
+
+// y[0, R) x [0, 16 NV) (row stride ldy; the last vector masked by `tail`)
+// (+)= x [R, k] (row stride ldx) V [k, 16 NV] (row stride ldv): each value of
+// x broadcast from memory against NV vectors of V's row, R NV accumulators.
+template <int R, int NV>
+__attribute__((target("avx512f"))) void ProductTile(const float *x, int64_t ldx,
+                                                    int64_t k, const float *v,
+                                                    int64_t ldv, __mmask16 tail,
+                                                    float *y, int64_t ldy,
+                                                    bool accumulate) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 vv[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) {
+      vv[c] = c + 1 < NV ? _mm512_loadu_ps(v + p * ldv + 16 * c)
+                         : _mm512_maskz_loadu_ps(tail, v + p * ldv + 16 * c);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + p]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) {
+        acc[r][c] = _mm512_fmadd_ps(xv, vv[c], acc[r][c]);
+      }
+    }
+  }
+  // Unrolled: see BlockKernel.
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    float *row = y + r * ldy;
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) {
+      const __mmask16 mask = c + 1 < NV ? __mmask16(0xFFFF) : tail;
+      __m512 out = acc[r][c];
+      if (accumulate) {
+        out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(mask, row + 16 * c));
+      }
+      _mm512_mask_storeu_ps(row + 16 * c, mask, out);
+    }
+  }
+}
+
+using ProductTileFn = void (*)(const float *, int64_t, int64_t, const float *,
+                               int64_t, __mmask16, float *, int64_t, bool);
+
+// Rows of x per ProductTile (R NV <= 24 accumulators), and the tile for
+// `rows` <= kProductRows rows and `vectors` <= 4 vectors of columns.
+constexpr int64_t kProductRows = 6;
+
+template <int NV>
+ProductTileFn ProductTileFor(int64_t rows) {
+  switch (rows) {
+    case 1:
+      return &ProductTile<1, NV>;
+    case 2:
+      return &ProductTile<2, NV>;
+    case 3:
+      return &ProductTile<3, NV>;
+    case 4:
+      return &ProductTile<4, NV>;
+    case 5:
+      return &ProductTile<5, NV>;
+    default:
+      return &ProductTile<6, NV>;
+  }
+}
+
+ProductTileFn ProductTileFor(int64_t rows, int64_t vectors) {
+  switch (vectors) {
+    case 1:
+      return ProductTileFor<1>(rows);
+    case 2:
+      return ProductTileFor<2>(rows);
+    case 3:
+      return ProductTileFor<3>(rows);
+    default:
+      return ProductTileFor<4>(rows);
   }
 }
 
@@ -491,21 +599,16 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
   if (!HasAvx512() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
     return false;
   }
-  thread_local AlignedBuffer x_buffer;
   const int64_t ldx = (m + 15) / 16 * 16;
-  float *xt = x_buffer.Get(ldx * k);
-  for (int64_t p = 0; p < k; ++p) {
-    for (int64_t i = 0; i < m; ++i) xt[p * ldx + i] = x[i * k + p];
-    for (int64_t i = m; i < ldx; ++i) xt[p * ldx + i] = 0.0f;
-  }
+  const float *xt = PackTransposed(x, k, m, k, 1.0f);
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   auto run = [&](int64_t begin, int64_t end) {
     const int64_t first = begin * kRowsPerTask;
     const int64_t last = std::min(n, end * kRowsPerTask);
     if (m > 16) {
-      StreamRows<2>(xt, ldx, m, k, w, ldw, n, first, last, y);
+      StreamRows<2>(xt, ldx, m, k, w, ldw, first, last, y, n);
     } else {
-      StreamRows<1>(xt, ldx, m, k, w, ldw, n, first, last, y);
+      StreamRows<1>(xt, ldx, m, k, w, ldw, first, last, y, n);
     }
   };
   if (m * k * n < kMinParallelMacs || at::get_num_threads() < 2) {
@@ -538,6 +641,41 @@ bool RowLinear(const float *x, int64_t k, const float *w, int64_t ldw,
   }
   if (bias != nullptr) {
     for (int64_t j = 0; j < n; ++j) y[j] += bias[j];
+  }
+  return true;
+}
+
+bool ScoresProduct(const float *q, int64_t m, int64_t k, float scale,
+                   const float *keys, int64_t ldk, int64_t n, float *y,
+                   int64_t ldy) {
+  if (!HasAvx512() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
+    return false;
+  }
+  const int64_t ldx = (m + 15) / 16 * 16;
+  const float *xt = PackTransposed(q, k, m, k, scale);
+  if (m > 16) {
+    StreamRows<2>(xt, ldx, m, k, keys, ldk, 0, n, y, ldy);
+  } else {
+    StreamRows<1>(xt, ldx, m, k, keys, ldk, 0, n, y, ldy);
+  }
+  return true;
+}
+
+bool ValuesProduct(const float *p, int64_t ldp, int64_t m, int64_t k,
+                   const float *values, int64_t ldv, int64_t n, float *y,
+                   int64_t ldy, bool accumulate) {
+  if (!HasAvx512() || m < 1 || k < 1 || n < 1) return false;
+  for (int64_t c0 = 0; c0 < n; c0 += 64) {
+    const int64_t cols = std::min<int64_t>(64, n - c0);
+    const int64_t vectors = (cols + 15) / 16;
+    const int64_t last = cols - 16 * (vectors - 1);
+    const __mmask16 tail =
+        last == 16 ? __mmask16(0xFFFF) : __mmask16((1u << last) - 1);
+    for (int64_t i = 0; i < m; i += kProductRows) {
+      const int64_t rows = std::min(kProductRows, m - i);
+      ProductTileFor(rows, vectors)(p + i * ldp, ldp, k, values + c0, ldv, tail,
+                                    y + i * ldy + c0, ldy, accumulate);
+    }
   }
   return true;
 }

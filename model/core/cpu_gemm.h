@@ -21,6 +21,21 @@ void Gemm(bool transpose_a, int64_t m, int64_t n, int64_t k, float alpha,
 bool RowLinear(const float *x, int64_t k, const float *w, int64_t ldw,
                int64_t n, const float *bias, float *y);
 
+// An attention item's two products on the calling thread, AVX-512 (false,
+// doing nothing, without it); OpenBLAS's AVX2 sgemm packed both operands of
+// these small products every call. Scores: y [m, n] (row stride ldy) = scale
+// q [m, k] keys^T, keys [n, k] with row stride ldk read in place (a run of
+// the KV cache), 1 <= m <= kMaxStreamedRows, as StreamedLinear.
+bool ScoresProduct(const float *q, int64_t m, int64_t k, float scale,
+                   const float *keys, int64_t ldk, int64_t n, float *y,
+                   int64_t ldy);
+// Values: y [m, n] (row stride ldy) = (or +=, when `accumulate`) p [m, k]
+// (row stride ldp) values [k, n] (row stride ldv): each probability
+// broadcast against a value row, 6 rows of p by 64 columns at a time.
+bool ValuesProduct(const float *p, int64_t ldp, int64_t m, int64_t k,
+                   const float *values, int64_t ldv, int64_t n, float *y,
+                   int64_t ldy, bool accumulate);
+
 // Largest row count SkinnyLinear takes. Measured on the bench model
 // (bench/make_bench_lm.py, moh-generate, 2 threads, decode tokens/s against
 // OpenBLAS's sgemm): 1.9x at 4 rows, 1.8x at 8, 2.0x at 12, but 0.92-0.96x

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "model/core/cpu_gemm.h"
+#include "model/core/cpu_softmax.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
 
@@ -39,6 +40,11 @@ namespace {
 // Queries per attention work item: large enough for efficient products,
 // small enough that causal key blocks are skipped at a fine grain.
 constexpr int64_t kQueryBlock = 64;
+
+// Up to this many queries an item's products stay matrix-vector products
+// (Gemm's sgemv: a decode step's one or two queries per head); above, the
+// AVX-512 products of cpu_gemm.h, where the CPU has them.
+constexpr int64_t kMaxGemvQueries = 4;
 
 // Below this many multiply-adds a parallel region costs more than it saves
 // (waking the pool and the barrier take microseconds).
@@ -190,6 +196,7 @@ void CacheRuns(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
 // Softmax of scores[i, 0..visible[i]) into probs[i]; entries beyond are 0.
 void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
                    int64_t cols, const int64_t *visible) {
+  if (SoftmaxRows(scores, probs, rows, cols, visible)) return;
   for (int64_t i = 0; i < rows; ++i) {
     const float *s = scores + i * cols;
     float *p = probs + i * cols;
@@ -392,17 +399,25 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
         // Column-major view: scores^T [len, m] = K [len, D] . queries^T, a
         // run of keys at a time.
         for (const CacheRun &k : key_runs) {
-          Gemm(/*transpose_a=*/true, k.count, m, d, scale, k.data, k.ld,
-               queries.data(), d, 0.0f, scores.data() + k.first, len);
+          if (m <= kMaxGemvQueries ||
+              !ScoresProduct(queries.data(), m, d, scale, k.data, k.ld, k.count,
+                             scores.data() + k.first, len)) {
+            Gemm(/*transpose_a=*/true, k.count, m, d, scale, k.data, k.ld,
+                 queries.data(), d, 0.0f, scores.data() + k.first, len);
+          }
         }
         MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
         // outputs^T [D, m] = V^T [D, len] . probs^T [len, m], summed over
         // the runs of values.
         for (size_t i = 0; i < value_runs.size(); ++i) {
           const CacheRun &v = value_runs[i];
-          Gemm(/*transpose_a=*/false, d, m, v.count, 1.0f, v.data, v.ld,
-               probs.data() + v.first, len, i == 0 ? 0.0f : 1.0f,
-               outputs.data(), d);
+          if (m <= kMaxGemvQueries ||
+              !ValuesProduct(probs.data() + v.first, len, m, v.count, v.data,
+                             v.ld, d, outputs.data(), d, i > 0)) {
+            Gemm(/*transpose_a=*/false, d, m, v.count, 1.0f, v.data, v.ld,
+                 probs.data() + v.first, len, i == 0 ? 0.0f : 1.0f,
+                 outputs.data(), d);
+          }
         }
         at = 0;
         for (const Segment &s : item.segments) {
