@@ -247,13 +247,17 @@ __attribute__((target("avx512f"))) void BlockKernel(
   }
 }
 
-// out[q][i] = src[i][q] for a 16 x 16 block (row strides ld and ldo): four
-// rounds of in-register shuffles instead of 256 scalar moves.
+// out[q][i] = src[i][q] for i < count <= 16 rows and q < 16 columns (row
+// strides ld and ldo; out's columns from count on are left as they are):
+// four rounds of in-register shuffles instead of 16 count scalar moves.
 __attribute__((target("avx512f"))) void Transpose16(const float *src,
-                                                    int64_t ld, float *out,
-                                                    int64_t ldo) {
+                                                    int64_t ld, int64_t count,
+                                                    float *out, int64_t ldo) {
   __m512 a[16], u[16];
-  for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(src + i * ld);
+  for (int i = 0; i < 16; ++i) {
+    a[i] = i < count ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+  }
+  const __mmask16 mask = __mmask16((1u << count) - 1);
   // Pairs of rows interleaved, then pairs of pairs: u[4 g + c] holds, in
   // 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
   for (int g = 0; g < 4; ++g) {
@@ -273,35 +277,34 @@ __attribute__((target("avx512f"))) void Transpose16(const float *src,
     const __m512 v_hi = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
     const __m512 w_lo = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
     const __m512 w_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-    _mm512_storeu_ps(out + (0 + c) * ldo,
-                     _mm512_shuffle_f32x4(v_lo, w_lo, 0x88));
-    _mm512_storeu_ps(out + (4 + c) * ldo,
-                     _mm512_shuffle_f32x4(v_lo, w_lo, 0xDD));
-    _mm512_storeu_ps(out + (8 + c) * ldo,
-                     _mm512_shuffle_f32x4(v_hi, w_hi, 0x88));
-    _mm512_storeu_ps(out + (12 + c) * ldo,
-                     _mm512_shuffle_f32x4(v_hi, w_hi, 0xDD));
+    _mm512_mask_storeu_ps(out + (0 + c) * ldo, mask,
+                          _mm512_shuffle_f32x4(v_lo, w_lo, 0x88));
+    _mm512_mask_storeu_ps(out + (4 + c) * ldo, mask,
+                          _mm512_shuffle_f32x4(v_lo, w_lo, 0xDD));
+    _mm512_mask_storeu_ps(out + (8 + c) * ldo, mask,
+                          _mm512_shuffle_f32x4(v_hi, w_hi, 0x88));
+    _mm512_mask_storeu_ps(out + (12 + c) * ldo, mask,
+                          _mm512_shuffle_f32x4(v_hi, w_hi, 0xDD));
   }
 }
 
 // One panel: out[p][r] = src[r][p] for r < rows (row stride ld), p < depth;
-// zero for rows <= r < width, so the kernel's padding computes zeros. Whole
-// 16 x 16 blocks go through Transpose16; the edges one float at a time (in
-// output order: stores at a stride of the panel's width cost more than
-// loads, each source line serving 16 steps of p from L1).
+// zero for rows <= r < width, so the kernel's padding computes zeros. Blocks
+// of 16 steps of p go through Transpose16, 16 rows at a time; the remaining
+// steps one float at a time.
 void PackPanel(const float *src, int64_t ld, int64_t rows, int64_t depth,
                int64_t width, float *out) {
-  const int64_t block_rows = width % 16 == 0 ? rows / 16 * 16 : 0;
   const int64_t block_depth = depth / 16 * 16;
-  for (int64_t r = 0; r < block_rows; r += 16) {
+  for (int64_t r = 0; r < rows; r += 16) {
     for (int64_t p = 0; p < block_depth; p += 16) {
-      Transpose16(src + r * ld + p, ld, out + p * width + r, width);
+      Transpose16(src + r * ld + p, ld, std::min<int64_t>(16, rows - r),
+                  out + p * width + r, width);
     }
   }
   for (int64_t p = 0; p < depth; ++p) {
     float *to = out + p * width;
-    for (int64_t r = p < block_depth ? block_rows : 0; r < rows; ++r) {
-      to[r] = src[r * ld + p];
+    if (p >= block_depth) {
+      for (int64_t r = 0; r < rows; ++r) to[r] = src[r * ld + p];
     }
     for (int64_t r = rows; r < width; ++r) to[r] = 0.0f;
   }
@@ -436,10 +439,9 @@ const float *PackTransposed(const float *x, int64_t ldx, int64_t m, int64_t k,
   thread_local AlignedBuffer buffer;
   const int64_t ld = (m + 15) / 16 * 16;
   float *xt = buffer.Get(ld * k);
-  for (int64_t p = 0; p < k; ++p) {
-    float *to = xt + p * ld;
-    for (int64_t i = 0; i < m; ++i) to[i] = scale * x[i * ldx + p];
-    for (int64_t i = m; i < ld; ++i) to[i] = 0.0f;
+  PackPanel(x, ldx, m, k, ld, xt);
+  if (scale != 1.0f) {
+    for (int64_t i = 0; i < ld * k; ++i) xt[i] *= scale;
   }
   return xt;
 }
