@@ -17,6 +17,8 @@ def attention_tables(build, min_time, rounds):
     for _ in range(rounds):
         out = run([os.path.join(build, "bench", "moh_attention_bench"),
                    "--benchmark_format=json",
+                   # The layer and model benchmarks (not BM_Linear*).
+                   "--benchmark_filter=BM_(Attention|Model)",
                    "--benchmark_min_time=%g" % min_time]).stdout
         for b in json.loads(out)["benchmarks"]:
             # e.g. BM_AttentionPrefill/ratio:500/sparse:1
