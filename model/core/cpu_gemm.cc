@@ -432,12 +432,16 @@ void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
   }
 }
 
+// Row width of x^T for StreamRows: whole blocks of the 16 (m <= 16) or 32
+// rows its tiles read, so that the last block's padding lies inside the row.
+int64_t TransposedWidth(int64_t m) { return m <= 16 ? 16 : (m + 31) / 32 * 32; }
+
 // x [m, k] (row stride ldx) times `scale`, transposed into this thread's
-// buffer: xt [k][m rounded up to 16], zero-padded.
+// buffer: xt [k][TransposedWidth(m)], zero-padded.
 const float *PackTransposed(const float *x, int64_t ldx, int64_t m, int64_t k,
                             float scale) {
   thread_local AlignedBuffer buffer;
-  const int64_t ld = (m + 15) / 16 * 16;
+  const int64_t ld = TransposedWidth(m);
   float *xt = buffer.Get(ld * k);
   PackPanel(x, ldx, m, k, ld, xt);
   if (scale != 1.0f) {
@@ -601,7 +605,7 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
   if (!HasAvx512() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
     return false;
   }
-  const int64_t ldx = (m + 15) / 16 * 16;
+  const int64_t ldx = TransposedWidth(m);
   const float *xt = PackTransposed(x, k, m, k, 1.0f);
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   auto run = [&](int64_t begin, int64_t end) {
@@ -653,7 +657,7 @@ bool ScoresProduct(const float *q, int64_t m, int64_t k, float scale,
   if (!HasAvx512() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
     return false;
   }
-  const int64_t ldx = (m + 15) / 16 * 16;
+  const int64_t ldx = TransposedWidth(m);
   const float *xt = PackTransposed(q, k, m, k, scale);
   if (m > 16) {
     StreamRows<2>(xt, ldx, m, k, keys, ldk, 0, n, y, ldy);
