@@ -66,6 +66,25 @@ constexpr int64_t kRowsPerTask = 64;
 constexpr int64_t kMinParallelMacs = 1 << 18;
 constexpr int64_t kMinParallelRowMacs = 1 << 15;
 
+// y [m, n] += bias [n] on every row (nothing when bias is null).
+void AddBias(const float *bias, int64_t m, int64_t n, float *y) {
+  if (bias == nullptr) return;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
+  }
+}
+
+// run(begin, end) over tasks [0, count): on the intra-op pool when the
+// product is `large` enough to pay for waking it, else on this thread.
+template <typename Fn>
+void RunTasks(int64_t count, bool large, const Fn &run) {
+  if (!large || at::get_num_threads() < 2) {
+    run(0, count);
+  } else {
+    at::parallel_for(0, count, 1, run);
+  }
+}
+
 __attribute__((target("avx2,fma"))) inline float HorizontalSum(__m256 v) {
   const __m128 half =
       _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -545,16 +564,8 @@ bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
     SkinnyRows(x, m, k, w, ldw, n, begin * kRowsPerTask,
                std::min(n, end * kRowsPerTask), y);
   };
-  if (m * k * n < kMinParallelMacs || at::get_num_threads() < 2) {
-    run(0, tasks);
-  } else {
-    at::parallel_for(0, tasks, 1, run);
-  }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
-    }
-  }
+  RunTasks(tasks, m * k * n >= kMinParallelMacs, run);
+  AddBias(bias, m, n, y);
   return true;
 }
 
@@ -566,8 +577,7 @@ bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
   const int64_t panels = (m + kBlockM - 1) / kBlockM;
   const int64_t padded_m = panels * kBlockM;
   float *xp = x_buffer.Get(padded_m * k);
-  const bool parallel =
-      m * k * n >= kMinParallelMacs && at::get_num_threads() >= 2;
+  const bool large = m * k * n >= kMinParallelMacs;
   // x, packed once for every task: pass by pass, kBlockM-row panels.
   auto pack = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -585,18 +595,9 @@ bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
                      std::min(n, (t + 1) * kChunkN), y);
     }
   };
-  if (parallel) {
-    at::parallel_for(0, passes.count * panels, 1, pack);
-    at::parallel_for(0, tasks, 1, multiply);
-  } else {
-    pack(0, passes.count * panels);
-    multiply(0, tasks);
-  }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
-    }
-  }
+  RunTasks(passes.count * panels, large, pack);
+  RunTasks(tasks, large, multiply);
+  AddBias(bias, m, n, y);
   return true;
 }
 
@@ -617,16 +618,8 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
       StreamRows<1>(xt, ldx, m, k, w, ldw, first, last, y, n);
     }
   };
-  if (m * k * n < kMinParallelMacs || at::get_num_threads() < 2) {
-    run(0, tasks);
-  } else {
-    at::parallel_for(0, tasks, 1, run);
-  }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
-    }
-  }
+  RunTasks(tasks, m * k * n >= kMinParallelMacs, run);
+  AddBias(bias, m, n, y);
   return true;
 }
 
@@ -640,14 +633,8 @@ bool RowLinear(const float *x, int64_t k, const float *w, int64_t ldw,
   };
   // One row is bound by reading W, which a second core speeds up from far
   // smaller products than SkinnyLinear's threshold.
-  if (k * n < kMinParallelRowMacs || at::get_num_threads() < 2) {
-    run(0, tasks);
-  } else {
-    at::parallel_for(0, tasks, 1, run);
-  }
-  if (bias != nullptr) {
-    for (int64_t j = 0; j < n; ++j) y[j] += bias[j];
-  }
+  RunTasks(tasks, k * n >= kMinParallelRowMacs, run);
+  AddBias(bias, 1, n, y);
   return true;
 }
 
