@@ -155,6 +155,63 @@ TEST(BlockedLinearTest, PrefillShapesOnThePool) {
   at::set_num_threads(threads);
 }
 
+TEST(BlockedLinearTest, FewColumnsSplitRowsOnThePool) {
+  if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  // One or two column blocks for two threads: the rows are split too.
+  ExpectMatchesLinear(700, 300, 16, true, 0, &BlockedLinear);
+  ExpectMatchesLinear(141, 1024, 64, false, 0, &BlockedLinear);
+  ExpectMatchesLinear(129, 64, 200, false, 0, &BlockedLinear);
+  at::set_num_threads(threads);
+}
+
+// IndexedLinear: x's rows gathered out of a taller, wider matrix, y's
+// scattered into the middle columns of another, written or added.
+void ExpectIndexedMatches(int64_t m, int64_t k, int64_t n, bool accumulate) {
+  at::manual_seed(m * 1000 + k + n + accumulate);
+  const int64_t source_rows = 2 * m + 3, target_rows = 3 * m + 1;
+  const at::Tensor source = at::randn({source_rows, k + 5});
+  const at::Tensor x_rows = at::randperm(source_rows).narrow(0, 0, m);
+  const at::Tensor y_rows = at::randperm(target_rows).narrow(0, 0, m);
+  const at::Tensor w = at::randn({n, k + 3}).narrow(1, 0, k);
+  const at::Tensor target = at::randn({target_rows, n + 9});
+  const at::Tensor product =
+      at::linear(source.narrow(1, 0, k).index_select(0, x_rows), w);
+  at::Tensor want = target.clone();
+  at::Tensor want_columns = want.narrow(1, 4, n);
+  if (accumulate) {
+    want_columns.index_add_(0, y_rows, product);
+  } else {
+    want_columns.index_copy_(0, y_rows, product);
+  }
+  at::Tensor got = target.clone();
+  ASSERT_TRUE(IndexedLinear(
+      {source.data_ptr<float>(), source.stride(0), x_rows.data_ptr<int64_t>()},
+      m, k, w.data_ptr<float>(), w.stride(0), n,
+      {got.data_ptr<float>() + 4, got.stride(0), y_rows.data_ptr<int64_t>(),
+       accumulate}));
+  EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
+      << "m " << m << " k " << k << " n " << n << " accumulate " << accumulate
+      << " max error " << (got - want).abs().max().item<float>();
+}
+
+TEST(IndexedLinearTest, GathersAndScattersOnBothKernels) {
+  if (!HasAvx512()) GTEST_SKIP() << "IndexedLinear needs AVX-512F";
+  const int threads = at::get_num_threads();
+  for (int pool : {1, 2}) {
+    at::set_num_threads(pool);
+    // Streamed tiles (up to 128 rows, 16- and 32-row blocks), then blocked.
+    for (int64_t m : {1, 7, 17, 128, 129, 300}) {
+      for (bool accumulate : {false, true}) {
+        ExpectIndexedMatches(m, 64, 1024 / m + 33, accumulate);
+        ExpectIndexedMatches(m, 600, 64, accumulate);
+      }
+    }
+  }
+  at::set_num_threads(threads);
+}
+
 TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {
   if (!HasAvx512()) GTEST_SKIP() << "SoftmaxRows needs AVX-512F";
   const int64_t rows = 6, cols = 37;

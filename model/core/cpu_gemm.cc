@@ -74,6 +74,29 @@ void AddBias(const float *bias, int64_t m, int64_t n, float *y) {
   }
 }
 
+// Row i of a matrix given by its rows, and the matrix from row `row` and
+// column `col` on.
+template <typename Rows>
+auto RowAt(const Rows &m, int64_t i) {
+  return m.data + (m.index != nullptr ? m.index[i] : i) * m.ld;
+}
+template <typename Rows>
+Rows Skip(Rows m, int64_t row, int64_t col) {
+  if (m.index != nullptr) {
+    m.index += row;
+  } else {
+    m.data += row * m.ld;
+  }
+  m.data += col;
+  return m;
+}
+
+// Threads a parallel region would have here: 1 inside one already (where
+// at::parallel_for runs inline).
+int64_t AvailableThreads() {
+  return at::in_parallel_region() ? 1 : at::get_num_threads();
+}
+
 // run(begin, end) over tasks [0, count): on the intra-op pool when the
 // product is `large` enough to pay for waking it, else on this thread.
 template <typename Fn>
@@ -221,10 +244,10 @@ constexpr int64_t kMaxDepth = 512;
 constexpr int64_t kChunkN = 4 * kBlockN;
 
 // y rows [0, rows) x columns [0, cols) (rows <= kBlockM, cols <= kBlockN)
-// += (or =, for the first pass over k) packed x [depth][kBlockM] times packed
-// W [depth][kBlockN].
+// = (or +=, when `accumulate`) packed x [depth][kBlockM] times packed W
+// [depth][kBlockN].
 __attribute__((target("avx512f"))) void BlockKernel(
-    int64_t depth, const float *xp, const float *wp, float *y, int64_t ldy,
+    int64_t depth, const float *xp, const float *wp, const OutputRows &y,
     int64_t rows, int64_t cols, bool accumulate) {
   __m512 acc[kBlockM][2];
 #pragma GCC unroll 14
@@ -255,7 +278,7 @@ __attribute__((target("avx512f"))) void BlockKernel(
 #pragma GCC unroll 14
   for (int i = 0; i < kBlockM; ++i) {
     if (i >= rows) break;
-    float *row = y + i * ldy;
+    float *row = RowAt(y, i);
     __m512 v0 = acc[i][0], v1 = acc[i][1];
     if (accumulate) {
       v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(mask0, row));
@@ -266,15 +289,15 @@ __attribute__((target("avx512f"))) void BlockKernel(
   }
 }
 
-// out[q][i] = src[i][q] for i < count <= 16 rows and q < 16 columns (row
-// strides ld and ldo; out's columns from count on are left as they are):
-// four rounds of in-register shuffles instead of 16 count scalar moves.
-__attribute__((target("avx512f"))) void Transpose16(const float *src,
-                                                    int64_t ld, int64_t count,
-                                                    float *out, int64_t ldo) {
+// out[q][i] = src[i][q] for i < count <= 16 rows and q < 16 columns (out's
+// row stride ldo; its columns from count on are left as they are): four
+// rounds of in-register shuffles instead of 16 count scalar moves.
+__attribute__((target("avx512f"))) void Transpose16(const InputRows &src,
+                                                    int64_t count, float *out,
+                                                    int64_t ldo) {
   __m512 a[16], u[16];
   for (int i = 0; i < 16; ++i) {
-    a[i] = i < count ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+    a[i] = i < count ? _mm512_loadu_ps(RowAt(src, i)) : _mm512_setzero_ps();
   }
   const __mmask16 mask = __mmask16((1u << count) - 1);
   // Pairs of rows interleaved, then pairs of pairs: u[4 g + c] holds, in
@@ -307,23 +330,23 @@ __attribute__((target("avx512f"))) void Transpose16(const float *src,
   }
 }
 
-// One panel: out[p][r] = src[r][p] for r < rows (row stride ld), p < depth;
-// zero for rows <= r < width, so the kernel's padding computes zeros. Blocks
-// of 16 steps of p go through Transpose16, 16 rows at a time; the remaining
-// steps one float at a time.
-void PackPanel(const float *src, int64_t ld, int64_t rows, int64_t depth,
-               int64_t width, float *out) {
+// One panel: out[p][r] = src[r][p] for r < rows, p < depth; zero for
+// rows <= r < width, so the kernel's padding computes zeros. Blocks of 16
+// steps of p go through Transpose16, 16 rows at a time; the remaining steps
+// one float at a time.
+void PackPanel(const InputRows &src, int64_t rows, int64_t depth, int64_t width,
+               float *out) {
   const int64_t block_depth = depth / 16 * 16;
   for (int64_t r = 0; r < rows; r += 16) {
     for (int64_t p = 0; p < block_depth; p += 16) {
-      Transpose16(src + r * ld + p, ld, std::min<int64_t>(16, rows - r),
+      Transpose16(Skip(src, r, p), std::min<int64_t>(16, rows - r),
                   out + p * width + r, width);
     }
   }
   for (int64_t p = 0; p < depth; ++p) {
     float *to = out + p * width;
     if (p >= block_depth) {
-      for (int64_t r = 0; r < rows; ++r) to[r] = src[r * ld + p];
+      for (int64_t r = 0; r < rows; ++r) to[r] = RowAt(src, r)[p];
     }
     for (int64_t r = rows; r < width; ++r) to[r] = 0.0f;
   }
@@ -360,11 +383,12 @@ Passes CutDepth(int64_t k) {
   return {count, (k + count - 1) / count};
 }
 
-// y columns [n0, n1) = x W^T, from x packed by pass and row panel: one task
-// of BlockedLinear. It packs its own columns of W, one pass at a time.
-void BlockedColumns(const float *xp, int64_t m, int64_t padded_m, int64_t k,
-                    const float *w, int64_t ldw, int64_t n, int64_t n0,
-                    int64_t n1, float *y) {
+// y rows [m0, m1) x columns [n0, n1) (+)= x W^T, from x packed by pass and
+// row panel (m0 a multiple of kBlockM): one task of BlockedProduct. It packs
+// its own columns of W, one pass at a time.
+void BlockedColumns(const float *xp, int64_t m0, int64_t m1, int64_t padded_m,
+                    int64_t k, const float *w, int64_t ldw, int64_t n0,
+                    int64_t n1, const OutputRows &y) {
   thread_local AlignedBuffer w_buffer;
   const Passes passes = CutDepth(k);
   const int64_t cols = n1 - n0;
@@ -373,15 +397,15 @@ void BlockedColumns(const float *xp, int64_t m, int64_t padded_m, int64_t k,
     const int64_t p0 = pass * passes.depth;
     const int64_t depth = std::min(passes.depth, k - p0);
     for (int64_t j = 0; j < cols; j += kBlockN) {
-      PackPanel(w + (n0 + j) * ldw + p0, ldw, std::min(kBlockN, cols - j),
+      PackPanel({w + (n0 + j) * ldw + p0, ldw}, std::min(kBlockN, cols - j),
                 depth, kBlockN, wp + j * depth);
     }
     const float *x_pass = xp + p0 * padded_m;
-    for (int64_t i = 0; i < m; i += kBlockM) {
+    for (int64_t i = m0; i < m1; i += kBlockM) {
       for (int64_t j = 0; j < cols; j += kBlockN) {
         BlockKernel(depth, x_pass + i * depth, wp + j * depth,
-                    y + i * n + n0 + j, n, std::min(kBlockM, m - i),
-                    std::min(kBlockN, cols - j), pass > 0);
+                    Skip(y, i, n0 + j), std::min(kBlockM, m1 - i),
+                    std::min(kBlockN, cols - j), pass > 0 || y.accumulate);
       }
     }
   }
@@ -394,8 +418,9 @@ void BlockedColumns(const float *xp, int64_t m, int64_t padded_m, int64_t k,
 template <int R, int V>
 __attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
                                                    int64_t k, const float *w,
-                                                   int64_t ldw, float *y,
-                                                   int64_t ldy, int64_t rows) {
+                                                   int64_t ldw,
+                                                   const OutputRows &y,
+                                                   int64_t rows) {
   __m512 acc[R][V];
 #pragma GCC unroll 28
   for (int r = 0; r < R; ++r) {
@@ -423,7 +448,12 @@ __attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
     for (int v = 0; v < V; ++v) _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
   }
   for (int64_t i = 0; i < rows; ++i) {
-    for (int r = 0; r < R; ++r) y[i * ldy + r] = tile[r][i];
+    float *row = RowAt(y, i);
+    if (y.accumulate) {
+      for (int r = 0; r < R; ++r) row[r] += tile[r][i];
+    } else {
+      for (int r = 0; r < R; ++r) row[r] = tile[r][i];
+    }
   }
 }
 
@@ -432,21 +462,20 @@ __attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
 template <int V>
 void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t first, int64_t last,
-                float *y, int64_t ldy) {
+                const OutputRows &y) {
   constexpr int64_t kTile = V == 1 ? 28 : 14;
   for (int64_t i = 0; i < m; i += 16 * V) {
     const int64_t rows = std::min<int64_t>(16 * V, m - i);
     const float *xb = xt + i;
-    float *yb = y + i * ldy;
     int64_t j = first;
     for (; j + kTile <= last; j += kTile) {
-      StreamTile<kTile, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, ldy, rows);
+      StreamTile<kTile, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
     }
     for (; j + 4 <= last; j += 4) {
-      StreamTile<4, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, ldy, rows);
+      StreamTile<4, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
     }
     for (; j < last; ++j) {
-      StreamTile<1, V>(xb, ldx, k, w + j * ldw, ldw, yb + j, ldy, rows);
+      StreamTile<1, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
     }
   }
 }
@@ -455,14 +484,14 @@ void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
 // rows its tiles read, so that the last block's padding lies inside the row.
 int64_t TransposedWidth(int64_t m) { return m <= 16 ? 16 : (m + 31) / 32 * 32; }
 
-// x [m, k] (row stride ldx) times `scale`, transposed into this thread's
-// buffer: xt [k][TransposedWidth(m)], zero-padded.
-const float *PackTransposed(const float *x, int64_t ldx, int64_t m, int64_t k,
+// x [m, k] times `scale`, transposed into this thread's buffer:
+// xt [k][TransposedWidth(m)], zero-padded.
+const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
                             float scale) {
   thread_local AlignedBuffer buffer;
   const int64_t ld = TransposedWidth(m);
   float *xt = buffer.Get(ld * k);
-  PackPanel(x, ldx, m, k, ld, xt);
+  PackPanel(x, m, k, ld, xt);
   if (scale != 1.0f) {
     for (int64_t i = 0; i < ld * k; ++i) xt[i] *= scale;
   }
@@ -554,6 +583,65 @@ ProductTileFn ProductTileFor(int64_t rows, int64_t vectors) {
   }
 }
 
+// y (+)= x W^T on BlockedLinear's loop nest. Threads split y's columns
+// into blocks of kChunkN and, when those are fewer than the threads (a
+// product of few columns), its rows into as many groups as make up the
+// difference (each group packs its own copy of W's block).
+void BlockedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
+                    int64_t ldw, int64_t n, const OutputRows &y) {
+  thread_local AlignedBuffer x_buffer;
+  const Passes passes = CutDepth(k);
+  const int64_t panels = (m + kBlockM - 1) / kBlockM;
+  const int64_t padded_m = panels * kBlockM;
+  float *xp = x_buffer.Get(padded_m * k);
+  const bool large = m * k * n >= kMinParallelMacs;
+  // x, packed once for every task: pass by pass, kBlockM-row panels.
+  auto pack = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pass = t / panels, i = (t % panels) * kBlockM;
+      const int64_t p0 = pass * passes.depth;
+      const int64_t depth = std::min(passes.depth, k - p0);
+      PackPanel(Skip(x, i, p0), std::min(kBlockM, m - i), depth, kBlockM,
+                xp + p0 * padded_m + i * depth);
+    }
+  };
+  const int64_t column_tasks = (n + kChunkN - 1) / kChunkN;
+  const int64_t threads = large ? AvailableThreads() : 1;
+  const int64_t row_groups = std::min(
+      panels,
+      std::max<int64_t>(1, (threads + column_tasks - 1) / column_tasks));
+  auto multiply = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t group = t / column_tasks, column = t % column_tasks;
+      const int64_t m0 = group * panels / row_groups * kBlockM;
+      const int64_t m1 =
+          std::min(m, (group + 1) * panels / row_groups * kBlockM);
+      BlockedColumns(xp, m0, m1, padded_m, k, w, ldw, column * kChunkN,
+                     std::min(n, (column + 1) * kChunkN), y);
+    }
+  };
+  RunTasks(passes.count * panels, large, pack);
+  RunTasks(column_tasks * row_groups, large, multiply);
+}
+
+// y (+)= x W^T on StreamedLinear's tiles (m <= kMaxStreamedRows).
+void StreamedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
+                     int64_t ldw, int64_t n, const OutputRows &y) {
+  const int64_t ldx = TransposedWidth(m);
+  const float *xt = PackTransposed(x, m, k, 1.0f);
+  const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
+  auto run = [&](int64_t begin, int64_t end) {
+    const int64_t first = begin * kRowsPerTask;
+    const int64_t last = std::min(n, end * kRowsPerTask);
+    if (m > 16) {
+      StreamRows<2>(xt, ldx, m, k, w, ldw, first, last, y);
+    } else {
+      StreamRows<1>(xt, ldx, m, k, w, ldw, first, last, y);
+    }
+  };
+  RunTasks(tasks, m * k * n >= kMinParallelMacs, run);
+}
+
 }  // namespace
 
 bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
@@ -572,31 +660,7 @@ bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
 bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const float *bias, float *y) {
   if (!HasAvx512() || m < 1 || k < 1 || n < 1) return false;
-  thread_local AlignedBuffer x_buffer;
-  const Passes passes = CutDepth(k);
-  const int64_t panels = (m + kBlockM - 1) / kBlockM;
-  const int64_t padded_m = panels * kBlockM;
-  float *xp = x_buffer.Get(padded_m * k);
-  const bool large = m * k * n >= kMinParallelMacs;
-  // x, packed once for every task: pass by pass, kBlockM-row panels.
-  auto pack = [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t pass = t / panels, i = (t % panels) * kBlockM;
-      const int64_t p0 = pass * passes.depth;
-      const int64_t depth = std::min(passes.depth, k - p0);
-      PackPanel(x + i * k + p0, k, std::min(kBlockM, m - i), depth, kBlockM,
-                xp + p0 * padded_m + i * depth);
-    }
-  };
-  const int64_t tasks = (n + kChunkN - 1) / kChunkN;
-  auto multiply = [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      BlockedColumns(xp, m, padded_m, k, w, ldw, n, t * kChunkN,
-                     std::min(n, (t + 1) * kChunkN), y);
-    }
-  };
-  RunTasks(passes.count * panels, large, pack);
-  RunTasks(tasks, large, multiply);
+  BlockedProduct({x, k}, m, k, w, ldw, n, {y, n});
   AddBias(bias, m, n, y);
   return true;
 }
@@ -606,20 +670,19 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
   if (!HasAvx512() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
     return false;
   }
-  const int64_t ldx = TransposedWidth(m);
-  const float *xt = PackTransposed(x, k, m, k, 1.0f);
-  const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
-  auto run = [&](int64_t begin, int64_t end) {
-    const int64_t first = begin * kRowsPerTask;
-    const int64_t last = std::min(n, end * kRowsPerTask);
-    if (m > 16) {
-      StreamRows<2>(xt, ldx, m, k, w, ldw, first, last, y, n);
-    } else {
-      StreamRows<1>(xt, ldx, m, k, w, ldw, first, last, y, n);
-    }
-  };
-  RunTasks(tasks, m * k * n >= kMinParallelMacs, run);
+  StreamedProduct({x, k}, m, k, w, ldw, n, {y, n});
   AddBias(bias, m, n, y);
+  return true;
+}
+
+bool IndexedLinear(const InputRows &x, int64_t m, int64_t k, const float *w,
+                   int64_t ldw, int64_t n, const OutputRows &y) {
+  if (!HasAvx512() || m < 1 || k < 1 || n < 1) return false;
+  if (m <= kMaxStreamedRows) {
+    StreamedProduct(x, m, k, w, ldw, n, y);
+  } else {
+    BlockedProduct(x, m, k, w, ldw, n, y);
+  }
   return true;
 }
 
@@ -645,11 +708,11 @@ bool ScoresProduct(const float *q, int64_t m, int64_t k, float scale,
     return false;
   }
   const int64_t ldx = TransposedWidth(m);
-  const float *xt = PackTransposed(q, k, m, k, scale);
+  const float *xt = PackTransposed({q, k}, m, k, scale);
   if (m > 16) {
-    StreamRows<2>(xt, ldx, m, k, keys, ldk, 0, n, y, ldy);
+    StreamRows<2>(xt, ldx, m, k, keys, ldk, 0, n, {y, ldy});
   } else {
-    StreamRows<1>(xt, ldx, m, k, keys, ldk, 0, n, y, ldy);
+    StreamRows<1>(xt, ldx, m, k, keys, ldk, 0, n, {y, ldy});
   }
   return true;
 }

@@ -7,6 +7,23 @@
 
 namespace moh {
 
+// A row-major float32 matrix given by its rows, which may be picked out of a
+// larger one: row i lies at data + (index ? index[i] : i) * ld.
+struct InputRows {
+  const float *data;
+  int64_t ld;
+  const int64_t *index = nullptr;
+};
+
+// Where a product's rows go, as InputRows: written, or added to what is
+// there when `accumulate`.
+struct OutputRows {
+  float *data;
+  int64_t ld;
+  const int64_t *index = nullptr;
+  bool accumulate = false;
+};
+
 // C [m, n] = alpha op(A) B + beta C, column-major; op(A) is [m, k] (A [k, m]
 // when transposed), B [k, n]. Up to a few columns of B it runs as
 // matrix-vector products (no packing of A).
@@ -89,5 +106,16 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
 // pool. The bench model's prefill of 512 tokens in process: 1.39x OpenBLAS.
 bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const float *bias, float *y);
+
+// y [m, n] = (or +=) x [m, k] W^T, W as SkinnyLinear's, for any m, with x's
+// rows gathered and y's scattered by index: a head-sparse layer's per-head
+// products over the tokens that chose the head. The gather happens while x
+// is packed and the scatter (and add) in the kernels' stores, where
+// index_select, a product and index_add_ would copy both sides once more.
+// StreamedLinear's tiles up to kMaxStreamedRows rows, BlockedLinear's loop
+// nest beyond; AVX-512 only (false, doing nothing, without it). y's rows
+// must be distinct.
+bool IndexedLinear(const InputRows &x, int64_t m, int64_t k, const float *w,
+                   int64_t ldw, int64_t n, const OutputRows &y);
 
 }  // namespace moh

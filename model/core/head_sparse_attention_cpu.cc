@@ -147,6 +147,35 @@ at::Tensor FullHeadOutputs(const at::Tensor &a, const at::Tensor &weight,
   return y;
 }
 
+// Whether IndexedLinear can read `t`'s rows in place (float32 on the CPU,
+// each row contiguous).
+bool RowsInPlace(const at::Tensor &t) {
+  return t.is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 2 &&
+         t.stride(1) == 1;
+}
+
+// Head h's queries over its tokens (`count` rows of x, `tokens`) into q
+// [count, D]: x's rows gathered while the product packs them, where
+// possible.
+void RoutedQueries(const HeadSparseAttentionInputs &in, int64_t h, int64_t d,
+                   const int64_t *tokens, int64_t count, at::Tensor q) {
+  const at::Tensor weight = in.q_weight.narrow(0, h * d, d);
+  const at::Tensor bias =
+      in.q_bias.defined() ? in.q_bias.narrow(0, h * d, d) : at::Tensor();
+  const int64_t c = in.x.size(1);
+  if (RowsInPlace(in.x) && RowsInPlace(weight) && q.is_contiguous() &&
+      IndexedLinear({in.x.data_ptr<float>(), in.x.stride(0), tokens}, count, c,
+                    weight.data_ptr<float>(), weight.stride(0), d,
+                    {q.data_ptr<float>(), d})) {
+    if (bias.defined()) q.add_(bias);
+    return;
+  }
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
+  at::Tensor x = in.x.index_select(
+      0, at::from_blob(const_cast<int64_t *>(tokens), {count}, longs));
+  LinearInto(x, weight, bias, q);
+}
+
 // Rows [first, first + count) of a row's keys (or values) for one KV head:
 // a strided [count, D] float32 matrix with leading dimension `ld`.
 struct CacheRun {
@@ -297,23 +326,19 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const int64_t num_pairs = static_cast<int64_t>(pair_token.size());
   at::Tensor pair_index = at::from_blob(pair_token.data(), {num_pairs}, longs);
   at::Tensor q_routed = at::empty({num_pairs, d}, in.x.options());
-  ParallelPull(static_cast<int64_t>(routed.size()),
-               num_pairs * d * in.x.size(1), [&](int64_t i) {
-                 const int64_t h = routed[i];
-                 const int64_t count =
-                     static_cast<int64_t>(head_tokens[h].size());
-                 at::Tensor tokens = pair_index.narrow(0, first_pair[h], count);
-                 at::Tensor dst = q_routed.narrow(0, first_pair[h], count);
-                 if (in.q_full.defined()) {
-                   dst.copy_(in.q_full.select(1, h).index_select(0, tokens));
-                   return;
-                 }
-                 at::Tensor x = in.x.index_select(0, tokens);
-                 LinearInto(x, in.q_weight.narrow(0, h * d, d),
-                            in.q_bias.defined() ? in.q_bias.narrow(0, h * d, d)
-                                                : at::Tensor(),
-                            dst);
-               });
+  ParallelPull(
+      static_cast<int64_t>(routed.size()), num_pairs * d * in.x.size(1),
+      [&](int64_t i) {
+        const int64_t h = routed[i];
+        const int64_t count = static_cast<int64_t>(head_tokens[h].size());
+        at::Tensor dst = q_routed.narrow(0, first_pair[h], count);
+        if (in.q_full.defined()) {
+          at::Tensor tokens = pair_index.narrow(0, first_pair[h], count);
+          dst.copy_(in.q_full.select(1, h).index_select(0, tokens));
+          return;
+        }
+        RoutedQueries(in, h, d, pair_token.data() + first_pair[h], count, dst);
+      });
   if (in.rotate && num_pairs > 0) {
     q_routed.copy_(
         in.rotate(q_routed, in.token_pos.index_select(0, pair_index)));
@@ -458,6 +483,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
     const int64_t blocks =
         std::min<int64_t>(at::get_num_threads(), (out_cols + 63) / 64);
     const int64_t width = (out_cols + blocks - 1) / blocks;
+    const bool in_place = RowsInPlace(out) && RowsInPlace(in.o_weight);
     ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
       const int64_t c0 = block * width;
       const int64_t cols = std::min(width, out_cols - c0);
@@ -467,6 +493,15 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
         const int64_t count = static_cast<int64_t>(head_tokens[h].size());
         at::Tensor a = q_routed.narrow(0, first_pair[h], count);
         at::Tensor w = in.o_weight.narrow(0, c0, cols).narrow(1, h * d, d);
+        // Added straight into the tokens' rows of `out`, where possible.
+        if (in_place &&
+            IndexedLinear({a.data_ptr<float>(), d}, count, d,
+                          w.data_ptr<float>(), w.stride(0), cols,
+                          {out_cols_view.data_ptr<float>(), out.stride(0),
+                           pair_token.data() + first_pair[h],
+                           /*accumulate=*/true})) {
+          continue;
+        }
         out_cols_view.index_add_(0, pair_index.narrow(0, first_pair[h], count),
                                  Linear(a, w));
       }

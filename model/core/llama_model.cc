@@ -1,7 +1,9 @@
 #include "model/core/llama_model.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -58,7 +60,24 @@ at::Tensor RotateLoop(const at::Tensor& x, const at::Tensor& positions,
   return out;
 }
 
-// RMSNorm of x [n, C] (contiguous) with weight [C].
+// Sum of squares of x[0, c): 16 partial sums, so that the adds do not wait
+// on each other (one running sum is a chain of c dependent adds, which made
+// a 2048-token prefill's norms take as long as a projection).
+float SumOfSquares(const float* x, int64_t c) {
+  constexpr int64_t kLanes = 16;
+  float partial[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= c; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) partial[l] += x[j + l] * x[j + l];
+  }
+  for (; j < c; ++j) partial[0] += x[j] * x[j];
+  float sum = 0.0f;
+  for (float p : partial) sum += p;
+  return sum;
+}
+
+// RMSNorm of x [n, C] (contiguous) with weight [C], rows split on the
+// intra-op pool when there are many.
 at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
                        double eps) {
   const int64_t n = x.size(0), c = x.size(1);
@@ -66,15 +85,19 @@ at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
   const float* in = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xi = in + i * c;
-    float* oi = o + i * c;
-    float squares = 0.0f;
-    for (int64_t j = 0; j < c; ++j) squares += xi[j] * xi[j];
-    const float scale = 1.0f / std::sqrt(squares / static_cast<float>(c) +
-                                         static_cast<float>(eps));
-    for (int64_t j = 0; j < c; ++j) oi[j] = w[j] * (xi[j] * scale);
-  }
+  constexpr int64_t kMinParallelFloats = 1 << 16;
+  at::parallel_for(
+      0, n, std::max<int64_t>(1, kMinParallelFloats / std::max<int64_t>(c, 1)),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float* xi = in + i * c;
+          float* oi = o + i * c;
+          const float scale =
+              1.0f / std::sqrt(SumOfSquares(xi, c) / static_cast<float>(c) +
+                               static_cast<float>(eps));
+          for (int64_t j = 0; j < c; ++j) oi[j] = w[j] * (xi[j] * scale);
+        }
+      });
   return out;
 }
 
