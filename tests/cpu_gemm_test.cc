@@ -2,7 +2,7 @@
 // SkinnyLinear at every row count it takes and BlockedLinear across its
 // micro-tile, depth and task block edges; odd column counts (the tiles' and
 // the vector width's remainders), with and without bias, one thread and the
-// pool.
+// pool; IndexedLinear's gathered and scattered rows, written and added.
 #include "model/core/cpu_gemm.h"
 
 #include <ATen/ATen.h>
@@ -201,11 +201,13 @@ TEST(IndexedLinearTest, GathersAndScattersOnBothKernels) {
   const int threads = at::get_num_threads();
   for (int pool : {1, 2}) {
     at::set_num_threads(pool);
-    // Streamed tiles (up to 128 rows, 16- and 32-row blocks), then blocked.
+    // Streamed tiles (up to 128 rows, 16- and 32-row blocks), then blocked:
+    // x read in place (up to 64 columns) or packed.
     for (int64_t m : {1, 7, 17, 128, 129, 300}) {
       for (bool accumulate : {false, true}) {
         ExpectIndexedMatches(m, 64, 1024 / m + 33, accumulate);
         ExpectIndexedMatches(m, 600, 64, accumulate);
+        ExpectIndexedMatches(m, 70, 100, accumulate);
       }
     }
   }

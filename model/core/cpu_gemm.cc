@@ -242,13 +242,18 @@ constexpr int64_t kBlockN = 32;
 // the columns of y one parallel task owns.
 constexpr int64_t kMaxDepth = 512;
 constexpr int64_t kChunkN = 4 * kBlockN;
+// Most columns of y for which BlockedProduct reads x in place.
+constexpr int64_t kMaxDirectColumns = 2 * kBlockN;
 
 // y rows [0, rows) x columns [0, cols) (rows <= kBlockM, cols <= kBlockN)
-// = (or +=, when `accumulate`) packed x [depth][kBlockM] times packed W
-// [depth][kBlockN].
+// = (or +=, when `accumulate`) x times packed W [depth][kBlockN], where x is
+// packed [depth][kBlockM] at `xp` or, when kDirect, read where its kBlockM
+// rows lie (`x_rows`, each from the pass's first column; rows past `rows`
+// repeat a valid one).
+template <bool kDirect>
 __attribute__((target("avx512f"))) void BlockKernel(
-    int64_t depth, const float *xp, const float *wp, const OutputRows &y,
-    int64_t rows, int64_t cols, bool accumulate) {
+    int64_t depth, const float *xp, const float *const *x_rows, const float *wp,
+    const OutputRows &y, int64_t rows, int64_t cols, bool accumulate) {
   __m512 acc[kBlockM][2];
 #pragma GCC unroll 14
   for (int i = 0; i < kBlockM; ++i) {
@@ -261,7 +266,7 @@ __attribute__((target("avx512f"))) void BlockKernel(
     const float *xs = xp + p * kBlockM;
 #pragma GCC unroll 14
     for (int i = 0; i < kBlockM; ++i) {
-      const __m512 xv = _mm512_set1_ps(xs[i]);
+      const __m512 xv = _mm512_set1_ps(kDirect ? x_rows[i][p] : xs[i]);
       acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
       acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
     }
@@ -384,11 +389,12 @@ Passes CutDepth(int64_t k) {
 }
 
 // y rows [m0, m1) x columns [n0, n1) (+)= x W^T, from x packed by pass and
-// row panel (m0 a multiple of kBlockM): one task of BlockedProduct. It packs
-// its own columns of W, one pass at a time.
-void BlockedColumns(const float *xp, int64_t m0, int64_t m1, int64_t padded_m,
-                    int64_t k, const float *w, int64_t ldw, int64_t n0,
-                    int64_t n1, const OutputRows &y) {
+// row panel at `xp` or, when `direct` is given, read in place (m0 a multiple
+// of kBlockM): one task of BlockedProduct. It packs its own columns of W, one
+// pass at a time.
+void BlockedColumns(const float *xp, const InputRows *direct, int64_t m0,
+                    int64_t m1, int64_t padded_m, int64_t k, const float *w,
+                    int64_t ldw, int64_t n0, int64_t n1, const OutputRows &y) {
   thread_local AlignedBuffer w_buffer;
   const Passes passes = CutDepth(k);
   const int64_t cols = n1 - n0;
@@ -400,12 +406,25 @@ void BlockedColumns(const float *xp, int64_t m0, int64_t m1, int64_t padded_m,
       PackPanel({w + (n0 + j) * ldw + p0, ldw}, std::min(kBlockN, cols - j),
                 depth, kBlockN, wp + j * depth);
     }
-    const float *x_pass = xp + p0 * padded_m;
+    const float *x_pass = direct != nullptr ? nullptr : xp + p0 * padded_m;
     for (int64_t i = m0; i < m1; i += kBlockM) {
+      const int64_t rows = std::min(kBlockM, m1 - i);
+      const float *x_rows[kBlockM];
+      if (direct != nullptr) {
+        for (int64_t r = 0; r < kBlockM; ++r) {
+          x_rows[r] = RowAt(*direct, i + std::min(r, rows - 1)) + p0;
+        }
+      }
       for (int64_t j = 0; j < cols; j += kBlockN) {
-        BlockKernel(depth, x_pass + i * depth, wp + j * depth,
-                    Skip(y, i, n0 + j), std::min(kBlockM, m1 - i),
-                    std::min(kBlockN, cols - j), pass > 0 || y.accumulate);
+        const int64_t tile_cols = std::min(kBlockN, cols - j);
+        const bool accumulate = pass > 0 || y.accumulate;
+        if (direct != nullptr) {
+          BlockKernel<true>(depth, nullptr, x_rows, wp + j * depth,
+                            Skip(y, i, n0 + j), rows, tile_cols, accumulate);
+        } else {
+          BlockKernel<false>(depth, x_pass + i * depth, nullptr, wp + j * depth,
+                             Skip(y, i, n0 + j), rows, tile_cols, accumulate);
+        }
       }
     }
   }
@@ -586,15 +605,19 @@ ProductTileFn ProductTileFor(int64_t rows, int64_t vectors) {
 // y (+)= x W^T on BlockedLinear's loop nest. Threads split y's columns
 // into blocks of kChunkN and, when those are fewer than the threads (a
 // product of few columns), its rows into as many groups as make up the
-// difference (each group packs its own copy of W's block).
+// difference (each group packs its own copy of W's block). When W has at
+// most kMaxDirectColumns rows, x is not packed: each panel of it would be
+// read by so few tiles that packing (a read and a write of x) costs more
+// than the kernel's strided reads of it.
 void BlockedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
                     int64_t ldw, int64_t n, const OutputRows &y) {
-  thread_local AlignedBuffer x_buffer;
   const Passes passes = CutDepth(k);
   const int64_t panels = (m + kBlockM - 1) / kBlockM;
   const int64_t padded_m = panels * kBlockM;
-  float *xp = x_buffer.Get(padded_m * k);
   const bool large = m * k * n >= kMinParallelMacs;
+  const bool direct = n <= kMaxDirectColumns;
+  thread_local AlignedBuffer x_buffer;
+  float *xp = direct ? nullptr : x_buffer.Get(padded_m * k);
   // x, packed once for every task: pass by pass, kBlockM-row panels.
   auto pack = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -616,11 +639,11 @@ void BlockedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
       const int64_t m0 = group * panels / row_groups * kBlockM;
       const int64_t m1 =
           std::min(m, (group + 1) * panels / row_groups * kBlockM);
-      BlockedColumns(xp, m0, m1, padded_m, k, w, ldw, column * kChunkN,
-                     std::min(n, (column + 1) * kChunkN), y);
+      BlockedColumns(xp, direct ? &x : nullptr, m0, m1, padded_m, k, w, ldw,
+                     column * kChunkN, std::min(n, (column + 1) * kChunkN), y);
     }
   };
-  RunTasks(passes.count * panels, large, pack);
+  if (!direct) RunTasks(passes.count * panels, large, pack);
   RunTasks(column_tasks * row_groups, large, multiply);
 }
 

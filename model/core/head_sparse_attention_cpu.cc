@@ -480,9 +480,10 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
         0, at::from_blob(pair_flat.data(), {num_pairs}, longs));
     q_routed.mul_(pair_gate.unsqueeze(1));
     const int64_t out_cols = in.o_weight.size(0);
-    const int64_t blocks =
-        std::min<int64_t>(at::get_num_threads(), (out_cols + 63) / 64);
-    const int64_t width = (out_cols + blocks - 1) / blocks;
+    // Blocks of 64 columns (read by IndexedLinear without packing): one
+    // block of `out` for every token stays in L2 while every head adds to it.
+    const int64_t width = 64;
+    const int64_t blocks = (out_cols + width - 1) / width;
     const bool in_place = RowsInPlace(out) && RowsInPlace(in.o_weight);
     ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
       const int64_t c0 = block * width;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/core/linear.h"
 
 namespace moh {
 namespace {
@@ -76,6 +77,13 @@ absl::StatusOr<MohRouter> MohRouter::Load(RouterKind kind,
   if (shared > 1) {
     MOH_ASSIGN_OR_RETURN(router.wg_1_, take("wg_1.weight", shared));
   }
+  if (routed > 0) {
+    std::vector<at::Tensor> parts = {router.wg_};
+    for (const at::Tensor* w : {&router.wg_0_, &router.wg_1_}) {
+      if (w->defined()) parts.push_back(*w);
+    }
+    router.stacked_ = at::cat(parts, 0);
+  }
   return router;
 }
 
@@ -105,17 +113,20 @@ at::Tensor MohRouter::LearnedGates(const at::Tensor& x, const at::Tensor& top_k,
       x.size(0) <= kMaxLoopRows) {
     return LearnedGatesLoop(x.contiguous(), top_k);
   }
-  at::Tensor gates = at::softmax(at::matmul(x, wg_.t()), 1);
+  // Every gate's logits in one product: [N, R (+ 2 (+ S))].
+  const at::Tensor logits = Linear(x, stacked_);
+  const int64_t routed_heads = layer_.routed_heads();
+  at::Tensor gates = at::softmax(logits.narrow(1, 0, routed_heads), 1);
   at::Tensor routed = gates * TopKMask(gates, top_k, max_top_k);
   at::Tensor denom = at::clamp_min(routed.sum(1, /*keepdim=*/true),
                                    std::numeric_limits<float>::epsilon());
   routed = routed / denom * top_k.unsqueeze(1).to(routed.scalar_type());
   if (shared == 0) return routed;
-  at::Tensor weight_0 = at::softmax(at::matmul(x, wg_0_.t()), 1) * 2.0;
-  at::Tensor shared_gates = shared > 1
-                                ? at::softmax(at::matmul(x, wg_1_.t()), 1) *
-                                      static_cast<double>(shared)
-                                : at::ones({x.size(0), 1}, x.options());
+  at::Tensor weight_0 = at::softmax(logits.narrow(1, routed_heads, 2), 1) * 2.0;
+  at::Tensor shared_gates =
+      shared > 1 ? at::softmax(logits.narrow(1, routed_heads + 2, shared), 1) *
+                       static_cast<double>(shared)
+                 : at::ones({x.size(0), 1}, x.options());
   shared_gates = shared_gates * weight_0.narrow(1, 0, 1);
   routed = routed * weight_0.narrow(1, 1, 1);
   return at::cat({shared_gates, routed}, 1);

@@ -59,6 +59,9 @@ class MohRouter {
   at::Tensor wg_;    // [R, C]
   at::Tensor wg_0_;  // [2, C]
   at::Tensor wg_1_;  // [S, C]
+  // wg_, wg_0_ and wg_1_ stacked (those defined), when R > 0: the many-row
+  // path's one product, a single pass over x.
+  at::Tensor stacked_;
 };
 
 struct TopKBounds {
