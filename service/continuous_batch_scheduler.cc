@@ -12,10 +12,33 @@
 #include "base/status_macros.h"
 #include "model/core/activation.h"
 #include "model/tokenizer/tokenizer.h"
+#include "service/callback_thread.h"
 #include "service/engine_loop.h"
 
 namespace moh {
 namespace {
+
+// A job's observer, called on the scheduler's callback thread: each call is
+// queued there (with a copy of its argument) and runs after the step.
+class DeliveredObserver : public GenerationObserver {
+ public:
+  DeliveredObserver(std::shared_ptr<GenerationObserver> target,
+                    CallbackThread* thread)
+      : target_(std::move(target)), thread_(thread) {}
+  void OnChunk(const GenerationChunk& chunk) override {
+    thread_->Post([target = target_, chunk] { target->OnChunk(chunk); });
+  }
+  void OnFinished(const GenerationSummary& summary) override {
+    thread_->Post([target = target_, summary] { target->OnFinished(summary); });
+  }
+  void OnError(const absl::Status& status) override {
+    thread_->Post([target = target_, status] { target->OnError(status); });
+  }
+
+ private:
+  const std::shared_ptr<GenerationObserver> target_;
+  CallbackThread* const thread_;
+};
 
 // The samples of one job with n > 1 share its observer: each reports
 // through a SampleObserver, which numbers its output, and forwards one error
@@ -79,8 +102,10 @@ struct Sequence {
 class LanguageExecutor : public StepExecutor<Sequence> {
  public:
   LanguageExecutor(const ContinuousBatchScheduler::Options& options,
-                   const LanguageModel& lm, ModelMetrics* metrics)
+                   const LanguageModel& lm, ModelMetrics* metrics,
+                   CallbackThread* callbacks)
       : lm_(lm),
+        callbacks_(callbacks),
         model_(*lm.model),
         metrics_(metrics),
         num_head_counters_(static_cast<size_t>(model_.config().num_layers) *
@@ -106,6 +131,8 @@ class LanguageExecutor : public StepExecutor<Sequence> {
       return absl::InternalError(e.what());
     }
   }
+
+  void StepDone() override { callbacks_->Flush(); }
 
   void End(Sequence& seq, EndKind kind, const absl::Status& status) override {
     if (kind == EndKind::kFailed) {
@@ -263,6 +290,7 @@ class LanguageExecutor : public StepExecutor<Sequence> {
   }
 
   const LanguageModel& lm_;
+  CallbackThread* const callbacks_;
   const LlamaModel& model_;
   ModelMetrics* const metrics_;
   const size_t num_head_counters_;
@@ -276,7 +304,8 @@ class ContinuousBatchScheduler::Impl {
   Impl(const Options& options, const LanguageModel& lm, ModelMetrics* metrics)
       : options_(options),
         lm_(lm),
-        executor_(options, lm, metrics),
+        callbacks_("moh-out-" + options.model_name),
+        executor_(options, lm, metrics, &callbacks_),
         loop_(LoopOptions(options), &executor_, metrics) {}
 
   absl::StatusOr<uint64_t> Submit(
@@ -285,6 +314,8 @@ class ContinuousBatchScheduler::Impl {
       return absl::InvalidArgumentError("observer must not be null");
     }
     MOH_ASSIGN_OR_RETURN(Activation activation, Validate(job));
+    observer =
+        std::make_shared<DeliveredObserver>(std::move(observer), &callbacks_);
     PlannedWork work;
     work.prompt_len = job.prompt_ids.size();
     work.max_outputs = job.sampling.max_new_tokens;
@@ -352,6 +383,9 @@ class ContinuousBatchScheduler::Impl {
 
   const Options options_;
   const LanguageModel& lm_;
+  // Before the loop: destroyed after it, running the observers' calls of
+  // its last steps and of its shutdown.
+  CallbackThread callbacks_;
   LanguageExecutor executor_;
   EngineLoop<Sequence> loop_;  // last: stopped first
 };

@@ -75,7 +75,8 @@ struct GenerationSummary {
 // Receives one job's output. Either OnFinished is called once per sample
 // (GenerationChunk::index and GenerationSummary::index say which; the last
 // one has GenerationSummary::last), or OnError once, and nothing after it.
-// Called on the scheduler's loop thread; must not block.
+// Called, in order, on the scheduler's callback thread (callback_thread.h),
+// after the step that produced the output; must not block.
 class GenerationObserver {
  public:
   virtual ~GenerationObserver() = default;

@@ -74,6 +74,9 @@ class StepExecutor {
   // The request leaves; called exactly once per submitted request.
   virtual void End(Request& request, EndKind kind,
                    const absl::Status& status) = 0;
+  // After each iteration of the loop (and after its shutdown): where an
+  // executor that queues its observers' calls hands them over.
+  virtual void StepDone() {}
 };
 
 struct EngineLoopOptions {
@@ -255,6 +258,7 @@ class EngineLoop {
         executor_->Admit(*requests_.at(admitted.id), admitted);
       }
       if (!plan.rows.empty()) RunStep(plan);
+      executor_->StepDone();
       PublishGauges();
     }
     // Shutdown: every request, in the inbox, queued or running.
@@ -274,6 +278,7 @@ class EngineLoop {
     const absl::Status shutdown =
         absl::UnavailableError("server shutting down");
     for (const EndedRequest& e : ended) End(e.id, EndKind::kFailed, shutdown);
+    executor_->StepDone();
     PublishGauges();
   }
 
