@@ -107,6 +107,9 @@ inline constexpr ConfigLimits<int32_t> kPrefillTokenBudget{512, 1, 1 << 20};
 inline constexpr ConfigLimits<int32_t> kDefaultMaxNewTokens{64, 1, 1 << 20};
 // generation.attention_workspace_mb: the attention workspace of one step, MiB.
 inline constexpr ConfigLimits<int32_t> kAttentionWorkspaceMb{256, 1, 1 << 16};
+// generation.idle_gather_us: an idle model's wait for more arrivals, in
+// microseconds (0: none).
+inline constexpr ConfigLimits<int32_t> kIdleGatherUs{300, 0, 100000};
 // generation.kv_block_size: token positions per KV-cache block.
 inline constexpr ConfigLimits<int32_t> kKvBlockSize{16, 1, 4096};
 // generation.kv_blocks: KV-cache blocks; 0 (the default) = max_running x

@@ -374,6 +374,7 @@ class ContinuousBatchScheduler::Impl {
     loop.planner.kv_blocks = options.kv_blocks;
     loop.planner.kv_block_size = options.kv_block_size;
     loop.planner.prefix_caching = options.prefix_caching;
+    loop.idle_gather = options.idle_gather;
     return loop;
   }
 
@@ -470,6 +471,8 @@ ContinuousBatchScheduler::Create(const Options& options,
        limits::kPrefillTokenBudget.min, INT32_MAX},
       {"adaptive_queue_depth", options.adaptive_queue_depth,
        limits::kMinAdaptiveQueueDepth, INT32_MAX},
+      {"idle_gather_us", absl::ToInt64Microseconds(options.idle_gather),
+       limits::kIdleGatherUs.min, limits::kIdleGatherUs.max},
       {"kv_block_size", options.kv_block_size, limits::kKvBlockSize.min,
        limits::kKvBlockSize.max},
       // One sequence of max_seq_len must fit.

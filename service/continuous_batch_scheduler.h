@@ -113,6 +113,9 @@ class ContinuousBatchScheduler {
         config_limits::kPrefillTokenBudget.default_value;
     // 0 = adaptive activation off.
     int32_t adaptive_queue_depth = config_limits::kAdaptiveQueueDepthOff;
+    // An idle loop's wait for more arrivals (EngineLoopOptions::idle_gather).
+    absl::Duration idle_gather =
+        absl::Microseconds(config_limits::kIdleGatherUs.default_value);
   };
 
   // `model` must outlive the scheduler; `metrics` may be null.

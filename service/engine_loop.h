@@ -86,6 +86,12 @@ struct EngineLoopOptions {
   BatchKind step_kind = BatchKind::kDecode;
   StepPlannerOptions planner;
   Clock* clock = RealClock();
+  // When a request arrives at an idle loop, how long the loop waits for the
+  // next one before its first step; each arrival restarts the wait, up to
+  // kMaxGatherWaits of them (and never past max_running requests). A burst
+  // (clients whose previous requests ended in the same step) then starts in
+  // one step, not one step per arrival. Zero: no wait. Real time.
+  absl::Duration idle_gather = absl::ZeroDuration();
 };
 
 template <typename Request>
@@ -218,6 +224,26 @@ class EngineLoop {
     group_of_.erase(member);
   }
 
+  // See EngineLoopOptions::idle_gather.
+  static constexpr int kMaxGatherWaits = 4;
+  void GatherArrivals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.idle_gather <= absl::ZeroDuration()) return;
+    for (int wait = 0; wait < kMaxGatherWaits; ++wait) {
+      if (stopping_ ||
+          static_cast<int64_t>(inbox_.size()) >= options_.planner.max_running) {
+        return;
+      }
+      arrivals_seen_ = inbox_.size();
+      if (!mu_.AwaitWithTimeout(absl::Condition(this, &EngineLoop::Arrived),
+                                options_.idle_gather)) {
+        return;  // quiet for idle_gather
+      }
+    }
+  }
+  bool Arrived() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || inbox_.size() > arrivals_seen_;
+  }
+
   int64_t WaitingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return static_cast<int64_t>(inbox_.size()) + planner_.num_waiting();
   }
@@ -230,8 +256,10 @@ class EngineLoop {
       StepPlan plan;
       {
         absl::MutexLock lock(&mu_);
-        if (planner_.idle())
+        if (planner_.idle()) {
           mu_.Await(absl::Condition(this, &EngineLoop::HasWork));
+          GatherArrivals();
+        }
         if (stopping_) break;
         for (Incoming& in : inbox_) {
           planner_.Enqueue(in.id, in.work, in.submitted);
@@ -370,6 +398,7 @@ class EngineLoop {
   std::unordered_map<uint64_t, Group> groups_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, uint64_t> group_of_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t arrivals_seen_ ABSL_GUARDED_BY(mu_) = 0;  // GatherArrivals' count
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
   options.kv_block_size = g.kv_block_size();
   options.kv_blocks = g.kv_blocks();
   options.prefix_caching = g.prefix_caching();
+  options.idle_gather = absl::Microseconds(g.idle_gather_us());
   model.model->set_attention_workspace_bytes(int64_t{g.attention_workspace_mb()}
                                              << 20);
   MOH_RETURN_IF_ERROR(model.model->set_kv_cache_dtype(

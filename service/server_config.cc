@@ -106,6 +106,14 @@ absl::Status ResolveModel(const std::string& path, v1::ModelConfig* m) {
                      config_limits::kMaxKvBlocks, "], got ", g->kv_blocks()));
   }
   if (!g->has_prefix_caching()) g->set_prefix_caching(true);
+  if (!g->has_idle_gather_us()) {
+    g->set_idle_gather_us(config_limits::kIdleGatherUs.default_value);
+  } else if (!config_limits::kIdleGatherUs.Contains(g->idle_gather_us())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ".generation.idle_gather_us must be in [",
+        config_limits::kIdleGatherUs.min, ", ",
+        config_limits::kIdleGatherUs.max, "], got ", g->idle_gather_us()));
+  }
   if (g->kv_cache_dtype().empty()) {
     g->set_kv_cache_dtype(config_limits::kDefaultDtype);
   }

@@ -400,6 +400,32 @@ TEST_F(ContinuousBatchSchedulerTest, CancelMidStreamFreesTheSlot) {
   scheduler->Cancel(12345);
 }
 
+// Requests reaching an idle scheduler 20 ms apart start in one step when it
+// waits (idle_gather) for more, and in a step each when it does not.
+TEST_F(ContinuousBatchSchedulerTest, IdleSchedulerGathersArrivals) {
+  for (const absl::Duration gather :
+       {absl::Milliseconds(100), absl::ZeroDuration()}) {
+    SetUp();  // fresh metrics
+    ContinuousBatchScheduler::Options options;
+    options.max_running = 3;  // the third arrival ends the wait
+    options.idle_gather = gather;
+    auto scheduler = MakeScheduler(options);
+    ASSERT_NE(scheduler, nullptr);
+    std::vector<std::shared_ptr<Recorder>> recorders;
+    for (size_t i = 0; i < 3; ++i) {
+      if (i > 0) absl::SleepFor(absl::Milliseconds(20));
+      recorders.push_back(Run(*scheduler, Job(cases_[i])));
+    }
+    for (size_t i = 0; i < 3; ++i) ExpectGolden(*recorders[i], cases_[i]);
+    const uint64_t prefill_steps = HistogramCount("moh_batch_size", "prefill");
+    if (gather > absl::ZeroDuration()) {
+      EXPECT_EQ(prefill_steps, 1u);
+    } else {
+      EXPECT_GE(prefill_steps, 2u);
+    }
+  }
+}
+
 TEST_F(ContinuousBatchSchedulerTest, CancelWhileQueued) {
   ContinuousBatchScheduler::Options options;
   options.max_running = 1;

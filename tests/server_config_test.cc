@@ -55,6 +55,7 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(lm.generation().kv_block_size(), 16);
   EXPECT_EQ(lm.generation().kv_blocks(), 0);  // automatic
   EXPECT_TRUE(lm.generation().prefix_caching());
+  EXPECT_EQ(lm.generation().idle_gather_us(), 300);
   EXPECT_EQ(config->models(1).generation().max_running(), 4);
   std::remove(path.c_str());
 }
@@ -137,6 +138,8 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
       {"models { model_dir: \"m\" generation { prefill_token_budget: -1 } }",
        "models[0].generation.prefill_token_budget must be in [1, 1048576], "
        "got -1"},
+      {"models { model_dir: \"m\" generation { idle_gather_us: -1 } }",
+       "models[0].generation.idle_gather_us must be in [0, 100000], got -1"},
       {"models { model_dir: \"m\" adaptive { queue_depth: -1 } }",
        "models[0].adaptive.queue_depth must be >= 0 (0 = off), got -1"},
   };
