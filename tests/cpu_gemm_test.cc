@@ -2,7 +2,8 @@
 // SkinnyLinear at every row count it takes and BlockedLinear across its
 // micro-tile, depth and task block edges; odd column counts (the tiles' and
 // the vector width's remainders), with and without bias, one thread and the
-// pool; IndexedLinear's gathered and scattered rows, written and added.
+// pool; IndexedLinear's gathered and scattered rows, written and added; the
+// bfloat16 widening.
 #include "model/core/cpu_gemm.h"
 
 #include <ATen/ATen.h>
@@ -212,6 +213,18 @@ TEST(IndexedLinearTest, GathersAndScattersOnBothKernels) {
     }
   }
   at::set_num_threads(threads);
+}
+
+TEST(WidenBfloat16Test, EqualsATensConversionWithTails) {
+  if (!HasAvx512()) GTEST_SKIP() << "WidenBfloat16 needs AVX-512F";
+  for (int64_t n : {1, 15, 16, 17, 64, 100}) {
+    const at::Tensor half = at::randn({n}).to(at::kBFloat16);
+    at::Tensor got = at::full({n}, std::nanf(""));
+    ASSERT_TRUE(WidenBfloat16(
+        reinterpret_cast<const uint16_t *>(half.data_ptr<at::BFloat16>()), n,
+        got.data_ptr<float>()));
+    EXPECT_TRUE(at::equal(got, half.to(at::kFloat))) << "n " << n;
+  }
 }
 
 TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {

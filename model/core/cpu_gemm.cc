@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 // The Fortran BLAS single-precision product every BLAS exports (LibTorch's
@@ -737,6 +738,30 @@ bool ScoresProduct(const float *q, int64_t m, int64_t k, float scale,
   } else {
     StreamRows<1>(xt, ldx, m, k, keys, ldk, 0, n, {y, ldy});
   }
+  return true;
+}
+
+namespace {
+
+__attribute__((target("avx512f"))) void WidenBfloat16Avx512(
+    const uint16_t *from, int64_t n, float *to) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i wide = _mm512_cvtepu16_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(from + i)));
+    _mm512_storeu_ps(to + i, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+  }
+  for (; i < n; ++i) {
+    const uint32_t bits = uint32_t{from[i]} << 16;
+    std::memcpy(to + i, &bits, sizeof(bits));
+  }
+}
+
+}  // namespace
+
+bool WidenBfloat16(const uint16_t *from, int64_t n, float *to) {
+  if (!HasAvx512()) return false;
+  WidenBfloat16Avx512(from, n, to);
   return true;
 }
 

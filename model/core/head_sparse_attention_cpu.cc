@@ -217,6 +217,7 @@ void CacheRuns(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
     const uint16_t *row =
         base + blocks[i / block_size] * cache.stride(0) + (i % block_size) * ld;
     float *to = buffer.data() + i * d;
+    if (WidenBfloat16(row, d, to)) continue;
     for (int64_t j = 0; j < d; ++j) to[j] = c10::detail::f32_from_bits(row[j]);
   }
   runs.push_back({buffer.data(), d, 0, len});
