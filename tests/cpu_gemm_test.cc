@@ -227,6 +227,39 @@ TEST(WidenBfloat16Test, EqualsATensConversionWithTails) {
   }
 }
 
+TEST(Bfloat16ProductsTest, EqualATensOnWidenedRows) {
+  if (!HasAvx512()) GTEST_SKIP() << "the bfloat16 products need AVX-512F";
+  for (int64_t d : {16, 64, 80}) {
+    for (int64_t m : {1, 2, 4}) {
+      const int64_t n = 37;
+      // Rows scattered through a larger cache: every other row, reversed.
+      const at::Tensor cache = at::randn({2 * n, d}).to(at::kBFloat16);
+      const uint16_t *base =
+          reinterpret_cast<const uint16_t *>(cache.data_ptr<at::BFloat16>());
+      std::vector<const uint16_t *> rows(n);
+      std::vector<int64_t> picked(n);
+      for (int64_t t = 0; t < n; ++t) {
+        picked[t] = 2 * (n - 1 - t);
+        rows[t] = base + picked[t] * d;
+      }
+      const at::Tensor wide =
+          cache.to(at::kFloat).index_select(0, at::tensor(picked));
+      const at::Tensor q = at::randn({m, d});
+      at::Tensor scores = at::full({m, n}, std::nanf(""));
+      ASSERT_TRUE(Bfloat16Scores(q.data_ptr<float>(), m, d, 0.5f, rows.data(),
+                                 n, scores.data_ptr<float>(), n));
+      EXPECT_TRUE(at::allclose(scores, 0.5 * at::mm(q, wide.t()), 1e-4, 1e-4))
+          << "scores d " << d << " m " << m;
+      const at::Tensor p = at::softmax(at::randn({m, n}), 1);
+      at::Tensor out = at::full({m, d}, std::nanf(""));
+      ASSERT_TRUE(Bfloat16Values(p.data_ptr<float>(), n, m, rows.data(), n, d,
+                                 out.data_ptr<float>(), d));
+      EXPECT_TRUE(at::allclose(out, at::mm(p, wide), 1e-4, 1e-4))
+          << "values d " << d << " m " << m;
+    }
+  }
+}
+
 TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {
   if (!HasAvx512()) GTEST_SKIP() << "SoftmaxRows needs AVX-512F";
   const int64_t rows = 6, cols = 37;

@@ -526,7 +526,8 @@ TEST_P(HeadSparseTest, MatchesDenseForPrefillAndDecode) {
 }
 
 // A bfloat16 KV cache: half the bytes; every attention path (dense, the pair
-// kernel widening it item by item, the ATen pair path) reads the same
+// kernel widening it item by item or, for decode items, row by row as its
+// products load them, the ATen pair path) reads the same
 // rounded keys and values, so they agree as closely as with float32; and the
 // rounding moves the logits little from the float32 cache's.
 TEST_P(HeadSparseTest, BFloat16KvCacheAgreesOnEveryPath) {

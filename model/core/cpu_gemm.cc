@@ -757,7 +757,69 @@ __attribute__((target("avx512f"))) void WidenBfloat16Avx512(
   }
 }
 
+// 16 bfloat16 values at `from`, widened.
+__attribute__((target("avx512f"))) inline __m512 LoadBfloat16(
+    const uint16_t *from) {
+  const __m512i wide = _mm512_cvtepu16_epi32(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i *>(from)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+__attribute__((target("avx512f"))) void Bfloat16ScoresAvx512(
+    const float *q, int64_t m, int64_t d, float scale,
+    const uint16_t *const *keys, int64_t n, float *y, int64_t ldy) {
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < m; ++i) {
+      const float *qi = q + i * d;
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t j = 0; j < d; j += 16) {
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + j),
+                              LoadBfloat16(keys[t] + j), acc);
+      }
+      y[i * ldy + t] = scale * _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) void Bfloat16ValuesAvx512(
+    const float *p, int64_t ldp, int64_t m, const uint16_t *const *values,
+    int64_t n, int64_t d, float *y, int64_t ldy) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < d; j += 64) {
+      const int64_t vectors = std::min<int64_t>(4, (d - j) / 16);
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int64_t t = 0; t < n; ++t) {
+        const __m512 weight = _mm512_set1_ps(p[i * ldp + t]);
+        for (int64_t v = 0; v < vectors; ++v) {
+          acc[v] = _mm512_fmadd_ps(weight, LoadBfloat16(values[t] + j + 16 * v),
+                                   acc[v]);
+        }
+      }
+      for (int64_t v = 0; v < vectors; ++v) {
+        _mm512_storeu_ps(y + i * ldy + j + 16 * v, acc[v]);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+bool Bfloat16Scores(const float *q, int64_t m, int64_t d, float scale,
+                    const uint16_t *const *keys, int64_t n, float *y,
+                    int64_t ldy) {
+  if (!HasAvx512() || d % 16 != 0) return false;
+  Bfloat16ScoresAvx512(q, m, d, scale, keys, n, y, ldy);
+  return true;
+}
+
+bool Bfloat16Values(const float *p, int64_t ldp, int64_t m,
+                    const uint16_t *const *values, int64_t n, int64_t d,
+                    float *y, int64_t ldy) {
+  if (!HasAvx512() || d % 16 != 0) return false;
+  Bfloat16ValuesAvx512(p, ldp, m, values, n, d, y, ldy);
+  return true;
+}
 
 bool WidenBfloat16(const uint16_t *from, int64_t n, float *to) {
   if (!HasAvx512()) return false;

@@ -59,6 +59,20 @@ bool ValuesProduct(const float *p, int64_t ldp, int64_t m, int64_t k,
 // a batch-16 decode step of the bench model.
 bool WidenBfloat16(const uint16_t *from, int64_t n, float *to);
 
+// A decode item's products straight from a bfloat16 KV cache, each row
+// widened as it is loaded (AVX-512; false, doing nothing, without it or when
+// d is not a multiple of 16), where widening the item's rows into a buffer
+// first wrote and re-read them. Rows are given by address: rows[t] holds d
+// values. Scores: y[i][t] (row stride ldy) = scale q_i . keys[t], for
+// i < m queries (row-major [m, d]) and t < n. Values: y[i] (row stride ldy)
+// = sum over t < n of p[i][t] (row stride ldp) values[t].
+bool Bfloat16Scores(const float *q, int64_t m, int64_t d, float scale,
+                    const uint16_t *const *keys, int64_t n, float *y,
+                    int64_t ldy);
+bool Bfloat16Values(const float *p, int64_t ldp, int64_t m,
+                    const uint16_t *const *values, int64_t n, int64_t d,
+                    float *y, int64_t ldy);
+
 // Largest row count SkinnyLinear takes. Measured on the bench model
 // (bench/make_bench_lm.py, moh-generate, 2 threads, decode tokens/s against
 // OpenBLAS's sgemm): 1.9x at 4 rows, 1.8x at 8, 2.0x at 12, but 0.92-0.96x

@@ -11,8 +11,8 @@
 // product with the values. Keys and values are read in place from a float32
 // cache (a strided matrix per run of adjacent blocks of the row's block
 // table and KV head: one product per run), never gathered; a bfloat16 cache
-// is widened item by item into a thread's buffer first (a shift per element:
-// the products stay float32 BLAS).
+// is widened row by row as a decode item's products load it, and item by
+// item into a thread's buffer before a prefill item's float32 products.
 //
 // Matrix products call the BLAS directly (no allocation, no dispatch); work
 // items and per-head products run on the intra-op pool, pulled from an atomic
@@ -223,6 +223,22 @@ void CacheRuns(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
   runs.push_back({buffer.data(), d, 0, len});
 }
 
+// Addresses of positions [0, len) of a row of a bfloat16 KV cache for one KV
+// head, through the row's block table.
+void Bfloat16Rows(const at::Tensor &cache, const int64_t *blocks,
+                  int64_t kv_head, int64_t len,
+                  std::vector<const uint16_t *> &rows) {
+  const int64_t block_size = cache.size(1);
+  const uint16_t *base =
+      reinterpret_cast<const uint16_t *>(cache.data_ptr<at::BFloat16>()) +
+      kv_head * cache.stride(2);
+  rows.resize(len);
+  for (int64_t t = 0; t < len; ++t) {
+    rows[t] = base + blocks[t / block_size] * cache.stride(0) +
+              (t % block_size) * cache.stride(1);
+  }
+}
+
 // Softmax of scores[i, 0..visible[i]) into probs[i]; entries beyond are 0.
 void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
                    int64_t cols, const int64_t *visible) {
@@ -400,6 +416,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
             wide_keys, wide_values;
         thread_local std::vector<int64_t> visible;
         thread_local std::vector<CacheRun> key_runs, value_runs;
+        thread_local std::vector<const uint16_t *> key_rows, value_rows;
         const WorkItem &item = items[index];
         const int64_t m = item.queries, len = item.keys;
         queries.resize(m * d);
@@ -418,7 +435,34 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
                                    row_len[item.row]);
           }
         }
+        // The item's outputs, over its queries in place.
+        auto write_outputs = [&] {
+          int64_t query = 0;
+          for (const Segment &s : item.segments) {
+            const HeadRows &r = rows_of[s.head];
+            for (int64_t i = 0; i < s.count; ++i, ++query) {
+              std::memcpy(r.data + (s.first + i) * r.ld,
+                          outputs.data() + query * d, d * sizeof(float));
+            }
+          }
+        };
         const int64_t *blocks = table + item.row * table_width;
+        // A decode item over a bfloat16 cache: products that widen each row
+        // as they load it.
+        if (m <= kMaxGemvQueries &&
+            in.key_cache.scalar_type() == at::kBFloat16 &&
+            in.value_cache.scalar_type() == at::kBFloat16) {
+          Bfloat16Rows(in.key_cache, blocks, item.kv_head, len, key_rows);
+          Bfloat16Rows(in.value_cache, blocks, item.kv_head, len, value_rows);
+          if (Bfloat16Scores(queries.data(), m, d, scale, key_rows.data(), len,
+                             scores.data(), len)) {
+            MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
+            Bfloat16Values(probs.data(), len, m, value_rows.data(), len, d,
+                           outputs.data(), d);
+            write_outputs();
+            return;
+          }
+        }
         CacheRuns(in.key_cache, blocks, item.kv_head, len, wide_keys, key_runs);
         CacheRuns(in.value_cache, blocks, item.kv_head, len, wide_values,
                   value_runs);
@@ -445,14 +489,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
                  outputs.data(), d);
           }
         }
-        at = 0;
-        for (const Segment &s : item.segments) {
-          const HeadRows &r = rows_of[s.head];
-          for (int64_t i = 0; i < s.count; ++i, ++at) {
-            std::memcpy(r.data + (s.first + i) * r.ld, outputs.data() + at * d,
-                        d * sizeof(float));
-          }
-        }
+        write_outputs();
       });
 
   // Output projection, weighted by the gates. Full heads: one product.
