@@ -227,15 +227,14 @@ TEST(WidenBfloat16Test, EqualsATensConversionWithTails) {
   }
 }
 
-TEST(Bfloat16ProductsTest, EqualATensOnWidenedRows) {
+TEST(Bfloat16ProductsTest, EqualATensOnScatteredWidenedRows) {
   if (!HasAvx512()) GTEST_SKIP() << "the bfloat16 products need AVX-512F";
   for (int64_t d : {16, 64, 80}) {
     for (int64_t m : {1, 2, 4}) {
-      const int64_t n = 37;
       // Rows scattered through a larger cache: every other row, reversed.
+      const int64_t n = 37;
       const at::Tensor cache = at::randn({2 * n, d}).to(at::kBFloat16);
-      const uint16_t *base =
-          reinterpret_cast<const uint16_t *>(cache.data_ptr<at::BFloat16>());
+      const uint16_t *base = static_cast<const uint16_t *>(cache.data_ptr());
       std::vector<const uint16_t *> rows(n);
       std::vector<int64_t> picked(n);
       for (int64_t t = 0; t < n; ++t) {
@@ -258,6 +257,10 @@ TEST(Bfloat16ProductsTest, EqualATensOnWidenedRows) {
           << "values d " << d << " m " << m;
     }
   }
+  float q[16] = {}, y = 0.0f;
+  const uint16_t row[16] = {};
+  const uint16_t *rows = row;
+  EXPECT_FALSE(Bfloat16Scores(q, 1, 8, 1.0f, &rows, 1, &y, 1));  // d % 16
 }
 
 TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {

@@ -757,7 +757,7 @@ __attribute__((target("avx512f"))) void WidenBfloat16Avx512(
   }
 }
 
-// 16 bfloat16 values at `from`, widened.
+// 16 bfloat16 values (their bits) at `from`, widened.
 __attribute__((target("avx512f"))) inline __m512 LoadBfloat16(
     const uint16_t *from) {
   const __m512i wide = _mm512_cvtepu16_epi32(

@@ -63,9 +63,12 @@ bool WidenBfloat16(const uint16_t *from, int64_t n, float *to);
 // widened as it is loaded (AVX-512; false, doing nothing, without it or when
 // d is not a multiple of 16), where widening the item's rows into a buffer
 // first wrote and re-read them. Rows are given by address: rows[t] holds d
-// values. Scores: y[i][t] (row stride ldy) = scale q_i . keys[t], for
-// i < m queries (row-major [m, d]) and t < n. Values: y[i] (row stride ldy)
-// = sum over t < n of p[i][t] (row stride ldp) values[t].
+// values (bfloat16 bits). Scores: y[i][t] (row stride ldy) = scale q_i .
+// keys[t], for i < m queries (row-major [m, d]) and t < n. Values: y[i] (row
+// stride ldy) = sum over t < n of p[i][t] (row stride ldp) values[t]. (A
+// float32 cache stays on the BLAS's matrix-vector products over runs of
+// contiguous rows: this kernel's per-row reduction made a batch-16 decode
+// step of the bench model 1.12x slower there.)
 bool Bfloat16Scores(const float *q, int64_t m, int64_t d, float scale,
                     const uint16_t *const *keys, int64_t n, float *y,
                     int64_t ldy);

@@ -223,15 +223,13 @@ void CacheRuns(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
   runs.push_back({buffer.data(), d, 0, len});
 }
 
-// Addresses of positions [0, len) of a row of a bfloat16 KV cache for one KV
-// head, through the row's block table.
-void Bfloat16Rows(const at::Tensor &cache, const int64_t *blocks,
-                  int64_t kv_head, int64_t len,
-                  std::vector<const uint16_t *> &rows) {
+// Addresses of positions [0, len) of a row of a bfloat16 KV cache (its
+// elements' bits) for one KV head, through the row's block table.
+void CacheRows(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
+               int64_t len, std::vector<const uint16_t *> &rows) {
   const int64_t block_size = cache.size(1);
-  const uint16_t *base =
-      reinterpret_cast<const uint16_t *>(cache.data_ptr<at::BFloat16>()) +
-      kv_head * cache.stride(2);
+  const uint16_t *base = static_cast<const uint16_t *>(cache.data_ptr()) +
+                         kv_head * cache.stride(2);
   rows.resize(len);
   for (int64_t t = 0; t < len; ++t) {
     rows[t] = base + blocks[t / block_size] * cache.stride(0) +
@@ -416,7 +414,6 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
             wide_keys, wide_values;
         thread_local std::vector<int64_t> visible;
         thread_local std::vector<CacheRun> key_runs, value_runs;
-        thread_local std::vector<const uint16_t *> key_rows, value_rows;
         const WorkItem &item = items[index];
         const int64_t m = item.queries, len = item.keys;
         queries.resize(m * d);
@@ -452,8 +449,9 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
         if (m <= kMaxGemvQueries &&
             in.key_cache.scalar_type() == at::kBFloat16 &&
             in.value_cache.scalar_type() == at::kBFloat16) {
-          Bfloat16Rows(in.key_cache, blocks, item.kv_head, len, key_rows);
-          Bfloat16Rows(in.value_cache, blocks, item.kv_head, len, value_rows);
+          thread_local std::vector<const uint16_t *> key_rows, value_rows;
+          CacheRows(in.key_cache, blocks, item.kv_head, len, key_rows);
+          CacheRows(in.value_cache, blocks, item.kv_head, len, value_rows);
           if (Bfloat16Scores(queries.data(), m, d, scale, key_rows.data(), len,
                              scores.data(), len)) {
             MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
