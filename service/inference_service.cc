@@ -92,8 +92,9 @@ void ToProto(const std::vector<LogprobEntry>& entries, const Servable& model,
 }
 
 // Streams one server-streaming call (Generate, GenerateImage). The model's
-// loop thread produces messages (through the RPC's observer); gRPC completes
-// writes on its own threads. The reactor finishes only after the loop's final
+// threads produce messages through the RPC's observer (Generate: its
+// callback thread, after each step); gRPC completes writes on its own
+// threads. The reactor finishes only after the observer's final
 // callback (or when the submission failed), so the observer never outlives it
 // in use. It is deleted when both gRPC (OnDone) and the request worker (after
 // Start) are done with it: once the request is submitted, the loop can finish
@@ -168,7 +169,7 @@ class StreamingReactor
 
   void OnDone() override { Release(); }
 
-  // For the observers (on the loop thread).
+  // For the observers (on the model's threads).
   bool include_routing() const { return include_routing_; }
   const Servable& model() const { return *model_; }
 

@@ -45,7 +45,7 @@ MHD_Result RespondError(MHD_Connection* connection, const std::string& id,
                      openai::ErrorJson(status), kJson, id.c_str());
 }
 
-// One generation's output as the model's loop thread delivers it; the
+// One generation's output as the model's callback thread delivers it; the
 // connection's thread takes it.
 class Sink : public GenerationObserver {
  public:
