@@ -87,10 +87,15 @@ struct EngineLoopOptions {
   StepPlannerOptions planner;
   Clock* clock = RealClock();
   // When a request arrives at an idle loop, how long the loop waits for the
-  // next one before its first step; each arrival restarts the wait, up to
-  // kMaxGatherWaits of them (and never past max_running requests). A burst
-  // (clients whose previous requests ended in the same step) then starts in
-  // one step, not one step per arrival. Zero: no wait. Real time.
+  // next one before its first step; each arrival restarts the wait, for at
+  // most kMaxGatherWaits x idle_gather in all. A burst (clients whose
+  // previous requests ended in the same step) then starts in one step, not
+  // one step per arrival. The wait ends early once as many requests have
+  // arrived as the loop last ran at once before it went idle (or
+  // max_running): the clients of a closed loop have all come back, and a
+  // lone client's next request starts at once. (Counted in rows: where a
+  // request takes several, the wait ends by time as before.) Zero: no wait.
+  // Real time.
   absl::Duration idle_gather = absl::ZeroDuration();
 };
 
@@ -228,15 +233,20 @@ class EngineLoop {
   static constexpr int kMaxGatherWaits = 4;
   void GatherArrivals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (options_.idle_gather <= absl::ZeroDuration()) return;
-    for (int wait = 0; wait < kMaxGatherWaits; ++wait) {
-      if (stopping_ ||
-          static_cast<int64_t>(inbox_.size()) >= options_.planner.max_running) {
-        return;
-      }
+    const int64_t enough =
+        busy_peak_rows_ > 0
+            ? std::min<int64_t>(busy_peak_rows_, options_.planner.max_running)
+            : options_.planner.max_running;
+    busy_peak_rows_ = 0;
+    const absl::Time deadline =
+        absl::Now() + kMaxGatherWaits * options_.idle_gather;
+    while (!stopping_ && static_cast<int64_t>(inbox_.size()) < enough) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return;
       arrivals_seen_ = inbox_.size();
       if (!mu_.AwaitWithTimeout(absl::Condition(this, &EngineLoop::Arrived),
-                                options_.idle_gather)) {
-        return;  // quiet for idle_gather
+                                std::min(left, options_.idle_gather))) {
+        return;  // quiet for idle_gather, or out of time
       }
     }
   }
@@ -285,7 +295,10 @@ class EngineLoop {
         }
         executor_->Admit(*requests_.at(admitted.id), admitted);
       }
-      if (!plan.rows.empty()) RunStep(plan);
+      if (!plan.rows.empty()) {
+        RunStep(plan);
+        busy_peak_rows_ = std::max<int64_t>(busy_peak_rows_, plan.rows.size());
+      }
       executor_->StepDone();
       PublishGauges();
     }
@@ -399,6 +412,9 @@ class EngineLoop {
   std::unordered_map<uint64_t, uint64_t> group_of_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   size_t arrivals_seen_ ABSL_GUARDED_BY(mu_) = 0;  // GatherArrivals' count
+  // The most rows of one step since the loop was last idle (0: none yet);
+  // the loop thread's only.
+  int64_t busy_peak_rows_ = 0;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -426,6 +426,46 @@ TEST_F(ContinuousBatchSchedulerTest, IdleSchedulerGathersArrivals) {
   }
 }
 
+// The idle wait ends as soon as as many requests are back as the loop last
+// ran together, and a request arriving after that starts in a step of its
+// own. Without the early end, each of the bursts below would start in one
+// step (every arrival comes within idle_gather of the previous one).
+TEST_F(ContinuousBatchSchedulerTest, IdleGatherEndsWhenTheClientsAreBack) {
+  ContinuousBatchScheduler::Options options;
+  options.max_running = 4;
+  options.idle_gather = absl::Milliseconds(100);
+  auto scheduler = MakeScheduler(options);
+  ASSERT_NE(scheduler, nullptr);
+  const auto finish = [](Recorder& r) {
+    ASSERT_TRUE(r.WaitDone());
+    EXPECT_TRUE(r.status().ok()) << r.status();
+    EXPECT_EQ(r.ids().size(), 16u);
+  };
+  // Submits requests `delays` apart, the first holding the loop in its first
+  // chunk until all are in; returns how many prefill steps they took.
+  const auto burst = [&](const std::vector<absl::Duration>& delays) {
+    const uint64_t before = HistogramCount("moh_batch_size", "prefill");
+    std::vector<std::shared_ptr<Recorder>> recorders;
+    for (size_t i = 0; i <= delays.size(); ++i) {
+      if (i > 0) absl::SleepFor(delays[i - 1]);
+      recorders.push_back(
+          Run(*scheduler, Job(cases_[i].prompt, 16), /*block=*/i == 0));
+    }
+    recorders[0]->Release();
+    for (auto& r : recorders) finish(*r);
+    return HistogramCount("moh_batch_size", "prefill") - before;
+  };
+  // Nothing ran yet: the first request waits out idle_gather alone.
+  auto lone = Run(*scheduler, Job(cases_[0].prompt, 16));
+  finish(*lone);
+  // The loop last ran one request: the next starts at once, and one 50 ms
+  // behind it starts in a step of its own (the two then run together).
+  EXPECT_EQ(burst({absl::Milliseconds(50)}), 2u);
+  // The loop last ran two: it waits for the second, 20 ms behind the first,
+  // and starts them together; a third 50 ms later has its own step.
+  EXPECT_EQ(burst({absl::Milliseconds(20), absl::Milliseconds(50)}), 2u);
+}
+
 TEST_F(ContinuousBatchSchedulerTest, CancelWhileQueued) {
   ContinuousBatchScheduler::Options options;
   options.max_running = 1;
