@@ -95,8 +95,13 @@ struct WorkItem {
   int64_t queries = 0;
 };
 
+// t as int64 (t itself when it is: .to() would still be a dispatch).
+at::Tensor AsLong(const at::Tensor &t) {
+  return t.scalar_type() == at::kLong ? t : t.to(at::kLong);
+}
+
 std::vector<int64_t> ToVector(const at::Tensor &t) {
-  at::Tensor c = t.to(at::kLong).contiguous();
+  const at::Tensor c = AsLong(t).contiguous();
   return std::vector<int64_t>(c.data_ptr<int64_t>(),
                               c.data_ptr<int64_t>() + c.numel());
 }
@@ -272,10 +277,12 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const std::vector<int64_t> token_row = ToVector(in.token_row);
   const std::vector<int64_t> token_pos = ToVector(in.token_pos);
   const std::vector<int64_t> row_len = ToVector(in.row_len);
-  const at::Tensor block_table = in.block_table.to(at::kLong).contiguous();
+  const at::Tensor block_table = AsLong(in.block_table).contiguous();
   const int64_t *table = block_table.data_ptr<int64_t>();
   const int64_t table_width = block_table.size(1);
-  const at::Tensor gates = in.gates.to(at::kFloat).contiguous();
+  const at::Tensor gates = in.gates.scalar_type() == at::kFloat
+                               ? in.gates.contiguous()
+                               : in.gates.to(at::kFloat).contiguous();
   const float *gate = gates.data_ptr<float>();
 
   // Which tokens each head serves; `active`: tokens that selected any head.
@@ -291,8 +298,14 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
     }
     if (any) active.push_back(t);
   }
-  at::Tensor out = at::zeros({n, in.o_weight.size(0)}, in.x.options());
+  // The layer's output; zeros only where not every token's full-head product
+  // writes it whole.
+  at::Tensor out;
+  const auto zeros = [&] {
+    return at::zeros({n, in.o_weight.size(0)}, in.x.options());
+  };
   if (active.empty()) {
+    out = zeros();
     if (in.o_bias.defined()) out += in.o_bias;
     return out;
   }
@@ -305,7 +318,8 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const int64_t num_active = static_cast<int64_t>(active.size());
   const bool all_active = num_active == n;
   at::Tensor active_index = at::from_blob(active.data(), {num_active}, longs);
-  at::Tensor active_pos = in.token_pos.index_select(0, active_index);
+  const at::Tensor active_pos =
+      all_active ? in.token_pos : in.token_pos.index_select(0, active_index);
   const int64_t f = static_cast<int64_t>(full.size());
   at::Tensor full_index = at::from_blob(full.data(), {f}, longs);
 
@@ -314,7 +328,8 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   at::Tensor q_full;
   if (!full.empty()) {
     if (in.q_full.defined()) {
-      at::Tensor q = in.q_full.index_select(1, full_index);
+      at::Tensor q =
+          f == heads ? in.q_full : in.q_full.index_select(1, full_index);
       q_full = all_active ? q : q.index_select(0, active_index);
     } else {
       at::Tensor x = all_active ? in.x : in.x.index_select(0, active_index);
@@ -492,7 +507,7 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
 
   // Output projection, weighted by the gates. Full heads: one product.
   if (!full.empty()) {
-    at::Tensor g = gates.index_select(1, full_index);
+    at::Tensor g = f == heads ? gates : gates.index_select(1, full_index);
     if (!all_active) g = g.index_select(0, active_index);
     at::Tensor a = (q_full.view({num_active, f, d}) * g.unsqueeze(2))
                        .view({num_active, f * d});
@@ -500,8 +515,11 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
     if (all_active) {
       out = y;
     } else {
+      out = zeros();
       out.index_add_(0, active_index, y);
     }
+  } else {
+    out = zeros();
   }
   // Routed heads: each thread owns a block of output columns, so their
   // scatter-adds into `out` never overlap.

@@ -33,22 +33,24 @@ bool PlainLoops(const at::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == at::kFloat;
 }
 
-// RoPE of x [n, D] (contiguous) at positions [n], with tables [P, D]:
-// x * cos + RotateHalf(x) * sin, in the same order of operations.
+// RoPE of x [n, D] (contiguous) at positions [n / repeat] (int64,
+// contiguous), each shared by `repeat` consecutive vectors, with tables
+// [P, D]: x * cos + RotateHalf(x) * sin, in the same order of operations.
 at::Tensor RotateLoop(const at::Tensor& x, const at::Tensor& positions,
-                      const at::Tensor& cos, const at::Tensor& sin) {
+                      int64_t repeat, const at::Tensor& cos,
+                      const at::Tensor& sin) {
   const int64_t n = x.size(0), d = x.size(1), half = d / 2;
-  const at::Tensor where = positions.to(at::kLong).contiguous();
   at::Tensor out = at::empty_like(x);
   const float* in = x.data_ptr<float>();
-  const int64_t* pos = where.data_ptr<int64_t>();
+  const int64_t* where = positions.data_ptr<int64_t>();
   const float* cos_table = cos.data_ptr<float>();
   const float* sin_table = sin.data_ptr<float>();
   float* o = out.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = in + i * d;
-    const float* c = cos_table + pos[i] * d;
-    const float* s = sin_table + pos[i] * d;
+    const int64_t pos = where[i / repeat];
+    const float* c = cos_table + pos * d;
+    const float* s = sin_table + pos * d;
     float* oi = o + i * d;
     for (int64_t j = 0; j < half; ++j) {
       oi[j] = xi[j] * c[j] + -xi[j + half] * s[j];
@@ -98,6 +100,57 @@ at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
           for (int64_t j = 0; j < c; ++j) oi[j] = w[j] * (xi[j] * scale);
         }
       });
+  return out;
+}
+
+// Writes rows [N, KV, D] (float32, contiguous) at (block[i], offset[i]) of
+// `cache` [blocks, block_size, KV, D] (contiguous, float32 or bfloat16,
+// rounded as .to() rounds): what index_put_ does, without its dispatches,
+// index tensors and temporaries. False (nothing written) for other layouts.
+bool WriteCacheLoop(at::Tensor& cache, const at::Tensor& block,
+                    const at::Tensor& offset, const at::Tensor& rows) {
+  if (!PlainLoops(rows) || !rows.is_contiguous() || !cache.is_cpu() ||
+      !cache.is_contiguous() || block.scalar_type() != at::kLong ||
+      offset.scalar_type() != at::kLong || !block.is_contiguous() ||
+      !offset.is_contiguous() ||
+      (cache.scalar_type() != at::kFloat &&
+       cache.scalar_type() != at::kBFloat16)) {
+    return false;
+  }
+  const int64_t n = block.numel();
+  const int64_t width = cache.size(2) * cache.size(3);  // KV * D
+  const int64_t block_size = cache.size(1);
+  const int64_t* blocks = block.data_ptr<int64_t>();
+  const int64_t* offsets = offset.data_ptr<int64_t>();
+  const float* from = rows.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = (blocks[i] * block_size + offsets[i]) * width;
+    const float* src = from + i * width;
+    if (cache.scalar_type() == at::kFloat) {
+      std::copy(src, src + width, cache.data_ptr<float>() + at);
+    } else {
+      at::BFloat16* dst = cache.data_ptr<at::BFloat16>() + at;
+      for (int64_t j = 0; j < width; ++j) dst[j] = at::BFloat16(src[j]);
+    }
+  }
+  return true;
+}
+
+// silu(gate) * up, both [N, F] float32 contiguous, in one pass and one
+// allocation (at::silu then a product is two of each).
+at::Tensor SiluProductLoop(const at::Tensor& gate, const at::Tensor& up) {
+  at::Tensor out = at::empty_like(gate);
+  const float* g = gate.data_ptr<float>();
+  const float* u = up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t count = gate.numel();
+  constexpr int64_t kMinParallelFloats = 1 << 16;
+  at::parallel_for(0, count, kMinParallelFloats,
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i) {
+                       o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+                     }
+                   });
   return out;
 }
 
@@ -506,13 +559,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     h = h +
         Attention(l, layer, RmsNorm(h, layer.input_norm), step, cache, &gates);
     at::Tensor x = RmsNorm(h, layer.post_norm);
-    h = h +
-        Linear(at::silu(Linear(x, layer.gate_proj)) * Linear(x, layer.up_proj),
-               layer.down_proj);
-    // Tokens each head served, per row: [B, H].
-    counts.push_back(
-        at::zeros({rows, config_.num_heads}, step.token_row.options())
-            .index_add_(0, step.token_row, (gates != 0).to(at::kLong)));
+    h = h + Linear(Mlp(x, layer), layer.down_proj);
+    counts.push_back(HeadCounts(gates, step, rows));
     if (batch.record_gates) {
       gates_per_layer.push_back(
           Padded(gates.to(at::kFloat), step.token_flat, rows, width));
@@ -541,13 +589,53 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   return out;
 }
 
+at::Tensor LlamaModel::Mlp(const at::Tensor& x, const Layer& layer) const {
+  const at::Tensor gate = Linear(x, layer.gate_proj);
+  const at::Tensor up = Linear(x, layer.up_proj);
+  if (PlainLoops(gate) && PlainLoops(up) && gate.is_contiguous() &&
+      up.is_contiguous()) {
+    return SiluProductLoop(gate, up);
+  }
+  return at::silu(gate) * up;
+}
+
+at::Tensor LlamaModel::HeadCounts(const at::Tensor& gates, const Step& step,
+                                  int64_t rows) const {
+  const int64_t heads = config_.num_heads;
+  if (PlainLoops(gates) && gates.is_contiguous() && step.token_row.is_cpu() &&
+      step.token_row.is_contiguous()) {
+    at::Tensor counts = at::zeros({rows, heads}, at::kLong);
+    int64_t* c = counts.data_ptr<int64_t>();
+    const float* g = gates.data_ptr<float>();
+    const int64_t* row = step.token_row.data_ptr<int64_t>();
+    for (int64_t t = 0; t < gates.size(0); ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        c[row[t] * heads + h] += g[t * heads + h] != 0.0f;
+      }
+    }
+    return counts;
+  }
+  return at::zeros({rows, heads}, step.token_row.options())
+      .index_add_(0, step.token_row, (gates != 0).to(at::kLong));
+}
+
 at::Tensor LlamaModel::Rotate(const at::Tensor& x,
                               const at::Tensor& positions) const {
   // x [..., D] at positions [...] (one position per vector).
   if (PlainLoops(x) && PlainLoops(rope_cos_)) {
     const int64_t d = config_.head_dim;
-    return RotateLoop(x.reshape({-1, d}).contiguous(), positions.reshape({-1}),
-                      rope_cos_, rope_sin_)
+    // Positions expanded over heads ([n, H], stride 0) are read once per
+    // token instead of copied out H times.
+    at::Tensor where = positions;
+    int64_t repeat = 1;
+    if (where.dim() == 2 && where.stride(1) == 0) {
+      repeat = where.size(1);
+      where = where.select(1, 0);
+    }
+    if (where.dim() != 1) where = where.reshape({-1});
+    if (where.scalar_type() != at::kLong) where = where.to(at::kLong);
+    return RotateLoop(x.reshape({-1, d}).contiguous(), where.contiguous(),
+                      repeat, rope_cos_, rope_sin_)
         .view(x.sizes());
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -586,9 +674,13 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   const std::initializer_list<at::indexing::TensorIndex> where = {
       step.token_block, step.token_offset};
   // Rounded to the cache's type (a no-op when it is the model's).
-  key_cache.index_put_(where, k.to(key_cache.scalar_type()));
-  value_cache.index_put_(
-      where, v.view({n, kv_heads, d}).to(value_cache.scalar_type()));
+  if (!WriteCacheLoop(key_cache, step.token_block, step.token_offset, k)) {
+    key_cache.index_put_(where, k.to(key_cache.scalar_type()));
+  }
+  v = v.view({n, kv_heads, d});
+  if (!WriteCacheLoop(value_cache, step.token_block, step.token_offset, v)) {
+    value_cache.index_put_(where, v.to(value_cache.scalar_type()));
+  }
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   if (sparse) {

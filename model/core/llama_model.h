@@ -164,6 +164,11 @@ class LlamaModel {
     int64_t kv_len = 0;              // keys the longest row reads
   };
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
+  // silu(x W_gate^T) * x W_up^T: the MLP before its down projection.
+  at::Tensor Mlp(const at::Tensor& x, const Layer& layer) const;
+  // Tokens each head served in this layer, per row: [B, H] int64.
+  at::Tensor HeadCounts(const at::Tensor& gates, const Step& step,
+                        int64_t rows) const;
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
                        const at::Tensor& x, const Step& step, KvCache& cache,
                        at::Tensor* gates) const;
