@@ -126,27 +126,31 @@ def serving_overhead(say, build, server, quick, models):
     say("\n## 3. Serving overhead\n")
     say("Greedy, prompt \"%s\", %d new tokens, %d sequences at a time: "
         "moh-server driven by moh-bench (closed loop, on the same machine) "
-        "against moh-generate --batch %d in process, same intra-op threads; "
-        "medians of %d interleaved rounds. `demo-lm` (0.9 M parameters) "
+        "against moh-generate --batch %d in process, same intra-op threads, "
+        "the same number of requests each way (16 waves of %d for demo-lm, "
+        "4 for bench-lm); medians of %d interleaved rounds. `demo-lm` (0.9 M "
+        "parameters) "
         "spends about as long on a decode step's bookkeeping as on its "
         "compute, so per-token RPC work shows fully; `bench-lm` is a 24 M "
         "parameter random-weight MoH-LLaMA with the demo tokenizer. Target: "
         "server ≥ 0.95 × in process.\n" %
-        (PROMPT, tokens, concurrency, concurrency, rounds))
+        (PROMPT, tokens, concurrency, concurrency, concurrency, rounds))
     say("| model | in process tokens/s | server tokens/s | server / in "
         "process | target |")
     say("|---|---|---|---|---|")
     for label, name, model_dir in models:
+        # Waves of `concurrency` requests per measurement: demo-lm's are
+        # about 17 ms each, so 4 waves (the suite's first choice) measured
+        # 70 ms and moved by a third between runs.
+        waves = 2 if quick else (16 if name == "lm" else 4)
         served, local = [], []
         for _ in range(rounds):
             local.append(in_process_tokens_per_s(
-                build, model_dir, concurrency, 2 if quick else 4, PROMPT,
-                tokens))
+                build, model_dir, concurrency, waves, PROMPT, tokens))
             result = bench(build, server, "--rpc=generate", "--model=" + name,
                            "--prompt=" + PROMPT, "--max_new_tokens=%d" % tokens,
                            "--concurrency=%d" % concurrency,
-                           "--requests=%d" % (concurrency *
-                                              (2 if quick else 4)),
+                           "--requests=%d" % (concurrency * waves),
                            "--warmup_requests=%d" % concurrency)
             served.append(result["throughput"]["tokens_per_s"])
         s, l = statistics.median(served), statistics.median(local)
