@@ -160,25 +160,33 @@ bool RowsInPlace(const at::Tensor &t) {
 }
 
 // Head h's queries over its tokens (`count` rows of x, `tokens`) into q
-// [count, D]: x's rows gathered while the product packs them, where
-// possible.
+// [count, D] (contiguous, at `q`): x's rows gathered while the product packs
+// them, from pointers (no ATen view per head), where possible.
 void RoutedQueries(const HeadSparseAttentionInputs &in, int64_t h, int64_t d,
-                   const int64_t *tokens, int64_t count, at::Tensor q) {
-  const at::Tensor weight = in.q_weight.narrow(0, h * d, d);
-  const at::Tensor bias =
-      in.q_bias.defined() ? in.q_bias.narrow(0, h * d, d) : at::Tensor();
+                   const int64_t *tokens, int64_t count, float *q) {
   const int64_t c = in.x.size(1);
-  if (RowsInPlace(in.x) && RowsInPlace(weight) && q.is_contiguous() &&
-      IndexedLinear({in.x.data_ptr<float>(), in.x.stride(0), tokens}, count, c,
-                    weight.data_ptr<float>(), weight.stride(0), d,
-                    {q.data_ptr<float>(), d})) {
-    if (bias.defined()) q.add_(bias);
+  if (RowsInPlace(in.x) && RowsInPlace(in.q_weight) &&
+      (!in.q_bias.defined() ||
+       (in.q_bias.is_contiguous() && in.q_bias.scalar_type() == at::kFloat)) &&
+      IndexedLinear(
+          {in.x.data_ptr<float>(), in.x.stride(0), tokens}, count, c,
+          in.q_weight.data_ptr<float>() + h * d * in.q_weight.stride(0),
+          in.q_weight.stride(0), d, {q, d})) {
+    if (in.q_bias.defined()) {
+      const float *bias = in.q_bias.data_ptr<float>() + h * d;
+      for (int64_t i = 0; i < count; ++i) {
+        for (int64_t j = 0; j < d; ++j) q[i * d + j] += bias[j];
+      }
+    }
     return;
   }
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
   at::Tensor x = in.x.index_select(
       0, at::from_blob(const_cast<int64_t *>(tokens), {count}, longs));
-  LinearInto(x, weight, bias, q);
+  at::Tensor out = at::from_blob(q, {count, d}, in.x.options());
+  LinearInto(x, in.q_weight.narrow(0, h * d, d),
+             in.q_bias.defined() ? in.q_bias.narrow(0, h * d, d) : at::Tensor(),
+             out);
 }
 
 // Rows [first, first + count) of a row's keys (or values) for one KV head:
@@ -361,13 +369,14 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
       [&](int64_t i) {
         const int64_t h = routed[i];
         const int64_t count = static_cast<int64_t>(head_tokens[h].size());
-        at::Tensor dst = q_routed.narrow(0, first_pair[h], count);
         if (in.q_full.defined()) {
           at::Tensor tokens = pair_index.narrow(0, first_pair[h], count);
-          dst.copy_(in.q_full.select(1, h).index_select(0, tokens));
+          q_routed.narrow(0, first_pair[h], count)
+              .copy_(in.q_full.select(1, h).index_select(0, tokens));
           return;
         }
-        RoutedQueries(in, h, d, pair_token.data() + first_pair[h], count, dst);
+        RoutedQueries(in, h, d, pair_token.data() + first_pair[h], count,
+                      q_routed.data_ptr<float>() + first_pair[h] * d);
       });
   if (in.rotate && num_pairs > 0) {
     q_routed.copy_(
@@ -507,11 +516,17 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
 
   // Output projection, weighted by the gates. Full heads: one product.
   if (!full.empty()) {
-    at::Tensor g = f == heads ? gates : gates.index_select(1, full_index);
-    if (!all_active) g = g.index_select(0, active_index);
-    at::Tensor a = (q_full.view({num_active, f, d}) * g.unsqueeze(2))
-                       .view({num_active, f * d});
-    at::Tensor y = FullHeadOutputs(a, in.o_weight, full, d);
+    // Each full head's attention output (in q_full, in place) times its
+    // gate.
+    float *a = q_full.data_ptr<float>();
+    for (int64_t i = 0; i < num_active; ++i) {
+      for (int64_t j = 0; j < f; ++j) {
+        const float g = gate[active[i] * heads + full[j]];
+        float *row = a + (i * f + j) * d;
+        for (int64_t e = 0; e < d; ++e) row[e] *= g;
+      }
+    }
+    at::Tensor y = FullHeadOutputs(q_full, in.o_weight, full, d);
     if (all_active) {
       out = y;
     } else {
@@ -524,41 +539,44 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   // Routed heads: each thread owns a block of output columns, so their
   // scatter-adds into `out` never overlap.
   if (num_pairs > 0) {
-    std::vector<int64_t> pair_flat(num_pairs);  // token * H + head
+    // Each routed head's attention output times its gate.
+    float *scaled = q_routed.data_ptr<float>();
     for (int64_t h : routed) {
       for (int64_t i = 0; i < rows_of[h].count; ++i) {
-        pair_flat[first_pair[h] + i] = rows_of[h].tokens[i] * heads + h;
+        const float g = gate[rows_of[h].tokens[i] * heads + h];
+        float *row = scaled + (first_pair[h] + i) * d;
+        for (int64_t j = 0; j < d; ++j) row[j] *= g;
       }
     }
-    at::Tensor pair_gate = gates.view({-1}).index_select(
-        0, at::from_blob(pair_flat.data(), {num_pairs}, longs));
-    q_routed.mul_(pair_gate.unsqueeze(1));
     const int64_t out_cols = in.o_weight.size(0);
     // Blocks of 64 columns (read by IndexedLinear without packing): one
     // block of `out` for every token stays in L2 while every head adds to it.
     const int64_t width = 64;
     const int64_t blocks = (out_cols + width - 1) / width;
     const bool in_place = RowsInPlace(out) && RowsInPlace(in.o_weight);
+    const float *queries = q_routed.data_ptr<float>();
+    const float *o_weight = in_place ? in.o_weight.data_ptr<float>() : nullptr;
+    const int64_t ldo = in.o_weight.stride(0);
+    float *outputs = in_place ? out.data_ptr<float>() : nullptr;
     ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
       const int64_t c0 = block * width;
       const int64_t cols = std::min(width, out_cols - c0);
       if (cols <= 0) return;
-      at::Tensor out_cols_view = out.narrow(1, c0, cols);
       for (int64_t h : routed) {
         const int64_t count = static_cast<int64_t>(head_tokens[h].size());
-        at::Tensor a = q_routed.narrow(0, first_pair[h], count);
-        at::Tensor w = in.o_weight.narrow(0, c0, cols).narrow(1, h * d, d);
         // Added straight into the tokens' rows of `out`, where possible.
-        if (in_place &&
-            IndexedLinear({a.data_ptr<float>(), d}, count, d,
-                          w.data_ptr<float>(), w.stride(0), cols,
-                          {out_cols_view.data_ptr<float>(), out.stride(0),
-                           pair_token.data() + first_pair[h],
-                           /*accumulate=*/true})) {
+        if (in_place && IndexedLinear({queries + first_pair[h] * d, d}, count,
+                                      d, o_weight + c0 * ldo + h * d, ldo, cols,
+                                      {outputs + c0, out.stride(0),
+                                       pair_token.data() + first_pair[h],
+                                       /*accumulate=*/true})) {
           continue;
         }
-        out_cols_view.index_add_(0, pair_index.narrow(0, first_pair[h], count),
-                                 Linear(a, w));
+        out.narrow(1, c0, cols)
+            .index_add_(
+                0, pair_index.narrow(0, first_pair[h], count),
+                Linear(q_routed.narrow(0, first_pair[h], count),
+                       in.o_weight.narrow(0, c0, cols).narrow(1, h * d, d)));
       }
     });
   }
