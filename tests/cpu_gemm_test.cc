@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "model/core/cpu_softmax.h"
@@ -227,40 +228,75 @@ TEST(WidenBfloat16Test, EqualsATensConversionWithTails) {
   }
 }
 
-TEST(Bfloat16ProductsTest, EqualATensOnScatteredWidenedRows) {
-  if (!HasAvx512()) GTEST_SKIP() << "the bfloat16 products need AVX-512F";
+// The decode products over one cache's rows, given by address: bfloat16
+// (widened as loaded) or float32.
+template <typename T>
+void ExpectDecodeProductsMatch(at::ScalarType dtype) {
+  const auto scores_product = [](const float *q, int64_t m, int64_t d,
+                                 float scale, const T *const *keys, int64_t n,
+                                 float *y, int64_t ldy) {
+    if constexpr (std::is_same_v<T, float>) {
+      return Float32Scores(q, m, d, scale, keys, n, y, ldy);
+    } else {
+      return Bfloat16Scores(q, m, d, scale, keys, n, y, ldy);
+    }
+  };
+  const auto values_product = [](const float *p, int64_t ldp, int64_t m,
+                                 const T *const *values, int64_t n, int64_t d,
+                                 float *y, int64_t ldy) {
+    if constexpr (std::is_same_v<T, float>) {
+      return Float32Values(p, ldp, m, values, n, d, y, ldy);
+    } else {
+      return Bfloat16Values(p, ldp, m, values, n, d, y, ldy);
+    }
+  };
   for (int64_t d : {16, 64, 80}) {
     for (int64_t m : {1, 2, 4}) {
-      // Rows scattered through a larger cache: every other row, reversed.
-      const int64_t n = 37;
-      const at::Tensor cache = at::randn({2 * n, d}).to(at::kBFloat16);
-      const uint16_t *base = static_cast<const uint16_t *>(cache.data_ptr());
-      std::vector<const uint16_t *> rows(n);
-      std::vector<int64_t> picked(n);
-      for (int64_t t = 0; t < n; ++t) {
-        picked[t] = 2 * (n - 1 - t);
-        rows[t] = base + picked[t] * d;
+      // n: one short block of 16 keys, one whole, two and a short one.
+      for (int64_t n : {1, 16, 37}) {
+        // Rows scattered through a larger cache: every other row, reversed.
+        const at::Tensor cache = at::randn({2 * n, d}).to(dtype);
+        const T *base = static_cast<const T *>(cache.data_ptr());
+        std::vector<const T *> rows(n);
+        std::vector<int64_t> picked(n);
+        for (int64_t t = 0; t < n; ++t) {
+          picked[t] = 2 * (n - 1 - t);
+          rows[t] = base + picked[t] * d;
+        }
+        const at::Tensor wide =
+            cache.to(at::kFloat).index_select(0, at::tensor(picked));
+        const at::Tensor q = at::randn({m, d});
+        // Row stride n + 3: the products write only their own columns.
+        at::Tensor scores = at::full({m, n + 3}, std::nanf(""));
+        ASSERT_TRUE(scores_product(q.data_ptr<float>(), m, d, 0.5f, rows.data(),
+                                   n, scores.data_ptr<float>(), n + 3));
+        EXPECT_TRUE(at::allclose(scores.narrow(1, 0, n),
+                                 0.5 * at::mm(q, wide.t()), 1e-4, 1e-4))
+            << "scores d " << d << " m " << m << " n " << n;
+        EXPECT_TRUE(at::isnan(scores.narrow(1, n, 3)).all().item<bool>());
+        const at::Tensor p = at::softmax(at::randn({m, n}), 1);
+        at::Tensor out = at::full({m, d}, std::nanf(""));
+        ASSERT_TRUE(values_product(p.data_ptr<float>(), n, m, rows.data(), n, d,
+                                   out.data_ptr<float>(), d));
+        EXPECT_TRUE(at::allclose(out, at::mm(p, wide), 1e-4, 1e-4))
+            << "values d " << d << " m " << m << " n " << n;
       }
-      const at::Tensor wide =
-          cache.to(at::kFloat).index_select(0, at::tensor(picked));
-      const at::Tensor q = at::randn({m, d});
-      at::Tensor scores = at::full({m, n}, std::nanf(""));
-      ASSERT_TRUE(Bfloat16Scores(q.data_ptr<float>(), m, d, 0.5f, rows.data(),
-                                 n, scores.data_ptr<float>(), n));
-      EXPECT_TRUE(at::allclose(scores, 0.5 * at::mm(q, wide.t()), 1e-4, 1e-4))
-          << "scores d " << d << " m " << m;
-      const at::Tensor p = at::softmax(at::randn({m, n}), 1);
-      at::Tensor out = at::full({m, d}, std::nanf(""));
-      ASSERT_TRUE(Bfloat16Values(p.data_ptr<float>(), n, m, rows.data(), n, d,
-                                 out.data_ptr<float>(), d));
-      EXPECT_TRUE(at::allclose(out, at::mm(p, wide), 1e-4, 1e-4))
-          << "values d " << d << " m " << m;
     }
   }
   float q[16] = {}, y = 0.0f;
-  const uint16_t row[16] = {};
-  const uint16_t *rows = row;
-  EXPECT_FALSE(Bfloat16Scores(q, 1, 8, 1.0f, &rows, 1, &y, 1));  // d % 16
+  const T row[16] = {};
+  const T *rows = row;
+  EXPECT_FALSE(scores_product(q, 1, 8, 1.0f, &rows, 1, &y, 1));  // d % 16
+}
+
+TEST(DecodeProductsTest, EqualATensOnScatteredBfloat16Rows) {
+  if (!HasAvx512()) GTEST_SKIP() << "the decode products need AVX-512F";
+  ExpectDecodeProductsMatch<uint16_t>(at::kBFloat16);
+}
+
+TEST(DecodeProductsTest, EqualATensOnScatteredFloat32Rows) {
+  if (!HasAvx512()) GTEST_SKIP() << "the decode products need AVX-512F";
+  ExpectDecodeProductsMatch<float>(at::kFloat);
 }
 
 TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {

@@ -765,39 +765,124 @@ __attribute__((target("avx512f"))) inline __m512 LoadBfloat16(
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-__attribute__((target("avx512f"))) void Bfloat16ScoresAvx512(
-    const float *q, int64_t m, int64_t d, float scale,
-    const uint16_t *const *keys, int64_t n, float *y, int64_t ldy) {
-  for (int64_t t = 0; t < n; ++t) {
+// 16 values of a cached row: float32, or bfloat16 bits widened.
+__attribute__((target("avx512f"))) inline __m512 LoadRow16(const float *from) {
+  return _mm512_loadu_ps(from);
+}
+__attribute__((target("avx512f"))) inline __m512 LoadRow16(
+    const uint16_t *from) {
+  return LoadBfloat16(from);
+}
+
+// [a0 + a1, a2 + a3, b0 + b1, b2 + b3] of a's and b's 128-bit lanes.
+__attribute__((target("avx512f"))) inline __m512 FoldLanes(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Lane k of the result: the sum of v[k]'s 16 lanes. A transposing tree (45
+// shuffles and adds for all 16) where one horizontal sum each costs 8
+// dependent steps.
+__attribute__((target("avx512f"))) inline __m512 SumEachOf16(const __m512 *v) {
+  __m512 pairs[8];  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    pairs[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                             _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  }
+  __m512 quads[4];  // per 128-bit lane: that lane's sum of 4 vectors
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const __m512d a = _mm512_castps_pd(pairs[2 * k]);
+    const __m512d b = _mm512_castps_pd(pairs[2 * k + 1]);
+    quads[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // Twice: vector k's 4 lanes end in lane k.
+  return FoldLanes(FoldLanes(quads[0], quads[1]),
+                   FoldLanes(quads[2], quads[3]));
+}
+
+// y[i][t] = scale q_i . keys[t]: 16 keys at a time, one accumulator each,
+// summed by SumEachOf16 (a block short of 16 repeats its first key, masked
+// out at the store).
+template <typename T>
+__attribute__((target("avx512f"))) void DecodeScoresAvx512(
+    const float *q, int64_t m, int64_t d, float scale, const T *const *keys,
+    int64_t n, float *y, int64_t ldy) {
+  const __m512 scaled = _mm512_set1_ps(scale);
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t count = std::min<int64_t>(16, n - t0);
+    const T *rows[16];
+    for (int64_t k = 0; k < 16; ++k) rows[k] = keys[t0 + (k < count ? k : 0)];
+    const __mmask16 mask = __mmask16((1u << count) - 1);
     for (int64_t i = 0; i < m; ++i) {
       const float *qi = q + i * d;
-      __m512 acc = _mm512_setzero_ps();
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
       for (int64_t j = 0; j < d; j += 16) {
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + j),
-                              LoadBfloat16(keys[t] + j), acc);
+        const __m512 qv = _mm512_loadu_ps(qi + j);
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; ++k) {
+          acc[k] = _mm512_fmadd_ps(qv, LoadRow16(rows[k] + j), acc[k]);
+        }
       }
-      y[i * ldy + t] = scale * _mm512_reduce_add_ps(acc);
+      _mm512_mask_storeu_ps(y + i * ldy + t0, mask,
+                            _mm512_mul_ps(scaled, SumEachOf16(acc)));
     }
   }
 }
 
-__attribute__((target("avx512f"))) void Bfloat16ValuesAvx512(
-    const float *p, int64_t ldp, int64_t m, const uint16_t *const *values,
-    int64_t n, int64_t d, float *y, int64_t ldy) {
+// y_i = sum over t of p[i][t] values[t], 64 columns at a time, 4 values
+// at a time into 4 sets of accumulators (one set would chain every FMA on
+// the one before).
+template <typename T>
+__attribute__((target("avx512f"))) void DecodeValuesAvx512(
+    const float *p, int64_t ldp, int64_t m, const T *const *values, int64_t n,
+    int64_t d, float *y, int64_t ldy) {
   for (int64_t i = 0; i < m; ++i) {
+    const float *pi = p + i * ldp;
     for (int64_t j = 0; j < d; j += 64) {
       const int64_t vectors = std::min<int64_t>(4, (d - j) / 16);
-      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
-                       _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (int64_t t = 0; t < n; ++t) {
-        const __m512 weight = _mm512_set1_ps(p[i * ldp + t]);
-        for (int64_t v = 0; v < vectors; ++v) {
-          acc[v] = _mm512_fmadd_ps(weight, LoadBfloat16(values[t] + j + 16 * v),
-                                   acc[v]);
+      __m512 acc[4][4];
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) acc[u][v] = _mm512_setzero_ps();
+      }
+      int64_t t = 0;
+      for (; t + 4 <= n; t += 4) {
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          const __m512 weight = _mm512_set1_ps(pi[t + u]);
+          const T *row = values[t + u] + j;
+#pragma GCC unroll 4
+          for (int v = 0; v < 4; ++v) {
+            if (v < vectors) {
+              acc[u][v] =
+                  _mm512_fmadd_ps(weight, LoadRow16(row + 16 * v), acc[u][v]);
+            }
+          }
         }
       }
-      for (int64_t v = 0; v < vectors; ++v) {
-        _mm512_storeu_ps(y + i * ldy + j + 16 * v, acc[v]);
+      for (; t < n; ++t) {
+        const __m512 weight = _mm512_set1_ps(pi[t]);
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          if (v < vectors) {
+            acc[0][v] = _mm512_fmadd_ps(
+                weight, LoadRow16(values[t] + j + 16 * v), acc[0][v]);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        if (v < vectors) {
+          _mm512_storeu_ps(y + i * ldy + j + 16 * v,
+                           _mm512_add_ps(_mm512_add_ps(acc[0][v], acc[1][v]),
+                                         _mm512_add_ps(acc[2][v], acc[3][v])));
+        }
       }
     }
   }
@@ -809,7 +894,7 @@ bool Bfloat16Scores(const float *q, int64_t m, int64_t d, float scale,
                     const uint16_t *const *keys, int64_t n, float *y,
                     int64_t ldy) {
   if (!HasAvx512() || d % 16 != 0) return false;
-  Bfloat16ScoresAvx512(q, m, d, scale, keys, n, y, ldy);
+  DecodeScoresAvx512(q, m, d, scale, keys, n, y, ldy);
   return true;
 }
 
@@ -817,7 +902,22 @@ bool Bfloat16Values(const float *p, int64_t ldp, int64_t m,
                     const uint16_t *const *values, int64_t n, int64_t d,
                     float *y, int64_t ldy) {
   if (!HasAvx512() || d % 16 != 0) return false;
-  Bfloat16ValuesAvx512(p, ldp, m, values, n, d, y, ldy);
+  DecodeValuesAvx512(p, ldp, m, values, n, d, y, ldy);
+  return true;
+}
+
+bool Float32Scores(const float *q, int64_t m, int64_t d, float scale,
+                   const float *const *keys, int64_t n, float *y, int64_t ldy) {
+  if (!HasAvx512() || d % 16 != 0) return false;
+  DecodeScoresAvx512(q, m, d, scale, keys, n, y, ldy);
+  return true;
+}
+
+bool Float32Values(const float *p, int64_t ldp, int64_t m,
+                   const float *const *values, int64_t n, int64_t d, float *y,
+                   int64_t ldy) {
+  if (!HasAvx512() || d % 16 != 0) return false;
+  DecodeValuesAvx512(p, ldp, m, values, n, d, y, ldy);
   return true;
 }
 

@@ -59,22 +59,29 @@ bool ValuesProduct(const float *p, int64_t ldp, int64_t m, int64_t k,
 // a batch-16 decode step of the bench model.
 bool WidenBfloat16(const uint16_t *from, int64_t n, float *to);
 
-// A decode item's products straight from a bfloat16 KV cache, each row
-// widened as it is loaded (AVX-512; false, doing nothing, without it or when
-// d is not a multiple of 16), where widening the item's rows into a buffer
-// first wrote and re-read them. Rows are given by address: rows[t] holds d
-// values (bfloat16 bits). Scores: y[i][t] (row stride ldy) = scale q_i .
-// keys[t], for i < m queries (row-major [m, d]) and t < n. Values: y[i] (row
-// stride ldy) = sum over t < n of p[i][t] (row stride ldp) values[t]. (A
-// float32 cache stays on the BLAS's matrix-vector products over runs of
-// contiguous rows: this kernel's per-row reduction made a batch-16 decode
-// step of the bench model 1.12x slower there.)
+// A decode item's products straight from a KV cache's rows (AVX-512; false,
+// doing nothing, without it or when d is not a multiple of 16). Rows are
+// given by address: rows[t] holds d values (bfloat16 bits, each row widened
+// as it is loaded, or float32). Scores: y[i][t] (row stride ldy) = scale q_i
+// . keys[t], for i < m queries (row-major [m, d]) and t < n: 16 keys at a
+// time, their dot products summed by one transposing tree. Values: y[i]
+// (row stride ldy) = sum over t < n of p[i][t] (row stride ldp) values[t],
+// four rows at a time into separate accumulators. Against the BLAS's
+// matrix-vector products over runs of rows (the float32 path before): a
+// batch-16 decode step over 512 keys 4-8% faster (moh_attention_bench
+// BM_ModelDecode), equal over the suite's 16-80.
 bool Bfloat16Scores(const float *q, int64_t m, int64_t d, float scale,
                     const uint16_t *const *keys, int64_t n, float *y,
                     int64_t ldy);
 bool Bfloat16Values(const float *p, int64_t ldp, int64_t m,
                     const uint16_t *const *values, int64_t n, int64_t d,
                     float *y, int64_t ldy);
+// The same over a float32 cache's rows.
+bool Float32Scores(const float *q, int64_t m, int64_t d, float scale,
+                   const float *const *keys, int64_t n, float *y, int64_t ldy);
+bool Float32Values(const float *p, int64_t ldp, int64_t m,
+                   const float *const *values, int64_t n, int64_t d, float *y,
+                   int64_t ldy);
 
 // Largest row count SkinnyLinear takes. Measured on the bench model
 // (bench/make_bench_lm.py, moh-generate, 2 threads, decode tokens/s against

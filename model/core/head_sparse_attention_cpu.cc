@@ -41,9 +41,10 @@ namespace {
 // small enough that causal key blocks are skipped at a fine grain.
 constexpr int64_t kQueryBlock = 64;
 
-// Up to this many queries an item's products stay matrix-vector products
-// (Gemm's sgemv: a decode step's one or two queries per head); above, the
-// AVX-512 products of cpu_gemm.h, where the CPU has them.
+// Up to this many queries (a decode step's queries of one KV head) an item
+// runs on the decode products over the cache's rows (Float32Scores and
+// Bfloat16Scores, ...), or Gemm's matrix-vector products without AVX-512;
+// above, the AVX-512 tiles of ScoresProduct and ValuesProduct.
 constexpr int64_t kMaxGemvQueries = 4;
 
 // Below this many multiply-adds a parallel region costs more than it saves
@@ -238,11 +239,12 @@ void CacheRuns(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
 
 // Addresses of positions [0, len) of a row of a bfloat16 KV cache (its
 // elements' bits) for one KV head, through the row's block table.
+template <typename T>
 void CacheRows(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
-               int64_t len, std::vector<const uint16_t *> &rows) {
+               int64_t len, std::vector<const T *> &rows) {
   const int64_t block_size = cache.size(1);
-  const uint16_t *base = static_cast<const uint16_t *>(cache.data_ptr()) +
-                         kv_head * cache.stride(2);
+  const T *base =
+      static_cast<const T *>(cache.data_ptr()) + kv_head * cache.stride(2);
   rows.resize(len);
   for (int64_t t = 0; t < len; ++t) {
     rows[t] = base + blocks[t / block_size] * cache.stride(0) +
@@ -272,6 +274,45 @@ void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
 }
 
 }  // namespace
+
+// The decode products over rows of either cache type (cpu_gemm.h).
+bool ScoresOverRows(const float *q, int64_t m, int64_t d, float scale,
+                    const uint16_t *const *keys, int64_t n, float *y) {
+  return Bfloat16Scores(q, m, d, scale, keys, n, y, n);
+}
+bool ScoresOverRows(const float *q, int64_t m, int64_t d, float scale,
+                    const float *const *keys, int64_t n, float *y) {
+  return Float32Scores(q, m, d, scale, keys, n, y, n);
+}
+void ValuesOverRows(const float *p, int64_t m, const uint16_t *const *values,
+                    int64_t n, int64_t d, float *y) {
+  Bfloat16Values(p, n, m, values, n, d, y, d);
+}
+void ValuesOverRows(const float *p, int64_t m, const float *const *values,
+                    int64_t n, int64_t d, float *y) {
+  Float32Values(p, n, m, values, n, d, y, d);
+}
+
+// A decode item (m queries [m, D] of one row and KV head over its first len
+// cached positions) from the cache's rows where they lie: scores [m, len],
+// probs [m, len], outputs [m, D]. False (nothing done) where the products
+// do not apply (no AVX-512, D not a multiple of 16).
+template <typename T>
+bool DecodeOverRows(const HeadSparseAttentionInputs &in, const int64_t *blocks,
+                    int64_t kv_head, int64_t len, const float *queries,
+                    int64_t m, float scale, const int64_t *visible,
+                    float *scores, float *probs, float *outputs) {
+  thread_local std::vector<const T *> key_rows, value_rows;
+  const int64_t d = in.key_cache.size(3);
+  CacheRows(in.key_cache, blocks, kv_head, len, key_rows);
+  if (!ScoresOverRows(queries, m, d, scale, key_rows.data(), len, scores)) {
+    return false;
+  }
+  CacheRows(in.value_cache, blocks, kv_head, len, value_rows);
+  MaskedSoftmax(scores, probs, m, len, visible);
+  ValuesOverRows(probs, m, value_rows.data(), len, d, outputs);
+  return true;
+}
 
 at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const int64_t n = in.x.size(0);
@@ -468,22 +509,22 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
           }
         };
         const int64_t *blocks = table + item.row * table_width;
-        // A decode item over a bfloat16 cache: products that widen each row
-        // as they load it.
-        if (m <= kMaxGemvQueries &&
-            in.key_cache.scalar_type() == at::kBFloat16 &&
-            in.value_cache.scalar_type() == at::kBFloat16) {
-          thread_local std::vector<const uint16_t *> key_rows, value_rows;
-          CacheRows(in.key_cache, blocks, item.kv_head, len, key_rows);
-          CacheRows(in.value_cache, blocks, item.kv_head, len, value_rows);
-          if (Bfloat16Scores(queries.data(), m, d, scale, key_rows.data(), len,
-                             scores.data(), len)) {
-            MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
-            Bfloat16Values(probs.data(), len, m, value_rows.data(), len, d,
-                           outputs.data(), d);
-            write_outputs();
-            return;
-          }
+        // A decode item: products over the cache's rows where they lie
+        // (bfloat16 rows widened as they are loaded).
+        const at::ScalarType cached = in.key_cache.scalar_type();
+        if (m <= kMaxGemvQueries && in.value_cache.scalar_type() == cached &&
+            (cached == at::kBFloat16
+                 ? DecodeOverRows<uint16_t>(in, blocks, item.kv_head, len,
+                                            queries.data(), m, scale,
+                                            visible.data(), scores.data(),
+                                            probs.data(), outputs.data())
+                 : cached == at::kFloat &&
+                       DecodeOverRows<float>(in, blocks, item.kv_head, len,
+                                             queries.data(), m, scale,
+                                             visible.data(), scores.data(),
+                                             probs.data(), outputs.data()))) {
+          write_outputs();
+          return;
         }
         CacheRuns(in.key_cache, blocks, item.kv_head, len, wide_keys, key_runs);
         CacheRuns(in.value_cache, blocks, item.kv_head, len, wide_values,
