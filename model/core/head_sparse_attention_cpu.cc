@@ -246,9 +246,11 @@ void CacheRows(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
   const T *base =
       static_cast<const T *>(cache.data_ptr()) + kv_head * cache.stride(2);
   rows.resize(len);
-  for (int64_t t = 0; t < len; ++t) {
-    rows[t] = base + blocks[t / block_size] * cache.stride(0) +
-              (t % block_size) * cache.stride(1);
+  const int64_t ld = cache.stride(1);
+  for (int64_t p = 0; p < len; p += block_size) {
+    const T *block = base + blocks[p / block_size] * cache.stride(0);
+    const int64_t count = std::min(block_size, len - p);
+    for (int64_t i = 0; i < count; ++i) rows[p + i] = block + i * ld;
   }
 }
 
