@@ -237,8 +237,9 @@ void CacheRuns(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
   runs.push_back({buffer.data(), d, 0, len});
 }
 
-// Addresses of positions [0, len) of a row of a bfloat16 KV cache (its
-// elements' bits) for one KV head, through the row's block table.
+// Addresses of positions [0, len) of a row of a KV cache (float32, or
+// bfloat16 as its elements' bits) for one KV head, through the row's block
+// table.
 template <typename T>
 void CacheRows(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
                int64_t len, std::vector<const T *> &rows) {
@@ -274,8 +275,6 @@ void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
     std::fill(p + n, p + cols, 0.0f);
   }
 }
-
-}  // namespace
 
 // The decode products over rows of either cache type (cpu_gemm.h).
 bool ScoresOverRows(const float *q, int64_t m, int64_t d, float scale,
@@ -315,6 +314,8 @@ bool DecodeOverRows(const HeadSparseAttentionInputs &in, const int64_t *blocks,
   ValuesOverRows(probs, m, value_rows.data(), len, d, outputs);
   return true;
 }
+
+}  // namespace
 
 at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const int64_t n = in.x.size(0);

@@ -582,6 +582,7 @@ at::Tensor LlamaModel::HeadCounts(const at::Tensor& gates, const Step& step,
                                   int64_t rows) const {
   const int64_t heads = config_.num_heads;
   if (PlainLoops(gates) && gates.is_contiguous() && step.token_row.is_cpu() &&
+      step.token_row.scalar_type() == at::kLong &&
       step.token_row.is_contiguous()) {
     at::Tensor counts = at::zeros({rows, heads}, at::kLong);
     int64_t* c = counts.data_ptr<int64_t>();
