@@ -88,7 +88,7 @@ struct EngineLoopOptions {
   Clock* clock = RealClock();
   // When a request arrives at an idle loop, how long the loop waits for the
   // next one before its first step; each arrival restarts the wait, for at
-  // most kMaxGatherWaits x idle_gather in all. A burst (clients whose
+  // most kMaxGatherSpans x idle_gather in all. A burst (clients whose
   // previous requests ended in the same step) then starts in one step, not
   // one step per arrival. The wait ends early once as many requests have
   // arrived as the loop last ran at once before it went idle (or
@@ -230,7 +230,7 @@ class EngineLoop {
   }
 
   // See EngineLoopOptions::idle_gather.
-  static constexpr int kMaxGatherWaits = 4;
+  static constexpr int kMaxGatherSpans = 4;
   void GatherArrivals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (options_.idle_gather <= absl::ZeroDuration()) return;
     const int64_t enough =
@@ -239,7 +239,7 @@ class EngineLoop {
             : options_.planner.max_running;
     busy_peak_rows_ = 0;
     const absl::Time deadline =
-        absl::Now() + kMaxGatherWaits * options_.idle_gather;
+        absl::Now() + kMaxGatherSpans * options_.idle_gather;
     while (!stopping_ && static_cast<int64_t>(inbox_.size()) < enough) {
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) return;

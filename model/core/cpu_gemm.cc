@@ -743,35 +743,25 @@ bool ScoresProduct(const float *q, int64_t m, int64_t k, float scale,
 
 namespace {
 
-__attribute__((target("avx512f"))) void WidenBfloat16Avx512(
-    const uint16_t *from, int64_t n, float *to) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i wide = _mm512_cvtepu16_epi32(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(from + i)));
-    _mm512_storeu_ps(to + i, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
-  }
-  for (; i < n; ++i) {
-    const uint32_t bits = uint32_t{from[i]} << 16;
-    std::memcpy(to + i, &bits, sizeof(bits));
-  }
+// 16 values of a cached row: float32, or bfloat16 (their bits) widened.
+__attribute__((target("avx512f"))) inline __m512 LoadRow16(const float *from) {
+  return _mm512_loadu_ps(from);
 }
-
-// 16 bfloat16 values (their bits) at `from`, widened.
-__attribute__((target("avx512f"))) inline __m512 LoadBfloat16(
+__attribute__((target("avx512f"))) inline __m512 LoadRow16(
     const uint16_t *from) {
   const __m512i wide = _mm512_cvtepu16_epi32(
       _mm256_loadu_si256(reinterpret_cast<const __m256i *>(from)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// 16 values of a cached row: float32, or bfloat16 bits widened.
-__attribute__((target("avx512f"))) inline __m512 LoadRow16(const float *from) {
-  return _mm512_loadu_ps(from);
-}
-__attribute__((target("avx512f"))) inline __m512 LoadRow16(
-    const uint16_t *from) {
-  return LoadBfloat16(from);
+__attribute__((target("avx512f"))) void WidenBfloat16Avx512(
+    const uint16_t *from, int64_t n, float *to) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(to + i, LoadRow16(from + i));
+  for (; i < n; ++i) {
+    const uint32_t bits = uint32_t{from[i]} << 16;
+    std::memcpy(to + i, &bits, sizeof(bits));
+  }
 }
 
 // [a0 + a1, a2 + a3, b0 + b1, b2 + b3] of a's and b's 128-bit lanes.

@@ -8,11 +8,12 @@
 // work items of at most kQueryBlock queries of one row and one KV head: one
 // scores product over the keys the items' queries can see (causal blocks
 // beyond the last query's position are never computed), a softmax, one
-// product with the values. Keys and values are read in place from a float32
-// cache (a strided matrix per run of adjacent blocks of the row's block
-// table and KV head: one product per run), never gathered; a bfloat16 cache
-// is widened row by row as a decode item's products load it, and item by
-// item into a thread's buffer before a prefill item's float32 products.
+// product with the values. Keys and values are never gathered: a decode
+// item's products read the cache's rows where they lie (a bfloat16 cache's
+// widened as they are loaded); a prefill item's read a float32 cache in place
+// (a strided matrix per run of adjacent blocks of the row's block table and
+// KV head: one product per run), a bfloat16 cache widened item by item into
+// a thread's buffer first.
 //
 // Matrix products call the BLAS directly (no allocation, no dispatch); work
 // items and per-head products run on the intra-op pool, pulled from an atomic
@@ -96,13 +97,13 @@ struct WorkItem {
   int64_t queries = 0;
 };
 
-// t as int64 (t itself when it is: .to() would still be a dispatch).
-at::Tensor AsLong(const at::Tensor &t) {
-  return t.scalar_type() == at::kLong ? t : t.to(at::kLong);
+// t as `type` (t itself when it is: .to() would still be a dispatch).
+at::Tensor AsType(const at::Tensor &t, at::ScalarType type) {
+  return t.scalar_type() == type ? t : t.to(type);
 }
 
 std::vector<int64_t> ToVector(const at::Tensor &t) {
-  const at::Tensor c = AsLong(t).contiguous();
+  const at::Tensor c = AsType(t, at::kLong).contiguous();
   return std::vector<int64_t>(c.data_ptr<int64_t>(),
                               c.data_ptr<int64_t>() + c.numel());
 }
@@ -329,12 +330,10 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   const std::vector<int64_t> token_row = ToVector(in.token_row);
   const std::vector<int64_t> token_pos = ToVector(in.token_pos);
   const std::vector<int64_t> row_len = ToVector(in.row_len);
-  const at::Tensor block_table = AsLong(in.block_table).contiguous();
+  const at::Tensor block_table = AsType(in.block_table, at::kLong).contiguous();
   const int64_t *table = block_table.data_ptr<int64_t>();
   const int64_t table_width = block_table.size(1);
-  const at::Tensor gates = in.gates.scalar_type() == at::kFloat
-                               ? in.gates.contiguous()
-                               : in.gates.to(at::kFloat).contiguous();
+  const at::Tensor gates = AsType(in.gates, at::kFloat).contiguous();
   const float *gate = gates.data_ptr<float>();
 
   // Which tokens each head serves; `active`: tokens that selected any head.
@@ -558,18 +557,18 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
         write_outputs();
       });
 
-  // Output projection, weighted by the gates. Full heads: one product.
-  if (!full.empty()) {
-    // Each full head's attention output (in q_full, in place) times its
-    // gate.
-    float *a = q_full.data_ptr<float>();
-    for (int64_t i = 0; i < num_active; ++i) {
-      for (int64_t j = 0; j < f; ++j) {
-        const float g = gate[active[i] * heads + full[j]];
-        float *row = a + (i * f + j) * d;
-        for (int64_t e = 0; e < d; ++e) row[e] *= g;
-      }
+  // Each head's attention output (over its queries, in place) times its
+  // gate.
+  for (int64_t h = 0; h < heads; ++h) {
+    const HeadRows &r = rows_of[h];
+    for (int64_t i = 0; i < r.count; ++i) {
+      const float g = gate[r.tokens[i] * heads + h];
+      float *row = r.data + i * r.ld;
+      for (int64_t j = 0; j < d; ++j) row[j] *= g;
     }
+  }
+  // Output projection. Full heads: one product.
+  if (!full.empty()) {
     at::Tensor y = FullHeadOutputs(q_full, in.o_weight, full, d);
     if (all_active) {
       out = y;
@@ -583,15 +582,6 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   // Routed heads: each thread owns a block of output columns, so their
   // scatter-adds into `out` never overlap.
   if (num_pairs > 0) {
-    // Each routed head's attention output times its gate.
-    float *scaled = q_routed.data_ptr<float>();
-    for (int64_t h : routed) {
-      for (int64_t i = 0; i < rows_of[h].count; ++i) {
-        const float g = gate[rows_of[h].tokens[i] * heads + h];
-        float *row = scaled + (first_pair[h] + i) * d;
-        for (int64_t j = 0; j < d; ++j) row[j] *= g;
-      }
-    }
     const int64_t out_cols = in.o_weight.size(0);
     // Blocks of 64 columns (read by IndexedLinear without packing): one
     // block of `out` for every token stays in L2 while every head adds to it.

@@ -123,14 +123,17 @@ bool WriteCacheLoop(at::Tensor& cache, const at::Tensor& block,
   const int64_t* blocks = block.data_ptr<int64_t>();
   const int64_t* offsets = offset.data_ptr<int64_t>();
   const float* from = rows.data_ptr<float>();
+  float* wide =
+      cache.scalar_type() == at::kFloat ? cache.data_ptr<float>() : nullptr;
+  at::BFloat16* half =
+      wide == nullptr ? cache.data_ptr<at::BFloat16>() : nullptr;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t at = (blocks[i] * block_size + offsets[i]) * width;
     const float* src = from + i * width;
-    if (cache.scalar_type() == at::kFloat) {
-      std::copy(src, src + width, cache.data_ptr<float>() + at);
+    if (wide != nullptr) {
+      std::copy(src, src + width, wide + at);
     } else {
-      at::BFloat16* dst = cache.data_ptr<at::BFloat16>() + at;
-      for (int64_t j = 0; j < width; ++j) dst[j] = at::BFloat16(src[j]);
+      for (int64_t j = 0; j < width; ++j) half[at + j] = at::BFloat16(src[j]);
     }
   }
   return true;
