@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/log.h"
@@ -22,6 +23,10 @@ ABSL_FLAG(std::string, model_dir, "",
 ABSL_FLAG(std::string, prompt, "Once upon a time", "Prompt text");
 ABSL_FLAG(float, ratio, 0.0f,
           "Activation ratio in (0, 1]; 0 = the model's default");
+ABSL_FLAG(std::vector<std::string>, ratios, {},
+          "Comma-separated ratios measured one after the other with one load "
+          "of the model (a throughput line each, tagged ratio=R; the first is "
+          "printed); overrides --ratio");
 ABSL_FLAG(int32_t, max_new_tokens, 32, "Tokens to generate");
 ABSL_FLAG(float, temperature, 0.0f, "Sampling temperature; 0 = greedy");
 ABSL_FLAG(int32_t, top_k, 0, "Top-k sampling; 0 = off");
@@ -98,7 +103,6 @@ int main(int argc, char** argv) {
           text[from + (i - from) % (text.size() - from)]);
     request.prompt_ids.resize(n);
   }
-  request.ratio = absl::GetFlag(FLAGS_ratio);
   request.sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   request.sampling.temperature = absl::GetFlag(FLAGS_temperature);
   request.sampling.top_k = absl::GetFlag(FLAGS_top_k);
@@ -108,61 +112,86 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_seed) >= 0)
     request.sampling.seed = absl::GetFlag(FLAGS_seed);
 
+  std::vector<float> ratios;
+  for (const std::string& text : absl::GetFlag(FLAGS_ratios)) {
+    float ratio = 0;
+    if (!absl::SimpleAtof(text, &ratio) || !(ratio >= 0 && ratio <= 1)) {
+      std::cerr << "moh-generate: --ratios: \"" << text
+                << "\" is not a ratio in [0, 1]\n";
+      return 2;
+    }
+    ratios.push_back(ratio);
+  }
+  if (ratios.empty()) ratios.push_back(absl::GetFlag(FLAGS_ratio));
+
   moh::Generator generator(*lm->model, lm->tokenizer.get(), lm->eos_ids);
   const int32_t batch = std::max(1, absl::GetFlag(FLAGS_batch));
   const int32_t repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
-  const std::vector<moh::GenerationRequest> requests(batch, request);
   std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
   absl::StatusOr<std::vector<moh::GenerationResult>> results;
-  for (int32_t i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
-    if (!generator.Generate(requests, nullptr).ok()) break;
-  }
-  int64_t total_tokens = 0;
-  // Prefill: from a repeat's start to its first chunk (the prompts' forward
-  // pass and the first token); decode: the rest, one token per row a step.
-  double prefill_s = 0;
-  const auto start = std::chrono::steady_clock::now();
-  for (int32_t i = 0; i < repeat; ++i) {
-    const auto repeat_start = std::chrono::steady_clock::now();
-    bool first = true;
-    results = generator.Generate(
-        requests, [&, i](size_t row, const moh::GenerationChunk& chunk) {
-          if (first) {
-            first = false;
-            prefill_s += std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - repeat_start)
-                             .count();
-          }
-          if (i == 0 && row == 0) std::cout << chunk.text << std::flush;
-        });
-    if (!results.ok()) break;
-    for (const moh::GenerationResult& r : *results) {
-      total_tokens += r.token_ids.size();
+  double seconds = 0;
+  for (size_t k = 0; k < ratios.size(); ++k) {
+    request.ratio = ratios[k];
+    const std::vector<moh::GenerationRequest> requests(batch, request);
+    for (int32_t i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
+      if (!generator.Generate(requests, nullptr).ok()) break;
     }
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  std::cout << "\n";
-  if (!results.ok()) {
-    std::cerr << "moh-generate: " << results.status().message() << "\n";
-    return 1;
-  }
-  if (batch > 1 || repeat > 1 || absl::GetFlag(FLAGS_prompt_tokens) > 0) {
-    const int64_t prompt = int64_t{batch} * repeat * request.prompt_ids.size();
-    const int64_t decoded = total_tokens - int64_t{batch} * repeat;
-    const double decode_s = seconds - prefill_s;
-    std::fprintf(stderr,
-                 "batch=%d repeat=%d generated_tokens=%lld time=%.3fs "
-                 "tokens_per_s=%.2f prefill_tokens=%lld prefill_time=%.3fs "
-                 "prefill_tokens_per_s=%.2f decode_tokens=%lld "
-                 "decode_time=%.3fs decode_tokens_per_s=%.2f\n",
-                 batch, repeat, static_cast<long long>(total_tokens), seconds,
-                 total_tokens / std::max(seconds, 1e-9),
-                 static_cast<long long>(prompt), prefill_s,
-                 prompt / std::max(prefill_s, 1e-9),
-                 static_cast<long long>(decoded), decode_s,
-                 decoded / std::max(decode_s, 1e-9));
+    int64_t total_tokens = 0;
+    // Prefill: from a repeat's start to its first chunk (the prompts' forward
+    // pass and the first token); decode: the rest, one token per row a step.
+    double prefill_s = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int32_t i = 0; i < repeat; ++i) {
+      const auto repeat_start = std::chrono::steady_clock::now();
+      bool first = true;
+      const bool print = k == 0 && i == 0;
+      auto batch_results = generator.Generate(
+          requests, [&](size_t row, const moh::GenerationChunk& chunk) {
+            if (first) {
+              first = false;
+              prefill_s += std::chrono::duration<double>(
+                               std::chrono::steady_clock::now() - repeat_start)
+                               .count();
+            }
+            if (print && row == 0) std::cout << chunk.text << std::flush;
+          });
+      if (!batch_results.ok()) {
+        std::cerr << "\nmoh-generate: " << batch_results.status().message()
+                  << "\n";
+        return 1;
+      }
+      for (const moh::GenerationResult& r : *batch_results) {
+        total_tokens += r.token_ids.size();
+      }
+      if (k == 0 && i == 0) results = std::move(batch_results);
+    }
+    const double ratio_s = std::chrono::duration<double>(
+                               std::chrono::steady_clock::now() - start)
+                               .count();
+    if (k == 0) {
+      seconds = ratio_s;
+      std::cout << "\n";
+    }
+    if (batch > 1 || repeat > 1 || absl::GetFlag(FLAGS_prompt_tokens) > 0 ||
+        ratios.size() > 1) {
+      const int64_t prompt =
+          int64_t{batch} * repeat * request.prompt_ids.size();
+      const int64_t decoded = total_tokens - int64_t{batch} * repeat;
+      const double decode_s = ratio_s - prefill_s;
+      std::fprintf(stderr,
+                   "batch=%d repeat=%d ratio=%.4f generated_tokens=%lld "
+                   "time=%.3fs tokens_per_s=%.2f prefill_tokens=%lld "
+                   "prefill_time=%.3fs prefill_tokens_per_s=%.2f "
+                   "decode_tokens=%lld decode_time=%.3fs "
+                   "decode_tokens_per_s=%.2f\n",
+                   batch, repeat, request.ratio,
+                   static_cast<long long>(total_tokens), ratio_s,
+                   total_tokens / std::max(ratio_s, 1e-9),
+                   static_cast<long long>(prompt), prefill_s,
+                   prompt / std::max(prefill_s, 1e-9),
+                   static_cast<long long>(decoded), decode_s,
+                   decoded / std::max(decode_s, 1e-9));
+    }
   }
   const moh::GenerationResult& r = (*results)[0];
   if (absl::GetFlag(FLAGS_print_token_ids)) {

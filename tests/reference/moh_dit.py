@@ -832,7 +832,7 @@ def load_vae(directory, dtype=torch.float32):
     if os.path.exists(st):
         tensors = ref.read_safetensors(st)
     else:
-        tensors = torch.load(os.path.join(directory, "diffusion_pytorch_model.bin"), map_location="cpu")
+        tensors = torch.load(os.path.join(directory, "diffusion_pytorch_model.bin"), map_location="cpu", weights_only=False)
     vae = VaeDecoder(cfg).to(dtype)
     vae.load_state_dict({k: v.to(dtype) for k, v in load_vae_tensors(tensors).items()}, strict=True)
     return vae.eval()
@@ -868,7 +868,7 @@ def load_dit_tensors(directory):
     files = sorted(glob.glob(os.path.join(directory, "*.pt")) + glob.glob(os.path.join(directory, "*.pth")))
     if len(files) != 1:
         raise FileNotFoundError("want one model.safetensors or one *.pt in %s, found %s" % (directory, files))
-    ckpt = torch.load(files[0], map_location="cpu")
+    ckpt = torch.load(files[0], map_location="cpu", weights_only=False)
     if "ema" in ckpt:
         ckpt = ckpt["ema"]
     return dict(ckpt)

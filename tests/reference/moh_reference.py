@@ -743,7 +743,7 @@ def load_checkpoint_dir(directory):
         return os.path.join(directory, name)
 
     for index, reader in (("model.safetensors.index.json", read_safetensors),
-                          ("pytorch_model.bin.index.json", lambda f: torch.load(f, map_location="cpu"))):
+                          ("pytorch_model.bin.index.json", lambda f: torch.load(f, map_location="cpu", weights_only=False))):
         if os.path.exists(p(index)):
             with open(p(index)) as f:
                 files = sorted(set(json.load(f)["weight_map"].values()))
@@ -754,7 +754,7 @@ def load_checkpoint_dir(directory):
     if os.path.exists(p("model.safetensors")):
         return read_safetensors(p("model.safetensors"))
     if os.path.exists(p("pytorch_model.bin")):
-        return dict(torch.load(p("pytorch_model.bin"), map_location="cpu"))
+        return dict(torch.load(p("pytorch_model.bin"), map_location="cpu", weights_only=False))
     raise FileNotFoundError("no checkpoint in " + directory)
 
 

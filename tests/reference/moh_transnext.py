@@ -593,7 +593,7 @@ def load_tensors(directory):
     st = os.path.join(directory, "model.safetensors")
     if os.path.exists(st):
         return ref.read_safetensors(st)
-    ckpt = torch.load(os.path.join(directory, "checkpoint.pth"), map_location="cpu")
+    ckpt = torch.load(os.path.join(directory, "checkpoint.pth"), map_location="cpu", weights_only=False)
     return dict(ckpt["model"])
 
 

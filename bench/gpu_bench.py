@@ -1,0 +1,431 @@
+#!/usr/bin/env python3
+"""The GPU benchmark (run by scripts/gpu_check.sh on a CUDA machine).
+
+Everything is measured side by side in one run, on one device:
+
+  1. the device-to-device copy bandwidth (bytes read plus bytes written, the
+     median of 20 copies of 2 GiB), the ceiling a decode step's bound uses;
+  2. for each layout (bench/make_bench_lm.py --layout, random bfloat16
+     weights in the released MoH-LLaMA3-8B layout, and its 1B sibling):
+     - batch 1: a 4096-token prompt, then 128 greedy tokens (prefill tokens/s
+       of the 4k prompt; decode tokens/s against the bound: the weights and
+       KV-cache bytes a token reads over the copy bandwidth);
+     - 64 sequences x a 2048-token prompt, then 32 tokens each (decode
+       tokens/s of the batch at 2k context);
+     each at ratios 1.0, 0.75 and 0.5 with one load of the model (moh-generate
+     --ratios; a leading untimed ratio-1.0 run warms the device up);
+  3. serving overhead (the first layout): moh-server over gRPC, driven by
+     moh-bench with 16 concurrent streams, against moh-generate --batch 16 in
+     process: the same requests, greedy, 64 new tokens.
+
+  gpu_bench.py --build build-cuda --work DIR --out DIR [--layouts a,b]
+
+Writes DIR/gpu_bench.json and prints a Markdown table (last, so that a device
+tool's output tail carries it). Every step is bounded in time; a step that
+fails or overruns is recorded as such and the rest still run.
+"""
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RATIOS = [1.0, 0.75, 0.5]
+LAYOUT_DIRS = {"8b": "llama3-8b", "1b": "llama3-1b", "tiny": "llama3-tiny"}
+# (batch, prompt tokens, new tokens) of the two measurements; --quick: a
+# rehearsal on a CPU.
+SIZES = {"batch1": (1, 4096, 128), "batched": (64, 2048, 32)}
+QUICK_SIZES = {"batch1": (1, 256, 16), "batched": (8, 128, 8)}
+
+
+def log(*args):
+    print("[gpu_bench %s]" % time.strftime("%H:%M:%S"), *args, file=sys.stderr,
+          flush=True)
+
+
+def copy_bandwidth():
+    """Bytes read + written per second by a device-to-device copy."""
+    n = 2 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    src.random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(20):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    if not torch.equal(dst[:1 << 20], src[:1 << 20]):
+        raise RuntimeError("the device copy is wrong")
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / statistics.median(times)
+
+
+def checkpoint_bytes(model_dir):
+    """(all weight bytes, bytes a decode token reads: all but an untied
+    embedding table, of which it reads one row)."""
+    with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
+        total = json.load(f)["metadata"]["total_size"]
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    embed = cfg["vocab_size"] * cfg["hidden_size"] * 2
+    if cfg.get("tie_word_embeddings"):  # read whole as the output layer
+        return total, total, cfg
+    return total, total - embed, cfg
+
+
+def kv_bytes_per_position(cfg):
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    return (cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim *
+            2 * 2)  # keys and values, bfloat16
+
+
+def run(cmd, timeout, **kwargs):
+    log("$", " ".join(cmd))
+    start = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          **kwargs)
+    log("  %.1fs, exit %d" % (time.time() - start, proc.returncode))
+    if proc.returncode != 0:
+        raise RuntimeError("%s exited %d:\n%s" % (cmd[0], proc.returncode,
+                                                   proc.stderr[-3000:]))
+    return proc
+
+
+def generate(args, model_dir, sizes, timeout, warmup=True):
+    """moh-generate at each of RATIOS, one process: {ratio: fields}. With
+    warmup, a leading untimed ratio-1.0 run."""
+    batch, prompt_tokens, new_tokens = sizes
+    ratios = ([1.0] if warmup else []) + RATIOS
+    err = run([os.path.join(args.build, "tools", "moh-generate"),
+               "--model_dir=" + model_dir, "--device=" + args.device,
+               "--dtype=bfloat16", "--temperature=0",
+               "--batch=%d" % batch, "--prompt_tokens=%d" % prompt_tokens,
+               "--max_new_tokens=%d" % new_tokens,
+               "--ratios=" + ",".join("%g" % r for r in ratios)],
+              timeout).stderr
+    lines = [line[line.find("batch="):] for line in err.splitlines()
+             if "batch=" in line and "decode_tokens_per_s=" in line]
+    if len(lines) != len(ratios):
+        raise RuntimeError("moh-generate printed %d throughput lines, not %d:\n%s"
+                           % (len(lines), len(ratios), err[-3000:]))
+    out = {}
+    skip = 1 if warmup else 0
+    for ratio, line in zip(ratios[skip:], lines[skip:]):
+        fields = dict(kv.split("=") for kv in line.split())
+        out[ratio] = {k: float(v.rstrip("s")) for k, v in fields.items()}
+    return out
+
+
+def layout_section(args, layout, bandwidth, results):
+    model_dir = os.path.join(args.work, LAYOUT_DIRS[layout])
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        run([sys.executable, os.path.join(ROOT, "bench", "make_bench_lm.py"),
+             "--layout=" + LAYOUT_DIRS[layout], "--out=" + model_dir], 600)
+    total, per_token, cfg = checkpoint_bytes(model_dir)
+    kv_pos = kv_bytes_per_position(cfg)
+    entry = results.setdefault(layout, {})
+    entry["weight_bytes"] = total
+    entry["kv_bytes_per_position"] = kv_pos
+    sizes = QUICK_SIZES if args.quick else SIZES
+    single = generate(args, model_dir, sizes["batch1"], args.step_timeout)
+    # Mean context over the decoded tokens.
+    _, prompt, new = sizes["batch1"]
+    bound = bandwidth / (per_token + kv_pos * (prompt + new / 2))
+    entry["batch1"] = {"bound_tokens_per_s": bound}
+    for ratio, f in single.items():
+        entry["batch1"][str(ratio)] = {
+            "prefill_4k_tokens_per_s": f["prefill_tokens_per_s"],
+            "decode_tokens_per_s": f["decode_tokens_per_s"],
+            "of_bound": f["decode_tokens_per_s"] / bound,
+        }
+    # No warm-up run (a whole batched prefill): ratio 1.0's prefill carries
+    # the first-use costs, its decode (measured after that prefill) does not.
+    batched = generate(args, model_dir, sizes["batched"], args.step_timeout,
+                       warmup=False)
+    entry["sizes"] = sizes
+    entry["batch64_2k"] = {
+        str(ratio): {"decode_tokens_per_s": f["decode_tokens_per_s"],
+                     "prefill_tokens_per_s": f["prefill_tokens_per_s"]}
+        for ratio, f in batched.items()}
+    return model_dir
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serving_overhead(args, model_dir, results):
+    concurrency, new_tokens, waves = 16, 64, 4
+    local = run([os.path.join(args.build, "tools", "moh-generate"),
+                 "--model_dir=" + model_dir, "--device=" + args.device,
+                 "--dtype=bfloat16", "--temperature=0",
+                 "--prompt=Once upon a time",
+                 "--max_new_tokens=%d" % new_tokens,
+                 "--batch=%d" % concurrency, "--repeat=%d" % waves,
+                 "--warmup=1"], args.step_timeout).stderr
+    line = next(l[l.find("batch="):] for l in local.splitlines()
+                if "tokens_per_s=" in l and "batch=" in l)
+    in_process = float(dict(kv.split("=") for kv in line.split())["tokens_per_s"])
+    port = free_port()
+    config = os.path.join(args.work, "gpu-bench-server.textproto")
+    with open(config, "w") as f:
+        f.write('port: %d\nmetrics_port: -1\nhttp_port: -1\nhost: "127.0.0.1"\n'
+                'models { name: "lm" model_dir: "%s" device: "%s" dtype: '
+                '"bfloat16" generation { max_running: %d max_seq_len: 512 } }\n'
+                % (port, model_dir, args.device, concurrency))
+    server_log = os.path.join(args.out, "gpu-bench-server.log")
+    with open(server_log, "w") as logf:
+        server = subprocess.Popen(
+            [os.path.join(args.build, "service", "moh-server"),
+             "--config=" + config], stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        client = os.path.join(args.build, "client", "moh-client")
+        deadline = time.time() + 180
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError("moh-server exited; see " + server_log)
+            if subprocess.run([client, "--server=127.0.0.1:%d" % port, "health"],
+                              capture_output=True).returncode == 0:
+                break
+            if time.time() > deadline:
+                raise RuntimeError("moh-server did not become SERVING")
+            time.sleep(0.5)
+        out = run([os.path.join(args.build, "client", "moh-bench"),
+                   "--server=127.0.0.1:%d" % port, "--quiet", "--json",
+                   "--rpc=generate", "--model=lm", "--temperature=0",
+                   "--prompt=Once upon a time",
+                   "--max_new_tokens=%d" % new_tokens,
+                   "--concurrency=%d" % concurrency,
+                   "--requests=%d" % (concurrency * waves),
+                   "--warmup_requests=%d" % concurrency],
+                  args.step_timeout).stdout
+        served = json.loads(out)["throughput"]["tokens_per_s"]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    results["serving_overhead"] = {
+        "concurrency": concurrency, "new_tokens": new_tokens,
+        "in_process_tokens_per_s": in_process, "server_tokens_per_s": served,
+        "server_over_in_process": served / in_process}
+
+
+def hf_peer(model_dir, device, sizes):
+    """Hugging Face transformers' LlamaForCausalLM of the checkpoint's shape
+    (dense: every head, as MoH at ratio 1.0 computes them, without the
+    router), random bfloat16 weights on the GPU: batch-1 greedy decode of 128
+    tokens after the 4096-token prompt, eager and SDPA attention. A stand-in
+    for the official MoH modeling code, which the device machine lacks."""
+    import transformers
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    out = {"transformers": transformers.__version__}
+    prompt, new = sizes["batch1"][1:]
+    for attn in ("sdpa", "eager"):
+        config = transformers.LlamaConfig(
+            vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg["num_key_value_heads"],
+            max_position_embeddings=cfg["max_position_embeddings"],
+            rope_theta=cfg["rope_theta"],
+            tie_word_embeddings=cfg["tie_word_embeddings"],
+            attn_implementation=attn)
+        with torch.device(device):
+            model = transformers.LlamaForCausalLM._from_config(
+                config, dtype=torch.bfloat16).eval()
+        ids = torch.randint(0, 768, (1, prompt), device=device)
+        with torch.no_grad():
+            model.generate(ids[:, :64], max_new_tokens=8, min_new_tokens=8,
+                           do_sample=False)  # warm-up
+            sync()
+            start = time.time()
+            model(ids)
+            sync()
+            prefill_s = time.time() - start
+            start = time.time()
+            model.generate(ids, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False)
+            sync()
+            total_s = time.time() - start
+        out[attn] = {"prefill_4k_tokens_per_s": prompt / prefill_s,
+                     "decode_tokens_per_s": (new - 1) / max(total_s - prefill_s, 1e-9)}
+        del model
+        torch.cuda.empty_cache()
+    return out
+
+
+def table(results):
+    lines = ["", "## GPU benchmark: %s, %s (torch %s)" % (
+        results.get("device", "?"), results.get("host", ""),
+        results.get("torch", "?")), ""]
+    bw = results.get("copy_bandwidth_bytes_per_s")
+    if bw:
+        lines.append("device-to-device copy: %.0f GB/s (read + write)" % (bw / 1e9))
+        lines.append("")
+    lines.append("| layout | measure | ratio 1.0 | ratio 0.75 | ratio 0.5 | 0.5 / 1.0 |")
+    lines.append("|---|---|---|---|---|---|")
+    for layout in LAYOUT_DIRS:
+        entry = results.get(layout)
+        if not entry:
+            continue
+
+        def row(label, section, key, fmt="%.1f"):
+            values = [entry.get(section, {}).get(str(r), {}).get(key) for r in RATIOS]
+            cells = [fmt % v if v is not None else "-" for v in values]
+            gain = ("%.2f" % (values[2] / values[0])
+                    if values[0] and values[2] else "-")
+            lines.append("| %s | %s | %s | %s |" % (layout, label, " | ".join(cells), gain))
+
+        row("prefill 4k, tokens/s", "batch1", "prefill_4k_tokens_per_s", "%.0f")
+        row("decode b1 @4k, tokens/s", "batch1", "decode_tokens_per_s")
+        row("decode b1, of bound", "batch1", "of_bound", "%.2f")
+        row("decode 64 x 2k, tokens/s", "batch64_2k", "decode_tokens_per_s", "%.0f")
+        bound = entry.get("batch1", {}).get("bound_tokens_per_s")
+        if bound:
+            lines.append("| %s | bound b1 @4k, tokens/s | %.1f | | | |" % (layout, bound))
+    peer = results.get("transformers_peer")
+    if peer:
+        layout = peer.get("layout", "?")
+        ours = results.get(layout, {}).get("batch1", {}).get("1.0", {})
+        for attn in ("sdpa", "eager"):
+            if attn in peer:
+                d = peer[attn]["decode_tokens_per_s"]
+                lines.append("| %s | transformers %s %s (dense) decode b1 @4k | %.1f "
+                             "| | | moh 1.0 / it: %s |" % (
+                                 layout, peer["transformers"], attn, d,
+                                 "%.2f" % (ours["decode_tokens_per_s"] / d)
+                                 if ours else "-"))
+    so = results.get("serving_overhead")
+    if so:
+        lines += ["", "serving overhead (%s, %d streams, %d tokens): in process "
+                  "%.0f tokens/s, moh-server %.0f tokens/s, ratio %.2f (target 0.95)"
+                  % (so.get("layout", "?"), so["concurrency"], so["new_tokens"],
+                     so["in_process_tokens_per_s"], so["server_tokens_per_s"],
+                     so["server_over_in_process"])]
+    for name, error in results.get("errors", {}).items():
+        lines.append("ERROR in %s: %s" % (name, error.splitlines()[0] if error else ""))
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build")
+    parser.add_argument("--work")
+    parser.add_argument("--out")
+    parser.add_argument("--layouts", default="1b,8b")
+    parser.add_argument("--step_timeout", type=int, default=240)
+    parser.add_argument("--device", default="cuda",
+                        help="cpu rehearses the script without a GPU")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes (a rehearsal; see QUICK_SIZES)")
+    parser.add_argument("--hf_peer", metavar="MODEL_DIR",
+                        help="(internal) time transformers on MODEL_DIR's shape")
+    parser.add_argument("--no_hf_peer", dest="hf_peer_too",
+                        action="store_false",
+                        help="skip the transformers peer")
+    parser.add_argument("--table", metavar="JSON",
+                        help="print the table of an earlier run's JSON")
+    args = parser.parse_args()
+    if args.hf_peer:
+        print(json.dumps(hf_peer(args.hf_peer, args.device,
+                                 QUICK_SIZES if args.quick else SIZES)))
+        return 0
+    if args.table:
+        with open(args.table) as f:
+            print(table(json.load(f)))
+        return 0
+    if not (args.build and args.work and args.out):
+        parser.error("--build, --work and --out are required")
+    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    results = {"host": platform.node(), "torch": torch.__version__,
+               "errors": {}}
+    path = os.path.join(args.out, "gpu_bench.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
+
+    if args.device == "cpu":
+        results["device"] = "cpu (a rehearsal: the bound uses 20 GB/s)"
+        bandwidth = 20e9
+    elif not torch.cuda.is_available():
+        results["errors"]["device"] = "no CUDA device visible to torch"
+        save()
+        print(table(results))
+        return 1
+    else:
+        props = torch.cuda.get_device_properties(0)
+        results["device"] = "%s (%d SMs, %.0f GiB)" % (
+            props.name, props.multi_processor_count, props.total_memory / 2**30)
+        bandwidth = copy_bandwidth()
+    results["copy_bandwidth_bytes_per_s"] = bandwidth
+    log("copy bandwidth %.0f GB/s" % (bandwidth / 1e9))
+    save()
+    # Each step is recorded as it ends (a later overrun keeps what came
+    # before): every layout, the serving overhead after the first one, then
+    # the transformers peer on the last one.
+    model_dir = None
+    for i, layout in enumerate(args.layouts.split(",")):
+        try:
+            model_dir = layout_section(args, layout, bandwidth, results)
+        except Exception as e:  # noqa: BLE001 - recorded, the rest still run
+            results["errors"][layout] = "%s: %s" % (type(e).__name__, e)
+            log("layout %s failed: %s" % (layout, e))
+            model_dir = None
+        save()
+        if i == 0 and model_dir:
+            try:
+                serving_overhead(args, model_dir, results)
+                results["serving_overhead"]["layout"] = layout
+            except Exception as e:  # noqa: BLE001
+                results["errors"]["serving_overhead"] = "%s: %s" % (
+                    type(e).__name__, e)
+            save()
+    if model_dir and args.hf_peer_too:
+        try:
+            out = run([sys.executable, os.path.abspath(__file__), "--hf_peer",
+                       model_dir, "--device=" + args.device] +
+                      (["--quick"] if args.quick else []),
+                      args.step_timeout).stdout
+            results["transformers_peer"] = json.loads(out.splitlines()[-1])
+            results["transformers_peer"]["layout"] = layout
+        except Exception as e:  # noqa: BLE001
+            results["errors"]["transformers_peer"] = "%s: %s" % (
+                type(e).__name__, e)
+        save()
+    text = table(results)
+    with open(os.path.join(args.out, "gpu_bench.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

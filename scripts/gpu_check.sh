@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The device check: on a machine with a CUDA GPU, runs the GPU suite
+# (`ctest -L gpu`: gpu_model_test in process, gpu_server_test through the real
+# moh-server) and the GPU benchmark (bench/gpu_bench.py), and leaves a log,
+# the test report and the benchmark's JSON under $OUT.
+#
+#   scripts/gpu_check.sh [--bundle DIR] [--layouts 1b,8b]
+#
+# Two ways to get the binaries:
+#   --bundle DIR  binaries packed by scripts/gpu_bundle.sh on a build machine
+#                 (default .gpu-bundle when it exists): for GPU machines with
+#                 python3's torch at the version pinned in torch_wheel.env but
+#                 without Debian's development packages, such as the device
+#                 machines lent to this project's sessions. Run there as
+#                 root: the test binaries name the directory the bundle was
+#                 built in, which is linked to this checkout when they differ.
+#   (no bundle)   builds build-cuda here (scripts/build.sh --torch=wheel), on
+#                 a Debian 12 machine with the CUDA toolkit.
+# $OUT defaults to gpu-check-out/ in the checkout. The whole check stops
+# within $MOH_GPU_CHECK_SECONDS (default 480: a lease's command may run 10
+# minutes); the benchmark keeps what it measured before an overrun. $MOH_GPU_PYTHON is the
+# Python with torch (default python3). Exit status: 0 when every GPU test
+# passed (none skipped) and the benchmark ran every step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+bundle=""
+[ -d .gpu-bundle ] && bundle=.gpu-bundle
+layouts=1b,8b
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) bundle="$2"; shift 2 ;;
+    --layouts) layouts="$2"; shift 2 ;;
+    *) echo "usage: $0 [--bundle DIR] [--layouts 1b,8b]" >&2; exit 2 ;;
+  esac
+done
+out="${OUT:-$root/gpu-check-out}"
+mkdir -p "$out"
+exec > >(tee "$out/gpu_check.log") 2>&1
+python="$(command -v "${MOH_GPU_PYTHON:-python3}")"
+status=0
+step() { echo; echo "=== gpu_check $(date +%T): $*"; }
+fail() { echo "gpu_check: FAILED: $*"; status=1; }
+
+step "device"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
+  --format=csv || fail "nvidia-smi"
+"$python" -c 'import torch, sys
+print("python", sys.version.split()[0], "torch", torch.__version__,
+      "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
+
+build="$root/build-cuda"
+ctest_args=()
+if [ -n "$bundle" ]; then
+  step "bundle $bundle"
+  packed="$(cd "$bundle" && pwd)/bundle.tar.xz"
+  bundle="${TMPDIR:-/tmp}/moh-gpu-bundle"
+  rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf "$packed" ||
+    { echo "gpu_check: cannot unpack $packed" >&2; exit 1; }
+  source_dir="$(cat "$bundle/source_dir")"
+  if [ "$source_dir" != "$root" ]; then
+    if [ -e "$source_dir" ] && ! [ "$source_dir" -ef "$root" ]; then
+      echo "gpu_check: $source_dir exists and is not this checkout; the" \
+        "bundle's test binaries name it" >&2
+      exit 1
+    fi
+    mkdir -p "$(dirname "$source_dir")"
+    [ -e "$source_dir" ] || ln -s "$root" "$source_dir"
+  fi
+  mkdir -p "$build"
+  cp -r "$bundle/build-cuda/." "$build/"
+  rm -rf "$build/fixtures" && cp -r "$bundle/fixtures" "$build/fixtures"
+  ctest_args=(-FA moh_fixtures)  # the bundle's fixtures, not make_fixtures
+  install -D "$bundle/bin/moh-server" "$build/service/moh-server"
+  install -D "$bundle/bin/moh-client" "$build/client/moh-client"
+  install -D "$bundle/bin/moh-bench" "$build/client/moh-bench"
+  install -D "$bundle/bin/moh-generate" "$build/tools/moh-generate"
+  install -D "$bundle/bin/gpu_model_test" "$build/tests/gpu_model_test"
+  # The CTest files name the build machine's Python (Debian's /usr/bin/python3).
+  find "$build" -name CTestTestfile.cmake -exec \
+    sed -i "s#/usr/bin/python3#$python#g" {} +
+  torch_lib="$("$python" -c 'import os, torch
+print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  cuda_libs="$("$python" -c 'import glob, os, torch
+base = os.path.dirname(os.path.dirname(torch.__file__))
+print(":".join(sorted(set(os.path.dirname(p) for p in
+      glob.glob(base + "/nvidia/**/lib*.so*", recursive=True)))))')"
+  export LD_LIBRARY_PATH="$bundle/lib:$torch_lib:$cuda_libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="$bundle/bin:$PATH"
+else
+  step "build"
+  bash scripts/install_deps.sh --torch=wheel && bash scripts/build.sh --torch=wheel ||
+    { fail "build"; exit 1; }
+fi
+# Every binary's libraries resolve; with a bundle, each from the bundle,
+# LibTorch's wheel or the C/C++ runtime (a rehearsal on a machine that has
+# Debian's packages shows here what the bundle would lack).
+unresolved=0
+for f in service/moh-server client/moh-client client/moh-bench tools/moh-generate \
+  tests/gpu_model_test; do
+  libs="$(ldd "$build/$f")"
+  if grep -q "not found" <<<"$libs"; then
+    echo "gpu_check: $f: $(grep 'not found' <<<"$libs" | tr -s ' \n\t' ' ')"
+    unresolved=1
+  fi
+  if [ -n "$bundle" ]; then
+    system="$(awk '$3 ~ /^\/(usr\/)?lib/ {print $1}' <<<"$libs" |
+      grep -vE '^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux|libcuda)[.-]' || true)"
+    [ -z "$system" ] || { echo "gpu_check: $f: from the system:" $system; unresolved=1; }
+  fi
+  grep -E "libtorch_cuda|libc10\.so" <<<"$libs" | sed "s#^#  $f: #"
+done
+"$build/service/moh-server" --version || unresolved=1
+[ "$unresolved" = 0 ] || { fail "the binaries' libraries"; exit 1; }
+
+step "ctest -L gpu"
+ctest --test-dir "$build" -L gpu "${ctest_args[@]}" --output-on-failure --timeout 300 \
+  --output-junit "$out/ctest_gpu.xml" 2>&1 | tee "$out/ctest_gpu.log"
+[ "${PIPESTATUS[0]}" = 0 ] || fail "ctest -L gpu"
+if grep -q "Not Run\|Skipped" "$out/ctest_gpu.log"; then
+  fail "a GPU test was skipped: the device was not seen"
+fi
+
+left=$(( ${MOH_GPU_CHECK_SECONDS:-480} - SECONDS - 15 ))
+step "bench/gpu_bench.py --layouts $layouts (at most ${left}s)"
+timeout -k 10 "$left" "$python" bench/gpu_bench.py --build "$build" \
+  --work "${TMPDIR:-/tmp}/moh-gpu-bench" --out "$out" --layouts "$layouts" ||
+  fail "bench/gpu_bench.py (exit $?)"
+
+step "summary"
+grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Passed|\*\*\*" \
+  "$out/ctest_gpu.log" | sed 's/^/  /'
+if [ -f "$out/gpu_bench.md" ]; then
+  cat "$out/gpu_bench.md"
+elif [ -f "$out/gpu_bench.json" ]; then  # cut short: what it measured
+  "$python" bench/gpu_bench.py --table "$out/gpu_bench.json"
+fi
+echo "gpu_check: $([ "$status" = 0 ] && echo OK || echo FAILED) (log and results in $out)"
+exit "$status"
