@@ -107,10 +107,11 @@ def run(cmd, timeout, **kwargs):
 
 
 def generate(args, model_dir, sizes, timeout, warmup=True):
-    """moh-generate at each of RATIOS, one process: {ratio: fields}. With
-    warmup, a leading untimed ratio-1.0 run."""
+    """moh-generate at RATIOS, then at RATIOS reversed, one process (with
+    warmup, after an untimed ratio-1.0 run): {ratio: fields}, each field the
+    mean of the two runs, and "runs": both of them (the order's effect)."""
     batch, prompt_tokens, new_tokens = sizes
-    ratios = ([1.0] if warmup else []) + RATIOS
+    ratios = ([1.0] if warmup else []) + RATIOS + RATIOS[::-1]
     err = run([os.path.join(args.build, "tools", "moh-generate"),
                "--model_dir=" + model_dir, "--device=" + args.device,
                "--dtype=bfloat16", "--temperature=0",
@@ -123,11 +124,16 @@ def generate(args, model_dir, sizes, timeout, warmup=True):
     if len(lines) != len(ratios):
         raise RuntimeError("moh-generate printed %d throughput lines, not %d:\n%s"
                            % (len(lines), len(ratios), err[-3000:]))
-    out = {}
+    runs = {}
     skip = 1 if warmup else 0
     for ratio, line in zip(ratios[skip:], lines[skip:]):
         fields = dict(kv.split("=") for kv in line.split())
-        out[ratio] = {k: float(v.rstrip("s")) for k, v in fields.items()}
+        runs.setdefault(ratio, []).append(
+            {k: float(v.rstrip("s")) for k, v in fields.items()})
+    out = {}
+    for ratio, both in runs.items():
+        out[ratio] = {k: statistics.mean(r[k] for r in both) for k in both[0]}
+        out[ratio]["runs"] = both
     return out
 
 
@@ -151,6 +157,8 @@ def layout_section(args, layout, bandwidth, results):
         entry["batch1"][str(ratio)] = {
             "prefill_4k_tokens_per_s": f["prefill_tokens_per_s"],
             "decode_tokens_per_s": f["decode_tokens_per_s"],
+            "decode_tokens_per_s_runs": [r["decode_tokens_per_s"]
+                                         for r in f["runs"]],
             "of_bound": f["decode_tokens_per_s"] / bound,
         }
     # No warm-up run (a whole batched prefill): ratio 1.0's prefill carries
@@ -160,7 +168,9 @@ def layout_section(args, layout, bandwidth, results):
     entry["sizes"] = sizes
     entry["batch64_2k"] = {
         str(ratio): {"decode_tokens_per_s": f["decode_tokens_per_s"],
-                     "prefill_tokens_per_s": f["prefill_tokens_per_s"]}
+                     "prefill_tokens_per_s": f["prefill_tokens_per_s"],
+                     "decode_tokens_per_s_runs": [
+                         r["decode_tokens_per_s"] for r in f["runs"]]}
         for ratio, f in batched.items()}
     return model_dir
 
@@ -306,6 +316,13 @@ def table(results):
         row("decode b1 @4k, tokens/s", "batch1", "decode_tokens_per_s")
         row("decode b1, of bound", "batch1", "of_bound", "%.2f")
         row("decode 64 x 2k, tokens/s", "batch64_2k", "decode_tokens_per_s", "%.0f")
+        for section, label in (("batch1", "decode b1, runs"),
+                               ("batch64_2k", "decode 64 x 2k, runs")):
+            cells = ["/".join("%.0f" % v for v in entry.get(section, {})
+                              .get(str(r), {}).get("decode_tokens_per_s_runs", []))
+                     or "-" for r in RATIOS]
+            lines.append("| %s | %s (forward / reverse order) | %s | |" % (
+                layout, label, " | ".join(cells)))
         bound = entry.get("batch1", {}).get("bound_tokens_per_s")
         if bound:
             lines.append("| %s | bound b1 @4k, tokens/s | %.1f | | | |" % (layout, bound))
