@@ -71,10 +71,14 @@ done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
 
 /usr/bin/python3 tests/reference/make_fixtures.py "$out/fixtures" >/dev/null
 
-# The CTest files, with the test binaries' paths as they are here.
+# The CTest files, regenerated, with the test binaries' paths as they are
+# here and the configured Python as @MOH_PYTHON3@ (gpu_check.sh names the
+# device's).
+cmake build-cuda >/dev/null
+python3="$(sed -n 's/^MOH_PYTHON3:FILEPATH=//p' build-cuda/CMakeCache.txt)"
 (cd build-cuda && find . -name CTestTestfile.cmake) | while read -r f; do
   mkdir -p "$out/build-cuda/$(dirname "$f")"
-  cp "build-cuda/$f" "$out/build-cuda/$f"
+  sed "s#$python3#@MOH_PYTHON3@#g" "build-cuda/$f" >"$out/build-cuda/$f"
 done
 libs="$(ls "$out/lib" | wc -l)"
 mkdir -p "$final"

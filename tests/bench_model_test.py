@@ -1,5 +1,6 @@
 """bench/make_bench_lm.py writes a model moh-generate loads and that always
-generates exactly the tokens asked for (its end-of-sequence token never wins).
+generates exactly the tokens asked for (its end-of-sequence token never wins);
+moh-generate --ratios; bench/gpu_bench.py rehearsed on the CPU.
 
 Environment (CTest sets them): MOH_GENERATE (path of moh-generate),
 MOH_SOURCE_DIR (the repository). Run with /usr/bin/python3 -m pytest.
@@ -33,3 +34,55 @@ def test_bench_model_generates_every_token(tmp_path):
     assert finished, result.stderr
     assert all(reason == "LENGTH" and int(n) == 48
                for reason, n in finished), finished
+
+
+def test_generate_measures_several_ratios_with_one_load(tmp_path):
+    """moh-generate --ratios: a throughput line per ratio, tagged, in order;
+    the routing really changes with the ratio (effective ratio of the
+    first), and a ratio outside [0, 1] is refused naming the flag."""
+    lm = os.path.join(SOURCE, "models", "demo-lm")
+    result = subprocess.run(
+        [GENERATE, "--model_dir=%s" % lm, "--prompt=In the beginning",
+         "--max_new_tokens=8", "--temperature=0", "--ratios=0.5,1,0.75"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    ratios = re.findall(r"ratio=([0-9.]+) generated_tokens=(\d+)", result.stderr)
+    assert [(float(r), int(n)) for r, n in ratios] == [(0.5, 8), (1.0, 8), (0.75, 8)]
+    effective = re.search(r"effective_ratio=([0-9.]+)", result.stderr)
+    assert effective and float(effective.group(1)) == 0.5, result.stderr
+    bad = subprocess.run([GENERATE, "--model_dir=%s" % lm, "--ratios=0.5,1.5"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--ratios" in bad.stderr and "[0, 1]" in bad.stderr
+
+
+def test_gpu_bench_rehearsal_on_cpu(tmp_path):
+    """bench/gpu_bench.py end to end on the CPU (--device cpu --quick, the
+    tiny layout of the released MoH-LLaMA3-8B config): every ratio measured
+    in both orders, the bound, and the serving overhead through the real
+    moh-server and moh-bench; a results JSON and the table."""
+    build = os.path.dirname(os.path.dirname(GENERATE))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, os.path.join(SOURCE, "bench", "gpu_bench.py"),
+         "--build=%s" % build, "--work=%s" % (tmp_path / "work"),
+         "--out=%s" % out, "--layouts=tiny", "--device=cpu", "--quick",
+         "--no_hf_peer"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(out / "gpu_bench.json") as f:
+        results = json.load(f)
+    assert results["errors"] == {}
+    with open(tmp_path / "work" / "llama3-tiny" / "config.json") as f:
+        config = json.load(f)
+    assert "auto_map" in config and "moh_shared_heads" not in config
+    tiny = results["tiny"]
+    for ratio in ("1.0", "0.75", "0.5"):
+        single = tiny["batch1"][ratio]
+        assert len(single["decode_tokens_per_s_runs"]) == 2
+        assert single["decode_tokens_per_s"] > 0
+        assert single["prefill_4k_tokens_per_s"] > 0
+        assert tiny["batch64_2k"][ratio]["decode_tokens_per_s"] > 0
+    assert tiny["batch1"]["bound_tokens_per_s"] > 0
+    overhead = results["serving_overhead"]
+    assert len(overhead["server_runs"]) == 3
+    assert overhead["server_tokens_per_s"] > 0
+    assert "| tiny | decode b1 @4k, tokens/s |" in result.stdout

@@ -15,7 +15,7 @@
 
 namespace moh {
 
-// "LibTorch 2.12.1 (CUDA 13.0 build, 1 GPU visible)" or
+// "LibTorch 2.11.0 (CUDA 13.0 build, 1 GPU visible)" or
 // "LibTorch 1.13.0 (CPU build)": for logs and --version.
 std::string LibTorchBuildSummary();
 
