@@ -276,7 +276,7 @@ class LanguageExecutor : public StepExecutor<Sequence> {
     summary.prompt_tokens = seq.job.prompt_ids.size();
     summary.completion_tokens =
         seq.output.has_value() ? seq.output->generated() : 0;
-    summary.applied_ratio = seq.activation.requested_ratio();
+    summary.applied_ratio = static_cast<float>(seq.activation.nominal_ratio());
     summary.routed_tokens = seq.processed;
     summary.head_tokens = seq.head_tokens;
     summary.head_tokens.resize(num_head_counters_, 0);

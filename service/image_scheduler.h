@@ -53,7 +53,7 @@ struct ImageResult {
   std::string png;
   int32_t width = 0, height = 0;
   int32_t steps = 0;
-  float applied_ratio = 0.0f;        // after adaptive lowering (0 = default)
+  float applied_ratio = 0.0f;  // asked for or the trained default, lowered
   double effective_ratio = 1.0;      // used (token, head) pairs / all pairs
   int64_t routed_tokens = 0;         // tokens per block, over steps and rows
   std::vector<int64_t> head_tokens;  // [L * H], H the most heads of a block

@@ -5,8 +5,11 @@
 #include <deque>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/abbreviate.h"
+#include "base/log.h"
 #include "service/grpc_status.h"
 #include "service/request_log.h"
 
@@ -131,7 +134,14 @@ class StreamingReactor
     // before it submits the job or finishes the call.
     holds_.fetch_add(1, std::memory_order_relaxed);  // Start's
     absl::Status queued = workers->Run([this, models, request] {
-      Start(models, *request);
+      // The last resort: what a request makes throw ends that call alone.
+      try {
+        Start(models, *request);
+      } catch (const std::exception& e) {
+        Unexpected(e.what());
+      } catch (...) {
+        Unexpected("unknown exception");
+      }
       Release();
     });
     if (!queued.ok()) {
@@ -200,6 +210,23 @@ class StreamingReactor
   }
 
  private:
+  // An exception escaped Start: logged with the request id; the call ends
+  // INTERNAL unless its job was submitted (the loop then ends it).
+  void Unexpected(const char* what) {
+    MOH_LOG(Error) << RpcName(Traits::kRpc) << " request " << request_id_
+                   << ": unexpected exception: " << Abbreviate(what, 512);
+    bool submitted;
+    {
+      absl::MutexLock lock(&mu_);
+      submitted = submitted_;
+    }
+    if (!submitted) {
+      FinishWith(absl::InternalError(absl::StrCat(
+          "internal error (request id ", request_id_,
+          "); the server logged it and serves other requests")));
+    }
+  }
+
   // Drops one of the holds; the last one deletes the reactor.
   void Release() {
     if (holds_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
@@ -572,7 +599,20 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
   absl::Status queued =
       auth.ok() ? workers_->Run([this, context, request, response, reactor,
                                  start, request_id] {
-        StartClassify(context, *request, response, reactor, start, request_id);
+        // The last resort, as for the streaming calls: before the request
+        // reaches a model (which then finishes the call), an exception ends
+        // this call alone.
+        auto handed = std::make_shared<std::atomic<bool>>(false);
+        try {
+          StartClassify(context, *request, response, reactor, start,
+                        request_id, handed);
+        } catch (const std::exception& e) {
+          ClassifyUnexpected(reactor, *request, start, request_id, *handed,
+                             e.what());
+        } catch (...) {
+          ClassifyUnexpected(reactor, *request, start, request_id, *handed,
+                             "unknown exception");
+        }
       })
                 : auth;
   if (!queued.ok()) {
@@ -583,12 +623,26 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
   return reactor;
 }
 
-void InferenceService::StartClassify(grpc::CallbackServerContext* context,
-                                     const v1::ClassifyRequest& request,
-                                     v1::ClassifyResponse* response,
-                                     grpc::ServerUnaryReactor* reactor,
-                                     absl::Time start,
-                                     const std::string& request_id) {
+void InferenceService::ClassifyUnexpected(grpc::ServerUnaryReactor* reactor,
+                                          const v1::ClassifyRequest& request,
+                                          absl::Time start,
+                                          const std::string& request_id,
+                                          bool handed, const char* what) {
+  MOH_LOG(Error) << "Classify request " << request_id
+                 << ": unexpected exception: " << Abbreviate(what, 512);
+  if (handed) return;  // the model finishes the call
+  RecordRequest(nullptr, models_->metrics(), Rpc::kClassify, request.model(),
+                absl::StatusCode::kInternal, start, request_id);
+  reactor->Finish(ToGrpcStatus(absl::InternalError(
+      absl::StrCat("internal error (request id ", request_id,
+                   "); the server logged it and serves other requests"))));
+}
+
+void InferenceService::StartClassify(
+    grpc::CallbackServerContext* context, const v1::ClassifyRequest& request,
+    v1::ClassifyResponse* response, grpc::ServerUnaryReactor* reactor,
+    absl::Time start, const std::string& request_id,
+    const std::shared_ptr<std::atomic<bool>>& handed) {
   ClassifyCall call = FromProto(request);
   auto found = models_->Find(request.model(), TaskOf(call));
   absl::StatusOr<Servable*> ready =
@@ -611,6 +665,7 @@ void InferenceService::StartClassify(grpc::CallbackServerContext* context,
   call.deadline = Deadline(context);
   call.cancelled = [context] { return context->IsCancelled(); };
   const bool include_routing = request.include_routing();
+  handed->store(true);
   absl::Status status = model->Classify(
       std::move(call), [response, finish, include_routing,
                         model](absl::StatusOr<ClassifyResult> result) {

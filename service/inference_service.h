@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
@@ -55,11 +56,19 @@ class InferenceService final : public v1::Inference::CallbackService {
   absl::Status Authenticate(const grpc::CallbackServerContext* context) const;
   // Classify's work on a request worker: finds the model and hands it the
   // request (decoding, tokenizing, checks, batching).
+  // `handed` is set once the request is handed to its model (which then
+  // finishes the call).
   void StartClassify(grpc::CallbackServerContext* context,
                      const v1::ClassifyRequest& request,
                      v1::ClassifyResponse* response,
                      grpc::ServerUnaryReactor* reactor, absl::Time start,
-                     const std::string& request_id);
+                     const std::string& request_id,
+                     const std::shared_ptr<std::atomic<bool>>& handed);
+  // An exception escaped StartClassify: logged; INTERNAL unless handed.
+  void ClassifyUnexpected(grpc::ServerUnaryReactor* reactor,
+                          const v1::ClassifyRequest& request, absl::Time start,
+                          const std::string& request_id, bool handed,
+                          const char* what);
 
   ModelManager* const models_;
   const TokenAuth* const auth_;

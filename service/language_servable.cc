@@ -294,7 +294,7 @@ void LanguageServable::ScoreLabels(ClassifyTask& task) {
                               static_cast<float>(probs[index].item<double>()),
                               ll[index]});
   }
-  result.applied_ratio = task.activation.requested_ratio();
+  result.applied_ratio = static_cast<float>(task.activation.nominal_ratio());
   result.effective_ratio =
       EffectiveRatio(scored->head_token_counts, scored->tokens);
   result.routed_tokens = scored->tokens;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "base/abbreviate.h"
 #include "base/status_macros.h"
 #include "model/generation/sampler.h"
 #include "nlohmann/json.hpp"
@@ -222,13 +223,23 @@ absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const Fields& f) {
       for (size_t k = 0; k < content->size(); ++k) {
         const json& part = (*content)[k];
         const std::string part_at = absl::StrCat(at, ".content[", k, "]");
-        if (!part.is_object() || part.value("type", "") != "text" ||
-            !part.contains("text") || !part["text"].is_string()) {
-          return Invalid(part_at,
-                         "must be {\"type\": \"text\", \"text\": ...} "
-                         "(this server takes text only)");
+        if (!part.is_object()) {
+          return Invalid(part_at, absl::StrCat("must be an object, got ",
+                                               TypeName(part)));
         }
-        message.content += part["text"].get<std::string>();
+        // Every value read by its type first: a number where a string
+        // belongs is the client's error, never an exception.
+        const auto type = part.find("type");
+        if (type == part.end() || !type->is_string() ||
+            type->get_ref<const std::string&>() != "text") {
+          return Invalid(part_at + ".type",
+                         "must be \"text\" (this server takes text only)");
+        }
+        const auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          return Invalid(part_at + ".text", "must be a string");
+        }
+        message.content += text->get_ref<const std::string&>();
       }
     } else {
       return Invalid(at + ".content",
@@ -301,10 +312,8 @@ std::set<std::string> KnownFields(Endpoint endpoint) {
   return known;
 }
 
-}  // namespace
-
-absl::StatusOr<GenerationRequest> ParseGenerationRequest(
-    Endpoint endpoint, absl::string_view body) {
+absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
+                                               absl::string_view body) {
   json parsed = json::parse(body.begin(), body.end(), nullptr,
                             /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
@@ -316,7 +325,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
   const std::set<std::string> known = KnownFields(endpoint);
   for (const auto& [key, value] : parsed.items()) {
     if (known.count(key) == 0) {
-      return Invalid(absl::StrCat("\"", key, "\""),
+      return Invalid(absl::StrCat("\"", Abbreviate(key), "\""),
                      absl::StrCat("is not a field of this endpoint (fields: ",
                                   absl::StrJoin(known, ", "), ")"));
     }
@@ -423,6 +432,22 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
                          Fields(*options).Bool("include_usage", false));
   }
   return request;
+}
+
+}  // namespace
+
+absl::StatusOr<GenerationRequest> ParseGenerationRequest(
+    Endpoint endpoint, absl::string_view body) {
+  // Every read above checks its value's type; should one not, the JSON
+  // library's exception is still this request's error, not the server's.
+  try {
+    return ParseChecked(endpoint, body);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body holds a value of a type this endpoint does not "
+                     "take (",
+                     Abbreviate(e.what(), 200), ")"));
+  }
 }
 
 std::string WithHttpFieldNames(absl::string_view message) {

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "absl/strings/numbers.h"
+#include "base/abbreviate.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "service/http_daemon.h"
@@ -107,7 +109,7 @@ struct Incoming {
   absl::Time start = absl::Now();
   std::string request_id;  // X-Request-Id, or a fresh one (request_log.h)
   std::string body;
-  bool too_big = false;
+  bool answered = false;  // refused (or failed): the rest is not read
 };
 
 // A generation accepted by a model: the request it came from and where its
@@ -280,26 +282,112 @@ struct OpenAiHttpServer::Handler {
                            size_t* upload_data_size, void** con_cls) {
     auto* server = static_cast<OpenAiHttpServer*>(cls);
     auto* incoming = static_cast<Incoming*>(*con_cls);
-    if (incoming == nullptr) {  // the headers: the body follows
-      incoming = new Incoming;
-      const char* id = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
-                                                   kRequestIdKey);
-      incoming->request_id = RequestId(
-          id != nullptr ? std::optional<absl::string_view>(id) : std::nullopt);
-      *con_cls = incoming;
-      return MHD_YES;
-    }
-    if (*upload_data_size != 0) {
-      if (incoming->body.size() + *upload_data_size >
-          server->options_.max_body_bytes) {
-        incoming->too_big = true;
-      } else {
-        incoming->body.append(upload_data, *upload_data_size);
+    // The last resort: whatever a request makes throw is its own 500, logged
+    // with its request id; the server and every other request go on.
+    try {
+      if (incoming == nullptr) {  // the headers: the body follows
+        incoming = new Incoming;
+        const char* id = MHD_lookup_connection_value(
+            connection, MHD_HEADER_KIND, kRequestIdKey);
+        incoming->request_id = RequestId(
+            id != nullptr ? std::optional<absl::string_view>(id)
+                          : std::nullopt);
+        *con_cls = incoming;
+        // Refused from its headers, the body never read (MHD then closes
+        // the connection).
+        const absl::Status refused = Refuse(server, connection, url);
+        if (!refused.ok()) {
+          incoming->answered = true;
+          Count(server, url, *incoming, refused.code());
+          return RespondError(connection, incoming->request_id, refused,
+                              refused.code() == absl::StatusCode::kOutOfRange
+                                  ? 413
+                                  : 0);
+        }
+        return MHD_YES;
       }
-      *upload_data_size = 0;
-      return MHD_YES;
+      if (incoming->answered) {  // refused: what still arrives is dropped
+        *upload_data_size = 0;
+        return MHD_YES;
+      }
+      if (*upload_data_size != 0) {
+        if (incoming->body.size() + *upload_data_size >
+            server->options_.max_body_bytes) {
+          // A body without a Content-Length (chunked) that passes the
+          // limit: no answer can be queued while it uploads, so the
+          // connection closes now rather than reading on.
+          Count(server, url, *incoming, absl::StatusCode::kOutOfRange);
+          incoming->answered = true;
+          return MHD_NO;
+        }
+        incoming->body.append(upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return MHD_YES;
+      }
+      return Serve(server, connection, url, method, *incoming);
+    } catch (const std::exception& e) {
+      return Internal(server, connection, url, incoming, e.what());
+    } catch (...) {
+      return Internal(server, connection, url, incoming, "unknown exception");
     }
-    return Serve(server, connection, url, method, *incoming);
+  }
+
+  // What a request's headers alone refuse: a missing or wrong token on a
+  // path that needs one (UNAUTHENTICATED), a Content-Length over
+  // max_message_mb (OUT_OF_RANGE, answered 413).
+  static absl::Status Refuse(OpenAiHttpServer* server,
+                             MHD_Connection* connection, const char* url) {
+    if (server->auth_ != nullptr && std::strcmp(url, "/health") != 0) {
+      const char* header = MHD_lookup_connection_value(
+          connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+      MOH_RETURN_IF_ERROR(server->auth_->CheckHeader(
+          header != nullptr ? std::optional<absl::string_view>(header)
+                            : std::nullopt));
+    }
+    const char* length = MHD_lookup_connection_value(
+        connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    uint64_t bytes = 0;
+    if (length != nullptr && absl::SimpleAtoi(length, &bytes) &&
+        bytes > server->options_.max_body_bytes) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "the body (", bytes, " bytes) is larger than ",
+          server->options_.max_body_bytes >> 20, " MiB (max_message_mb)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Counts a request answered before it reached a model (refused from its
+  // headers, or failed), as gRPC counts its own: the generation endpoints,
+  // by path.
+  static void Count(OpenAiHttpServer* server, const char* url,
+                    const Incoming& incoming, absl::StatusCode code) {
+    Rpc rpc;
+    if (std::strcmp(url, "/v1/completions") == 0) {
+      rpc = Rpc::kCompletions;
+    } else if (std::strcmp(url, "/v1/chat/completions") == 0) {
+      rpc = Rpc::kChatCompletions;
+    } else {
+      return;
+    }
+    RecordRequest(nullptr, server->models_->metrics(), rpc, "", code,
+                  incoming.start, incoming.request_id);
+  }
+
+  static MHD_Result Internal(OpenAiHttpServer* server,
+                             MHD_Connection* connection, const char* url,
+                             Incoming* incoming, const char* what) {
+    const std::string id =
+        incoming != nullptr ? incoming->request_id : std::string("-");
+    MOH_LOG(Error) << "http request " << id << " " << Abbreviate(url)
+                   << ": unexpected exception: " << Abbreviate(what, 512);
+    if (incoming == nullptr || incoming->answered) return MHD_NO;
+    Count(server, url, *incoming, absl::StatusCode::kInternal);
+    incoming->answered = true;
+    return RespondError(
+        connection, id,
+        absl::InternalError(absl::StrCat(
+            "internal error (request id ", id,
+            "); the server logged it and serves other requests")));
   }
 
   static MHD_Result Serve(OpenAiHttpServer* server, MHD_Connection* connection,
@@ -385,19 +473,11 @@ MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
     return RespondError(
         connection, incoming.request_id,
         absl::NotFoundError(absl::StrCat(
-            "no such endpoint: ", path,
+            "no such endpoint: ", Abbreviate(path),
             " (endpoints: GET /v1/models, POST /v1/completions, POST "
             "/v1/chat/completions, GET /health)")));
   }
-  if (server->auth_ != nullptr) {
-    const char* header = MHD_lookup_connection_value(
-        connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    absl::Status status = server->auth_->CheckHeader(
-        header != nullptr ? std::optional<absl::string_view>(header)
-                          : std::nullopt);
-    if (!status.ok())
-      return RespondError(connection, incoming.request_id, status);
-  }
+  // Authentication was checked from the headers (Handler::Refuse).
   if (path == "/v1/models") {
     return HttpRespond(connection, 200,
                        openai::ModelsJson(server->models_->List()), kJson,
@@ -429,13 +509,6 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
     }
     return RespondError(connection, incoming.request_id, status, http);
   };
-  if (incoming.too_big) {
-    return fail(
-        absl::ResourceExhaustedError(absl::StrCat(
-            "the body is larger than ", server->options_.max_body_bytes >> 20,
-            " MiB (max_message_mb)")),
-        413);
-  }
   if (!server->accepting_) {
     return fail(
         absl::UnavailableError("the server is draining; retry on "

@@ -164,7 +164,7 @@ void VisionServable::RunBatch(std::vector<ClassifyTask>& batch) {
     at::Tensor counts = out->head_token_counts[b];
     result.effective_ratio =
         static_cast<double>(counts.sum().item<int64_t>()) / routable_pairs_;
-    result.applied_ratio = task.activation.requested_ratio();
+    result.applied_ratio = static_cast<float>(task.activation.nominal_ratio());
     result.routed_tokens = tokens;
     if (!uniform) result.layer_tokens = layer_tokens_;
     result.head_tokens = HeadTokenVector(counts);

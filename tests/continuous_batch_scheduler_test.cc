@@ -213,7 +213,10 @@ class ContinuousBatchSchedulerTest : public ::testing::Test {
     EXPECT_EQ(s.completion_tokens, static_cast<int32_t>(c.greedy.size()));
     EXPECT_EQ(s.routed_tokens,
               static_cast<int64_t>(c.prompt.size() + c.greedy.size() - 1));
-    EXPECT_EQ(s.applied_ratio, c.ratio);
+    // The ratio applied: the one asked for, or the trained default.
+    const double applied =
+        c.ratio > 0 ? c.ratio : lm_->model->config().moh.DefaultRatio();
+    EXPECT_FLOAT_EQ(s.applied_ratio, static_cast<float>(applied));
   }
 
   double CounterSum(const std::string& name) {

@@ -1,0 +1,192 @@
+"""The HTTP door hardened (issue 29), through the real server: a value of the
+wrong type anywhere in a request is a 400 naming the field, and the other
+requests go on; a request without a valid token is refused from its headers
+(its body never read) and counted; client text comes back abbreviated on both
+doors; the ratio reported is the ratio applied."""
+import json
+import os
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+
+import moh_testlib as lib
+
+DEMO_LM = os.path.join(lib.SOURCE_DIR, "models", "demo-lm")
+DEMO_VIT = os.path.join(lib.SOURCE_DIR, "models", "demo-vit")
+DEMO_DIT = os.path.join(lib.SOURCE_DIR, "models", "demo-dit")
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    return start_server("http_hardening", [("demo-lm", DEMO_LM, ""),
+                                           ("demo-vit", DEMO_VIT, ""),
+                                           ("demo-dit", DEMO_DIT, "")],
+                        http=True)
+
+
+def raw(port, head, body=b"", timeout=lib.RPC_TIMEOUT, read_all=True):
+    """Sends `head` (request line and headers, without the blank line; the
+    connection closes after the answer) and `body`; returns (status, parsed
+    body, bytes of the whole answer). read_all=False: stops at the end of the
+    answer's Content-Length, with the request's body unsent."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head.encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            data += chunk
+            if not read_all and b"\r\n\r\n" in data:
+                header, _, rest = data.partition(b"\r\n\r\n")
+                length = [int(line.split(b":")[1]) for line in header.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")]
+                if length and len(rest) >= length[0]:
+                    break
+    header, _, payload = data.partition(b"\r\n\r\n")
+    status = int(header.split(b" ")[1]) if header else 0
+    try:
+        parsed = json.loads(payload)
+    except ValueError:
+        parsed = payload.decode(errors="replace")
+    return status, parsed, len(data)
+
+
+def post(port, path, payload, headers=""):
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return raw(port, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d%s" % (path, len(body), headers), body)
+
+
+BAD_PARTS = [
+    ({"type": 7, "text": "hi"}, "messages[0].content[0].type"),
+    ({"type": None, "text": "hi"}, "messages[0].content[0].type"),
+    ({"type": ["text"], "text": "hi"}, "messages[0].content[0].type"),
+    ({"type": {"a": 1}, "text": "hi"}, "messages[0].content[0].type"),
+    ({"text": "hi"}, "messages[0].content[0].type"),
+    ({"type": "text", "text": 5}, "messages[0].content[0].text"),
+    ({"type": "text"}, "messages[0].content[0].text"),
+    (3, "messages[0].content[0]"),
+]
+
+
+def test_wrong_types_are_a_400_naming_the_field_and_harm_no_one(server):
+    port = server.http_port
+    results, errors = [], []
+
+    def healthy():
+        try:
+            results.append(post(port, "/v1/completions", {
+                "model": "demo-lm", "prompt": "In the beginning",
+                "max_tokens": 24, "temperature": 0}))
+        except OSError as e:  # the server died under it
+            errors.append(e)
+
+    threads = [threading.Thread(target=healthy) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for part, field in BAD_PARTS * 3:
+        status, body, _ = post(port, "/v1/chat/completions", {
+            "model": "demo-lm", "max_tokens": 4,
+            "messages": [{"role": "user", "content": [part]}]})
+        assert status == 400, (part, body)
+        assert body["error"]["message"].startswith(field), (part, body)
+        assert body["error"]["type"] == "invalid_request_error"
+    for t in threads:
+        t.join()
+    assert server.proc.poll() is None, server.log()
+    assert not errors
+    assert [r[0] for r in results] == [200] * 6
+    assert all(r[1]["usage"]["completion_tokens"] == 24 for r in results)
+
+
+def test_client_text_comes_back_abbreviated_on_both_doors(api, server):
+    port = server.http_port
+    # An unknown field whose name is 1 MB.
+    name = "f" * (1 << 20)
+    status, body, size = post(port, "/v1/completions",
+                              b'{"prompt": "x", "%s": 1}' % name.encode())
+    assert status == 400 and size < 4096, (status, size)
+    assert "is not a field of this endpoint" in body["error"]["message"]
+    assert "(1048576 bytes)" in body["error"]["message"]
+    # A long unknown path (within libmicrohttpd's request-line memory).
+    status, body, size = raw(port, "GET /%s HTTP/1.1\r\nHost: x" % ("p" * 16000))
+    assert status == 404 and size < 4096, (status, size)
+    # A model name of 1 MB.
+    status, body, size = post(port, "/v1/completions",
+                              {"model": "m" * (1 << 20), "prompt": "x"})
+    assert status == 404 and size < 4096, (status, size)
+    # gRPC: a 10 KB class_label is INVALID_ARGUMENT (it used to overflow the
+    # client's metadata limit and read RESOURCE_EXHAUSTED).
+    stub = api.grpc.InferenceStub(server.channel())
+    request = api.pb.GenerateImageRequest(model="demo-dit", class_label="c" * 10240)
+    error = lib.rpc_error(lambda: lib.drain_stream(stub.GenerateImage(
+        request, timeout=lib.RPC_TIMEOUT), lib.RPC_TIMEOUT))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert len(error.details()) < 1024 and "class_label" in error.details()
+
+
+def test_the_reported_ratio_is_the_applied_one(api, server):
+    port = server.http_port
+    # Left unset: the model's trained default (demo-lm 0.75, demo-vit 0.625).
+    status, body, _ = post(port, "/v1/completions", {
+        "model": "demo-lm", "prompt": "In the beginning", "max_tokens": 2})
+    assert status == 200
+    assert body["moh"]["activation_ratio"] == pytest.approx(0.75)
+    stub = api.grpc.InferenceStub(server.channel())
+    messages = lib.run_generate(stub, lib.generate_request(
+        api.pb, prompt="In the beginning", model="demo-lm", max_new_tokens=2))
+    assert messages[-1].activation_ratio == pytest.approx(0.75)
+    request = api.pb.ClassifyRequest(model="demo-vit")
+    request.pixels.shape.extend([1, 8, 8])
+    request.pixels.data.extend([0.5] * 64)
+    response = stub.Classify(request, timeout=lib.RPC_TIMEOUT)
+    assert response.activation_ratio == pytest.approx(0.625)
+    # Asked for: that one.
+    status, body, _ = post(port, "/v1/completions", {
+        "model": "demo-lm", "prompt": "In the beginning", "max_tokens": 2,
+        "activation_ratio": 0.5})
+    assert body["moh"]["activation_ratio"] == pytest.approx(0.5)
+
+
+def test_unauthenticated_requests_are_refused_from_their_headers(
+        server_factory, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("sesame\n")
+    server = server_factory("http_auth_early", [("demo-lm", DEMO_LM, "")],
+                            http=True, extra='auth_token_file: "%s"' % tokens)
+    port = server.http_port
+    before = lib.metric_value(server.samples(), "moh_requests_total", model="",
+                              rpc="ChatCompletions", code="UNAUTHENTICATED") or 0
+    # Headers announcing 50 MB, no body sent: the answer comes at once.
+    start = time.monotonic()
+    status, body, _ = raw(port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                          "Content-Type: application/json\r\n"
+                          "Content-Length: 50000000", read_all=False)
+    assert status == 401, body
+    assert time.monotonic() - start < 10
+    # The same with a token but over max_message_mb (64 MiB): 413 from the
+    # headers.
+    status, body, _ = raw(port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                          "Authorization: Bearer sesame\r\n"
+                          "Content-Length: %d" % (100 << 20), read_all=False)
+    assert status == 413, body
+    assert "max_message_mb" in body["error"]["message"]
+    samples = server.samples()
+    assert lib.metric_value(samples, "moh_requests_total", model="",
+                            rpc="ChatCompletions",
+                            code="UNAUTHENTICATED") == before + 1
+    assert lib.metric_value(samples, "moh_requests_total", model="",
+                            rpc="ChatCompletions", code="OUT_OF_RANGE") >= 1
+    # /health stays open; a client with the token is served.
+    assert raw(port, "GET /health HTTP/1.1\r\nHost: x")[0] == 200
+    status, body, _ = post(port, "/v1/completions",
+                           {"model": "demo-lm", "prompt": "x", "max_tokens": 2},
+                           headers="\r\nAuthorization: Bearer sesame")
+    assert status == 200, body
