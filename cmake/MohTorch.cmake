@@ -11,22 +11,56 @@
 find_package(Protobuf REQUIRED)
 find_package(Torch REQUIRED)
 
-# TorchConfig looks for libc10 with find_library, which prefers the system
-# directories: with Debian's libtorch-dev also installed it would mix Debian's
-# libc10 1.13 into a 2.x build (a crash at load). Every LibTorch library must
-# come from the LibTorch that was found.
-set(_moh_torch_libraries)
-foreach(_lib IN LISTS TORCH_LIBRARIES)
-  if(_lib MATCHES "/lib(c10|torch)[^/]*\\.so$")
-    string(FIND "${_lib}" "${TORCH_INSTALL_PREFIX}/" _at)
-    if(NOT _at EQUAL 0)
-      get_filename_component(_name ${_lib} NAME)
-      set(_lib ${TORCH_INSTALL_PREFIX}/lib/${_name})
+# TorchConfig looks for its libraries with find_library, which prefers the
+# system directories: with Debian's libtorch-dev also installed, a 2.x build
+# configured with -DTorch_DIR would link Debian's libtorch.so.1.13.0,
+# libtorch_cpu.so.1.13.0 and libc10.so.1.13.0 beside the wheel's (a crash at
+# load). Every LibTorch library must come from the LibTorch that was found:
+# each path to one (versioned names too) outside TORCH_INSTALL_PREFIX, in
+# TORCH_LIBRARIES and in the imported targets' locations and link
+# interfaces, is replaced by the found LibTorch's own copy.
+function(_moh_own_torch_library path out)
+  set(_result "${path}")
+  if(path MATCHES "^(.*/)?(lib(c10|torch|shm|caffe2)[^/]*\\.so)(\\.[0-9.]+)?$")
+    set(_name ${CMAKE_MATCH_2})
+    string(FIND "${path}" "${TORCH_INSTALL_PREFIX}/" _at)
+    if(NOT _at EQUAL 0 AND EXISTS ${TORCH_INSTALL_PREFIX}/lib/${_name})
+      set(_result ${TORCH_INSTALL_PREFIX}/lib/${_name})
     endif()
   endif()
+  set(${out} "${_result}" PARENT_SCOPE)
+endfunction()
+
+set(_moh_torch_libraries)
+foreach(_lib IN LISTS TORCH_LIBRARIES)
+  _moh_own_torch_library("${_lib}" _lib)
   list(APPEND _moh_torch_libraries ${_lib})
 endforeach()
 set(TORCH_LIBRARIES ${_moh_torch_libraries})
+foreach(_target torch torch_library torch_cpu torch_cpu_library torch_cuda
+                torch_cuda_library c10 c10_cuda caffe2_nvrtc)
+  if(NOT TARGET ${_target})
+    continue()
+  endif()
+  get_target_property(_imported ${_target} IMPORTED)
+  if(NOT _imported)
+    continue()
+  endif()
+  foreach(_property IMPORTED_LOCATION IMPORTED_LOCATION_RELEASE
+                    IMPORTED_LOCATION_RELWITHDEBINFO IMPORTED_LOCATION_NOCONFIG
+                    IMPORTED_LOCATION_DEBUG INTERFACE_LINK_LIBRARIES)
+    get_target_property(_values ${_target} ${_property})
+    if(NOT _values)
+      continue()
+    endif()
+    set(_owned)
+    foreach(_value IN LISTS _values)
+      _moh_own_torch_library("${_value}" _value)
+      list(APPEND _owned "${_value}")
+    endforeach()
+    set_target_properties(${_target} PROPERTIES ${_property} "${_owned}")
+  endforeach()
+endforeach()
 
 # LibTorch 2.x declares the C++ standard its headers need (C++20 for the wheels
 # of 2.10 and later) on its imported target; the whole project then uses it.
