@@ -64,9 +64,9 @@ struct GenerationSummary {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   double effective_ratio = 1.0;  // used (token, head) pairs / all pairs
-  float applied_ratio = 0.0f;  // the ratio it ran at: the one asked for or
-                               // the model's trained default, after adaptive
-                               // lowering
+  float applied_ratio = 0.0f;    // the ratio it ran at: the one asked for or
+                                 // the model's trained default, after adaptive
+                                 // lowering
   int64_t routed_tokens = 0;   // tokens processed (each once per layer)
   std::vector<int64_t> head_tokens;  // [num_layers * num_heads], row-major
   int32_t index = 0;  // the sample (GenerationJob::n) it summarises

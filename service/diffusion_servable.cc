@@ -76,8 +76,7 @@ absl::StatusOr<uint64_t> DiffusionServable::GenerateImage(
     if (it == c.labels.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "class_label must be one of the model's ", c.labels.size(),
-          " labels (ListModels), got \"", Abbreviate(*call.class_label),
-          "\""));
+          " labels (ListModels), got \"", Abbreviate(*call.class_label), "\""));
     }
     job.class_id = it - c.labels.begin();
   } else if (call.class_index.has_value()) {

@@ -205,7 +205,8 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
     result->height = pixels.size(1);
     result->width = pixels.size(2);
     result->steps = sample.steps();
-    result->applied_ratio = static_cast<float>(image.activation.nominal_ratio());
+    result->applied_ratio =
+        static_cast<float>(image.activation.nominal_ratio());
     const at::Tensor counts = sample.head_token_counts().contiguous();
     result->head_tokens.assign(counts.data_ptr<int64_t>(),
                                counts.data_ptr<int64_t>() + counts.numel());

@@ -221,9 +221,9 @@ class StreamingReactor
       submitted = submitted_;
     }
     if (!submitted) {
-      FinishWith(absl::InternalError(absl::StrCat(
-          "internal error (request id ", request_id_,
-          "); the server logged it and serves other requests")));
+      FinishWith(absl::InternalError(
+          absl::StrCat("internal error (request id ", request_id_,
+                       "); the server logged it and serves other requests")));
     }
   }
 
@@ -604,8 +604,8 @@ grpc::ServerUnaryReactor* InferenceService::Classify(
         // this call alone.
         auto handed = std::make_shared<std::atomic<bool>>(false);
         try {
-          StartClassify(context, *request, response, reactor, start,
-                        request_id, handed);
+          StartClassify(context, *request, response, reactor, start, request_id,
+                        handed);
         } catch (const std::exception& e) {
           ClassifyUnexpected(reactor, *request, start, request_id, *handed,
                              e.what());

@@ -224,8 +224,8 @@ absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const Fields& f) {
         const json& part = (*content)[k];
         const std::string part_at = absl::StrCat(at, ".content[", k, "]");
         if (!part.is_object()) {
-          return Invalid(part_at, absl::StrCat("must be an object, got ",
-                                               TypeName(part)));
+          return Invalid(
+              part_at, absl::StrCat("must be an object, got ", TypeName(part)));
         }
         // Every value read by its type first: a number where a string
         // belongs is the client's error, never an exception.

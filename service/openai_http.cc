@@ -9,10 +9,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "absl/strings/numbers.h"
 #include "base/abbreviate.h"
 #include "base/log.h"
 #include "base/status_macros.h"
@@ -289,9 +289,9 @@ struct OpenAiHttpServer::Handler {
         incoming = new Incoming;
         const char* id = MHD_lookup_connection_value(
             connection, MHD_HEADER_KIND, kRequestIdKey);
-        incoming->request_id = RequestId(
-            id != nullptr ? std::optional<absl::string_view>(id)
-                          : std::nullopt);
+        incoming->request_id =
+            RequestId(id != nullptr ? std::optional<absl::string_view>(id)
+                                    : std::nullopt);
         *con_cls = incoming;
         // Refused from its headers, the body never read (MHD then closes
         // the connection).
@@ -299,10 +299,9 @@ struct OpenAiHttpServer::Handler {
         if (!refused.ok()) {
           incoming->answered = true;
           Count(server, url, *incoming, refused.code());
-          return RespondError(connection, incoming->request_id, refused,
-                              refused.code() == absl::StatusCode::kOutOfRange
-                                  ? 413
-                                  : 0);
+          return RespondError(
+              connection, incoming->request_id, refused,
+              refused.code() == absl::StatusCode::kOutOfRange ? 413 : 0);
         }
         return MHD_YES;
       }
@@ -385,9 +384,9 @@ struct OpenAiHttpServer::Handler {
     incoming->answered = true;
     return RespondError(
         connection, id,
-        absl::InternalError(absl::StrCat(
-            "internal error (request id ", id,
-            "); the server logged it and serves other requests")));
+        absl::InternalError(
+            absl::StrCat("internal error (request id ", id,
+                         "); the server logged it and serves other requests")));
   }
 
   static MHD_Result Serve(OpenAiHttpServer* server, MHD_Connection* connection,

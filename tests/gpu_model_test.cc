@@ -12,12 +12,11 @@
 // logit by far more than rounding (seen on an H100: 1.75 and 4.5 against
 // limits of 1.2 and 0.29). bf16 is checked on llama_qnorm, whose margins
 // (3.3e-2) bf16 resolves, within 5% of the largest logit.
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <tuple>
-
-#include <ATen/Context.h>
 
 #include "model/core/llama_model.h"
 #include "model/core/vit_model.h"
@@ -34,8 +33,7 @@ void ExpectClose(const at::Tensor& cuda, const at::Tensor& cpu,
   const double scale = std::max(1.0, cpu.abs().max().item<double>());
   const at::Tensor got = cuda.to(at::kFloat).cpu();
   ASSERT_FALSE(at::isnan(got).any().item<bool>()) << what;
-  EXPECT_LE((got - cpu).abs().max().item<double>(), tolerance * scale)
-      << what;
+  EXPECT_LE((got - cpu).abs().max().item<double>(), tolerance * scale) << what;
 }
 
 // (fixture, CUDA dtype): bfloat16 only where bf16 resolves the routing.
@@ -54,8 +52,8 @@ void FullFloat32() { at::globalContext().setAllowTF32CuDNN(false); }
 
 TEST_P(GpuModelTest, CudaMatchesFp32OnCpuAtMixedRatios) {
   const auto& [fixture, dtype] = GetParam();
-  auto cuda = LlamaModel::Load(kFixtures + "/" + fixture,
-                               DeviceOptions{"cuda", dtype});
+  auto cuda =
+      LlamaModel::Load(kFixtures + "/" + fixture, DeviceOptions{"cuda", dtype});
   auto cpu = LlamaModel::Load(kFixtures + "/" + fixture,
                               DeviceOptions{"cpu", "float32"});
   ASSERT_TRUE(cuda.ok()) << cuda.status();
@@ -86,14 +84,14 @@ TEST_P(GpuModelTest, CudaMatchesFp32OnCpuAtMixedRatios) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, GpuModelTest,
-    ::testing::Values(Case{"llama_qnorm", "bfloat16"},
-                      Case{"llama_qnorm", "float32"},
-                      Case{"llama_learned", "float32"}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelTest,
+                         ::testing::Values(Case{"llama_qnorm", "bfloat16"},
+                                           Case{"llama_qnorm", "float32"},
+                                           Case{"llama_learned", "float32"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  std::get<1>(info.param);
+                         });
 
 TEST(GpuVitTest, Fp32OnCudaMatchesFp32OnCpu) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";

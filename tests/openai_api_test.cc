@@ -199,7 +199,35 @@ TEST(OpenAiApiTest, ChatMessages) {
       ErrorOf(
           chat,
           R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
-      HasSubstr("messages[0].content[0] must be {\"type\": \"text\""));
+      HasSubstr("messages[0].content[0].type must be \"text\" (this server "
+                "takes text only)"));
+  // Every value read by its type: none makes the parser throw (a number as
+  // a part's type aborted the server).
+  for (const char* part :
+       {R"({"type": 7})", R"({"type": null})", R"({"type": ["text"]})",
+        R"({"type": {"x": 1}})", R"({"text": "x"})"}) {
+    EXPECT_THAT(
+        ErrorOf(chat,
+                absl::StrCat(R"({"messages": [{"role": "user", "content": [)",
+                             part, "]}]}")),
+        HasSubstr("messages[0].content[0].type must be \"text\""))
+        << part;
+  }
+  EXPECT_THAT(
+      ErrorOf(
+          chat,
+          R"({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})"),
+      HasSubstr("messages[0].content[0].text must be a string"));
+  EXPECT_THAT(
+      ErrorOf(chat, R"({"messages": [{"role": "user", "content": [4]}]})"),
+      HasSubstr("messages[0].content[0] must be an object, got number"));
+  // Client text in an error is abbreviated: a 1 MB unknown field name.
+  const std::string huge(1 << 20, 'f');
+  const std::string error =
+      ErrorOf(Endpoint::kCompletions,
+              absl::StrCat(R"({"prompt": "x", ")", huge, R"(": 1})"));
+  EXPECT_LT(error.size(), 1024u);
+  EXPECT_THAT(error, HasSubstr("(1048576 bytes)"));
   EXPECT_THAT(ErrorOf(chat, R"({"messages": [{"role": "user", "content": "x"}],
                                 "tools": [{"type": "function"}]})"),
               HasSubstr("tools is not supported"));

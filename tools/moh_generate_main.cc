@@ -165,9 +165,9 @@ int main(int argc, char** argv) {
       }
       if (k == 0 && i == 0) results = std::move(batch_results);
     }
-    const double ratio_s = std::chrono::duration<double>(
-                               std::chrono::steady_clock::now() - start)
-                               .count();
+    const double ratio_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     if (k == 0) {
       seconds = ratio_s;
       std::cout << "\n";
@@ -178,19 +178,18 @@ int main(int argc, char** argv) {
           int64_t{batch} * repeat * request.prompt_ids.size();
       const int64_t decoded = total_tokens - int64_t{batch} * repeat;
       const double decode_s = ratio_s - prefill_s;
-      std::fprintf(stderr,
-                   "batch=%d repeat=%d ratio=%.4f generated_tokens=%lld "
-                   "time=%.3fs tokens_per_s=%.2f prefill_tokens=%lld "
-                   "prefill_time=%.3fs prefill_tokens_per_s=%.2f "
-                   "decode_tokens=%lld decode_time=%.3fs "
-                   "decode_tokens_per_s=%.2f\n",
-                   batch, repeat, request.ratio,
-                   static_cast<long long>(total_tokens), ratio_s,
-                   total_tokens / std::max(ratio_s, 1e-9),
-                   static_cast<long long>(prompt), prefill_s,
-                   prompt / std::max(prefill_s, 1e-9),
-                   static_cast<long long>(decoded), decode_s,
-                   decoded / std::max(decode_s, 1e-9));
+      std::fprintf(
+          stderr,
+          "batch=%d repeat=%d ratio=%.4f generated_tokens=%lld "
+          "time=%.3fs tokens_per_s=%.2f prefill_tokens=%lld "
+          "prefill_time=%.3fs prefill_tokens_per_s=%.2f "
+          "decode_tokens=%lld decode_time=%.3fs "
+          "decode_tokens_per_s=%.2f\n",
+          batch, repeat, request.ratio, static_cast<long long>(total_tokens),
+          ratio_s, total_tokens / std::max(ratio_s, 1e-9),
+          static_cast<long long>(prompt), prefill_s,
+          prompt / std::max(prefill_s, 1e-9), static_cast<long long>(decoded),
+          decode_s, decoded / std::max(decode_s, 1e-9));
     }
   }
   const moh::GenerationResult& r = (*results)[0];
