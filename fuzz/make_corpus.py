@@ -10,7 +10,6 @@ Each target gets a few valid inputs and a few edge cases, a few KB in all.
 import io
 import json
 import os
-import shutil
 import struct
 import sys
 import zipfile
@@ -308,9 +307,101 @@ def validation_corpus():
     write(target, "random", bytes((i * 37 + 11) % 256 for i in range(200)))
 
 
+# --- the HTTP API's requests ---------------------------------------------
+
+OPENAI_TARGET = "openai_request_fuzzer"
+
+
+def openai_corpus():
+    """Request bodies as the official openai client sends them (the first
+    byte picks the endpoint: 0 completions, 1 chat), captured from the real
+    client talking to a stub server. Needs the client: run with the test
+    environment's Python (scripts/install_deps.sh --test), e.g.
+    /opt/moh-serve/venv-test-openai-3.54.0/bin/python fuzz/make_corpus.py;
+    without it the committed files are kept."""
+    try:
+        import openai
+    except ImportError:
+        print("make_corpus: no openai client: %s kept" % OPENAI_TARGET)
+        return
+    import http.server
+    import threading
+    captured = []
+
+    class Stub(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            captured.append((self.path, body))
+            chat = self.path.endswith("/chat/completions")
+            if json.loads(body).get("stream"):
+                payload, kind = b"data: [DONE]\n\n", "text/event-stream"
+            else:
+                payload = compact({
+                    "id": "x", "created": 0, "model": "m", "choices": [],
+                    "object": "chat.completion" if chat else "text_completion",
+                }).encode()
+                kind = "application/json"
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.server_port,
+                           api_key="k", max_retries=0)
+    calls = [
+        lambda: client.completions.create(
+            model="demo-lm", prompt="In the beginning", max_tokens=32,
+            temperature=0),
+        lambda: client.completions.create(
+            model="demo-lm", prompt=[[318, 5, 9, 17]], max_tokens=8, n=2,
+            logprobs=2, stop=["\n\n", "END"], seed=7, top_p=0.9,
+            extra_body={"activation_ratio": 0.5, "min_p": 0.05,
+                        "stop_token_ids": [319], "ignore_eos": False}),
+        lambda: list(client.completions.create(
+            model="demo-lm", prompt="Who begat Enos?", max_tokens=16,
+            stream=True, stream_options={"include_usage": True},
+            presence_penalty=0.5, frequency_penalty=0.25, user="u")),
+        lambda: client.chat.completions.create(
+            model="demo-lm", max_completion_tokens=48, temperature=0.8,
+            messages=[{"role": "system", "content": "Answer as the Preacher."},
+                      {"role": "user", "content": "What is vanity?"}]),
+        lambda: list(client.chat.completions.create(
+            model="demo-lm", stream=True, logprobs=True, top_logprobs=3,
+            messages=[{"role": "user", "content": [
+                {"type": "text", "text": "In the beginning"},
+                {"type": "text", "text": " was the Word"}]}],
+            extra_body={"activation_ratio": 0.75, "min_activation_ratio": 0.5,
+                        "priority": 1, "repetition_penalty": 1.1})),
+        lambda: client.chat.completions.create(
+            model="demo-lm", max_tokens=4, response_format={"type": "text"},
+            messages=[{"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello"},
+                      {"role": "user", "content": "Bye"}]),
+    ]
+    for call in calls:
+        try:
+            call()
+        except Exception:  # noqa: BLE001 - the stub's answers are minimal
+            pass
+    server.shutdown()
+    for i, (path, body) in enumerate(captured):
+        chat = path.endswith("/chat/completions")
+        write(OPENAI_TARGET, "%s_%d.json" % ("chat" if chat else "completion", i),
+              bytes([1 if chat else 0]) + body)
+    print("make_corpus: %d requests of openai %s" % (len(captured),
+                                                    openai.__version__))
+
+
 def main():
-    if os.path.isdir(CORPUS):
-        shutil.rmtree(CORPUS)
+    # Files are (over)written, never removed: some seeds (the chat templates,
+    # the tokenizer codecs) were written by hand or by other means.
+    openai_corpus()
     safetensors_corpus()
     torch_corpus()
     tokenizer_corpus()
