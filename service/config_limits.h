@@ -51,6 +51,9 @@ inline constexpr ConfigLimits<int32_t> kHttpPort{8000, 1, 65535};
 inline constexpr int32_t kHttpPortOff = -1;
 // http_max_connections: HTTP connections served at once.
 inline constexpr ConfigLimits<int32_t> kHttpMaxConnections{256, 1, 4096};
+// http_body_memory_mb: HTTP request bodies being received at once, MiB (at
+// least max_message_mb).
+inline constexpr ConfigLimits<int32_t> kHttpBodyMemoryMb{1024, 1, 1 << 20};
 // host: the listen address.
 inline constexpr char kDefaultHost[] = "0.0.0.0";
 // drain_timeout_seconds: how long in-flight requests may run after SIGTERM.

@@ -271,8 +271,11 @@ int Run() {
     http_options.max_connections = config->http_max_connections();
     http_options.max_body_bytes = static_cast<size_t>(config->max_message_mb())
                                   << 20;
+    http_options.body_memory_bytes =
+        static_cast<size_t>(config->http_body_memory_mb()) << 20;
     absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> started =
-        OpenAiHttpServer::Start(http_options, &models, auth.get());
+        OpenAiHttpServer::Start(http_options, &models, workers->get(),
+                                auth.get());
     if (!started.ok()) {
       MOH_LOG(Error) << started.status().message();
       return 1;

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/abbreviate.h"
 #include "base/log.h"
@@ -110,6 +111,29 @@ struct Incoming {
   std::string request_id;  // X-Request-Id, or a fresh one (request_log.h)
   std::string body;
   bool answered = false;  // refused (or failed): the rest is not read
+  // Bytes of http_body_memory_mb this request holds (given back when it is
+  // answered and freed).
+  size_t reserved = 0;
+  std::atomic<size_t>* pool = nullptr;
+
+  // Holds `bytes` more of `limit` in `pool`; false (nothing held) when they
+  // do not fit.
+  bool Reserve(std::atomic<size_t>& from, size_t bytes, size_t limit) {
+    size_t used = from.load();
+    do {
+      if (used + bytes > limit) return false;
+    } while (!from.compare_exchange_weak(used, used + bytes));
+    pool = &from;
+    reserved += bytes;
+    return true;
+  }
+  // Frees the body and gives its bytes back (once it is parsed).
+  void Release() {
+    body = std::string();
+    if (pool != nullptr) pool->fetch_sub(reserved);
+    reserved = 0;
+  }
+  ~Incoming() { Release(); }
 };
 
 // A generation accepted by a model: the request it came from and where its
@@ -295,7 +319,8 @@ struct OpenAiHttpServer::Handler {
         *con_cls = incoming;
         // Refused from its headers, the body never read (MHD then closes
         // the connection).
-        const absl::Status refused = Refuse(server, connection, url);
+        const absl::Status refused =
+            Refuse(server, connection, *incoming, url);
         if (!refused.ok()) {
           incoming->answered = true;
           Count(server, url, *incoming, refused.code());
@@ -310,6 +335,18 @@ struct OpenAiHttpServer::Handler {
         return MHD_YES;
       }
       if (*upload_data_size != 0) {
+        // A body without a Content-Length holds its bytes as they come.
+        const size_t unreserved =
+            incoming->body.size() + *upload_data_size > incoming->reserved
+                ? incoming->body.size() + *upload_data_size - incoming->reserved
+                : 0;
+        if (unreserved > 0 &&
+            !incoming->Reserve(server->body_bytes_, unreserved,
+                               server->options_.body_memory_bytes)) {
+          Count(server, url, *incoming, absl::StatusCode::kUnavailable);
+          incoming->answered = true;
+          return MHD_NO;
+        }
         if (incoming->body.size() + *upload_data_size >
             server->options_.max_body_bytes) {
           // A body without a Content-Length (chunked) that passes the
@@ -333,9 +370,12 @@ struct OpenAiHttpServer::Handler {
 
   // What a request's headers alone refuse: a missing or wrong token on a
   // path that needs one (UNAUTHENTICATED), a Content-Length over
-  // max_message_mb (OUT_OF_RANGE, answered 413).
+  // max_message_mb (OUT_OF_RANGE, answered 413) or over what
+  // http_body_memory_mb has left (UNAVAILABLE, 503); else the body's bytes
+  // are reserved.
   static absl::Status Refuse(OpenAiHttpServer* server,
-                             MHD_Connection* connection, const char* url) {
+                             MHD_Connection* connection, Incoming& incoming,
+                             const char* url) {
     if (server->auth_ != nullptr && std::strcmp(url, "/health") != 0) {
       const char* header = MHD_lookup_connection_value(
           connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -346,13 +386,25 @@ struct OpenAiHttpServer::Handler {
     const char* length = MHD_lookup_connection_value(
         connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     uint64_t bytes = 0;
-    if (length != nullptr && absl::SimpleAtoi(length, &bytes) &&
-        bytes > server->options_.max_body_bytes) {
+    if (length == nullptr || !absl::SimpleAtoi(length, &bytes)) {
+      return absl::OkStatus();  // none, or chunked: counted as it arrives
+    }
+    if (bytes > server->options_.max_body_bytes) {
       return absl::OutOfRangeError(absl::StrCat(
           "the body (", bytes, " bytes) is larger than ",
           server->options_.max_body_bytes >> 20, " MiB (max_message_mb)"));
     }
+    if (!incoming.Reserve(server->body_bytes_, bytes,
+                          server->options_.body_memory_bytes)) {
+      return BodiesFull(server);
+    }
     return absl::OkStatus();
+  }
+
+  static absl::Status BodiesFull(OpenAiHttpServer* server) {
+    return absl::UnavailableError(absl::StrCat(
+        "the server is receiving ", server->options_.body_memory_bytes >> 20,
+        " MiB of request bodies already (http_body_memory_mb); retry later"));
   }
 
   // Counts a request answered before it reached a model (refused from its
@@ -389,6 +441,35 @@ struct OpenAiHttpServer::Handler {
                          "); the server logged it and serves other requests")));
   }
 
+  // On a request worker: `body` to a generation submitted to its model (its
+  // id); `run` and `request` are filled as far as it got.
+  static absl::StatusOr<uint64_t> Prepare(
+      OpenAiHttpServer* server, Endpoint endpoint, const std::string& body,
+      Running& run, std::optional<openai::GenerationRequest>& request) {
+    absl::StatusOr<openai::GenerationRequest> parsed =
+        openai::ParseGenerationRequest(endpoint, body);
+    if (!parsed.ok()) return parsed.status();
+    request = std::move(*parsed);
+    run.model = request->model;
+    MOH_ASSIGN_OR_RETURN(HostedModel * found,
+                         server->models_->Find(request->model, Task::kGenerate));
+    run.model = found->name();
+    MOH_ASSIGN_OR_RETURN(run.servable, found->Ready());
+    if (endpoint == Endpoint::kChatCompletions) {
+      MOH_ASSIGN_OR_RETURN(
+          std::string prompt,
+          run.servable->ChatPrompt(request->messages,
+                                   request->add_generation_prompt));
+      request->call.prompt = std::move(prompt);
+      request->call.add_special_tokens = false;  // the template wrote them
+    }
+    run.sink = std::make_shared<Sink>();
+    run.asked = {request->call.sampling.logprobs.has_value(),
+                 request->call.sampling.prompt_logprobs.has_value()};
+    // `n` stays readable: an int survives the move.
+    return run.servable->Generate(std::move(request->call), run.sink);
+  }
+
   static MHD_Result Serve(OpenAiHttpServer* server, MHD_Connection* connection,
                           const char* url, const char* method,
                           Incoming& incoming);
@@ -412,9 +493,10 @@ struct OpenAiHttpServer::Handler {
 };
 
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
-    Options options, ModelManager* models, const TokenAuth* auth) {
+    Options options, ModelManager* models, RequestWorkers* workers,
+    const TokenAuth* auth) {
   std::unique_ptr<OpenAiHttpServer> server(
-      new OpenAiHttpServer(std::move(options), models, auth));
+      new OpenAiHttpServer(std::move(options), models, workers, auth));
   HttpDaemonOptions daemon;
   daemon.what = "http";
   daemon.host = server->options_.host;
@@ -513,32 +595,30 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
         absl::UnavailableError("the server is draining; retry on "
                                "another replica"));
   }
-  absl::StatusOr<openai::GenerationRequest> request =
-      openai::ParseGenerationRequest(endpoint, incoming.body);
-  if (!request.ok()) return fail(request.status());
-  run.model = request->model;
-  absl::StatusOr<HostedModel*> found =
-      server->models_->Find(request->model, Task::kGenerate);
-  if (!found.ok()) return fail(found.status());
-  run.model = (*found)->name();
-  absl::StatusOr<Servable*> servable = (*found)->Ready();
-  if (!servable.ok()) return fail(servable.status());
-  run.servable = *servable;
-  if (endpoint == Endpoint::kChatCompletions) {
-    absl::StatusOr<std::string> prompt = run.servable->ChatPrompt(
-        request->messages, request->add_generation_prompt);
-    if (!prompt.ok()) return fail(prompt.status());
-    request->call.prompt = std::move(*prompt);
-    request->call.add_special_tokens = false;  // the template wrote them
-  }
-  run.sink = std::make_shared<Sink>();
-  const int32_t n = request->call.n;
-  run.asked = {request->call.sampling.logprobs.has_value(),
-               request->call.sampling.prompt_logprobs.has_value()};
-  absl::StatusOr<uint64_t> id =
-      run.servable->Generate(std::move(request->call), run.sink);
+  // Preparing the request (parsing, finding the model, the chat template,
+  // tokenizing and admission) runs on a request worker, as gRPC's calls do:
+  // the same threads and the same bound on waiting requests (a full queue is
+  // RESOURCE_EXHAUSTED, 429). This thread waits for it, then answers.
+  std::optional<openai::GenerationRequest> request;
+  absl::StatusOr<uint64_t> id = absl::UnknownError("not prepared");
+  absl::Notification prepared;
+  const absl::Status queued = server->workers_->Run([&] {
+    // The worker's own last resort: an exception is this request's error.
+    try {
+      id = Prepare(server, endpoint, incoming.body, run, request);
+    } catch (const std::exception& e) {
+      id = absl::InternalError(absl::StrCat(
+          "internal error (request id ", run.request_id, "): ",
+          Abbreviate(e.what(), 200)));
+    }
+    prepared.Notify();
+  });
+  if (!queued.ok()) return fail(queued);
+  prepared.WaitForNotification();
+  incoming.Release();  // parsed: the body's memory goes back
   if (!id.ok()) return fail(id.status());
   run.id = *id;
+  const int32_t n = request->call.n;
   run.response_id = openai::NewId(endpoint);
   run.created = absl::ToUnixSeconds(absl::Now());
   run.include_usage = request->include_usage;

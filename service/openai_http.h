@@ -6,7 +6,8 @@
 //
 // Requests go to the same servables as gRPC's, so they share batching,
 // limits, adaptive activation, metrics (rpc="Completions" and
-// "ChatCompletions") and the drain. A client that disconnects cancels its
+// "ChatCompletions") and the drain; they are prepared (parsed, templated,
+// tokenized, admitted) on gRPC's request workers, under the same queue bound. A client that disconnects cancels its
 // generation: its connection is watched while the request waits and runs.
 // Authentication: with auth tokens configured, /v1/* needs
 // "Authorization: Bearer <token>"; /health stays open (probes).
@@ -22,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "service/auth.h"
 #include "service/model_manager.h"
+#include "service/request_workers.h"
 #include "service/tls_pem.h"
 
 namespace moh {
@@ -34,12 +36,16 @@ class OpenAiHttpServer {
     std::optional<TlsPem> tls;  // HTTPS, as the gRPC port
     int max_connections = 256;
     size_t max_body_bytes = size_t{64} << 20;
+    // Bodies being received at once (http_body_memory_mb).
+    size_t body_memory_bytes = size_t{1} << 30;
   };
 
-  // Listens; `models` and `auth` (null: no authentication) outlive the
+  // Listens; `models`, `workers` (gRPC's request workers: HTTP requests are
+  // prepared there too) and `auth` (null: no authentication) outlive the
   // server. UNAVAILABLE "http: cannot listen on ..." when the port is taken.
   static absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> Start(
-      Options options, ModelManager* models, const TokenAuth* auth);
+      Options options, ModelManager* models, RequestWorkers* workers,
+      const TokenAuth* auth);
   // Stops listening, cancels what still runs and waits for its connections.
   ~OpenAiHttpServer();
 
@@ -51,15 +57,21 @@ class OpenAiHttpServer {
   void StopAccepting() { accepting_ = false; }
 
  private:
-  OpenAiHttpServer(Options options, ModelManager* models, const TokenAuth* auth)
-      : options_(std::move(options)), models_(models), auth_(auth) {}
+  OpenAiHttpServer(Options options, ModelManager* models,
+                   RequestWorkers* workers, const TokenAuth* auth)
+      : options_(std::move(options)),
+        models_(models),
+        workers_(workers),
+        auth_(auth) {}
   struct Handler;
 
   const Options options_;
   ModelManager* const models_;
+  RequestWorkers* const workers_;
   const TokenAuth* const auth_;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> stopping_{false};  // the destructor runs
+  std::atomic<size_t> body_bytes_{0};  // reserved by requests being received
   MHD_Daemon* daemon_ = nullptr;
 };
 

@@ -190,6 +190,13 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
                               config_limits::kMinThreads, "the default"));
   MOH_DEFAULT(config, max_message_mb, std::string("max_message_mb"),
               config_limits::kMaxMessageMb);
+  MOH_DEFAULT(config, http_body_memory_mb, std::string("http_body_memory_mb"),
+              config_limits::kHttpBodyMemoryMb);
+  if (config->http_body_memory_mb() < config->max_message_mb()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_body_memory_mb must be at least max_message_mb (",
+        config->max_message_mb(), "), got ", config->http_body_memory_mb()));
+  }
   MOH_DEFAULT(config, max_concurrent_streams,
               std::string("max_concurrent_streams"),
               config_limits::kMaxConcurrentStreams);

@@ -190,3 +190,60 @@ def test_unauthenticated_requests_are_refused_from_their_headers(
                            {"model": "demo-lm", "prompt": "x", "max_tokens": 2},
                            headers="\r\nAuthorization: Bearer sesame")
     assert status == 200, body
+
+
+def test_http_requests_are_prepared_on_the_request_workers(server_factory):
+    # gRPC's request workers prepare HTTP requests too: one worker, room for
+    # one waiting request, and a burst of heavy prompts overflows it with
+    # 429s naming request_queue; the server serves on.
+    import concurrent.futures
+    server = server_factory("http_request_queue", [("demo-lm", lib.LM_DIR, "")],
+                            http=True, metrics=False,
+                            extra="request_threads: 1\nrequest_queue: 1")
+    prompt = "the quick brown fox jumps over the lazy dog " * 23000
+
+    def call(_):
+        status, body, _ = post(server.http_port, "/v1/completions",
+                               {"prompt": prompt, "max_tokens": 1})
+        return status, body["error"]["message"] if status != 200 else ""
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(call, range(16)))
+    busy = [m for s, m in results if s == 429]
+    assert busy, results
+    assert all("request_queue" in m for m in busy), busy
+    # The others are refused for the context (after tokenizing on a worker).
+    assert {s for s, _ in results} <= {429, 400}, results
+    status, body, _ = post(server.http_port, "/v1/completions",
+                           {"prompt": "hi", "max_tokens": 2})
+    assert status == 200, body
+
+
+def test_bodies_in_flight_share_one_budget(server_factory):
+    server = server_factory("http_body_budget", [("demo-lm", lib.LM_DIR, "")],
+                            http=True, extra="max_message_mb: 1\n"
+                            "http_body_memory_mb: 1")
+    port = server.http_port
+    # A slow client announces 900 KB and sends a little: it holds them.
+    slow = socket.create_connection(("127.0.0.1", port), timeout=lib.RPC_TIMEOUT)
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 900000\r\n"
+                 b"\r\n{\"prompt\": \"")
+    time.sleep(0.5)
+    # Another 200 KB does not fit beside them: 503 from its headers.
+    status, body, _ = raw(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                          "Content-Length: 200000", read_all=False)
+    assert status == 503, body
+    assert "http_body_memory_mb" in body["error"]["message"]
+    assert lib.metric_value(server.samples(), "moh_requests_total", model="",
+                            rpc="Completions", code="UNAVAILABLE") >= 1
+    # Once the slow client leaves, its bytes are free again.
+    slow.close()
+    deadline = time.monotonic() + 10
+    while True:
+        status, body, _ = post(port, "/v1/completions",
+                               {"prompt": "x" * 200000, "max_tokens": 1})
+        if status != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status != 503, body
