@@ -51,6 +51,10 @@ inline constexpr ConfigLimits<int32_t> kHttpPort{8000, 1, 65535};
 inline constexpr int32_t kHttpPortOff = -1;
 // http_max_connections: HTTP connections served at once.
 inline constexpr ConfigLimits<int32_t> kHttpMaxConnections{256, 1, 4096};
+// http_max_connections_per_client: HTTP connections one client address may
+// hold (at most http_max_connections).
+inline constexpr ConfigLimits<int32_t> kHttpMaxConnectionsPerClient{64, 1,
+                                                                    4096};
 // http_body_memory_mb: HTTP request bodies being received at once, MiB (at
 // least max_message_mb).
 inline constexpr ConfigLimits<int32_t> kHttpBodyMemoryMb{1024, 1, 1 << 20};

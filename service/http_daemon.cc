@@ -61,6 +61,10 @@ absl::StatusOr<MHD_Daemon*> StartHttpDaemon(
   if (!o.thread_per_connection) {
     options.push_back({MHD_OPTION_THREAD_POOL_SIZE, o.pool_threads, nullptr});
   }
+  if (o.max_connections_per_client > 0) {
+    options.push_back({MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                       o.max_connections_per_client, nullptr});
+  }
   if (completed != nullptr) {
     options.push_back({MHD_OPTION_NOTIFY_COMPLETED,
                        reinterpret_cast<intptr_t>(completed), completed_cls});

@@ -26,6 +26,9 @@ struct HttpDaemonOptions {
   bool thread_per_connection = false;
   int pool_threads = 2;
   int max_connections = 64;
+  // Connections one client address may hold at once (0: no limit beyond
+  // max_connections); more are closed as they arrive.
+  int max_connections_per_client = 0;
   int idle_timeout_seconds = 30;
 };
 

@@ -269,6 +269,8 @@ int Run() {
     http_options.port = config->http_port();
     http_options.tls = *tls;
     http_options.max_connections = config->http_max_connections();
+    http_options.max_connections_per_client =
+        config->http_max_connections_per_client();
     http_options.max_body_bytes = static_cast<size_t>(config->max_message_mb())
                                   << 20;
     http_options.body_memory_bytes =

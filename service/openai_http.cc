@@ -504,6 +504,8 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
   daemon.tls = &server->options_.tls;
   daemon.thread_per_connection = true;
   daemon.max_connections = server->options_.max_connections;
+  daemon.max_connections_per_client =
+      server->options_.max_connections_per_client;
   daemon.idle_timeout_seconds = 60;
   MOH_ASSIGN_OR_RETURN(server->daemon_,
                        StartHttpDaemon(daemon, &Handler::Access, server.get(),

@@ -35,6 +35,7 @@ class OpenAiHttpServer {
     int port = 0;
     std::optional<TlsPem> tls;  // HTTPS, as the gRPC port
     int max_connections = 256;
+    int max_connections_per_client = 64;
     size_t max_body_bytes = size_t{64} << 20;
     // Bodies being received at once (http_body_memory_mb).
     size_t body_memory_bytes = size_t{1} << 30;

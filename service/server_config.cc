@@ -181,6 +181,14 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
   }
   MOH_DEFAULT(config, http_max_connections, std::string("http_max_connections"),
               config_limits::kHttpMaxConnections);
+  MOH_DEFAULT(config, http_max_connections_per_client,
+              std::string("http_max_connections_per_client"),
+              config_limits::kHttpMaxConnectionsPerClient);
+  // The default follows a smaller http_max_connections down.
+  if (config->http_max_connections_per_client() >
+      config->http_max_connections()) {
+    config->set_http_max_connections_per_client(config->http_max_connections());
+  }
   if (config->host().empty()) config->set_host(config_limits::kDefaultHost);
   if (config->metrics_host().empty()) config->set_metrics_host(config->host());
   MOH_DEFAULT(config, drain_timeout_seconds,

@@ -42,6 +42,7 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(config->request_queue(), 1024);
   EXPECT_EQ(config->image_decode_memory_mb(), 512);
   EXPECT_EQ(config->http_body_memory_mb(), 1024);
+  EXPECT_EQ(config->http_max_connections_per_client(), 64);
   const v1::ModelConfig& lm = config->models(0);
   EXPECT_EQ(lm.name(), "lm");  // the directory's base name
   EXPECT_EQ(lm.device(), "auto");
@@ -97,6 +98,8 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "request_queue must be in [1, 1048576]"},
       {"image_decode_memory_mb: -1 models { model_dir: \"m\" }",
        "image_decode_memory_mb must be in [1, 1048576]"},
+      {"http_max_connections_per_client: 5000 models { model_dir: \"m\" }",
+       "http_max_connections_per_client must be in [1, 4096]"},
       {"http_body_memory_mb: -1 models { model_dir: \"m\" }",
        "http_body_memory_mb must be in [1, 1048576]"},
       {"max_message_mb: 64 http_body_memory_mb: 32 models { model_dir: \"m\" }",

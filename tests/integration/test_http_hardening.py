@@ -247,3 +247,45 @@ def test_bodies_in_flight_share_one_budget(server_factory):
             break
         time.sleep(0.2)
     assert status != 503, body
+
+
+def test_one_client_cannot_take_every_connection(server_factory):
+    # A slow client (from 127.0.0.2) opens 4x the per-client limit of
+    # connections and sends its headers a byte at a time: it holds 8 of the
+    # 16 slots, and /health and a completion from another address answer
+    # within a second.
+    server = server_factory("http_per_client", [("demo-lm", DEMO_LM, "")],
+                            http=True, metrics=False,
+                            extra="http_max_connections: 16\n"
+                            "http_max_connections_per_client: 8")
+    port = server.http_port
+    flood = []
+    try:
+        for _ in range(32):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.settimeout(5)
+            try:
+                s.connect(("127.0.0.1", port))
+                s.sendall(b"P")
+            except OSError:
+                s.close()
+                continue
+            flood.append(s)
+        for step in range(3):
+            for s in flood:
+                try:
+                    s.sendall(b"OST /v1/completions HTTP/1.1\r\n"[step:step + 1])
+                except OSError:
+                    pass
+            start = time.monotonic()
+            status, body, _ = raw(port, "GET /health HTTP/1.1\r\nHost: x",
+                                  timeout=5)
+            assert status == 200, body
+            assert time.monotonic() - start < 1.0
+        status, body, _ = post(port, "/v1/completions",
+                               {"prompt": "x", "max_tokens": 2})
+        assert status == 200, body
+    finally:
+        for s in flood:
+            s.close()
