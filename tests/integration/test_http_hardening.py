@@ -164,13 +164,13 @@ def test_unauthenticated_requests_are_refused_from_their_headers(
     port = server.http_port
     before = lib.metric_value(server.samples(), "moh_requests_total", model="",
                               rpc="ChatCompletions", code="UNAUTHENTICATED") or 0
-    # Headers announcing 50 MB, no body sent: the answer comes at once.
-    start = time.monotonic()
+    # Headers announcing 50 MB, no body sent: the answer comes without it
+    # (before, the server waited for the body: no answer within the socket's
+    # timeout).
     status, body, _ = raw(port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                           "Content-Type: application/json\r\n"
-                          "Content-Length: 50000000", read_all=False)
+                          "Content-Length: 50000000", timeout=10, read_all=False)
     assert status == 401, body
-    assert time.monotonic() - start < 10
     # The same with a token but over max_message_mb (64 MiB): 413 from the
     # headers.
     status, body, _ = raw(port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
@@ -252,8 +252,9 @@ def test_bodies_in_flight_share_one_budget(server_factory):
 def test_one_client_cannot_take_every_connection(server_factory):
     # A slow client (from 127.0.0.2) opens 4x the per-client limit of
     # connections and sends its headers a byte at a time: it holds 8 of the
-    # 16 slots, and /health and a completion from another address answer
-    # within a second.
+    # 16 slots, and /health and a completion from another address are
+    # answered (without the limit /health gets no answer before the socket's
+    # 5 s timeout: the idle timeout, 60 s, is what would free a slot).
     server = server_factory("http_per_client", [("demo-lm", DEMO_LM, "")],
                             http=True, metrics=False,
                             extra="http_max_connections: 16\n"
@@ -278,11 +279,9 @@ def test_one_client_cannot_take_every_connection(server_factory):
                     s.sendall(b"OST /v1/completions HTTP/1.1\r\n"[step:step + 1])
                 except OSError:
                     pass
-            start = time.monotonic()
             status, body, _ = raw(port, "GET /health HTTP/1.1\r\nHost: x",
                                   timeout=5)
             assert status == 200, body
-            assert time.monotonic() - start < 1.0
         status, body, _ = post(port, "/v1/completions",
                                {"prompt": "x", "max_tokens": 2})
         assert status == 200, body
