@@ -36,6 +36,13 @@ foreach(_lib IN LISTS TORCH_LIBRARIES)
   _moh_own_torch_library("${_lib}" _lib)
   list(APPEND _moh_torch_libraries ${_lib})
 endforeach()
+# The wheel's libtorch.so exports its own copy of part of std::filesystem
+# (2.11: 64 symbols), some of which crash when called from outside it
+# (std::filesystem::remove_all jumps to null). libstdc++ is named first, so
+# the dynamic linker binds every program's std:: calls to libstdc++ itself.
+if(Torch_VERSION VERSION_GREATER_EQUAL 2)
+  list(PREPEND _moh_torch_libraries stdc++)
+endif()
 set(TORCH_LIBRARIES ${_moh_torch_libraries})
 foreach(_target torch torch_library torch_cpu torch_cpu_library torch_cuda
                 torch_cuda_library c10 c10_cuda caffe2_nvrtc)
