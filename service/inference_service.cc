@@ -5,11 +5,8 @@
 #include <deque>
 #include <memory>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "base/abbreviate.h"
-#include "base/log.h"
 #include "service/grpc_status.h"
 #include "service/request_log.h"
 
@@ -213,18 +210,14 @@ class StreamingReactor
   // An exception escaped Start: logged with the request id; the call ends
   // INTERNAL unless its job was submitted (the loop then ends it).
   void Unexpected(const char* what) {
-    MOH_LOG(Error) << RpcName(Traits::kRpc) << " request " << request_id_
-                   << ": unexpected exception: " << Abbreviate(what, 512);
+    const absl::Status error =
+        UnexpectedException(RpcName(Traits::kRpc), request_id_, what);
     bool submitted;
     {
       absl::MutexLock lock(&mu_);
       submitted = submitted_;
     }
-    if (!submitted) {
-      FinishWith(absl::InternalError(
-          absl::StrCat("internal error (request id ", request_id_,
-                       "); the server logged it and serves other requests")));
-    }
+    if (!submitted) FinishWith(error);
   }
 
   // Drops one of the holds; the last one deletes the reactor.
@@ -628,14 +621,12 @@ void InferenceService::ClassifyUnexpected(grpc::ServerUnaryReactor* reactor,
                                           absl::Time start,
                                           const std::string& request_id,
                                           bool handed, const char* what) {
-  MOH_LOG(Error) << "Classify request " << request_id
-                 << ": unexpected exception: " << Abbreviate(what, 512);
+  const absl::Status error =
+      UnexpectedException("Classify", request_id, what);
   if (handed) return;  // the model finishes the call
   RecordRequest(nullptr, models_->metrics(), Rpc::kClassify, request.model(),
                 absl::StatusCode::kInternal, start, request_id);
-  reactor->Finish(ToGrpcStatus(absl::InternalError(
-      absl::StrCat("internal error (request id ", request_id,
-                   "); the server logged it and serves other requests"))));
+  reactor->Finish(ToGrpcStatus(error));
 }
 
 void InferenceService::StartClassify(

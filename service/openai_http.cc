@@ -429,16 +429,12 @@ struct OpenAiHttpServer::Handler {
                              Incoming* incoming, const char* what) {
     const std::string id =
         incoming != nullptr ? incoming->request_id : std::string("-");
-    MOH_LOG(Error) << "http request " << id << " " << Abbreviate(url)
-                   << ": unexpected exception: " << Abbreviate(what, 512);
+    const absl::Status error = UnexpectedException(
+        absl::StrCat("http ", Abbreviate(url)), id, what);
     if (incoming == nullptr || incoming->answered) return MHD_NO;
     Count(server, url, *incoming, absl::StatusCode::kInternal);
     incoming->answered = true;
-    return RespondError(
-        connection, id,
-        absl::InternalError(
-            absl::StrCat("internal error (request id ", id,
-                         "); the server logged it and serves other requests")));
+    return RespondError(connection, id, error);
   }
 
   // On a request worker: `body` to a generation submitted to its model (its
@@ -609,9 +605,8 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
     try {
       id = Prepare(server, endpoint, incoming.body, run, request);
     } catch (const std::exception& e) {
-      id = absl::InternalError(absl::StrCat(
-          "internal error (request id ", run.request_id, "): ",
-          Abbreviate(e.what(), 200)));
+      id = UnexpectedException(absl::StrCat("http ", RpcName(run.rpc)),
+                               run.request_id, e.what());
     }
     prepared.Notify();
   });

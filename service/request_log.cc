@@ -3,6 +3,7 @@
 #include <atomic>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/abbreviate.h"
 #include "base/log.h"
@@ -13,6 +14,16 @@ namespace {
 std::atomic<bool> access_log{false};
 
 }  // namespace
+
+absl::Status UnexpectedException(absl::string_view what_request,
+                                 absl::string_view request_id,
+                                 absl::string_view what) {
+  MOH_LOG(Error) << what_request << " request " << request_id
+                 << ": unexpected exception: " << Abbreviate(what, 512);
+  return absl::InternalError(
+      absl::StrCat("internal error (request id ", request_id,
+                   "); the server logged it and serves other requests"));
+}
 
 std::string RequestId(std::optional<absl::string_view> from_client) {
   constexpr size_t kMaxLength = 128;

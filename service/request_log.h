@@ -28,6 +28,13 @@ std::string RequestId(std::optional<absl::string_view> from_client);
 // `digits` random hexadecimal digits (ids, not secrets).
 std::string RandomHex(int digits);
 
+// The handlers' last resort: an exception escaped the handling of request
+// `request_id` (`what_request`: "Generate", "http /v1/completions", ...). Logs
+// it and returns the INTERNAL error its client gets.
+absl::Status UnexpectedException(absl::string_view what_request,
+                                 absl::string_view request_id,
+                                 absl::string_view what);
+
 // Info-level request lines (the access log) on or off (the default).
 void SetAccessLog(bool on);
 
