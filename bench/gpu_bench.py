@@ -32,13 +32,15 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from suite_server import free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RATIOS = [1.0, 0.75, 0.5]
@@ -176,12 +178,6 @@ def layout_section(args, layout, bandwidth, results):
                          r["decode_tokens_per_s"] for r in f["runs"]]}
         for ratio, f in batched.items()}
     return model_dir
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serving_overhead(args, model_dir, results, rounds=3):
