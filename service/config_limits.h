@@ -58,6 +58,14 @@ inline constexpr ConfigLimits<int32_t> kHttpMaxConnectionsPerClient{64, 1,
 // http_body_memory_mb: HTTP request bodies being received at once, MiB (at
 // least max_message_mb).
 inline constexpr ConfigLimits<int32_t> kHttpBodyMemoryMb{1024, 1, 1 << 20};
+// http_header_timeout_seconds, http_body_timeout_seconds: deadlines for a
+// request's headers and body, not reset by bytes.
+inline constexpr ConfigLimits<double> kHttpHeaderTimeoutSeconds{30.0, 1.0,
+                                                                3600.0};
+inline constexpr ConfigLimits<double> kHttpBodyTimeoutSeconds{60.0, 1.0,
+                                                              3600.0};
+// http_threads: libmicrohttpd's polling threads.
+inline constexpr ConfigLimits<int32_t> kHttpThreads{2, 1, 64};
 // host: the listen address.
 inline constexpr char kDefaultHost[] = "0.0.0.0";
 // drain_timeout_seconds: how long in-flight requests may run after SIGTERM.

@@ -45,21 +45,25 @@ absl::StatusOr<MHD_Daemon*> StartHttpDaemon(
         absl::StrCat(o.what, ": cannot listen on ", address, ": unknown host"));
   }
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> owned(resolved, freeaddrinfo);
-  unsigned int flags = MHD_USE_ERROR_LOG;
-  flags |= o.thread_per_connection
-               ? MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD
-               : MHD_USE_AUTO_INTERNAL_THREAD;
+  unsigned int flags = MHD_USE_ERROR_LOG | MHD_USE_AUTO_INTERNAL_THREAD;
   if (resolved->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+  // The logger first: libmicrohttpd complains of options before it.
   std::vector<MHD_OptionItem> options = {
+      {MHD_OPTION_EXTERNAL_LOGGER,
+       reinterpret_cast<intptr_t>(&LogDaemonMessage), nullptr},
       {MHD_OPTION_SOCK_ADDR, 0, resolved->ai_addr},
       {MHD_OPTION_CONNECTION_LIMIT, o.max_connections, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT,
        static_cast<intptr_t>(o.idle_timeout_seconds), nullptr},
-      {MHD_OPTION_EXTERNAL_LOGGER,
-       reinterpret_cast<intptr_t>(&LogDaemonMessage), nullptr},
   };
-  if (!o.thread_per_connection) {
+  if (o.pool_threads > 1) {
     options.push_back({MHD_OPTION_THREAD_POOL_SIZE, o.pool_threads, nullptr});
+  }
+  if (o.watch != nullptr) {
+    flags |= MHD_ALLOW_SUSPEND_RESUME;
+    options.push_back({MHD_OPTION_NOTIFY_CONNECTION,
+                       reinterpret_cast<intptr_t>(&HttpConnectionWatch::Notify),
+                       o.watch});
   }
   if (o.max_connections_per_client > 0) {
     options.push_back({MHD_OPTION_PER_IP_CONNECTION_LIMIT,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "service/http_connections.h"
 #include "service/tls_pem.h"
 
 namespace moh {
@@ -21,15 +22,18 @@ struct HttpDaemonOptions {
   // it has one; see HttpClientVerified); the daemon keeps pointers into it,
   // so it must outlive the daemon. Null or empty: plain HTTP.
   const std::optional<TlsPem>* tls = nullptr;
-  // A thread per connection (handlers may block), else `pool_threads`
-  // polling threads (handlers must not).
-  bool thread_per_connection = false;
+  // Polling threads, each serving its share of the connections (handlers
+  // must not block).
   int pool_threads = 2;
   int max_connections = 64;
   // Connections one client address may hold at once (0: no limit beyond
   // max_connections); more are closed as they arrive.
   int max_connections_per_client = 0;
   int idle_timeout_seconds = 30;
+  // Header and body deadlines, and suspended requests (handlers that wait
+  // suspend their connection): null for neither. It must outlive the
+  // daemon.
+  HttpConnectionWatch* watch = nullptr;
 };
 
 // Starts the daemon with `handler` (and `completed`, called when a request

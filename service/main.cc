@@ -271,6 +271,11 @@ int Run() {
     http_options.max_connections = config->http_max_connections();
     http_options.max_connections_per_client =
         config->http_max_connections_per_client();
+    http_options.threads = config->http_threads();
+    http_options.header_timeout =
+        absl::Seconds(config->http_header_timeout_seconds());
+    http_options.body_timeout =
+        absl::Seconds(config->http_body_timeout_seconds());
     http_options.max_body_bytes = static_cast<size_t>(config->max_message_mb())
                                   << 20;
     http_options.body_memory_bytes =

@@ -1,7 +1,5 @@
 #include "service/openai_http.h"
 
-#include <poll.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -9,10 +7,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/abbreviate.h"
 #include "base/log.h"
@@ -27,19 +25,7 @@ namespace {
 
 using openai::Endpoint;
 
-// How often a waiting request looks at its client's connection.
-constexpr absl::Duration kPoll = absl::Milliseconds(50);
 constexpr char kJson[] = "application/json";
-
-// Whether the client closed its end of the connection (or it broke).
-bool ClientGone(MHD_Connection* connection) {
-  const MHD_ConnectionInfo* info =
-      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
-  if (info == nullptr) return false;
-  pollfd fd{info->connect_fd, POLLRDHUP, 0};
-  return poll(&fd, 1, 0) > 0 &&
-         (fd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
 
 MHD_Result RespondError(MHD_Connection* connection, const std::string& id,
                         const absl::Status& status, unsigned int http = 0) {
@@ -49,9 +35,13 @@ MHD_Result RespondError(MHD_Connection* connection, const std::string& id,
 }
 
 // One generation's output as the model's callback thread delivers it; the
-// connection's thread takes it.
+// connection's handler takes it when its waker resumes it.
 class Sink : public GenerationObserver {
  public:
+  // `every_chunk`: wake for each chunk (a stream), else only at the end.
+  Sink(std::shared_ptr<HttpWaker> waker, bool every_chunk)
+      : waker_(std::move(waker)), every_chunk_(every_chunk) {}
+
   struct Update {
     // New output since the last Take, one entry per choice that has some,
     // by index (without summaries).
@@ -63,26 +53,34 @@ class Sink : public GenerationObserver {
   };
 
   void OnChunk(const GenerationChunk& chunk) override {
-    absl::MutexLock lock(&mu_);
-    openai::ChoiceOutput& out = pending_[chunk.index];
-    out.index = chunk.index;
-    out.Append(chunk.text, chunk.logprobs, chunk.prompt_logprobs);
+    {
+      absl::MutexLock lock(&mu_);
+      openai::ChoiceOutput& out = pending_[chunk.index];
+      out.index = chunk.index;
+      out.Append(chunk.text, chunk.logprobs, chunk.prompt_logprobs);
+    }
+    if (every_chunk_) waker_->Wake();
   }
   void OnFinished(const GenerationSummary& summary) override {
-    absl::MutexLock lock(&mu_);
-    finished_.push_back(summary);
-    if (summary.last) done_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      finished_.push_back(summary);
+      if (summary.last) done_ = true;
+    }
+    waker_->Wake();
   }
   void OnError(const absl::Status& status) override {
-    absl::MutexLock lock(&mu_);
-    error_ = status;
-    done_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      error_ = status;
+      done_ = true;
+    }
+    waker_->Wake();
   }
 
-  // Waits up to `timeout` for new output or the end, and takes it.
-  Update Take(absl::Duration timeout) {
+  // Takes the output since the last Take (none, when there is none yet).
+  Update Take() {
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(this, &Sink::Ready), timeout);
     Update update;
     for (auto& [index, out] : pending_)
       update.outputs.push_back(std::move(out));
@@ -94,10 +92,8 @@ class Sink : public GenerationObserver {
   }
 
  private:
-  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return done_ || !pending_.empty() || !finished_.empty();
-  }
-
+  const std::shared_ptr<HttpWaker> waker_;
+  const bool every_chunk_;
   absl::Mutex mu_;
   std::map<int32_t, openai::ChoiceOutput> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<GenerationSummary> finished_ ABSL_GUARDED_BY(mu_);
@@ -105,12 +101,23 @@ class Sink : public GenerationObserver {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
+struct Call;
+
 // A request being received (MHD's per-request pointer).
 struct Incoming {
   absl::Time start = absl::Now();
   std::string request_id;  // X-Request-Id, or a fresh one (request_log.h)
   std::string body;
-  bool answered = false;  // refused (or failed): the rest is not read
+  bool answered = false;  // answered (or closing): nothing more is served
+  // Refused (from its headers, or as its body passed a limit): the body is
+  // read and dropped, never held, and the refusal answered once it is whole,
+  // so that a client that sends its whole body before reading (as most do)
+  // reads the answer rather than a broken pipe. A body that passes
+  // Handler::DiscardLimit closes the connection instead.
+  absl::Status refusal;
+  unsigned int refusal_http = 0;
+  size_t discarded = 0;
+  std::shared_ptr<Call> call;  // a generation, once its body is whole
   // Bytes of http_body_memory_mb this request holds (given back when it is
   // answered and freed).
   size_t reserved = 0;
@@ -184,17 +191,40 @@ struct Running {
   }
 };
 
-// Whether a running request's client is gone, or the server stops.
-bool Abandoned(const std::atomic<bool>& stopping, MHD_Connection* connection) {
-  return stopping.load() || ClientGone(connection);
-}
+// A generation request from the moment its body is whole: prepared on a
+// request worker, then run by its model. Its connection is suspended while
+// it waits for either; `waker` resumes it.
+struct Call {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::shared_ptr<HttpWaker> waker;
+  std::string body;  // until the worker has parsed it
+  Running run;       // the worker's until `prepared`
+  std::optional<openai::GenerationRequest> request;
+  absl::StatusOr<uint64_t> id = absl::UnknownError("not prepared");
+  // Not streamed: the output so far, once it runs.
+  std::vector<openai::ChoiceOutput> choices;
+  bool started = false;  // the handler has taken the prepared request
+
+  // Set by the worker when it has prepared the request (`run`, `request`
+  // and `id` are then the handler's), or by the handler when it gives the
+  // request up (the client left, the server stops): whichever comes second
+  // cancels a generation that was submitted.
+  absl::Mutex mu;
+  bool prepared ABSL_GUARDED_BY(mu) = false;
+  bool abandoned ABSL_GUARDED_BY(mu) = false;
+
+  bool Prepared() {
+    absl::MutexLock lock(&mu);
+    return prepared;
+  }
+};
 
 // A streamed response: MHD pulls server-sent events from Read on the
-// connection's thread.
+// connection's polling thread; with none ready, Read suspends the connection
+// until the model has more.
 struct Stream {
   Running run;
-  MHD_Connection* connection = nullptr;
-  const std::atomic<bool>* stopping = nullptr;
+  std::shared_ptr<HttpWaker> waker;
   std::string pending;  // bytes not yet handed to MHD
   size_t sent = 0;
   // Per choice: whether its first chunk went out, and the length of its
@@ -218,14 +248,9 @@ struct Stream {
     return chunk;
   }
 
-  // Waits a little for output and turns it into events.
+  // Turns the output so far into events.
   void Fill() {
-    if (Abandoned(*stopping, connection)) {
-      run.Cancel();
-      cancelled = true;
-      return;
-    }
-    Sink::Update update = run.sink->Take(kPoll);
+    Sink::Update update = run.sink->Take();
     // A token's text is needed twice (the offsets, the chunk's JSON): it is
     // decoded once.
     absl::flat_hash_map<int32_t, std::string> texts;
@@ -280,8 +305,14 @@ struct Stream {
       s->pending.clear();
       s->sent = 0;
       if (s->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+      if (s->waker->Departed()) {
+        s->run.Cancel();
+        s->cancelled = true;
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+      }
       s->Fill();
-      if (s->cancelled) return MHD_CONTENT_READER_END_WITH_ERROR;
+      // Nothing yet: MHD calls again once the model's output resumes it.
+      if (s->pending.empty() && !s->ended && s->waker->Suspend()) return 0;
     }
     const size_t n = std::min(max, s->pending.size() - s->sent);
     std::memcpy(buf, s->pending.data() + s->sent, n);
@@ -317,22 +348,36 @@ struct OpenAiHttpServer::Handler {
             RequestId(id != nullptr ? std::optional<absl::string_view>(id)
                                     : std::nullopt);
         *con_cls = incoming;
-        // Refused from its headers, the body never read (MHD then closes
-        // the connection).
+        server->watch_->HeadersReceived(connection);
         const absl::Status refused =
             Refuse(server, connection, *incoming, url);
-        if (!refused.ok()) {
-          incoming->answered = true;
-          Count(server, url, *incoming, refused.code());
-          return RespondError(
-              connection, incoming->request_id, refused,
-              refused.code() == absl::StatusCode::kOutOfRange ? 413 : 0);
+        if (refused.ok()) return MHD_YES;
+        Refused(server, url, *incoming, refused);
+        // A client waiting for "100 Continue", or a body too large to drop,
+        // is answered now (MHD then closes the connection unread).
+        const char* expect = MHD_lookup_connection_value(
+            connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        uint64_t length = 0;
+        if ((expect != nullptr &&
+             absl::EqualsIgnoreCase(expect, "100-continue")) ||
+            (ContentLength(connection, &length) &&
+             length > DiscardLimit(server))) {
+          return AnswerRefusal(connection, *incoming);
         }
         return MHD_YES;
       }
-      if (incoming->answered) {  // refused: what still arrives is dropped
+      if (incoming->answered) return MHD_NO;
+      if (!incoming->refusal.ok()) {  // refused: its body is dropped
+        if (*upload_data_size == 0) return AnswerRefusal(connection, *incoming);
+        incoming->discarded += *upload_data_size;
         *upload_data_size = 0;
-        return MHD_YES;
+        return incoming->discarded + incoming->body.size() >
+                       DiscardLimit(server)
+                   ? MHD_NO
+                   : MHD_YES;
+      }
+      if (incoming->call != nullptr) {  // resumed: it may go on
+        return Continue(server, connection, *incoming);
       }
       if (*upload_data_size != 0) {
         // A body without a Content-Length holds its bytes as they come.
@@ -340,32 +385,76 @@ struct OpenAiHttpServer::Handler {
             incoming->body.size() + *upload_data_size > incoming->reserved
                 ? incoming->body.size() + *upload_data_size - incoming->reserved
                 : 0;
+        if (incoming->body.size() + *upload_data_size >
+            server->options_.max_body_bytes) {
+          // A body without a Content-Length (chunked) that passes the limit.
+          Refused(
+              server, url, *incoming,
+              BodyTooLarge(server, incoming->body.size() + *upload_data_size));
+          incoming->discarded += *upload_data_size;
+          *upload_data_size = 0;
+          return MHD_YES;
+        }
         if (unreserved > 0 &&
             !incoming->Reserve(server->body_bytes_, unreserved,
                                server->options_.body_memory_bytes)) {
-          Count(server, url, *incoming, absl::StatusCode::kUnavailable);
-          incoming->answered = true;
-          return MHD_NO;
-        }
-        if (incoming->body.size() + *upload_data_size >
-            server->options_.max_body_bytes) {
-          // A body without a Content-Length (chunked) that passes the
-          // limit: no answer can be queued while it uploads, so the
-          // connection closes now rather than reading on.
-          Count(server, url, *incoming, absl::StatusCode::kOutOfRange);
-          incoming->answered = true;
-          return MHD_NO;
+          Refused(server, url, *incoming, BodiesFull(server));
+          incoming->discarded += *upload_data_size;
+          *upload_data_size = 0;
+          return MHD_YES;
         }
         incoming->body.append(upload_data, *upload_data_size);
         *upload_data_size = 0;
         return MHD_YES;
       }
+      server->watch_->BodyReceived(connection);
       return Serve(server, connection, url, method, *incoming);
     } catch (const std::exception& e) {
       return Internal(server, connection, url, incoming, e.what());
     } catch (...) {
       return Internal(server, connection, url, incoming, "unknown exception");
     }
+  }
+
+  // A refused request's body is dropped up to four times max_message_mb or
+  // 16 MiB, whichever is less (a client that sent a little too much still
+  // reads why); a larger one is answered from its headers (or closed when it
+  // passes this, chunked).
+  static uint64_t DiscardLimit(const OpenAiHttpServer* server) {
+    return std::min(4 * uint64_t{server->options_.max_body_bytes},
+                    uint64_t{16} << 20);
+  }
+
+  static bool ContentLength(MHD_Connection* connection, uint64_t* bytes) {
+    const char* length = MHD_lookup_connection_value(
+        connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    return length != nullptr && absl::SimpleAtoi(length, bytes);
+  }
+
+  static absl::Status BodyTooLarge(const OpenAiHttpServer* server,
+                                   uint64_t bytes) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the body (", bytes, " bytes) is larger than ",
+        server->options_.max_body_bytes >> 20, " MiB (max_message_mb)"));
+  }
+
+  // `incoming` is refused with `status` (OUT_OF_RANGE is a 413): counted
+  // now, its body's memory given back; the answer waits for its body.
+  static void Refused(OpenAiHttpServer* server, const char* url,
+                      Incoming& incoming, const absl::Status& status) {
+    Count(server, url, incoming, status.code());
+    incoming.refusal = status;
+    incoming.refusal_http =
+        status.code() == absl::StatusCode::kOutOfRange ? 413 : 0;
+    incoming.discarded += incoming.body.size();
+    incoming.Release();
+  }
+
+  static MHD_Result AnswerRefusal(MHD_Connection* connection,
+                                  Incoming& incoming) {
+    incoming.answered = true;
+    return RespondError(connection, incoming.request_id, incoming.refusal,
+                        incoming.refusal_http);
   }
 
   // What a request's headers alone refuse: a missing or wrong token on a
@@ -383,16 +472,12 @@ struct OpenAiHttpServer::Handler {
           header != nullptr ? std::optional<absl::string_view>(header)
                             : std::nullopt));
     }
-    const char* length = MHD_lookup_connection_value(
-        connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     uint64_t bytes = 0;
-    if (length == nullptr || !absl::SimpleAtoi(length, &bytes)) {
+    if (!ContentLength(connection, &bytes)) {
       return absl::OkStatus();  // none, or chunked: counted as it arrives
     }
     if (bytes > server->options_.max_body_bytes) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "the body (", bytes, " bytes) is larger than ",
-          server->options_.max_body_bytes >> 20, " MiB (max_message_mb)"));
+      return BodyTooLarge(server, bytes);
     }
     if (!incoming.Reserve(server->body_bytes_, bytes,
                           server->options_.body_memory_bytes)) {
@@ -432,26 +517,33 @@ struct OpenAiHttpServer::Handler {
     const absl::Status error = UnexpectedException(
         absl::StrCat("http ", Abbreviate(url)), id, what);
     if (incoming == nullptr || incoming->answered) return MHD_NO;
-    Count(server, url, *incoming, absl::StatusCode::kInternal);
     incoming->answered = true;
+    if (incoming->call != nullptr) {  // it may have started: it stops
+      Abandon(server, *incoming->call, absl::StatusCode::kInternal);
+      return MHD_NO;
+    }
+    Count(server, url, *incoming, absl::StatusCode::kInternal);
     return RespondError(connection, id, error);
   }
 
-  // On a request worker: `body` to a generation submitted to its model (its
-  // id); `run` and `request` are filled as far as it got.
-  static absl::StatusOr<uint64_t> Prepare(
-      OpenAiHttpServer* server, Endpoint endpoint, const std::string& body,
-      Running& run, std::optional<openai::GenerationRequest>& request) {
+  // On a request worker: `call`'s body to a generation submitted to its
+  // model (its id); `call.run` and `call.request` are filled as far as it
+  // got.
+  static absl::StatusOr<uint64_t> Prepare(OpenAiHttpServer* server,
+                                          Call& call) {
     absl::StatusOr<openai::GenerationRequest> parsed =
-        openai::ParseGenerationRequest(endpoint, body);
+        openai::ParseGenerationRequest(call.endpoint, call.body);
+    call.body = std::string();
     if (!parsed.ok()) return parsed.status();
+    std::optional<openai::GenerationRequest>& request = call.request;
+    Running& run = call.run;
     request = std::move(*parsed);
     run.model = request->model;
     MOH_ASSIGN_OR_RETURN(HostedModel * found,
                          server->models_->Find(request->model, Task::kGenerate));
     run.model = found->name();
     MOH_ASSIGN_OR_RETURN(run.servable, found->Ready());
-    if (endpoint == Endpoint::kChatCompletions) {
+    if (call.endpoint == Endpoint::kChatCompletions) {
       MOH_ASSIGN_OR_RETURN(
           std::string prompt,
           run.servable->ChatPrompt(request->messages,
@@ -459,11 +551,47 @@ struct OpenAiHttpServer::Handler {
       request->call.prompt = std::move(prompt);
       request->call.add_special_tokens = false;  // the template wrote them
     }
-    run.sink = std::make_shared<Sink>();
+    run.sink = std::make_shared<Sink>(call.waker, request->stream);
     run.asked = {request->call.sampling.logprobs.has_value(),
                  request->call.sampling.prompt_logprobs.has_value()};
     // `n` stays readable: an int survives the move.
     return run.servable->Generate(std::move(request->call), run.sink);
+  }
+
+  // Counts a generation request that ended before its model ran it.
+  static void RecordUnrun(OpenAiHttpServer* server, Running& run,
+                          absl::StatusCode code) {
+    if (run.servable != nullptr) {
+      run.Record(code);
+    } else {
+      RecordRequest(nullptr, server->models_->metrics(), run.rpc, run.model,
+                    code, run.start, run.request_id);
+    }
+  }
+
+  // The handler gives `call` up (its client left, the server stops, or it
+  // failed): its generation, if the worker submitted one, is cancelled, and
+  // the request is counted with `code` (CANCELLED for a client that left).
+  static void Abandon(OpenAiHttpServer* server, Call& call,
+                      absl::StatusCode code) {
+    bool prepared;
+    {
+      absl::MutexLock lock(&call.mu);
+      call.abandoned = true;
+      prepared = call.prepared;
+    }
+    const Running& run = call.run;
+    if (!prepared) {
+      // The worker still fills `run` (and cancels what it submits): the
+      // request is counted without its model.
+      RecordRequest(nullptr, server->models_->metrics(), run.rpc, "", code,
+                    run.start, run.request_id);
+    } else if (call.id.ok()) {
+      call.run.servable->CancelGenerate(*call.id);
+      call.run.Record(code);
+    } else {
+      RecordUnrun(server, call.run, code);
+    }
   }
 
   static MHD_Result Serve(OpenAiHttpServer* server, MHD_Connection* connection,
@@ -472,19 +600,34 @@ struct OpenAiHttpServer::Handler {
   static MHD_Result Generate(OpenAiHttpServer* server,
                              MHD_Connection* connection, Endpoint endpoint,
                              Incoming& incoming);
-  static MHD_Result StartStream(OpenAiHttpServer* server,
-                                MHD_Connection* connection, Running run,
+  static MHD_Result Continue(OpenAiHttpServer* server,
+                             MHD_Connection* connection, Incoming& incoming);
+  static MHD_Result StartStream(MHD_Connection* connection, Call& call,
                                 int32_t n);
   static absl::Status MethodNotAllowed(const char* allowed) {
     return absl::InvalidArgumentError(
         absl::StrCat("method not allowed: this endpoint takes ", allowed));
   }
 
-  // MHD_RequestCompletedCallback: frees the per-request state.
-  static void Completed(void* /*cls*/, MHD_Connection* /*connection*/,
-                        void** con_cls, MHD_RequestTerminationCode /*code*/) {
-    delete static_cast<Incoming*>(*con_cls);
+  // MHD_RequestCompletedCallback: frees the per-request state; the next
+  // request's header deadline starts. A generation not yet answered stops:
+  // its connection closed (MHD may see a client that left as it resumes the
+  // connection, and close it without calling the handler again).
+  static void Completed(void* cls, MHD_Connection* connection, void** con_cls,
+                        MHD_RequestTerminationCode /*code*/) {
+    auto* server = static_cast<OpenAiHttpServer*>(cls);
+    auto* incoming = static_cast<Incoming*>(*con_cls);
+    if (incoming != nullptr && incoming->call != nullptr &&
+        !incoming->answered) {
+      try {
+        Abandon(server, *incoming->call, absl::StatusCode::kCancelled);
+      } catch (const std::exception& e) {
+        UnexpectedException("http request end", incoming->request_id, e.what());
+      }
+    }
+    delete incoming;
     *con_cls = nullptr;
+    server->watch_->RequestEnded(connection);
   }
 };
 
@@ -498,20 +641,31 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
   daemon.host = server->options_.host;
   daemon.port = server->options_.port;
   daemon.tls = &server->options_.tls;
-  daemon.thread_per_connection = true;
+  daemon.pool_threads = server->options_.threads;
   daemon.max_connections = server->options_.max_connections;
   daemon.max_connections_per_client =
       server->options_.max_connections_per_client;
   daemon.idle_timeout_seconds = 60;
+  HttpConnectionWatch::Options watch;
+  watch.header_timeout = server->options_.header_timeout;
+  watch.body_timeout = server->options_.body_timeout;
+  server->watch_ = std::make_unique<HttpConnectionWatch>(watch);
+  daemon.watch = server->watch_.get();
   MOH_ASSIGN_OR_RETURN(server->daemon_,
                        StartHttpDaemon(daemon, &Handler::Access, server.get(),
-                                       &Handler::Completed, nullptr));
+                                       &Handler::Completed, server.get()));
   return server;
 }
 
 OpenAiHttpServer::~OpenAiHttpServer() {
-  stopping_ = true;  // waiting requests cancel and return
+  // Suspended requests resume, see that the server stops, cancel and
+  // close; MHD_stop_daemon then finds none suspended.
+  if (watch_ != nullptr) watch_->Stop();
   if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
+  // Workers still preparing requests use this server: wait for them.
+  absl::MutexLock lock(&preparing_mu_);
+  preparing_mu_.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &preparing_));
 }
 
 MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
@@ -572,69 +726,117 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
                                                MHD_Connection* connection,
                                                Endpoint endpoint,
                                                Incoming& incoming) {
-  Running run;
+  auto call = std::make_shared<Call>();
+  call->endpoint = endpoint;
+  Running& run = call->run;
   run.endpoint = endpoint;
   run.rpc = endpoint == Endpoint::kCompletions ? Rpc::kCompletions
                                                : Rpc::kChatCompletions;
   run.start = incoming.start;
   run.request_id = incoming.request_id;
-  // Errors before the request reaches a model.
-  auto fail = [&](const absl::Status& status, unsigned int http = 0) {
-    if (run.servable != nullptr) {
-      run.Record(status.code());
-    } else {
-      RecordRequest(nullptr, server->models_->metrics(), run.rpc, run.model,
-                    status.code(), run.start, run.request_id);
-    }
-    return RespondError(connection, incoming.request_id, status, http);
-  };
   if (!server->accepting_) {
-    return fail(
-        absl::UnavailableError("the server is draining; retry on "
-                               "another replica"));
+    RecordUnrun(server, run, absl::StatusCode::kUnavailable);
+    return RespondError(connection, incoming.request_id,
+                        absl::UnavailableError("the server is draining; retry "
+                                               "on another replica"));
   }
+  call->waker = server->watch_->NewWaker(connection);
+  call->body = std::move(incoming.body);
   // Preparing the request (parsing, finding the model, the chat template,
   // tokenizing and admission) runs on a request worker, as gRPC's calls do:
   // the same threads and the same bound on waiting requests (a full queue is
-  // RESOURCE_EXHAUSTED, 429). This thread waits for it, then answers.
-  std::optional<openai::GenerationRequest> request;
-  absl::StatusOr<uint64_t> id = absl::UnknownError("not prepared");
-  absl::Notification prepared;
-  const absl::Status queued = server->workers_->Run([&] {
+  // RESOURCE_EXHAUSTED, 429). The connection is suspended meanwhile.
+  {
+    absl::MutexLock lock(&server->preparing_mu_);
+    ++server->preparing_;
+  }
+  const absl::Status queued = server->workers_->Run([server, call] {
+    absl::StatusOr<uint64_t> id;
     // The worker's own last resort: an exception is this request's error.
     try {
-      id = Prepare(server, endpoint, incoming.body, run, request);
+      id = Prepare(server, *call);
     } catch (const std::exception& e) {
-      id = UnexpectedException(absl::StrCat("http ", RpcName(run.rpc)),
-                               run.request_id, e.what());
+      id = UnexpectedException(absl::StrCat("http ", RpcName(call->run.rpc)),
+                               call->run.request_id, e.what());
     }
-    prepared.Notify();
+    bool abandoned;
+    {
+      absl::MutexLock lock(&call->mu);
+      call->id = std::move(id);
+      call->prepared = true;
+      abandoned = call->abandoned;
+    }
+    // Given up while it was prepared (and counted then): what was submitted
+    // stops.
+    if (abandoned && call->id.ok()) {
+      call->run.servable->CancelGenerate(*call->id);
+    }
+    call->waker->Wake();
+    absl::MutexLock lock(&server->preparing_mu_);
+    --server->preparing_;
   });
-  if (!queued.ok()) return fail(queued);
-  prepared.WaitForNotification();
-  incoming.Release();  // parsed: the body's memory goes back
-  if (!id.ok()) return fail(id.status());
-  run.id = *id;
-  const int32_t n = request->call.n;
-  run.response_id = openai::NewId(endpoint);
-  run.created = absl::ToUnixSeconds(absl::Now());
-  run.include_usage = request->include_usage;
-  if (request->stream) {
-    return StartStream(server, connection, std::move(run), n);
+  if (!queued.ok()) {
+    {
+      absl::MutexLock lock(&server->preparing_mu_);
+      --server->preparing_;
+    }
+    RecordUnrun(server, run, queued.code());
+    return RespondError(connection, incoming.request_id, queued);
   }
+  incoming.call = std::move(call);
+  return Continue(server, connection, incoming);
+}
 
-  // Not streamed: every choice whole, once all are done.
-  std::vector<openai::ChoiceOutput> choices(n);
+MHD_Result OpenAiHttpServer::Handler::Continue(OpenAiHttpServer* server,
+                                               MHD_Connection* connection,
+                                               Incoming& incoming) {
+  Call& call = *incoming.call;
+  Running& run = call.run;
   for (;;) {
-    Sink::Update update = run.sink->Take(kPoll);
+    if (call.waker->Departed()) {
+      Abandon(server, call, absl::StatusCode::kCancelled);
+      incoming.answered = true;
+      return MHD_NO;  // closes the connection
+    }
+    if (!call.started) {
+      if (!call.Prepared()) {
+        if (call.waker->Suspend()) return MHD_YES;
+        continue;
+      }
+      call.started = true;
+      incoming.Release();  // parsed: the body's memory goes back
+      if (!call.id.ok()) {
+        RecordUnrun(server, run, call.id.status().code());
+        incoming.answered = true;
+        return RespondError(connection, incoming.request_id, call.id.status());
+      }
+      run.id = *call.id;
+      run.response_id = openai::NewId(call.endpoint);
+      run.created = absl::ToUnixSeconds(absl::Now());
+      run.include_usage = call.request->include_usage;
+      const int32_t n = call.request->call.n;
+      if (call.request->stream) {
+        incoming.answered = true;
+        return StartStream(connection, call, n);
+      }
+      call.choices.resize(n);
+    }
+    // Not streamed: every choice whole, once all are done.
+    Sink::Update update = run.sink->Take();
     for (const openai::ChoiceOutput& out : update.outputs) {
-      choices[out.index].Append(out.text, out.logprobs, out.prompt_logprobs);
+      call.choices[out.index].Append(out.text, out.logprobs,
+                                     out.prompt_logprobs);
     }
     run.summaries.insert(run.summaries.end(), update.finished.begin(),
                          update.finished.end());
     if (update.done) {
-      if (!update.error.ok()) return fail(update.error);
+      incoming.answered = true;
+      if (!update.error.ok()) {
+        run.Record(update.error.code());
+        return RespondError(connection, incoming.request_id, update.error);
+      }
       run.RecordEnd(update);
+      std::vector<openai::ChoiceOutput>& choices = call.choices;
       for (size_t i = 0; i < choices.size(); ++i) {
         choices[i].index = static_cast<int32_t>(i);
       }
@@ -649,25 +851,20 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
                                 run.asked};
       return HttpRespond(
           connection, 200,
-          openai::ResponseJson(endpoint, finished, run.TokenText()), kJson,
+          openai::ResponseJson(call.endpoint, finished, run.TokenText()), kJson,
           run.request_id.c_str());
     }
-    if (Abandoned(server->stopping_, connection)) {
-      run.Cancel();
-      return MHD_NO;  // closes the connection
-    }
+    if (call.waker->Suspend()) return MHD_YES;
   }
 }
 
-MHD_Result OpenAiHttpServer::Handler::StartStream(OpenAiHttpServer* server,
-                                                  MHD_Connection* connection,
-                                                  Running run, int32_t n) {
+MHD_Result OpenAiHttpServer::Handler::StartStream(MHD_Connection* connection,
+                                                  Call& call, int32_t n) {
   auto* stream = new Stream;
-  stream->run = std::move(run);
+  stream->run = std::move(call.run);
+  stream->waker = call.waker;
   stream->started.assign(n, false);
   stream->offsets.assign(n, 0);
-  stream->connection = connection;
-  stream->stopping = &server->stopping_;
   MHD_Response* response = MHD_create_response_from_callback(
       MHD_SIZE_UNKNOWN, 16 << 10, &Stream::Read, stream, &Stream::Free);
   if (response == nullptr) {

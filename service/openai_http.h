@@ -2,15 +2,20 @@
 // (ServerConfig.http_port): GET /v1/models, POST /v1/completions,
 // POST /v1/chat/completions (streamed as server-sent events, or not) and
 // GET /health. The JSON is openai_api.h's; this file is the transport, on
-// GNU libmicrohttpd with a thread per connection.
+// GNU libmicrohttpd, event-driven: `threads` polling threads serve every
+// connection and never wait. A request that waits (for a request worker, for
+// its model's output) suspends its connection and is resumed when there is
+// something to do (http_connections.h), so a connection costs a socket and a
+// little memory, not a thread, and a slow client cannot take a thread.
 //
 // Requests go to the same servables as gRPC's, so they share batching,
 // limits, adaptive activation, metrics (rpc="Completions" and
 // "ChatCompletions") and the drain; they are prepared (parsed, templated,
-// tokenized, admitted) on gRPC's request workers, under the same queue bound. A client that disconnects cancels its
-// generation: its connection is watched while the request waits and runs.
-// Authentication: with auth tokens configured, /v1/* needs
-// "Authorization: Bearer <token>"; /health stays open (probes).
+// tokenized, admitted) on gRPC's request workers, under the same queue
+// bound. A client that disconnects cancels its generation: suspended
+// connections are watched for it. Headers and bodies have deadlines that
+// bytes do not reset. Authentication: with auth tokens configured, /v1/*
+// needs "Authorization: Bearer <token>"; /health stays open (probes).
 #pragma once
 
 #include <microhttpd.h>
@@ -21,7 +26,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "service/auth.h"
+#include "service/http_connections.h"
 #include "service/model_manager.h"
 #include "service/request_workers.h"
 #include "service/tls_pem.h"
@@ -36,6 +44,12 @@ class OpenAiHttpServer {
     std::optional<TlsPem> tls;  // HTTPS, as the gRPC port
     int max_connections = 256;
     int max_connections_per_client = 64;
+    int threads = 2;  // libmicrohttpd's polling threads
+    // A request's headers must be whole this long after its connection
+    // opens (or the previous request on it ends), and its body this long
+    // after its headers; bytes do not reset them.
+    absl::Duration header_timeout = absl::Seconds(30);
+    absl::Duration body_timeout = absl::Seconds(60);
     size_t max_body_bytes = size_t{64} << 20;
     // Bodies being received at once (http_body_memory_mb).
     size_t body_memory_bytes = size_t{1} << 30;
@@ -71,8 +85,11 @@ class OpenAiHttpServer {
   RequestWorkers* const workers_;
   const TokenAuth* const auth_;
   std::atomic<bool> accepting_{true};
-  std::atomic<bool> stopping_{false};  // the destructor runs
   std::atomic<size_t> body_bytes_{0};  // reserved by requests being received
+  // Requests on request workers (the destructor waits for them).
+  absl::Mutex preparing_mu_;
+  int preparing_ ABSL_GUARDED_BY(preparing_mu_) = 0;
+  std::unique_ptr<HttpConnectionWatch> watch_;
   MHD_Daemon* daemon_ = nullptr;
 };
 

@@ -189,6 +189,14 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
       config->http_max_connections()) {
     config->set_http_max_connections_per_client(config->http_max_connections());
   }
+  MOH_DEFAULT(config, http_header_timeout_seconds,
+              std::string("http_header_timeout_seconds"),
+              config_limits::kHttpHeaderTimeoutSeconds);
+  MOH_DEFAULT(config, http_body_timeout_seconds,
+              std::string("http_body_timeout_seconds"),
+              config_limits::kHttpBodyTimeoutSeconds);
+  MOH_DEFAULT(config, http_threads, std::string("http_threads"),
+              config_limits::kHttpThreads);
   if (config->host().empty()) config->set_host(config_limits::kDefaultHost);
   if (config->metrics_host().empty()) config->set_metrics_host(config->host());
   MOH_DEFAULT(config, drain_timeout_seconds,

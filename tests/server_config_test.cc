@@ -43,6 +43,9 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(config->image_decode_memory_mb(), 512);
   EXPECT_EQ(config->http_body_memory_mb(), 1024);
   EXPECT_EQ(config->http_max_connections_per_client(), 64);
+  EXPECT_EQ(config->http_header_timeout_seconds(), 30);
+  EXPECT_EQ(config->http_body_timeout_seconds(), 60);
+  EXPECT_EQ(config->http_threads(), 2);
   const v1::ModelConfig& lm = config->models(0);
   EXPECT_EQ(lm.name(), "lm");  // the directory's base name
   EXPECT_EQ(lm.device(), "auto");
@@ -100,6 +103,12 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "image_decode_memory_mb must be in [1, 1048576]"},
       {"http_max_connections_per_client: 5000 models { model_dir: \"m\" }",
        "http_max_connections_per_client must be in [1, 4096]"},
+      {"http_header_timeout_seconds: 0.5 models { model_dir: \"m\" }",
+       "http_header_timeout_seconds must be in [1, 3600]"},
+      {"http_body_timeout_seconds: 7200 models { model_dir: \"m\" }",
+       "http_body_timeout_seconds must be in [1, 3600]"},
+      {"http_threads: 65 models { model_dir: \"m\" }",
+       "http_threads must be in [1, 64]"},
       {"http_body_memory_mb: -1 models { model_dir: \"m\" }",
        "http_body_memory_mb must be in [1, 1048576]"},
       {"max_message_mb: 64 http_body_memory_mb: 32 models { model_dir: \"m\" }",

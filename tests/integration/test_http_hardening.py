@@ -184,6 +184,14 @@ def test_unauthenticated_requests_are_refused_from_their_headers(
                             code="UNAUTHENTICATED") == before + 1
     assert lib.metric_value(samples, "moh_requests_total", model="",
                             rpc="ChatCompletions", code="OUT_OF_RANGE") >= 1
+    # A small body without a token is read and dropped, then refused: the
+    # client, which sends its whole body before reading, reads the 401 every
+    # time (answered from the headers, the closing connection would drop the
+    # body it was still sending and reset the answer in flight).
+    for _ in range(20):
+        status, body, _ = post(port, "/v1/completions",
+                               {"model": "demo-lm", "prompt": "x" * 300000})
+        assert status == 401, body
     # /health stays open; a client with the token is served.
     assert raw(port, "GET /health HTTP/1.1\r\nHost: x")[0] == 200
     status, body, _ = post(port, "/v1/completions",
@@ -230,9 +238,12 @@ def test_bodies_in_flight_share_one_budget(server_factory):
                  b"Content-Type: application/json\r\nContent-Length: 900000\r\n"
                  b"\r\n{\"prompt\": \"")
     time.sleep(0.5)
-    # Another 200 KB does not fit beside them: 503 from its headers.
+    # Another 200 KB does not fit beside them: 503, decided from its headers
+    # (its body is read and dropped, never held, so that the client, which
+    # sends it before reading, reads the answer).
     status, body, _ = raw(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                          "Content-Length: 200000", read_all=False)
+                          "Content-Length: 200000", body=b"x" * 200000,
+                          read_all=False)
     assert status == 503, body
     assert "http_body_memory_mb" in body["error"]["message"]
     assert lib.metric_value(server.samples(), "moh_requests_total", model="",
@@ -288,3 +299,96 @@ def test_one_client_cannot_take_every_connection(server_factory):
     finally:
         for s in flood:
             s.close()
+
+
+def server_threads(server):
+    with open("/proc/%d/status" % server.proc.pid) as status:
+        return int(next(line for line in status if line.startswith("Threads:"))
+                   .split()[1])
+
+
+def slow_clients(port, count, addresses):
+    """`count` connections from `addresses` loopback addresses (127.0.0.2,
+    ...), each with the first byte of a request sent."""
+    flood = []
+    for i in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.%d" % (2 + i % addresses), 0))
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"P")
+        flood.append(s)
+    return flood
+
+
+def test_slow_clients_from_many_addresses_hold_no_thread(server_factory):
+    # 150 connections from 30 addresses (under the per-client limit) send
+    # their headers a byte at a time. Connections are sockets polled by
+    # http_threads, not a thread each: the server's thread count does not
+    # grow with them, and /health answers within a second, a completion is
+    # served, while every slow client is still connected.
+    server = server_factory("http_slow_flood", [("demo-lm", DEMO_LM, "")],
+                            http=True, metrics=False)
+    port = server.http_port
+    assert raw(port, "GET /health HTTP/1.1\r\nHost: x")[0] == 200
+    threads = server_threads(server)
+    flood = slow_clients(port, 150, 30)
+    try:
+        for step in range(1, 4):
+            for s in flood:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\n"[step:step + 1])
+            status, body, _ = raw(port, "GET /health HTTP/1.1\r\nHost: x",
+                                  timeout=1)
+            assert status == 200, body
+        status, body, _ = post(port, "/v1/completions",
+                               {"prompt": "x", "max_tokens": 2})
+        assert status == 200, body
+        assert server_threads(server) <= threads + 2
+        # Still connected: none was closed to make room.
+        for s in flood:
+            s.sendall(b"O")
+    finally:
+        for s in flood:
+            s.close()
+
+
+def closed_while_dribbling(s, data, seconds):
+    """Sends `data` a byte every 0.1 s for at most `seconds`; whether the
+    server closed the connection meanwhile."""
+    end = time.monotonic() + seconds
+    for i in range(len(data)):
+        if time.monotonic() > end:
+            return False
+        try:
+            s.sendall(data[i:i + 1])
+        except OSError:
+            return True
+        time.sleep(0.1)
+    try:
+        return s.recv(1024) == b""
+    except OSError:
+        return True
+
+
+def test_header_and_body_deadlines_are_not_reset_by_bytes(server_factory):
+    # Deadlines of 1 s for the headers and 1 s for the body: a client that
+    # keeps sending a byte every 0.1 s (which resets the idle timeout, 60 s)
+    # is closed well before it could finish.
+    server = server_factory("http_deadlines", [("demo-lm", DEMO_LM, "")],
+                            http=True, metrics=False,
+                            extra="http_header_timeout_seconds: 1\n"
+                            "http_body_timeout_seconds: 1")
+    port = server.http_port
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 400
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        assert closed_while_dribbling(s, head, 30)
+    body = json.dumps({"prompt": "x" * 400, "max_tokens": 1}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        assert closed_while_dribbling(s, body, 30)
+    # A request sent at once is served, on a connection kept alive across two.
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for _ in range(2):
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
