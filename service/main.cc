@@ -202,8 +202,10 @@ int Run() {
   std::unique_ptr<MetricsHttpServer> metrics_http;
   if (config->metrics_port() > 0) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(config->metrics_host(), config->metrics_port(),
-                                 *tls, metrics.Collectables());
+        MetricsHttpServer::Start(
+            config->metrics_host(), config->metrics_port(), *tls,
+            metrics.Collectables(),
+            absl::Seconds(config->http_header_timeout_seconds()));
     if (!started.ok()) {
       MOH_LOG(Error) << started.status().message();
       return 1;

@@ -19,6 +19,7 @@ struct MetricsHttpServer::Handler {
                            const char* /*version*/, const char* /*upload_data*/,
                            size_t* upload_data_size, void** /*con_cls*/) {
     const auto* server = static_cast<const MetricsHttpServer*>(cls);
+    server->watch_->BodyReceived(connection);  // served now: no deadline
     constexpr char kText[] = "text/plain; charset=utf-8";
     if (server->tls_ && !server->tls_->client_ca.empty() &&
         !HttpClientVerified(connection)) {
@@ -39,21 +40,34 @@ struct MetricsHttpServer::Handler {
     return HttpRespond(connection, MHD_HTTP_OK, server->Render(),
                        "text/plain; version=0.0.4; charset=utf-8");
   }
+
+  // MHD_RequestCompletedCallback: the next scrape's header deadline starts.
+  static void Completed(void* cls, MHD_Connection* connection,
+                        void** /*con_cls*/,
+                        MHD_RequestTerminationCode /*code*/) {
+    static_cast<const MetricsHttpServer*>(cls)->watch_->RequestEnded(
+        connection);
+  }
 };
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& host, int port, const std::optional<TlsPem>& tls,
-    std::vector<std::weak_ptr<prometheus::Collectable>> collectables) {
+    std::vector<std::weak_ptr<prometheus::Collectable>> collectables,
+    absl::Duration header_timeout) {
   std::unique_ptr<MetricsHttpServer> server(
       new MetricsHttpServer(tls, std::move(collectables)));
+  HttpConnectionWatch::Options watch;
+  watch.header_timeout = header_timeout;
+  server->watch_ = std::make_unique<HttpConnectionWatch>(watch);
   HttpDaemonOptions options;
   options.what = "metrics";
   options.host = host;
   options.port = port;
   options.tls = &server->tls_;
+  options.watch = server->watch_.get();
   MOH_ASSIGN_OR_RETURN(server->daemon_,
                        StartHttpDaemon(options, &Handler::Access, server.get(),
-                                       nullptr, nullptr));
+                                       &Handler::Completed, server.get()));
   return server;
 }
 

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "service/http_connections.h"
 #include "service/tls_pem.h"
 
 struct MHD_Daemon;
@@ -26,10 +28,14 @@ class MetricsHttpServer {
   // Listens on `host`:`port` and serves what `collectables` hold (those
   // gone by then are skipped). HTTPS with `tls` when it is set, and then only
   // to clients whose certificate its client CA signed, when it has one.
-  // UNAVAILABLE "metrics: cannot listen on ..." when the address is taken.
+  // A request's headers must be whole `header_timeout` after its connection
+  // opens (or the previous scrape on it ends): a client sending a byte at a
+  // time cannot hold a connection. UNAVAILABLE "metrics: cannot listen on
+  // ..." when the address is taken.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& host, int port, const std::optional<TlsPem>& tls,
-      std::vector<std::weak_ptr<prometheus::Collectable>> collectables);
+      std::vector<std::weak_ptr<prometheus::Collectable>> collectables,
+      absl::Duration header_timeout = absl::Seconds(30));
   ~MetricsHttpServer();
 
   MetricsHttpServer(const MetricsHttpServer&) = delete;
@@ -47,6 +53,7 @@ class MetricsHttpServer {
   // The daemon reads the PEM text from here (it keeps the pointers).
   const std::optional<TlsPem> tls_;
   const std::vector<std::weak_ptr<prometheus::Collectable>> collectables_;
+  std::unique_ptr<HttpConnectionWatch> watch_;
   MHD_Daemon* daemon_ = nullptr;
 };
 

@@ -375,13 +375,18 @@ def test_header_and_body_deadlines_are_not_reset_by_bytes(server_factory):
     # keeps sending a byte every 0.1 s (which resets the idle timeout, 60 s)
     # is closed well before it could finish.
     server = server_factory("http_deadlines", [("demo-lm", DEMO_LM, "")],
-                            http=True, metrics=False,
+                            http=True,
                             extra="http_header_timeout_seconds: 1\n"
                             "http_body_timeout_seconds: 1")
     port = server.http_port
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 400
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         assert closed_while_dribbling(s, head, 30)
+    # The metrics port's headers have the same deadline.
+    with socket.create_connection(("127.0.0.1", server.metrics_port),
+                                  timeout=5) as s:
+        assert closed_while_dribbling(s, b"GET /metrics HTTP/1.1\r\nX-Pad: " +
+                                      b"a" * 400, 30)
     body = json.dumps({"prompt": "x" * 400, "max_tokens": 1}).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
