@@ -260,6 +260,24 @@ def test_bodies_in_flight_share_one_budget(server_factory):
     assert status != 503, body
 
 
+def served_beside(port, flood, health_timeout):
+    """While each connection of `flood` (a "P" sent) sends its request line a
+    byte at a time, /health answers within `health_timeout` seconds each
+    time and a completion is served."""
+    for step in range(1, 4):
+        for s in flood:
+            try:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\n"[step:step + 1])
+            except OSError:  # closed by a limit
+                pass
+        status, body, _ = raw(port, "GET /health HTTP/1.1\r\nHost: x",
+                              timeout=health_timeout)
+        assert status == 200, body
+    status, body, _ = post(port, "/v1/completions",
+                           {"prompt": "x", "max_tokens": 2})
+    assert status == 200, body
+
+
 def test_one_client_cannot_take_every_connection(server_factory):
     # A slow client (from 127.0.0.2) opens 4x the per-client limit of
     # connections and sends its headers a byte at a time: it holds 8 of the
@@ -284,18 +302,7 @@ def test_one_client_cannot_take_every_connection(server_factory):
                 s.close()
                 continue
             flood.append(s)
-        for step in range(3):
-            for s in flood:
-                try:
-                    s.sendall(b"OST /v1/completions HTTP/1.1\r\n"[step:step + 1])
-                except OSError:
-                    pass
-            status, body, _ = raw(port, "GET /health HTTP/1.1\r\nHost: x",
-                                  timeout=5)
-            assert status == 200, body
-        status, body, _ = post(port, "/v1/completions",
-                               {"prompt": "x", "max_tokens": 2})
-        assert status == 200, body
+        served_beside(port, flood, health_timeout=5)
     finally:
         for s in flood:
             s.close()
@@ -334,15 +341,7 @@ def test_slow_clients_from_many_addresses_hold_no_thread(server_factory):
     threads = server_threads(server)
     flood = slow_clients(port, 150, 30)
     try:
-        for step in range(1, 4):
-            for s in flood:
-                s.sendall(b"POST /v1/completions HTTP/1.1\r\n"[step:step + 1])
-            status, body, _ = raw(port, "GET /health HTTP/1.1\r\nHost: x",
-                                  timeout=1)
-            assert status == 200, body
-        status, body, _ = post(port, "/v1/completions",
-                               {"prompt": "x", "max_tokens": 2})
-        assert status == 200, body
+        served_beside(port, flood, health_timeout=1)
         assert server_threads(server) <= threads + 2
         # Still connected: none was closed to make room.
         for s in flood:
