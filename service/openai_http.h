@@ -31,6 +31,7 @@
 #include "service/auth.h"
 #include "service/http_connections.h"
 #include "service/model_manager.h"
+#include "service/openai_http_generation.h"
 #include "service/request_workers.h"
 #include "service/tls_pem.h"
 
@@ -87,9 +88,9 @@ class OpenAiHttpServer {
   std::atomic<bool> accepting_{true};
   std::atomic<size_t> body_bytes_{0};  // reserved by requests being received
   // Requests on request workers (the destructor waits for them).
-  absl::Mutex preparing_mu_;
-  int preparing_ ABSL_GUARDED_BY(preparing_mu_) = 0;
+  InFlight in_flight_;
   std::unique_ptr<HttpConnectionWatch> watch_;
+  HttpGeneration::Env env_;  // for the generation requests
   MHD_Daemon* daemon_ = nullptr;
 };
 
