@@ -20,8 +20,9 @@
 // at its admission, more than `adaptive_queue_depth` jobs are waiting.
 //
 // Threading: Submit/Cancel/StopAccepting/counters are thread-safe. Observer
-// callbacks run on the loop thread, must not block, and must not call back
-// into the scheduler except Cancel().
+// callbacks run on the scheduler's callback thread (callback_thread.h), in
+// order, after the step that produced their output (never on the loop
+// thread); they must not block, and may call Cancel().
 #pragma once
 
 #include <atomic>

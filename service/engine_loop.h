@@ -7,8 +7,8 @@
 // one owner thread, where a cancel is just another message.
 //
 // A model family plugs in a StepExecutor<Request>: language generation
-// (continuous_batch_scheduler.cc) today, and any model whose work is a
-// sequence of steps (a diffusion sampler) the same way.
+// (continuous_batch_scheduler.cc) and image generation, a diffusion sampler's
+// steps (image_scheduler.cc).
 //
 // Threading: Submit/Cancel/StopAccepting/counters are thread-safe. Executor
 // calls run on the loop thread; they must not block and must not call back

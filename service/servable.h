@@ -1,13 +1,14 @@
-// What a loaded model can do for the RPCs, after TensorFlow Serving's
+// What a loaded model can do for the front doors, after TensorFlow Serving's
 // servables: one implementation per model family (language_servable.h,
-// vision_servable.h), created by that family's loader; HostedModel
-// (hosted_model.h) keeps only the lifecycle around it. The RPC handlers
-// (inference_service.cc) convert the wire format into the calls below and
-// back; every check of a field against the model happens in the servable or
-// below, with messages that name the API field.
+// vision_servable.h, diffusion_servable.h), created by that family's loader;
+// HostedModel (hosted_model.h) keeps only the lifecycle around it. The gRPC
+// handlers (inference_service.cc) and the OpenAI-compatible HTTP API
+// (openai_http_generation.cc) convert their wire format into the calls below
+// and back; every check of a field against the model happens in the servable
+// or below, with messages that name the API field.
 //
-// Adding a family (image generation is next): a Servable subclass, its loader
-// in LoadServable (hosted_model.cc), and a Task for its RPC.
+// Adding a family: a Servable subclass, its loader in LoadServable
+// (hosted_model.cc), and a Task for its RPC.
 // Thread-safe.
 #pragma once
 

@@ -1,6 +1,12 @@
-// Single-precision matrix products on the CPU through the BLAS LibTorch links
-// (OpenBLAS), called directly: the pair kernels' many small products would pay
-// an ATen op's dispatch and allocation each.
+// The CPU's hand-written products, and the BLAS LibTorch links (OpenBLAS)
+// called directly (Gemm): the pair kernels' many small products would pay an
+// ATen op's dispatch and allocation each. Two kinds live here: linear layers
+// (RowLinear for one row, SkinnyLinear, StreamedLinear and BlockedLinear for
+// more, IndexedLinear for rows picked out of larger matrices) and attention's
+// products over a KV cache in float32 or bfloat16 (ScoresProduct,
+// ValuesProduct and their typed variants). The AVX-512 kernels return false,
+// doing nothing, on a CPU without AVX-512F: the caller then takes its
+// portable path.
 #pragma once
 
 #include <cstdint>
