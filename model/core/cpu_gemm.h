@@ -4,9 +4,9 @@
 // (RowLinear for one row, SkinnyLinear, StreamedLinear and BlockedLinear for
 // more, IndexedLinear for rows picked out of larger matrices) and attention's
 // products over a KV cache in float32 or bfloat16 (ScoresProduct,
-// ValuesProduct and their typed variants). The AVX-512 kernels return false,
-// doing nothing, on a CPU without AVX-512F: the caller then takes its
-// portable path.
+// ValuesProduct and their typed variants). Each kernel says the instruction
+// set it needs (AVX-512F, or AVX2 + FMA) and returns false, doing nothing, on
+// a CPU without it: the caller then takes its portable path.
 #pragma once
 
 #include <cstdint>
