@@ -19,8 +19,6 @@
 namespace moh {
 namespace {
 
-constexpr int32_t kMaxSteps = 1000;
-
 // One GenerateImage request: inside the loop (owned by the loop thread),
 // then, once sampled, on its way to the client (decoded, encoded,
 // delivered; on the decode thread with a VAE).
@@ -200,7 +198,7 @@ class ImageExecutor : public StepExecutor<ImageRequestState> {
         SampleImage(sample, vae_, model_.config().latent_scale));
     result->class_id = image.job.class_id;
     result->seed = image.job.seed;
-    result->guidance = image.job.guidance;
+    result->guidance = sample.request().guidance;
     MOH_ASSIGN_OR_RETURN(result->png, EncodePng(pixels));
     result->height = pixels.size(1);
     result->width = pixels.size(2);
@@ -242,19 +240,22 @@ class ImageScheduler::Impl {
       return absl::InvalidArgumentError("observer must not be null");
     }
     const DitConfig& c = model_.config();
+    // The model's ranges (diffusion.h, dit_sampler.h), with what an unset
+    // field means.
     const int32_t steps = job.steps == 0 ? c.default_steps : job.steps;
-    if (steps < 2 || steps > kMaxSteps) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "steps must be in [2, ", kMaxSteps, "] (0: the model's default, ",
-          c.default_steps, "), got ", job.steps));
+    if (steps < kMinSamplingSteps || steps > kTrainingSteps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("steps must be in [", kMinSamplingSteps, ", ",
+                       kTrainingSteps, "] (0: the model's default, ",
+                       c.default_steps, "), got ", job.steps));
     }
-    const float guidance = job.guidance == 0.0f
-                               ? static_cast<float>(c.default_guidance)
-                               : job.guidance;
-    if (!(guidance >= 1.0f && guidance <= 100.0f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "guidance_scale must be in [1, 100] (absent: the model's default, ",
-          c.default_guidance, "), got ", job.guidance));
+    const float guidance =
+        job.guidance.value_or(static_cast<float>(c.default_guidance));
+    if (!(guidance >= kMinGuidance && guidance <= kMaxGuidance)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("guidance_scale must be in [", kMinGuidance, ", ",
+                       kMaxGuidance, "] (absent: the model's default, ",
+                       c.default_guidance, "), got ", guidance));
     }
     if (job.class_id < 0 || job.class_id >= c.num_classes) {
       return absl::InvalidArgumentError(
@@ -301,7 +302,7 @@ class ImageScheduler::Impl {
     loop.step_kind = BatchKind::kImageStep;
     loop.planner.max_running = options.max_running;
     loop.planner.max_step_rows = options.max_running;  // model rows
-    loop.planner.max_seq_len = kMaxSteps;              // outputs are steps
+    loop.planner.max_seq_len = kTrainingSteps;         // outputs are steps
     loop.planner.max_queued_requests = options.max_queued_requests;
     loop.planner.prefill_token_budget = 1;  // no prompts
     loop.planner.adaptive_queue_depth = options.adaptive_queue_depth;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,8 @@ struct ImageJob {
   int64_t class_id = 0;
   uint64_t seed = 0;
   int32_t steps = 0;       // 0: the model's default_steps
-  float guidance = 0.0f;   // 0: the model's default_guidance; else >= 1
+  // Unset: the model's default_guidance.
+  std::optional<float> guidance;
   float ratio = 0.0f;      // 0: the model's default
   float min_ratio = 0.0f;  // adaptive floor; 0 = never lowered
   absl::Time deadline = absl::InfiniteFuture();

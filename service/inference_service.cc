@@ -482,14 +482,7 @@ struct GenerateImageTraits {
     }
     if (request.has_seed()) call.seed = request.seed();
     call.steps = request.steps();
-    if (request.has_guidance_scale()) {
-      call.guidance = request.guidance_scale();
-      if (call.guidance == 0.0f) {
-        return absl::InvalidArgumentError(
-            "guidance_scale must be in [1, 100] (absent: the model's "
-            "default), got 0");
-      }
-    }
+    if (request.has_guidance_scale()) call.guidance = request.guidance_scale();
     call.ratio = request.activation().ratio();
     call.min_ratio = request.activation().min_ratio();
     call.deadline = deadline;

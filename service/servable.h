@@ -67,7 +67,7 @@ struct GenerateImageCall {
   std::optional<std::string> class_label;
   std::optional<uint64_t> seed;  // unset: random
   int32_t steps = 0;             // 0: the model's default
-  float guidance = 0.0f;         // 0: the model's default
+  std::optional<float> guidance;  // unset: the model's default
   float ratio = 0.0f;
   float min_ratio = 0.0f;
   absl::Time deadline = absl::InfiniteFuture();

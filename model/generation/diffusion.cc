@@ -9,7 +9,6 @@
 namespace moh {
 namespace {
 
-constexpr int32_t kTrainingSteps = 1000;
 constexpr double kBetaStart = 0.0001, kBetaEnd = 0.02;
 
 // np.linspace(start, end, n): i * step + start, the last exactly `end`.
@@ -52,9 +51,10 @@ absl::StatusOr<std::vector<int64_t>> SpaceTimesteps(int32_t num_timesteps,
 }
 
 absl::StatusOr<Diffusion> Diffusion::Respaced(int32_t steps) {
-  if (steps < 2 || steps > kTrainingSteps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "steps must be in [2, ", kTrainingSteps, "], got ", steps));
+  if (steps < kMinSamplingSteps || steps > kTrainingSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("steps must be in [", kMinSamplingSteps, ", ",
+                     kTrainingSteps, "], got ", steps));
   }
   MOH_ASSIGN_OR_RETURN(std::vector<int64_t> kept,
                        SpaceTimesteps(kTrainingSteps, steps));

@@ -18,10 +18,15 @@
 
 namespace moh {
 
+// The steps a sampler may take: the training schedule's 1000, respaced to as
+// few as 2 (one step cannot be sampled: the official posterior log-variance
+// table is empty then).
+inline constexpr int32_t kMinSamplingSteps = 2;
+inline constexpr int32_t kTrainingSteps = 1000;
+
 class Diffusion {
  public:
-  // Respaced to `steps` in [2, 1000] (one step cannot be sampled: the
-  // official posterior log-variance table is empty then).
+  // Respaced to `steps` in [kMinSamplingSteps, kTrainingSteps].
   static absl::StatusOr<Diffusion> Respaced(int32_t steps);
 
   int32_t steps() const { return static_cast<int32_t>(timesteps_.size()); }

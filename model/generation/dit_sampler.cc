@@ -25,9 +25,10 @@ absl::StatusOr<std::unique_ptr<ImageSample>> ImageSample::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "class must be in [0, ", c.num_classes, "), got ", request.class_id));
   }
-  if (!(request.guidance >= 1.0f && request.guidance <= 100.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "guidance_scale must be in [1, 100], got ", request.guidance));
+  if (!(request.guidance >= kMinGuidance && request.guidance <= kMaxGuidance)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("guidance_scale must be in [", kMinGuidance, ", ",
+                     kMaxGuidance, "], got ", request.guidance));
   }
   MOH_RETURN_IF_ERROR(ValidateTopK(c.moh, {request.top_k}, 1, "top_k"));
   std::unique_ptr<ImageSample> sample(new ImageSample(diffusion, request));

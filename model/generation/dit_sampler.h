@@ -31,10 +31,14 @@
 
 namespace moh {
 
+// Classifier-free guidance scales a request may ask for (1: none).
+inline constexpr float kMinGuidance = 1.0f;
+inline constexpr float kMaxGuidance = 100.0f;
+
 struct ImageRequest {
   int64_t class_id = 0;  // in [0, num_classes)
   uint64_t seed = 0;
-  float guidance = 1.0f;  // >= 1
+  float guidance = 1.0f;  // in [kMinGuidance, kMaxGuidance]
   LayerTopK top_k;        // routed K per block (Activation::top_k)
 };
 

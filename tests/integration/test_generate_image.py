@@ -136,6 +136,9 @@ def test_a_class_by_label_and_a_random_seed_reproduce(api, stub, models):
 @pytest.mark.parametrize("fields, message", [
     (dict(class_index=3, steps=1), "steps must be in [2, 1000]"),
     (dict(class_index=3, guidance_scale=0.5), "guidance_scale must be in [1, 100]"),
+    # Set to 0 is not unset: the same check names what it got.
+    (dict(class_index=3, guidance_scale=0), "guidance_scale must be in [1, 100] "
+     "(absent: the model's default, 2), got 0"),
     (dict(class_index=10), "class_index must be in [0, 10)"),
     (dict(class_label="cat"), "class_label must be one of the model's 10 labels"),
     (dict(), "class_index or class_label: exactly one must be set"),
