@@ -24,6 +24,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "model/core/device_context.h"
 #include "model/core/runtime.h"
 #include "service/auth.h"
@@ -161,6 +162,138 @@ absl::StatusOr<v1::ServerConfig> BuildConfig() {
   return config;
 }
 
+// The Prometheus exporter on metrics_port (null when it is off).
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartMetricsHttp(
+    const v1::ServerConfig& config, const std::optional<TlsPem>& tls,
+    Metrics& metrics) {
+  if (config.metrics_port() <= 0) return nullptr;
+  MOH_ASSIGN_OR_RETURN(
+      std::unique_ptr<MetricsHttpServer> server,
+      MetricsHttpServer::Start(
+          config.metrics_host(), config.metrics_port(), tls,
+          metrics.Collectables(),
+          absl::Seconds(config.http_header_timeout_seconds())));
+  MOH_LOG(Info) << "metrics on " << (tls.has_value() ? "https://" : "http://")
+                << config.metrics_host() << ":" << config.metrics_port()
+                << "/metrics";
+  return server;
+}
+
+// The bearer tokens of auth_token_file (null without one).
+absl::StatusOr<std::unique_ptr<TokenAuth>> LoadAuth(
+    const v1::ServerConfig& config) {
+  if (config.auth_token_file().empty()) return nullptr;
+  return TokenAuth::FromFile(config.auth_token_file());
+}
+
+// The gRPC server on host:port with `service`, its limits and interceptors.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(
+    const v1::ServerConfig& config, const std::optional<TlsPem>& tls,
+    InferenceService& service, Metrics& metrics) {
+  grpc::EnableDefaultHealthCheckService(true);
+  if (!config.has_reflection() || config.reflection()) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  }
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(config.host(), ":", config.port());
+  int bound_port = 0;
+  builder.AddListeningPort(address, ServerCredentials(tls), &bound_port);
+  builder.RegisterService(&service);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(std::make_unique<UnparsableRequestCounter>(&metrics));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  builder.SetMaxReceiveMessageSize(config.max_message_mb() << 20);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             config.max_concurrent_streams());
+  grpc::ResourceQuota quota("moh-server");
+  quota.Resize(static_cast<size_t>(config.grpc_memory_mb()) << 20);
+  builder.SetResourceQuota(quota);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  return server;
+}
+
+// The OpenAI-compatible API on http_port (null when it is off).
+absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> StartOpenAiHttp(
+    const v1::ServerConfig& config, const std::optional<TlsPem>& tls,
+    ModelManager& models, RequestWorkers* workers, const TokenAuth* auth) {
+  if (config.http_port() == config_limits::kHttpPortOff) return nullptr;
+  OpenAiHttpServer::Options options;
+  options.host = config.host();
+  options.port = config.http_port();
+  options.tls = tls;
+  options.max_connections = config.http_max_connections();
+  options.max_connections_per_client = config.http_max_connections_per_client();
+  options.threads = config.http_threads();
+  options.header_timeout = absl::Seconds(config.http_header_timeout_seconds());
+  options.body_timeout = absl::Seconds(config.http_body_timeout_seconds());
+  options.max_body_bytes = static_cast<size_t>(config.max_message_mb()) << 20;
+  options.body_memory_bytes = static_cast<size_t>(config.http_body_memory_mb())
+                              << 20;
+  MOH_ASSIGN_OR_RETURN(
+      std::unique_ptr<OpenAiHttpServer> server,
+      OpenAiHttpServer::Start(options, &models, workers, auth));
+  MOH_LOG(Info) << "OpenAI-compatible API on "
+                << (tls.has_value() ? "https://" : "http://") << config.host()
+                << ":" << config.http_port() << "/v1";
+  return server;
+}
+
+// Kubernetes' gRPC probes cannot speak TLS: health_port serves the same
+// health status, alone and in plaintext, on a port of its own (null when it
+// is off).
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthPort(
+    const v1::ServerConfig& config) {
+  if (config.health_port() == 0) return nullptr;
+  grpc::ServerBuilder builder;
+  const std::string address =
+      absl::StrCat(config.host(), ":", config.health_port());
+  int bound = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  MOH_LOG(Info) << "health checks (plaintext) on " << address;
+  return server;
+}
+
+// After SIGTERM: stops admitting, lets what runs finish within
+// drain_timeout_seconds, then answers UNAVAILABLE until clients go quiet.
+void Drain(const v1::ServerConfig& config, ModelManager& models,
+           OpenAiHttpServer* http, const InferenceService& service) {
+  models.StopLoading();
+  models.StopAccepting();
+  if (http != nullptr) http->StopAccepting();
+  const absl::Time give_up =
+      absl::Now() + absl::Seconds(config.drain_timeout_seconds());
+  while (!models.Idle() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (!models.Idle()) {
+    MOH_LOG(Warning) << "drain timeout: cancelling what is still running";
+  }
+  // Lame duck: gRPC cancels calls that reach it while it shuts down
+  // (CANCELLED, not retryable; grpc/grpc#41785), so the server keeps
+  // answering UNAVAILABLE until its clients have gone quiet (load balancers
+  // have moved them) for kQuietPeriod, within the drain timeout.
+  constexpr absl::Duration kQuietPeriod = absl::Milliseconds(250);
+  while (absl::Now() < give_up &&
+         absl::Now() - service.last_call() < kQuietPeriod) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// Logs why the server cannot start; its exit status.
+int Fail(const absl::Status& status) {
+  MOH_LOG(Error) << status.message();
+  return 1;
+}
+
 int Run() {
   // SIGTERM/SIGINT are taken by one thread (sigwait) for the drain; block
   // them before any other thread starts so none of those receives them.
@@ -195,38 +328,11 @@ int Run() {
     });
   }
   absl::StatusOr<std::optional<TlsPem>> tls = ReadTlsPem(config->tls());
-  if (!tls.ok()) {
-    MOH_LOG(Error) << tls.status().message();
-    return 1;
-  }
-  std::unique_ptr<MetricsHttpServer> metrics_http;
-  if (config->metrics_port() > 0) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(
-            config->metrics_host(), config->metrics_port(), *tls,
-            metrics.Collectables(),
-            absl::Seconds(config->http_header_timeout_seconds()));
-    if (!started.ok()) {
-      MOH_LOG(Error) << started.status().message();
-      return 1;
-    }
-    metrics_http = std::move(*started);
-    MOH_LOG(Info) << "metrics on "
-                  << (tls->has_value() ? "https://" : "http://")
-                  << config->metrics_host() << ":" << config->metrics_port()
-                  << "/metrics";
-  }
-
-  std::unique_ptr<TokenAuth> auth;
-  if (!config->auth_token_file().empty()) {
-    absl::StatusOr<std::unique_ptr<TokenAuth>> loaded =
-        TokenAuth::FromFile(config->auth_token_file());
-    if (!loaded.ok()) {
-      MOH_LOG(Error) << loaded.status().message();
-      return 1;
-    }
-    auth = std::move(*loaded);
-  }
+  if (!tls.ok()) return Fail(tls.status());
+  auto metrics_http = StartMetricsHttp(*config, *tls, metrics);
+  if (!metrics_http.ok()) return Fail(metrics_http.status());
+  absl::StatusOr<std::unique_ptr<TokenAuth>> auth = LoadAuth(*config);
+  if (!auth.ok()) return Fail(auth.status());
 
   ModelManager models(*config, &metrics);
   RequestWorkers::Options worker_options;
@@ -234,86 +340,23 @@ int Run() {
   worker_options.max_queued = config->request_queue();
   absl::StatusOr<std::unique_ptr<RequestWorkers>> workers =
       RequestWorkers::Create(worker_options);
-  if (!workers.ok()) {
-    MOH_LOG(Error) << workers.status().message();
-    return 1;
-  }
-  InferenceService service(&models, auth.get(), workers->get());
-  grpc::EnableDefaultHealthCheckService(true);
-  if (!config->has_reflection() || config->reflection()) {
-    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  }
-  grpc::ServerBuilder builder;
-  const std::string address = absl::StrCat(config->host(), ":", config->port());
-  int bound_port = 0;
-  builder.AddListeningPort(address, ServerCredentials(*tls), &bound_port);
-  builder.RegisterService(&service);
-  std::vector<
-      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-      interceptors;
-  interceptors.push_back(std::make_unique<UnparsableRequestCounter>(&metrics));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  builder.SetMaxReceiveMessageSize(config->max_message_mb() << 20);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             config->max_concurrent_streams());
-  grpc::ResourceQuota quota("moh-server");
-  quota.Resize(static_cast<size_t>(config->grpc_memory_mb()) << 20);
-  builder.SetResourceQuota(quota);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    MOH_LOG(Error) << "cannot listen on " << address;
-    return 1;
-  }
-  std::unique_ptr<OpenAiHttpServer> http;
-  if (config->http_port() != config_limits::kHttpPortOff) {
-    OpenAiHttpServer::Options http_options;
-    http_options.host = config->host();
-    http_options.port = config->http_port();
-    http_options.tls = *tls;
-    http_options.max_connections = config->http_max_connections();
-    http_options.max_connections_per_client =
-        config->http_max_connections_per_client();
-    http_options.threads = config->http_threads();
-    http_options.header_timeout =
-        absl::Seconds(config->http_header_timeout_seconds());
-    http_options.body_timeout =
-        absl::Seconds(config->http_body_timeout_seconds());
-    http_options.max_body_bytes = static_cast<size_t>(config->max_message_mb())
-                                  << 20;
-    http_options.body_memory_bytes =
-        static_cast<size_t>(config->http_body_memory_mb()) << 20;
-    absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> started =
-        OpenAiHttpServer::Start(http_options, &models, workers->get(),
-                                auth.get());
-    if (!started.ok()) {
-      MOH_LOG(Error) << started.status().message();
-      return 1;
-    }
-    http = std::move(*started);
-    MOH_LOG(Info) << "OpenAI-compatible API on "
-                  << (tls->has_value() ? "https://" : "http://")
-                  << config->host() << ":" << config->http_port() << "/v1";
-  }
-  // Kubernetes' gRPC probes cannot speak TLS: health_port serves the same
-  // health status, alone and in plaintext, on a port of its own.
-  std::unique_ptr<grpc::Server> health_server;
-  if (config->health_port() != 0) {
-    grpc::ServerBuilder health_builder;
-    const std::string health_address =
-        absl::StrCat(config->host(), ":", config->health_port());
-    int health_bound = 0;
-    health_builder.AddListeningPort(
-        health_address, grpc::InsecureServerCredentials(), &health_bound);
-    health_server = health_builder.BuildAndStart();
-    if (health_server == nullptr || health_bound == 0) {
-      MOH_LOG(Error) << "cannot listen on " << health_address;
-      return 1;
-    }
-    MOH_LOG(Info) << "health checks (plaintext) on " << health_address;
-  }
+  if (!workers.ok()) return Fail(workers.status());
+  InferenceService service(&models, auth->get(), workers->get());
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      StartGrpc(*config, *tls, service, metrics);
+  if (!server.ok()) return Fail(server.status());
+  absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> http =
+      StartOpenAiHttp(*config, *tls, models, workers->get(), auth->get());
+  if (!http.ok()) return Fail(http.status());
+  absl::StatusOr<std::unique_ptr<grpc::Server>> health_server =
+      StartHealthPort(*config);
+  if (!health_server.ok()) return Fail(health_server.status());
+
   std::vector<grpc::HealthCheckServiceInterface*> health = {
-      server->GetHealthCheckService()};
-  if (health_server) health.push_back(health_server->GetHealthCheckService());
+      (*server)->GetHealthCheckService()};
+  if (*health_server) {
+    health.push_back((*health_server)->GetHealthCheckService());
+  }
   auto set_health = [&health](bool serving) {
     for (grpc::HealthCheckServiceInterface* h : health) {
       h->SetServingStatus(serving);
@@ -321,8 +364,9 @@ int Run() {
     }
   };
   set_health(false);
-  MOH_LOG(Info) << "moh-server listening on " << address << " ("
-                << config->models_size() << " model(s) loading)";
+  MOH_LOG(Info) << "moh-server listening on " << config->host() << ":"
+                << config->port() << " (" << config->models_size()
+                << " model(s) loading)";
 
   std::atomic<bool> draining{false};
   std::thread readiness([&] {
@@ -339,34 +383,14 @@ int Run() {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   draining = true;
-  const absl::Duration drain_timeout =
-      absl::Seconds(config->drain_timeout_seconds());
   MOH_LOG(Info) << "signal " << signal_number << ": draining (up to "
-                << drain_timeout << ")";
+                << absl::Seconds(config->drain_timeout_seconds()) << ")";
   set_health(false);
-  models.StopLoading();
-  models.StopAccepting();
-  if (http) http->StopAccepting();
-  const absl::Time give_up = absl::Now() + drain_timeout;
-  while (!models.Idle() && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  if (!models.Idle()) {
-    MOH_LOG(Warning) << "drain timeout: cancelling what is still running";
-  }
-  // Lame duck: gRPC cancels calls that reach it while it shuts down
-  // (CANCELLED, not retryable; grpc/grpc#41785), so the server keeps
-  // answering UNAVAILABLE until its clients have gone quiet (load balancers
-  // have moved them) for kQuietPeriod, within the drain timeout.
-  constexpr absl::Duration kQuietPeriod = absl::Milliseconds(250);
-  while (absl::Now() < give_up &&
-         absl::Now() - service.last_call() < kQuietPeriod) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  http.reset();  // cancels what still runs over HTTP
-  if (health_server) health_server->Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(500));
+  Drain(*config, models, http->get(), service);
+  http->reset();  // cancels what still runs over HTTP
+  if (*health_server) (*health_server)->Shutdown();
+  (*server)->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(500));
   readiness.join();
   MOH_LOG(Info) << "stopped";
   return 0;
