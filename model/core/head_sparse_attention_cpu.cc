@@ -316,6 +316,196 @@ bool DecodeOverRows(const HeadSparseAttentionInputs &in, const int64_t *blocks,
   return true;
 }
 
+// Work items: per row and KV head, the heads' runs of queries in that row,
+// cut into blocks of kQueryBlock; small runs (decode) share an item. Largest
+// first, so that the threads pulling them finish together.
+std::vector<WorkItem> BuildWorkItems(const std::vector<HeadRows> &rows_of,
+                                     const std::vector<int64_t> &token_row,
+                                     const std::vector<int64_t> &token_pos,
+                                     const std::vector<int64_t> &row_len,
+                                     int64_t kv_heads, int64_t group) {
+  const int64_t num_rows = static_cast<int64_t>(row_len.size());
+  std::vector<WorkItem> items;
+  for (int64_t b = 0; b < num_rows; ++b) {
+    for (int64_t kv = 0; kv < kv_heads; ++kv) {
+      WorkItem item{b, kv, 0, {}, 0};
+      for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+        const HeadRows &r = rows_of[h];
+        if (r.count == 0) continue;
+        const int64_t *begin = std::lower_bound(
+            r.tokens, r.tokens + r.count, b,
+            [&](int64_t t, int64_t row) { return token_row[t] < row; });
+        const int64_t *end = std::upper_bound(
+            begin, r.tokens + r.count, b,
+            [&](int64_t row, int64_t t) { return row < token_row[t]; });
+        for (int64_t i = begin - r.tokens; i < end - r.tokens;) {
+          const int64_t take =
+              std::min(kQueryBlock - item.queries, (end - r.tokens) - i);
+          item.segments.push_back({h, i, take});
+          item.queries += take;
+          const int64_t last = token_pos[r.tokens[i + take - 1]];
+          item.keys = std::max(item.keys, std::min(last + 1, row_len[b]));
+          i += take;
+          if (item.queries == kQueryBlock) {
+            items.push_back(std::move(item));
+            item = WorkItem{b, kv, 0, {}, 0};
+          }
+        }
+      }
+      if (item.queries > 0) items.push_back(std::move(item));
+    }
+  }
+  std::sort(items.begin(), items.end(),
+            [](const WorkItem &a, const WorkItem &b) {
+              return a.queries * a.keys > b.queries * b.keys;
+            });
+  return items;
+}
+
+// One work item's attention: its queries (packed from rows_of), the scores
+// against its row's cached keys (`blocks`, its block table row), the masked
+// softmax and the values, written back over its queries in place.
+void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
+                 const std::vector<HeadRows> &rows_of,
+                 const std::vector<int64_t> &token_pos,
+                 const std::vector<int64_t> &row_len, const int64_t *blocks,
+                 float scale) {
+  const int64_t d = in.key_cache.size(3);
+  thread_local std::vector<float> queries, scores, probs, outputs, wide_keys,
+      wide_values;
+  thread_local std::vector<int64_t> visible;
+  thread_local std::vector<CacheRun> key_runs, value_runs;
+  const int64_t m = item.queries, len = item.keys;
+  queries.resize(m * d);
+  outputs.resize(m * d);
+  scores.resize(m * len);
+  probs.resize(m * len);
+  visible.resize(m);
+  // This item's queries, packed [m, D].
+  int64_t at = 0;
+  for (const Segment &s : item.segments) {
+    const HeadRows &r = rows_of[s.head];
+    for (int64_t i = 0; i < s.count; ++i, ++at) {
+      std::memcpy(queries.data() + at * d, r.data + (s.first + i) * r.ld,
+                  d * sizeof(float));
+      visible[at] =
+          std::min(token_pos[r.tokens[s.first + i]] + 1, row_len[item.row]);
+    }
+  }
+  // The item's outputs, over its queries in place.
+  auto write_outputs = [&] {
+    int64_t query = 0;
+    for (const Segment &s : item.segments) {
+      const HeadRows &r = rows_of[s.head];
+      for (int64_t i = 0; i < s.count; ++i, ++query) {
+        std::memcpy(r.data + (s.first + i) * r.ld, outputs.data() + query * d,
+                    d * sizeof(float));
+      }
+    }
+  };
+  // A decode item: products over the cache's rows where they lie
+  // (bfloat16 rows widened as they are loaded).
+  const at::ScalarType cached = in.key_cache.scalar_type();
+  if (m <= kMaxGemvQueries && in.value_cache.scalar_type() == cached &&
+      (cached == at::kBFloat16
+           ? DecodeOverRows<uint16_t>(
+                 in, blocks, item.kv_head, len, queries.data(), m, scale,
+                 visible.data(), scores.data(), probs.data(), outputs.data())
+           : cached == at::kFloat &&
+                 DecodeOverRows<float>(in, blocks, item.kv_head, len,
+                                       queries.data(), m, scale, visible.data(),
+                                       scores.data(), probs.data(),
+                                       outputs.data()))) {
+    write_outputs();
+    return;
+  }
+  CacheRuns(in.key_cache, blocks, item.kv_head, len, wide_keys, key_runs);
+  CacheRuns(in.value_cache, blocks, item.kv_head, len, wide_values, value_runs);
+  // Column-major view: scores^T [len, m] = K [len, D] . queries^T, a
+  // run of keys at a time.
+  for (const CacheRun &k : key_runs) {
+    if (m <= kMaxGemvQueries ||
+        !ScoresProduct(queries.data(), m, d, scale, k.data, k.ld, k.count,
+                       scores.data() + k.first, len)) {
+      Gemm(/*transpose_a=*/true, k.count, m, d, scale, k.data, k.ld,
+           queries.data(), d, 0.0f, scores.data() + k.first, len);
+    }
+  }
+  MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
+  // outputs^T [D, m] = V^T [D, len] . probs^T [len, m], summed over
+  // the runs of values.
+  for (size_t i = 0; i < value_runs.size(); ++i) {
+    const CacheRun &v = value_runs[i];
+    if (m <= kMaxGemvQueries ||
+        !ValuesProduct(probs.data() + v.first, len, m, v.count, v.data, v.ld, d,
+                       outputs.data(), d, i > 0)) {
+      Gemm(/*transpose_a=*/false, d, m, v.count, 1.0f, v.data, v.ld,
+           probs.data() + v.first, len, i == 0 ? 0.0f : 1.0f, outputs.data(),
+           d);
+    }
+  }
+  write_outputs();
+}
+
+// Each head's attention output (over its queries, in place) times its
+// gate.
+void ApplyGates(const std::vector<HeadRows> &rows_of, const float *gate,
+                int64_t d) {
+  const int64_t heads = static_cast<int64_t>(rows_of.size());
+  for (int64_t h = 0; h < heads; ++h) {
+    const HeadRows &r = rows_of[h];
+    for (int64_t i = 0; i < r.count; ++i) {
+      const float g = gate[r.tokens[i] * heads + h];
+      float *row = r.data + i * r.ld;
+      for (int64_t j = 0; j < d; ++j) row[j] *= g;
+    }
+  }
+}
+
+// Routed heads' output projections added into `out`: each thread owns a
+// block of output columns, so their scatter-adds never overlap.
+void AddRoutedOutputs(const HeadSparseAttentionInputs &in,
+                      const at::Tensor &q_routed,
+                      const std::vector<int64_t> &routed,
+                      const std::vector<std::vector<int64_t>> &head_tokens,
+                      const std::vector<int64_t> &first_pair,
+                      const std::vector<int64_t> &pair_token,
+                      const at::Tensor &pair_index, at::Tensor &out) {
+  const int64_t d = in.key_cache.size(3);
+  const int64_t num_pairs = q_routed.size(0);
+  const int64_t out_cols = in.o_weight.size(0);
+  // Blocks of 64 columns (read by IndexedLinear without packing): one
+  // block of `out` for every token stays in L2 while every head adds to it.
+  const int64_t width = 64;
+  const int64_t blocks = (out_cols + width - 1) / width;
+  const bool in_place = RowsInPlace(out) && RowsInPlace(in.o_weight);
+  const float *queries = q_routed.data_ptr<float>();
+  const float *o_weight = in_place ? in.o_weight.data_ptr<float>() : nullptr;
+  const int64_t ldo = in.o_weight.stride(0);
+  float *outputs = in_place ? out.data_ptr<float>() : nullptr;
+  ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
+    const int64_t c0 = block * width;
+    const int64_t cols = std::min(width, out_cols - c0);
+    if (cols <= 0) return;
+    for (int64_t h : routed) {
+      const int64_t count = static_cast<int64_t>(head_tokens[h].size());
+      // Added straight into the tokens' rows of `out`, where possible.
+      if (in_place && IndexedLinear({queries + first_pair[h] * d, d}, count, d,
+                                    o_weight + c0 * ldo + h * d, ldo, cols,
+                                    {outputs + c0, out.stride(0),
+                                     pair_token.data() + first_pair[h],
+                                     /*accumulate=*/true})) {
+        continue;
+      }
+      out.narrow(1, c0, cols)
+          .index_add_(
+              0, pair_index.narrow(0, first_pair[h], count),
+              Linear(q_routed.narrow(0, first_pair[h], count),
+                     in.o_weight.narrow(0, c0, cols).narrow(1, h * d, d)));
+    }
+  });
+}
+
 }  // namespace
 
 at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
@@ -431,43 +621,8 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
                   static_cast<int64_t>(head_tokens[h].size())};
   }
 
-  // Work items: per row and KV head, the heads' runs of queries in that row,
-  // cut into blocks of kQueryBlock; small runs (decode) share an item.
-  const int64_t num_rows = static_cast<int64_t>(row_len.size());
-  std::vector<WorkItem> items;
-  for (int64_t b = 0; b < num_rows; ++b) {
-    for (int64_t kv = 0; kv < kv_heads; ++kv) {
-      WorkItem item{b, kv, 0, {}, 0};
-      for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-        const HeadRows &r = rows_of[h];
-        if (r.count == 0) continue;
-        const int64_t *begin = std::lower_bound(
-            r.tokens, r.tokens + r.count, b,
-            [&](int64_t t, int64_t row) { return token_row[t] < row; });
-        const int64_t *end = std::upper_bound(
-            begin, r.tokens + r.count, b,
-            [&](int64_t row, int64_t t) { return row < token_row[t]; });
-        for (int64_t i = begin - r.tokens; i < end - r.tokens;) {
-          const int64_t take =
-              std::min(kQueryBlock - item.queries, (end - r.tokens) - i);
-          item.segments.push_back({h, i, take});
-          item.queries += take;
-          const int64_t last = token_pos[r.tokens[i + take - 1]];
-          item.keys = std::max(item.keys, std::min(last + 1, row_len[b]));
-          i += take;
-          if (item.queries == kQueryBlock) {
-            items.push_back(std::move(item));
-            item = WorkItem{b, kv, 0, {}, 0};
-          }
-        }
-      }
-      if (item.queries > 0) items.push_back(std::move(item));
-    }
-  }
-  std::sort(items.begin(), items.end(),
-            [](const WorkItem &a, const WorkItem &b) {
-              return a.queries * a.keys > b.queries * b.keys;
-            });
+  const std::vector<WorkItem> items =
+      BuildWorkItems(rows_of, token_row, token_pos, row_len, kv_heads, group);
 
   // Attention, written over each head's queries in place.
   const float scale = static_cast<float>(in.scale);
@@ -475,98 +630,13 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   for (const WorkItem &item : items) {
     attention_work += 2 * item.queries * item.keys * d;
   }
-  ParallelPull(
-      static_cast<int64_t>(items.size()), attention_work, [&](int64_t index) {
-        thread_local std::vector<float> queries, scores, probs, outputs,
-            wide_keys, wide_values;
-        thread_local std::vector<int64_t> visible;
-        thread_local std::vector<CacheRun> key_runs, value_runs;
-        const WorkItem &item = items[index];
-        const int64_t m = item.queries, len = item.keys;
-        queries.resize(m * d);
-        outputs.resize(m * d);
-        scores.resize(m * len);
-        probs.resize(m * len);
-        visible.resize(m);
-        // This item's queries, packed [m, D].
-        int64_t at = 0;
-        for (const Segment &s : item.segments) {
-          const HeadRows &r = rows_of[s.head];
-          for (int64_t i = 0; i < s.count; ++i, ++at) {
-            std::memcpy(queries.data() + at * d, r.data + (s.first + i) * r.ld,
-                        d * sizeof(float));
-            visible[at] = std::min(token_pos[r.tokens[s.first + i]] + 1,
-                                   row_len[item.row]);
-          }
-        }
-        // The item's outputs, over its queries in place.
-        auto write_outputs = [&] {
-          int64_t query = 0;
-          for (const Segment &s : item.segments) {
-            const HeadRows &r = rows_of[s.head];
-            for (int64_t i = 0; i < s.count; ++i, ++query) {
-              std::memcpy(r.data + (s.first + i) * r.ld,
-                          outputs.data() + query * d, d * sizeof(float));
-            }
-          }
-        };
-        const int64_t *blocks = table + item.row * table_width;
-        // A decode item: products over the cache's rows where they lie
-        // (bfloat16 rows widened as they are loaded).
-        const at::ScalarType cached = in.key_cache.scalar_type();
-        if (m <= kMaxGemvQueries && in.value_cache.scalar_type() == cached &&
-            (cached == at::kBFloat16
-                 ? DecodeOverRows<uint16_t>(in, blocks, item.kv_head, len,
-                                            queries.data(), m, scale,
-                                            visible.data(), scores.data(),
-                                            probs.data(), outputs.data())
-                 : cached == at::kFloat &&
-                       DecodeOverRows<float>(in, blocks, item.kv_head, len,
-                                             queries.data(), m, scale,
-                                             visible.data(), scores.data(),
-                                             probs.data(), outputs.data()))) {
-          write_outputs();
-          return;
-        }
-        CacheRuns(in.key_cache, blocks, item.kv_head, len, wide_keys, key_runs);
-        CacheRuns(in.value_cache, blocks, item.kv_head, len, wide_values,
-                  value_runs);
-        // Column-major view: scores^T [len, m] = K [len, D] . queries^T, a
-        // run of keys at a time.
-        for (const CacheRun &k : key_runs) {
-          if (m <= kMaxGemvQueries ||
-              !ScoresProduct(queries.data(), m, d, scale, k.data, k.ld, k.count,
-                             scores.data() + k.first, len)) {
-            Gemm(/*transpose_a=*/true, k.count, m, d, scale, k.data, k.ld,
-                 queries.data(), d, 0.0f, scores.data() + k.first, len);
-          }
-        }
-        MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
-        // outputs^T [D, m] = V^T [D, len] . probs^T [len, m], summed over
-        // the runs of values.
-        for (size_t i = 0; i < value_runs.size(); ++i) {
-          const CacheRun &v = value_runs[i];
-          if (m <= kMaxGemvQueries ||
-              !ValuesProduct(probs.data() + v.first, len, m, v.count, v.data,
-                             v.ld, d, outputs.data(), d, i > 0)) {
-            Gemm(/*transpose_a=*/false, d, m, v.count, 1.0f, v.data, v.ld,
-                 probs.data() + v.first, len, i == 0 ? 0.0f : 1.0f,
-                 outputs.data(), d);
-          }
-        }
-        write_outputs();
-      });
+  ParallelPull(static_cast<int64_t>(items.size()), attention_work,
+               [&](int64_t index) {
+                 RunWorkItem(in, items[index], rows_of, token_pos, row_len,
+                             table + items[index].row * table_width, scale);
+               });
 
-  // Each head's attention output (over its queries, in place) times its
-  // gate.
-  for (int64_t h = 0; h < heads; ++h) {
-    const HeadRows &r = rows_of[h];
-    for (int64_t i = 0; i < r.count; ++i) {
-      const float g = gate[r.tokens[i] * heads + h];
-      float *row = r.data + i * r.ld;
-      for (int64_t j = 0; j < d; ++j) row[j] *= g;
-    }
-  }
+  ApplyGates(rows_of, gate, d);
   // Output projection. Full heads: one product.
   if (!full.empty()) {
     at::Tensor y = FullHeadOutputs(q_full, in.o_weight, full, d);
@@ -579,40 +649,9 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   } else {
     out = zeros();
   }
-  // Routed heads: each thread owns a block of output columns, so their
-  // scatter-adds into `out` never overlap.
   if (num_pairs > 0) {
-    const int64_t out_cols = in.o_weight.size(0);
-    // Blocks of 64 columns (read by IndexedLinear without packing): one
-    // block of `out` for every token stays in L2 while every head adds to it.
-    const int64_t width = 64;
-    const int64_t blocks = (out_cols + width - 1) / width;
-    const bool in_place = RowsInPlace(out) && RowsInPlace(in.o_weight);
-    const float *queries = q_routed.data_ptr<float>();
-    const float *o_weight = in_place ? in.o_weight.data_ptr<float>() : nullptr;
-    const int64_t ldo = in.o_weight.stride(0);
-    float *outputs = in_place ? out.data_ptr<float>() : nullptr;
-    ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
-      const int64_t c0 = block * width;
-      const int64_t cols = std::min(width, out_cols - c0);
-      if (cols <= 0) return;
-      for (int64_t h : routed) {
-        const int64_t count = static_cast<int64_t>(head_tokens[h].size());
-        // Added straight into the tokens' rows of `out`, where possible.
-        if (in_place && IndexedLinear({queries + first_pair[h] * d, d}, count,
-                                      d, o_weight + c0 * ldo + h * d, ldo, cols,
-                                      {outputs + c0, out.stride(0),
-                                       pair_token.data() + first_pair[h],
-                                       /*accumulate=*/true})) {
-          continue;
-        }
-        out.narrow(1, c0, cols)
-            .index_add_(
-                0, pair_index.narrow(0, first_pair[h], count),
-                Linear(q_routed.narrow(0, first_pair[h], count),
-                       in.o_weight.narrow(0, c0, cols).narrow(1, h * d, d)));
-      }
-    });
+    AddRoutedOutputs(in, q_routed, routed, head_tokens, first_pair, pair_token,
+                     pair_index, out);
   }
   if (in.o_bias.defined()) out += in.o_bias;
   return out;
