@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "service/dispatch.h"
 #include "service/grpc_status.h"
 #include "service/metrics.h"
 #include "service/model_manager.h"
@@ -60,12 +61,12 @@ inline std::string CallRequestId(grpc::CallbackServerContext* context) {
 // Start) are done with it: once the request is submitted, the loop can finish
 // the call, and gRPC end it, before Start returns.
 //
-// Traits: Request, Response, kTask (finding the model), kRpc (metrics),
-// Submit(reactor, servable, request, deadline) -> id (builds the call and its
-// observer), Cancel(servable, id), CanCoalesce(queued, response) (whether
-// they belong to one output: one sample of a Generate) and Coalesce(queued,
-// response) (merges a message produced while another is written into the
-// queued one).
+// Traits: Request, Response, kRpc (metrics), Dispatch(models, request,
+// deadline, reactor, dispatched) -> id (builds the call and its observer and
+// hands them to dispatch.h), Cancel(servable, id), CanCoalesce(queued,
+// response) (whether they belong to one output: one sample of a Generate) and
+// Coalesce(queued, response) (merges a message produced while another is
+// written into the queued one).
 template <typename Traits>
 class StreamingReactor
     : public grpc::ServerWriteReactor<typename Traits::Response> {
@@ -115,7 +116,7 @@ class StreamingReactor
       submitted = submitted_;
     }
     // The loop answers with its final callback; Finish happens there.
-    if (submitted) Traits::Cancel(model_, id_);
+    if (submitted) Traits::Cancel(dispatched_.servable, id_);
   }
   void OnWriteDone(bool ok) override {
     std::optional<grpc::Status> finish;
@@ -138,7 +139,7 @@ class StreamingReactor
 
   // For the observers (on the model's threads).
   bool include_routing() const { return include_routing_; }
-  const Servable& model() const { return *model_; }
+  const Servable& model() const { return *dispatched_.servable; }
 
   // Queues `response` (if any); with `done`, finishes the call once every
   // queued message has been written.
@@ -196,20 +197,9 @@ class StreamingReactor
         return;
       }
     }
-    auto found = models->Find(request.model(), Traits::kTask);
-    if (!found.ok()) {
-      FinishWith(found.status());
-      return;
-    }
-    model_name_ = (*found)->name();
-    auto servable = (*found)->Ready();
-    if (!servable.ok()) {
-      FinishWith(servable.status());
-      return;
-    }
-    model_ = *servable;
-    metrics_ = model_->metrics();
-    auto id = Traits::Submit(this, model_, request, deadline_);
+    // dispatch.h; `dispatched_` holds the model before the call is
+    // submitted, for the observer's callbacks.
+    auto id = Traits::Dispatch(*models, request, deadline_, this, &dispatched_);
     if (!id.ok()) {
       FinishWith(id.status());
       return;
@@ -222,7 +212,7 @@ class StreamingReactor
       cancelled = cancelled_;
     }
     // A cancellation that arrived while the request was being submitted.
-    if (cancelled) Traits::Cancel(model_, id_);
+    if (cancelled) Traits::Cancel(dispatched_.servable, id_);
   }
 
   // The status of a call gRPC cancelled: its deadline passed (gRPC cancels a
@@ -267,7 +257,10 @@ class StreamingReactor
   }
   // Records the request and finishes; the reactor may be deleted right after.
   void FinishWith(const grpc::Status& status) {
-    RecordRequest(metrics_, server_metrics_, Traits::kRpc, model_name_,
+    RecordRequest(dispatched_.servable != nullptr
+                      ? dispatched_.servable->metrics()
+                      : nullptr,
+                  server_metrics_, Traits::kRpc, dispatched_.model,
                   static_cast<absl::StatusCode>(status.error_code()), start_,
                   request_id_);
     this->Finish(status);
@@ -278,9 +271,9 @@ class StreamingReactor
   const std::string request_id_;
   Metrics* const server_metrics_;
   const bool include_routing_;
-  std::string model_name_;
-  Servable* model_ = nullptr;
-  ModelMetrics* metrics_ = nullptr;
+  // The model, once the worker found it (before submitting: read by the
+  // callbacks after).
+  Dispatched dispatched_;
   uint64_t id_ = 0;
   // gRPC's (until OnDone) and, while it is queued or runs, Start's.
   std::atomic<int> holds_{1};

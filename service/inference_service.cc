@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "absl/time/clock.h"
+#include "service/dispatch.h"
 #include "service/grpc_status.h"
 #include "service/grpc_streaming_reactor.h"
 #include "service/request_log.h"
@@ -71,7 +72,6 @@ void ToProto(const std::vector<LogprobEntry>& entries, const Servable& model,
 struct GenerateTraits {
   using Request = v1::GenerateRequest;
   using Response = v1::GenerateResponse;
-  static constexpr Task kTask = Task::kGenerate;
   static constexpr Rpc kRpc = Rpc::kGenerate;
   using Reactor = StreamingReactor<GenerateTraits>;
 
@@ -116,9 +116,11 @@ struct GenerateTraits {
     Reactor* const reactor_;
   };
 
-  static absl::StatusOr<uint64_t> Submit(Reactor* reactor, Servable* model,
-                                         const Request& request,
-                                         absl::Time deadline) {
+  static absl::StatusOr<uint64_t> Dispatch(const ModelManager& models,
+                                           const Request& request,
+                                           absl::Time deadline,
+                                           Reactor* reactor,
+                                           Dispatched* dispatched) {
     GenerateCall call;
     if (!request.prompt().empty()) call.prompt = request.prompt();
     if (!request.token_ids().empty()) {
@@ -131,8 +133,9 @@ struct GenerateTraits {
     call.deadline = deadline;
     call.n = request.n() == 0 ? 1 : request.n();
     call.priority = request.priority();
-    return model->Generate(std::move(call),
-                           std::make_shared<Observer>(reactor));
+    return DispatchGenerate(models, request.model(), std::move(call),
+                            std::nullopt, std::make_shared<Observer>(reactor),
+                            dispatched);
   }
   static void Cancel(Servable* model, uint64_t id) {
     model->CancelGenerate(id);
@@ -153,7 +156,6 @@ struct GenerateTraits {
 struct GenerateImageTraits {
   using Request = v1::GenerateImageRequest;
   using Response = v1::GenerateImageResponse;
-  static constexpr Task kTask = Task::kGenerateImage;
   static constexpr Rpc kRpc = Rpc::kGenerateImage;
   using Reactor = StreamingReactor<GenerateImageTraits>;
 
@@ -200,9 +202,11 @@ struct GenerateImageTraits {
     const bool progress_;
   };
 
-  static absl::StatusOr<uint64_t> Submit(Reactor* reactor, Servable* model,
-                                         const Request& request,
-                                         absl::Time deadline) {
+  static absl::StatusOr<uint64_t> Dispatch(const ModelManager& models,
+                                           const Request& request,
+                                           absl::Time deadline,
+                                           Reactor* reactor,
+                                           Dispatched* dispatched) {
     GenerateImageCall call;
     switch (request.condition_case()) {
       case v1::GenerateImageRequest::kClassIndex:
@@ -220,9 +224,9 @@ struct GenerateImageTraits {
     call.ratio = request.activation().ratio();
     call.min_ratio = request.activation().min_ratio();
     call.deadline = deadline;
-    return model->GenerateImage(
-        std::move(call),
-        std::make_shared<Observer>(reactor, request.progress()));
+    return DispatchGenerateImage(
+        models, request.model(), std::move(call),
+        std::make_shared<Observer>(reactor, request.progress()), dispatched);
   }
   static void Cancel(Servable* model, uint64_t id) {
     model->CancelGenerateImage(id);
@@ -362,31 +366,28 @@ void InferenceService::StartClassify(
     absl::Time start, const std::string& request_id,
     const std::shared_ptr<std::atomic<bool>>& handed) {
   ClassifyCall call = FromProto(request);
-  auto found = models_->Find(request.model(), TaskOf(call));
-  absl::StatusOr<Servable*> ready =
-      found.ok() ? (*found)->Ready() : found.status();
-  if (!ready.ok()) {
-    RecordRequest(nullptr, models_->metrics(), Rpc::kClassify,
-                  found.ok() ? (*found)->name() : request.model(),
-                  ready.status().code(), start, request_id);
-    reactor->Finish(ToGrpcStatus(ready.status()));
-    return;
-  }
-  Servable* model = *ready;
-  ModelMetrics* metrics = model->metrics();
-  auto finish = [reactor, metrics, start, model,
-                 request_id](const absl::Status& status) {
-    RecordRequest(metrics, nullptr, Rpc::kClassify, model->name(),
-                  status.code(), start, request_id);
-    reactor->Finish(ToGrpcStatus(status));
-  };
   call.deadline = Deadline(context);
   call.cancelled = [context] { return context->IsCancelled(); };
   const bool include_routing = request.include_routing();
+  // The model, once dispatch.h has found it (before `done` can run).
+  auto dispatched = std::make_shared<Dispatched>();
+  Metrics* const server = models_->metrics();
+  auto finish = [reactor, server, start, dispatched,
+                 request_id](const absl::Status& status) {
+    const Servable* model = dispatched->servable;
+    RecordRequest(model != nullptr ? model->metrics() : nullptr, server,
+                  Rpc::kClassify, dispatched->model, status.code(), start,
+                  request_id);
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  // From here the model may finish the call: an exception is left to it
+  // (finding the model allocates at most a name, before it can throw).
   handed->store(true);
-  absl::Status status = model->Classify(
-      std::move(call), [response, finish, include_routing,
-                        model](absl::StatusOr<ClassifyResult> result) {
+  absl::Status status = DispatchClassify(
+      *models_, request.model(), std::move(call),
+      [response, finish, include_routing,
+       dispatched](absl::StatusOr<ClassifyResult> result) {
+        const Servable* model = dispatched->servable;
         if (!result.ok()) {
           finish(result.status());
           return;
@@ -406,7 +407,8 @@ void InferenceService::StartClassify(
                         result->routed_tokens, result->layer_tokens);
         }
         finish(absl::OkStatus());
-      });
+      },
+      dispatched.get());
   if (!status.ok()) finish(status);
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "service/dispatch.h"
 #include "service/http_daemon.h"
 #include "service/metrics.h"
 #include "service/request_log.h"
@@ -313,24 +314,22 @@ struct HttpGeneration::Call {
     reservation.Release();  // parsed: the body's memory goes back
     if (!parsed.ok()) return parsed.status();
     request = std::move(*parsed);
-    run.model = request->model;
-    MOH_ASSIGN_OR_RETURN(HostedModel * found,
-                         env.models->Find(request->model, Task::kGenerate));
-    run.model = found->name();
-    MOH_ASSIGN_OR_RETURN(run.servable, found->Ready());
+    std::optional<ChatConversation> chat;
     if (endpoint == Endpoint::kChatCompletions) {
-      MOH_ASSIGN_OR_RETURN(
-          std::string prompt,
-          run.servable->ChatPrompt(request->messages,
-                                   request->add_generation_prompt));
-      request->call.prompt = std::move(prompt);
-      request->call.add_special_tokens = false;  // the template wrote them
+      chat = ChatConversation{std::move(request->messages),
+                              request->add_generation_prompt};
     }
     run.sink = std::make_shared<Sink>(waker, request->stream);
     run.asked = {request->call.sampling.logprobs.has_value(),
                  request->call.sampling.prompt_logprobs.has_value()};
+    Dispatched dispatched;
     // `n` stays readable: an int survives the move.
-    return run.servable->Generate(std::move(request->call), run.sink);
+    absl::StatusOr<uint64_t> id =
+        DispatchGenerate(*env.models, request->model, std::move(request->call),
+                         chat, run.sink, &dispatched);
+    run.model = std::move(dispatched.model);
+    run.servable = dispatched.servable;
+    return id;
   }
 
   // On a request worker: prepares, then hands the result to the handler
