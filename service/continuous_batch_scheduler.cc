@@ -9,6 +9,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "base/field_error.h"
 #include "base/status_macros.h"
 #include "model/core/activation.h"
 #include "model/tokenizer/tokenizer.h"
@@ -397,42 +398,43 @@ absl::StatusOr<Activation> ContinuousBatchScheduler::Impl::Validate(
   const int32_t max_len = options_.max_seq_len;
   const int64_t prompt = job.prompt_ids.size();
   if (prompt < 1 || prompt >= max_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt (or token_ids) must have 1 to ", max_len - 1,
-                     " tokens, got ", prompt));
+    return FieldError(
+        "prompt (or token_ids)",
+        absl::StrCat("must have 1 to ", max_len - 1, " tokens, got ", prompt));
   }
   for (int32_t id : job.prompt_ids) {
     if (id < 0 || id >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "token_ids must be in [0, ", config.vocab_size, "), got ", id));
+      return FieldError(
+          "token_ids",
+          absl::StrCat("must be in [0, ", config.vocab_size, "), got ", id));
     }
   }
   if (job.sampling.max_new_tokens > max_len - prompt) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sampling.max_new_tokens must be in [1, ", max_len - prompt,
-        "]: prompt (", prompt, " tokens) + sampling.max_new_tokens (",
-        job.sampling.max_new_tokens, ") must be <= max_seq_len ", max_len));
+    return FieldError("sampling.max_new_tokens",
+                      absl::StrCat("must be in [1, ", max_len - prompt,
+                                   "] (with the prompt's ", prompt,
+                                   " tokens, at most max_seq_len ", max_len,
+                                   "), got ", job.sampling.max_new_tokens));
   }
   MOH_RETURN_IF_ERROR(ValidateSamplingParams(job.sampling, max_len - prompt));
   if (job.n < 1 || job.n > kMaxSamples) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("n must be in [1, ", kMaxSamples, "], got ", job.n));
+    return FieldError(
+        "n", absl::StrCat("must be in [1, ", kMaxSamples, "], got ", job.n));
   }
   if (job.priority < -kMaxPriority || job.priority > kMaxPriority) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("priority must be in [", -kMaxPriority, ", ", kMaxPriority,
-                     "], got ", job.priority));
+    return FieldError("priority",
+                      absl::StrCat("must be in [", -kMaxPriority, ", ",
+                                   kMaxPriority, "], got ", job.priority));
   }
   for (int32_t id : job.sampling.stop_token_ids) {
     if (id >= config.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sampling.stop_token_ids must be in [0, ",
-                       config.vocab_size, "), got ", id));
+      return FieldError(
+          "sampling.stop_token_ids",
+          absl::StrCat("must be in [0, ", config.vocab_size, "), got ", id));
     }
   }
   if (!job.sampling.stop.empty() && lm_.tokenizer == nullptr) {
-    return absl::InvalidArgumentError(
-        "sampling.stop needs a model with a tokenizer");
+    return FieldError("sampling.stop", "needs a model with a tokenizer");
   }
   return Activation::Resolve(config.moh, job.ratio, job.min_ratio);
 }

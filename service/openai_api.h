@@ -49,13 +49,15 @@ struct GenerationRequest {
 absl::StatusOr<GenerationRequest> ParseGenerationRequest(
     Endpoint endpoint, absl::string_view body);
 
-// The servables' error messages name gRPC fields ("sampling.top_p",
-// "activation.ratio"); this rewrites them with the HTTP API's names.
-std::string WithHttpFieldNames(absl::string_view message);
+// A field as this API names it, from its gRPC name (base/field_error.h):
+// "sampling.top_p" is "top_p", "activation.ratio" "activation_ratio".
+std::string HttpFieldName(absl::string_view field);
 
 // The HTTP status of an error (400, 401, 403, 404, 429, 499, 500, 503, 504).
 int HttpStatus(absl::StatusCode code);
-// {"error": {"message", "type", "param": null, "code": "INVALID_ARGUMENT"}}
+// {"error": {"message", "type", "param", "code": "INVALID_ARGUMENT"}}: the
+// message and `param` (null for an error about no one field) name the
+// field as this API does.
 std::string ErrorJson(const absl::Status& status);
 
 // A new response id: "cmpl-" or "chatcmpl-" and 24 random hex digits.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "base/abbreviate.h"
+#include "base/field_error.h"
 #include "base/status_macros.h"
 #include "model/generation/sampler.h"
 #include "nlohmann/json.hpp"
@@ -22,8 +23,9 @@ namespace {
 
 using nlohmann::json;
 
+// An error about `field` (already this API's name: HttpFieldName keeps it).
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, " ", what));
+  return FieldError(field, what);
 }
 
 // A JSON value's type for messages.
@@ -326,9 +328,10 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
   const std::set<std::string> known = KnownFields(endpoint);
   for (const auto& [key, value] : parsed.items()) {
     if (known.count(key) == 0) {
-      return Invalid(absl::StrCat("\"", Abbreviate(key), "\""),
-                     absl::StrCat("is not a field of this endpoint (fields: ",
-                                  absl::StrJoin(known, ", "), ")"));
+      // Not a field: no `param`.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", Abbreviate(key), "\" is not a field of this endpoint (fields: ",
+          absl::StrJoin(known, ", "), ")"));
     }
   }
   const Fields f(parsed);

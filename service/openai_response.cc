@@ -5,8 +5,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "base/abbreviate.h"
+#include "base/field_error.h"
 #include "nlohmann/json.hpp"
 #include "service/openai_api.h"
 #include "service/request_log.h"
@@ -18,19 +19,14 @@ namespace openai {
 
 using nlohmann::json;
 
-std::string WithHttpFieldNames(absl::string_view message) {
-  std::string out = absl::StrReplaceAll(
-      message, {{"sampling.max_new_tokens", "max_tokens"},
-                {"sampling.", ""},
-                {"activation.min_ratio", "min_activation_ratio"},
-                {"activation.ratio", "activation_ratio"},
-                {"prompt (or token_ids)", "prompt"}});
-  // The scheduler's check of the prompt's ids (not stop_token_ids).
-  constexpr absl::string_view kIds = "token_ids ";
-  if (absl::StartsWith(out, kIds)) {
-    out = absl::StrCat("prompt token ids ", out.substr(kIds.size()));
-  }
-  return out;
+std::string HttpFieldName(absl::string_view field) {
+  if (field == "sampling.max_new_tokens") return "max_tokens";
+  if (absl::ConsumePrefix(&field, "sampling.")) return std::string(field);
+  if (field == "activation.ratio") return "activation_ratio";
+  if (field == "activation.min_ratio") return "min_activation_ratio";
+  if (field == "prompt (or token_ids)") return "prompt";
+  if (field == "token_ids") return "prompt token ids";
+  return std::string(field);
 }
 
 int HttpStatus(absl::StatusCode code) {
@@ -68,9 +64,11 @@ std::string ErrorJson(const absl::Status& status) {
                      : http == 429 ? "rate_limit_error"
                      : http < 500  ? "invalid_request_error"
                                    : "server_error";
-  json error = {{"message", WithHttpFieldNames(status.message())},
+  const std::optional<std::string> field = ErrorField(status);
+  json error = {{"message", MessageNaming(status, HttpFieldName)},
                 {"type", type},
-                {"param", nullptr},
+                {"param", field.has_value() ? json(HttpFieldName(*field))
+                                            : json(nullptr)},
                 {"code", absl::StatusCodeToString(status.code())}};
   return json{{"error", error}}.dump(-1, ' ', false,
                                      json::error_handler_t::replace);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/field_error.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -235,29 +236,45 @@ TEST(OpenAiApiTest, ChatMessages) {
               HasSubstr("\"prompt\" is not a field"));
 }
 
-TEST(OpenAiApiTest, ServableMessagesGetHttpFieldNames) {
-  EXPECT_EQ(WithHttpFieldNames("sampling.max_new_tokens must be in [1, 5]: "
-                               "prompt (3 tokens) + sampling.max_new_tokens"),
-            "max_tokens must be in [1, 5]: prompt (3 tokens) + max_tokens");
-  EXPECT_EQ(WithHttpFieldNames("activation.min_ratio must be 0 (off) or in "
-                               "(0, 0.5] (activation.ratio)"),
-            "min_activation_ratio must be 0 (off) or in (0, 0.5] "
-            "(activation_ratio)");
-  EXPECT_EQ(WithHttpFieldNames("sampling.top_k must be >= 0"),
+TEST(OpenAiApiTest, ServableErrorsNameTheirFieldAsThisApiDoes) {
+  const auto message = [](absl::string_view field, absl::string_view what) {
+    return json::parse(ErrorJson(FieldError(field, what)))["error"];
+  };
+  json e = message("sampling.max_new_tokens", "must be in [1, 5], got 9");
+  EXPECT_EQ(e["message"], "max_tokens must be in [1, 5], got 9");
+  EXPECT_EQ(e["param"], "max_tokens");
+  e = message("activation.min_ratio", "must be 0 (off) or in (0, 0.5]");
+  EXPECT_EQ(e["message"],
+            "min_activation_ratio must be 0 (off) or in (0, 0.5]");
+  EXPECT_EQ(e["param"], "min_activation_ratio");
+  EXPECT_EQ(message("activation.ratio", "x")["param"], "activation_ratio");
+  EXPECT_EQ(message("sampling.top_k", "must be >= 0")["message"],
             "top_k must be >= 0");
-  EXPECT_EQ(WithHttpFieldNames("token_ids must be in [0, 10), got 12"),
+  EXPECT_EQ(message("token_ids", "must be in [0, 10), got 12")["message"],
             "prompt token ids must be in [0, 10), got 12");
-  EXPECT_EQ(WithHttpFieldNames("sampling.stop_token_ids must be in [0, 10)"),
-            "stop_token_ids must be in [0, 10)");
+  EXPECT_EQ(message("sampling.stop_token_ids", "must be in [0, 10)")["param"],
+            "stop_token_ids");
+  EXPECT_EQ(
+      message("prompt (or token_ids)", "must have 1 to 9 tokens")["param"],
+      "prompt");
+  // Only the field is renamed: text in the rest of the message (a client's
+  // own words) is left as it is.
+  EXPECT_EQ(
+      message("sampling.stop", "\"sampling.top_p\" is too long")["message"],
+      "stop \"sampling.top_p\" is too long");
+  // Without a field, the message as it is and a null param.
+  e = json::parse(ErrorJson(absl::InvalidArgumentError("sampling.top_p x")));
+  EXPECT_EQ(e["error"]["message"], "sampling.top_p x");
+  EXPECT_TRUE(e["error"]["param"].is_null());
 }
 
 TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
-  const json e = json::parse(
-      ErrorJson(absl::InvalidArgumentError("sampling.top_p must be ...")));
+  const json e =
+      json::parse(ErrorJson(FieldError("sampling.top_p", "must be ...")));
   EXPECT_EQ(e["error"]["message"], "top_p must be ...");
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   EXPECT_EQ(e["error"]["code"], "INVALID_ARGUMENT");
-  EXPECT_TRUE(e["error"]["param"].is_null());
+  EXPECT_EQ(e["error"]["param"], "top_p");
   EXPECT_EQ(HttpStatus(absl::StatusCode::kInvalidArgument), 400);
   EXPECT_EQ(HttpStatus(absl::StatusCode::kUnauthenticated), 401);
   EXPECT_EQ(HttpStatus(absl::StatusCode::kNotFound), 404);

@@ -1,6 +1,7 @@
 #include "model/core/activation.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/field_error.h"
 
 namespace moh {
 
@@ -25,10 +26,11 @@ absl::StatusOr<Activation> Activation::Resolve(const MohConfig& moh,
   const double ceiling = ratio > 0.0f ? ratio : moh.DefaultRatio();
   if (min_ratio != 0.0f &&
       !(min_ratio > 0.0f && min_ratio <= ceiling + kSlack)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "activation.min_ratio must be 0 (off) or in (0, ", ceiling,
-        "] (activation.ratio", ratio > 0.0f ? "" : ", the model's default",
-        "), got ", min_ratio));
+    return FieldError(
+        "activation.min_ratio",
+        absl::StrCat("must be 0 (off) or in (0, ", ceiling, "] (at most the ",
+                     ratio > 0.0f ? "ratio" : "model's default ratio",
+                     "), got ", min_ratio));
   }
   return Activation(moh, ratio, min_ratio, /*lowered=*/false);
 }
@@ -79,8 +81,10 @@ absl::Status ValidateTopK(const MohConfig& moh,
 
 absl::Status ValidateRatio(float ratio, const char* field) {
   if (ratio == 0.0f || (ratio > 0.0f && ratio <= 1.0f)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, " must be in (0, 1] (or 0 for the model's default), got ", ratio));
+  return FieldError(
+      field,
+      absl::StrCat("must be in (0, 1] (or 0 for the model's default), got ",
+                   ratio));
 }
 
 }  // namespace moh

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/field_error.h"
 
 namespace moh {
 namespace {
@@ -16,8 +17,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 absl::Status OutOfRange(absl::string_view field, absl::string_view range,
                         const absl::AlphaNum& got) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "sampling.", field, " must be ", range, ", got ", got.Piece()));
+  return FieldError(absl::StrCat("sampling.", field),
+                    absl::StrCat("must be ", range, ", got ", got.Piece()));
 }
 
 // Uniform double in [0, 1) from the top 53 bits; unlike
