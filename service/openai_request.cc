@@ -315,8 +315,8 @@ std::set<std::string> KnownFields(Endpoint endpoint) {
   return known;
 }
 
-absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
-                                               absl::string_view body) {
+// The body as a JSON object whose every field this endpoint knows.
+absl::StatusOr<json> ReadBody(Endpoint endpoint, absl::string_view body) {
   json parsed = json::parse(body.begin(), body.end(), nullptr,
                             /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
@@ -334,22 +334,16 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
           absl::StrJoin(known, ", "), ")"));
     }
   }
-  const Fields f(parsed);
-  MOH_RETURN_IF_ERROR(CheckUnsupported(f));
+  return parsed;
+}
 
-  GenerationRequest request;
-  request.endpoint = endpoint;
-  GenerateCall& call = request.call;
+// Sampling: the token budget, the sampler's fields, stops, samples,
+// priority, log-probabilities. The server's own limits (max_seq_len) apply
+// later, in the servable.
+absl::Status ReadSampling(Endpoint endpoint, const Fields& f,
+                          GenerateCall* out) {
+  GenerateCall& call = *out;
   SamplingParams& s = call.sampling;
-  MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
-  if (endpoint == Endpoint::kCompletions) {
-    MOH_RETURN_IF_ERROR(ReadPrompt(f, &call));
-  } else {
-    MOH_ASSIGN_OR_RETURN(request.messages, ReadMessages(f));
-    MOH_ASSIGN_OR_RETURN(request.add_generation_prompt,
-                         f.Bool("add_generation_prompt", true));
-  }
-  // The server's own limits (max_seq_len) apply later, in the servable.
   constexpr int64_t kMaxTokens = 1 << 20;
   MOH_ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
                        f.Integer("max_tokens", 1, kMaxTokens));
@@ -411,17 +405,25 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
   s.min_p = static_cast<float>(min_p.value_or(0.0));
   call.sampling_set.min_p = min_p.has_value();
   MOH_RETURN_IF_ERROR(ReadLogprobs(endpoint, f, &s));
+  return absl::OkStatus();
+}
+
+// The activation: moh-serve's own fields.
+absl::Status ReadActivation(const Fields& f, GenerateCall* call) {
   MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
                        f.Number("activation_ratio", 0.0, 1.0));
-  call.ratio = static_cast<float>(ratio.value_or(0.0));
+  call->ratio = static_cast<float>(ratio.value_or(0.0));
   MOH_ASSIGN_OR_RETURN(std::optional<double> min_ratio,
                        f.Number("min_activation_ratio", 0.0, 1.0));
-  call.min_ratio = static_cast<float>(min_ratio.value_or(0.0));
-  MOH_ASSIGN_OR_RETURN(std::string user, f.String("user"));
-  (void)user;  // accepted, not used
-  MOH_ASSIGN_OR_RETURN(request.stream, f.Bool("stream", false));
+  call->min_ratio = static_cast<float>(min_ratio.value_or(0.0));
+  return absl::OkStatus();
+}
+
+// stream, and stream_options (include_usage) with it.
+absl::Status ReadStream(const Fields& f, GenerationRequest* request) {
+  MOH_ASSIGN_OR_RETURN(request->stream, f.Bool("stream", false));
   if (const json* options = f.Get("stream_options")) {
-    if (!request.stream) {
+    if (!request->stream) {
       return Invalid("stream_options", "needs \"stream\": true");
     }
     if (!options->is_object())
@@ -432,9 +434,32 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
                        "is not supported (stream_options: include_usage)");
       }
     }
-    MOH_ASSIGN_OR_RETURN(request.include_usage,
+    MOH_ASSIGN_OR_RETURN(request->include_usage,
                          Fields(*options).Bool("include_usage", false));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
+                                               absl::string_view body) {
+  MOH_ASSIGN_OR_RETURN(const json parsed, ReadBody(endpoint, body));
+  const Fields f(parsed);
+  MOH_RETURN_IF_ERROR(CheckUnsupported(f));
+  GenerationRequest request;
+  request.endpoint = endpoint;
+  MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
+  if (endpoint == Endpoint::kCompletions) {
+    MOH_RETURN_IF_ERROR(ReadPrompt(f, &request.call));
+  } else {
+    MOH_ASSIGN_OR_RETURN(request.messages, ReadMessages(f));
+    MOH_ASSIGN_OR_RETURN(request.add_generation_prompt,
+                         f.Bool("add_generation_prompt", true));
+  }
+  MOH_RETURN_IF_ERROR(ReadSampling(endpoint, f, &request.call));
+  MOH_RETURN_IF_ERROR(ReadActivation(f, &request.call));
+  MOH_ASSIGN_OR_RETURN(std::string user, f.String("user"));
+  (void)user;  // accepted, not used
+  MOH_RETURN_IF_ERROR(ReadStream(f, &request));
   return request;
 }
 
