@@ -152,6 +152,88 @@ at::Tensor Padded(const at::Tensor& ragged, const at::Tensor& flat,
   return padded.view(shape);
 }
 
+// The step's indices. Every per-step index is computed on the host and
+// uploaded in one pinned, non-blocking copy: nothing here waits for the
+// device. Layout of `host`:
+// positions [B*T] | row_len [B] | block table [B*n] | per token: row,
+// position, padded index, cache block, cache offset [5*N] | routed K per
+// layer and token [L*N] | the tokens whose logits are returned [B*tail].
+struct StepIndices {
+  std::vector<int64_t> host;
+  int64_t table_width = 1;
+  int64_t kv_len = 0;  // the longest row's positions after the step
+  std::vector<int64_t> max_top_k, min_top_k;  // per layer, over the rows
+
+  StepIndices(const DecoderBatch& batch, const MohConfig& moh,
+              int64_t block_size, int64_t num_layers, int64_t n, int64_t tail) {
+    const int64_t rows = batch.token_ids.size(0);
+    const int64_t width = batch.token_ids.size(1);
+    const bool paged = !batch.block_tables.empty();
+    for (const std::vector<int32_t>& table : batch.block_tables) {
+      table_width = std::max<int64_t>(table_width, table.size());
+    }
+    host.resize(rows * width + rows + rows * table_width + 5 * n +
+                num_layers * n + rows * tail);
+    int64_t* positions_host = host.data();
+    int64_t* row_len_host = positions_host + rows * width;
+    int64_t* table_host = row_len_host + rows;
+    int64_t* token_row_host = table_host + rows * table_width;
+    int64_t* token_pos_host = token_row_host + n;
+    int64_t* token_flat_host = token_pos_host + n;
+    int64_t* token_block_host = token_flat_host + n;
+    int64_t* token_offset_host = token_block_host + n;
+    int64_t* top_k_host = token_offset_host + n;
+    int64_t* out_host = top_k_host + num_layers * n;
+    int64_t token = 0;
+    for (int64_t b = 0; b < rows; ++b) {
+      const int64_t start = batch.start_positions[b];
+      const int64_t count = batch.num_tokens[b];
+      int64_t* table = table_host + b * table_width;
+      if (paged) {
+        const std::vector<int32_t>& blocks = batch.block_tables[b];
+        // Unused entries repeat block 0 of the row: never read.
+        std::fill(table, table + table_width, blocks[0]);
+        std::copy(blocks.begin(), blocks.end(), table);
+      } else {
+        table[0] = batch.slots[b];
+      }
+      for (int64_t t = 0; t < width; ++t) {
+        // Padding positions repeat the last valid one: in range, never read.
+        positions_host[b * width + t] = start + std::min(t, count - 1);
+      }
+      const int64_t first = token;
+      for (int64_t t = 0; t < count; ++t, ++token) {
+        token_row_host[token] = b;
+        token_pos_host[token] = start + t;
+        token_flat_host[token] = b * width + t;
+        token_block_host[token] = table[(start + t) / block_size];
+        token_offset_host[token] = (start + t) % block_size;
+      }
+      for (int64_t i = 0; i < tail; ++i) {
+        // The last `tail` tokens; a shorter row repeats its first in front.
+        out_host[b * tail + i] = first + std::max<int64_t>(count - tail + i, 0);
+      }
+      row_len_host[b] = start + count;
+      kv_len = std::max(kv_len, start + count);
+    }
+    const std::vector<LayerTopK> from_ratios =
+        batch.top_k.empty() ? TopKForRatios(moh, batch.ratios)
+                            : std::vector<LayerTopK>();
+    const std::vector<LayerTopK>& row_top_k =
+        batch.top_k.empty() ? from_ratios : batch.top_k;
+    std::vector<int64_t> layer_top_k(rows);
+    for (int64_t l = 0; l < num_layers; ++l) {
+      const TopKBounds bounds =
+          PackLayerTopK(row_top_k, l, 1, layer_top_k.data());
+      max_top_k.push_back(bounds.max);
+      min_top_k.push_back(bounds.min);
+      for (int64_t i = 0; i < n; ++i) {
+        top_k_host[l * n + i] = layer_top_k[token_row_host[i]];
+      }
+    }
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
@@ -436,77 +518,10 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   for (int64_t b = 0; b < rows; ++b) n += batch.num_tokens[b];
   const int64_t tail = batch.all_logits ? 0 : std::max(batch.logits_tail, 1);
 
-  // Every per-step index is computed on the host and uploaded in one pinned,
-  // non-blocking copy: nothing here waits for the device. Layout of `host`:
-  // positions [B*T] | row_len [B] | block table [B*n] | per token: row,
-  // position, padded index, cache block, cache offset [5*N] | routed K per
-  // layer and token [L*N] | the tokens whose logits are returned [B*tail].
-  const bool paged = !batch.block_tables.empty();
-  const int64_t block_size = cache.block_size();
-  int64_t table_width = 1;
-  for (const std::vector<int32_t>& table : batch.block_tables) {
-    table_width = std::max<int64_t>(table_width, table.size());
-  }
-  std::vector<int64_t> host(rows * width + rows + rows * table_width + 5 * n +
-                            num_layers * n + rows * tail);
-  int64_t* positions_host = host.data();
-  int64_t* row_len_host = positions_host + rows * width;
-  int64_t* table_host = row_len_host + rows;
-  int64_t* token_row_host = table_host + rows * table_width;
-  int64_t* token_pos_host = token_row_host + n;
-  int64_t* token_flat_host = token_pos_host + n;
-  int64_t* token_block_host = token_flat_host + n;
-  int64_t* token_offset_host = token_block_host + n;
-  int64_t* top_k_host = token_offset_host + n;
-  int64_t* out_host = top_k_host + num_layers * n;
-  int64_t kv_len = 0;
-  int64_t token = 0;
-  for (int64_t b = 0; b < rows; ++b) {
-    const int64_t start = batch.start_positions[b];
-    const int64_t count = batch.num_tokens[b];
-    int64_t* table = table_host + b * table_width;
-    if (paged) {
-      const std::vector<int32_t>& blocks = batch.block_tables[b];
-      // Unused entries repeat block 0 of the row: never read.
-      std::fill(table, table + table_width, blocks[0]);
-      std::copy(blocks.begin(), blocks.end(), table);
-    } else {
-      table[0] = batch.slots[b];
-    }
-    for (int64_t t = 0; t < width; ++t) {
-      // Padding positions repeat the last valid one: in range, never read.
-      positions_host[b * width + t] = start + std::min(t, count - 1);
-    }
-    const int64_t first = token;
-    for (int64_t t = 0; t < count; ++t, ++token) {
-      token_row_host[token] = b;
-      token_pos_host[token] = start + t;
-      token_flat_host[token] = b * width + t;
-      token_block_host[token] = table[(start + t) / block_size];
-      token_offset_host[token] = (start + t) % block_size;
-    }
-    for (int64_t i = 0; i < tail; ++i) {
-      // The last `tail` tokens; a shorter row repeats its first in front.
-      out_host[b * tail + i] = first + std::max<int64_t>(count - tail + i, 0);
-    }
-    row_len_host[b] = start + count;
-    kv_len = std::max(kv_len, start + count);
-  }
-  const std::vector<LayerTopK> from_ratios =
-      batch.top_k.empty() ? TopKForRatios(config_.moh, batch.ratios)
-                          : std::vector<LayerTopK>();
-  const std::vector<LayerTopK>& row_top_k =
-      batch.top_k.empty() ? from_ratios : batch.top_k;
-  std::vector<int64_t> max_top_k, min_top_k, layer_top_k(rows);
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const TopKBounds bounds =
-        PackLayerTopK(row_top_k, l, 1, layer_top_k.data());
-    max_top_k.push_back(bounds.max);
-    min_top_k.push_back(bounds.min);
-    for (int64_t i = 0; i < n; ++i) {
-      top_k_host[l * n + i] = layer_top_k[token_row_host[i]];
-    }
-  }
+  StepIndices indices(batch, config_.moh, cache.block_size(), num_layers, n,
+                      tail);
+  std::vector<int64_t>& host = indices.host;
+  const int64_t table_width = indices.table_width;
   // On CPU the step's index tensors alias `host`, which outlives them.
   const at::Tensor device_ints = context_->Upload(at::from_blob(
       host.data(), {static_cast<int64_t>(host.size())}, at::kLong));
@@ -528,9 +543,9 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   step.token_block = next({n});
   step.token_offset = next({n});
   step.top_k = next({num_layers, n});
-  step.max_top_k = std::move(max_top_k);
-  step.min_top_k = std::move(min_top_k);
-  step.kv_len = kv_len;
+  step.max_top_k = std::move(indices.max_top_k);
+  step.min_top_k = std::move(indices.min_top_k);
+  step.kv_len = indices.kv_len;
   const at::Tensor out_tokens = next({rows * tail});
   const at::Tensor ids = context_->Upload(batch.token_ids)
                              .reshape({-1})
