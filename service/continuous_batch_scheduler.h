@@ -39,6 +39,7 @@
 #include "model/generation/sampler.h"
 #include "service/config_limits.h"
 #include "service/metrics.h"
+#include "service/servable_types.h"
 
 namespace moh {
 
@@ -54,43 +55,6 @@ struct GenerationJob {
   int32_t n = 1;
   // [-kMaxPriority, kMaxPriority]; higher is admitted first.
   int32_t priority = 0;
-};
-
-inline constexpr int32_t kMaxSamples = 16;
-inline constexpr int32_t kMaxPriority = 1000;
-
-// What a job produced, delivered once at its end.
-struct GenerationSummary {
-  FinishReason finish_reason = FinishReason::kLength;
-  int32_t prompt_tokens = 0;
-  int32_t completion_tokens = 0;
-  double effective_ratio = 1.0;  // used (token, head) pairs / all pairs
-  float applied_ratio = 0.0f;    // the ratio it ran at: the one asked for or
-                                 // the model's trained default, after adaptive
-                                 // lowering
-  int64_t routed_tokens = 0;   // tokens processed (each once per layer)
-  std::vector<int64_t> head_tokens;  // [num_layers * num_heads], row-major
-  int32_t index = 0;  // the sample (GenerationJob::n) it summarises
-  bool last = true;   // the job's last summary: its observer is done
-};
-
-// Receives one job's output. Either OnFinished is called once per sample
-// (GenerationChunk::index and GenerationSummary::index say which; the last
-// one has GenerationSummary::last), or OnError once, and nothing after it.
-// Called, in order, on the scheduler's callback thread (callback_thread.h),
-// after the step that produced the output; must not block.
-class GenerationObserver {
- public:
-  virtual ~GenerationObserver() = default;
-  // New text (whole UTF-8 characters) and token ids since the last chunk.
-  virtual void OnChunk(const GenerationChunk& chunk) = 0;
-  // A sample ended normally, or was cancelled (finish_reason kCancelled).
-  virtual void OnFinished(const GenerationSummary& summary) = 0;
-  // DEADLINE_EXCEEDED (its deadline passed, possibly before any compute),
-  // UNAVAILABLE (the scheduler shut down), INTERNAL (a model error). With
-  // several samples, the first sample's error ends the job: the others are
-  // cancelled and their output is dropped.
-  virtual void OnError(const absl::Status& status) = 0;
 };
 
 class ContinuousBatchScheduler {

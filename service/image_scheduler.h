@@ -32,6 +32,7 @@
 #include "model/generation/diffusion.h"
 #include "service/config_limits.h"
 #include "service/metrics.h"
+#include "service/servable_types.h"
 
 namespace moh {
 
@@ -45,32 +46,6 @@ struct ImageJob {
   float ratio = 0.0f;      // 0: the model's default
   float min_ratio = 0.0f;  // adaptive floor; 0 = never lowered
   absl::Time deadline = absl::InfiniteFuture();
-};
-
-struct ImageResult {
-  // What it was asked, resolved: the class, the seed, the guidance scale.
-  int64_t class_id = 0;
-  uint64_t seed = 0;
-  float guidance = 1.0f;
-  std::string png;
-  int32_t width = 0, height = 0;
-  int32_t steps = 0;
-  float applied_ratio = 0.0f;  // asked for or the trained default, lowered
-  double effective_ratio = 1.0;      // used (token, head) pairs / all pairs
-  int64_t routed_tokens = 0;         // tokens per block, over steps and rows
-  std::vector<int64_t> head_tokens;  // [L * H], H the most heads of a block
-  absl::Duration queued, sampling, decoding;
-};
-
-// Receives one request's output on the loop thread. OnProgress after every
-// step; then exactly one of OnFinished / OnError.
-class ImageObserver {
- public:
-  virtual ~ImageObserver() = default;
-  virtual void OnProgress(int32_t step, int32_t steps) = 0;
-  virtual void OnFinished(const ImageResult& result) = 0;
-  // CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE (shut down), INTERNAL.
-  virtual void OnError(const absl::Status& status) = 0;
 };
 
 class ImageScheduler {

@@ -21,7 +21,6 @@
 #include "absl/strings/string_view.h"
 #include "model/tokenizer/chat_template.h"
 #include "moh/v1/inference.pb.h"
-#include "service/continuous_batch_scheduler.h"
 #include "service/servable.h"
 
 namespace moh {

@@ -5,7 +5,8 @@
 // handlers (inference_service.cc) and the OpenAI-compatible HTTP API
 // (openai_http_generation.cc) convert their wire format into the calls below
 // and back; every check of a field against the model happens in the servable
-// or below, with messages that name the API field.
+// or below, with messages that name the API field. The calls, results and
+// observers are servable_types.h's.
 //
 // Adding a family: a Servable subclass, its loader in LoadServable
 // (hosted_model.cc), and a Task for its RPC.
@@ -27,90 +28,10 @@
 #include "model/generation/sampler.h"
 #include "model/tokenizer/chat_template.h"
 #include "moh/v1/inference.pb.h"
-#include "service/continuous_batch_scheduler.h"
-#include "service/image_scheduler.h"
 #include "service/metrics.h"
+#include "service/servable_types.h"
 
 namespace moh {
-
-// Which sampling fields a request set. The others take the model's
-// generation_config.json defaults when it has them (Hugging Face's reading:
-// language_model.h), else keep the API's own defaults, already in
-// GenerateCall::sampling (gRPC: greedy; the OpenAI API: temperature 1).
-struct SamplingFieldsSet {
-  bool temperature = false;
-  bool top_k = false;
-  bool top_p = false;
-  bool min_p = false;
-  bool repetition_penalty = false;
-};
-
-struct GenerateCall {
-  std::optional<std::string> prompt;
-  std::optional<std::vector<int32_t>> token_ids;
-  // Tokenize `prompt` with the tokenizer's special tokens (BOS); false for a
-  // prompt rendered by a chat template, which writes its own.
-  bool add_special_tokens = true;
-  SamplingParams sampling;  // max_new_tokens is ignored: see below
-  SamplingFieldsSet sampling_set;
-  // Tokens to generate; unset: the model's configured default.
-  std::optional<int32_t> max_new_tokens;
-  float ratio = 0.0f;
-  float min_ratio = 0.0f;
-  absl::Time deadline = absl::InfiniteFuture();
-  int32_t n = 1;         // samples (GenerationJob::n)
-  int32_t priority = 0;  // GenerationJob::priority
-};
-
-struct GenerateImageCall {
-  std::optional<int64_t> class_index;
-  std::optional<std::string> class_label;
-  std::optional<uint64_t> seed;  // unset: random
-  int32_t steps = 0;             // 0: the model's default
-  std::optional<float> guidance;  // unset: the model's default
-  float ratio = 0.0f;
-  float min_ratio = 0.0f;
-  absl::Time deadline = absl::InfiniteFuture();
-};
-
-struct ClassifyCall {
-  std::optional<std::string> image;  // encoded bytes
-  std::optional<std::pair<std::vector<int64_t>, std::vector<float>>> pixels;
-  std::optional<std::string> text;
-  std::vector<std::string> labels;
-  int32_t top_n = 0;
-  float ratio = 0.0f;
-  float min_ratio = 0.0f;
-  absl::Time deadline = absl::InfiniteFuture();
-  // Whether the client has gone (checked before computing); may be empty.
-  std::function<bool()> cancelled;
-};
-
-struct ClassScoreResult {
-  std::string label;
-  int32_t index = 0;
-  float score = 0.0f;
-  double log_likelihood = 0.0;
-};
-
-struct ClassifyResult {
-  std::vector<ClassScoreResult> classes;
-  double effective_ratio = 1.0;
-  float applied_ratio = 0.0f;
-  int64_t routed_tokens = 0;  // per layer, when every layer routes as many
-  // Tokens of each layer, when they differ (TransNeXt's stages); else empty.
-  std::vector<int64_t> layer_tokens;
-  // [num_layers * H], H the most heads of any layer (zeros past a layer's).
-  std::vector<int64_t> head_tokens;
-};
-
-using ClassifyDone = std::function<void(absl::StatusOr<ClassifyResult>)>;
-
-// The kinds of work a request asks for: how a request without a model name
-// finds a model that serves it.
-enum class Task { kGenerate, kClassifyImage, kClassifyText, kGenerateImage };
-Task TaskOf(const ClassifyCall& call);
-const char* TaskName(Task task);  // "Generate", "Classify of an image", ...
 
 class Servable {
  public:
