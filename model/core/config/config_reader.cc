@@ -110,5 +110,18 @@ absl::StatusOr<std::vector<std::string>> Labels(const ConfigReader& r) {
   return labels;
 }
 
+absl::Status ReadClassifierInput(const ConfigReader& r, int32_t channels,
+                                 std::vector<std::string>* labels,
+                                 std::vector<float>* mean,
+                                 std::vector<float>* std) {
+  MOH_ASSIGN_OR_RETURN(*labels, Labels(r));
+  MOH_ASSIGN_OR_RETURN(*mean, FloatList(r, "image_mean", channels, 0.5f));
+  MOH_ASSIGN_OR_RETURN(*std, FloatList(r, "image_std", channels, 0.5f));
+  for (float s : *std) {
+    if (!(s > 0)) return r.Error("image_std", "values must be > 0");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace config_json
 }  // namespace moh

@@ -125,6 +125,12 @@ absl::StatusOr<std::vector<float>> FloatList(const ConfigReader& r,
                                              float fallback);
 // `labels`: a non-empty list of class names.
 absl::StatusOr<std::vector<std::string>> Labels(const ConfigReader& r);
+// What an image classifier shares: its labels and the normalization of its
+// `channels` input channels (image_mean, image_std > 0; 0.5 when absent).
+absl::Status ReadClassifierInput(const ConfigReader& r, int32_t channels,
+                                 std::vector<std::string>* labels,
+                                 std::vector<float>* mean,
+                                 std::vector<float>* std);
 
 // The families' parsers.
 absl::StatusOr<LlamaConfig> ParseLlama(const ConfigReader& r);

@@ -207,14 +207,8 @@ absl::StatusOr<TransNextConfig> ParseTransNext(const ConfigReader& r) {
   if (c.pretrain_size / 32 < 2) {
     return r.Error("pretrain_size", "must be at least 64");
   }
-  MOH_ASSIGN_OR_RETURN(c.labels, Labels(r));
-  MOH_ASSIGN_OR_RETURN(c.image_mean,
-                       FloatList(r, "image_mean", c.num_channels, 0.5f));
-  MOH_ASSIGN_OR_RETURN(c.image_std,
-                       FloatList(r, "image_std", c.num_channels, 0.5f));
-  for (float s : c.image_std) {
-    if (!(s > 0)) return r.Error("image_std", "values must be > 0");
-  }
+  MOH_RETURN_IF_ERROR(ReadClassifierInput(r, c.num_channels, &c.labels,
+                                          &c.image_mean, &c.image_std));
   return c;
 }
 

@@ -28,14 +28,8 @@ absl::StatusOr<VitConfig> ParseVit(const ConfigReader& r) {
   MOH_ASSIGN_OR_RETURN(c.layer_norm_eps,
                        r.Double("layer_norm_eps", 0, 1, 1e-6));
   MOH_ASSIGN_OR_RETURN(c.qkv_bias, r.Bool("qkv_bias", true));
-  MOH_ASSIGN_OR_RETURN(c.labels, Labels(r));
-  MOH_ASSIGN_OR_RETURN(c.image_mean,
-                       FloatList(r, "image_mean", c.num_channels, 0.5f));
-  MOH_ASSIGN_OR_RETURN(c.image_std,
-                       FloatList(r, "image_std", c.num_channels, 0.5f));
-  for (float s : c.image_std) {
-    if (!(s > 0)) return r.Error("image_std", "values must be > 0");
-  }
+  MOH_RETURN_IF_ERROR(ReadClassifierInput(r, c.num_channels, &c.labels,
+                                          &c.image_mean, &c.image_std));
   MOH_ASSIGN_OR_RETURN(
       c.moh, ParseMoh(r, c.num_layers, c.num_heads, RouterKind::kDense));
   if (c.moh.router == RouterKind::kQueryNorm) {
