@@ -99,7 +99,6 @@ void HttpConnectionWatch::CloseLate(absl::Time now) {
     // request, whose completion callback runs as for any other close).
     shutdown(tracked.fd, SHUT_RDWR);
     tracked.shut = true;
-    timed_out_.fetch_add(1);
     MOH_LOG(Debug) << "http: a connection passed its header or body deadline "
                       "and was closed";
   }

@@ -67,9 +67,6 @@ class HttpConnectionWatch {
   // see Stopping()): call before MHD_stop_daemon, which must find none.
   void Stop();
 
-  // Connections closed for a deadline so far.
-  int64_t timed_out() const { return timed_out_.load(); }
-
   // What wakers share with the watch; they may outlive it (a model's
   // callbacks may wake a request after the server is gone).
   struct Shared {
@@ -95,7 +92,6 @@ class HttpConnectionWatch {
   absl::Mutex mu_;
   absl::flat_hash_map<MHD_Connection*, Tracked> connections_
       ABSL_GUARDED_BY(mu_);
-  std::atomic<int64_t> timed_out_{0};
   absl::Notification done_;
   std::thread thread_;
 };

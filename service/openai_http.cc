@@ -42,8 +42,7 @@ struct Incoming {
   // so that a client that sends its whole body before reading (as most do)
   // reads the answer rather than a broken pipe. A body that passes
   // Handler::DiscardLimit closes the connection instead.
-  absl::Status refusal;
-  unsigned int refusal_http = 0;
+  absl::Status refusal;  // OUT_OF_RANGE (the body's size) is a 413
   size_t discarded = 0;
   // Bytes of http_body_memory_mb the body holds.
   BodyReservation reservation;
@@ -109,27 +108,21 @@ struct OpenAiHttpServer::Handler {
         return incoming->generation->Continue(connection, &incoming->answered);
       }
       if (*upload_data_size != 0) {
-        // A body without a Content-Length holds its bytes as they come.
-        const size_t unreserved = incoming->body.size() + *upload_data_size >
-                                          incoming->reservation.bytes()
-                                      ? incoming->body.size() +
-                                            *upload_data_size -
-                                            incoming->reservation.bytes()
-                                      : 0;
-        if (incoming->body.size() + *upload_data_size >
-            server->options_.max_body_bytes) {
-          // A body without a Content-Length (chunked) that passes the limit.
-          Refused(
-              server, url, *incoming,
-              BodyTooLarge(server, incoming->body.size() + *upload_data_size));
-          incoming->discarded += *upload_data_size;
-          *upload_data_size = 0;
-          return MHD_YES;
+        // A body without a Content-Length (chunked) holds its bytes as they
+        // come, and is refused when it passes a limit.
+        const size_t total = incoming->body.size() + *upload_data_size;
+        const size_t held = incoming->reservation.bytes();
+        absl::Status refused;
+        if (total > server->options_.max_body_bytes) {
+          refused = BodyTooLarge(server, total);
+        } else if (total > held &&
+                   !incoming->reservation.Add(
+                       server->body_bytes_, total - held,
+                       server->options_.body_memory_bytes)) {
+          refused = BodiesFull(server);
         }
-        if (unreserved > 0 &&
-            !incoming->reservation.Add(server->body_bytes_, unreserved,
-                                       server->options_.body_memory_bytes)) {
-          Refused(server, url, *incoming, BodiesFull(server));
+        if (!refused.ok()) {
+          Refused(server, url, *incoming, refused);
           incoming->discarded += *upload_data_size;
           *upload_data_size = 0;
           return MHD_YES;
@@ -175,8 +168,6 @@ struct OpenAiHttpServer::Handler {
                       Incoming& incoming, const absl::Status& status) {
     Count(server, url, incoming, status.code());
     incoming.refusal = status;
-    incoming.refusal_http =
-        status.code() == absl::StatusCode::kOutOfRange ? 413 : 0;
     incoming.discarded += incoming.body.size();
     incoming.Release();
   }
@@ -184,8 +175,10 @@ struct OpenAiHttpServer::Handler {
   static MHD_Result AnswerRefusal(MHD_Connection* connection,
                                   Incoming& incoming) {
     incoming.answered = true;
+    const bool too_large =
+        incoming.refusal.code() == absl::StatusCode::kOutOfRange;
     return RespondError(connection, incoming.request_id, incoming.refusal,
-                        incoming.refusal_http);
+                        too_large ? 413 : 0);
   }
 
   // What a request's headers alone refuse: a missing or wrong token on a
