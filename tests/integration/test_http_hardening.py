@@ -396,3 +396,25 @@ def test_header_and_body_deadlines_are_not_reset_by_bytes(server_factory):
         for _ in range(2):
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert s.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_a_chunked_body_over_the_limit_is_refused_once_sent(server_factory):
+    # No Content-Length to refuse from: the body is counted as it arrives,
+    # dropped (never held) once it passes max_message_mb, and the client,
+    # which sends it all before reading, reads the 413.
+    server = server_factory("http_chunked", [("demo-lm", DEMO_LM, "")],
+                            http=True, metrics=False, extra="max_message_mb: 1")
+    chunk = b"x" * 65536
+    body = (b"%x\r\n%s\r\n" % (len(chunk), chunk)) * 24 + b"0\r\n\r\n"
+    status, answer, _ = raw(server.http_port,
+                            "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                            "Transfer-Encoding: chunked", body=body)
+    assert status == 413, answer
+    assert "max_message_mb" in answer["error"]["message"]
+    # A chunked body within the limit is served.
+    request = json.dumps({"prompt": "x", "max_tokens": 2}).encode()
+    status, answer, _ = raw(server.http_port,
+                            "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                            "Transfer-Encoding: chunked",
+                            body=b"%x\r\n%s\r\n0\r\n\r\n" % (len(request), request))
+    assert status == 200, answer
