@@ -281,11 +281,10 @@ MHD_Result StartStream(MHD_Connection* connection, Running run,
 
 struct HttpGeneration::Call {
   HttpGeneration::Env env;
-  Endpoint endpoint = Endpoint::kCompletions;
   std::shared_ptr<HttpWaker> waker;
   std::string body;  // until the worker has parsed it
   BodyReservation reservation;
-  Running run;  // the worker's until `prepared`
+  Running run;  // the worker's until `prepared` (but for what Start set)
   std::optional<openai::GenerationRequest> request;
   absl::StatusOr<uint64_t> id = absl::UnknownError("not prepared");
   // Not streamed: the output so far, once it runs.
@@ -309,13 +308,13 @@ struct HttpGeneration::Call {
   // (its id); `run` and `request` are filled as far as it got.
   absl::StatusOr<uint64_t> Prepare() {
     absl::StatusOr<openai::GenerationRequest> parsed =
-        openai::ParseGenerationRequest(endpoint, body);
+        openai::ParseGenerationRequest(run.endpoint, body);
     body = std::string();
     reservation.Release();  // parsed: the body's memory goes back
     if (!parsed.ok()) return parsed.status();
     request = std::move(*parsed);
     std::optional<ChatConversation> chat;
-    if (endpoint == Endpoint::kChatCompletions) {
+    if (run.endpoint == Endpoint::kChatCompletions) {
       chat = ChatConversation{std::move(request->messages),
                               request->add_generation_prompt};
     }
@@ -324,12 +323,12 @@ struct HttpGeneration::Call {
                  request->call.sampling.prompt_logprobs.has_value()};
     Dispatched dispatched;
     // `n` stays readable: an int survives the move.
-    absl::StatusOr<uint64_t> id =
+    absl::StatusOr<uint64_t> submitted =
         DispatchGenerate(*env.models, request->model, std::move(request->call),
                          chat, run.sink, &dispatched);
     run.model = std::move(dispatched.model);
     run.servable = dispatched.servable;
-    return id;
+    return submitted;
   }
 
   // On a request worker: prepares, then hands the result to the handler
@@ -371,7 +370,6 @@ absl::StatusOr<std::unique_ptr<HttpGeneration>> HttpGeneration::Start(
     const Env& env, MHD_Connection* connection, Request request) {
   auto call = std::make_shared<Call>();
   call->env = env;
-  call->endpoint = request.endpoint;
   call->body = std::move(request.body);
   call->reservation = std::move(request.reservation);
   call->waker = env.watch->NewWaker(connection);
@@ -442,7 +440,7 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
         return RespondError(connection, run.request_id, call.id.status());
       }
       run.id = *call.id;
-      run.response_id = openai::NewId(call.endpoint);
+      run.response_id = openai::NewId(run.endpoint);
       run.created = absl::ToUnixSeconds(absl::Now());
       run.include_usage = call.request->include_usage;
       const int32_t n = call.request->call.n;
@@ -482,7 +480,7 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
                                 run.asked};
       return HttpRespond(
           connection, 200,
-          openai::ResponseJson(call.endpoint, finished, run.TokenText()), kJson,
+          openai::ResponseJson(run.endpoint, finished, run.TokenText()), kJson,
           run.request_id.c_str());
     }
     if (call.waker->Suspend()) return MHD_YES;
