@@ -25,7 +25,7 @@ void InitCurlOnce() {
   (void)init;
 }
 
-// The server's codes (service/openai_response.cc, HttpStatus) read back.
+// The server's codes (service/http/openai_response.cc, HttpStatus) read back.
 absl::StatusCode CodeOfHttpStatus(long http_status) {
   switch (http_status) {
     case 400:

@@ -1,5 +1,5 @@
 // A small client of moh-server's OpenAI-compatible HTTP API
-// (service/openai_http.h) over libcurl, shared by `moh-client chat` and
+// (service/http/openai_http.h) over libcurl, shared by `moh-client chat` and
 // `moh-bench --api=openai`.
 //
 // One request is one curl easy handle (so one connection) on the calling

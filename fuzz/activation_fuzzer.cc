@@ -6,7 +6,7 @@
 // outside 0 or (0, ratio]; what it accepts must give one K per layer within
 // the layer's routed heads (ValidateTopK agrees), and lowering to the floor
 // never raises a K. This is the validation Generate and Classify run at
-// admission (service/continuous_batch_scheduler.cc, *_servable.cc) before
+// admission (service/language/language_executor.cc, *_servable.cc) before
 // anything touches a model.
 #include <cmath>
 #include <cstddef>

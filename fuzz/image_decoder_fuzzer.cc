@@ -1,8 +1,8 @@
-// Fuzzes the server's image decoder (service/image_decoder.h, DecodeImage)
-// on encoded PNG and JPEG bytes. The first input byte picks the channels (bit
-// 0: 1 or 3), the model's image side (bits 1-6: 1 to 64) and the path (bit 7:
-// Pillow's, bicubic with the shorter side 1 + side * 5 / 4 then the centre
-// crop); the rest is the image. A decoded image must be float32
+// Fuzzes the server's image decoder (service/vision/image_decoder.h,
+// DecodeImage) on encoded PNG and JPEG bytes. The first input byte picks the
+// channels (bit 0: 1 or 3), the model's image side (bits 1-6: 1 to 64) and the
+// path (bit 7: Pillow's, bicubic with the shorter side 1 + side * 5 / 4 then
+// the centre crop); the rest is the image. A decoded image must be float32
 // [channels, side, side] with values in [0, 1].
 #include <ATen/ATen.h>
 
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "fuzz/fuzz_check.h"
-#include "service/image_decoder.h"
+#include "service/vision/image_decoder.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -1,4 +1,4 @@
-// Fuzzes the HTTP API's request path (service/openai_api.h) as a client
+// Fuzzes the HTTP API's request path (service/http/openai_api.h) as a client
 // reaches it: the first byte picks the endpoint (/v1/completions or
 // /v1/chat/completions), the rest is the body. The body is parsed and
 // checked; a chat request's messages are rendered by demo-lm's chat template
@@ -18,7 +18,7 @@
 #include "fuzz/fuzz_check.h"
 #include "model/tokenizer/chat_template.h"
 #include "nlohmann/json.hpp"
-#include "service/openai_api.h"
+#include "service/http/openai_api.h"
 
 namespace {
 

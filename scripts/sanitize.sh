@@ -69,7 +69,7 @@ build_tsan_abseil() {
 run_thread() {
   local dir=build-tsan
   local tests=(batcher_test callback_thread_test step_planner_test
-    engine_loop_test continuous_batch_scheduler_test)
+    engine_loop_test language_executor_test)
   build_tsan_abseil "$dir/absl"
   if [ ! -f "$dir/build.ninja" ]; then
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -1,7 +1,10 @@
 """The layering of the C++ tree, checked rather than remembered (STYLE.md:
 dependencies point one way): which top-level folders each folder's files may
 include, which libraries model/ must never see (gRPC, Protobuf's generated
-API, Prometheus), and no include cycle among service/'s headers."""
+API, Prometheus), which of service/'s folders each of its folders may include
+(its layers, from config/ up to the two doors), that only the composition
+root names every model family, that service/'s tests mirror its folders, and
+no include cycle among service/'s headers."""
 import os
 import re
 import sys
@@ -27,6 +30,28 @@ FORBIDDEN_LIBRARIES = {
     "model": ("grpc", "google/protobuf", "prometheus"),
     "client": ("torch", "ATen", "c10", "prometheus"),
 }
+# service/'s layers: folder -> the service/ folders its files may include.
+SERVICE_ALLOWED = {
+    "config": {"config"},
+    "net": {"net"},
+    "metrics": {"metrics"},
+    "servable": {"servable", "metrics"},
+    "engine": {"engine", "servable", "metrics", "config"},
+    "language": {"language", "engine", "servable", "metrics", "config"},
+    "vision": {"vision", "engine", "servable", "metrics", "config"},
+    "diffusion": {"diffusion", "engine", "servable", "metrics", "config"},
+    "serving": {"serving", "language", "vision", "diffusion", "engine",
+                "servable", "metrics", "config"},
+    "grpc": {"grpc", "serving", "engine", "servable", "metrics", "config"},
+    "http": {"http", "serving", "net", "engine", "servable", "metrics",
+             "config"},
+    # main.cc composes the server: every layer but the families.
+    "": {"config", "net", "metrics", "servable", "engine", "serving", "grpc",
+         "http"},
+}
+FAMILIES = {"language", "vision", "diffusion"}
+# The one file outside a family's folder that names the families.
+COMPOSITION_ROOT = "service/serving/hosted_model.cc"
 PROJECT_FOLDERS = {"base", "model", "service", "client", "tools", "bench",
                    "moh", "proto", "tests", "fuzz"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
@@ -61,6 +86,51 @@ def test_each_folder_includes_only_the_layers_below_it(folder):
     assert not wrong, "\n".join(wrong)
 
 
+def service_folder(path):
+    parts = relative(path).split(os.sep)
+    return parts[1] if len(parts) > 2 else ""
+
+
+def test_service_folders_are_the_layers():
+    on_disk = {name for name in os.listdir(os.path.join(SOURCE_DIR, "service"))
+               if os.path.isdir(os.path.join(SOURCE_DIR, "service", name))}
+    assert on_disk == set(SERVICE_ALLOWED) - {""}
+
+
+@pytest.mark.parametrize("folder", sorted(SERVICE_ALLOWED))
+def test_each_service_folder_includes_only_the_layers_below_it(folder):
+    wrong = []
+    for path in sources("service"):
+        if service_folder(path) != folder:
+            continue
+        for kind, header in includes(path):
+            parts = header.split("/")
+            if kind != '"' or parts[0] != "service":
+                continue
+            included = parts[1] if len(parts) > 2 else ""
+            allowed = SERVICE_ALLOWED[folder]
+            if relative(path) == COMPOSITION_ROOT:
+                allowed = allowed | FAMILIES
+            elif folder == "serving":
+                allowed = allowed - FAMILIES
+            if included not in allowed:
+                wrong.append("%s includes %s" % (relative(path), header))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_service_tests_mirror_its_folders():
+    # tests/service/<layer>/<name>_test.cc tests service/<layer>/<name>.h.
+    strays = []
+    for path in sources(os.path.join("tests", "service")):
+        rel = os.path.relpath(path, os.path.join(SOURCE_DIR, "tests"))
+        if not rel.endswith("_test.cc"):
+            continue
+        header = os.path.join(SOURCE_DIR, rel[:-len("_test.cc")] + ".h")
+        if not os.path.exists(header):
+            strays.append(rel)
+    assert not strays, "tests with no header of the same name: " + ", ".join(strays)
+
+
 def test_service_headers_include_no_cycle():
     graph = {}
     for path in sources("service"):
@@ -88,9 +158,22 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     # The rules above would pass on an empty tree: show they catch one.
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "x.h").write_text(
-        '#include "service/servable.h"\n#include <grpcpp/grpcpp.h>\n')
+        '#include "service/servable/servable.h"\n#include <grpcpp/grpcpp.h>\n')
     monkeypatch.setattr(sys.modules[__name__], "SOURCE_DIR", str(tmp_path))
     with pytest.raises(AssertionError) as error:
         test_each_folder_includes_only_the_layers_below_it("model")
-    assert "model/x.h includes service/servable.h" in str(error.value)
+    assert "model/x.h includes service/servable/servable.h" in str(error.value)
     assert "model/x.h includes grpcpp/grpcpp.h" in str(error.value)
+
+
+def test_the_checker_sees_a_layer_violation(tmp_path, monkeypatch):
+    for folder, text in (("serving", '#include "service/language/x.h"\n'),
+                         ("engine", '#include "service/serving/x.h"\n')):
+        (tmp_path / "service" / folder).mkdir(parents=True)
+        (tmp_path / "service" / folder / "y.cc").write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "SOURCE_DIR", str(tmp_path))
+    for folder, included in (("serving", "language"), ("engine", "serving")):
+        with pytest.raises(AssertionError) as error:
+            test_each_service_folder_includes_only_the_layers_below_it(folder)
+        assert "service/%s/y.cc includes service/%s/x.h" % (folder, included) \
+            in str(error.value)

@@ -26,7 +26,7 @@
 #include "model/core/runtime.h"
 #include "model/generation/diffusion.h"
 #include "model/generation/dit_sampler.h"
-#include "service/image_encoder.h"
+#include "service/diffusion/image_encoder.h"
 
 ABSL_FLAG(std::string, model_dir, "",
           "Model directory (config.json, weights; the VAE its config names)");

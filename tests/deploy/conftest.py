@@ -24,7 +24,7 @@ OVERLAYS = ("cpu", "gpu", "tls")
 # Health service names moh-server answers (service/main.cc).
 HEALTH_SERVICES = ("", "moh.v1.Inference")
 # Server defaults when neither the config file nor a flag sets them
-# (service/server_config.cc ResolveServerConfig).
+# (service/config/server_config.cc ResolveServerConfig).
 DEFAULT_PORT = 50051
 DEFAULT_METRICS_PORT = 9464
 DEFAULT_DRAIN_SECONDS = 30.0

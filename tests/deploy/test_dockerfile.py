@@ -166,7 +166,7 @@ def test_base_images_are_debian_12(dockerfile):
 
 def demo_model_names():
     """The directories DemoServerConfig expects under --demo_dir."""
-    source = read("service/server_config.cc")
+    source = read("service/config/server_config.cc")
     body = source[source.index("DemoServerConfig("):]
     body = body[:body.find("\n}\n") + 1 or None]
     # demo_dir + "/x", StrCat(demo_dir, "/x"), path(demo_dir) / "x"

@@ -73,8 +73,8 @@ def test_the_picker_is_reachable_where_the_pool_says(gateway):
 
 
 def exported_metric_names():
-    """The families service/metrics.cc registers."""
-    with open(os.path.join(SOURCE_DIR, "service", "metrics.cc")) as f:
+    """The families service/metrics/metrics.cc registers."""
+    with open(os.path.join(SOURCE_DIR, "service", "metrics", "metrics.cc")) as f:
         return set(re.findall(r'"(moh_[a-z_]+)"', f.read()))
 
 
@@ -96,7 +96,7 @@ def test_the_picker_scrapes_moh_servers_gauges(gateway, rendered, overlay):
         m = re.fullmatch(r'([a-z_:]+)\{model="([^"]+)"\}', spec or "")
         assert m, "%s=%r is not metric{model=\"NAME\"}" % (name, spec)
         assert m.group(1) == want[name] and m.group(1) in names, spec
-        # The demo deployment's language model (service/server_config.cc).
+        # The demo deployment's language model (service/config/server_config.cc).
         assert m.group(2) == "demo-lm", spec
 
 

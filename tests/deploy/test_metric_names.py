@@ -30,7 +30,7 @@ NAME = re.compile(r"\b((?:moh|process)_[a-z0-9_]+)\b")
 # Labels Prometheus (ServiceMonitor relabelling) or kube-state-metrics add.
 TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "endpoint",
                  "container", "deployment", "le", "__name__"}
-# Exported only on CUDA (service/metrics.h), with its label.
+# Exported only on CUDA (service/metrics/metrics.h), with its label.
 CUDA_ONLY = {"moh_gpu_memory_bytes": {"device"}}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -198,7 +198,7 @@ def live_scrape(rendered, tmp_path_factory):
 def test_queries_use_only_exported_metrics(rendered, live_scrape):
     types, sample_labels = parse_exposition(live_scrape)
     assert "moh_requests_waiting" in types and "process_resident_memory_bytes" in types
-    metrics_source = open(os.path.join(SOURCE_DIR, "service/metrics.cc")).read()
+    metrics_source = open(os.path.join(SOURCE_DIR, "service/metrics/metrics.cc")).read()
     problems = []
     for where, promql in queries(rendered).items():
         metric_labels = set()

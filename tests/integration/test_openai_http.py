@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API of a real moh-server (service/openai_http.h),
+"""The OpenAI-compatible HTTP API of a real moh-server (service/http/openai_http.h),
 driven by the official `openai` Python client (PyPI, pinned in
 scripts/test_venv.env) and by raw HTTP where the client hides the wire:
 

@@ -1,0 +1,141 @@
+// The JSON of the OpenAI-compatible HTTP API (openai_http.h): request bodies
+// checked and turned into the servables' calls, results turned into OpenAI's
+// response, stream chunk, model list and error objects. No HTTP here, so all
+// of it is unit-tested on strings (tests/openai_api_test.cc). The requests
+// are openai_request.cc's, the answers openai_response.cc's.
+//
+// Field names are OpenAI's (`max_tokens`, `stop`, ...); moh-serve's own idea,
+// the activation ratio, enters as `activation_ratio` and
+// `min_activation_ratio` and leaves as the `moh` object beside `usage`:
+//   "moh": {"activation_ratio": 0.5, "effective_activation_ratio": 0.58}
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "model/tokenizer/chat_template.h"
+#include "moh/v1/inference.pb.h"
+#include "service/servable/servable.h"
+
+namespace moh {
+namespace openai {
+
+// What the endpoint is: the object names of its responses differ.
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// A POST /v1/completions or /v1/chat/completions body, checked. Sampling
+// fields left out take the model's generation_config.json defaults when it
+// has them, else OpenAI's (temperature 1, top_p 1); max_tokens the model's
+// configured default.
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;  // empty: the server's only (or first) language model
+  GenerateCall call;  // completions: the prompt; chat: no prompt yet
+  std::vector<ChatMessage> messages;  // chat only
+  bool add_generation_prompt = true;  // chat only
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// Parses and checks a body. INVALID_ARGUMENT naming the field (OpenAI's
+// name) and its allowed values; unknown fields are refused by name.
+absl::StatusOr<GenerationRequest> ParseGenerationRequest(
+    Endpoint endpoint, absl::string_view body);
+
+// A field as this API names it, from its gRPC name (base/field_error.h):
+// "sampling.top_p" is "top_p", "activation.ratio" "activation_ratio".
+std::string HttpFieldName(absl::string_view field);
+
+// The HTTP status of an error (400, 401, 403, 404, 429, 499, 500, 503, 504).
+int HttpStatus(absl::StatusCode code);
+// {"error": {"message", "type", "param", "code": "INVALID_ARGUMENT"}}: the
+// message and `param` (null for an error about no one field) name the
+// field as this API does.
+std::string ErrorJson(const absl::Status& status);
+
+// A new response id: "cmpl-" or "chatcmpl-" and 24 random hex digits.
+std::string NewId(Endpoint endpoint);
+
+// "stop" (EOS or a stop string) or "length".
+const char* FinishReasonString(FinishReason reason);
+
+// A token's text for log-probabilities (Servable::TokenText).
+using TokenTextFn = std::function<std::string(int32_t)>;
+
+// What one choice (sample `index` of n) produced: all of it (ResponseJson),
+// or what is new since its previous chunk (ChunkJson).
+struct ChoiceOutput {
+  int32_t index = 0;
+  std::string text;
+  std::vector<LogprobEntry> logprobs;          // one per token, when asked
+  std::vector<LogprobEntry> prompt_logprobs;   // when asked (choice 0)
+  const GenerationSummary* summary = nullptr;  // set once it has finished
+
+  // Appends more of the choice's output: its text and log-probabilities.
+  void Append(const std::string& more_text,
+              const std::vector<LogprobEntry>& more_logprobs,
+              const std::vector<LogprobEntry>& more_prompt_logprobs) {
+    text += more_text;
+    logprobs.insert(logprobs.end(), more_logprobs.begin(), more_logprobs.end());
+    prompt_logprobs.insert(prompt_logprobs.end(), more_prompt_logprobs.begin(),
+                           more_prompt_logprobs.end());
+  }
+};
+
+// The log-probabilities the request asked for (`logprobs` / `top_logprobs`,
+// `prompt_logprobs`): choices without them show null.
+struct LogprobsAsked {
+  bool tokens = false;
+  bool prompt = false;
+};
+
+// The summary of a request's n samples together: its prompt once, the
+// completion tokens of all, the effective ratio over all tokens computed.
+GenerationSummary CombineSummaries(
+    const std::vector<GenerationSummary>& samples);
+
+// The whole response of a finished request (stream false): every choice,
+// each with its summary, and `summary` (CombineSummaries) for usage and moh.
+struct Finished {
+  std::string id;
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  std::vector<ChoiceOutput> choices;
+  GenerationSummary summary;
+  LogprobsAsked asked;
+};
+std::string ResponseJson(Endpoint endpoint, const Finished& finished,
+                         const TokenTextFn& token_text);
+
+// One stream chunk ("data: <this>\n\n") of one choice: its new text (and
+// log-probabilities); a choice's last chunk has its finish reason and its
+// `moh` object. With include_usage, the usage chunk (empty choices, `summary`
+// of the request) follows the last choice's.
+struct Chunk {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  ChoiceOutput choice;
+  bool first = false;  // chat: the choice's first delta carries the role
+  LogprobsAsked asked;
+  // Completions' text_offset of the chunk's first token: the length of the
+  // tokens' text streamed before in this choice.
+  int64_t offset = 0;
+};
+std::string ChunkJson(Endpoint endpoint, const Chunk& chunk,
+                      const TokenTextFn& token_text);
+std::string UsageChunkJson(Endpoint endpoint, const Chunk& chunk,
+                           const GenerationSummary& summary);
+
+// GET /v1/models: {"object": "list", "data": [...]}, every hosted model with
+// a `moh` object (family, state, ratios, max_seq_len).
+std::string ModelsJson(const std::vector<v1::ModelInfo>& models);
+
+}  // namespace openai
+}  // namespace moh

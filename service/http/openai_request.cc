@@ -1,0 +1,483 @@
+#include <cmath>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "base/abbreviate.h"
+#include "base/field_error.h"
+#include "base/status_macros.h"
+#include "model/generation/sampler.h"
+#include "nlohmann/json.hpp"
+#include "service/http/openai_api.h"
+#include "service/metrics/request_log.h"
+
+// The request bodies, parsed and checked (the answers are
+// openai_response.cc's).
+namespace moh {
+namespace openai {
+namespace {
+
+using nlohmann::json;
+
+// An error about `field` (already this API's name: HttpFieldName keeps it).
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return FieldError(field, what);
+}
+
+// A JSON value's type for messages.
+std::string TypeName(const json& v) { return v.type_name(); }
+
+// Reads body fields; a null value counts as absent (OpenAI's clients send
+// null for "default").
+class Fields {
+ public:
+  explicit Fields(const json& body) : body_(body) {}
+
+  const json* Get(const std::string& name) const {
+    auto it = body_.find(name);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  absl::StatusOr<std::optional<double>> Number(const std::string& name,
+                                               double lo, double hi,
+                                               bool lo_open = false) const {
+    const json* v = Get(name);
+    if (v == nullptr) return std::optional<double>();
+    if (!v->is_number()) {
+      return Invalid(name,
+                     absl::StrCat("must be a number, got ", TypeName(*v)));
+    }
+    const double x = v->get<double>();
+    const bool above = lo_open ? x > lo : x >= lo;
+    if (!(above && x <= hi)) {
+      return Invalid(name, absl::StrCat("must be in ", lo_open ? "(" : "[", lo,
+                                        ", ", hi, "], got ", x));
+    }
+    return std::optional<double>(x);
+  }
+
+  absl::StatusOr<std::optional<int64_t>> Integer(const std::string& name,
+                                                 int64_t lo, int64_t hi) const {
+    const json* v = Get(name);
+    if (v == nullptr) return std::optional<int64_t>();
+    if (!v->is_number_integer()) {
+      return Invalid(name,
+                     absl::StrCat("must be an integer, got ", TypeName(*v)));
+    }
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+      return Invalid(name, absl::StrCat("must be in [", lo, ", ", hi, "], got ",
+                                        v->get<uint64_t>()));
+    }
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) {
+      return Invalid(name,
+                     absl::StrCat("must be in [", lo, ", ", hi, "], got ", x));
+    }
+    return std::optional<int64_t>(x);
+  }
+
+  absl::StatusOr<bool> Bool(const std::string& name, bool fallback) const {
+    const json* v = Get(name);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) {
+      return Invalid(name,
+                     absl::StrCat("must be true or false, got ", TypeName(*v)));
+    }
+    return v->get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(const std::string& name) const {
+    const json* v = Get(name);
+    if (v == nullptr) return std::string();
+    if (!v->is_string()) {
+      return Invalid(name,
+                     absl::StrCat("must be a string, got ", TypeName(*v)));
+    }
+    return v->get<std::string>();
+  }
+
+ private:
+  const json& body_;
+};
+
+// Fields OpenAI defines that this server accepts only at their defaults
+// (the value that means "off"), so that a client relying on one hears so.
+absl::Status CheckUnsupported(const Fields& f) {
+  struct Off {
+    const char* name;
+    const char* off;  // what the client may send instead
+  };
+  for (const Off& o :
+       {Off{"echo", "false"}, Off{"best_of", "null or 1"},
+        Off{"suffix", "null or \"\""}, Off{"logit_bias", "null or {}"},
+        Off{"tools", "null or []"}, Off{"tool_choice", "null or \"none\""},
+        Off{"response_format", "null or {\"type\": \"text\"}"}}) {
+    const json* v = f.Get(o.name);
+    if (v == nullptr) continue;
+    const bool off =
+        (v->is_boolean() && !v->get<bool>()) ||
+        (v->is_number() && v->get<double>() == 0.0) ||
+        (v->is_number() && std::string(o.name) == "best_of" &&
+         v->get<double>() == 1.0) ||
+        (v->is_string() &&
+         (v->get<std::string>().empty() || v->get<std::string>() == "none")) ||
+        (v->is_object() &&
+         (v->empty() ||
+          (v->size() == 1 && v->contains("type") && (*v)["type"] == "text"))) ||
+        (v->is_array() && v->empty());
+    if (!off) {
+      return Invalid(o.name,
+                     absl::StrCat("is not supported by this server yet: "
+                                  "send ",
+                                  o.off, " or leave it out"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `list`'s token ids; else INVALID_ARGUMENT "<field> must be <what>".
+absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list,
+                                              const std::string& field,
+                                              const char* what) {
+  std::vector<int32_t> ids;
+  for (const json& t : list) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Invalid(field,
+                     absl::StrCat("must be ", what,
+                                  " (token ids: non-negative integers)"));
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+constexpr char kPromptShape[] = "a string or a list of token ids";
+
+// prompt: a string, a list of token ids, or a list holding one of those.
+absl::Status ReadPrompt(const Fields& f, GenerateCall* call) {
+  const json* p = f.Get("prompt");
+  if (p == nullptr) return Invalid("prompt", "is required");
+  if (p->is_string()) {
+    call->prompt = p->get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!p->is_array() || p->empty()) {
+    return Invalid("prompt", "must be a string or a list of token ids");
+  }
+  const json& first = (*p)[0];
+  if (first.is_number_integer()) {
+    auto ids = TokenIds(*p, "prompt", kPromptShape);
+    if (!ids.ok()) return ids.status();
+    call->token_ids = std::move(*ids);
+    return absl::OkStatus();
+  }
+  if (p->size() != 1) {
+    return Invalid(
+        "prompt", absl::StrCat("must hold one prompt (one request per prompt), "
+                               "got ",
+                               p->size()));
+  }
+  if (first.is_string()) {
+    call->prompt = first.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (first.is_array() && !first.empty()) {
+    auto ids = TokenIds(first, "prompt", kPromptShape);
+    if (!ids.ok()) return ids.status();
+    call->token_ids = std::move(*ids);
+    return absl::OkStatus();
+  }
+  return Invalid("prompt", "must be a string or a list of token ids");
+}
+
+// messages: [{"role": "system"|"user"|"assistant"|..., "content": text or
+// [{"type": "text", "text": ...}, ...]}, ...]
+absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const Fields& f) {
+  const json* m = f.Get("messages");
+  if (m == nullptr) return Invalid("messages", "is required");
+  if (!m->is_array() || m->empty()) {
+    return Invalid("messages", "must be a non-empty list of messages");
+  }
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& entry = (*m)[i];
+    const std::string at = absl::StrCat("messages[", i, "]");
+    if (!entry.is_object()) return Invalid(at, "must be an object");
+    ChatMessage message;
+    auto role = entry.find("role");
+    if (role == entry.end() || !role->is_string() ||
+        role->get<std::string>().empty()) {
+      return Invalid(at + ".role", "must be a non-empty string");
+    }
+    message.role = role->get<std::string>();
+    auto content = entry.find("content");
+    if (content == entry.end() || content->is_null()) {
+      // An assistant turn may have no content (it called tools).
+    } else if (content->is_string()) {
+      message.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& part = (*content)[k];
+        const std::string part_at = absl::StrCat(at, ".content[", k, "]");
+        if (!part.is_object()) {
+          return Invalid(
+              part_at, absl::StrCat("must be an object, got ", TypeName(part)));
+        }
+        // Every value read by its type first: a number where a string
+        // belongs is the client's error, never an exception.
+        const auto type = part.find("type");
+        if (type == part.end() || !type->is_string() ||
+            type->get_ref<const std::string&>() != "text") {
+          return Invalid(part_at + ".type",
+                         "must be \"text\" (this server takes text only)");
+        }
+        const auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          return Invalid(part_at + ".text", "must be a string");
+        }
+        message.content += text->get_ref<const std::string&>();
+      }
+    } else {
+      return Invalid(at + ".content",
+                     "must be a string or a list of text parts");
+    }
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
+// stop: a string or a list of at most kMaxStopStrings strings.
+absl::Status ReadStop(const Fields& f, SamplingParams* sampling) {
+  const json* s = f.Get("stop");
+  if (s == nullptr) return absl::OkStatus();
+  if (s->is_string()) {
+    sampling->stop.push_back(s->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!s->is_array()) {
+    return Invalid("stop", "must be a string or a list of strings");
+  }
+  for (const json& one : *s) {
+    if (!one.is_string()) {
+      return Invalid("stop", "must be a string or a list of strings");
+    }
+    sampling->stop.push_back(one.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+// Completions: logprobs, the number of alternatives (an integer). Chat:
+// logprobs true, with top_logprobs alternatives. Both: prompt_logprobs
+// (vLLM's).
+absl::Status ReadLogprobs(Endpoint endpoint, const Fields& f,
+                          SamplingParams* s) {
+  if (endpoint == Endpoint::kCompletions) {
+    MOH_ASSIGN_OR_RETURN(std::optional<int64_t> n,
+                         f.Integer("logprobs", 0, kMaxLogprobs));
+    if (n) s->logprobs = static_cast<int32_t>(*n);
+  } else {
+    MOH_ASSIGN_OR_RETURN(bool wanted, f.Bool("logprobs", false));
+    MOH_ASSIGN_OR_RETURN(std::optional<int64_t> top,
+                         f.Integer("top_logprobs", 0, kMaxLogprobs));
+    if (top && !wanted) {
+      return Invalid("top_logprobs", "needs \"logprobs\": true");
+    }
+    if (wanted) s->logprobs = static_cast<int32_t>(top.value_or(0));
+  }
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> prompt,
+                       f.Integer("prompt_logprobs", 0, kMaxLogprobs));
+  if (prompt) s->prompt_logprobs = static_cast<int32_t>(*prompt);
+  return absl::OkStatus();
+}
+
+std::set<std::string> KnownFields(Endpoint endpoint) {
+  std::set<std::string> known = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+      "stop_token_ids", "ignore_eos", "min_tokens", "stream", "stream_options",
+      "n", "repetition_penalty", "user", "activation_ratio",
+      "min_activation_ratio", "logprobs", "prompt_logprobs", "min_p",
+      "presence_penalty", "frequency_penalty", "priority",
+      // Accepted only at their defaults (CheckUnsupported).
+      "echo", "best_of", "suffix", "logit_bias"};
+  if (endpoint == Endpoint::kCompletions) {
+    known.insert("prompt");
+  } else {
+    known.insert({"messages", "max_completion_tokens", "add_generation_prompt",
+                  "top_logprobs", "tools", "tool_choice", "response_format"});
+  }
+  return known;
+}
+
+// The body as a JSON object whose every field this endpoint knows.
+absl::StatusOr<json> ReadBody(Endpoint endpoint, absl::string_view body) {
+  json parsed = json::parse(body.begin(), body.end(), nullptr,
+                            /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    return absl::InvalidArgumentError("the body must be JSON");
+  }
+  if (!parsed.is_object()) {
+    return absl::InvalidArgumentError("the body must be a JSON object");
+  }
+  const std::set<std::string> known = KnownFields(endpoint);
+  for (const auto& [key, value] : parsed.items()) {
+    if (known.count(key) == 0) {
+      // Not a field: no `param`.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", Abbreviate(key), "\" is not a field of this endpoint (fields: ",
+          absl::StrJoin(known, ", "), ")"));
+    }
+  }
+  return parsed;
+}
+
+// Sampling: the token budget, the sampler's fields, stops, samples,
+// priority, log-probabilities. The server's own limits (max_seq_len) apply
+// later, in the servable.
+absl::Status ReadSampling(Endpoint endpoint, const Fields& f,
+                          GenerateCall* out) {
+  GenerateCall& call = *out;
+  SamplingParams& s = call.sampling;
+  constexpr int64_t kMaxTokens = 1 << 20;
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
+                       f.Integer("max_tokens", 1, kMaxTokens));
+  if (endpoint == Endpoint::kChatCompletions) {
+    // The newer name wins.
+    MOH_ASSIGN_OR_RETURN(std::optional<int64_t> max_completion_tokens,
+                         f.Integer("max_completion_tokens", 1, kMaxTokens));
+    if (max_completion_tokens) max_tokens = max_completion_tokens;
+  }
+  if (max_tokens) call.max_new_tokens = static_cast<int32_t>(*max_tokens);
+  MOH_ASSIGN_OR_RETURN(std::optional<double> temperature,
+                       f.Number("temperature", 0.0, 2.0));
+  s.temperature = static_cast<float>(temperature.value_or(1.0));
+  call.sampling_set.temperature = temperature.has_value();
+  MOH_ASSIGN_OR_RETURN(std::optional<double> top_p,
+                       f.Number("top_p", 0.0, 1.0, /*lo_open=*/true));
+  s.top_p = static_cast<float>(top_p.value_or(1.0));
+  call.sampling_set.top_p = top_p.has_value();
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<int64_t> top_k,
+      f.Integer("top_k", -1, std::numeric_limits<int32_t>::max()));
+  s.top_k = top_k && *top_k > 0 ? static_cast<int32_t>(*top_k) : 0;
+  call.sampling_set.top_k = top_k.has_value();
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<int64_t> seed,
+      f.Integer("seed", 0, std::numeric_limits<int64_t>::max()));
+  if (seed) s.seed = static_cast<uint64_t>(*seed);
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<double> penalty,
+      f.Number("repetition_penalty", 0.0, 1e6, /*lo_open=*/true));
+  s.repetition_penalty = static_cast<float>(penalty.value_or(1.0));
+  call.sampling_set.repetition_penalty = penalty.has_value();
+  MOH_RETURN_IF_ERROR(ReadStop(f, &s));
+  if (const json* ids = f.Get("stop_token_ids")) {
+    if (!ids->is_array()) {
+      return Invalid("stop_token_ids", "must be a list of token ids");
+    }
+    MOH_ASSIGN_OR_RETURN(s.stop_token_ids, TokenIds(*ids, "stop_token_ids",
+                                                    "a list of token ids"));
+  }
+  MOH_ASSIGN_OR_RETURN(s.ignore_eos, f.Bool("ignore_eos", false));
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
+                       f.Integer("min_tokens", 0, kMaxTokens));
+  s.min_tokens = static_cast<int32_t>(min_tokens.value_or(0));
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> n,
+                       f.Integer("n", 1, kMaxSamples));
+  call.n = static_cast<int32_t>(n.value_or(1));
+  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> priority,
+                       f.Integer("priority", -kMaxPriority, kMaxPriority));
+  call.priority = static_cast<int32_t>(priority.value_or(0));
+  for (auto [name, value] :
+       {std::pair<const char*, float*>{"presence_penalty", &s.presence_penalty},
+        {"frequency_penalty", &s.frequency_penalty}}) {
+    MOH_ASSIGN_OR_RETURN(std::optional<double> x,
+                         f.Number(name, -kMaxOutputPenalty, kMaxOutputPenalty));
+    *value = static_cast<float>(x.value_or(0.0));
+  }
+  MOH_ASSIGN_OR_RETURN(std::optional<double> min_p, f.Number("min_p", 0, 1));
+  s.min_p = static_cast<float>(min_p.value_or(0.0));
+  call.sampling_set.min_p = min_p.has_value();
+  MOH_RETURN_IF_ERROR(ReadLogprobs(endpoint, f, &s));
+  return absl::OkStatus();
+}
+
+// The activation: moh-serve's own fields.
+absl::Status ReadActivation(const Fields& f, GenerateCall* call) {
+  MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
+                       f.Number("activation_ratio", 0.0, 1.0));
+  call->ratio = static_cast<float>(ratio.value_or(0.0));
+  MOH_ASSIGN_OR_RETURN(std::optional<double> min_ratio,
+                       f.Number("min_activation_ratio", 0.0, 1.0));
+  call->min_ratio = static_cast<float>(min_ratio.value_or(0.0));
+  return absl::OkStatus();
+}
+
+// stream, and stream_options (include_usage) with it.
+absl::Status ReadStream(const Fields& f, GenerationRequest* request) {
+  MOH_ASSIGN_OR_RETURN(request->stream, f.Bool("stream", false));
+  if (const json* options = f.Get("stream_options")) {
+    if (!request->stream) {
+      return Invalid("stream_options", "needs \"stream\": true");
+    }
+    if (!options->is_object())
+      return Invalid("stream_options", "must be an object");
+    for (const auto& [key, value] : options->items()) {
+      if (key != "include_usage") {
+        return Invalid(absl::StrCat("stream_options.", key),
+                       "is not supported (stream_options: include_usage)");
+      }
+    }
+    MOH_ASSIGN_OR_RETURN(request->include_usage,
+                         Fields(*options).Bool("include_usage", false));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
+                                               absl::string_view body) {
+  MOH_ASSIGN_OR_RETURN(const json parsed, ReadBody(endpoint, body));
+  const Fields f(parsed);
+  MOH_RETURN_IF_ERROR(CheckUnsupported(f));
+  GenerationRequest request;
+  request.endpoint = endpoint;
+  MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
+  if (endpoint == Endpoint::kCompletions) {
+    MOH_RETURN_IF_ERROR(ReadPrompt(f, &request.call));
+  } else {
+    MOH_ASSIGN_OR_RETURN(request.messages, ReadMessages(f));
+    MOH_ASSIGN_OR_RETURN(request.add_generation_prompt,
+                         f.Bool("add_generation_prompt", true));
+  }
+  MOH_RETURN_IF_ERROR(ReadSampling(endpoint, f, &request.call));
+  MOH_RETURN_IF_ERROR(ReadActivation(f, &request.call));
+  MOH_ASSIGN_OR_RETURN(std::string user, f.String("user"));
+  (void)user;  // accepted, not used
+  MOH_RETURN_IF_ERROR(ReadStream(f, &request));
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<GenerationRequest> ParseGenerationRequest(
+    Endpoint endpoint, absl::string_view body) {
+  // Every read above checks its value's type; should one not, the JSON
+  // library's exception is still this request's error, not the server's.
+  try {
+    return ParseChecked(endpoint, body);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body holds a value of a type this endpoint does not "
+                     "take (",
+                     Abbreviate(e.what(), 200), ")"));
+  }
+}
+
+}  // namespace openai
+}  // namespace moh

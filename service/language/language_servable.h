@@ -1,0 +1,64 @@
+// The language family: Generate through the continuous-batching executor,
+// and Classify of a text by scoring candidate labels, in dynamic batches.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/generation/language_model.h"
+#include "moh/v1/server_config.pb.h"
+#include "service/engine/batched_classifier.h"
+#include "service/language/language_executor.h"
+#include "service/metrics/metrics.h"
+#include "service/servable/servable.h"
+
+namespace moh {
+
+class LanguageServable : public Servable {
+ public:
+  // Loads the model of `config.model_dir()` on `device`, checks that its KV
+  // cache fits, and starts the executor.
+  static absl::StatusOr<std::unique_ptr<LanguageServable>> Load(
+      const v1::ModelConfig& config, const DeviceOptions& device,
+      Metrics* metrics);
+  ~LanguageServable() override;
+
+  void Describe(v1::ModelInfo* info) const override;
+  bool Serves(Task task) const override {
+    return task == Task::kGenerate || task == Task::kClassifyText;
+  }
+  const MohConfig& moh() const override;
+  ModelMetrics* metrics() const override { return metrics_; }
+  absl::StatusOr<uint64_t> Generate(
+      GenerateCall call, std::shared_ptr<GenerationObserver> observer) override;
+  void CancelGenerate(uint64_t id) override;
+  absl::StatusOr<std::string> ChatPrompt(
+      const std::vector<ChatMessage>& messages,
+      bool add_generation_prompt) const override;
+  std::string TokenText(int32_t id) const override;
+  absl::Status Classify(ClassifyCall call, ClassifyDone done) override;
+  void StopAccepting() override;
+  bool Idle() const override;
+
+  // One forward of a short prompt in a cache of its own.
+  absl::Status Warmup() const;
+
+ private:
+  LanguageServable(const v1::ModelConfig& config, LanguageModel lm,
+                   ModelMetrics* metrics);
+  absl::StatusOr<ClassifyTask> Prepare(ClassifyCall& call) const;
+  void ScoreLabels(ClassifyTask& task);
+
+  const int32_t default_max_new_tokens_;
+  const LanguageModel lm_;
+  // tokenizer_config.json's chat template, or why there is none (NOT_FOUND:
+  // the model has none; else it did not load).
+  absl::StatusOr<LoadedChatTemplate> chat_template_ =
+      absl::NotFoundError("not loaded");
+  ModelMetrics* const metrics_;
+  std::unique_ptr<LanguageExecutor> executor_;
+  std::unique_ptr<BatchedClassifier> classifier_;  // last: stopped first
+};
+
+}  // namespace moh

@@ -1,0 +1,95 @@
+#include "service/servable/servable.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/enum_names.h"
+
+namespace moh {
+
+Task TaskOf(const ClassifyCall& call) {
+  return call.text.has_value() ? Task::kClassifyText : Task::kClassifyImage;
+}
+
+const char* TaskName(Task task) {
+  static constexpr const char* kNames[] = {"Generate", "Classify of an image",
+                                           "Classify of a text",
+                                           "GenerateImage"};
+  return EnumName(task, kNames);
+}
+
+void DescribeMoh(const MohConfig& moh, v1::ModelInfo* info) {
+  info->set_router(RouterKindName(moh.router));
+  for (const MohLayerConfig& layer : moh.layers) {
+    v1::LayerHeads* heads = info->add_layers();
+    heads->set_num_heads(layer.num_heads);
+    heads->set_shared_heads(layer.shared_heads);
+    heads->set_routed_heads(layer.routed_heads());
+    heads->set_default_top_k(layer.top_k);
+    if (layer.stage >= 0) {
+      heads->set_stage(layer.stage);
+      heads->set_block(layer.block);
+    }
+  }
+  info->set_default_ratio(moh.DefaultRatio());
+  info->set_min_ratio(moh.MinRatio());
+}
+
+std::vector<int32_t> LayerHeads(const MohConfig& moh) {
+  std::vector<int32_t> heads;
+  for (const MohLayerConfig& layer : moh.layers) {
+    heads.push_back(layer.num_heads);
+  }
+  return heads;
+}
+
+absl::Status NotServedError(absl::string_view field, absl::string_view model,
+                            absl::string_view family, Task task,
+                            absl::string_view instead) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": model '", model, "' (", family,
+                   ") does not serve ", TaskName(task), "; ", instead));
+}
+
+absl::Status CheckClassifyCall(const ClassifyCall& call) {
+  const int inputs =
+      call.image.has_value() + call.pixels.has_value() + call.text.has_value();
+  if (inputs != 1) {
+    return absl::InvalidArgumentError(
+        "image, pixels or text: exactly one must be set");
+  }
+  if (call.top_n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_n must be >= 0 (0 = default), got ", call.top_n));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Servable::Generate(
+    GenerateCall, std::shared_ptr<GenerationObserver>) {
+  return NotServedError("model", name_, family_, Task::kGenerate,
+                        "choose a language model");
+}
+
+void Servable::CancelGenerate(uint64_t) {}
+
+absl::StatusOr<std::string> Servable::ChatPrompt(
+    const std::vector<ChatMessage>&, bool) const {
+  return NotServedError("model", name_, family_, Task::kGenerate,
+                        "choose a language model");
+}
+
+std::string Servable::TokenText(int32_t) const { return ""; }
+
+absl::StatusOr<uint64_t> Servable::GenerateImage(
+    GenerateImageCall, std::shared_ptr<ImageObserver>) {
+  return NotServedError("model", name_, family_, Task::kGenerateImage,
+                        "choose an image generator (MoH-DiT)");
+}
+
+void Servable::CancelGenerateImage(uint64_t) {}
+
+absl::Status Servable::Classify(ClassifyCall call, ClassifyDone) {
+  return NotServedError("model", name_, family_, TaskOf(call),
+                        "choose a classifier");
+}
+
+}  // namespace moh

@@ -1,0 +1,56 @@
+#include "service/serving/dispatch.h"
+
+#include <utility>
+
+#include "base/status_macros.h"
+
+namespace moh {
+namespace {
+
+// The model that serves `task` under `name`, READY.
+absl::StatusOr<Servable*> FindReady(const ModelManager& models,
+                                    absl::string_view name, Task task,
+                                    Dispatched* dispatched) {
+  dispatched->model = std::string(name);
+  MOH_ASSIGN_OR_RETURN(HostedModel * found, models.Find(name, task));
+  dispatched->model = found->name();
+  MOH_ASSIGN_OR_RETURN(dispatched->servable, found->Ready());
+  return dispatched->servable;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> DispatchGenerate(
+    const ModelManager& models, absl::string_view model, GenerateCall call,
+    const std::optional<ChatConversation>& chat,
+    std::shared_ptr<GenerationObserver> observer, Dispatched* dispatched) {
+  MOH_ASSIGN_OR_RETURN(Servable * servable,
+                       FindReady(models, model, Task::kGenerate, dispatched));
+  if (chat.has_value()) {
+    MOH_ASSIGN_OR_RETURN(
+        call.prompt,
+        servable->ChatPrompt(chat->messages, chat->add_generation_prompt));
+    call.token_ids.reset();
+    call.add_special_tokens = false;  // the template wrote them
+  }
+  return servable->Generate(std::move(call), std::move(observer));
+}
+
+absl::StatusOr<uint64_t> DispatchGenerateImage(
+    const ModelManager& models, absl::string_view model, GenerateImageCall call,
+    std::shared_ptr<ImageObserver> observer, Dispatched* dispatched) {
+  MOH_ASSIGN_OR_RETURN(
+      Servable * servable,
+      FindReady(models, model, Task::kGenerateImage, dispatched));
+  return servable->GenerateImage(std::move(call), std::move(observer));
+}
+
+absl::Status DispatchClassify(const ModelManager& models,
+                              absl::string_view model, ClassifyCall call,
+                              ClassifyDone done, Dispatched* dispatched) {
+  MOH_ASSIGN_OR_RETURN(Servable * servable,
+                       FindReady(models, model, TaskOf(call), dispatched));
+  return servable->Classify(std::move(call), std::move(done));
+}
+
+}  // namespace moh

@@ -1,0 +1,88 @@
+#include "service/serving/model_manager.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/abbreviate.h"
+#include "base/log.h"
+
+namespace moh {
+
+ModelManager::ModelManager(const v1::ServerConfig& config, Metrics* metrics)
+    : metrics_(metrics),
+      image_decode_budget_(int64_t{config.image_decode_memory_mb()} << 20) {
+  for (const v1::ModelConfig& model : config.models()) {
+    models_.push_back(
+        std::make_unique<HostedModel>(model, metrics, &image_decode_budget_));
+  }
+  loader_ = std::thread([this] {
+    for (auto& model : models_) {
+      if (stop_loading_) {
+        MOH_LOG(Info) << "model " << model->name()
+                      << ": not loaded (the server is stopping)";
+        continue;
+      }
+      model->Load();
+    }
+  });
+}
+
+ModelManager::~ModelManager() {
+  if (loader_.joinable()) loader_.join();
+}
+
+void ModelManager::StopLoading() { stop_loading_ = true; }
+
+void ModelManager::WaitLoaded() {
+  if (loader_.joinable()) loader_.join();
+}
+
+bool ModelManager::AllReady() const {
+  for (const auto& model : models_) {
+    if (model->state() != HostedModel::State::kReady) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<HostedModel*> ModelManager::Find(absl::string_view name,
+                                                Task task) const {
+  if (name.empty()) {
+    if (models_.size() == 1) return models_[0].get();
+    HostedModel* loading = nullptr;
+    for (const auto& model : models_) {
+      const HostedModel::State state = model->state();
+      if (model->Serves(task)) return model.get();
+      // A model still loading has no known family yet: it may be the one.
+      if (state == HostedModel::State::kLoading && loading == nullptr) {
+        loading = model.get();
+      }
+    }
+    return loading != nullptr ? loading : models_[0].get();
+  }
+  for (const auto& model : models_) {
+    if (model->name() == name) return model.get();
+  }
+  std::vector<std::string> names;
+  for (const auto& model : models_) names.push_back(model->name());
+  return absl::NotFoundError(absl::StrCat(
+      "model '", Abbreviate(name),
+      "' is not served here; models: ", absl::StrJoin(names, ", ")));
+}
+
+std::vector<v1::ModelInfo> ModelManager::List() const {
+  std::vector<v1::ModelInfo> infos;
+  for (const auto& model : models_) infos.push_back(model->Info());
+  return infos;
+}
+
+void ModelManager::StopAccepting() {
+  for (auto& model : models_) model->StopAccepting();
+}
+
+bool ModelManager::Idle() const {
+  for (const auto& model : models_) {
+    if (!model->Idle()) return false;
+  }
+  return true;
+}
+
+}  // namespace moh

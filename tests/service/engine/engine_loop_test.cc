@@ -1,0 +1,306 @@
+// EngineLoop with a fake executor on a fake clock: requests run to the end,
+// cancellations and deadlines are messages the loop applies between steps,
+// limits and drain answer at once, a failed step fails its requests only,
+// and shutdown ends everything. No LibTorch; steps are gated by the test, so
+// nothing sleeps.
+#include "service/engine/engine_loop.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+
+namespace moh {
+namespace {
+
+// What the test reads: it outlives the request, which the loop deletes.
+struct Outcome {
+  int32_t outputs = 0;  // produced so far
+  bool admitted = false;
+  absl::Notification ended;
+  EndKind kind = EndKind::kFinished;
+  absl::Status status;
+};
+
+struct FakeRequest {
+  std::shared_ptr<Outcome> outcome = std::make_shared<Outcome>();
+  int32_t fail_at = -1;      // the output count at which a step fails
+  int32_t row_fail_at = -1;  // ... at which only this request's row fails
+};
+
+// Emits one output per row; a request finishes after its max_outputs. Each
+// Run waits until the test allows another step.
+class FakeExecutor : public StepExecutor<FakeRequest> {
+ public:
+  explicit FakeExecutor(int32_t max_outputs) : max_outputs_(max_outputs) {}
+  ~FakeExecutor() override { Allow(1 << 30); }
+
+  void Allow(int steps) {
+    absl::MutexLock lock(&mu_);
+    allowed_ += steps;
+  }
+  // Blocks until the loop is inside Run() waiting for permission.
+  void AwaitWaitingStep() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&waiting_));
+  }
+
+  // Called on the loop thread as each step starts. Set before the loop.
+  std::function<void()> on_step;
+
+  void Admit(FakeRequest& request, const AdmittedRequest&) override {
+    request.outcome->admitted = true;
+  }
+  absl::Status Run(const std::vector<PlannedRow>& rows,
+                   const std::vector<FakeRequest*>& requests,
+                   std::vector<RowOutcome>* outcomes) override {
+    {
+      absl::MutexLock lock(&mu_);
+      waiting_ = true;
+      mu_.Await(absl::Condition(
+          +[](int* allowed) { return *allowed > 0; }, &allowed_));
+      --allowed_;
+      waiting_ = false;
+    }
+    if (on_step) on_step();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Outcome& r = *requests[i]->outcome;
+      if (r.outputs == requests[i]->fail_at) {
+        return absl::InternalError("fake failure");
+      }
+      if (r.outputs == requests[i]->row_fail_at) {
+        (*outcomes)[i].error = absl::InvalidArgumentError("fake row failure");
+        continue;
+      }
+      if (!rows[i].emits) continue;
+      (*outcomes)[i].finished = ++r.outputs == max_outputs_;
+    }
+    return absl::OkStatus();
+  }
+  void End(FakeRequest& request, EndKind kind,
+           const absl::Status& status) override {
+    request.outcome->kind = kind;
+    request.outcome->status = status;
+    request.outcome->ended.Notify();
+  }
+
+ private:
+  const int32_t max_outputs_;
+  absl::Mutex mu_;
+  int allowed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class EngineLoopTest : public ::testing::Test {
+ protected:
+  static constexpr int32_t kOutputs = 3;
+
+  EngineLoopTest() : clock_(absl::FromUnixSeconds(1000)), executor_(kOutputs) {
+    options_.name = "fake";
+    options_.planner.max_running = 2;
+    options_.planner.max_seq_len = 64;
+    options_.planner.max_queued_requests = 2;
+    options_.planner.prefill_token_budget = 16;
+    options_.clock = &clock_;
+  }
+
+  // Submits a request whose outcome the test reads through the pointer.
+  std::shared_ptr<Outcome> Submit(EngineLoop<FakeRequest>& loop,
+                                  absl::Time deadline, uint64_t* id = nullptr,
+                                  int32_t fail_at = -1) {
+    auto request = std::make_unique<FakeRequest>();
+    request->fail_at = fail_at;
+    std::shared_ptr<Outcome> outcome = request->outcome;
+    PlannedWork work;
+    work.prompt_len = 4;
+    work.max_outputs = kOutputs;
+    work.deadline = deadline;
+    auto submitted = loop.Submit(work, std::move(request));
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    if (id != nullptr && submitted.ok()) *id = *submitted;
+    return outcome;
+  }
+
+  FakeClock clock_;
+  FakeExecutor executor_;
+  EngineLoopOptions options_;
+};
+
+TEST_F(EngineLoopTest, RequestsRunToTheirLastOutput) {
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  executor_.Allow(1 << 20);
+  auto a = Submit(loop, absl::InfiniteFuture());
+  auto b = Submit(loop, absl::InfiniteFuture());
+  a->ended.WaitForNotification();
+  b->ended.WaitForNotification();
+  for (const std::shared_ptr<Outcome>& r : {a, b}) {
+    EXPECT_TRUE(r->admitted);
+    EXPECT_EQ(r->kind, EndKind::kFinished);
+    EXPECT_EQ(r->outputs, kOutputs);
+  }
+  EXPECT_EQ(loop.num_running(), 0);
+  EXPECT_TRUE(loop.idle());
+}
+
+TEST_F(EngineLoopTest, CancelIsAppliedAtTheNextStep) {
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  uint64_t id = 0;
+  auto r = Submit(loop, absl::InfiniteFuture(), &id);
+  executor_.AwaitWaitingStep();  // the loop is inside the first step
+  loop.Cancel(id);
+  loop.Cancel(id + 100);  // unknown: ignored
+  executor_.Allow(1 << 20);
+  r->ended.WaitForNotification();
+  EXPECT_EQ(r->kind, EndKind::kCancelled);
+  EXPECT_TRUE(r->status.ok());
+  EXPECT_EQ(r->outputs, 1);  // the step under way completed
+}
+
+TEST_F(EngineLoopTest, DeadlinePassingBetweenStepsEndsTheRequest) {
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  auto r = Submit(loop, clock_.Now() + absl::Seconds(1));
+  executor_.AwaitWaitingStep();
+  clock_.AdvanceTime(absl::Seconds(2));
+  executor_.Allow(1 << 20);
+  r->ended.WaitForNotification();
+  EXPECT_EQ(r->kind, EndKind::kFailed);
+  EXPECT_EQ(r->status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(r->outputs, 1);
+}
+
+TEST_F(EngineLoopTest, FullQueueAndDrainAnswerAtOnce) {
+  options_.planner.max_running = 1;
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  auto running = Submit(loop, absl::InfiniteFuture());
+  executor_.AwaitWaitingStep();  // holds the only slot
+  Submit(loop, absl::InfiniteFuture());
+  Submit(loop, absl::InfiniteFuture());
+  EXPECT_EQ(loop.num_waiting(), 2);
+  auto full = loop.Submit(PlannedWork(), std::make_unique<FakeRequest>());
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("max_queued_requests = 2"),
+            std::string::npos);
+  loop.StopAccepting();
+  auto drained = loop.Submit(PlannedWork(), std::make_unique<FakeRequest>());
+  EXPECT_EQ(drained.status().code(), absl::StatusCode::kUnavailable);
+  executor_.Allow(1 << 20);
+  running->ended.WaitForNotification();
+  EXPECT_EQ(running->kind, EndKind::kFinished);
+}
+
+TEST_F(EngineLoopTest, GroupsQueueAllOrNoneAndCancelTogether) {
+  options_.planner.max_running = 4;
+  options_.planner.max_queued_requests = 3;
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  PlannedWork work;
+  work.prompt_len = 4;
+  work.max_outputs = kOutputs;
+  auto group = [&](EngineLoop<FakeRequest>& target, int n,
+                   std::vector<std::shared_ptr<Outcome>>* outcomes) {
+    std::vector<std::unique_ptr<FakeRequest>> requests;
+    for (int i = 0; i < n; ++i) {
+      requests.push_back(std::make_unique<FakeRequest>());
+      if (outcomes != nullptr) outcomes->push_back(requests.back()->outcome);
+    }
+    uint64_t seen = 0;
+    auto id = target.SubmitGroup(work, std::move(requests),
+                                 [&seen](uint64_t first) { seen = first; });
+    if (id.ok()) EXPECT_EQ(seen, *id);
+    return id;
+  };
+  // Four samples do not fit a queue of three: none is queued.
+  auto full = group(loop, 4, nullptr);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("for 4 samples"), std::string::npos);
+  EXPECT_EQ(loop.num_waiting(), 0);
+  std::vector<std::shared_ptr<Outcome>> samples;
+  auto id = group(loop, 3, &samples);
+  ASSERT_TRUE(id.ok()) << id.status();
+  executor_.AwaitWaitingStep();  // the first computes its prompt
+  loop.Cancel(*id);              // the first id cancels every sample
+  executor_.Allow(1 << 20);
+  for (const std::shared_ptr<Outcome>& sample : samples) {
+    sample->ended.WaitForNotification();
+    EXPECT_EQ(sample->kind, EndKind::kCancelled);
+  }
+  // The later samples waited for the first's prompt: never admitted.
+  EXPECT_TRUE(samples[0]->admitted);
+  EXPECT_FALSE(samples[1]->admitted);
+  EXPECT_FALSE(samples[2]->admitted);
+  EXPECT_TRUE(loop.idle());
+  // Cancelling a later sample's id cancels that one only (on a loop whose
+  // steps are held again).
+  FakeExecutor gated(kOutputs);
+  EngineLoop<FakeRequest> second(options_, &gated, nullptr);
+  std::vector<std::shared_ptr<Outcome>> more;
+  auto next = group(second, 2, &more);
+  ASSERT_TRUE(next.ok());
+  gated.AwaitWaitingStep();
+  second.Cancel(*next + 1);
+  gated.Allow(1 << 20);
+  more[0]->ended.WaitForNotification();
+  more[1]->ended.WaitForNotification();
+  EXPECT_EQ(more[0]->kind, EndKind::kFinished);
+  EXPECT_EQ(more[1]->kind, EndKind::kCancelled);
+  EXPECT_FALSE(more[1]->admitted);
+  EXPECT_TRUE(second.idle());
+}
+
+TEST_F(EngineLoopTest, FailedStepFailsItsRequestsOnly) {
+  options_.planner.max_running = 1;
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  executor_.Allow(1 << 20);
+  auto bad = Submit(loop, absl::InfiniteFuture(), nullptr, 1);
+  auto good = Submit(loop, absl::InfiniteFuture());
+  bad->ended.WaitForNotification();
+  good->ended.WaitForNotification();
+  EXPECT_EQ(bad->kind, EndKind::kFailed);
+  EXPECT_EQ(bad->status.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(bad->status.message().find("fake failure"), std::string::npos);
+  EXPECT_EQ(good->kind, EndKind::kFinished);
+  EXPECT_EQ(good->outputs, kOutputs);
+}
+
+TEST_F(EngineLoopTest, FailedRowFailsItsRequestOnly) {
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  auto request = std::make_unique<FakeRequest>();
+  request->row_fail_at = 1;
+  auto bad = request->outcome;
+  PlannedWork work{4, kOutputs, absl::InfiniteFuture(), false};
+  ASSERT_TRUE(loop.Submit(work, std::move(request)).ok());
+  auto good = Submit(loop, absl::InfiniteFuture());
+  executor_.Allow(1 << 20);
+  bad->ended.WaitForNotification();
+  good->ended.WaitForNotification();
+  EXPECT_EQ(bad->kind, EndKind::kFailed);
+  EXPECT_EQ(bad->status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad->outputs, 1);
+  EXPECT_EQ(good->kind, EndKind::kFinished);
+  EXPECT_EQ(good->outputs, kOutputs);
+}
+
+TEST_F(EngineLoopTest, StopEndsQueuedAndRunningRequests) {
+  options_.planner.max_running = 1;
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  executor_.on_step = [&loop] { loop.Stop(); };
+  auto running = Submit(loop, absl::InfiniteFuture());
+  executor_.AwaitWaitingStep();
+  auto queued = Submit(loop, absl::InfiniteFuture());
+  executor_.Allow(1);  // the step under way completes; then the loop stops
+  running->ended.WaitForNotification();
+  queued->ended.WaitForNotification();
+  for (const auto& r : {running, queued}) {
+    EXPECT_EQ(r->kind, EndKind::kFailed);
+    EXPECT_EQ(r->status.code(), absl::StatusCode::kUnavailable);
+  }
+  EXPECT_EQ(running->outputs, 1);
+  auto late = loop.Submit(PlannedWork(), std::make_unique<FakeRequest>());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace moh
