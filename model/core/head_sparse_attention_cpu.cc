@@ -30,10 +30,10 @@
 #include <limits>
 #include <vector>
 
-#include "model/core/cpu_gemm.h"
-#include "model/core/cpu_softmax.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
+#include "model/kernels/cpu_linear.h"
+#include "model/kernels/cpu_softmax.h"
 
 namespace moh {
 namespace {
@@ -277,7 +277,7 @@ void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
   }
 }
 
-// The decode products over rows of either cache type (cpu_gemm.h).
+// The decode products over rows of either cache type (cpu_linear.h).
 bool ScoresOverRows(const float *q, int64_t m, int64_t d, float scale,
                     const uint16_t *const *keys, int64_t n, float *y) {
   return Bfloat16Scores(q, m, d, scale, keys, n, y, n);

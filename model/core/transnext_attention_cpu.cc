@@ -5,8 +5,8 @@
 #include <limits>
 #include <vector>
 
-#include "model/core/cpu_gemm.h"
 #include "model/core/transnext_attention.h"
+#include "model/kernels/cpu_linear.h"
 
 namespace moh {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/core/cpu_gemm.h"
+#include "model/kernels/cpu_linear.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>

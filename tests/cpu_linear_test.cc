@@ -1,10 +1,10 @@
-// The CPU products of model/core/cpu_gemm.h against LibTorch's (OpenBLAS):
+// The CPU products of model/kernels/cpu_linear.h against LibTorch's (OpenBLAS):
 // SkinnyLinear at every row count it takes and BlockedLinear across its
 // micro-tile, depth and task block edges; odd column counts (the tiles' and
 // the vector width's remainders), with and without bias, one thread and the
 // pool; IndexedLinear's gathered and scattered rows, written and added; the
 // bfloat16 widening.
-#include "model/core/cpu_gemm.h"
+#include "model/kernels/cpu_linear.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "model/core/cpu_softmax.h"
+#include "model/kernels/cpu_softmax.h"
 
 namespace moh {
 namespace {
