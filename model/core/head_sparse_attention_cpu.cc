@@ -32,6 +32,8 @@
 
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
+#include "model/kernels/cpu_attention_products.h"
+#include "model/kernels/cpu_blas.h"
 #include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_softmax.h"
 
@@ -277,7 +279,8 @@ void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
   }
 }
 
-// The decode products over rows of either cache type (cpu_linear.h).
+// The decode products over rows of either cache type
+// (cpu_attention_products.h).
 bool ScoresOverRows(const float *q, int64_t m, int64_t d, float scale,
                     const uint16_t *const *keys, int64_t n, float *y) {
   return Bfloat16Scores(q, m, d, scale, keys, n, y, n);

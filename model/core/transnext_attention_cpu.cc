@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "model/core/transnext_attention.h"
-#include "model/kernels/cpu_linear.h"
+#include "model/kernels/cpu_blas.h"
 
 namespace moh {
 namespace {
