@@ -2,12 +2,12 @@
 // OpenBLAS 0.3.21 (Debian 12) runs a few-row sgemm by first packing the whole
 // weight matrix (58% of a batch-1 decode step of the bench model, perf) and
 // runs AVX2 kernels on AVX-512 CPUs. There products go to this project's
-// kernels (cpu_gemm.h) by row count: RowLinear for one row, SkinnyLinear up
-// to kMinStreamedRows - 1, StreamedLinear up to kMaxStreamedRows (decode
-// batches), BlockedLinear beyond (prefill). On a CPU without AVX-512 one row
-// goes through a matrix-vector product (sgemv reads the weights once: 2.4x
-// faster than OpenBLAS's sgemm), SkinnyLinear takes up to kMaxSkinnyRows and
-// OpenBLAS the rest.
+// kernels (model/kernels/cpu_linear.h) by row count: RowLinear for one row,
+// SkinnyLinear up to kMinStreamedRows - 1, StreamedLinear up to
+// kMaxStreamedRows (decode batches), BlockedLinear beyond (prefill). On a CPU
+// without AVX-512 one row goes through a matrix-vector product (sgemv reads
+// the weights once: 2.4x faster than OpenBLAS's sgemm), SkinnyLinear takes up
+// to kMaxSkinnyRows and OpenBLAS the rest.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/core/cpu_gemm.h"
+#include "model/kernels/cpu_linear.h"
 
 namespace moh {
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "model/tokenizer/jinja_parser.h"
-#include "model/tokenizer/jinja_renderer.h"
+#include "model/tokenizer/jinja/parser.h"
+#include "model/tokenizer/jinja/renderer.h"
 #include "model/tokenizer/tokenizer_json.h"
 
 namespace moh {

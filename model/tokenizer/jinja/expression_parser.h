@@ -3,8 +3,8 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "model/tokenizer/jinja_ast.h"
-#include "model/tokenizer/jinja_token_stream.h"
+#include "model/tokenizer/jinja/ast.h"
+#include "model/tokenizer/jinja/token_stream.h"
 
 namespace moh {
 namespace jinja {

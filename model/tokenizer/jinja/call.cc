@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_call.h"
+#include "model/tokenizer/jinja/call.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "model/core/cpu_softmax.h"
+#include "model/kernels/cpu_softmax.h"
 
 #include <immintrin.h>
 

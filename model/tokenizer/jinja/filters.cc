@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_filters.h"
+#include "model/tokenizer/jinja/filters.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,9 +11,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
-#include "model/tokenizer/jinja_builtins.h"
-#include "model/tokenizer/jinja_operators.h"
-#include "model/tokenizer/jinja_text.h"
+#include "model/tokenizer/jinja/builtins.h"
+#include "model/tokenizer/jinja/operators.h"
+#include "model/tokenizer/jinja/text.h"
 
 namespace moh {
 namespace jinja {

@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_operators.h"
+#include "model/tokenizer/jinja/operators.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "model/tokenizer/jinja_call.h"
-#include "model/tokenizer/jinja_text.h"
+#include "model/tokenizer/jinja/call.h"
+#include "model/tokenizer/jinja/text.h"
 
 namespace moh {
 namespace jinja {

@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_value.h"
+#include "model/tokenizer/jinja/value.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "model/tokenizer/jinja_text.h"
+#include "model/tokenizer/jinja/text.h"
 
 namespace moh {
 namespace jinja {

@@ -1,5 +1,5 @@
-// Calls of the chat-template engine's builtins (jinja_filters.h,
-// jinja_builtins.h): their arguments, binding them to parameters as Python
+// Calls of the chat-template engine's builtins (filters.h,
+// builtins.h): their arguments, binding them to parameters as Python
 // does, and the conversions and size checks the builtins share. Not part of
 // the public API.
 #pragma once
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "model/tokenizer/jinja_value.h"
+#include "model/tokenizer/jinja/value.h"
 
 namespace moh {
 namespace jinja {

@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_lexer.h"
+#include "model/tokenizer/jinja/lexer.h"
 
 #include <cctype>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "model/tokenizer/jinja_text.h"
+#include "model/tokenizer/jinja/text.h"
 
 namespace moh {
 namespace jinja {

@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_text.h"
+#include "model/tokenizer/jinja/text.h"
 
 #include <algorithm>
 

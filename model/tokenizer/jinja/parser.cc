@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_parser.h"
+#include "model/tokenizer/jinja/parser.h"
 
 #include <algorithm>
 #include <initializer_list>
@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
-#include "model/tokenizer/jinja_expression_parser.h"
-#include "model/tokenizer/jinja_lexer.h"
-#include "model/tokenizer/jinja_token_stream.h"
+#include "model/tokenizer/jinja/expression_parser.h"
+#include "model/tokenizer/jinja/lexer.h"
+#include "model/tokenizer/jinja/token_stream.h"
 
 namespace moh {
 namespace jinja {

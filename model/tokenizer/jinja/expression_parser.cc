@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_expression_parser.h"
+#include "model/tokenizer/jinja/expression_parser.h"
 
 #include <algorithm>
 #include <initializer_list>

@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_builtins.h"
+#include "model/tokenizer/jinja/builtins.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
-#include "model/tokenizer/jinja_text.h"
+#include "model/tokenizer/jinja/text.h"
 
 namespace moh {
 namespace jinja {

@@ -1,6 +1,6 @@
 // The parsed form of a chat template (model/tokenizer/chat_template.h):
-// statements (Node) holding expressions (Expr). Built by jinja_parser.h, run
-// by jinja_renderer.h. Not part of the public API.
+// statements (Node) holding expressions (Expr). Built by parser.h, run
+// by renderer.h. Not part of the public API.
 #pragma once
 
 #include <memory>
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/tokenizer/jinja_value.h"
+#include "model/tokenizer/jinja/value.h"
 
 namespace moh {
 namespace jinja {

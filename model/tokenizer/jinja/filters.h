@@ -7,8 +7,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "model/tokenizer/jinja_call.h"
-#include "model/tokenizer/jinja_value.h"
+#include "model/tokenizer/jinja/call.h"
+#include "model/tokenizer/jinja/value.h"
 
 namespace moh {
 namespace jinja {

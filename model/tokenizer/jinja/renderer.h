@@ -1,4 +1,4 @@
-// Runs a parsed chat template (jinja_ast.h) with jinja2's semantics:
+// Runs a parsed chat template (ast.h) with jinja2's semantics:
 // per-iteration loop scopes, namespace() as the one mutable value, the
 // default Undefined. Not part of the public API.
 #pragma once
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "model/tokenizer/jinja_ast.h"
-#include "model/tokenizer/jinja_value.h"
+#include "model/tokenizer/jinja/ast.h"
+#include "model/tokenizer/jinja/value.h"
 
 namespace moh {
 namespace jinja {

@@ -1,4 +1,4 @@
-#include "model/tokenizer/jinja_renderer.h"
+#include "model/tokenizer/jinja/renderer.h"
 
 #include <algorithm>
 #include <optional>
@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
-#include "model/tokenizer/jinja_builtins.h"
-#include "model/tokenizer/jinja_filters.h"
-#include "model/tokenizer/jinja_operators.h"
+#include "model/tokenizer/jinja/builtins.h"
+#include "model/tokenizer/jinja/filters.h"
+#include "model/tokenizer/jinja/operators.h"
 
 namespace moh {
 namespace jinja {

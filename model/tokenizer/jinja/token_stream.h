@@ -1,4 +1,4 @@
-// A cursor over a chat template's tokens (jinja_lexer.h) with the checks the
+// A cursor over a chat template's tokens (lexer.h) with the checks the
 // statement and expression parsers share, and the nesting bound that keeps
 // a hostile template from exhausting the stack. Not part of the public API.
 #pragma once
@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "model/tokenizer/jinja_lexer.h"
+#include "model/tokenizer/jinja/lexer.h"
 
 namespace moh {
 namespace jinja {

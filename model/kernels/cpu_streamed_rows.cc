@@ -1,0 +1,162 @@
+#include "model/kernels/cpu_streamed_rows.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+namespace moh::kernels_internal {
+namespace {
+
+// out[q][i] = src[i][q] for i < count <= 16 rows and q < 16 columns (out's
+// row stride ldo; its columns from count on are left as they are): four
+// rounds of in-register shuffles instead of 16 count scalar moves.
+__attribute__((target("avx512f"))) void Transpose16(const InputRows &src,
+                                                    int64_t count, float *out,
+                                                    int64_t ldo) {
+  __m512 a[16], u[16];
+  for (int i = 0; i < 16; ++i) {
+    a[i] = i < count ? _mm512_loadu_ps(RowAt(src, i)) : _mm512_setzero_ps();
+  }
+  const __mmask16 mask = __mmask16((1u << count) - 1);
+  // Pairs of rows interleaved, then pairs of pairs: u[4 g + c] holds, in
+  // 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
+  for (int g = 0; g < 4; ++g) {
+    const __m512 *r = a + 4 * g;
+    const __m512d lo01 = _mm512_castps_pd(_mm512_unpacklo_ps(r[0], r[1]));
+    const __m512d hi01 = _mm512_castps_pd(_mm512_unpackhi_ps(r[0], r[1]));
+    const __m512d lo23 = _mm512_castps_pd(_mm512_unpacklo_ps(r[2], r[3]));
+    const __m512d hi23 = _mm512_castps_pd(_mm512_unpackhi_ps(r[2], r[3]));
+    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo01, lo23));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo01, lo23));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi01, hi23));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi01, hi23));
+  }
+  // Lane L of the four groups' u[., c] side by side: column 4 L + c.
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+    const __m512 v_hi = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 w_lo = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 w_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    _mm512_mask_storeu_ps(out + (0 + c) * ldo, mask,
+                          _mm512_shuffle_f32x4(v_lo, w_lo, 0x88));
+    _mm512_mask_storeu_ps(out + (4 + c) * ldo, mask,
+                          _mm512_shuffle_f32x4(v_lo, w_lo, 0xDD));
+    _mm512_mask_storeu_ps(out + (8 + c) * ldo, mask,
+                          _mm512_shuffle_f32x4(v_hi, w_hi, 0x88));
+    _mm512_mask_storeu_ps(out + (12 + c) * ldo, mask,
+                          _mm512_shuffle_f32x4(v_hi, w_hi, 0xDD));
+  }
+}
+
+// StreamedLinear: y^T = W x^T as outer products. x is packed transposed
+// (xt [k][padded m], small); W is read in place, R rows at a time, each value
+// broadcast from memory against V vectors of 16 rows of x, so W streams from
+// memory once, in row order, with no packing.
+template <int R, int V>
+__attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
+                                                   int64_t k, const float *w,
+                                                   int64_t ldw,
+                                                   const OutputRows &y,
+                                                   int64_t rows) {
+  __m512 acc[R][V];
+#pragma GCC unroll 28
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 xv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + p * ldx + 16 * v);
+#pragma GCC unroll 28
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = _mm512_set1_ps(w[r * ldw + p]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) {
+        acc[r][v] = _mm512_fmadd_ps(wv, xv[v], acc[r][v]);
+      }
+    }
+  }
+  alignas(64) float tile[R][16 * V];
+  // Unrolled: see BlockKernel (cpu_linear.cc).
+#pragma GCC unroll 28
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    float *row = RowAt(y, i);
+    if (y.accumulate) {
+      for (int r = 0; r < R; ++r) row[r] += tile[r][i];
+    } else {
+      for (int r = 0; r < R; ++r) row[r] = tile[r][i];
+    }
+  }
+}
+
+// W rows [first, last) against x's 16 V-row blocks: tiles of R W rows, the
+// remainder in smaller ones.
+template <int V>
+void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                     const float *w, int64_t ldw, int64_t first, int64_t last,
+                     const OutputRows &y) {
+  constexpr int64_t kTile = V == 1 ? 28 : 14;
+  for (int64_t i = 0; i < m; i += 16 * V) {
+    const int64_t rows = std::min<int64_t>(16 * V, m - i);
+    const float *xb = xt + i;
+    int64_t j = first;
+    for (; j + kTile <= last; j += kTile) {
+      StreamTile<kTile, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
+    }
+    for (; j + 4 <= last; j += 4) {
+      StreamTile<4, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
+    }
+    for (; j < last; ++j) {
+      StreamTile<1, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
+    }
+  }
+}
+
+}  // namespace
+
+void PackPanel(const InputRows &src, int64_t rows, int64_t depth, int64_t width,
+               float *out) {
+  const int64_t block_depth = depth / 16 * 16;
+  for (int64_t r = 0; r < rows; r += 16) {
+    for (int64_t p = 0; p < block_depth; p += 16) {
+      Transpose16(Skip(src, r, p), std::min<int64_t>(16, rows - r),
+                  out + p * width + r, width);
+    }
+  }
+  for (int64_t p = 0; p < depth; ++p) {
+    float *to = out + p * width;
+    if (p >= block_depth) {
+      for (int64_t r = 0; r < rows; ++r) to[r] = RowAt(src, r)[p];
+    }
+    for (int64_t r = rows; r < width; ++r) to[r] = 0.0f;
+  }
+}
+
+const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
+                            float scale) {
+  thread_local AlignedBuffer buffer;
+  const int64_t ld = TransposedWidth(m);
+  float *xt = buffer.Get(ld * k);
+  PackPanel(x, m, k, ld, xt);
+  if (scale != 1.0f) {
+    for (int64_t i = 0; i < ld * k; ++i) xt[i] *= scale;
+  }
+  return xt;
+}
+
+void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                const float *w, int64_t ldw, int64_t first, int64_t last,
+                const OutputRows &y) {
+  if (m > 16) {
+    StreamRowBlocks<2>(xt, ldx, m, k, w, ldw, first, last, y);
+  } else {
+    StreamRowBlocks<1>(xt, ldx, m, k, w, ldw, first, last, y);
+  }
+}
+
+}  // namespace moh::kernels_internal

@@ -1,0 +1,88 @@
+// Internal to model/kernels: what the linear kernels (cpu_linear.cc) and the
+// attention products (cpu_attention_products.cc) share. StreamRows computes
+// y^T = W x^T as outer products, W's rows read in place (a weight, or a run
+// of a KV cache's keys) against x packed transposed by PackTransposed;
+// PackPanel and AlignedBuffer are the packing both use. Not for callers
+// outside model/kernels.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+#include "model/kernels/cpu_linear.h"
+
+namespace moh::kernels_internal {
+
+inline bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// Row i of a matrix given by its rows, and the matrix from row `row` and
+// column `col` on.
+template <typename Rows>
+auto RowAt(const Rows &m, int64_t i) {
+  return m.data + (m.index != nullptr ? m.index[i] : i) * m.ld;
+}
+template <typename Rows>
+Rows Skip(Rows m, int64_t row, int64_t col) {
+  if (m.index != nullptr) {
+    m.index += row;
+  } else {
+    m.data += row * m.ld;
+  }
+  m.data += col;
+  return m;
+}
+
+// A 64-byte aligned float buffer, grown on demand and kept by its owner (a
+// thread): prefill calls it a few hundred times a second.
+class AlignedBuffer {
+ public:
+  float *Get(int64_t floats) {
+    if (floats > capacity_) {
+      const size_t bytes =
+          (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+      data_.reset(static_cast<float *>(std::aligned_alloc(64, bytes)));
+      capacity_ = floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float *p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> data_;
+  int64_t capacity_ = 0;
+};
+
+// One panel: out[p][r] = src[r][p] for r < rows, p < depth; zero for
+// rows <= r < width, so the kernel's padding computes zeros. Blocks of 16
+// steps of p go through in-register transposes, 16 rows at a time; the
+// remaining steps one float at a time. AVX-512F only.
+void PackPanel(const InputRows &src, int64_t rows, int64_t depth, int64_t width,
+               float *out);
+
+// Row width of x^T for StreamRows: whole blocks of the 16 (m <= 16) or 32
+// rows its tiles read, so that the last block's padding lies inside the row.
+inline int64_t TransposedWidth(int64_t m) {
+  return m <= 16 ? 16 : (m + 31) / 32 * 32;
+}
+
+// x [m, k] times `scale`, transposed into this thread's buffer:
+// xt [k][TransposedWidth(m)], zero-padded. AVX-512F only.
+const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
+                            float scale);
+
+// y rows [0, m) x columns [first, last) (+)= (when y.accumulate) x W^T, for
+// W rows [first, last) (row stride ldw) and xt = PackTransposed(x, m, k, .)
+// (row stride ldx = TransposedWidth(m)), m <= kMaxStreamedRows: each value of
+// W broadcast from memory against x^T vectors of 16 rows (32 when m > 16),
+// 28 (or 14) rows of W at a time. AVX-512F only.
+void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                const float *w, int64_t ldw, int64_t first, int64_t last,
+                const OutputRows &y);
+
+}  // namespace moh::kernels_internal
