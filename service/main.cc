@@ -294,6 +294,40 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// Logging, the CPU allocator and threads, from the config; logs the build.
+void ConfigureProcess(const v1::ServerConfig& config) {
+  if (config.log_requests()) SetLogLevel(LogLevel::kDebug);
+  SetAccessLog(config.access_log());
+  ConfigureCpuAllocator();
+  ConfigureCpuThreads(config.threads());
+  MOH_LOG(Info) << LibTorchBuildSummary();
+  MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();
+}
+
+// A CUDA build's GPU memory gauge, read at each scrape.
+void WatchGpuMemory(Metrics& metrics) {
+  metrics.SetGpuMemoryReader([] {
+    std::map<std::string, double> bytes;
+    for (const GpuMemoryStats& gpu : GpuMemory()) {
+      bytes[absl::StrCat("cuda:", gpu.device)] =
+          static_cast<double>(gpu.allocated_bytes);
+    }
+    return bytes;
+  });
+}
+
+// The gRPC health services to set together: the serving port's, and the
+// health port's when there is one (`health_server` may be null).
+std::vector<grpc::HealthCheckServiceInterface*> HealthServices(
+    grpc::Server* server, grpc::Server* health_server) {
+  std::vector<grpc::HealthCheckServiceInterface*> services = {
+      server->GetHealthCheckService()};
+  if (health_server != nullptr) {
+    services.push_back(health_server->GetHealthCheckService());
+  }
+  return services;
+}
+
 int Run() {
   // SIGTERM/SIGINT are taken by one thread (sigwait) for the drain; block
   // them before any other thread starts so none of those receives them.
@@ -308,25 +342,11 @@ int Run() {
     MOH_LOG(Error) << "configuration: " << config.status().message();
     return 2;
   }
-  if (config->log_requests()) SetLogLevel(LogLevel::kDebug);
-  SetAccessLog(config->access_log());
-  ConfigureCpuAllocator();
-  ConfigureCpuThreads(config->threads());
-  MOH_LOG(Info) << LibTorchBuildSummary();
-  MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();
+  ConfigureProcess(*config);
 
   auto registry = std::make_shared<prometheus::Registry>();
   Metrics metrics(registry);
-  if (CudaBuild()) {
-    metrics.SetGpuMemoryReader([] {
-      std::map<std::string, double> bytes;
-      for (const GpuMemoryStats& gpu : GpuMemory()) {
-        bytes[absl::StrCat("cuda:", gpu.device)] =
-            static_cast<double>(gpu.allocated_bytes);
-      }
-      return bytes;
-    });
-  }
+  if (CudaBuild()) WatchGpuMemory(metrics);
   absl::StatusOr<std::optional<TlsPem>> tls = ReadTlsPem(config->tls());
   if (!tls.ok()) return Fail(tls.status());
   auto metrics_http = StartMetricsHttp(*config, *tls, metrics);
@@ -352,17 +372,14 @@ int Run() {
       StartHealthPort(*config);
   if (!health_server.ok()) return Fail(health_server.status());
 
-  std::vector<grpc::HealthCheckServiceInterface*> health = {
-      (*server)->GetHealthCheckService()};
-  if (*health_server) {
-    health.push_back((*health_server)->GetHealthCheckService());
-  }
-  auto set_health = [&health](bool serving) {
-    for (grpc::HealthCheckServiceInterface* h : health) {
-      h->SetServingStatus(serving);
-      h->SetServingStatus(kServiceName, serving);
-    }
-  };
+  const auto set_health =
+      [services =
+           HealthServices(server->get(), health_server->get())](bool serving) {
+        for (grpc::HealthCheckServiceInterface* h : services) {
+          h->SetServingStatus(serving);
+          h->SetServingStatus(kServiceName, serving);
+        }
+      };
   set_health(false);
   MOH_LOG(Info) << "moh-server listening on " << config->host() << ":"
                 << config->port() << " (" << config->models_size()

@@ -3,7 +3,8 @@ dependencies point one way): which top-level folders each folder's files may
 include, which libraries model/ must never see (gRPC, Protobuf's generated
 API, Prometheus), which of service/'s folders each of its folders may include
 (its layers, from config/ up to the two doors), that only the composition
-root names every model family, that service/'s tests mirror its folders, and
+root names every model family, that the C++ tests mirror the source folders
+(service/'s test by test, `<layer>/<name>_test.cc` for `<layer>/<name>.h`), and
 no include cycle among service/'s headers."""
 import os
 import re
@@ -129,6 +130,19 @@ def test_service_tests_mirror_its_folders():
         if not os.path.exists(header):
             strays.append(rel)
     assert not strays, "tests with no header of the same name: " + ", ".join(strays)
+
+
+def test_cpp_tests_mirror_the_source_folders():
+    # Every C++ test sits in tests/<folder>/ for a source folder <folder>.
+    strays = []
+    for path in sources("tests"):
+        rel = os.path.relpath(path, os.path.join(SOURCE_DIR, "tests"))
+        folder = os.path.dirname(rel)
+        if rel.startswith(("reference", "testdata", "sanitizers", "deploy")):
+            continue
+        if not folder or not os.path.isdir(os.path.join(SOURCE_DIR, folder)):
+            strays.append(rel)
+    assert not strays, "tests outside a mirrored folder: " + ", ".join(strays)
 
 
 def test_service_headers_include_no_cycle():

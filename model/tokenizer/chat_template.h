@@ -4,7 +4,8 @@
 // (ImmutableSandboxedEnvironment, trim_blocks=True, lstrip_blocks=True,
 // loopcontrols, transformers' tojson and raise_exception). No C++ Jinja
 // engine is packaged for Debian 12, so this implements the subset real chat
-// templates use; tests/chat_template_test.cc checks it against jinja2.
+// templates use; tests/model/tokenizer/chat_template_test.cc checks it against
+// jinja2.
 //
 // Supported:
 //   Tags:        text, {{ expr }}, {# comments #}; if/elif/else/endif;

@@ -140,7 +140,10 @@ absl::StatusOr<v1::ServerConfig> ReadServerConfigFile(const std::string& path) {
   return config;
 }
 
-absl::Status ResolveServerConfig(v1::ServerConfig* config) {
+namespace {
+
+// The four ports: defaults, ranges, all different.
+absl::Status ResolvePorts(v1::ServerConfig* config) {
   MOH_DEFAULT(config, port, std::string("port"), config_limits::kPort);
   const ConfigLimits<int32_t>& metrics_port = config_limits::kMetricsPort;
   if (config->metrics_port() == 0) {
@@ -179,6 +182,11 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
         "] and differ from port, metrics_port and health_port, or ",
         config_limits::kHttpPortOff, " (off), got ", config->http_port()));
   }
+  return absl::OkStatus();
+}
+
+// The HTTP door's connection limits and deadlines.
+absl::Status ResolveHttpLimits(v1::ServerConfig* config) {
   MOH_DEFAULT(config, http_max_connections, std::string("http_max_connections"),
               config_limits::kHttpMaxConnections);
   MOH_DEFAULT(config, http_max_connections_per_client,
@@ -197,6 +205,11 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
               config_limits::kHttpBodyTimeoutSeconds);
   MOH_DEFAULT(config, http_threads, std::string("http_threads"),
               config_limits::kHttpThreads);
+  return absl::OkStatus();
+}
+
+// Hosts, threads, drain, and the memory bounds of requests in flight.
+absl::Status ResolveProcessLimits(v1::ServerConfig* config) {
   if (config->host().empty()) config->set_host(config_limits::kDefaultHost);
   if (config->metrics_host().empty()) config->set_metrics_host(config->host());
   MOH_DEFAULT(config, drain_timeout_seconds,
@@ -225,6 +238,11 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
   MOH_DEFAULT(config, image_decode_memory_mb,
               std::string("image_decode_memory_mb"),
               config_limits::kImageDecodeMemoryMb);
+  return absl::OkStatus();
+}
+
+// Each model's fields, and names unique among them.
+absl::Status ResolveModels(v1::ServerConfig* config) {
   if (config->models().empty()) {
     return absl::InvalidArgumentError("models: at least one model is needed");
   }
@@ -239,6 +257,15 @@ absl::Status ResolveServerConfig(v1::ServerConfig* config) {
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ResolveServerConfig(v1::ServerConfig* config) {
+  MOH_RETURN_IF_ERROR(ResolvePorts(config));
+  MOH_RETURN_IF_ERROR(ResolveHttpLimits(config));
+  MOH_RETURN_IF_ERROR(ResolveProcessLimits(config));
+  return ResolveModels(config);
 }
 
 v1::ServerConfig DemoServerConfig(const std::string& demo_dir) {

@@ -1,8 +1,8 @@
 // The JSON of the OpenAI-compatible HTTP API (openai_http.h): request bodies
 // checked and turned into the servables' calls, results turned into OpenAI's
 // response, stream chunk, model list and error objects. No HTTP here, so all
-// of it is unit-tested on strings (tests/openai_api_test.cc). The requests
-// are openai_request.cc's, the answers openai_response.cc's.
+// of it is unit-tested on strings (tests/service/http/openai_api_test.cc). The
+// requests are openai_request.cc's, the answers openai_response.cc's.
 //
 // Field names are OpenAI's (`max_tokens`, `stop`, ...); moh-serve's own idea,
 // the activation ratio, enters as `activation_ratio` and

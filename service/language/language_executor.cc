@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
-#include <optional>
 #include <utility>
 
 #include "absl/hash/hash.h"
@@ -12,9 +11,9 @@
 #include "base/field_error.h"
 #include "base/status_macros.h"
 #include "model/core/activation.h"
-#include "model/tokenizer/tokenizer.h"
 #include "service/engine/callback_thread.h"
 #include "service/engine/engine_loop.h"
+#include "service/language/language_steps.h"
 
 namespace moh {
 namespace {
@@ -83,221 +82,6 @@ class SampleObserver : public GenerationObserver {
   const int32_t index_;
 };
 
-// One Generate sample inside the loop. Owned by the loop thread.
-struct Sequence {
-  GenerationJob job;
-  Activation activation;  // resolved at Submit; lowered at admission
-  std::shared_ptr<GenerationObserver> observer;
-  absl::Time submit_time;
-  std::optional<SequenceOutput> output;  // sampling, stop strings, text
-  int64_t processed = 0;                 // tokens run through the model
-  std::vector<int64_t> head_tokens;      // [L * H]
-  absl::Time last_token_time;
-  // With job.sampling.prompt_logprobs: entries computed so far, delivered
-  // with the first chunk.
-  std::vector<LogprobEntry> prompt_logprobs;
-};
-
-// The language family's steps: one LlamaModel::Forward over the planned rows,
-// then sampling and streaming for each row that emits.
-class LanguageSteps : public StepExecutor<Sequence> {
- public:
-  LanguageSteps(const LanguageExecutor::Options& options,
-                const LanguageModel& lm, ModelMetrics* metrics,
-                CallbackThread* callbacks)
-      : lm_(lm),
-        callbacks_(callbacks),
-        model_(*lm.model),
-        metrics_(metrics),
-        num_head_counters_(static_cast<size_t>(model_.config().num_layers) *
-                           model_.config().num_heads),
-        cache_(model_.CreateKvCache(options.kv_blocks, options.kv_block_size)) {
-  }
-
-  void Admit(Sequence& seq, const AdmittedRequest& admitted) override {
-    if (admitted.lowered) {
-      seq.activation = seq.activation.Lowered(model_.config().moh);
-    }
-    seq.output.emplace(seq.job.sampling, seq.job.prompt_ids,
-                       lm_.tokenizer.get(), lm_.eos_ids);
-    seq.head_tokens.assign(num_head_counters_, 0);
-  }
-
-  absl::Status Run(const std::vector<PlannedRow>& rows,
-                   const std::vector<Sequence*>& seqs,
-                   std::vector<RowOutcome>* outcomes) override {
-    try {
-      return RunUnchecked(rows, seqs, outcomes);
-    } catch (const std::exception& e) {
-      return absl::InternalError(e.what());
-    }
-  }
-
-  void StepDone() override { callbacks_->Flush(); }
-
-  void End(Sequence& seq, EndKind kind, const absl::Status& status) override {
-    if (kind == EndKind::kFailed) {
-      seq.observer->OnError(status);
-      return;
-    }
-    GenerationSummary summary = Summarize(seq);
-    if (kind == EndKind::kCancelled) {
-      summary.finish_reason = FinishReason::kCancelled;
-    }
-    if (metrics_ != nullptr && seq.processed > 0) {
-      metrics_->ActivationRatio(summary.effective_ratio);
-      metrics_->HeadTokens(summary.head_tokens);
-    }
-    seq.observer->OnFinished(summary);
-  }
-
- private:
-  // Rows whose prompt log-probabilities are asked for need the logits of
-  // every position: they run in a forward of their own, so that the others'
-  // (and their padding) never cost [rows, width, vocab] logits.
-  absl::Status RunUnchecked(const std::vector<PlannedRow>& rows,
-                            const std::vector<Sequence*>& seqs,
-                            std::vector<RowOutcome>* outcomes) {
-    std::vector<size_t> last_logits, all_logits;
-    for (size_t b = 0; b < rows.size(); ++b) {
-      const bool all =
-          rows[b].prefill && seqs[b]->job.sampling.prompt_logprobs.has_value();
-      (all ? all_logits : last_logits).push_back(b);
-    }
-    if (!last_logits.empty()) {
-      MOH_RETURN_IF_ERROR(RunRows(rows, seqs, last_logits, false, outcomes));
-    }
-    if (!all_logits.empty()) {
-      MOH_RETURN_IF_ERROR(RunRows(rows, seqs, all_logits, true, outcomes));
-    }
-    return absl::OkStatus();
-  }
-
-  // One forward over rows[i] for i in `which`.
-  absl::Status RunRows(const std::vector<PlannedRow>& all_rows,
-                       const std::vector<Sequence*>& all_seqs,
-                       const std::vector<size_t>& which, bool all_logits,
-                       std::vector<RowOutcome>* outcomes) {
-    std::vector<PlannedRow> rows;
-    std::vector<Sequence*> seqs;
-    for (size_t i : which) {
-      rows.push_back(all_rows[i]);
-      seqs.push_back(all_seqs[i]);
-    }
-    DecoderBatch batch = BuildBatch(rows, seqs);
-    batch.all_logits = all_logits;
-    MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
-    const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
-    const at::Tensor counts =
-        out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* count_data = counts.data_ptr<int64_t>();
-    for (size_t b = 0; b < rows.size(); ++b) {
-      Sequence& seq = *seqs[b];
-      RowOutcome& outcome = (*outcomes)[which[b]];
-      const int64_t* row_counts = count_data + b * num_head_counters_;
-      for (size_t k = 0; k < num_head_counters_; ++k) {
-        seq.head_tokens[k] += row_counts[k];
-      }
-      seq.processed += rows[b].num_tokens;
-      if (rows[b].prefill && metrics_ != nullptr) {
-        metrics_->PromptTokens(rows[b].num_tokens);
-      }
-      if (all_logits) AddPromptLogprobs(rows[b], logits[b], seq);
-      if (!rows[b].emits) continue;  // mid-prompt chunk
-      // A row that cannot sample or decode fails alone; its batch goes on.
-      outcome.error = SampleAndEmit(
-          seq, all_logits ? logits[b][rows[b].num_tokens - 1] : logits[b]);
-      if (outcome.error.ok()) outcome.token = seq.output->history().back();
-      outcome.finished = seq.output->finish_reason().has_value();
-    }
-    return absl::OkStatus();
-  }
-
-  DecoderBatch BuildBatch(const std::vector<PlannedRow>& rows,
-                          const std::vector<Sequence*>& seqs) const {
-    int64_t width = 0;
-    for (const PlannedRow& row : rows) {
-      width = std::max<int64_t>(width, row.num_tokens);
-    }
-    DecoderBatch batch;
-    batch.token_ids = at::zeros({static_cast<int64_t>(rows.size()), width},
-                                at::kLong);  // right-padded
-    auto ids = batch.token_ids.accessor<int64_t, 2>();
-    for (size_t b = 0; b < rows.size(); ++b) {
-      const std::vector<int32_t>& history = seqs[b]->output->history();
-      for (int32_t t = 0; t < rows[b].num_tokens; ++t) {
-        ids[b][t] = history[rows[b].start + t];
-      }
-      batch.num_tokens.push_back(rows[b].num_tokens);
-      batch.block_tables.push_back(rows[b].blocks);
-      batch.start_positions.push_back(rows[b].start);
-      batch.top_k.push_back(seqs[b]->activation.top_k());
-    }
-    return batch;
-  }
-
-  // The entries of the prompt tokens `row` (a prompt chunk) predicts: its
-  // position i's logits ([T, V]) are those of prompt token start + i + 1.
-  void AddPromptLogprobs(const PlannedRow& row, const at::Tensor& logits,
-                         Sequence& seq) const {
-    const std::vector<int32_t>& prompt = seq.job.prompt_ids;
-    for (int32_t i = 0; i < row.num_tokens; ++i) {
-      const size_t next = static_cast<size_t>(row.start) + i + 1;
-      if (next >= prompt.size()) break;
-      seq.prompt_logprobs.push_back(ComputeLogprobs(
-          logits[i], prompt[next], *seq.job.sampling.prompt_logprobs));
-    }
-  }
-
-  // Samples the next token of `seq` from its logits and streams it.
-  absl::Status SampleAndEmit(Sequence& seq, const at::Tensor& logits) {
-    const bool first = seq.output->generated() == 0;
-    MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, seq.output->Next(logits));
-    if (first) chunk.prompt_logprobs = std::move(seq.prompt_logprobs);
-    const absl::Time now = absl::Now();
-    if (metrics_ != nullptr) {
-      if (first) {
-        metrics_->TimeToFirstToken(now - seq.submit_time);
-      } else {
-        metrics_->InterTokenLatency(now - seq.last_token_time);
-      }
-      metrics_->GeneratedTokens(1);
-    }
-    seq.last_token_time = now;
-    // Every sampled id is streamed at once, even when its text is held back.
-    seq.observer->OnChunk(chunk);
-    return absl::OkStatus();
-  }
-
-  GenerationSummary Summarize(const Sequence& seq) const {
-    GenerationSummary summary;
-    if (seq.output.has_value() && seq.output->finish_reason()) {
-      summary.finish_reason = *seq.output->finish_reason();
-    }
-    summary.prompt_tokens = seq.job.prompt_ids.size();
-    summary.completion_tokens =
-        seq.output.has_value() ? seq.output->generated() : 0;
-    summary.applied_ratio = static_cast<float>(seq.activation.nominal_ratio());
-    summary.routed_tokens = seq.processed;
-    summary.head_tokens = seq.head_tokens;
-    summary.head_tokens.resize(num_head_counters_, 0);
-    std::vector<int64_t> counts = summary.head_tokens;
-    summary.effective_ratio = EffectiveRatio(
-        at::from_blob(counts.data(),
-                      {model_.config().num_layers, model_.config().num_heads},
-                      at::kLong),
-        seq.processed);
-    return summary;
-  }
-
-  const LanguageModel& lm_;
-  CallbackThread* const callbacks_;
-  const LlamaModel& model_;
-  ModelMetrics* const metrics_;
-  const size_t num_head_counters_;
-  KvCache cache_;
-};
-
 }  // namespace
 
 class LanguageExecutor::Impl {
@@ -306,8 +90,9 @@ class LanguageExecutor::Impl {
       : options_(options),
         lm_(lm),
         callbacks_("moh-out-" + options.model_name),
-        steps_(options, lm, metrics, &callbacks_),
-        loop_(LoopOptions(options), &steps_, metrics) {}
+        steps_(NewLanguageSteps(lm, options.kv_blocks, options.kv_block_size,
+                                metrics, &callbacks_)),
+        loop_(LoopOptions(options), steps_.get(), metrics) {}
 
   absl::StatusOr<uint64_t> Submit(
       GenerationJob job, std::shared_ptr<GenerationObserver> observer) {
@@ -388,7 +173,7 @@ class LanguageExecutor::Impl {
   // Before the loop: destroyed after it, running the observers' calls of
   // its last steps and of its shutdown.
   CallbackThread callbacks_;
-  LanguageSteps steps_;
+  const std::unique_ptr<StepExecutor<Sequence>> steps_;
   EngineLoop<Sequence> loop_;  // last: stopped first
 };
 

@@ -1,4 +1,4 @@
-"""Writes the checkpoints tests/checkpoint_test.cc reads, into argv[1].
+"""Writes the checkpoints tests/model/checkpoint/checkpoint_test.cc reads, into argv[1].
 
 One small random state dict in the four layouts moh-serve reads
 (single/sharded safetensors, single/sharded torch.save .bin), the expected

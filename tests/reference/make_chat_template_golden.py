@@ -5,7 +5,7 @@ engine's feature templates below, by jinja2 in the environment Hugging Face
 transformers' apply_chat_template uses (ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks and loopcontrols; its tojson filter and
 raise_exception global; tools=None and documents=None passed). The C++ test
-(tests/chat_template_test.cc) compares model/tokenizer/chat_template.h's
+(tests/model/tokenizer/chat_template_test.cc) compares model/tokenizer/chat_template.h's
 renderings with these byte for byte, so it needs no Python.
 
   python3 tests/reference/make_chat_template_golden.py   (Debian's python3-jinja2)

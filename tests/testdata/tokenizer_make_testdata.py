@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes the tiny tokenizer.json files used by tests/tokenizer_test.cc.
+"""Writes the tiny tokenizer.json files used by tests/model/tokenizer/tokenizer_test.cc.
 
 Run once (stdlib only) from anywhere; the JSON files are committed:
   /usr/bin/python3 tests/testdata/tokenizer_make_testdata.py

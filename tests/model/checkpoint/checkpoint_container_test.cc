@@ -20,7 +20,7 @@
 
 #include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/torch_bin_reader.h"
-#include "tests/checkpoint_test_util.h"
+#include "tests/model/checkpoint/checkpoint_test_util.h"
 
 namespace moh {
 namespace {

@@ -10,7 +10,7 @@
 #include "model/core/vit_model.h"
 #include "model/generation/generator.h"
 #include "nlohmann/json.hpp"
-#include "tests/llama_test_util.h"
+#include "tests/model/core/llama_test_util.h"
 
 namespace moh {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "model/core/llama_model.h"
-#include "tests/llama_test_util.h"
+#include "tests/model/core/llama_test_util.h"
 
 namespace moh {
 namespace {

@@ -19,7 +19,7 @@
 #include "model/checkpoint/safetensors_reader.h"
 #include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/torch_bin_reader.h"
-#include "tests/checkpoint_test_util.h"
+#include "tests/model/checkpoint/checkpoint_test_util.h"
 
 namespace moh {
 namespace {
