@@ -245,7 +245,11 @@ absl::Status Unpickler::Build() {
   return absl::OkStatus();
 }
 
-absl::Status Unpickler::Step(uint8_t opcode, bool* stop) {
+absl::Status Unpickler::UnsupportedOpcode(uint8_t opcode) const {
+  return ErrorAt(absl::StrFormat("unsupported pickle opcode 0x%02x", opcode));
+}
+
+absl::Status Unpickler::ScalarOp(uint8_t opcode) {
   using Kind = Value::Kind;
   auto scalar = [](Kind kind, int64_t integer) {
     auto value = std::make_shared<Value>(kind);
@@ -253,27 +257,6 @@ absl::Status Unpickler::Step(uint8_t opcode, bool* stop) {
     return value;
   };
   switch (opcode) {
-    case 0x80: {  // PROTO
-      MOH_ASSIGN_OR_RETURN(uint64_t version, ReadUnsigned(1));
-      if (version < 2 || version > 5) {
-        return ErrorAt(absl::StrCat("unsupported pickle protocol ", version));
-      }
-      return absl::OkStatus();
-    }
-    case 0x95:  // FRAME: its length is of no use when reading from memory.
-      return ReadUnsigned(8).status();
-    case '.':  // STOP
-      *stop = true;
-      return absl::OkStatus();
-    case '}':  // EMPTY_DICT
-      return Push(std::make_shared<Value>(Kind::kDict));
-    case ']':  // EMPTY_LIST
-      return Push(std::make_shared<Value>(Kind::kList));
-    case ')':  // EMPTY_TUPLE
-      return MakeTuple({});
-    case '(':  // MARK
-      marks_.push_back(stack_.size());
-      return absl::OkStatus();
     case 'N':  // NONE
       return Push(std::make_shared<Value>(Kind::kNone));
     case 0x88:  // NEWTRUE
@@ -313,6 +296,20 @@ absl::Status Unpickler::Step(uint8_t opcode, bool* stop) {
       std::memcpy(&value->real, &bits, sizeof(bits));
       return Push(std::move(value));
     }
+    default:
+      return UnsupportedOpcode(opcode);
+  }
+}
+
+absl::Status Unpickler::ContainerOp(uint8_t opcode) {
+  using Kind = Value::Kind;
+  switch (opcode) {
+    case '}':  // EMPTY_DICT
+      return Push(std::make_shared<Value>(Kind::kDict));
+    case ']':  // EMPTY_LIST
+      return Push(std::make_shared<Value>(Kind::kList));
+    case ')':  // EMPTY_TUPLE
+      return MakeTuple({});
     case 't': {  // TUPLE
       MOH_ASSIGN_OR_RETURN(std::vector<ValuePtr> items, PopToMark());
       return MakeTuple(std::move(items));
@@ -343,6 +340,13 @@ absl::Status Unpickler::Step(uint8_t opcode, bool* stop) {
       MOH_ASSIGN_OR_RETURN(std::vector<ValuePtr> items, PopToMark());
       return SetItems(std::move(items));
     }
+    default:
+      return UnsupportedOpcode(opcode);
+  }
+}
+
+absl::Status Unpickler::MemoOp(uint8_t opcode) {
+  switch (opcode) {
     case 'q':     // BINPUT
     case 'r':     // LONG_BINPUT
     case 0x94: {  // MEMOIZE
@@ -362,6 +366,58 @@ absl::Status Unpickler::Step(uint8_t opcode, bool* stop) {
       }
       return Push(it->second);
     }
+    default:
+      return UnsupportedOpcode(opcode);
+  }
+}
+
+absl::Status Unpickler::Step(uint8_t opcode, bool* stop) {
+  switch (opcode) {
+    case 0x80: {  // PROTO
+      MOH_ASSIGN_OR_RETURN(uint64_t version, ReadUnsigned(1));
+      if (version < 2 || version > 5) {
+        return ErrorAt(absl::StrCat("unsupported pickle protocol ", version));
+      }
+      return absl::OkStatus();
+    }
+    case 0x95:  // FRAME: its length is of no use when reading from memory.
+      return ReadUnsigned(8).status();
+    case '.':  // STOP
+      *stop = true;
+      return absl::OkStatus();
+    case '(':  // MARK
+      marks_.push_back(stack_.size());
+      return absl::OkStatus();
+    case 'N':
+    case 0x88:
+    case 0x89:
+    case 'X':
+    case 0x8c:
+    case 0x8d:
+    case 'J':
+    case 'K':
+    case 'M':
+    case 0x8a:
+    case 'G':
+      return ScalarOp(opcode);
+    case '}':
+    case ']':
+    case ')':
+    case 't':
+    case 0x85:
+    case 0x86:
+    case 0x87:
+    case 'a':
+    case 'e':
+    case 's':
+    case 'u':
+      return ContainerOp(opcode);
+    case 'q':
+    case 'r':
+    case 0x94:
+    case 'h':
+    case 'j':
+      return MemoOp(opcode);
     case 'c':  // GLOBAL
       return Global();
     case 'Q':  // BINPERSID
@@ -373,8 +429,7 @@ absl::Status Unpickler::Step(uint8_t opcode, bool* stop) {
     case 'b':  // BUILD
       return Build();
     default:
-      return ErrorAt(
-          absl::StrFormat("unsupported pickle opcode 0x%02x", opcode));
+      return UnsupportedOpcode(opcode);
   }
 }
 

@@ -112,7 +112,17 @@ class Unpickler {
   absl::Status Reduce();
   absl::Status NewObj();
   absl::Status Build();
+  // Step runs one opcode: the protocol and framing itself, the rest in
+  // groups (scalars, containers, the memo) or the handlers above; any other
+  // opcode is refused.
   absl::Status Step(uint8_t opcode, bool* stop);
+  // NONE, booleans, integers, floats and strings.
+  absl::Status ScalarOp(uint8_t opcode);
+  // Empty dict, list and tuple, TUPLE(1-3), APPEND(S) and SETITEM(S).
+  absl::Status ContainerOp(uint8_t opcode);
+  // The memo's PUTs (and MEMOIZE) and GETs.
+  absl::Status MemoOp(uint8_t opcode);
+  absl::Status UnsupportedOpcode(uint8_t opcode) const;
 
   const std::string where_;
   const uint8_t* const data_;

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace moh {
 namespace {
@@ -54,15 +55,13 @@ bool ApplyZip64Extra(const uint8_t* extra, size_t extra_size,
   return true;
 }
 
-}  // namespace
+absl::Status FileError(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
 
-absl::StatusOr<ZipArchive> ZipArchive::Read(const MappedFile& file) {
-  const uint8_t* data = file.data();
-  const uint64_t size = file.size();
-  auto error = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", what));
-  };
-  // The end-of-central-directory record is followed by a comment < 64 KiB.
+// The offset of the end-of-central-directory record, which is followed by a
+// comment < 64 KiB; -1 if there is none.
+int64_t FindEocd(const uint8_t* data, uint64_t size) {
   int64_t eocd = -1;
   if (size >= kEocdSize) {
     const uint64_t last = size - kEocdSize;
@@ -75,11 +74,19 @@ absl::StatusOr<ZipArchive> ZipArchive::Read(const MappedFile& file) {
       }
     }
   }
-  if (eocd < 0) {
-    return error(
-        "not a zip archive (no end of central directory record; truncated, "
-        "or a legacy non-zip torch.save file?)");
-  }
+  return eocd;
+}
+
+// Where the central directory lies and how many entries it has, from the
+// end-of-central-directory record at `eocd` (or its ZIP64 record).
+struct CentralDirectory {
+  uint64_t entries = 0, size = 0, offset = 0;
+};
+
+absl::StatusOr<CentralDirectory> LocateCentralDirectory(const std::string& path,
+                                                        const uint8_t* data,
+                                                        uint64_t size,
+                                                        int64_t eocd) {
   uint64_t entries = LoadLittleEndian(data + eocd + 10, 2);
   uint64_t cd_size = LoadLittleEndian(data + eocd + 12, 4);
   uint64_t cd_offset = LoadLittleEndian(data + eocd + 16, 4);
@@ -91,23 +98,36 @@ absl::StatusOr<ZipArchive> ZipArchive::Read(const MappedFile& file) {
     const uint64_t record = LoadLittleEndian(data + locator + 8, 8);
     if (!InFile(record, kZip64EocdSize, size) ||
         LoadLittleEndian(data + record, 4) != kZip64EocdSignature) {
-      return error("bad ZIP64 end of central directory record");
+      return FileError(path, "bad ZIP64 end of central directory record");
     }
     entries = LoadLittleEndian(data + record + 32, 8);
     cd_size = LoadLittleEndian(data + record + 40, 8);
     cd_offset = LoadLittleEndian(data + record + 48, 8);
   } else if (entries == 0xFFFF || cd_size == 0xFFFFFFFF ||
              cd_offset == 0xFFFFFFFF) {
-    return error("ZIP64 archive without a ZIP64 locator");
+    return FileError(path, "ZIP64 archive without a ZIP64 locator");
   }
   if (!InFile(cd_offset, cd_size, size) || entries > cd_size / kCentralSize) {
-    return error("central directory out of range (truncated file?)");
+    return FileError(path, "central directory out of range (truncated file?)");
   }
+  CentralDirectory cd;
+  cd.entries = entries;
+  cd.size = cd_size;
+  cd.offset = cd_offset;
+  return cd;
+}
 
-  std::map<std::string, Entry> directory;
-  uint64_t pos = cd_offset;
-  const uint64_t cd_end = cd_offset + cd_size;
-  for (uint64_t i = 0; i < entries; ++i) {
+// The central directory's entries, each checked to lie inside the file.
+using Directory = std::map<std::string, ZipArchive::Entry>;
+
+absl::StatusOr<Directory> ReadEntries(const std::string& path,
+                                      const uint8_t* data, uint64_t size,
+                                      const CentralDirectory& cd) {
+  auto error = [&](const std::string& what) { return FileError(path, what); };
+  Directory directory;
+  uint64_t pos = cd.offset;
+  const uint64_t cd_end = cd.offset + cd.size;
+  for (uint64_t i = 0; i < cd.entries; ++i) {
     if (!InFile(pos, kCentralSize, cd_end) ||
         LoadLittleEndian(data + pos, 4) != kCentralSignature) {
       return error(absl::StrCat("bad central directory entry ", i));
@@ -137,7 +157,7 @@ absl::StatusOr<ZipArchive> ZipArchive::Read(const MappedFile& file) {
       return error(absl::StrCat("entry '", name,
                                 "': local header out of range (truncated?)"));
     }
-    Entry entry;
+    ZipArchive::Entry entry;
     entry.method = method;
     entry.size = uncompressed;
     entry.data_offset = local + kLocalSize +
@@ -154,6 +174,24 @@ absl::StatusOr<ZipArchive> ZipArchive::Read(const MappedFile& file) {
     directory[name] = entry;
     pos += kCentralSize + variable;
   }
+  return directory;
+}
+
+}  // namespace
+
+absl::StatusOr<ZipArchive> ZipArchive::Read(const MappedFile& file) {
+  const int64_t eocd = FindEocd(file.data(), file.size());
+  if (eocd < 0) {
+    return FileError(
+        file.path(),
+        "not a zip archive (no end of central directory record; truncated, "
+        "or a legacy non-zip torch.save file?)");
+  }
+  MOH_ASSIGN_OR_RETURN(
+      const CentralDirectory cd,
+      LocateCentralDirectory(file.path(), file.data(), file.size(), eocd));
+  MOH_ASSIGN_OR_RETURN(Directory directory,
+                       ReadEntries(file.path(), file.data(), file.size(), cd));
   return ZipArchive(file.path(), std::move(directory));
 }
 

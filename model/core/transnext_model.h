@@ -124,6 +124,26 @@ class TransNextModel : public ImageClassifier {
                               const at::Tensor& x, const at::Tensor& top_k,
                               const TopKBounds& bounds,
                               at::Tensor* gates) const;
+  // AttentionForward's steps. The keys and values a layer attends to:
+  // L2-normalized global keys [B, P, H, D] and values [B, P, C] (pooled
+  // features, or the tokens themselves), and for aggregated attention the
+  // tokens' own for the window ([B, N, H, D], [B, N, C]).
+  struct AttentionKeys {
+    at::Tensor global_k, global_v, local_k, local_v;
+  };
+  AttentionKeys Keys(const Stage& stage, const Attention& attn,
+                     const at::Tensor& x) const;
+  // The CPU pair kernel (transnext_attention.h) on the (token, head) pairs
+  // the gates [B * N, H] select; the output projection applied.
+  at::Tensor PairAttention(const Stage& stage, const Attention& attn,
+                           const at::Tensor& x, const at::Tensor& gates,
+                           const AttentionKeys& keys,
+                           const TopKBounds& bounds) const;
+  // Every head, as the official code computes it, weighted by the gates
+  // [B, N, H]; the output projection applied.
+  at::Tensor DenseAttention(const Stage& stage, const Attention& attn,
+                            const at::Tensor& x, const AttentionKeys& keys,
+                            const at::Tensor& gates) const;
 
   TransNextConfig config_;
   at::TensorOptions options_;

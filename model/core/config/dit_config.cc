@@ -57,10 +57,9 @@ absl::StatusOr<std::vector<int32_t>> BlockInts(
   return r.PerLayerInt(field, depth, lo, hi);
 }
 
-}  // namespace
-
-absl::StatusOr<DitConfig> ParseDit(const ConfigReader& r) {
-  DitConfig c;
+// The variant named by "variant" (null when none is).
+absl::StatusOr<const DitVariant*> FindVariant(const ConfigReader& r,
+                                              DitConfig& c) {
   MOH_ASSIGN_OR_RETURN(c.variant, r.String("variant", ""));
   const DitVariant* variant = nullptr;
   if (!c.variant.empty()) {
@@ -74,6 +73,13 @@ absl::StatusOr<DitConfig> ParseDit(const ConfigReader& r) {
                                   ", got \"", c.variant, "\""));
     }
   }
+  return variant;
+}
+
+// The image and the transformer's shape: input, patch and channels, width,
+// depth and heads per block.
+absl::Status ParseShape(const ConfigReader& r, const DitVariant* variant,
+                        DitConfig& c) {
   MOH_ASSIGN_OR_RETURN(c.input_size, r.Int("input_size", 2, 1024, 32));
   MOH_ASSIGN_OR_RETURN(c.patch_size, r.Int("patch_size", 1, c.input_size, 2));
   if (c.input_size % c.patch_size != 0) {
@@ -98,6 +104,12 @@ absl::StatusOr<DitConfig> ParseDit(const ConfigReader& r) {
       BlockInts(r, "num_heads", c.depth, 1, 1024,
                 variant && variant->depth == c.depth ? variant->heads
                                                      : std::vector<int32_t>{}));
+  return absl::OkStatus();
+}
+
+// Each block's head_dim: the variant's, or hidden_size / heads, or given.
+absl::Status ParseHeadDims(const ConfigReader& r, const DitVariant* variant,
+                           DitConfig& c) {
   std::vector<int32_t> head_dim_default;
   if (variant != nullptr && variant->head_dim > 0) {
     head_dim_default.assign(c.depth, variant->head_dim);
@@ -141,6 +153,12 @@ absl::StatusOr<DitConfig> ParseDit(const ConfigReader& r) {
           r.IntValue(entry, absl::StrCat("head_dim[", l, "]"), 1, 4096));
     }
   }
+  return absl::OkStatus();
+}
+
+// The MLP width, the classes and their labels, the VAE and the sampling
+// defaults.
+absl::Status ParseClassesAndSampling(const ConfigReader& r, DitConfig& c) {
   MOH_ASSIGN_OR_RETURN(c.mlp_ratio, r.Double("mlp_ratio", 0.01, 64, 4.0));
   if (c.mlp_hidden() < 1) {
     return r.Error("mlp_ratio", "gives no hidden units");
@@ -165,6 +183,12 @@ absl::StatusOr<DitConfig> ParseDit(const ConfigReader& r) {
   MOH_ASSIGN_OR_RETURN(c.default_steps, r.Int("default_steps", 1, 1000, 250));
   MOH_ASSIGN_OR_RETURN(c.default_guidance,
                        r.Double("default_guidance", 1.0, 100.0, 4.0));
+  return absl::OkStatus();
+}
+
+// Each block's shared heads and routed top-K (the variant's by default).
+absl::Status ParseMoh(const ConfigReader& r, const DitVariant* variant,
+                      DitConfig& c) {
   const bool same_depth = variant != nullptr && variant->depth == c.depth;
   std::vector<int32_t> shared_default = c.num_heads, top_k_default(c.depth, 0);
   if (same_depth) {
@@ -198,6 +222,18 @@ absl::StatusOr<DitConfig> ParseDit(const ConfigReader& r) {
     }
     c.moh.layers.push_back({heads, shared[l], top_k[l]});
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DitConfig> ParseDit(const ConfigReader& r) {
+  DitConfig c;
+  MOH_ASSIGN_OR_RETURN(const DitVariant* variant, FindVariant(r, c));
+  MOH_RETURN_IF_ERROR(ParseShape(r, variant, c));
+  MOH_RETURN_IF_ERROR(ParseHeadDims(r, variant, c));
+  MOH_RETURN_IF_ERROR(ParseClassesAndSampling(r, c));
+  MOH_RETURN_IF_ERROR(ParseMoh(r, variant, c));
   return c;
 }
 

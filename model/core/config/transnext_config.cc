@@ -69,10 +69,9 @@ absl::StatusOr<std::vector<int32_t>> StageInts(
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<TransNextConfig> ParseTransNext(const ConfigReader& r) {
-  TransNextConfig c;
+// The variant named by "variant" (null when none is).
+absl::StatusOr<const TransNextVariant*> FindVariant(const ConfigReader& r,
+                                                    TransNextConfig& c) {
   MOH_ASSIGN_OR_RETURN(c.variant, r.String("variant", ""));
   const TransNextVariant* variant = nullptr;
   if (!c.variant.empty()) {
@@ -86,11 +85,11 @@ absl::StatusOr<TransNextConfig> ParseTransNext(const ConfigReader& r) {
                                   ", got \"", c.variant, "\""));
     }
   }
-  // A variant's value of `field`; nothing (so required) without a variant.
-  auto from_variant = [&](auto field) -> std::optional<std::vector<int32_t>> {
-    if (variant == nullptr) return std::nullopt;
-    return std::vector<int32_t>(variant->*field, variant->*field + kStages);
-  };
+  return variant;
+}
+
+// The image, the patch embedding and the fields shared by every stage.
+absl::Status ParseImage(const ConfigReader& r, TransNextConfig& c) {
   // Every stage's grid must halve exactly (the official model's resolutions
   // are image_size // 2^(s + 2)) and the last must be at least 2x2 (its CPB
   // divides by side - 1).
@@ -113,94 +112,133 @@ absl::StatusOr<TransNextConfig> ParseTransNext(const ConfigReader& r) {
   MOH_ASSIGN_OR_RETURN(c.qkv_bias, r.Bool("qkv_bias", true));
   MOH_ASSIGN_OR_RETURN(c.layer_norm_eps,
                        r.Double("layer_norm_eps", 0, 1, 1e-6));
-  MOH_ASSIGN_OR_RETURN(std::vector<int32_t> dims,
+  return absl::OkStatus();
+}
+
+// The per-stage lists, each a variant's (or the default) when absent.
+struct StageLists {
+  std::vector<int32_t> dims, heads, depths, sr, shared, top_k;
+  std::vector<double> mlp;
+};
+
+absl::StatusOr<StageLists> ReadStageLists(const ConfigReader& r,
+                                          const TransNextVariant* variant) {
+  // A variant's value of `field`; nothing (so required) without a variant.
+  auto from_variant = [&](auto field) -> std::optional<std::vector<int32_t>> {
+    if (variant == nullptr) return std::nullopt;
+    return std::vector<int32_t>(variant->*field, variant->*field + kStages);
+  };
+  StageLists l;
+  MOH_ASSIGN_OR_RETURN(l.dims,
                        StageInts(r, "embed_dims", 1, 1 << 14,
                                  from_variant(&TransNextVariant::dims)));
-  MOH_ASSIGN_OR_RETURN(std::vector<int32_t> heads,
+  MOH_ASSIGN_OR_RETURN(l.heads,
                        StageInts(r, "num_heads", 1, 1024,
                                  from_variant(&TransNextVariant::heads)));
   MOH_ASSIGN_OR_RETURN(
-      std::vector<int32_t> depths,
+      l.depths,
       StageInts(r, "depths", 1, 256, from_variant(&TransNextVariant::depths)));
   MOH_ASSIGN_OR_RETURN(
-      std::vector<int32_t> sr,
-      StageInts(r, "sr_ratios", 1, 64, std::vector<int32_t>{8, 4, 2, 1}));
-  std::vector<double> mlp(4, 4.0);
-  if (variant != nullptr) mlp.assign(variant->mlp, variant->mlp + 4);
+      l.sr, StageInts(r, "sr_ratios", 1, 64, std::vector<int32_t>{8, 4, 2, 1}));
+  l.mlp.assign(4, 4.0);
+  if (variant != nullptr) l.mlp.assign(variant->mlp, variant->mlp + 4);
   if (r.Has("mlp_ratios")) {
     MOH_ASSIGN_OR_RETURN(std::vector<float> m,
                          FloatList(r, "mlp_ratios", kStages, 4.0f));
-    mlp.assign(m.begin(), m.end());
+    l.mlp.assign(m.begin(), m.end());
   }
-  std::vector<int32_t> shared_default = heads, top_k_default(4, 0);
+  std::vector<int32_t> shared_default = l.heads, top_k_default(4, 0);
   if (variant != nullptr) {
     shared_default.assign(variant->shared, variant->shared + 4);
     top_k_default.assign(variant->top_k, variant->top_k + 4);
   }
   MOH_ASSIGN_OR_RETURN(
-      std::vector<int32_t> shared,
-      StageInts(r, "moh_shared_heads", 0, 1024, shared_default));
+      l.shared, StageInts(r, "moh_shared_heads", 0, 1024, shared_default));
   MOH_ASSIGN_OR_RETURN(
-      std::vector<int32_t> top_k,
-      StageInts(r, "moh_routed_top_k", 0, 1024, top_k_default));
+      l.top_k, StageInts(r, "moh_routed_top_k", 0, 1024, top_k_default));
+  return l;
+}
+
+// Stage `s`'s shape: heads dividing the width, the MLP ratio, the reduction.
+absl::Status CheckStageShape(const ConfigReader& r, const StageLists& l,
+                             const TransNextStage& stage, int s,
+                             const TransNextConfig& c) {
+  const std::string at = absl::StrCat("[", s, "]");
+  if (l.dims[s] % l.heads[s] != 0) {
+    return r.Error("num_heads" + at,
+                   absl::StrCat("must divide embed_dims", at, " (", l.dims[s],
+                                "), got ", l.heads[s]));
+  }
+  if (!(l.mlp[s] > 0 && l.mlp[s] <= 64)) {
+    return r.Error("mlp_ratios" + at,
+                   absl::StrCat("must be in (0, 64], got ", l.mlp[s]));
+  }
+  if (stage.glu_hidden() < 1) {
+    return r.Error("mlp_ratios" + at,
+                   "gives no hidden units (int(2 * int(dim * ratio) / 3))");
+  }
+  const bool last = s == kStages - 1;
+  if (last != (l.sr[s] == 1)) {
+    return r.Error("sr_ratios" + at,
+                   last ? "must be 1 (the last stage uses full attention)"
+                        : "must be > 1 (stages 1-3 use aggregated "
+                          "attention)");
+  }
+  if (!last && c.resolution(s) < l.sr[s]) {
+    return r.Error("sr_ratios" + at,
+                   absl::StrCat("must be at most the stage's resolution (",
+                                c.resolution(s), "), got ", l.sr[s]));
+  }
+  return absl::OkStatus();
+}
+
+// Stage `s`'s shared heads and routed top-K.
+absl::Status CheckStageMoh(const ConfigReader& r, const StageLists& l, int s) {
+  const std::string at = absl::StrCat("[", s, "]");
+  if (l.shared[s] > l.heads[s]) {
+    return r.Error(
+        "moh_shared_heads" + at,
+        absl::StrCat("must be in [0, ", l.heads[s], "], got ", l.shared[s]));
+  }
+  const int32_t routed = l.heads[s] - l.shared[s];
+  if (l.top_k[s] > routed || (l.top_k[s] == 0) != (routed == 0)) {
+    return r.Error(
+        "moh_routed_top_k" + at,
+        routed == 0
+            ? absl::StrCat("must be 0 when every head is shared, got ",
+                           l.top_k[s])
+            : absl::StrCat("must be in [1, ", routed, "] (heads ", l.heads[s],
+                           " - shared ", l.shared[s], "), got ", l.top_k[s]));
+  }
+  if (routed == 0 && l.shared[s] == 1) {
+    // The official attention re-weights with wg_1, which needs S > 1.
+    return r.Error("moh_shared_heads" + at,
+                   "must be > 1 when the stage routes no heads");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TransNextConfig> ParseTransNext(const ConfigReader& r) {
+  TransNextConfig c;
+  MOH_ASSIGN_OR_RETURN(const TransNextVariant* variant, FindVariant(r, c));
+  MOH_RETURN_IF_ERROR(ParseImage(r, c));
+  MOH_ASSIGN_OR_RETURN(const StageLists l, ReadStageLists(r, variant));
   c.moh.router = RouterKind::kLearned;
   for (int s = 0; s < kStages; ++s) {
     TransNextStage stage;
-    stage.embed_dim = dims[s];
-    stage.num_heads = heads[s];
-    stage.depth = depths[s];
-    stage.sr_ratio = sr[s];
-    stage.mlp_ratio = mlp[s];
-    stage.shared_heads = shared[s];
-    stage.top_k = top_k[s];
-    const std::string at = absl::StrCat("[", s, "]");
-    if (dims[s] % heads[s] != 0) {
-      return r.Error("num_heads" + at,
-                     absl::StrCat("must divide embed_dims", at, " (", dims[s],
-                                  "), got ", heads[s]));
-    }
-    if (!(mlp[s] > 0 && mlp[s] <= 64)) {
-      return r.Error("mlp_ratios" + at,
-                     absl::StrCat("must be in (0, 64], got ", mlp[s]));
-    }
-    if (stage.glu_hidden() < 1) {
-      return r.Error("mlp_ratios" + at,
-                     "gives no hidden units (int(2 * int(dim * ratio) / 3))");
-    }
-    const bool last = s == kStages - 1;
-    if (last != (sr[s] == 1)) {
-      return r.Error("sr_ratios" + at,
-                     last ? "must be 1 (the last stage uses full attention)"
-                          : "must be > 1 (stages 1-3 use aggregated "
-                            "attention)");
-    }
-    if (!last && c.resolution(s) < sr[s]) {
-      return r.Error("sr_ratios" + at,
-                     absl::StrCat("must be at most the stage's resolution (",
-                                  c.resolution(s), "), got ", sr[s]));
-    }
-    if (shared[s] > heads[s]) {
-      return r.Error(
-          "moh_shared_heads" + at,
-          absl::StrCat("must be in [0, ", heads[s], "], got ", shared[s]));
-    }
-    const int32_t routed = heads[s] - shared[s];
-    if (top_k[s] > routed || (top_k[s] == 0) != (routed == 0)) {
-      return r.Error(
-          "moh_routed_top_k" + at,
-          routed == 0
-              ? absl::StrCat("must be 0 when every head is shared, got ",
-                             top_k[s])
-              : absl::StrCat("must be in [1, ", routed, "] (heads ", heads[s],
-                             " - shared ", shared[s], "), got ", top_k[s]));
-    }
-    if (routed == 0 && shared[s] == 1) {
-      // The official attention re-weights with wg_1, which needs S > 1.
-      return r.Error("moh_shared_heads" + at,
-                     "must be > 1 when the stage routes no heads");
-    }
-    for (int32_t b = 0; b < depths[s]; ++b) {
-      c.moh.layers.push_back({heads[s], shared[s], top_k[s], s, b});
+    stage.embed_dim = l.dims[s];
+    stage.num_heads = l.heads[s];
+    stage.depth = l.depths[s];
+    stage.sr_ratio = l.sr[s];
+    stage.mlp_ratio = l.mlp[s];
+    stage.shared_heads = l.shared[s];
+    stage.top_k = l.top_k[s];
+    MOH_RETURN_IF_ERROR(CheckStageShape(r, l, stage, s, c));
+    MOH_RETURN_IF_ERROR(CheckStageMoh(r, l, s));
+    for (int32_t b = 0; b < l.depths[s]; ++b) {
+      c.moh.layers.push_back({l.heads[s], l.shared[s], l.top_k[s], s, b});
     }
     c.stages.push_back(stage);
   }

@@ -1,0 +1,108 @@
+// LlamaModel::Validate: a step's batch checked against the config and the
+// KV cache before Forward runs it.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "model/core/llama_model.h"
+
+namespace moh {
+
+absl::Status LlamaModel::Validate(const DecoderBatch& batch,
+                                  const KvCache& cache) const {
+  const at::Tensor& ids = batch.token_ids;
+  if (!ids.defined() || ids.dim() != 2 || ids.size(0) < 1 || ids.size(1) < 1) {
+    return absl::InvalidArgumentError(
+        "token_ids must be a [B, T] tensor, B, T >= 1");
+  }
+  if (ids.scalar_type() != at::kLong) {
+    return absl::InvalidArgumentError("token_ids must be int64");
+  }
+  const size_t rows = ids.size(0);
+  const int64_t width = ids.size(1);
+  const bool paged = !batch.block_tables.empty();
+  if (batch.num_tokens.size() != rows ||
+      (paged ? batch.block_tables.size() : batch.slots.size()) != rows ||
+      batch.start_positions.size() != rows ||
+      (batch.top_k.empty() && batch.ratios.size() != rows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_tokens, slots (or block_tables), start_positions "
+                     "and ratios (or top_k) need one entry per row (",
+                     rows, ")"));
+  }
+  if (!batch.top_k.empty()) {
+    MOH_RETURN_IF_ERROR(ValidateTopK(config_.moh, batch.top_k, rows, "top_k"));
+  }
+  if (batch.logits_tail < 0 || batch.logits_tail > width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logits_tail must be in [0, ", width, "], got ", batch.logits_tail));
+  }
+  const int64_t block_size = cache.block_size();
+  std::set<int32_t> seen_slots;
+  std::map<int32_t, size_t> writer;  // block -> the row writing it
+  for (size_t b = 0; b < rows; ++b) {
+    if (batch.num_tokens[b] < 1 || batch.num_tokens[b] > width) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_tokens[", b, "] must be in [1, ", width, "], got ",
+                       batch.num_tokens[b]));
+    }
+    const int64_t start = batch.start_positions[b];
+    const int64_t end = start + batch.num_tokens[b];
+    const int64_t capacity = std::min<int64_t>(
+        paged ? int64_t(batch.block_tables[b].size()) * block_size : block_size,
+        config_.max_position_embeddings);
+    if (start < 0 || end > capacity) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", b, ": positions [", start, ", ", end,
+                       ") must lie in [0, ", capacity, ") (",
+                       paged ? "its block table" : "max sequence length", ")"));
+    }
+    if (!paged) {
+      if (batch.slots[b] < 0 || batch.slots[b] >= cache.num_blocks()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slots[", b, "] must be in [0, ", cache.num_blocks(),
+                         "), got ", batch.slots[b]));
+      }
+      if (!seen_slots.insert(batch.slots[b]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "slots[", b, "] = ", batch.slots[b], " is used twice"));
+      }
+    } else {
+      const std::vector<int32_t>& table = batch.block_tables[b];
+      for (size_t i = 0; i < table.size(); ++i) {
+        if (table[i] < 0 || table[i] >= cache.num_blocks()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("block_tables[", b, "][", i, "] must be in [0, ",
+                           cache.num_blocks(), "), got ", table[i]));
+        }
+      }
+      for (int64_t i = start / block_size; i <= (end - 1) / block_size; ++i) {
+        const auto [it, fresh] = writer.emplace(table[i], b);
+        if (!fresh) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("block_tables: rows ", it->second, " and ", b,
+                           " both write block ", table[i]));
+        }
+      }
+    }
+    const float r = batch.top_k.empty() ? batch.ratios[b] : 0.0f;
+    if (!(r <= 1.0f)) {  // also rejects NaN
+      return absl::InvalidArgumentError(
+          absl::StrCat("ratios[", b,
+                       "] must be in (0, 1] or <= 0 for the default, got ", r));
+    }
+  }
+  const int64_t lo = ids.min().item<int64_t>();
+  const int64_t hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_ids must be in [0, ", config_.vocab_size, "), got ",
+                     lo < 0 ? lo : hi));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moh
