@@ -1,4 +1,4 @@
-// The tests of filters.h ("x is defined", "x is divisibleby(3)"), as
+// The `is` tests of filters.h ("x is defined", "x is divisibleby(3)"), as
 // jinja2's tests.py.
 #include <cstdint>
 #include <optional>
