@@ -10,10 +10,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "model/core/runtime.h"
 #include "model/generation/generator.h"
 #include "model/generation/language_model.h"
@@ -53,149 +57,155 @@ ABSL_FLAG(int32_t, warmup, 0, "Untimed generations before the timed ones");
 ABSL_FLAG(bool, print_token_ids, false,
           "Print the prompt's and the first sequence's generated token ids");
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Generates text with a MoH language model, in process.");
-  absl::ParseCommandLine(argc, argv);
-  const std::string dir = absl::GetFlag(FLAGS_model_dir);
-  if (dir.empty()) {
-    std::cerr << "moh-generate: --model_dir is required\n";
-    return 2;
-  }
-  moh::ConfigureCpuAllocator();
-  moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
-  const auto load_start = std::chrono::steady_clock::now();
-  auto lm = moh::LanguageModel::Load(
-      dir, moh::DeviceOptions{absl::GetFlag(FLAGS_device),
-                              absl::GetFlag(FLAGS_dtype)});
-  if (!lm.ok()) {
-    std::cerr << "moh-generate: " << lm.status().message() << "\n";
-    return 1;
-  }
-  if (lm->tokenizer == nullptr) {
-    std::cerr << "moh-generate: " << dir << " has no tokenizer.json\n";
-    return 1;
-  }
-  const double load_s = std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - load_start)
-                            .count();
-  const absl::Status kv_set = lm->model->set_kv_cache_dtype(
-      absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype");
-  if (!kv_set.ok()) {
-    std::cerr << "moh-generate: " << kv_set.message() << "\n";
-    return 2;
-  }
-  const moh::LlamaConfig& config = lm->model->config();
-  MOH_LOG(Info) << absl::StrFormat(
-      "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "
-      "%.3f",
-      dir, load_s, config.num_layers, config.num_heads,
-      moh::RouterKindName(config.moh.router), config.moh.DefaultRatio());
+namespace {
 
-  moh::GenerationRequest request;
-  request.prompt_ids = lm->tokenizer->Encode(absl::GetFlag(FLAGS_prompt), true);
-  if (const size_t n = std::max(0, absl::GetFlag(FLAGS_prompt_tokens));
-      n > 0 && !request.prompt_ids.empty()) {
-    const auto text = request.prompt_ids;  // BOS first: repeat what follows
-    const size_t from = text.size() > 1 ? 1 : 0;
-    for (size_t i = text.size(); i < n; ++i)
-      request.prompt_ids.push_back(
-          text[from + (i - from) % (text.size() - from)]);
-    request.prompt_ids.resize(n);
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The error path: prints `message` and returns `code` (2: a bad flag, 1: a
+// failure).
+int Fail(int code, absl::string_view message) {
+  std::cerr << "moh-generate: " << message << "\n";
+  return code;
+}
+
+// --prompt, tokenized; with --prompt_tokens, its ids after BOS repeated to
+// exactly that many.
+std::vector<int32_t> PromptIds(const moh::Tokenizer& tokenizer) {
+  std::vector<int32_t> ids =
+      tokenizer.Encode(absl::GetFlag(FLAGS_prompt), true);
+  const size_t n = std::max(0, absl::GetFlag(FLAGS_prompt_tokens));
+  if (n == 0 || ids.empty()) return ids;
+  const auto text = ids;  // BOS first: repeat what follows
+  const size_t from = text.size() > 1 ? 1 : 0;
+  for (size_t i = text.size(); i < n; ++i) {
+    ids.push_back(text[from + (i - from) % (text.size() - from)]);
   }
+  ids.resize(n);
+  return ids;
+}
+
+moh::GenerationRequest RequestFromFlags(const moh::Tokenizer& tokenizer) {
+  moh::GenerationRequest request;
+  request.prompt_ids = PromptIds(tokenizer);
   request.sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   request.sampling.temperature = absl::GetFlag(FLAGS_temperature);
   request.sampling.top_k = absl::GetFlag(FLAGS_top_k);
   request.sampling.top_p = absl::GetFlag(FLAGS_top_p);
   request.sampling.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
   request.sampling.stop = absl::GetFlag(FLAGS_stop);
-  if (absl::GetFlag(FLAGS_seed) >= 0)
+  if (absl::GetFlag(FLAGS_seed) >= 0) {
     request.sampling.seed = absl::GetFlag(FLAGS_seed);
+  }
+  return request;
+}
 
+// --ratios, else --ratio.
+absl::StatusOr<std::vector<float>> RatiosFromFlags() {
   std::vector<float> ratios;
   for (const std::string& text : absl::GetFlag(FLAGS_ratios)) {
     float ratio = 0;
     if (!absl::SimpleAtof(text, &ratio) || !(ratio >= 0 && ratio <= 1)) {
-      std::cerr << "moh-generate: --ratios: \"" << text
-                << "\" is not a ratio in [0, 1]\n";
-      return 2;
+      return absl::InvalidArgumentError(
+          absl::StrCat("--ratios: \"", text, "\" is not a ratio in [0, 1]"));
     }
     ratios.push_back(ratio);
   }
   if (ratios.empty()) ratios.push_back(absl::GetFlag(FLAGS_ratio));
+  return ratios;
+}
 
-  moh::Generator generator(*lm->model, lm->tokenizer.get(), lm->eos_ids);
-  const int32_t batch = std::max(1, absl::GetFlag(FLAGS_batch));
-  const int32_t repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
-  std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
-  absl::StatusOr<std::vector<moh::GenerationResult>> results;
-  double seconds = 0;
-  for (size_t k = 0; k < ratios.size(); ++k) {
-    request.ratio = ratios[k];
-    const std::vector<moh::GenerationRequest> requests(batch, request);
-    for (int32_t i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
-      if (!generator.Generate(requests, nullptr).ok()) break;
-    }
-    int64_t total_tokens = 0;
-    // Prefill: from a repeat's start to its first chunk (the prompts' forward
-    // pass and the first token); decode: the rest, one token per row a step.
-    double prefill_s = 0;
-    const auto start = std::chrono::steady_clock::now();
-    for (int32_t i = 0; i < repeat; ++i) {
-      const auto repeat_start = std::chrono::steady_clock::now();
-      bool first = true;
-      const bool print = k == 0 && i == 0;
-      auto batch_results = generator.Generate(
-          requests, [&](size_t row, const moh::GenerationChunk& chunk) {
-            if (first) {
-              first = false;
-              prefill_s += std::chrono::duration<double>(
-                               std::chrono::steady_clock::now() - repeat_start)
-                               .count();
-            }
-            if (print && row == 0) std::cout << chunk.text << std::flush;
-          });
-      if (!batch_results.ok()) {
-        std::cerr << "\nmoh-generate: " << batch_results.status().message()
-                  << "\n";
-        return 1;
-      }
-      for (const moh::GenerationResult& r : *batch_results) {
-        total_tokens += r.token_ids.size();
-      }
-      if (k == 0 && i == 0) results = std::move(batch_results);
-    }
-    const double ratio_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    if (k == 0) {
-      seconds = ratio_s;
-      std::cout << "\n";
-    }
-    if (batch > 1 || repeat > 1 || absl::GetFlag(FLAGS_prompt_tokens) > 0 ||
-        ratios.size() > 1) {
-      const int64_t prompt =
-          int64_t{batch} * repeat * request.prompt_ids.size();
-      const int64_t decoded = total_tokens - int64_t{batch} * repeat;
-      const double decode_s = ratio_s - prefill_s;
-      std::fprintf(
-          stderr,
-          "batch=%d repeat=%d ratio=%.4f generated_tokens=%lld "
-          "time=%.3fs tokens_per_s=%.2f prefill_tokens=%lld "
-          "prefill_time=%.3fs prefill_tokens_per_s=%.2f "
-          "decode_tokens=%lld decode_time=%.3fs "
-          "decode_tokens_per_s=%.2f\n",
-          batch, repeat, request.ratio, static_cast<long long>(total_tokens),
-          ratio_s, total_tokens / std::max(ratio_s, 1e-9),
-          static_cast<long long>(prompt), prefill_s,
-          prompt / std::max(prefill_s, 1e-9), static_cast<long long>(decoded),
-          decode_s, decoded / std::max(decode_s, 1e-9));
-    }
+// The model of --model_dir with its KV cache type set, and how long loading
+// took.
+absl::StatusOr<moh::LanguageModel> LoadModel(double* load_s) {
+  const std::string dir = absl::GetFlag(FLAGS_model_dir);
+  const Clock::time_point start = Clock::now();
+  MOH_ASSIGN_OR_RETURN(
+      moh::LanguageModel lm,
+      moh::LanguageModel::Load(dir,
+                               moh::DeviceOptions{absl::GetFlag(FLAGS_device),
+                                                  absl::GetFlag(FLAGS_dtype)}));
+  if (lm.tokenizer == nullptr) {
+    return absl::NotFoundError(absl::StrCat(dir, " has no tokenizer.json"));
   }
-  const moh::GenerationResult& r = (*results)[0];
+  *load_s = SecondsSince(start);
+  return lm;
+}
+
+// One ratio's timed generations.
+struct Measured {
+  int64_t total_tokens = 0;
+  double seconds = 0;
+  // From each repeat's start to its first chunk (the prompts' forward pass
+  // and the first token); decode is the rest, one token per row a step.
+  double prefill_s = 0;
+  std::vector<moh::GenerationResult> first;  // the first repeat's results
+};
+
+// --warmup untimed generations of `batch` copies of `request`, then --repeat
+// timed ones; with `print`, streams row 0 of the first to stdout.
+absl::StatusOr<Measured> Measure(const moh::Generator& generator,
+                                 const moh::GenerationRequest& request,
+                                 int32_t batch, int32_t repeat, bool print) {
+  const std::vector<moh::GenerationRequest> requests(batch, request);
+  for (int32_t i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
+    if (!generator.Generate(requests, nullptr).ok()) break;
+  }
+  Measured measured;
+  const Clock::time_point start = Clock::now();
+  for (int32_t i = 0; i < repeat; ++i) {
+    const Clock::time_point repeat_start = Clock::now();
+    bool first = true;
+    MOH_ASSIGN_OR_RETURN(
+        std::vector<moh::GenerationResult> results,
+        generator.Generate(requests,
+                           [&](size_t row, const moh::GenerationChunk& chunk) {
+                             if (first) {
+                               first = false;
+                               measured.prefill_s += SecondsSince(repeat_start);
+                             }
+                             if (print && i == 0 && row == 0)
+                               std::cout << chunk.text << std::flush;
+                           }));
+    for (const moh::GenerationResult& r : results) {
+      measured.total_tokens += r.token_ids.size();
+    }
+    if (i == 0) measured.first = std::move(results);
+  }
+  measured.seconds = SecondsSince(start);
+  return measured;
+}
+
+void PrintThroughput(const Measured& m, int32_t batch, int32_t repeat,
+                     float ratio, size_t prompt_len) {
+  const int64_t prompt = int64_t{batch} * repeat * prompt_len;
+  const int64_t decoded = m.total_tokens - int64_t{batch} * repeat;
+  const double decode_s = m.seconds - m.prefill_s;
+  std::fprintf(stderr,
+               "batch=%d repeat=%d ratio=%.4f generated_tokens=%lld "
+               "time=%.3fs tokens_per_s=%.2f prefill_tokens=%lld "
+               "prefill_time=%.3fs prefill_tokens_per_s=%.2f "
+               "decode_tokens=%lld decode_time=%.3fs "
+               "decode_tokens_per_s=%.2f\n",
+               batch, repeat, ratio, static_cast<long long>(m.total_tokens),
+               m.seconds, m.total_tokens / std::max(m.seconds, 1e-9),
+               static_cast<long long>(prompt), m.prefill_s,
+               prompt / std::max(m.prefill_s, 1e-9),
+               static_cast<long long>(decoded), decode_s,
+               decoded / std::max(decode_s, 1e-9));
+}
+
+// The first sequence: its finish, usage and speed; its ids and its routing
+// when asked.
+void PrintFirst(const moh::GenerationResult& r,
+                const std::vector<int32_t>& prompt_ids, double seconds,
+                int32_t repeat) {
   if (absl::GetFlag(FLAGS_print_token_ids)) {
     std::fprintf(stderr, "prompt_ids=%s\ntoken_ids=%s\n",
-                 absl::StrJoin(request.prompt_ids, ",").c_str(),
+                 absl::StrJoin(prompt_ids, ",").c_str(),
                  absl::StrJoin(r.token_ids, ",").c_str());
   }
   std::fprintf(stderr,
@@ -204,18 +214,71 @@ int main(int argc, char** argv) {
                moh::FinishReasonName(r.finish_reason), r.prompt_tokens,
                r.token_ids.size(), r.effective_ratio, seconds / repeat,
                r.token_ids.size() * repeat / std::max(seconds, 1e-9));
-  if (absl::GetFlag(FLAGS_routing)) {
-    const at::Tensor counts = r.head_token_counts;  // [L, H]
-    std::fprintf(stderr,
-                 "tokens served per head (rows: layers, columns: heads)\n");
-    for (int64_t l = 0; l < counts.size(0); ++l) {
-      std::fprintf(stderr, "layer %3lld:", static_cast<long long>(l));
-      for (int64_t h = 0; h < counts.size(1); ++h) {
-        std::fprintf(stderr, " %5lld",
-                     static_cast<long long>(counts[l][h].item<int64_t>()));
-      }
-      std::fprintf(stderr, "\n");
+  if (!absl::GetFlag(FLAGS_routing)) return;
+  const at::Tensor counts = r.head_token_counts;  // [L, H]
+  std::fprintf(stderr,
+               "tokens served per head (rows: layers, columns: heads)\n");
+  for (int64_t l = 0; l < counts.size(0); ++l) {
+    std::fprintf(stderr, "layer %3lld:", static_cast<long long>(l));
+    for (int64_t h = 0; h < counts.size(1); ++h) {
+      std::fprintf(stderr, " %5lld",
+                   static_cast<long long>(counts[l][h].item<int64_t>()));
     }
+    std::fprintf(stderr, "\n");
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Generates text with a MoH language model, in process.");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_model_dir).empty()) {
+    return Fail(2, "--model_dir is required");
+  }
+  const absl::StatusOr<std::vector<float>> ratios = RatiosFromFlags();
+  if (!ratios.ok()) return Fail(2, ratios.status().message());
+  moh::ConfigureCpuAllocator();
+  moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
+  double load_s = 0;
+  absl::StatusOr<moh::LanguageModel> lm = LoadModel(&load_s);
+  if (!lm.ok()) return Fail(1, lm.status().message());
+  const absl::Status kv_set = lm->model->set_kv_cache_dtype(
+      absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype");
+  if (!kv_set.ok()) return Fail(2, kv_set.message());
+  const moh::LlamaConfig& config = lm->model->config();
+  MOH_LOG(Info) << absl::StrFormat(
+      "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "
+      "%.3f",
+      absl::GetFlag(FLAGS_model_dir), load_s, config.num_layers,
+      config.num_heads, moh::RouterKindName(config.moh.router),
+      config.moh.DefaultRatio());
+
+  moh::GenerationRequest request = RequestFromFlags(*lm->tokenizer);
+  const moh::Generator generator(*lm->model, lm->tokenizer.get(), lm->eos_ids);
+  const int32_t batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  const int32_t repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  const bool throughput = batch > 1 || repeat > 1 ||
+                          absl::GetFlag(FLAGS_prompt_tokens) > 0 ||
+                          ratios->size() > 1;
+  std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
+  Measured first;
+  for (size_t k = 0; k < ratios->size(); ++k) {
+    request.ratio = (*ratios)[k];
+    absl::StatusOr<Measured> measured =
+        Measure(generator, request, batch, repeat, k == 0);
+    if (!measured.ok()) {
+      std::cout << "\n";
+      return Fail(1, measured.status().message());
+    }
+    if (k == 0) std::cout << "\n";
+    if (throughput) {
+      PrintThroughput(*measured, batch, repeat, request.ratio,
+                      request.prompt_ids.size());
+    }
+    if (k == 0) first = *std::move(measured);
+  }
+  PrintFirst(first.first[0], request.prompt_ids, first.seconds, repeat);
   return 0;
 }
