@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from conftest import (DEPLOY_DIR, OVERLAYS, SOURCE_DIR, find, flag, http_port,
-                      need_tool, one, server_container, server_settings)
+                      ENGINE_SPEC_FIELDS, need_tool, one, parse_metric_spec,
+                      server_container, server_settings)
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +33,6 @@ REMOVED_FLAGS = ("total-queued-requests-metric", "total-running-requests-metric"
                  "kv-cache-usage-percentage-metric", "lora-info-metric",
                  "cache-info-metric", "model-server-metrics-port",
                  "model-server-metrics-path", "model-server-metrics-scheme")
-# Every metric field of an engine configuration.
-ENGINE_SPECS = ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec",
-                "loraSpec", "cacheInfoSpec", "cacheBlockSizeSpec",
-                "cacheNumBlocksSpec")
 CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding")
 
 
@@ -65,19 +62,6 @@ def plugins_of_type(config, plugin_type):
 
 def plugin_name(plugin):
     return plugin.get("name", plugin["type"])
-
-
-def parse_metric_spec(spec):
-    """(name, {label: value}) of a picker metric spec, `name{label="value",...}`
-    (values quoted or not, as the picker accepts)."""
-    m = re.fullmatch(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{([^}]*)\})?\s*", spec)
-    assert m, "%r is not a metric spec" % spec
-    labels = {}
-    for pair in filter(None, (p.strip() for p in (m.group(2) or "").split(","))):
-        lm = re.fullmatch(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"?([^"]*)"?', pair)
-        assert lm, "bad label %r in %r" % (pair, spec)
-        labels[lm.group(1)] = lm.group(2)
-    return m.group(1), labels
 
 
 def test_every_object_is_in_the_servers_namespace(gateway):
@@ -184,8 +168,8 @@ def test_the_pickers_engine_configuration_names_moh_servers_gauges(
     for field, name in want.items():
         assert parse_metric_spec(engine[field])[0] == name, (field, engine[field])
     assert set(engine) <= {"name", "customMetrics", "cacheBlockSizeLabelName",
-                           "cacheNumBlocksLabelName"} | set(ENGINE_SPECS), engine
-    specs = [engine[f] for f in ENGINE_SPECS if engine.get(f)]
+                           "cacheNumBlocksLabelName"} | set(ENGINE_SPEC_FIELDS), engine
+    specs = [engine[f] for f in ENGINE_SPEC_FIELDS if engine.get(f)]
     specs += [m["metricSpec"] for m in engine.get("customMetrics", [])]
     for spec in specs:
         name, spec_labels = parse_metric_spec(spec)
