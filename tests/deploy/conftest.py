@@ -145,6 +145,46 @@ def health_port(objects):
     return int(value) if value is not None and int(value) != 0 else None
 
 
+def parse_metric_spec(spec):
+    """(name, {label: value}) of an endpoint picker metric spec
+    (deploy/gateway/epp-config.yaml), `name{label="value",...}`, values quoted
+    or not, as the picker accepts."""
+    m = re.fullmatch(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{([^}]*)\})?\s*", spec)
+    assert m, "%r is not a metric spec" % spec
+    labels = {}
+    for pair in filter(None, (p.strip() for p in (m.group(2) or "").split(","))):
+        lm = re.fullmatch(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"?([^"]*)"?', pair)
+        assert lm, "bad label %r in %r" % (pair, spec)
+        labels[lm.group(1)] = lm.group(2)
+    return m.group(1), labels
+
+
+# The metric fields of the endpoint picker's engine configurations.
+ENGINE_SPEC_FIELDS = ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec",
+                      "loraSpec", "cacheInfoSpec", "cacheBlockSizeSpec",
+                      "cacheNumBlocksSpec")
+
+
+def picker_metric_specs():
+    """{where: spec} of every metric the endpoint picker's engine
+    configurations in deploy/gateway/epp-config.yaml read."""
+    with open(os.path.join(DEPLOY_DIR, "gateway", "epp-config.yaml")) as f:
+        config = yaml.safe_load(f)
+    specs = {}
+    for plugin in config["plugins"]:
+        if plugin["type"] != "core-metrics-extractor":
+            continue
+        for engine in plugin.get("parameters", {}).get("engineConfigs", []):
+            for field in ENGINE_SPEC_FIELDS:
+                if engine.get(field):
+                    specs["engine %s %s" % (engine["name"], field)] = engine[field]
+            for custom in engine.get("customMetrics", []):
+                specs["engine %s %s" % (engine["name"], custom["attributeKey"])] = (
+                    custom["metricSpec"])
+    assert specs, "no engine configuration in deploy/gateway/epp-config.yaml"
+    return specs
+
+
 def adapter_rules():
     path = os.path.join(DEPLOY_DIR, "monitoring", "prometheus-adapter-rules.yaml")
     with open(path) as f:

@@ -1,7 +1,7 @@
-"""Every metric the alerts, the HPA's adapter rule and the Grafana dashboard
-query exists in a live scrape of the real moh-server, and every label they
-group or filter by is on those metrics (or is a target label Prometheus
-adds). The server runs with each overlay's rendered server.textproto, so a
+"""Every metric the alerts, the HPA's adapter rule, the Grafana dashboard and
+the inference gateway's endpoint picker query exists in a live scrape of the
+real moh-server, and every label they group or filter by is on those metrics
+(or is a target label Prometheus adds). The server runs with each overlay's rendered server.textproto, so a
 config the server cannot read fails here too."""
 import json
 import os
@@ -15,7 +15,8 @@ import urllib.request
 import pytest
 
 from conftest import (SOURCE_DIR, adapter_rules, dashboard_path,
-                      mounted_config, one)
+                      mounted_config, one, parse_metric_spec,
+                      picker_metric_specs)
 
 SERVER = os.environ.get("MOH_SERVER",
                         os.path.join(SOURCE_DIR, "build/service/moh-server"))
@@ -221,6 +222,21 @@ def test_queries_use_only_exported_metrics(rendered, live_scrape):
         if unknown:
             problems.append("%s: labels %s are on none of its metrics" %
                             (where, sorted(unknown)))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_endpoint_picker_reads_exported_gauges(live_scrape):
+    # The picker reads one sample's value, of a gauge or a counter, selected by
+    # its labels.
+    types, sample_labels = parse_exposition(live_scrape)
+    problems = []
+    for where, spec in picker_metric_specs().items():
+        name, labels = parse_metric_spec(spec)
+        if types.get(name) not in ("gauge", "counter"):
+            problems.append("%s: %s is %s" % (where, name, types.get(name, "not exported")))
+        elif not set(labels) <= sample_labels.get(name, set()):
+            problems.append("%s: %s has no labels %s" % (
+                where, name, sorted(set(labels) - sample_labels.get(name, set()))))
     assert not problems, "\n".join(problems)
 
 
