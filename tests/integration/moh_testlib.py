@@ -376,6 +376,25 @@ class MohServer:
         return parse_metrics(self.scrape())
 
 
+def model_fixtures():
+    """Module-scoped pytest fixtures (stub, models) for a test module that
+    defines its own `server` fixture (a MohServer, usually started with
+    wait_serving=False): stub is an InferenceStub on the server's channel,
+    models is wait_models_loaded's {name: ModelInfo}. Use as
+    `stub, models = lib.model_fixtures()`."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def stub(server, api):
+        return api.grpc.InferenceStub(server.channel())
+
+    @pytest.fixture(scope="module")
+    def models(server, api):
+        return wait_models_loaded(api, server)
+
+    return stub, models
+
+
 # --- requests ---
 
 

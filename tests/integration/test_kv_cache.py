@@ -22,14 +22,7 @@ def server(start_server):
     ], wait_serving=False, metrics=False)
 
 
-@pytest.fixture(scope="module")
-def stub(server, api):
-    return api.grpc.InferenceStub(server.channel())
-
-
-@pytest.fixture(scope="module")
-def models(server, api):
-    return lib.wait_models_loaded(api, server)
+stub, models = lib.model_fixtures()
 
 
 def test_list_models_reports_the_cache_type(api, models):

@@ -63,14 +63,7 @@ def server(start_server, converted, broken):
     ], wait_serving=False)
 
 
-@pytest.fixture(scope="module")
-def stub(server, api):
-    return api.grpc.InferenceStub(server.channel())
-
-
-@pytest.fixture(scope="module")
-def models(server, api):
-    return lib.wait_models_loaded(api, server)
+stub, models = lib.model_fixtures()
 
 
 @pytest.fixture(scope="module")

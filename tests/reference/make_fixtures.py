@@ -175,6 +175,19 @@ def _norm_weight(gen, n):
     return 1.0 + 0.1 * torch.randn(n, generator=gen)
 
 
+def _router_gates(gen, prefix, H, C, S, K):
+    """The learned router's gate weights of one attention layer (prefix: its module's
+    name and "."; H heads, S shared, K routed per token, width C), drawn in this order."""
+    t = {}
+    if K > 0:
+        t[prefix + "wg.weight"] = _normal(gen, (H - S, C), 0.3)
+        if S > 0:
+            t[prefix + "wg_0.weight"] = _normal(gen, (2, C), 0.3)
+    if S > 1:
+        t[prefix + "wg_1.weight"] = _normal(gen, (S, C), 0.3)
+    return t
+
+
 def llama_tensors(cfg, seed, dtype):
     """name -> tensor in the storage dtype (the reference computes from these, in fp32)."""
     gen = torch.Generator().manual_seed(seed)
@@ -190,13 +203,8 @@ def llama_tensors(cfg, seed, dtype):
         t[p + "self_attn.v_proj.weight"] = _normal(gen, (KV * hd, C), 0.25)
         t[p + "self_attn.o_proj.weight"] = _normal(gen, (C, H * hd), 0.2)
         if conf.moh_router == "learned":
-            S, K = conf.shared_heads[i], conf.routed_top_k[i]
-            if K > 0:
-                t[p + "self_attn.wg.weight"] = _normal(gen, (H - S, C), 0.3)
-                if S > 0:
-                    t[p + "self_attn.wg_0.weight"] = _normal(gen, (2, C), 0.3)
-            if S > 1:
-                t[p + "self_attn.wg_1.weight"] = _normal(gen, (S, C), 0.3)
+            t.update(_router_gates(gen, p + "self_attn.", H, C,
+                                   conf.shared_heads[i], conf.routed_top_k[i]))
         t[p + "post_attention_layernorm.weight"] = _norm_weight(gen, C)
         t[p + "mlp.gate_proj.weight"] = _normal(gen, (I, C), 0.2)
         t[p + "mlp.up_proj.weight"] = _normal(gen, (I, C), 0.2)
@@ -219,19 +227,14 @@ def vit_tensors(cfg, seed, dtype):
     }
     for i in range(cfg["num_hidden_layers"]):
         b = "blocks.%d." % i
-        S, K = cfg["moh_shared_heads"][i], cfg["moh_routed_top_k"][i]
         t[b + "norm1.weight"] = _norm_weight(gen, C)
         t[b + "norm1.bias"] = _normal(gen, (C,), 0.1)
         t[b + "attn.qkv.weight"] = _normal(gen, (3 * C, C), 0.25)
         t[b + "attn.qkv.bias"] = _normal(gen, (3 * C,), 0.1)
         t[b + "attn.proj.weight"] = _normal(gen, (C, C), 0.2)
         t[b + "attn.proj.bias"] = _normal(gen, (C,), 0.1)
-        if K > 0:
-            t[b + "attn.wg.weight"] = _normal(gen, (H - S, C), 0.3)
-            if S > 0:
-                t[b + "attn.wg_0.weight"] = _normal(gen, (2, C), 0.3)
-        if S > 1:
-            t[b + "attn.wg_1.weight"] = _normal(gen, (S, C), 0.3)
+        t.update(_router_gates(gen, b + "attn.", H, C, cfg["moh_shared_heads"][i],
+                               cfg["moh_routed_top_k"][i]))
         t[b + "norm2.weight"] = _norm_weight(gen, C)
         t[b + "norm2.bias"] = _normal(gen, (C,), 0.1)
         t[b + "mlp.fc1.weight"] = _normal(gen, (I, C), 0.2)

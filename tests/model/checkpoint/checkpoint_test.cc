@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -297,6 +298,16 @@ const std::string& SixteenBytes() {
   return *bytes;
 }
 
+// Expects reading the safetensors file at `path` to fail with
+// INVALID_ARGUMENT and a message that names the file and contains every
+// fragment.
+void ExpectRefused(const std::string& path,
+                   std::initializer_list<std::string> fragments) {
+  const absl::Status status = ReadSafetensorsFile(path).status();
+  ExpectError(status, absl::StatusCode::kInvalidArgument, fragments);
+  EXPECT_THAT(std::string(status.message()), HasSubstr(path));
+}
+
 TEST_F(CheckpointTest, SafetensorsGoodHandWrittenFile) {
   const std::string path =
       WriteSafetensors(std::string("{") + R"("__metadata__":{"format":"pt"},)" +
@@ -311,8 +322,7 @@ TEST_F(CheckpointTest, SafetensorsGoodHandWrittenFile) {
 TEST_F(CheckpointTest, SafetensorsTruncatedLength) {
   const std::string path = scratch_ + "/model.safetensors";
   WriteFile(path, "\x10\0\0"s);
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument, {path, "truncated"});
+  ExpectRefused(path, {"truncated"});
 }
 
 TEST_F(CheckpointTest, SafetensorsHeaderLengthOutOfRange) {
@@ -321,13 +331,10 @@ TEST_F(CheckpointTest, SafetensorsHeaderLengthOutOfRange) {
   std::string bytes = ReadFile(path);
   bytes[0] = '\xff';  // Longer than the file.
   WriteFile(path, bytes);
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "header length 255 exceeds"});
+  ExpectRefused(path, {"header length 255 exceeds"});
   bytes[5] = '\x01';  // 2^40 bytes: beyond the 100 MB limit too.
   WriteFile(path, bytes);
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument, {path, "100 MB"});
+  ExpectRefused(path, {"100 MB"});
 }
 
 TEST_F(CheckpointTest, SafetensorsTruncatedData) {
@@ -335,20 +342,14 @@ TEST_F(CheckpointTest, SafetensorsTruncatedData) {
   const std::string path = scratch_ + "/model.safetensors";
   const std::string bytes = ReadFile(good);
   WriteFile(path, bytes.substr(0, bytes.size() - 3));
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "out of range of the data area"});
+  ExpectRefused(path, {"out of range of the data area"});
 }
 
 TEST_F(CheckpointTest, SafetensorsBadJsonHeader) {
   const std::string path = WriteSafetensors(R"({"w": {"dtype": )", "");
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "header is not valid JSON"});
+  ExpectRefused(path, {"header is not valid JSON"});
   WriteSafetensors("[1, 2]", "");
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "header is not a JSON object"});
+  ExpectRefused(path, {"header is not a JSON object"});
 }
 
 TEST_F(CheckpointTest, SafetensorsWrongFieldTypes) {
@@ -367,8 +368,7 @@ TEST_F(CheckpointTest, SafetensorsWrongFieldTypes) {
     SCOPED_TRACE(entry);
     const std::string path =
         WriteSafetensors(std::string("{") + entry + "}", SixteenBytes());
-    ExpectError(ReadSafetensorsFile(path).status(),
-                absl::StatusCode::kInvalidArgument, {path, "tensor 'w'"});
+    ExpectRefused(path, {"tensor 'w'"});
   }
 }
 
@@ -379,36 +379,28 @@ TEST_F(CheckpointTest, SafetensorsDeeplyNestedShapeIsNotPrinted) {
       R"({"w":{"dtype":"F32","shape":)" + std::string(100000, '[') +
           std::string(100000, ']') + R"(,"data_offsets":[0,0]}})",
       "");
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "tensor 'w'", "got a nested array or object"});
+  ExpectRefused(path, {"tensor 'w'", "got a nested array or object"});
 }
 
 TEST_F(CheckpointTest, SafetensorsOffsetsOutOfRange) {
   const std::string path = WriteSafetensors(
       R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[8,24]}})",
       SixteenBytes());
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "tensor 'w'", "[8, 24] out of range"});
+  ExpectRefused(path, {"tensor 'w'", "[8, 24] out of range"});
   WriteSafetensors(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[9,8]}})",
                    SixteenBytes());
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument, {path, "tensor 'w'"});
+  ExpectRefused(path, {"tensor 'w'"});
 }
 
 TEST_F(CheckpointTest, SafetensorsSizeMismatch) {
   const std::string path = WriteSafetensors(
       R"({"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,16]}})",
       SixteenBytes());
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "tensor 'w'", "span 16 bytes", "need 8"});
+  ExpectRefused(path, {"tensor 'w'", "span 16 bytes", "need 8"});
   WriteSafetensors(
       R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}})",
       SixteenBytes());
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument, {path, "tensor 'w'"});
+  ExpectRefused(path, {"tensor 'w'"});
 }
 
 TEST_F(CheckpointTest, SafetensorsOverlap) {
@@ -416,9 +408,7 @@ TEST_F(CheckpointTest, SafetensorsOverlap) {
       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
       SixteenBytes());
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "tensor 'b'", "overlaps tensor 'a'"});
+  ExpectRefused(path, {"tensor 'b'", "overlaps tensor 'a'"});
 }
 
 TEST_F(CheckpointTest, SafetensorsUnsupportedDtype) {
@@ -435,13 +425,10 @@ TEST_F(CheckpointTest, SafetensorsBadMetadataAndDuplicates) {
   const std::string path = WriteSafetensors(
       std::string("{") + R"("__metadata__":{"epoch":3},)" + kGoodEntry + "}",
       SixteenBytes());
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument, {path, "__metadata__"});
+  ExpectRefused(path, {"__metadata__"});
   WriteSafetensors(std::string("{") + kGoodEntry + "," + kGoodEntry + "}",
                    SixteenBytes());
-  ExpectError(ReadSafetensorsFile(path).status(),
-              absl::StatusCode::kInvalidArgument,
-              {path, "tensor 'w' appears twice"});
+  ExpectRefused(path, {"tensor 'w' appears twice"});
 }
 
 // --- Broken sharded checkpoints (both formats)

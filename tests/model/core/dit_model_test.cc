@@ -6,9 +6,6 @@
 // "ema" is served, a pixel-space model, a VAE in both key namings.
 #include "model/core/dit_model.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,6 +13,7 @@
 #include "model/generation/diffusion.h"
 #include "model/generation/dit_sampler.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/core/golden_test_util.h"
 
 namespace moh {
 namespace {
@@ -24,35 +22,6 @@ using nlohmann::json;
 
 const std::string kFixtures = MOH_FIXTURES_DIR;
 const DeviceOptions kCpu{"cpu", "float32"};
-
-json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "missing " << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str());
-}
-
-// A nested JSON list of numbers as a tensor of its shape (float64).
-at::Tensor ToTensor(const json& nested) {
-  std::vector<int64_t> shape;
-  for (const json* level = &nested; level->is_array() && !level->empty();
-       level = &(*level)[0]) {
-    shape.push_back(level->size());
-  }
-  std::vector<double> flat;
-  std::function<void(const json&)> walk = [&](const json& j) {
-    if (j.is_array()) {
-      for (const json& x : j) walk(x);
-    } else {
-      flat.push_back(j.get<double>());
-    }
-  };
-  walk(nested);
-  return at::tensor(flat, at::kDouble).view(shape);
-}
-
-double MaxAbs(const at::Tensor& a) { return a.abs().max().item<double>(); }
 
 // A fixture's name, or a directory path (the shipped demo).
 std::string ModelDir(const std::string& name) {
@@ -75,9 +44,9 @@ TEST_P(DitGoldenTest, ForwardsMatchTheReference) {
   ASSERT_NE(model, nullptr);
   const json golden = ReadJson(ModelDir(GetParam()) + "/golden.json");
   const json& in = golden.at("forward_inputs");
-  const at::Tensor x = ToTensor(in.at("x")).to(at::kFloat);
-  const at::Tensor t = ToTensor(in.at("t")).to(at::kFloat);
-  const at::Tensor y = ToTensor(in.at("y")).to(at::kLong);
+  const at::Tensor x = ToTensor(in.at("x"));
+  const at::Tensor t = ToTensor(in.at("t"));
+  const at::Tensor y = ToTensor(in.at("y"), at::kLong);
   for (const json& f : golden.at("forwards")) {
     std::vector<LayerTopK> rows(x.size(0));
     const json& per_block = f.at("top_k");
@@ -93,7 +62,8 @@ TEST_P(DitGoldenTest, ForwardsMatchTheReference) {
       model->set_attention_mode(mode);
       auto out = model->Forward(x, t, y, rows);
       ASSERT_TRUE(out.ok()) << out.status();
-      EXPECT_LE(MaxAbs(out->out.to(at::kDouble) - ToTensor(f.at("output"))),
+      EXPECT_LE(MaxAbs(out->out.to(at::kDouble) -
+                       ToTensor(f.at("output"), at::kDouble)),
                 3e-5)
           << GetParam() << " ratios " << ratios[0];
       const json& counts = f.at("head_token_counts");  // [L][B][H]
@@ -141,7 +111,7 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
     auto b = ImageSample::Start(*model, &schedules.at(steps), request);
     ASSERT_TRUE(a.ok() && b.ok()) << a.status();
     // Draw 1, exactly.
-    EXPECT_TRUE(at::equal((*a)->x(), ToTensor(s.at("z")).to(at::kFloat)));
+    EXPECT_TRUE(at::equal((*a)->x(), ToTensor(s.at("z"))));
     EXPECT_EQ((*a)->rows(), s.at("model_rows").get<int32_t>());
     EXPECT_EQ((*a)->effective_ratio(), 1.0);  // no step yet
     alone.push_back(std::move(*a));
@@ -166,7 +136,7 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
   for (size_t i = 0; i < alone.size(); ++i) {
     const json& s = golden.at("samples")[i];
     const std::string what = absl::StrCat(GetParam(), " sample ", i);
-    const at::Tensor want = ToTensor(s.at("latent"));
+    const at::Tensor want = ToTensor(s.at("latent"), at::kDouble);
     const double bound = 1e-5 * MaxAbs(want);
     EXPECT_LE(MaxAbs(alone[i]->x().to(at::kDouble) - want), bound) << what;
     EXPECT_LE(MaxAbs(together[i]->x().to(at::kDouble) - want), bound)
@@ -190,7 +160,7 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
     auto image =
         SampleImage(*alone[i], vae.get(), model->config().latent_scale);
     ASSERT_TRUE(image.ok()) << image.status();
-    const at::Tensor want_image = ToTensor(s.at("image_u8"));
+    const at::Tensor want_image = ToTensor(s.at("image_u8"), at::kDouble);
     ASSERT_EQ(image->sizes(), want_image.sizes()) << what;
     EXPECT_LE(MaxAbs(image->to(at::kDouble) - want_image), 1.0) << what;
   }

@@ -1,15 +1,13 @@
 // Compares the C++ models with the independent Python reference
 // (tests/reference/moh_reference.py, a transcription of the official MoH code)
 // on the tiny checkpoints that tests/reference/make_fixtures.py generates.
-#include <fstream>
-#include <sstream>
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/core/llama_model.h"
 #include "model/core/vit_model.h"
 #include "model/generation/generator.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/core/golden_test_util.h"
 #include "tests/model/core/llama_test_util.h"
 
 namespace moh {
@@ -20,31 +18,7 @@ using nlohmann::json;
 const std::string kFixtures = MOH_FIXTURES_DIR;
 
 json ReadGolden(const std::string& model) {
-  std::ifstream in(kFixtures + "/" + model + "/golden.json");
-  EXPECT_TRUE(in.good()) << "missing fixture " << model;
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str());
-}
-
-at::Tensor ToTensor(const json& nested) {
-  std::vector<float> flat;
-  std::vector<int64_t> shape;
-  const json* level = &nested;
-  while (level->is_array()) {
-    shape.push_back(level->size());
-    if (level->empty()) break;
-    level = &(*level)[0];
-  }
-  std::function<void(const json&)> walk = [&](const json& j) {
-    if (j.is_array()) {
-      for (const json& x : j) walk(x);
-    } else {
-      flat.push_back(j.get<float>());
-    }
-  };
-  walk(nested);
-  return at::tensor(flat).view(shape);
+  return ReadJson(kFixtures + "/" + model + "/golden.json");
 }
 
 // |actual - expected| <= 1e-4 relative to the magnitude of the expected values.

@@ -5,13 +5,11 @@
 // every head computed as the official code does.
 #include "model/core/transnext_model.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/core/golden_test_util.h"
 
 namespace moh {
 namespace {
@@ -20,35 +18,6 @@ using nlohmann::json;
 
 const std::string kFixtures = MOH_FIXTURES_DIR;
 const DeviceOptions kCpu{"cpu", "float32"};
-
-json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "missing " << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str());
-}
-
-// A nested JSON list of numbers as a float tensor of its shape.
-at::Tensor ToTensor(const json& nested) {
-  std::vector<int64_t> shape;
-  for (const json* level = &nested; level->is_array() && !level->empty();
-       level = &(*level)[0]) {
-    shape.push_back(level->size());
-  }
-  std::vector<float> flat;
-  std::function<void(const json&)> walk = [&](const json& j) {
-    if (j.is_array()) {
-      for (const json& x : j) walk(x);
-    } else {
-      flat.push_back(j.get<float>());
-    }
-  };
-  walk(nested);
-  return at::tensor(flat).view(shape);
-}
-
-double MaxAbs(const at::Tensor& a) { return a.abs().max().item<double>(); }
 
 std::unique_ptr<TransNextModel> LoadOrDie(const std::string& dir) {
   auto model = TransNextModel::Load(kFixtures + "/" + dir, kCpu);

@@ -104,6 +104,13 @@ class MetricsTest : public ::testing::Test {
     return m == nullptr ? -1 : m->gauge.value;
   }
 
+  // moh_requests_total of `model`'s `rpc` answered with `code` (its gRPC name).
+  double Requests(const std::string& model, const std::string& rpc,
+                  const std::string& code) {
+    return CounterValue("moh_requests_total",
+                        {{"model", model}, {"rpc", rpc}, {"code", code}});
+  }
+
   ClientMetric::Histogram HistogramValue(const std::string& name,
                                          const LabelMap& labels) {
     const std::vector<MetricFamily> families = Collect();
@@ -199,21 +206,10 @@ TEST_F(MetricsTest, RequestFinishedCountsByRpcAndCode) {
   m->RequestFinished(Rpc::kClassify, absl::StatusCode::kResourceExhausted,
                      absl::Seconds(2));
 
-  EXPECT_EQ(CounterValue("moh_requests_total",
-                         {{"model", "m"}, {"rpc", "Generate"}, {"code", "OK"}}),
-            2);
-  EXPECT_EQ(CounterValue("moh_requests_total", {{"model", "m"},
-                                                {"rpc", "Generate"},
-                                                {"code", "INVALID_ARGUMENT"}}),
-            1);
-  EXPECT_EQ(
-      CounterValue("moh_requests_total", {{"model", "m"},
-                                          {"rpc", "Classify"},
-                                          {"code", "RESOURCE_EXHAUSTED"}}),
-      1);
-  EXPECT_EQ(CounterValue("moh_requests_total",
-                         {{"model", "m"}, {"rpc", "Classify"}, {"code", "OK"}}),
-            0);
+  EXPECT_EQ(Requests("m", "Generate", "OK"), 2);
+  EXPECT_EQ(Requests("m", "Generate", "INVALID_ARGUMENT"), 1);
+  EXPECT_EQ(Requests("m", "Classify", "RESOURCE_EXHAUSTED"), 1);
+  EXPECT_EQ(Requests("m", "Classify", "OK"), 0);
 
   const auto gen = HistogramValue("moh_request_duration_seconds",
                                   {{"model", "m"}, {"rpc", "Generate"}});
@@ -261,10 +257,7 @@ TEST_F(MetricsTest, EveryStatusCodeHasItsGrpcName) {
   m->RequestFinished(Rpc::kClassify, static_cast<absl::StatusCode>(99),
                      absl::ZeroDuration());
   for (const std::string& code : names) {
-    EXPECT_EQ(
-        CounterValue("moh_requests_total",
-                     {{"model", "m"}, {"rpc", "Classify"}, {"code", code}}),
-        code == "UNKNOWN" ? 2 : 1)
+    EXPECT_EQ(Requests("m", "Classify", code), code == "UNKNOWN" ? 2 : 1)
         << code;
   }
 }
@@ -461,12 +454,8 @@ TEST_F(MetricsTest, ModelsAreIsolated) {
   EXPECT_EQ(CounterValue("moh_head_tokens_total",
                          {{"model", "b"}, {"layer", "0"}, {"head", "1"}}),
             0);
-  EXPECT_EQ(CounterValue("moh_requests_total",
-                         {{"model", "b"}, {"rpc", "Generate"}, {"code", "OK"}}),
-            0);
-  EXPECT_EQ(CounterValue("moh_requests_total",
-                         {{"model", "a"}, {"rpc", "Generate"}, {"code", "OK"}}),
-            1);
+  EXPECT_EQ(Requests("b", "Generate", "OK"), 0);
+  EXPECT_EQ(Requests("a", "Generate", "OK"), 1);
 }
 
 TEST_F(MetricsTest, ConcurrentUpdatesAreExact) {
