@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <cstdint>
 #include <memory>
@@ -15,12 +16,15 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/status_macros.h"
 #include "model/core/activation.h"
 #include "model/core/device_context.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/image_classifier.h"
 #include "model/core/model_config.h"
 #include "model/core/moh_router.h"
+#include "model/core/runtime.h"
 
 namespace moh {
 
@@ -102,10 +106,27 @@ class ConfiguredImageClassifier : public ImageClassifier {
   }
   const DeviceContext& context() const { return *context_; }
   AttentionMode attention_mode() const { return attention_mode_; }
-  // pixels is [B, C, S, S] with B >= 1 (C num_channels, S image_size).
-  absl::Status CheckPixels(const at::Tensor& pixels) const {
-    return CheckImageBatch(pixels, config_.num_channels, config_.image_size,
-                           "pixels");
+  // ForwardWithTopK's frame: checks pixels ([B, C, S, S], B >= 1) and
+  // top_k, then runs `forward(top_k)` (every layer's K, UploadedTopK) with
+  // autograd off, inside the model's device scope; LibTorch errors become
+  // INTERNAL naming `what`.
+  template <typename ForwardFn>
+  absl::StatusOr<ClassifierOutput> RunForward(
+      const char* what, const at::Tensor& pixels,
+      const std::vector<LayerTopK>& row_top_k, ForwardFn forward) const {
+    MOH_RETURN_IF_ERROR(CheckImageBatch(pixels, config_.num_channels,
+                                        config_.image_size, "pixels"));
+    MOH_RETURN_IF_ERROR(
+        ValidateTopK(config_.moh, row_top_k, pixels.size(0), "top_k"));
+    // No autograd: every op skips its autograd and view-tracking layers.
+    const c10::InferenceMode inference;
+    return CatchTorchErrors(what, [&]() -> absl::StatusOr<ClassifierOutput> {
+      // The model's device and stream (CUDA) for everything the forward does.
+      const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
+      // Every layer's K per token, computed on the host and uploaded once.
+      const UploadedTopK top_k(*context_, row_top_k, LayerTokens());
+      return forward(top_k);
+    });
   }
 
  private:

@@ -64,16 +64,10 @@ at::Tensor TransNextModel::Mlp(const Block& block, const at::Tensor& x,
 absl::StatusOr<ClassifierOutput> TransNextModel::ForwardWithTopK(
     const at::Tensor& pixels, const std::vector<LayerTopK>& row_top_k,
     bool record_gates) const {
-  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
-  MOH_RETURN_IF_ERROR(
-      ValidateTopK(config().moh, row_top_k, pixels.size(0), "top_k"));
-  const c10::InferenceMode inference;
-  return CatchTorchErrors(
-      "TransNextModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
-        const std::unique_ptr<DeviceContext::Scope> scope = context().Enter();
+  return RunForward(
+      "TransNextModel::Forward", pixels, row_top_k,
+      [&](const UploadedTopK& top_k) -> absl::StatusOr<ClassifierOutput> {
         const int64_t rows = pixels.size(0);
-        // Every layer's K per token, computed on the host, uploaded once.
-        const UploadedTopK top_k(context(), row_top_k, LayerTokens());
         const int64_t max_heads = MaxHeads(config().moh);
 
         at::Tensor x = context().Upload(pixels).to(options());

@@ -89,18 +89,10 @@ at::Tensor VitModel::LayerNorm(const at::Tensor& x, const at::Tensor& w,
 absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
     const at::Tensor& pixels, const std::vector<LayerTopK>& row_top_k,
     bool record_gates) const {
-  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
-  MOH_RETURN_IF_ERROR(
-      ValidateTopK(config().moh, row_top_k, pixels.size(0), "top_k"));
-  // No autograd: every op skips its autograd and view-tracking layers.
-  const c10::InferenceMode inference;
-  return CatchTorchErrors(
-      "VitModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
-        // The model's device and stream (CUDA) for everything below.
-        const std::unique_ptr<DeviceContext::Scope> scope = context().Enter();
+  return RunForward(
+      "VitModel::Forward", pixels, row_top_k,
+      [&](const UploadedTopK& top_k) -> absl::StatusOr<ClassifierOutput> {
         const int64_t rows = pixels.size(0);
-        // Each block's K per token, computed on the host and uploaded once.
-        const UploadedTopK top_k(context(), row_top_k, LayerTokens());
         at::Tensor x =
             at::conv2d(context().Upload(pixels).to(options()), patch_w_,
                        patch_b_, {config().patch_size, config().patch_size});
