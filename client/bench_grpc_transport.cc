@@ -43,31 +43,47 @@ struct CallRecord {
   Clock::time_point start;
 };
 
+// What a call owns until it completes: its context, request and response,
+// and its record.
+template <typename Request, typename Response>
+struct CallParts {
+  CallParts(std::shared_ptr<grpc::ClientContext> call_context,
+            Request call_request, int ratio_index, BenchDoneFn done)
+      : context(std::move(call_context)),
+        request(std::move(call_request)),
+        record(ratio_index, std::move(done)) {}
+
+  std::shared_ptr<grpc::ClientContext> context;
+  Request request;
+  Response response;
+  CallRecord record;
+};
+
+using GenerateParts =
+    CallParts<moh::v1::GenerateRequest, moh::v1::GenerateResponse>;
+using ClassifyParts =
+    CallParts<moh::v1::ClassifyRequest, moh::v1::ClassifyResponse>;
+
 // One streaming Generate; deletes itself when done, after calling `done`.
 class GenerateCall : public grpc::ClientReadReactor<moh::v1::GenerateResponse> {
  public:
-  GenerateCall(std::shared_ptr<grpc::ClientContext> context,
-               moh::v1::GenerateRequest request, int ratio_index,
-               BenchDoneFn done)
-      : context_(std::move(context)),
-        request_(std::move(request)),
-        record_(ratio_index, std::move(done)) {}
+  explicit GenerateCall(GenerateParts call) : call_(std::move(call)) {}
 
   void Start(moh::v1::Inference::Stub* stub) {
-    record_.start = Clock::now();
-    stub->async()->Generate(context_.get(), &request_, this);
-    StartRead(&response_);
+    call_.record.start = Clock::now();
+    stub->async()->Generate(call_.context.get(), &call_.request, this);
+    StartRead(&call_.response);
     StartCall();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows.
     const Clock::time_point now = Clock::now();
-    const int tokens = response_.token_ids_size();
-    RequestResult& result = record_.result;
+    const int tokens = call_.response.token_ids_size();
+    RequestResult& result = call_.record.result;
     if (tokens > 0) {
       if (!result.ttft_s) {
-        result.ttft_s = Seconds(now - record_.start);
+        result.ttft_s = Seconds(now - call_.record.start);
       } else {
         const double gap = Seconds(now - last_tokens_) / tokens;
         result.itl_s.insert(result.itl_s.end(), tokens, gap);
@@ -75,56 +91,46 @@ class GenerateCall : public grpc::ClientReadReactor<moh::v1::GenerateResponse> {
       last_tokens_ = now;
       result.tokens += tokens;
     }
-    TakeRatios(response_.effective_activation_ratio(),
-               response_.activation_ratio(), &result);
-    StartRead(&response_);
+    TakeRatios(call_.response.effective_activation_ratio(),
+               call_.response.activation_ratio(), &result);
+    StartRead(&call_.response);
   }
 
   void OnDone(const grpc::Status& status) override {
-    CallRecord record = std::move(record_);
+    CallRecord record = std::move(call_.record);
     delete this;
     record.Finish(status);
   }
 
  private:
-  std::shared_ptr<grpc::ClientContext> context_;
-  moh::v1::GenerateRequest request_;
-  moh::v1::GenerateResponse response_;
-  CallRecord record_;
+  GenerateParts call_;
   Clock::time_point last_tokens_;
 };
 
 // One unary Classify; deletes itself when done, after calling `done`.
 class ClassifyCall {
  public:
-  ClassifyCall(std::shared_ptr<grpc::ClientContext> context,
-               moh::v1::ClassifyRequest request, int ratio_index,
-               BenchDoneFn done)
-      : context_(std::move(context)),
-        request_(std::move(request)),
-        record_(ratio_index, std::move(done)) {}
+  explicit ClassifyCall(ClassifyParts call) : call_(std::move(call)) {}
 
   void Start(moh::v1::Inference::Stub* stub) {
-    record_.start = Clock::now();
-    stub->async()->Classify(context_.get(), &request_, &response_,
+    call_.record.start = Clock::now();
+    stub->async()->Classify(call_.context.get(), &call_.request,
+                            &call_.response,
                             [this](grpc::Status status) { OnDone(status); });
   }
 
  private:
   void OnDone(const grpc::Status& status) {
     if (status.ok()) {
-      TakeRatios(response_.effective_activation_ratio(),
-                 response_.activation_ratio(), &record_.result);
+      TakeRatios(call_.response.effective_activation_ratio(),
+                 call_.response.activation_ratio(), &call_.record.result);
     }
-    CallRecord record = std::move(record_);
+    CallRecord record = std::move(call_.record);
     delete this;
     record.Finish(status);
   }
 
-  std::shared_ptr<grpc::ClientContext> context_;
-  moh::v1::ClassifyRequest request_;
-  moh::v1::ClassifyResponse response_;
-  CallRecord record_;
+  ClassifyParts call_;
 };
 
 // Holds the call's context (and through it the channel) until the runner
@@ -173,12 +179,14 @@ class GrpcBenchTransport : public BenchTransport {
     moh::v1::Inference::Stub* const stub = stub_.get();
     std::function<void()> start;
     if (config_.rpc == BenchRpc::kGenerate) {
-      auto* call = new GenerateCall(context, std::move(planned.generate),
-                                    planned.ratio_index, std::move(done));
+      auto* call =
+          new GenerateCall(GenerateParts(context, std::move(planned.generate),
+                                         planned.ratio_index, std::move(done)));
       start = [call, stub] { call->Start(stub); };
     } else {
-      auto* call = new ClassifyCall(context, std::move(planned.classify),
-                                    planned.ratio_index, std::move(done));
+      auto* call =
+          new ClassifyCall(ClassifyParts(context, std::move(planned.classify),
+                                         planned.ratio_index, std::move(done)));
       start = [call, stub] { call->Start(stub); };
     }
     return std::make_shared<GrpcBenchCall>(std::move(context),

@@ -100,6 +100,22 @@ void PrintLogprobs(const std::string& what,
   }
 }
 
+// Reads a server stream to its end, cancelled on Ctrl-C: `start` opens it
+// on the context it is given, `on_message` sees each message in turn (the one
+// object, read into again). Returns the stream's status.
+template <typename Response, typename StartFn, typename OnMessageFn>
+grpc::Status ReadStream(const CallOptions& call, StartFn start,
+                        OnMessageFn on_message) {
+  grpc::ClientContext context;
+  ConfigureContext(call, &context);
+  CancelOnInterrupt cancel(&context);
+  std::unique_ptr<grpc::ClientReaderInterface<Response>> reader =
+      start(&context);
+  Response message;
+  while (reader->Read(&message)) on_message(message);
+  return reader->Finish();
+}
+
 }  // namespace
 
 int RunListModels(moh::v1::Inference::StubInterface& stub,
@@ -138,27 +154,22 @@ int RunGenerate(moh::v1::Inference::StubInterface& stub,
   const int samples = std::max(request.n(), 1);
   std::vector<Sample> out(samples);
   bool ends_with_newline = true;
-  grpc::Status status;
-  {
-    grpc::ClientContext context;
-    ConfigureContext(call, &context);
-    CancelOnInterrupt cancel(&context);
-    std::unique_ptr<grpc::ClientReaderInterface<moh::v1::GenerateResponse>>
-        reader = stub.Generate(&context, request);
-    moh::v1::GenerateResponse message;
-    while (reader->Read(&message)) {
-      if (message.index() < 0 || message.index() >= samples) continue;
-      Sample& sample = out[message.index()];
-      const std::string& text = message.text();
-      if (samples == 1 && !text.empty()) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-        ends_with_newline = text.back() == '\n';
-      }
-      sample.Add(message);
-    }
-    status = reader->Finish();
-  }
+  const grpc::Status status = ReadStream<moh::v1::GenerateResponse>(
+      call,
+      [&](grpc::ClientContext* context) {
+        return stub.Generate(context, request);
+      },
+      [&](moh::v1::GenerateResponse& message) {
+        if (message.index() < 0 || message.index() >= samples) return;
+        Sample& sample = out[message.index()];
+        const std::string& text = message.text();
+        if (samples == 1 && !text.empty()) {
+          std::fwrite(text.data(), 1, text.size(), stdout);
+          std::fflush(stdout);
+          ends_with_newline = text.back() == '\n';
+        }
+        sample.Add(message);
+      });
   if (samples > 1) {
     for (int i = 0; i < samples; ++i) {
       absl::PrintF("[%d] %s\n", i, out[i].text);
@@ -191,22 +202,18 @@ int RunGenerateImage(moh::v1::Inference::StubInterface& stub,
                      const moh::v1::GenerateImageRequest& request,
                      const std::string& out, const CallOptions& call) {
   moh::v1::GenerateImageResponse last;
-  grpc::Status status;
-  {
-    grpc::ClientContext context;
-    ConfigureContext(call, &context);
-    CancelOnInterrupt cancel(&context);
-    std::unique_ptr<grpc::ClientReaderInterface<moh::v1::GenerateImageResponse>>
-        reader = stub.GenerateImage(&context, request);
-    moh::v1::GenerateImageResponse message;
-    while (reader->Read(&message)) {
-      if (request.progress() && message.png().empty()) {
-        absl::FPrintF(stderr, "step %d/%d\n", message.step(), message.steps());
-      }
-      last.Swap(&message);
-    }
-    status = reader->Finish();
-  }
+  const grpc::Status status = ReadStream<moh::v1::GenerateImageResponse>(
+      call,
+      [&](grpc::ClientContext* context) {
+        return stub.GenerateImage(context, request);
+      },
+      [&](moh::v1::GenerateImageResponse& message) {
+        if (request.progress() && message.png().empty()) {
+          absl::FPrintF(stderr, "step %d/%d\n", message.step(),
+                        message.steps());
+        }
+        last.Swap(&message);
+      });
   if (!status.ok()) return ReportRpcError(status);
   std::FILE* file = std::fopen(out.c_str(), "wb");
   const std::string& png = last.png();

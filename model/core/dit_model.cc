@@ -2,11 +2,11 @@
 
 #include <c10/core/InferenceMode.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/core/image_model_parts.h"
 
 namespace moh {
 namespace {
@@ -116,13 +116,8 @@ absl::Status DitModel::CheckInputs(const at::Tensor& x,
                                    const at::Tensor& timesteps,
                                    const at::Tensor& classes,
                                    size_t top_k_rows) const {
-  const int64_t s = config_.input_size;
-  if (!x.defined() || x.dim() != 4 || x.size(0) < 1 ||
-      x.size(1) != config_.in_channels || x.size(2) != s || x.size(3) != s) {
-    return absl::InvalidArgumentError(absl::StrCat("x must have shape [B, ",
-                                                   config_.in_channels, ", ", s,
-                                                   ", ", s, "], B >= 1"));
-  }
+  MOH_RETURN_IF_ERROR(
+      CheckImageBatch(x, config_.in_channels, config_.input_size, "x"));
   const int64_t rows = x.size(0);
   if (!timesteps.defined() || timesteps.dim() != 1 ||
       timesteps.size(0) != rows || !classes.defined() || classes.dim() != 1 ||
@@ -152,19 +147,9 @@ absl::StatusOr<DitOutput> DitModel::Forward(
         const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
         const int64_t rows = x_in.size(0), tokens = config_.tokens();
         const int64_t c = config_.hidden_size, p = config_.patch_size;
-        std::vector<int64_t> top_k_host(blocks_.size() * rows * tokens);
-        std::vector<TopKBounds> bounds;
-        for (size_t l = 0; l < blocks_.size(); ++l) {
-          bounds.push_back(PackLayerTopK(
-              row_top_k, l, tokens, top_k_host.data() + l * rows * tokens));
-        }
-        const at::Tensor top_k = context_->Upload(at::from_blob(
-            top_k_host.data(),
-            {static_cast<int64_t>(blocks_.size()), rows * tokens}, at::kLong));
-        int64_t max_heads = 0;
-        for (const MohLayerConfig& l : config_.moh.layers) {
-          max_heads = std::max<int64_t>(max_heads, l.num_heads);
-        }
+        const UploadedTopK top_k(*context_, row_top_k,
+                                 std::vector<int64_t>(blocks_.size(), tokens));
+        const int64_t max_heads = MaxHeads(config_.moh);
 
         at::Tensor x = at::conv2d(context_->Upload(x_in).to(options_), patch_w_,
                                   patch_b_, {p, p});
@@ -187,16 +172,14 @@ absl::StatusOr<DitOutput> DitModel::Forward(
           at::Tensor h = NormModulate(x, mod[0], mod[1]);
           x = x + mod[2].unsqueeze(1) *
                       BidirectionalAttention(block.attn, block.router, h,
-                                             top_k[l], bounds[l],
+                                             top_k.layer(l), top_k.bounds(l),
                                              attention_mode_, &gates);
           h = NormModulate(x, mod[3], mod[4]);
           h = at::linear(
               at::gelu(at::linear(h, block.fc1_w, block.fc1_b), "tanh"),
               block.fc2_w, block.fc2_b);
           x = x + mod[5].unsqueeze(1) * h;
-          at::Tensor counted = HeadTokenCounts(gates, valid);  // [B, H]
-          counts.push_back(
-              at::constant_pad_nd(counted, {0, max_heads - counted.size(1)}));
+          counts.push_back(PaddedHeadTokenCounts(gates, valid, max_heads));
         }
         std::vector<at::Tensor> final_mod =
             at::linear(cond_act, final_ada_w_, final_ada_b_).chunk(2, 1);

@@ -2,7 +2,6 @@
 
 #include <c10/core/InferenceMode.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -25,37 +24,25 @@ at::Tensor L2Normalize(const at::Tensor& x) {
 
 ImagePreprocessing TransNextModel::preprocessing() const {
   ImagePreprocessing p;
-  p.image_size = config_.image_size;
-  p.resize_size = config_.resize_size;
+  p.image_size = config().image_size;
+  p.resize_size = config().resize_size;
   p.bicubic = true;
-  p.num_channels = config_.num_channels;
+  p.num_channels = config().num_channels;
   return p;
 }
 
 std::vector<int64_t> TransNextModel::LayerTokens() const {
   std::vector<int64_t> tokens;
-  for (size_t s = 0; s < config_.stages.size(); ++s) {
-    const int64_t r = config_.resolution(s);
-    tokens.insert(tokens.end(), config_.stages[s].depth, r * r);
+  for (size_t s = 0; s < config().stages.size(); ++s) {
+    const int64_t r = config().resolution(s);
+    tokens.insert(tokens.end(), config().stages[s].depth, r * r);
   }
   return tokens;
 }
 
-absl::Status TransNextModel::CheckPixels(const at::Tensor& pixels) const {
-  const int64_t s = config_.image_size;
-  if (!pixels.defined() || pixels.dim() != 4 || pixels.size(0) < 1 ||
-      pixels.size(1) != config_.num_channels || pixels.size(2) != s ||
-      pixels.size(3) != s) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pixels must have shape [B, ", config_.num_channels, ", ",
-                     s, ", ", s, "], B >= 1"));
-  }
-  return absl::OkStatus();
-}
-
 at::Tensor TransNextModel::Norm(const at::Tensor& x, const at::Tensor& w,
                                 const at::Tensor& b) const {
-  return at::layer_norm(x, {x.size(-1)}, w, b, config_.layer_norm_eps);
+  return at::layer_norm(x, {x.size(-1)}, w, b, config().layer_norm_eps);
 }
 
 at::Tensor TransNextModel::Mlp(const Block& block, const at::Tensor& x,
@@ -77,36 +64,13 @@ at::Tensor TransNextModel::Mlp(const Block& block, const at::Tensor& x,
 absl::StatusOr<ClassifierOutput> TransNextModel::ForwardWithTopK(
     const at::Tensor& pixels, const std::vector<LayerTopK>& row_top_k,
     bool record_gates) const {
-  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
-  MOH_RETURN_IF_ERROR(
-      ValidateTopK(config_.moh, row_top_k, pixels.size(0), "top_k"));
-  const c10::InferenceMode inference;
-  return CatchTorchErrors(
-      "TransNextModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
-        const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
+  return RunForward(
+      "TransNextModel::Forward", pixels, row_top_k,
+      [&](const UploadedTopK& top_k) -> absl::StatusOr<ClassifierOutput> {
         const int64_t rows = pixels.size(0);
-        const std::vector<int64_t> layer_tokens = LayerTokens();
-        // Every layer's K per token, computed on the host, uploaded once.
-        std::vector<int64_t> offsets;
-        int64_t total = 0;
-        for (int64_t n : layer_tokens) {
-          offsets.push_back(total);
-          total += rows * n;
-        }
-        std::vector<int64_t> top_k_host(total);
-        std::vector<TopKBounds> bounds;
-        for (size_t l = 0; l < layer_tokens.size(); ++l) {
-          bounds.push_back(PackLayerTopK(row_top_k, l, layer_tokens[l],
-                                         top_k_host.data() + offsets[l]));
-        }
-        const at::Tensor top_k = context_->Upload(
-            at::from_blob(top_k_host.data(), {total}, at::kLong));
-        int64_t max_heads = 0;
-        for (const MohLayerConfig& l : config_.moh.layers) {
-          max_heads = std::max<int64_t>(max_heads, l.num_heads);
-        }
+        const int64_t max_heads = MaxHeads(config().moh);
 
-        at::Tensor x = context_->Upload(pixels).to(options_);
+        at::Tensor x = context().Upload(pixels).to(options());
         std::vector<at::Tensor> counts, gates_per_layer;
         size_t l = 0;
         for (size_t s = 0; s < stages_.size(); ++s) {
@@ -122,16 +86,12 @@ absl::StatusOr<ClassifierOutput> TransNextModel::ForwardWithTopK(
                        at::TensorOptions().dtype(at::kBool).device(x.device()));
           for (const Block& block : stage.blocks) {
             at::Tensor gates;
-            x = x + AttentionForward(
-                        stage, block.attn,
-                        Norm(x, block.norm1_w, block.norm1_b),
-                        top_k.narrow(0, offsets[l], rows * stage.tokens),
-                        bounds[l], &gates);
+            x = x + AttentionForward(stage, block.attn,
+                                     Norm(x, block.norm1_w, block.norm1_b),
+                                     top_k.layer(l), top_k.bounds(l), &gates);
             x = x + Mlp(block, Norm(x, block.norm2_w, block.norm2_b),
                         stage.resolution);
-            at::Tensor c = HeadTokenCounts(gates, valid);  // [B, H]
-            counts.push_back(
-                at::constant_pad_nd(c, {0, max_heads - c.size(1)}));
+            counts.push_back(PaddedHeadTokenCounts(gates, valid, max_heads));
             if (record_gates) gates_per_layer.push_back(gates.to(at::kFloat));
             ++l;
           }
@@ -141,17 +101,9 @@ absl::StatusOr<ClassifierOutput> TransNextModel::ForwardWithTopK(
                 {rows, -1, stage.resolution, stage.resolution});
           }
         }
-        std::vector<at::Tensor> results = {
-            at::linear(x.mean(1), head_w_, head_b_).to(at::kFloat),
-            at::stack(counts, 1)};
-        results.insert(results.end(), gates_per_layer.begin(),
-                       gates_per_layer.end());
-        results = context_->Download(results);
-        ClassifierOutput out;
-        out.logits = results[0];
-        out.head_token_counts = results[1];
-        out.gates.assign(results.begin() + 2, results.end());
-        return out;
+        return DownloadClassifierOutput(
+            context(), at::linear(x.mean(1), head_w_, head_b_).to(at::kFloat),
+            at::stack(counts, 1), gates_per_layer);
       });
 }
 
@@ -168,7 +120,7 @@ at::Tensor TransNextModel::AttentionForward(const Stage& stage,
   at::Tensor gates = attn.router.Gates(x_flat, at::Tensor(), top_k, bounds.max);
   *gates_out = gates.view({rows, tokens, heads});
   const AttentionKeys keys = Keys(stage, attn, x);
-  const bool kernel = attention_mode_ != AttentionMode::kDense && x.is_cpu() &&
+  const bool kernel = attention_mode() != AttentionMode::kDense && x.is_cpu() &&
                       x.scalar_type() == at::kFloat;
   if (kernel) return PairAttention(stage, attn, x, gates, keys, bounds);
   return DenseAttention(stage, attn, x, keys, *gates_out);

@@ -29,14 +29,13 @@
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint/checkpoint.h"
-#include "model/core/device_context.h"
-#include "model/core/image_classifier.h"
+#include "model/core/image_model_parts.h"
 #include "model/core/moh_router.h"
 #include "model/core/runtime.h"
 
 namespace moh {
 
-class TransNextModel : public ImageClassifier {
+class TransNextModel : public ConfiguredImageClassifier<TransNextConfig> {
  public:
   static absl::StatusOr<std::unique_ptr<TransNextModel>> Load(
       const std::string& dir, const DeviceOptions& device_options);
@@ -53,26 +52,8 @@ class TransNextModel : public ImageClassifier {
       const at::Tensor& pixels, const std::vector<LayerTopK>& top_k,
       bool record_gates = false) const override;
 
-  const MohConfig& moh() const override { return config_.moh; }
-  const std::vector<std::string>& labels() const override {
-    return config_.labels;
-  }
   ImagePreprocessing preprocessing() const override;
   std::vector<int64_t> LayerTokens() const override;
-  void set_attention_mode(AttentionMode mode) override {
-    attention_mode_ = mode;
-  }
-
-  const TransNextConfig& config() const { return config_; }
-  const at::TensorOptions& options() const { return options_; }
-
- protected:
-  const std::vector<float>& image_mean() const override {
-    return config_.image_mean;
-  }
-  const std::vector<float>& image_std() const override {
-    return config_.image_std;
-  }
 
  private:
   struct Attention {
@@ -107,14 +88,11 @@ class TransNextModel : public ImageClassifier {
   };
 
   TransNextModel(TransNextConfig config, at::TensorOptions options)
-      : config_(std::move(config)),
-        options_(options),
-        context_(std::make_unique<DeviceContext>(options.device())) {}
+      : ConfiguredImageClassifier(std::move(config), options) {}
   absl::Status LoadStage(TensorStore& store, int s);
   absl::StatusOr<Attention> LoadAttention(TensorStore& store, int s,
                                           const std::string& prefix,
                                           const MohLayerConfig& layer);
-  absl::Status CheckPixels(const at::Tensor& pixels) const;
   at::Tensor Norm(const at::Tensor& x, const at::Tensor& w,
                   const at::Tensor& b) const;
   at::Tensor Mlp(const Block& block, const at::Tensor& x,
@@ -145,12 +123,8 @@ class TransNextModel : public ImageClassifier {
                             const at::Tensor& x, const AttentionKeys& keys,
                             const at::Tensor& gates) const;
 
-  TransNextConfig config_;
-  at::TensorOptions options_;
-  std::unique_ptr<DeviceContext> context_;
   std::vector<Stage> stages_;
   at::Tensor head_w_, head_b_;
-  AttentionMode attention_mode_ = AttentionMode::kAuto;
 };
 
 }  // namespace moh

@@ -110,20 +110,20 @@ absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::FromStore(
 }
 
 absl::Status TransNextModel::LoadStage(TensorStore& store, int s) {
-  const TransNextStage& sc = config_.stages[s];
+  const TransNextStage& sc = config().stages[s];
   Stage stage;
   const int64_t c = sc.embed_dim;
   const int64_t in =
-      s == 0 ? config_.num_channels : config_.stages[s - 1].embed_dim;
-  stage.kernel = s == 0 ? config_.patch_size * 2 - 1 : 3;
-  stage.stride = s == 0 ? config_.patch_size : 2;
-  stage.resolution = config_.resolution(s);
+      s == 0 ? config().num_channels : config().stages[s - 1].embed_dim;
+  stage.kernel = s == 0 ? config().patch_size * 2 - 1 : 3;
+  stage.stride = s == 0 ? config().patch_size : 2;
+  stage.resolution = config().resolution(s);
   stage.tokens = stage.resolution * stage.resolution;
   const bool aggregated = sc.sr_ratio > 1;
-  stage.pool = aggregated ? config_.pool_size(s) : stage.resolution;
+  stage.pool = aggregated ? config().pool_size(s) : stage.resolution;
   stage.pooled = stage.pool * stage.pool;
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
-    return store.Take(name, shape, options_);
+    return store.Take(name, shape, options());
   };
   const std::string embed = absl::StrCat("patch_embed", s + 1, ".");
   MOH_ASSIGN_OR_RETURN(
@@ -133,13 +133,14 @@ absl::Status TransNextModel::LoadStage(TensorStore& store, int s) {
   MOH_ASSIGN_OR_RETURN(stage.embed_norm_w, take(embed + "norm.weight", {c}));
   MOH_ASSIGN_OR_RETURN(stage.embed_norm_b, take(embed + "norm.bias", {c}));
   if (aggregated) {
-    at::Tensor window = WindowNeighbours(stage.resolution, config_.window_size);
+    at::Tensor window =
+        WindowNeighbours(stage.resolution, config().window_size);
     stage.neighbours_host = window;
-    stage.neighbours = window.to(options_.device());
+    stage.neighbours = window.to(options().device());
     stage.padding = stage.neighbours.lt(0);
   }
   int64_t first_layer = 0;
-  for (int i = 0; i < s; ++i) first_layer += config_.stages[i].depth;
+  for (int i = 0; i < s; ++i) first_layer += config().stages[i].depth;
   const int64_t hidden = sc.glu_hidden();
   for (int64_t j = 0; j < sc.depth; ++j) {
     const std::string pre = absl::StrCat("block", s + 1, ".", j, ".");
@@ -148,7 +149,7 @@ absl::Status TransNextModel::LoadStage(TensorStore& store, int s) {
     MOH_ASSIGN_OR_RETURN(b.norm1_b, take(pre + "norm1.bias", {c}));
     MOH_ASSIGN_OR_RETURN(b.attn,
                          LoadAttention(store, s, pre + "attn.",
-                                       config_.moh.layers[first_layer + j]));
+                                       config().moh.layers[first_layer + j]));
     MOH_ASSIGN_OR_RETURN(b.norm2_w, take(pre + "norm2.weight", {c}));
     MOH_ASSIGN_OR_RETURN(b.norm2_b, take(pre + "norm2.bias", {c}));
     MOH_ASSIGN_OR_RETURN(b.fc1_w,
@@ -172,20 +173,20 @@ absl::Status TransNextModel::LoadStage(TensorStore& store, int s) {
 absl::StatusOr<TransNextModel::Attention> TransNextModel::LoadAttention(
     TensorStore& store, int s, const std::string& pre,
     const MohLayerConfig& layer) {
-  const TransNextStage& sc = config_.stages[s];
+  const TransNextStage& sc = config().stages[s];
   const int64_t c = sc.embed_dim, h = sc.num_heads, d = sc.head_dim();
-  const int64_t resolution = config_.resolution(s);
+  const int64_t resolution = config().resolution(s);
   const int64_t tokens = resolution * resolution;
-  const int64_t window = int64_t{config_.window_size} * config_.window_size;
+  const int64_t window = int64_t{config().window_size} * config().window_size;
   Attention a;
   a.aggregated = sc.sr_ratio > 1;
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
-    return store.Take(name, shape, options_);
+    return store.Take(name, shape, options());
   };
   if (a.aggregated) {
     MOH_ASSIGN_OR_RETURN(a.q_w, take(pre + "q.weight", {c, c}));
     MOH_ASSIGN_OR_RETURN(a.kv_w, take(pre + "kv.weight", {2 * c, c}));
-    if (config_.qkv_bias) {
+    if (config().qkv_bias) {
       MOH_ASSIGN_OR_RETURN(a.q_b, take(pre + "q.bias", {c}));
       MOH_ASSIGN_OR_RETURN(a.kv_b, take(pre + "kv.bias", {2 * c}));
     }
@@ -206,7 +207,7 @@ absl::StatusOr<TransNextModel::Attention> TransNextModel::LoadAttention(
                          take(pre + "qkv.weight", {3 * c, c}));
     a.q_w = qkv_w.narrow(0, 0, c).contiguous();
     a.kv_w = qkv_w.narrow(0, c, 2 * c).contiguous();
-    if (config_.qkv_bias) {
+    if (config().qkv_bias) {
       MOH_ASSIGN_OR_RETURN(at::Tensor qkv_b, take(pre + "qkv.bias", {3 * c}));
       a.q_b = qkv_b.narrow(0, 0, c).contiguous();
       a.kv_b = qkv_b.narrow(0, c, 2 * c).contiguous();
@@ -225,8 +226,9 @@ absl::StatusOr<TransNextModel::Attention> TransNextModel::LoadAttention(
   at::Tensor seq_scale;
   if (a.aggregated) {
     // log(window positions inside the grid + pooled keys), per token.
-    const int64_t pooled = int64_t{config_.pool_size(s)} * config_.pool_size(s);
-    at::Tensor inside = WindowNeighbours(resolution, config_.window_size)
+    const int64_t pooled =
+        int64_t{config().pool_size(s)} * config().pool_size(s);
+    at::Tensor inside = WindowNeighbours(resolution, config().window_size)
                             .ge(0)
                             .sum(1)
                             .to(at::kFloat);
@@ -236,7 +238,7 @@ absl::StatusOr<TransNextModel::Attention> TransNextModel::LoadAttention(
                          static_cast<float>(std::log(double(tokens))), f32);
   }
   a.scale = (at::softplus(temperature.view({h, 1})) * seq_scale)
-                .to(options_)
+                .to(options())
                 .contiguous();
   MOH_ASSIGN_OR_RETURN(at::Tensor fc1_w, store.Take(pre + "cpb_fc1.weight",
                                                     {kCpbHidden, 2}, f32));
@@ -247,13 +249,13 @@ absl::StatusOr<TransNextModel::Attention> TransNextModel::LoadAttention(
   MOH_ASSIGN_OR_RETURN(at::Tensor fc2_b,
                        store.Take(pre + "cpb_fc2.bias", {h}, f32));
   const int64_t key =
-      a.aggregated ? config_.pool_size(s) : config_.resolution(s);
-  const int64_t pretrain = config_.pretrain_size >> (s + 2);
+      a.aggregated ? config().pool_size(s) : config().resolution(s);
+  const int64_t pretrain = config().pretrain_size >> (s + 2);
   a.bias = ContinuousPositionBias(resolution, key, pretrain, fc1_w, fc1_b,
                                   fc2_w, fc2_b)
-               .to(options_);
+               .to(options());
   MOH_ASSIGN_OR_RETURN(a.router, MohRouter::Load(RouterKind::kLearned, layer, c,
-                                                 pre, store, options_));
+                                                 pre, store, options()));
   return a;
 }
 

@@ -71,60 +71,31 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
 
 ImagePreprocessing VitModel::preprocessing() const {
   ImagePreprocessing p;
-  p.image_size = config_.image_size;
+  p.image_size = config().image_size;
   p.resize_size = 0;
-  p.num_channels = config_.num_channels;
+  p.num_channels = config().num_channels;
   return p;
 }
 
 std::vector<int64_t> VitModel::LayerTokens() const {
-  return std::vector<int64_t>(config_.num_layers, 1 + config_.num_patches());
+  return std::vector<int64_t>(config().num_layers, 1 + config().num_patches());
 }
 
 at::Tensor VitModel::LayerNorm(const at::Tensor& x, const at::Tensor& w,
                                const at::Tensor& b) const {
-  return at::layer_norm(x, {x.size(-1)}, w, b, config_.layer_norm_eps);
-}
-
-absl::Status VitModel::CheckPixels(const at::Tensor& pixels) const {
-  const int64_t s = config_.image_size;
-  if (!pixels.defined() || pixels.dim() != 4 || pixels.size(0) < 1 ||
-      pixels.size(1) != config_.num_channels || pixels.size(2) != s ||
-      pixels.size(3) != s) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pixels must have shape [B, ", config_.num_channels, ", ",
-                     s, ", ", s, "], B >= 1"));
-  }
-  return absl::OkStatus();
+  return at::layer_norm(x, {x.size(-1)}, w, b, config().layer_norm_eps);
 }
 
 absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
     const at::Tensor& pixels, const std::vector<LayerTopK>& row_top_k,
     bool record_gates) const {
-  MOH_RETURN_IF_ERROR(CheckPixels(pixels));
-  MOH_RETURN_IF_ERROR(
-      ValidateTopK(config_.moh, row_top_k, pixels.size(0), "top_k"));
-  // No autograd: every op skips its autograd and view-tracking layers.
-  const c10::InferenceMode inference;
-  return CatchTorchErrors(
-      "VitModel::Forward", [&]() -> absl::StatusOr<ClassifierOutput> {
-        // The model's device and stream (CUDA) for everything below.
-        const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
+  return RunForward(
+      "VitModel::Forward", pixels, row_top_k,
+      [&](const UploadedTopK& top_k) -> absl::StatusOr<ClassifierOutput> {
         const int64_t rows = pixels.size(0);
-        const int64_t tokens = config_.num_patches() + 1;
-        // Each block's K per token, computed on the host and uploaded once.
-        std::vector<int64_t> top_k_host(blocks_.size() * rows * tokens);
-        std::vector<TopKBounds> bounds;
-        for (size_t l = 0; l < blocks_.size(); ++l) {
-          bounds.push_back(PackLayerTopK(
-              row_top_k, l, tokens, top_k_host.data() + l * rows * tokens));
-        }
-        const at::Tensor top_k = context_->Upload(at::from_blob(
-            top_k_host.data(),
-            {static_cast<int64_t>(blocks_.size()), rows * tokens}, at::kLong));
         at::Tensor x =
-            at::conv2d(context_->Upload(pixels).to(options_), patch_w_,
-                       patch_b_, {config_.patch_size, config_.patch_size});
+            at::conv2d(context().Upload(pixels).to(options()), patch_w_,
+                       patch_b_, {config().patch_size, config().patch_size});
         x = x.flatten(2).transpose(1, 2);  // [B, N, C]
         x = at::cat({cls_token_.expand({rows, 1, -1}), x}, 1) + pos_embed_;
         at::Tensor valid =
@@ -134,10 +105,11 @@ absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
         for (size_t l = 0; l < blocks_.size(); ++l) {
           const Block& block = blocks_[l];
           at::Tensor gates;
-          x = x + BidirectionalAttention(
-                      block.attn, block.router,
-                      LayerNorm(x, block.norm1_w, block.norm1_b), top_k[l],
-                      bounds[l], attention_mode_, &gates);
+          x = x +
+              BidirectionalAttention(block.attn, block.router,
+                                     LayerNorm(x, block.norm1_w, block.norm1_b),
+                                     top_k.layer(l), top_k.bounds(l),
+                                     attention_mode(), &gates);
           at::Tensor hidden =
               at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
                                   block.fc1_w, block.fc1_b));
@@ -147,17 +119,10 @@ absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
         }
         x = LayerNorm(x, norm_w_, norm_b_);
         // One copy to the host and one wait for the whole batch's results.
-        std::vector<at::Tensor> results = {
+        return DownloadClassifierOutput(
+            context(),
             at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat),
-            at::stack(counts, 1)};
-        results.insert(results.end(), gates_per_layer.begin(),
-                       gates_per_layer.end());
-        results = context_->Download(results);
-        ClassifierOutput out;
-        out.logits = results[0];
-        out.head_token_counts = results[1];
-        out.gates.assign(results.begin() + 2, results.end());
-        return out;
+            at::stack(counts, 1), gates_per_layer);
       });
 }
 

@@ -15,16 +15,15 @@
 
 #include "absl/status/statusor.h"
 #include "model/core/bidirectional_attention.h"
-#include "model/core/device_context.h"
 #include "model/core/head_sparse_attention.h"
-#include "model/core/image_classifier.h"
+#include "model/core/image_model_parts.h"
 #include "model/core/model_config.h"
 #include "model/core/moh_router.h"
 #include "model/core/runtime.h"
 
 namespace moh {
 
-class VitModel : public ImageClassifier {
+class VitModel : public ConfiguredImageClassifier<VitConfig> {
  public:
   static absl::StatusOr<std::unique_ptr<VitModel>> Load(
       const std::string& dir, const DeviceOptions& device_options);
@@ -36,28 +35,10 @@ class VitModel : public ImageClassifier {
       const at::Tensor& pixels, const std::vector<LayerTopK>& top_k,
       bool record_gates = false) const override;
 
-  const MohConfig& moh() const override { return config_.moh; }
-  const std::vector<std::string>& labels() const override {
-    return config_.labels;
-  }
   // Resized straight to the square (antialiased bilinear).
   ImagePreprocessing preprocessing() const override;
   // The class token and every patch, in every layer.
   std::vector<int64_t> LayerTokens() const override;
-  void set_attention_mode(AttentionMode mode) override {
-    attention_mode_ = mode;
-  }
-
-  const VitConfig& config() const { return config_; }
-  const at::TensorOptions& options() const { return options_; }
-
- protected:
-  const std::vector<float>& image_mean() const override {
-    return config_.image_mean;
-  }
-  const std::vector<float>& image_std() const override {
-    return config_.image_std;
-  }
 
  private:
   struct Block {
@@ -68,20 +49,12 @@ class VitModel : public ImageClassifier {
   };
 
   VitModel(VitConfig config, at::TensorOptions options)
-      : config_(std::move(config)),
-        options_(options),
-        context_(std::make_unique<DeviceContext>(options.device())) {}
-  // pixels is [B, C, S, S] with B >= 1.
-  absl::Status CheckPixels(const at::Tensor& pixels) const;
+      : ConfiguredImageClassifier(std::move(config), options) {}
   at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w,
                        const at::Tensor& b) const;
-  VitConfig config_;
-  at::TensorOptions options_;
-  std::unique_ptr<DeviceContext> context_;
   at::Tensor patch_w_, patch_b_, cls_token_, pos_embed_;
   at::Tensor norm_w_, norm_b_, head_w_, head_b_;
   std::vector<Block> blocks_;
-  AttentionMode attention_mode_ = AttentionMode::kAuto;
 };
 
 }  // namespace moh
