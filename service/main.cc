@@ -58,7 +58,7 @@ ABSL_FLAG(double, drain_timeout, 0,
           "Seconds in-flight requests may run after SIGTERM (default 30)");
 ABSL_FLAG(int32_t, threads, 0,
           "LibTorch intra-op threads (0 = the default: every core but one with "
-          "OpenBLAS's OpenMP build, else 1; see model/runtime.h)");
+          "OpenBLAS's OpenMP build, else 1; see model/core/runtime.h)");
 ABSL_FLAG(std::string, demo_dir, MOH_DEFAULT_DEMO_DIR,
           "Where the demo models live (used when no model is configured)");
 ABSL_FLAG(bool, verbose, false, "Log every request (debug level)");

@@ -1,5 +1,5 @@
-// Internals of the tokenizer.json loader (model/tokenizer_loader.cc): reading
-// JSON members with errors that name the field, as INVALID_ARGUMENT
+// Internals of the tokenizer.json loader (model/tokenizer/tokenizer_loader.cc):
+// reading JSON members with errors that name the field, as INVALID_ARGUMENT
 // "<field>: <what>" (e.g. "pre_tokenizer.pretokenizers[1].pattern: ...").
 // Not part of the public API.
 #pragma once

@@ -1,5 +1,5 @@
-// The text helpers of model/tokenizer_pipeline.h: UTF-8, GPT-2's byte-level
-// alphabet, character classes, and the PCRE2 Regex.
+// The text helpers of model/tokenizer/tokenizer_pipeline.h: UTF-8, GPT-2's
+// byte-level alphabet, character classes, and the PCRE2 Regex.
 #include <algorithm>
 #include <cctype>
 

@@ -3,7 +3,7 @@
 // reader. A prometheus::Collectable: serve it next to the registry.
 //
 // It exports the names and help texts it is given: they are written, with
-// every other name moh-server exports, in service/metrics.cc.
+// every other name moh-server exports, in service/metrics/metrics.cc.
 //
 // Thread-safety: Collect and SetGpuMemoryReader may be called from any thread.
 #pragma once
