@@ -32,8 +32,7 @@ def instruction_set():
     return "neither AVX-512F nor AVX2"
 
 
-def workloads(quick):
-    requests = 32 if quick else 128
+def workloads(requests):
     generate = ["--rpc=generate", "--model=lm", "--prompt=" + PROMPT,
                 "--max_new_tokens=32", "--concurrency=8",
                 "--requests=%d" % requests, "--warmup_requests=8"]
@@ -58,7 +57,8 @@ def main():
     parser.add_argument("--old", required=True, help="the old build folder")
     parser.add_argument("--new", default=os.path.join(ROOT, "build"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--requests", type=int, default=128,
+                        help="Generate requests per measurement (Classify: 4x)")
     args = parser.parse_args()
     models = [("lm", os.path.join(MODELS, "demo-lm")),
               ("vit", os.path.join(MODELS, "demo-vit"))]
@@ -69,7 +69,7 @@ def main():
     try:
         print("| workload | old | new | new / old (median) | per-round range |")
         print("|---|---|---|---|---|")
-        for label, field, flags in workloads(args.quick):
+        for label, field, flags in workloads(args.requests):
             measured = {"old": [], "new": []}
             for _ in range(args.rounds):
                 for name in ("old", "new"):
