@@ -317,7 +317,7 @@ def openai_corpus():
     byte picks the endpoint: 0 completions, 1 chat), captured from the real
     client talking to a stub server. Needs the client: run with the test
     environment's Python (scripts/install_deps.sh --test), e.g.
-    /opt/moh-serve/venv-test-openai-3.54.0/bin/python fuzz/make_corpus.py;
+    bash tests/python_for_tests.sh fuzz/make_corpus.py;
     without it the committed files are kept."""
     try:
         import openai

@@ -12,8 +12,10 @@
 #                        bench_venv.env, in the virtual environment
 #                        $MOH_BENCH_VENV (bench/run_suite.sh only)
 #   --test               also the test suite's PyPI packages: the official
-#                        openai client (pinned in test_venv.env), in the
-#                        virtual environment $MOH_TEST_VENV (scripts/test.sh)
+#                        openai and anthropic clients, and lm-eval, pinned in
+#                        test_requirements.txt and eval_requirements.txt, in
+#                        the virtual environments of test_venv.env
+#                        (scripts/test.sh)
 #   --runtime            only the shared libraries moh-server/moh-client need
 #                        (the container image's runtime stage)
 #   --runtime-no-torch   the same without Debian's LibTorch (CUDA images bring
@@ -45,6 +47,23 @@ install_missing() {
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# requirements_venv DIR FILE [VENV-OPTION]: a virtual environment in DIR
+# holding FILE's pinned packages; skipped when DIR already has exactly them
+# (a copy of FILE is kept there).
+requirements_venv() {
+  local dir="$1" file="$2"
+  shift 2
+  if [ -x "$dir/bin/python" ] && cmp -s "$file" "$dir/requirements.txt"; then
+    echo "install_deps: $(basename "$file") present in $dir"
+    return 0
+  fi
+  echo "install_deps: installing $(basename "$file") into $dir"
+  rm -rf "$dir"
+  /usr/bin/python3 -m venv "$@" "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check -r "$file"
+  cp "$file" "$dir/requirements.txt"
 }
 
 main() {
@@ -104,16 +123,8 @@ main() {
   if [ "$test_venv" = 1 ]; then
     # shellcheck source=test_venv.env
     . "$here/test_venv.env"
-    py="$MOH_TEST_VENV/bin/python"
-    if [ -x "$py" ] && [ "$("$py" -c 'import importlib.metadata as m
-print(m.version("openai"))' 2>/dev/null)" = "$MOH_OPENAI_VERSION" ]; then
-      echo "install_deps: openai $MOH_OPENAI_VERSION present in $MOH_TEST_VENV"
-    else
-      echo "install_deps: installing openai==$MOH_OPENAI_VERSION into $MOH_TEST_VENV"
-      /usr/bin/python3 -m venv --system-site-packages "$MOH_TEST_VENV"
-      "$MOH_TEST_VENV/bin/pip" install -q --disable-pip-version-check \
-        "openai==$MOH_OPENAI_VERSION"
-    fi
+    requirements_venv "$MOH_TEST_VENV" "$here/test_requirements.txt" --system-site-packages
+    requirements_venv "$MOH_EVAL_VENV" "$here/eval_requirements.txt"
   fi
 
   if [ "$bench" = 1 ]; then
