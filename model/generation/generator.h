@@ -43,6 +43,9 @@ struct GenerationChunk {
   // With SamplingParams::prompt_logprobs, on a sequence's first chunk: one
   // entry per prompt token after the first.
   std::vector<LogprobEntry> prompt_logprobs;
+  // With SamplingParams::prompt_logprobs, on a sequence's first chunk: the
+  // prompt's ids (its first one has no entry above).
+  std::vector<int32_t> prompt_token_ids;
   // The sample of the request it belongs to (GenerateCall n), from 0.
   int32_t index = 0;
 };

@@ -29,6 +29,22 @@ namespace openai {
 // What the endpoint is: the object names of its responses differ.
 enum class Endpoint { kCompletions, kChatCompletions };
 
+// Completions' `echo`: the prompt comes back before the completion (OpenAI's
+// legacy API); with `logprobs`, so do its tokens and their log-probabilities,
+// the first token's null (lm-evaluation-harness scores log-likelihoods so).
+struct Echo {
+  bool on = false;
+  // max_tokens 0: the prompt alone (one token is computed, then dropped).
+  bool prompt_only = false;
+  // Alternatives per position (`logprobs`); unset: no log-probabilities.
+  std::optional<int32_t> top_n;
+  // The prompt as sent: its text, or its token ids.
+  std::optional<std::string> prompt;
+  std::vector<int32_t> prompt_ids;
+  // prompt_logprobs is set for the echo only: the client did not ask it.
+  bool prompt_logprobs_unasked = false;
+};
+
 // A POST /v1/completions or /v1/chat/completions body, checked. Sampling
 // fields left out take the model's generation_config.json defaults when it
 // has them, else OpenAI's (temperature 1, top_p 1); max_tokens the model's
@@ -41,6 +57,7 @@ struct GenerationRequest {
   bool add_generation_prompt = true;  // chat only
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  Echo echo;                   // completions only
 };
 
 // Parses and checks a body. INVALID_ARGUMENT naming the field (OpenAI's
@@ -76,17 +93,45 @@ struct ChoiceOutput {
   std::vector<LogprobEntry> logprobs;          // one per token, when asked
   std::vector<LogprobEntry> prompt_logprobs;   // when asked (choice 0)
   const GenerationSummary* summary = nullptr;  // set once it has finished
+  std::vector<int32_t> prompt_token_ids;       // with prompt_logprobs
+  // Echo: a token shown before `logprobs` with a null log-probability (the
+  // prompt's first).
+  std::optional<int32_t> leading_token;
 
   // Appends more of the choice's output: its text and log-probabilities.
-  void Append(const std::string& more_text,
-              const std::vector<LogprobEntry>& more_logprobs,
-              const std::vector<LogprobEntry>& more_prompt_logprobs) {
-    text += more_text;
-    logprobs.insert(logprobs.end(), more_logprobs.begin(), more_logprobs.end());
-    prompt_logprobs.insert(prompt_logprobs.end(), more_prompt_logprobs.begin(),
-                           more_prompt_logprobs.end());
+  void Append(const GenerationChunk& chunk) {
+    text += chunk.text;
+    logprobs.insert(logprobs.end(), chunk.logprobs.begin(),
+                    chunk.logprobs.end());
+    prompt_logprobs.insert(prompt_logprobs.end(), chunk.prompt_logprobs.begin(),
+                           chunk.prompt_logprobs.end());
+    prompt_token_ids.insert(prompt_token_ids.end(),
+                            chunk.prompt_token_ids.begin(),
+                            chunk.prompt_token_ids.end());
+  }
+  void Append(const ChoiceOutput& more) {
+    GenerationChunk chunk;
+    chunk.text = more.text;
+    chunk.logprobs = more.logprobs;
+    chunk.prompt_logprobs = more.prompt_logprobs;
+    chunk.prompt_token_ids = more.prompt_token_ids;
+    Append(chunk);
   }
 };
+
+// The text of token ids decoded together (Servable::TokenText's, joined).
+using DecodeFn = std::function<std::string(const std::vector<int32_t>&)>;
+
+// Puts the echoed prompt before a choice's output: its text (as sent, or
+// its ids decoded) and, with log-probabilities, its tokens' entries (from
+// `out`'s prompt_logprobs, at most echo.top_n alternatives each). On a
+// choice's first output (`first`); later outputs are only emptied when
+// echo.prompt_only. The vLLM `prompt_logprobs` field stays only when asked.
+void ApplyEcho(const Echo& echo, bool prompt_asked, const DecodeFn& decode,
+               bool first, ChoiceOutput* out);
+// The summary as echo.prompt_only reports it: no completion tokens, finished
+// by "length".
+void ApplyEcho(const Echo& echo, GenerationSummary* summary);
 
 // The log-probabilities the request asked for (`logprobs` / `top_logprobs`,
 // `prompt_logprobs`): choices without them show null.

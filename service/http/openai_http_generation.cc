@@ -52,7 +52,7 @@ class Sink : public GenerationObserver {
       absl::MutexLock lock(&mu_);
       openai::ChoiceOutput& out = pending_[chunk.index];
       out.index = chunk.index;
-      out.Append(chunk.text, chunk.logprobs, chunk.prompt_logprobs);
+      out.Append(chunk);
     }
     if (every_chunk_) waker_->Wake();
   }
@@ -111,11 +111,29 @@ struct Running {
   int64_t created = 0;
   bool include_usage = false;
   openai::LogprobsAsked asked;
+  openai::Echo echo;
   std::vector<GenerationSummary> summaries;  // of the choices finished
   bool recorded = false;
 
   openai::TokenTextFn TokenText() const {
     return [model = servable](int32_t id) { return model->TokenText(id); };
+  }
+  // Echo's text of a prompt sent as token ids.
+  openai::DecodeFn Decode() const {
+    return [model = servable](const std::vector<int32_t>& ids) {
+      std::string text;
+      for (int32_t id : ids) text += model->TokenText(id);
+      return text;
+    };
+  }
+  // A choice's output, echo applied (`first`: the choice's first output).
+  void Echo(bool first, openai::ChoiceOutput* out) const {
+    openai::ApplyEcho(echo, asked.prompt, Decode(), first, out);
+  }
+  // A choice's summary arrived.
+  void Finished(GenerationSummary summary) {
+    openai::ApplyEcho(echo, &summary);
+    summaries.push_back(std::move(summary));
   }
 
   // Counts the request once.
@@ -155,6 +173,7 @@ struct Stream {
   // Per choice: whether its first chunk went out, and the length of its
   // tokens' text so far (completions' text_offset).
   std::vector<bool> started;
+  std::vector<bool> echoed;  // its first output had the echo put before it
   std::vector<int64_t> offsets;
   bool ended = false;      // the last event is in `pending`
   bool cancelled = false;  // the client went (or the server stops)
@@ -186,7 +205,10 @@ struct Stream {
     };
     for (openai::ChoiceOutput& out : update.outputs) {
       const size_t i = static_cast<size_t>(out.index);
+      run.Echo(!echoed[i], &out);
+      echoed[i] = true;
       int64_t length = 0;
+      if (out.leading_token) length += token_text(*out.leading_token).size();
       for (const LogprobEntry& e : out.logprobs) {
         length += token_text(e.token.id).size();
       }
@@ -201,7 +223,7 @@ struct Stream {
       }
     }
     for (const GenerationSummary& summary : update.finished) {
-      run.summaries.push_back(summary);
+      run.Finished(summary);
       openai::ChoiceOutput last;
       last.index = summary.index;
       last.summary = &run.summaries.back();
@@ -260,6 +282,7 @@ MHD_Result StartStream(MHD_Connection* connection, Running run,
   stream->run = std::move(run);
   stream->waker = std::move(waker);
   stream->started.assign(n, false);
+  stream->echoed.assign(n, false);
   stream->offsets.assign(n, 0);
   MHD_Response* response = MHD_create_response_from_callback(
       MHD_SIZE_UNKNOWN, 16 << 10, &Stream::Read, stream, &Stream::Free);
@@ -320,7 +343,9 @@ struct HttpGeneration::Call {
     }
     run.sink = std::make_shared<Sink>(waker, request->stream);
     run.asked = {request->call.sampling.logprobs.has_value(),
-                 request->call.sampling.prompt_logprobs.has_value()};
+                 request->call.sampling.prompt_logprobs.has_value() &&
+                     !request->echo.prompt_logprobs_unasked};
+    run.echo = request->echo;
     Dispatched dispatched;
     // `n` stays readable: an int survives the move.
     absl::StatusOr<uint64_t> submitted =
@@ -453,11 +478,11 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
     // Not streamed: every choice whole, once all are done.
     Sink::Update update = run.sink->Take();
     for (const openai::ChoiceOutput& out : update.outputs) {
-      call.choices[out.index].Append(out.text, out.logprobs,
-                                     out.prompt_logprobs);
+      call.choices[out.index].Append(out);
     }
-    run.summaries.insert(run.summaries.end(), update.finished.begin(),
-                         update.finished.end());
+    for (const GenerationSummary& summary : update.finished) {
+      run.Finished(summary);
+    }
     if (update.done) {
       *answered = true;
       if (!update.error.ok()) {
@@ -468,6 +493,7 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
       std::vector<openai::ChoiceOutput>& choices = call.choices;
       for (size_t i = 0; i < choices.size(); ++i) {
         choices[i].index = static_cast<int32_t>(i);
+        run.Echo(/*first=*/true, &choices[i]);
       }
       for (const GenerationSummary& summary : run.summaries) {
         choices[summary.index].summary = &summary;

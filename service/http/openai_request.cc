@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -108,17 +109,18 @@ class Fields {
 
 // Fields OpenAI defines that this server accepts only at their defaults
 // (the value that means "off"), so that a client relying on one hears so.
-absl::Status CheckUnsupported(const Fields& f) {
+absl::Status CheckUnsupported(Endpoint endpoint, const Fields& f) {
   struct Off {
     const char* name;
     const char* off;  // what the client may send instead
   };
   for (const Off& o :
-       {Off{"echo", "false"}, Off{"best_of", "null or 1"},
-        Off{"suffix", "null or \"\""}, Off{"logit_bias", "null or {}"},
-        Off{"tools", "null or []"}, Off{"tool_choice", "null or \"none\""},
+       {Off{endpoint == Endpoint::kChatCompletions ? "echo" : "", "false"},
+        Off{"best_of", "null or 1"}, Off{"suffix", "null or \"\""},
+        Off{"logit_bias", "null or {}"}, Off{"tools", "null or []"},
+        Off{"tool_choice", "null or \"none\""},
         Off{"response_format", "null or {\"type\": \"text\"}"}}) {
-    const json* v = f.Get(o.name);
+    const json* v = *o.name != '\0' ? f.Get(o.name) : nullptr;
     if (v == nullptr) continue;
     const bool off =
         (v->is_boolean() && !v->get<bool>()) ||
@@ -157,6 +159,10 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list,
   }
   return ids;
 }
+
+// The most max_tokens a request may ask (the model's max_seq_len bounds it
+// further, in the servable).
+constexpr int64_t kMaxTokens = 1 << 20;
 
 constexpr char kPromptShape[] = "a string or a list of token ids";
 
@@ -344,9 +350,11 @@ absl::Status ReadSampling(Endpoint endpoint, const Fields& f,
                           GenerateCall* out) {
   GenerateCall& call = *out;
   SamplingParams& s = call.sampling;
-  constexpr int64_t kMaxTokens = 1 << 20;
-  MOH_ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
-                       f.Integer("max_tokens", 1, kMaxTokens));
+  // Completions' 0 is for `echo` (ReadEcho).
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<int64_t> max_tokens,
+      f.Integer("max_tokens", endpoint == Endpoint::kCompletions ? 0 : 1,
+                kMaxTokens));
   if (endpoint == Endpoint::kChatCompletions) {
     // The newer name wins.
     MOH_ASSIGN_OR_RETURN(std::optional<int64_t> max_completion_tokens,
@@ -408,6 +416,39 @@ absl::Status ReadSampling(Endpoint endpoint, const Fields& f,
   return absl::OkStatus();
 }
 
+// echo (completions), after ReadSampling: the prompt comes back, and with
+// `logprobs` its entries, computed as vLLM's prompt_logprobs (with at least
+// as many alternatives). max_tokens 0, the prompt alone, only with it.
+absl::Status ReadEcho(const Fields& f, GenerationRequest* request) {
+  GenerateCall& call = request->call;
+  Echo& echo = request->echo;
+  MOH_ASSIGN_OR_RETURN(echo.on, f.Bool("echo", false));
+  if (call.max_new_tokens == 0) {
+    if (!echo.on) {
+      return Invalid("max_tokens",
+                     absl::StrCat("must be in [1, ", kMaxTokens,
+                                  "], got 0 (0 only with \"echo\": true)"));
+    }
+    echo.prompt_only = true;
+    call.max_new_tokens = 1;  // computed, then dropped
+  }
+  if (!echo.on) return absl::OkStatus();
+  SamplingParams& s = call.sampling;
+  if (s.logprobs) {
+    if (call.n > 1) {
+      return Invalid("echo", absl::StrCat("with logprobs takes n 1 (one "
+                                          "sample), got n ",
+                                          call.n));
+    }
+    echo.top_n = s.logprobs;
+    echo.prompt_logprobs_unasked = !s.prompt_logprobs.has_value();
+    s.prompt_logprobs = std::max(s.prompt_logprobs.value_or(0), *s.logprobs);
+  }
+  echo.prompt = call.prompt;
+  if (call.token_ids) echo.prompt_ids = *call.token_ids;
+  return absl::OkStatus();
+}
+
 // The activation: moh-serve's own fields.
 absl::Status ReadActivation(const Fields& f, GenerateCall* call) {
   MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
@@ -444,7 +485,7 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
                                                absl::string_view body) {
   MOH_ASSIGN_OR_RETURN(const json parsed, ReadBody(endpoint, body));
   const Fields f(parsed);
-  MOH_RETURN_IF_ERROR(CheckUnsupported(f));
+  MOH_RETURN_IF_ERROR(CheckUnsupported(endpoint, f));
   GenerationRequest request;
   request.endpoint = endpoint;
   MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
@@ -456,6 +497,9 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
                          f.Bool("add_generation_prompt", true));
   }
   MOH_RETURN_IF_ERROR(ReadSampling(endpoint, f, &request.call));
+  if (endpoint == Endpoint::kCompletions) {
+    MOH_RETURN_IF_ERROR(ReadEcho(f, &request));
+  }
   MOH_RETURN_IF_ERROR(ReadActivation(f, &request.call));
   MOH_ASSIGN_OR_RETURN(std::string user, f.String("user"));
   (void)user;  // accepted, not used

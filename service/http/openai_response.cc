@@ -123,8 +123,9 @@ json Utf8Bytes(const std::string& text) {
 // {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
 // "text_offset"}, offsets counted from `offset` in the choice's text. Chat:
 // {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
-json LogprobsJson(Endpoint endpoint, const std::vector<LogprobEntry>& entries,
+json LogprobsJson(Endpoint endpoint, const ChoiceOutput& c,
                   const TokenTextFn& token_text, int64_t offset) {
+  const std::vector<LogprobEntry>& entries = c.logprobs;
   if (endpoint == Endpoint::kChatCompletions) {
     json content = json::array();
     for (const LogprobEntry& e : entries) {
@@ -145,6 +146,14 @@ json LogprobsJson(Endpoint endpoint, const std::vector<LogprobEntry>& entries,
   }
   json tokens = json::array(), token_logprobs = json::array(),
        top_logprobs = json::array(), text_offset = json::array();
+  if (c.leading_token) {  // echo's first prompt token: nothing predicts it
+    const std::string token = token_text(*c.leading_token);
+    tokens.push_back(token);
+    token_logprobs.push_back(nullptr);
+    top_logprobs.push_back(nullptr);
+    text_offset.push_back(offset);
+    offset += static_cast<int64_t>(token.size());
+  }
   for (const LogprobEntry& e : entries) {
     const std::string token = token_text(e.token.id);
     tokens.push_back(token);
@@ -195,8 +204,7 @@ json ChoiceHead(Endpoint endpoint, const ChoiceOutput& c,
   choice["finish_reason"] =
       c.summary ? json(FinishReasonString(c.summary->finish_reason)) : json();
   choice["logprobs"] =
-      asked.tokens ? LogprobsJson(endpoint, c.logprobs, token_text, offset)
-                   : json();
+      asked.tokens ? LogprobsJson(endpoint, c, token_text, offset) : json();
   if (asked.prompt && !c.prompt_logprobs.empty()) {
     choice["prompt_logprobs"] =
         PromptLogprobsJson(c.prompt_logprobs, token_text);
@@ -209,6 +217,34 @@ std::string Dump(const json& j) {
 }
 
 }  // namespace
+
+void ApplyEcho(const Echo& echo, bool prompt_asked, const DecodeFn& decode,
+               bool first, ChoiceOutput* out) {
+  if (!echo.on) return;
+  if (echo.prompt_only) {
+    out->text.clear();
+    out->logprobs.clear();
+  }
+  if (!first) return;
+  out->text.insert(0, echo.prompt ? *echo.prompt : decode(echo.prompt_ids));
+  if (echo.top_n && !out->prompt_token_ids.empty()) {
+    std::vector<LogprobEntry> entries = out->prompt_logprobs;
+    for (LogprobEntry& e : entries) {
+      if (e.top.size() > static_cast<size_t>(*echo.top_n)) {
+        e.top.resize(*echo.top_n);
+      }
+    }
+    out->leading_token = out->prompt_token_ids.front();
+    out->logprobs.insert(out->logprobs.begin(), entries.begin(), entries.end());
+  }
+  if (!prompt_asked) out->prompt_logprobs.clear();
+}
+
+void ApplyEcho(const Echo& echo, GenerationSummary* summary) {
+  if (!echo.prompt_only) return;
+  summary->completion_tokens = 0;
+  summary->finish_reason = FinishReason::kLength;
+}
 
 GenerationSummary CombineSummaries(
     const std::vector<GenerationSummary>& samples) {

@@ -165,7 +165,10 @@ class LanguageSteps : public StepExecutor<Sequence> {
   absl::Status SampleAndEmit(Sequence& seq, const at::Tensor& logits) {
     const bool first = seq.output->generated() == 0;
     MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, seq.output->Next(logits));
-    if (first) chunk.prompt_logprobs = std::move(seq.prompt_logprobs);
+    if (first && seq.job.sampling.prompt_logprobs) {
+      chunk.prompt_logprobs = std::move(seq.prompt_logprobs);
+      chunk.prompt_token_ids = seq.job.prompt_ids;
+    }
     const absl::Time now = absl::Now();
     if (metrics_ != nullptr) {
       if (first) {

@@ -566,3 +566,74 @@ def test_generation_config_min_p(api, client, stub):
         request.sampling.seed = seed
         outputs.add(tuple(lib.token_ids_of(lib.run_generate(stub, request))))
     assert len(outputs) > 1
+
+
+def test_echo_returns_the_prompt_and_its_logprobs(api, client, stub):
+    """lm-evaluation-harness's log-likelihood request: a prompt of token ids,
+    echo, one alternative, one token; the prompt's entries are gRPC's
+    prompt_logprobs (which test_generate.py checks against the reference)."""
+    ids = [5, 6, 7, 8, 9]
+    request = lib.generate_request(api.pb, token_ids=ids, model="demo-lm",
+                                   temperature=0.0, max_new_tokens=1)
+    request.sampling.logprobs = 1
+    request.sampling.prompt_logprobs = 1
+    messages = lib.run_generate(stub, request)
+    want = list(messages[0].prompt_logprobs) + [
+        e for m in messages for e in m.logprobs]
+    for attempt in range(2):  # the second finds the prompt in the prefix cache
+        got = client.completions.create(model="demo-lm", prompt=[ids], max_tokens=1,
+                                        temperature=0, logprobs=1, echo=True,
+                                        seed=1234)
+        choice = got.choices[0]
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(ids) + 1, attempt
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert lp.token_logprobs[1:] == pytest.approx([e.logprob for e in want])
+        for top, e in zip(lp.top_logprobs[1:], want):
+            assert len(top) == 1
+            assert list(top.values())[0] == pytest.approx(e.top_logprobs[0].logprob)
+        assert lp.tokens[-1] == messages[-1].text or messages[-1].text == ""
+        assert choice.text.endswith("".join(m.text for m in messages))
+        assert lp.text_offset == [sum(len(t.encode()) for t in lp.tokens[:i])
+                                  for i in range(len(lp.tokens))]
+        assert "prompt_logprobs" not in (choice.model_extra or {})
+        assert got.usage.prompt_tokens == len(ids)
+        assert got.usage.completion_tokens == 1
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone(client, server):
+    whole = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=1,
+                                      temperature=0, logprobs=2, echo=True)
+    alone = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=0,
+                                      temperature=0, logprobs=2, echo=True)
+    assert alone.choices[0].text == PROMPT
+    assert alone.choices[0].finish_reason == "length"
+    assert alone.usage.completion_tokens == 0
+    assert alone.choices[0].logprobs.tokens == whole.choices[0].logprobs.tokens[:-1]
+    assert (alone.choices[0].logprobs.token_logprobs ==
+            whole.choices[0].logprobs.token_logprobs[:-1])
+    # Echo without log-probabilities: the text only, a token-id prompt decoded.
+    text = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=3,
+                                     temperature=0, echo=True)
+    plain = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=3,
+                                      temperature=0)
+    assert text.choices[0].text == PROMPT + plain.choices[0].text
+    assert text.choices[0].logprobs is None
+    # Streamed: the echo leads the choice's first chunk.
+    chunks = list(client.completions.create(
+        model="demo-lm", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2,
+        echo=True, stream=True))
+    once = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=4,
+                                     temperature=0, logprobs=2, echo=True)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == \
+        once.choices[0].text
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.token_logprobs]
+    assert streamed == once.choices[0].logprobs.token_logprobs
+    offsets = [o for c in chunks if c.choices and c.choices[0].logprobs
+               for o in c.choices[0].logprobs.text_offset]
+    assert offsets == once.choices[0].logprobs.text_offset
+    status, _, body = request(server, "POST", "/v1/completions",
+                              {"prompt": "x", "max_tokens": 0})
+    assert status == 400 and body["error"]["param"] == "max_tokens"
+    assert "0 only with \"echo\": true" in body["error"]["message"]

@@ -161,8 +161,22 @@ TEST(OpenAiApiTest, BadFieldsAreNamedWithTheirRange) {
               HasSubstr("logprobs must be in [0, 20], got 21"));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "logprobs": true})"),
               HasSubstr("logprobs must be an integer"));
-  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "echo": true})"),
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "max_tokens": 0})"),
+              HasSubstr("max_tokens must be in [1, 1048576], got 0 (0 only "
+                        "with \"echo\": true)"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "echo": true, "logprobs": 1,
+                             "n": 2})"),
+              HasSubstr("echo with logprobs takes n 1 (one sample), got n 2"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "echo": 1})"),
+              HasSubstr("echo must be true or false"));
+  EXPECT_THAT(ErrorOf(Endpoint::kChatCompletions,
+                      R"({"messages": [{"role": "user", "content": "x"}],
+                          "echo": true})"),
               HasSubstr("echo is not supported by this server yet"));
+  EXPECT_THAT(ErrorOf(Endpoint::kChatCompletions,
+                      R"({"messages": [{"role": "user", "content": "x"}],
+                          "max_tokens": 0})"),
+              HasSubstr("max_tokens must be in [1, 1048576], got 0"));
   EXPECT_THAT(ErrorOf(c, R"({"prompt": "x", "stream_options": {}})"),
               HasSubstr("stream_options needs \"stream\": true"));
   EXPECT_THAT(
@@ -320,6 +334,81 @@ TEST(OpenAiApiTest, ResponsesCarryUsageAndTheRatio) {
   f.choices[0].text = "\xff";
   EXPECT_NO_THROW(
       json::parse(ResponseJson(Endpoint::kCompletions, f, FakeText)));
+}
+
+// lm-evaluation-harness's log-likelihood request: the prompt as token ids,
+// echoed with one alternative per position and max_tokens 1.
+TEST(OpenAiApiTest, EchoParsesAsPromptLogprobs) {
+  const GenerationRequest r = ParseOk(Endpoint::kCompletions, R"({
+    "prompt": [[5, 6, 7]], "temperature": 0, "max_tokens": 1,
+    "logprobs": 1, "seed": 1234, "echo": true})");
+  EXPECT_TRUE(r.echo.on);
+  EXPECT_FALSE(r.echo.prompt_only);
+  EXPECT_EQ(r.echo.top_n, 1);
+  EXPECT_EQ(r.echo.prompt_ids, std::vector<int32_t>({5, 6, 7}));
+  // The prompt's entries are computed, for the echo only.
+  EXPECT_EQ(r.call.sampling.prompt_logprobs, 1);
+  EXPECT_TRUE(r.echo.prompt_logprobs_unasked);
+  // max_tokens 0: one token computed, then dropped.
+  const GenerationRequest zero = ParseOk(
+      Endpoint::kCompletions,
+      R"({"prompt": "ab", "max_tokens": 0, "echo": true, "prompt_logprobs": 3,
+          "logprobs": 2})");
+  EXPECT_TRUE(zero.echo.prompt_only);
+  EXPECT_EQ(zero.call.max_new_tokens, 1);
+  EXPECT_EQ(zero.echo.prompt, "ab");
+  EXPECT_EQ(zero.call.sampling.prompt_logprobs, 3);
+  EXPECT_FALSE(zero.echo.prompt_logprobs_unasked);
+  // Echo without logprobs computes nothing more.
+  const GenerationRequest text =
+      ParseOk(Endpoint::kCompletions, R"({"prompt": "ab", "echo": true})");
+  EXPECT_FALSE(text.call.sampling.prompt_logprobs.has_value());
+  EXPECT_FALSE(text.echo.top_n.has_value());
+}
+
+TEST(OpenAiApiTest, EchoPutsThePromptFirst) {
+  GenerationSummary s = Summary();
+  // Prompt 4 5 6, completion 9: entries for 5 and 6 predicted, 9 sampled.
+  LogprobEntry p5{{5, -1.0f}, 2, {{8, -0.5f}, {5, -1.0f}}};
+  LogprobEntry p6{{6, -0.25f}, 1, {{6, -0.25f}, {2, -3.0f}}};
+  LogprobEntry g9{{9, -0.125f}, 1, {{9, -0.125f}}};
+  Echo echo;
+  echo.on = true;
+  echo.top_n = 1;
+  echo.prompt_ids = {4, 5, 6};
+  echo.prompt_logprobs_unasked = true;
+  ChoiceOutput out{0, "t9", {g9}, {p5, p6}, &s};
+  out.prompt_token_ids = {4, 5, 6};
+  const DecodeFn decode = [](const std::vector<int32_t>& ids) {
+    std::string text;
+    for (int32_t id : ids) text += FakeText(id);
+    return text;
+  };
+  ApplyEcho(echo, /*prompt_asked=*/false, decode, /*first=*/true, &out);
+  Finished f{"cmpl-1", 0, "lm", {out}, s, LogprobsAsked{true, false}};
+  const json c = json::parse(ResponseJson(Endpoint::kCompletions, f, FakeText));
+  const json& choice = c["choices"][0];
+  EXPECT_EQ(choice["text"], "t4t5t6t9");
+  EXPECT_FALSE(choice.contains("prompt_logprobs"));
+  const json& lp = choice["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"t4", "t5", "t6", "t9"}));
+  EXPECT_EQ(lp["token_logprobs"], json({nullptr, -1.0, -0.25, -0.125}));
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  // At most `logprobs` alternatives at every position.
+  EXPECT_EQ(lp["top_logprobs"][1], json({{"t8", -0.5}}));
+  EXPECT_EQ(lp["top_logprobs"][2], json({{"t6", -0.25}}));
+  EXPECT_EQ(lp["text_offset"], json({0, 2, 4, 6}));
+  // A later output of the same choice is left alone...
+  ChoiceOutput later{0, "t3", {}, {}, nullptr};
+  ApplyEcho(echo, false, decode, /*first=*/false, &later);
+  EXPECT_EQ(later.text, "t3");
+  // ...but for max_tokens 0, whose computed token is dropped.
+  echo.prompt_only = true;
+  ApplyEcho(echo, false, decode, /*first=*/false, &later);
+  EXPECT_EQ(later.text, "");
+  ApplyEcho(echo, &s);
+  EXPECT_EQ(s.completion_tokens, 0);
+  EXPECT_EQ(s.finish_reason, FinishReason::kLength);
 }
 
 TEST(OpenAiApiTest, LogprobsInBothForms) {
