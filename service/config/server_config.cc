@@ -241,19 +241,49 @@ absl::Status ResolveProcessLimits(v1::ServerConfig* config) {
   return absl::OkStatus();
 }
 
-// Each model's fields, and names unique among them.
+// A model's aliases: named, their ratios in range.
+absl::Status CheckAliases(const std::string& path, const v1::ModelConfig& m) {
+  for (int k = 0; k < m.aliases_size(); ++k) {
+    const v1::ModelAlias& alias = m.aliases(k);
+    const std::string at = absl::StrCat(path, ".aliases[", k, "]");
+    if (alias.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".name must be set"));
+    }
+    const float ratio = alias.activation_ratio();
+    if (!(ratio > 0.0f && ratio <= 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".activation_ratio must be in (0, 1], got ", ratio));
+    }
+    const float min_ratio = alias.min_activation_ratio();
+    if (!(min_ratio >= 0.0f && min_ratio <= ratio)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".min_activation_ratio must be in [0, ", ratio,
+                       "] (its activation_ratio), got ", min_ratio));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each model's fields, and names unique among models and aliases.
 absl::Status ResolveModels(v1::ServerConfig* config) {
   if (config->models().empty()) {
     return absl::InvalidArgumentError("models: at least one model is needed");
   }
   std::set<std::string> names;
+  const auto unique = [&](const std::string& field, const std::string& name) {
+    if (names.insert(name).second) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " \"", name, "\" is used by another model or alias"));
+  };
   for (int i = 0; i < config->models_size(); ++i) {
     const std::string path = absl::StrCat("models[", i, "]");
     MOH_RETURN_IF_ERROR(ResolveModel(path, config->mutable_models(i)));
-    if (!names.insert(config->models(i).name()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ".name \"", config->models(i).name(),
-                       "\" is used by another model"));
+    const v1::ModelConfig& m = config->models(i);
+    MOH_RETURN_IF_ERROR(unique(path + ".name", m.name()));
+    MOH_RETURN_IF_ERROR(CheckAliases(path, m));
+    for (int k = 0; k < m.aliases_size(); ++k) {
+      MOH_RETURN_IF_ERROR(unique(absl::StrCat(path, ".aliases[", k, "].name"),
+                                 m.aliases(k).name()));
     }
   }
   return absl::OkStatus();
@@ -273,6 +303,13 @@ v1::ServerConfig DemoServerConfig(const std::string& demo_dir) {
   v1::ModelConfig* lm = config.add_models();
   lm->set_name("demo-lm");
   lm->set_model_dir(demo_dir + "/demo-lm");
+  // Its trained default is 0.75: half the routed heads and all of them, for
+  // tools that choose a model by name only.
+  for (float ratio : {0.5f, 1.0f}) {
+    v1::ModelAlias* alias = lm->add_aliases();
+    alias->set_name(absl::StrCat("demo-lm@", ratio == 1.0f ? "1.0" : "0.5"));
+    alias->set_activation_ratio(ratio);
+  }
   v1::ModelConfig* vit = config.add_models();
   vit->set_name("demo-vit");
   vit->set_model_dir(demo_dir + "/demo-vit");

@@ -104,6 +104,7 @@ struct Running {
   absl::Time start;
   std::string request_id;
   std::string model;
+  std::string answered_model;  // the alias asked for, else `model`
   Servable* servable = nullptr;
   uint64_t id = 0;
   std::shared_ptr<Sink> sink;
@@ -184,7 +185,7 @@ struct Stream {
 
   openai::Chunk NewChunk(openai::ChoiceOutput choice) {
     const size_t i = static_cast<size_t>(choice.index);
-    openai::Chunk chunk{run.response_id, run.created, run.model,
+    openai::Chunk chunk{run.response_id, run.created, run.answered_model,
                         std::move(choice)};
     chunk.first = !started[i];
     chunk.asked = run.asked;
@@ -237,7 +238,7 @@ struct Stream {
       // The status line went out with the first bytes: the error is an event.
       Event(openai::ErrorJson(update.error));
     } else if (run.include_usage) {
-      openai::Chunk chunk{run.response_id, run.created, run.model};
+      openai::Chunk chunk{run.response_id, run.created, run.answered_model};
       Event(openai::UsageChunkJson(run.endpoint, chunk,
                                    openai::CombineSummaries(run.summaries)));
     }
@@ -352,6 +353,8 @@ struct HttpGeneration::Call {
         DispatchGenerate(*env.models, request->model, std::move(request->call),
                          chat, run.sink, &dispatched);
     run.model = std::move(dispatched.model);
+    run.answered_model =
+        dispatched.alias.empty() ? run.model : dispatched.alias;
     run.servable = dispatched.servable;
     return submitted;
   }
@@ -500,7 +503,7 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
       }
       openai::Finished finished{run.response_id,
                                 run.created,
-                                run.model,
+                                run.answered_model,
                                 std::move(choices),
                                 openai::CombineSummaries(run.summaries),
                                 run.asked};

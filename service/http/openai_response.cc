@@ -312,16 +312,22 @@ std::string UsageChunkJson(Endpoint endpoint, const Chunk& c,
 std::string ModelsJson(const std::vector<v1::ModelInfo>& models) {
   json data = json::array();
   for (const v1::ModelInfo& m : models) {
+    // An alias's parent is its model (vLLM's field for a LoRA's base).
+    const std::string root = m.alias_of().empty() ? m.name() : m.alias_of();
     data.push_back({{"id", m.name()},
                     {"object", "model"},
                     {"created", 0},
                     {"owned_by", "moh-serve"},
+                    {"root", root},
+                    {"parent", m.alias_of().empty() ? json() : json(root)},
+                    {"max_model_len", m.max_seq_len()},
                     {"moh",
                      {{"family", m.family()},
                       {"state", v1::ModelInfo::State_Name(m.state())},
                       {"default_activation_ratio", m.default_ratio()},
                       {"min_activation_ratio", m.min_ratio()},
                       {"max_seq_len", m.max_seq_len()}}}});
+    if (!m.alias_of().empty()) data.back()["moh"]["alias_of"] = root;
   }
   return json{{"object", "list"}, {"data", data}}.dump();
 }

@@ -2,18 +2,37 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "base/field_error.h"
 #include "base/status_macros.h"
 
 namespace moh {
 namespace {
 
-// The model that serves `task` under `name`, READY.
+// The model that serves `task` under `name`, READY, and the ratios of a
+// call (`*ratio`, `*min_ratio`) as the alias `name` may fix them: unset
+// ones take the alias's, another ratio is refused.
 absl::StatusOr<Servable*> FindReady(const ModelManager& models,
                                     absl::string_view name, Task task,
+                                    float* ratio, float* min_ratio,
                                     Dispatched* dispatched) {
   dispatched->model = std::string(name);
   MOH_ASSIGN_OR_RETURN(HostedModel * found, models.Find(name, task));
   dispatched->model = found->name();
+  if (const v1::ModelAlias* alias = models.FindAlias(name)) {
+    dispatched->alias = alias->name();
+    const float fixed = alias->activation_ratio();
+    if (*ratio != 0.0f && *ratio != fixed) {
+      return FieldError(
+          "activation.ratio",
+          absl::StrCat("is ", fixed, " for model \"", alias->name(), "\" (",
+                       found->name(), " at a fixed ratio): send ", fixed,
+                       " or leave it out, or ask model \"", found->name(),
+                       "\"; got ", *ratio));
+    }
+    *ratio = fixed;
+    if (*min_ratio == 0.0f) *min_ratio = alias->min_activation_ratio();
+  }
   MOH_ASSIGN_OR_RETURN(dispatched->servable, found->Ready());
   return dispatched->servable;
 }
@@ -25,7 +44,8 @@ absl::StatusOr<uint64_t> DispatchGenerate(
     const std::optional<ChatConversation>& chat,
     std::shared_ptr<GenerationObserver> observer, Dispatched* dispatched) {
   MOH_ASSIGN_OR_RETURN(Servable * servable,
-                       FindReady(models, model, Task::kGenerate, dispatched));
+                       FindReady(models, model, Task::kGenerate, &call.ratio,
+                                 &call.min_ratio, dispatched));
   if (chat.has_value()) {
     MOH_ASSIGN_OR_RETURN(
         call.prompt,
@@ -39,9 +59,9 @@ absl::StatusOr<uint64_t> DispatchGenerate(
 absl::StatusOr<uint64_t> DispatchGenerateImage(
     const ModelManager& models, absl::string_view model, GenerateImageCall call,
     std::shared_ptr<ImageObserver> observer, Dispatched* dispatched) {
-  MOH_ASSIGN_OR_RETURN(
-      Servable * servable,
-      FindReady(models, model, Task::kGenerateImage, dispatched));
+  MOH_ASSIGN_OR_RETURN(Servable * servable,
+                       FindReady(models, model, Task::kGenerateImage,
+                                 &call.ratio, &call.min_ratio, dispatched));
   return servable->GenerateImage(std::move(call), std::move(observer));
 }
 
@@ -49,7 +69,8 @@ absl::Status DispatchClassify(const ModelManager& models,
                               absl::string_view model, ClassifyCall call,
                               ClassifyDone done, Dispatched* dispatched) {
   MOH_ASSIGN_OR_RETURN(Servable * servable,
-                       FindReady(models, model, TaskOf(call), dispatched));
+                       FindReady(models, model, TaskOf(call), &call.ratio,
+                                 &call.min_ratio, dispatched));
   return servable->Classify(std::move(call), std::move(done));
 }
 

@@ -25,10 +25,12 @@ namespace moh {
 
 // How far a dispatch got, for the request's record even when it failed: the
 // model's name (the name asked, until one is found: for the log line only,
-// never a metric label), its servable once ready.
+// never a metric label), its servable once ready, and the alias asked for
+// (ModelConfig.aliases; empty when none), which answers name.
 struct Dispatched {
   std::string model;
   Servable* servable = nullptr;
+  std::string alias;
 };
 
 // A conversation the model's chat template renders into the prompt.

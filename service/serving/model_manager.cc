@@ -13,6 +13,9 @@ ModelManager::ModelManager(const v1::ServerConfig& config, Metrics* metrics)
   for (const v1::ModelConfig& model : config.models()) {
     models_.push_back(
         std::make_unique<HostedModel>(model, metrics, &image_decode_budget_));
+    for (const v1::ModelAlias& alias : model.aliases()) {
+      aliases_.push_back(Alias{alias, models_.back().get()});
+    }
   }
   loader_ = std::thread([this] {
     for (auto& model : models_) {
@@ -61,16 +64,37 @@ absl::StatusOr<HostedModel*> ModelManager::Find(absl::string_view name,
   for (const auto& model : models_) {
     if (model->name() == name) return model.get();
   }
+  for (const Alias& alias : aliases_) {
+    if (alias.config.name() == name) return alias.model;
+  }
   std::vector<std::string> names;
   for (const auto& model : models_) names.push_back(model->name());
+  for (const Alias& alias : aliases_) names.push_back(alias.config.name());
   return absl::NotFoundError(absl::StrCat(
       "model '", Abbreviate(name),
       "' is not served here; models: ", absl::StrJoin(names, ", ")));
 }
 
+const v1::ModelAlias* ModelManager::FindAlias(absl::string_view name) const {
+  for (const Alias& alias : aliases_) {
+    if (alias.config.name() == name) return &alias.config;
+  }
+  return nullptr;
+}
+
 std::vector<v1::ModelInfo> ModelManager::List() const {
   std::vector<v1::ModelInfo> infos;
-  for (const auto& model : models_) infos.push_back(model->Info());
+  for (const auto& model : models_) {
+    infos.push_back(model->Info());
+    const v1::ModelInfo info = infos.back();
+    for (const Alias& alias : aliases_) {
+      if (alias.model != model.get()) continue;
+      v1::ModelInfo& entry = infos.emplace_back(info);
+      entry.set_name(alias.config.name());
+      entry.set_alias_of(model->name());
+      entry.set_default_ratio(alias.config.activation_ratio());
+    }
+  }
   return infos;
 }
 

@@ -36,11 +36,14 @@ class ModelManager {
   // Every model finished loading and is READY.
   bool AllReady() const;
 
-  // The model named `name`, or for an empty name the only model, or else the
-  // first (in config order) READY one that serves `task`. NOT_FOUND naming
-  // the hosted models otherwise.
+  // The model named `name` (or whose alias it is), or for an empty name the
+  // only model, or else the first (in config order) READY one that serves
+  // `task`. NOT_FOUND naming the hosted models otherwise.
   absl::StatusOr<HostedModel*> Find(absl::string_view name, Task task) const;
+  // The alias named `name` (ModelConfig.aliases), or null.
+  const v1::ModelAlias* FindAlias(absl::string_view name) const;
 
+  // Every model, each followed by its aliases.
   std::vector<v1::ModelInfo> List() const;
   // The server's metrics (outlive the manager).
   Metrics* metrics() const { return metrics_; }
@@ -56,6 +59,11 @@ class ModelManager {
   ImageDecodeBudget image_decode_budget_;
   std::atomic<bool> stop_loading_{false};
   std::vector<std::unique_ptr<HostedModel>> models_;
+  struct Alias {
+    v1::ModelAlias config;
+    HostedModel* model = nullptr;
+  };
+  std::vector<Alias> aliases_;  // in config order
   std::thread loader_;
 };
 

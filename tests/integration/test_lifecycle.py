@@ -176,8 +176,12 @@ def test_demo_dir_serves_the_demo_models(api, server_factory):
         "--host=127.0.0.1", "--threads=1"
     ])
     models = list_models(api, server)
-    assert sorted(models) == ["demo-dit", "demo-lm", "demo-vit"]
+    assert sorted(models) == ["demo-dit", "demo-lm", "demo-lm@0.5", "demo-lm@1.0",
+                              "demo-vit"]
     assert models["demo-lm"].family == "llama"
+    assert models["demo-lm@0.5"].alias_of == "demo-lm"
+    assert models["demo-lm@0.5"].default_ratio == 0.5
+    assert models["demo-lm@1.0"].default_ratio == 1.0
     assert models["demo-vit"].family == "vit"
     assert models["demo-dit"].family == "dit"
 

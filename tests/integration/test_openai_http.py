@@ -30,6 +30,7 @@ else:
         "openai", reason="the openai client: bash scripts/install_deps.sh --test")
 
 DEMO_LM = os.path.join(lib.SOURCE_DIR, "models", "demo-lm")
+ALIAS = 'aliases { name: "demo-lm@0.5" activation_ratio: 0.5 }'
 PROMPT = "In the beginning"
 
 
@@ -51,7 +52,7 @@ def min_p_lm_dir(workdir):
 
 @pytest.fixture(scope="module")
 def server(start_server, long_lm_dir, min_p_lm_dir):
-    return start_server("openai", [("demo-lm", DEMO_LM, ""),
+    return start_server("openai", [("demo-lm", DEMO_LM, ALIAS),
                                    ("long", long_lm_dir,
                                     "generation { max_seq_len: 8192 }"),
                                    ("min_p", min_p_lm_dir, "")], http=True)
@@ -92,7 +93,7 @@ def grpc_greedy(api, stub, prompt, n, ratio=0.0):
 
 def test_models_lists_every_hosted_model(client, server):
     ids = sorted(m.id for m in client.models.list())
-    assert ids == ["demo-lm", "long", "min_p"]
+    assert ids == ["demo-lm", "demo-lm@0.5", "long", "min_p"]
     status, _, body = request(server, "GET", "/v1/models")
     assert status == 200
     lm = next(m for m in body["data"] if m["id"] == "demo-lm")
@@ -637,3 +638,36 @@ def test_echo_with_max_tokens_0_is_the_prompt_alone(client, server):
                               {"prompt": "x", "max_tokens": 0})
     assert status == 400 and body["error"]["param"] == "max_tokens"
     assert "0 only with \"echo\": true" in body["error"]["message"]
+
+
+def test_an_alias_fixes_the_ratio(api, client, server, stub):
+    """demo-lm@0.5 is demo-lm at activation_ratio 0.5, by name alone."""
+    models = {m["id"]: m for m in request(server, "GET", "/v1/models")[2]["data"]}
+    alias = models["demo-lm@0.5"]
+    assert alias["parent"] == "demo-lm" and alias["root"] == "demo-lm"
+    assert alias["moh"]["alias_of"] == "demo-lm"
+    assert alias["moh"]["default_activation_ratio"] == pytest.approx(0.5)
+    assert models["demo-lm"]["parent"] is None
+    listed = {m.name: m for m in stub.ListModels(api.pb.ListModelsRequest()).models}
+    assert listed["demo-lm@0.5"].alias_of == "demo-lm"
+    assert listed["demo-lm@0.5"].default_ratio == pytest.approx(0.5)
+    want, last = grpc_greedy(api, stub, PROMPT, 8, ratio=0.5)
+    got = client.completions.create(model="demo-lm@0.5", prompt=PROMPT, max_tokens=8,
+                                    temperature=0)
+    assert got.model == "demo-lm@0.5"
+    assert got.choices[0].text == want
+    assert got.model_extra["moh"]["activation_ratio"] == pytest.approx(0.5)
+    assert got.model_extra["moh"]["effective_activation_ratio"] == pytest.approx(
+        last.effective_activation_ratio, abs=1e-6)
+    # gRPC too; the same ratio may be sent, another is refused.
+    messages = lib.run_generate(stub, lib.generate_request(
+        api.pb, prompt=PROMPT, model="demo-lm@0.5", temperature=0.0,
+        max_new_tokens=8, ratio=0.5))
+    assert "".join(m.text for m in messages) == want
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="demo-lm@0.5", prompt=PROMPT, max_tokens=2,
+                                  extra_body={"activation_ratio": 0.75})
+    assert e.value.body["param"] == "activation_ratio"
+    assert 'is 0.5 for model "demo-lm@0.5"' in e.value.message
+    # Counted under the model it names.
+    assert 'model="demo-lm@0.5"' not in server.scrape()

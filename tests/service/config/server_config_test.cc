@@ -137,6 +137,17 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "models[0].adaptive.queue_depth"},
       {"models { model_dir: \"a/m\" } models { model_dir: \"b/m\" }",
        "models[1].name \"m\" is used by another model"},
+      {"models { model_dir: \"m\" aliases { activation_ratio: 0.5 } }",
+       "models[0].aliases[0].name must be set"},
+      {"models { model_dir: \"m\" aliases { name: \"m@0\" } }",
+       "models[0].aliases[0].activation_ratio must be in (0, 1], got 0"},
+      {"models { model_dir: \"m\" aliases { name: \"a\" activation_ratio: "
+       "0.5 min_activation_ratio: 0.75 } }",
+       "models[0].aliases[0].min_activation_ratio must be in [0, 0.5] (its "
+       "activation_ratio), got 0.75"},
+      {"models { model_dir: \"m\" } models { model_dir: \"n\" aliases { "
+       "name: \"m\" activation_ratio: 0.5 } }",
+       "models[1].aliases[0].name \"m\" is used by another model or alias"},
       // In full, where the range is not a plain [min, max].
       {"metrics_port: -5 models { model_dir: \"m\" }",
        "metrics_port must be in [1, 65535] or -1 (off), got -5"},
