@@ -276,6 +276,9 @@ absl::StatusOr<std::unique_ptr<LanguageExecutor>> LanguageExecutor::Create(
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate the KV cache: ", e.what()));
   }
+  if (metrics != nullptr) {
+    metrics->SetKvCacheConfig(resolved.kv_block_size, resolved.kv_blocks);
+  }
   return std::unique_ptr<LanguageExecutor>(
       new LanguageExecutor(std::move(impl)));
 }

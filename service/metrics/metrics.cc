@@ -143,6 +143,10 @@ struct Metrics::Families {
         kv_cache_usage(Register(prometheus::BuildGauge(),
                                 "moh_kv_cache_usage_ratio",
                                 "Fraction of the KV cache in use (0..1).", r)),
+        kv_cache_config(Register(
+            prometheus::BuildGauge(), "moh_kv_cache_config_info",
+            "The paged KV cache: positions per block and blocks (always 1).",
+            r)),
         kv_blocks_in_use(
             Register(prometheus::BuildGauge(), "moh_kv_blocks_in_use",
                      "KV-cache blocks held by running requests.", r)),
@@ -186,6 +190,7 @@ struct Metrics::Families {
   Family<Gauge>& running;
   Family<Gauge>& waiting;
   Family<Gauge>& kv_cache_usage;
+  Family<Gauge>& kv_cache_config;
   Family<Gauge>& kv_blocks_in_use;
   Family<Gauge>& kv_blocks_cached;
   Family<Counter>& prefix_queries;
@@ -198,6 +203,7 @@ struct Metrics::Families {
 
 struct ModelMetrics::Impl {
   std::string model;
+  Family<Gauge>* kv_cache_config = nullptr;
   Family<Counter>* requests_family = nullptr;
   // requests[rpc][code], created on first use under mu.
   absl::Mutex mu;
@@ -297,6 +303,14 @@ void ModelMetrics::SetWaiting(int64_t n) {
 
 void ModelMetrics::SetKvCacheUsage(double ratio) {
   impl_->kv_cache_usage->Set(ratio);
+}
+
+void ModelMetrics::SetKvCacheConfig(int32_t block_size, int64_t num_blocks) {
+  impl_->kv_cache_config
+      ->Add({{"model", impl_->model},
+             {"block_size", std::to_string(block_size)},
+             {"num_gpu_blocks", std::to_string(num_blocks)}})
+      .Set(1);
 }
 
 void ModelMetrics::SetKvBlocks(int64_t in_use, int64_t cached) {
@@ -413,6 +427,7 @@ ModelMetrics* Metrics::ForModel(const std::string& name,
   impl->running = &f.running.Add(model);
   impl->waiting = &f.waiting.Add(model);
   impl->kv_cache_usage = &f.kv_cache_usage.Add(model);
+  impl->kv_cache_config = &f.kv_cache_config;
   impl->kv_blocks_in_use = &f.kv_blocks_in_use.Add(model);
   impl->kv_blocks_cached = &f.kv_blocks_cached.Add(model);
   impl->prefix_queries = &f.prefix_queries.Add(model);

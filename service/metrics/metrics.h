@@ -76,6 +76,10 @@ class ModelMetrics {
   void SetRunning(int64_t n);
   void SetWaiting(int64_t n);
   void SetKvCacheUsage(double ratio);
+  // moh_kv_cache_config_info{model,block_size,num_gpu_blocks} 1: the paged
+  // cache's shape (vLLM's cache_config_info labels; "gpu" whatever the
+  // device), which the inference gateway's endpoint picker reads. Once.
+  void SetKvCacheConfig(int32_t block_size, int64_t num_blocks);
   // moh_kv_blocks_in_use{model}: KV-cache blocks held by requests;
   // moh_kv_blocks_cached{model}: free blocks keeping a prompt prefix.
   void SetKvBlocks(int64_t in_use, int64_t cached);

@@ -33,6 +33,7 @@ FAMILIES = {
     "moh_requests_running": "gauge",
     "moh_requests_waiting": "gauge",
     "moh_kv_cache_usage_ratio": "gauge",
+    "moh_kv_cache_config_info": "gauge",
     "moh_kv_blocks_in_use": "gauge",
     "moh_kv_blocks_cached": "gauge",
     "moh_prefix_cache_queries_total": "counter",
@@ -128,7 +129,7 @@ def test_promtool_checks_the_raw_metrics(server, traffic):
         assert "# TYPE %s %s\n" % (family, kind) in text, family
 
 
-def test_raw_metrics_count_the_traffic(server, traffic):
+def test_raw_metrics_count_the_traffic(api, server, traffic):
     samples = server.samples()
 
     def value(name, **labels):
@@ -149,6 +150,13 @@ def test_raw_metrics_count_the_traffic(server, traffic):
                  kind="classify") == traffic.classify_ok["demo-vit"]
     assert value("moh_requests_running", model="demo-lm") == 0
     assert value("moh_requests_waiting", model="demo-lm") == 0
+    # The cache's shape, as ListModels gives it (the gateway's picker reads it).
+    stub = api.grpc.InferenceStub(server.channel())
+    info = next(m for m in stub.ListModels(api.pb.ListModelsRequest()).models
+                if m.name == "demo-lm")
+    assert value("moh_kv_cache_config_info", model="demo-lm",
+                 block_size=str(info.kv_block_size),
+                 num_gpu_blocks=str(info.kv_blocks)) == 1
 
 
 def _query(port, expr):

@@ -148,7 +148,7 @@ TEST_F(MetricsTest, ForModelReturnsSameObject) {
 }
 
 TEST_F(MetricsTest, EveryFamilyPresentWithHelpAndType) {
-  metrics_.ForModel("m", 1, 2, true);
+  metrics_.ForModel("m", 1, 2, true)->SetKvCacheConfig(16, 64);
   metrics_.SetGpuMemoryReader([] {
     return std::map<std::string, double>{{"cuda:0", 1.0}};
   });
@@ -168,6 +168,7 @@ TEST_F(MetricsTest, EveryFamilyPresentWithHelpAndType) {
       {"moh_requests_running", MetricType::Gauge},
       {"moh_requests_waiting", MetricType::Gauge},
       {"moh_kv_cache_usage_ratio", MetricType::Gauge},
+      {"moh_kv_cache_config_info", MetricType::Gauge},
       {"moh_kv_blocks_in_use", MetricType::Gauge},
       {"moh_kv_blocks_cached", MetricType::Gauge},
       {"moh_prefix_cache_queries_total", MetricType::Counter},
@@ -370,6 +371,11 @@ TEST_F(MetricsTest, Gauges) {
   m->SetKvBlocks(7, 3);
   EXPECT_EQ(GaugeValue("moh_kv_blocks_in_use", {{"model", "m"}}), 7);
   EXPECT_EQ(GaugeValue("moh_kv_blocks_cached", {{"model", "m"}}), 3);
+  m->SetKvCacheConfig(16, 640);
+  EXPECT_EQ(GaugeValue("moh_kv_cache_config_info", {{"model", "m"},
+                                                    {"block_size", "16"},
+                                                    {"num_gpu_blocks", "640"}}),
+            1);
 }
 
 TEST_F(MetricsTest, PrefixCacheCountsTokensQueriedAndHit) {
