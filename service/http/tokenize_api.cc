@@ -100,7 +100,7 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   TokenizeCall& call = request.call;
   if (chat) {
     ChatConversation conversation;
-    MOH_ASSIGN_OR_RETURN(conversation.messages, ReadMessages(f["messages"]));
+    MOH_ASSIGN_OR_RETURN(conversation.messages, ReadMessages(f.at("messages")));
     MOH_ASSIGN_OR_RETURN(conversation.add_generation_prompt,
                          BoolField(f, "add_generation_prompt", true));
     request.chat = std::move(conversation);
