@@ -14,7 +14,6 @@ uses with `tokenizer_backend=remote` instead of a local Hugging Face tokenizer:
 - lm-eval's own RemoteTokenizer and LocalCompletionsAPI (the pinned eval
   venv, scripts/test_venv.env) against the server.
 """
-import http.client
 import json
 import os
 import subprocess
@@ -40,17 +39,8 @@ def server(start_server):
 
 def request(server, method, path, body=None, headers=None):
     """(status, parsed JSON or text) of one raw HTTP request."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port,
-                                      timeout=lib.RPC_TIMEOUT)
-    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body)
-    conn.request(method, path, body=data, headers=headers or {})
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    try:
-        return response.status, json.loads(text)
-    except ValueError:
-        return response.status, text
+    status, _, out = lib.http_request(server, method, path, body, headers)
+    return status, out
 
 
 def tokenize(server, **body):
