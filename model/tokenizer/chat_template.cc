@@ -1,7 +1,9 @@
 #include "model/tokenizer/chat_template.h"
 
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -86,41 +88,98 @@ absl::StatusOr<std::string> GetTemplateSource(const json& root) {
   return absl::NotFoundError("no chat_template named \"default\"");
 }
 
-}  // namespace
+// `status` with the file's path before its message.
+absl::Status InFile(const std::string& path, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat(path, ": ", status.message()));
+}
 
-absl::StatusOr<LoadedChatTemplate> LoadChatTemplate(
-    const std::string& model_dir) {
-  const std::string path = model_dir + "/tokenizer_config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+// `model_dir`'s tokenizer_config.json, a JSON object (`path` its path).
+absl::StatusOr<json> ReadConfigJson(const std::string& model_dir,
+                                    std::string* path) {
+  *path = model_dir + "/tokenizer_config.json";
+  std::ifstream in(*path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", *path));
   std::stringstream text;
   text << in.rdbuf();
-  const auto in_file = [&](const absl::Status& status) {
-    return absl::Status(status.code(),
-                        absl::StrCat(path, ": ", status.message()));
-  };
   json root;
   try {
     root = json::parse(text.str());
   } catch (const json::exception& e) {
-    return in_file(
-        absl::InvalidArgumentError(absl::StrCat("malformed JSON: ", e.what())));
+    return InFile(*path, absl::InvalidArgumentError(
+                             absl::StrCat("malformed JSON: ", e.what())));
   }
   if (!root.is_object()) {
-    return in_file(Invalid("(root)", "must be a JSON object"));
+    return InFile(*path, Invalid("(root)", "must be a JSON object"));
   }
+  return root;
+}
+
+// A special token's text, nullopt when absent or null.
+absl::StatusOr<std::optional<std::string>> GetOptionalToken(const json& root,
+                                                            const char* key) {
+  if (Get(root, key) == nullptr) return std::optional<std::string>();
+  MOH_ASSIGN_OR_RETURN(std::string token, GetToken(root, key));
+  return std::optional<std::string>(std::move(token));
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedChatTemplate> LoadChatTemplate(
+    const std::string& model_dir) {
+  std::string path;
+  MOH_ASSIGN_OR_RETURN(const json root, ReadConfigJson(model_dir, &path));
   absl::StatusOr<std::string> source = GetTemplateSource(root);
-  if (!source.ok()) return in_file(source.status());
+  if (!source.ok()) return InFile(path, source.status());
   absl::StatusOr<ChatTemplate> chat_template = ChatTemplate::Parse(*source);
   if (!chat_template.ok()) {
-    return in_file(Invalid("chat_template", chat_template.status().message()));
+    return InFile(path,
+                  Invalid("chat_template", chat_template.status().message()));
   }
   absl::StatusOr<std::string> bos = GetToken(root, "bos_token");
-  if (!bos.ok()) return in_file(bos.status());
+  if (!bos.ok()) return InFile(path, bos.status());
   absl::StatusOr<std::string> eos = GetToken(root, "eos_token");
-  if (!eos.ok()) return in_file(eos.status());
+  if (!eos.ok()) return InFile(path, eos.status());
   return LoadedChatTemplate{*std::move(chat_template), *std::move(bos),
                             *std::move(eos)};
+}
+
+absl::StatusOr<TokenizerConfig> ReadTokenizerConfig(
+    const std::string& model_dir) {
+  std::string path;
+  MOH_ASSIGN_OR_RETURN(const json root, ReadConfigJson(model_dir, &path));
+  TokenizerConfig config;
+  const auto read = [&]() -> absl::Status {
+    const json* name = Get(root, "tokenizer_class");
+    if (name != nullptr) {
+      if (!name->is_string()) {
+        return Invalid("tokenizer_class",
+                       absl::StrCat("must be a string, not ", Describe(*name)));
+      }
+      config.tokenizer_class = name->get<std::string>();
+    }
+    MOH_ASSIGN_OR_RETURN(config.bos_token, GetOptionalToken(root, "bos_token"));
+    MOH_ASSIGN_OR_RETURN(config.eos_token, GetOptionalToken(root, "eos_token"));
+    MOH_ASSIGN_OR_RETURN(config.pad_token, GetOptionalToken(root, "pad_token"));
+    MOH_ASSIGN_OR_RETURN(config.unk_token, GetOptionalToken(root, "unk_token"));
+    // Often 1e30 ("no limit"), a float: then it is left out.
+    const json* max_length = Get(root, "model_max_length");
+    if (max_length != nullptr && max_length->is_number_integer() &&
+        !(max_length->is_number_unsigned() &&
+          max_length->get<uint64_t>() > uint64_t{INT64_MAX})) {
+      config.model_max_length = max_length->get<int64_t>();
+    }
+    absl::StatusOr<std::string> source = GetTemplateSource(root);
+    if (source.ok()) {
+      config.chat_template = *std::move(source);
+    } else if (!absl::IsNotFound(source.status())) {
+      return source.status();
+    }
+    return absl::OkStatus();
+  };
+  const absl::Status status = read();
+  if (!status.ok()) return InFile(path, status);
+  return config;
 }
 
 }  // namespace moh

@@ -50,8 +50,10 @@
 // dict.items() print differently from jinja2 (nothing prints them).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,6 +112,22 @@ struct LoadedChatTemplate {
   std::string bos_token, eos_token;
 };
 absl::StatusOr<LoadedChatTemplate> LoadChatTemplate(
+    const std::string& model_dir);
+
+// The fields of a model directory's tokenizer_config.json that a client's
+// tokenizer needs (vLLM's GET /tokenizer_info shows them): the special
+// tokens' text (a string or an AddedToken dict; absent or null: nullopt),
+// the tokenizer's class name, model_max_length, and the chat template's
+// source (as LoadChatTemplate takes it; not parsed here). NOT_FOUND when the
+// file is absent; INVALID_ARGUMENT naming the file and field on bad JSON or
+// a field of the wrong type.
+struct TokenizerConfig {
+  std::string tokenizer_class;  // "" when absent
+  std::optional<std::string> bos_token, eos_token, pad_token, unk_token;
+  std::optional<int64_t> model_max_length;  // absent, or not an integer
+  std::optional<std::string> chat_template;
+};
+absl::StatusOr<TokenizerConfig> ReadTokenizerConfig(
     const std::string& model_dir);
 
 }  // namespace moh

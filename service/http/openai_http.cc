@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "service/http/openai_api.h"
+#include "service/http/tokenize_http.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/request_log.h"
 #include "service/net/http_daemon.h"
@@ -48,6 +49,8 @@ struct Incoming {
   BodyReservation reservation;
   // A generation, once its body is whole.
   std::unique_ptr<HttpGeneration> generation;
+  // A tokenizer request (tokenize_http.h), once its body is whole.
+  std::unique_ptr<HttpTokenizerRequest> tokenizer;
 
   // Frees the body and gives its bytes back.
   void Release() {
@@ -105,6 +108,9 @@ struct OpenAiHttpServer::Handler {
       }
       if (incoming->generation != nullptr) {  // resumed: it may go on
         return incoming->generation->Continue(connection, &incoming->answered);
+      }
+      if (incoming->tokenizer != nullptr) {
+        return incoming->tokenizer->Continue(connection, &incoming->answered);
       }
       if (*upload_data_size != 0) {
         // A body without a Content-Length (chunked) holds its bytes as they
@@ -224,7 +230,7 @@ struct OpenAiHttpServer::Handler {
       rpc = Rpc::kCompletions;
     } else if (std::strcmp(url, "/v1/chat/completions") == 0) {
       rpc = Rpc::kChatCompletions;
-    } else {
+    } else if (!TokenizerPath(url, &rpc)) {
       return;
     }
     RecordRequest(nullptr, server->models_->metrics(), rpc, "", code,
@@ -244,6 +250,10 @@ struct OpenAiHttpServer::Handler {
       incoming->generation->Abandon(absl::StatusCode::kInternal);
       return MHD_NO;
     }
+    if (incoming->tokenizer != nullptr) {
+      incoming->tokenizer->Abandon(absl::StatusCode::kInternal);
+      return MHD_NO;
+    }
     Count(server, url, *incoming, absl::StatusCode::kInternal);
     return RespondError(connection, id, error);
   }
@@ -254,6 +264,10 @@ struct OpenAiHttpServer::Handler {
   static MHD_Result Generate(OpenAiHttpServer* server,
                              MHD_Connection* connection, Endpoint endpoint,
                              const char* url, Incoming& incoming);
+  // vLLM's tokenizer endpoints (tokenize_http.h).
+  static MHD_Result Tokenizer(OpenAiHttpServer* server,
+                              MHD_Connection* connection, Rpc rpc,
+                              const char* method, Incoming& incoming);
   static absl::Status MethodNotAllowed(const char* allowed) {
     return absl::InvalidArgumentError(
         absl::StrCat("method not allowed: this endpoint takes ", allowed));
@@ -267,10 +281,14 @@ struct OpenAiHttpServer::Handler {
                         MHD_RequestTerminationCode /*code*/) {
     auto* server = static_cast<OpenAiHttpServer*>(cls);
     auto* incoming = static_cast<Incoming*>(*con_cls);
-    if (incoming != nullptr && incoming->generation != nullptr &&
-        !incoming->answered) {
+    if (incoming != nullptr && !incoming->answered &&
+        (incoming->generation != nullptr || incoming->tokenizer != nullptr)) {
       try {
-        incoming->generation->Abandon(absl::StatusCode::kCancelled);
+        if (incoming->generation != nullptr) {
+          incoming->generation->Abandon(absl::StatusCode::kCancelled);
+        } else {
+          incoming->tokenizer->Abandon(absl::StatusCode::kCancelled);
+        }
       } catch (const std::exception& e) {
         UnexpectedException("http request end", incoming->request_id, e.what())
             .IgnoreError();  // logged; the connection is gone
@@ -345,6 +363,9 @@ MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
                        incoming.request_id.c_str());
   }
   Endpoint endpoint = Endpoint::kCompletions;
+  if (Rpc rpc; TokenizerPath(path, &rpc)) {
+    return Tokenizer(server, connection, rpc, method, incoming);
+  }
   if (path == "/v1/models") {
     if (!get)
       return RespondError(connection, incoming.request_id,
@@ -359,7 +380,8 @@ MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
         absl::NotFoundError(absl::StrCat(
             "no such endpoint: ", Abbreviate(path),
             " (endpoints: GET /v1/models, POST /v1/completions, POST "
-            "/v1/chat/completions, GET /health)")));
+            "/v1/chat/completions, GET /health, POST /tokenize, POST "
+            "/detokenize, GET /tokenizer_info)")));
   }
   // Authentication was checked from the headers (Handler::Refuse).
   if (path == "/v1/models") {
@@ -399,6 +421,37 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
   }
   incoming.generation = std::move(*started);
   return incoming.generation->Continue(connection, &incoming.answered);
+}
+
+MHD_Result OpenAiHttpServer::Handler::Tokenizer(OpenAiHttpServer* server,
+                                                MHD_Connection* connection,
+                                                Rpc rpc, const char* method,
+                                                Incoming& incoming) {
+  // Authentication was checked from the headers (Handler::Refuse).
+  const char* allowed =
+      rpc == Rpc::kTokenizerInfo ? MHD_HTTP_METHOD_GET : MHD_HTTP_METHOD_POST;
+  if (std::strcmp(method, allowed) != 0) {
+    return RespondError(connection, incoming.request_id,
+                        MethodNotAllowed(allowed), 405);
+  }
+  HttpTokenizerRequest::Request request;
+  request.rpc = rpc;
+  request.body = std::move(incoming.body);
+  request.reservation = std::move(incoming.reservation);
+  const char* model =
+      MHD_lookup_connection_value(connection, MHD_GET_ARGUMENT_KIND, "model");
+  if (model != nullptr) request.model = model;
+  request.start = incoming.start;
+  request.request_id = incoming.request_id;
+  request.draining = !server->accepting_;
+  absl::StatusOr<std::unique_ptr<HttpTokenizerRequest>> started =
+      HttpTokenizerRequest::Start(server->env_, connection, std::move(request));
+  if (!started.ok()) {
+    incoming.answered = true;
+    return RespondError(connection, incoming.request_id, started.status());
+  }
+  incoming.tokenizer = std::move(*started);
+  return incoming.tokenizer->Continue(connection, &incoming.answered);
 }
 
 }  // namespace moh

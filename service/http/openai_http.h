@@ -16,6 +16,7 @@
 // connections are watched for it. Headers and bodies have deadlines that
 // bytes do not reset. Authentication: with auth tokens configured, /v1/*
 // needs "Authorization: Bearer <token>"; /health stays open (probes).
+// vLLM's tokenizer endpoints are routed here too (tokenize_http.h).
 #pragma once
 
 #include <microhttpd.h>

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/field_error.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "model/core/runtime.h"
@@ -34,6 +35,15 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
   LanguageServable* self = servable.get();
   const LanguageModel& model = self->lm_;
   self->chat_template_ = LoadChatTemplate(config.model_dir());
+  absl::StatusOr<TokenizerConfig> tokenizer_config =
+      ReadTokenizerConfig(config.model_dir());
+  if (tokenizer_config.ok()) {
+    self->tokenizer_config_ = *std::move(tokenizer_config);
+  } else if (!absl::IsNotFound(tokenizer_config.status())) {
+    MOH_LOG(Warning) << "model " << config.name()
+                     << ": tokenizer_config.json not used: "
+                     << tokenizer_config.status().message();
+  }
   if (!self->chat_template_.ok() &&
       !absl::IsNotFound(self->chat_template_.status())) {
     // Completions still work; chats say why they cannot.
@@ -196,6 +206,72 @@ std::string LanguageServable::TokenText(int32_t id) const {
   absl::StatusOr<std::string> text =
       lm_.tokenizer->Decode({id}, /*skip_special_tokens=*/false);
   return text.ok() ? *std::move(text) : "";
+}
+
+absl::Status LanguageServable::HasTokenizer() const {
+  if (lm_.tokenizer) return absl::OkStatus();
+  return FieldError("model",
+                    absl::StrCat("'", name(), "' has no tokenizer.json"));
+}
+
+absl::StatusOr<TokenizeResult> LanguageServable::Tokenize(
+    const TokenizeCall& call) const {
+  MOH_RETURN_IF_ERROR(HasTokenizer());
+  if (call.prompt.size() > kMaxPromptBytes) {
+    return FieldError("prompt",
+                      absl::StrCat("must be at most ", kMaxPromptBytes,
+                                   " bytes, got ", call.prompt.size()));
+  }
+  TokenizeResult result;
+  result.tokens = lm_.tokenizer->Encode(call.prompt, call.add_special_tokens);
+  if (call.token_strs) {
+    result.token_strs.emplace();
+    for (int32_t id : result.tokens) {
+      result.token_strs->push_back(lm_.tokenizer->IdToToken(id).value_or(""));
+    }
+  }
+  result.max_model_len = executor_->max_seq_len();
+  return result;
+}
+
+absl::StatusOr<std::string> LanguageServable::Detokenize(
+    const std::vector<int32_t>& tokens) const {
+  MOH_RETURN_IF_ERROR(HasTokenizer());
+  const int32_t vocab = lm_.tokenizer->vocab_size();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!lm_.tokenizer->IdToToken(tokens[i]).has_value()) {
+      return FieldError(absl::StrCat("tokens[", i, "]"),
+                        absl::StrCat("must be a token id of the vocabulary, "
+                                     "in [0, ",
+                                     vocab, "), got ", tokens[i]));
+    }
+  }
+  return lm_.tokenizer->Decode(tokens, /*skip_special_tokens=*/false);
+}
+
+absl::StatusOr<TokenizerInfo> LanguageServable::DescribeTokenizer() const {
+  MOH_RETURN_IF_ERROR(HasTokenizer());
+  const Tokenizer& tokenizer = *lm_.tokenizer;
+  const TokenizerConfig& config = tokenizer_config_;
+  TokenizerInfo info;
+  info.tokenizer_class = config.tokenizer_class.empty()
+                             ? "PreTrainedTokenizerFast"
+                             : config.tokenizer_class;
+  // The model's own ids name the tokens the config leaves out.
+  const auto text_of = [&](std::optional<int32_t> id) {
+    return id.has_value() ? tokenizer.IdToToken(*id) : std::nullopt;
+  };
+  const std::optional<int32_t> eos =
+      lm_.eos_ids.empty() ? tokenizer.eos_id() : lm_.eos_ids.front();
+  info.bos_token =
+      config.bos_token ? config.bos_token : text_of(tokenizer.bos_id());
+  info.eos_token = config.eos_token ? config.eos_token : text_of(eos);
+  info.pad_token = config.pad_token;
+  info.unk_token = config.unk_token;
+  info.chat_template = config.chat_template;
+  info.model_max_length = executor_->max_seq_len();
+  info.vocab_size = tokenizer.vocab_size();
+  return info;
 }
 
 void LanguageServable::CancelGenerate(uint64_t id) { executor_->Cancel(id); }

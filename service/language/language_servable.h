@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/generation/language_model.h"
@@ -37,6 +38,11 @@ class LanguageServable : public Servable {
       const std::vector<ChatMessage>& messages,
       bool add_generation_prompt) const override;
   std::string TokenText(int32_t id) const override;
+  absl::StatusOr<TokenizeResult> Tokenize(
+      const TokenizeCall& call) const override;
+  absl::StatusOr<std::string> Detokenize(
+      const std::vector<int32_t>& tokens) const override;
+  absl::StatusOr<TokenizerInfo> DescribeTokenizer() const override;
   absl::Status Classify(ClassifyCall call, ClassifyDone done) override;
   void StopAccepting() override;
   bool Idle() const override;
@@ -48,6 +54,8 @@ class LanguageServable : public Servable {
   LanguageServable(const v1::ModelConfig& config, LanguageModel lm,
                    ModelMetrics* metrics);
   absl::StatusOr<ClassifyTask> Prepare(ClassifyCall& call) const;
+  // OK when the model has a tokenizer, else a FieldError naming "model".
+  absl::Status HasTokenizer() const;
   void ScoreLabels(ClassifyTask& task);
 
   const int32_t default_max_new_tokens_;
@@ -56,6 +64,9 @@ class LanguageServable : public Servable {
   // the model has none; else it did not load).
   absl::StatusOr<LoadedChatTemplate> chat_template_ =
       absl::NotFoundError("not loaded");
+  // tokenizer_config.json's fields for clients (none: the file is absent or
+  // bad, whose error the chat template's warning names).
+  TokenizerConfig tokenizer_config_;
   ModelMetrics* const metrics_;
   std::unique_ptr<LanguageExecutor> executor_;
   std::unique_ptr<BatchedClassifier> classifier_;  // last: stopped first

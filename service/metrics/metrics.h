@@ -38,12 +38,17 @@ enum class Rpc {
   kClassify,
   kGenerateImage,
   kCompletions,
-  kChatCompletions
+  kChatCompletions,
+  kTokenize,
+  kDetokenize,
+  kTokenizerInfo
 };
 enum class BatchKind { kPrefill, kDecode, kClassify, kImageStep };
 
 // "Generate", "Classify", "GenerateImage", "Completions" (POST
-// /v1/completions), "ChatCompletions" (POST /v1/chat/completions).
+// /v1/completions), "ChatCompletions" (POST /v1/chat/completions),
+// "Tokenize", "Detokenize", "TokenizerInfo" (POST /tokenize, POST
+// /detokenize, GET /tokenizer_info).
 const char* RpcName(Rpc rpc);
 // "prefill", "decode", "classify", "image_step" (model rows of a sampler
 // step)

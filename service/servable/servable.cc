@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/enum_names.h"
+#include "base/field_error.h"
 
 namespace moh {
 
@@ -78,6 +79,26 @@ absl::StatusOr<std::string> Servable::ChatPrompt(
 }
 
 std::string Servable::TokenText(int32_t) const { return ""; }
+
+absl::Status NoTokenizerError(absl::string_view model,
+                              absl::string_view family) {
+  return FieldError("model", absl::StrCat("'", model, "' (", family,
+                                          ") has no tokenizer; choose a "
+                                          "language model"));
+}
+
+absl::StatusOr<TokenizeResult> Servable::Tokenize(const TokenizeCall&) const {
+  return NoTokenizerError(name_, family_);
+}
+
+absl::StatusOr<std::string> Servable::Detokenize(
+    const std::vector<int32_t>&) const {
+  return NoTokenizerError(name_, family_);
+}
+
+absl::StatusOr<TokenizerInfo> Servable::DescribeTokenizer() const {
+  return NoTokenizerError(name_, family_);
+}
 
 absl::StatusOr<uint64_t> Servable::GenerateImage(
     GenerateImageCall, std::shared_ptr<ImageObserver>) {

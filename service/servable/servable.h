@@ -69,6 +69,15 @@ class Servable {
   // UTF-8 replaced), for log-probabilities; empty without a tokenizer or for
   // an unknown id.
   virtual std::string TokenText(int32_t id) const;
+  // The tokenizer endpoints (TokenizeCall's comment). Tokenize:
+  // INVALID_ARGUMENT for a prompt over the size Generate takes; Detokenize:
+  // INVALID_ARGUMENT naming "tokens[i]" for an id outside the vocabulary;
+  // special tokens are kept. Families without a tokenizer: NoTokenizerError.
+  virtual absl::StatusOr<TokenizeResult> Tokenize(
+      const TokenizeCall& call) const;
+  virtual absl::StatusOr<std::string> Detokenize(
+      const std::vector<int32_t>& tokens) const;
+  virtual absl::StatusOr<TokenizerInfo> DescribeTokenizer() const;
   // Queues a classification; `done` is called exactly once, later, on a
   // batcher thread — unless this returns an error, then never.
   virtual absl::Status Classify(ClassifyCall call, ClassifyDone done);
@@ -100,6 +109,11 @@ std::vector<int32_t> LayerHeads(const MohConfig& moh);
 absl::Status NotServedError(absl::string_view field, absl::string_view model,
                             absl::string_view family, Task task,
                             absl::string_view instead);
+
+// The status of a tokenizer request to a model without a tokenizer:
+// FieldError "model '<model>' (<family>) has no tokenizer; ...".
+absl::Status NoTokenizerError(absl::string_view model,
+                              absl::string_view family);
 
 // Classify's input fields: exactly one input, top_n >= 0. INVALID_ARGUMENT
 // naming the field.

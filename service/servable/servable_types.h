@@ -97,6 +97,32 @@ struct ClassifyResult {
 
 using ClassifyDone = std::function<void(absl::StatusOr<ClassifyResult>)>;
 
+// The tokenizer endpoints (vLLM's /tokenize, /detokenize, /tokenizer_info):
+// a model's tokenizer, as it tokenizes Generate's prompts.
+struct TokenizeCall {
+  std::string prompt;
+  bool add_special_tokens = true;  // the post-processor's BOS
+  bool token_strs = false;         // also each token's raw string
+};
+
+struct TokenizeResult {
+  std::vector<int32_t> tokens;
+  // When asked: each token's raw string ("Ġthe", "<0x0A>", ...).
+  std::optional<std::vector<std::string>> token_strs;
+  int32_t max_model_len = 0;  // the server's max_seq_len
+};
+
+// What a client needs to tokenize as the model does (tokenizer_config.json's
+// fields; special tokens nullopt when the model has none). The EOS and BOS
+// text encode, without special tokens, to the model's EOS and BOS ids.
+struct TokenizerInfo {
+  std::string tokenizer_class;
+  std::optional<std::string> bos_token, eos_token, pad_token, unk_token;
+  std::optional<std::string> chat_template;  // its source
+  int64_t model_max_length = 0;
+  int32_t vocab_size = 0;  // the tokenizer's: ids are in [0, vocab_size)
+};
+
 // The kinds of work a request asks for: how a request without a model name
 // finds a model that serves it.
 enum class Task { kGenerate, kClassifyImage, kClassifyText, kGenerateImage };

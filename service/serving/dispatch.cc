@@ -74,4 +74,35 @@ absl::Status DispatchClassify(const ModelManager& models,
   return servable->Classify(std::move(call), std::move(done));
 }
 
+// A model's tokenizer is found as its generation is: a tokenizer request
+// without a model name goes to the language model.
+absl::StatusOr<TokenizeResult> DispatchTokenize(
+    const ModelManager& models, absl::string_view model, TokenizeCall call,
+    const std::optional<ChatConversation>& chat, Dispatched* dispatched) {
+  MOH_ASSIGN_OR_RETURN(Servable * servable,
+                       FindReady(models, model, Task::kGenerate, dispatched));
+  if (chat.has_value()) {
+    MOH_ASSIGN_OR_RETURN(
+        call.prompt,
+        servable->ChatPrompt(chat->messages, chat->add_generation_prompt));
+  }
+  return servable->Tokenize(call);
+}
+
+absl::StatusOr<std::string> DispatchDetokenize(
+    const ModelManager& models, absl::string_view model,
+    const std::vector<int32_t>& tokens, Dispatched* dispatched) {
+  MOH_ASSIGN_OR_RETURN(Servable * servable,
+                       FindReady(models, model, Task::kGenerate, dispatched));
+  return servable->Detokenize(tokens);
+}
+
+absl::StatusOr<TokenizerInfo> DispatchTokenizerInfo(const ModelManager& models,
+                                                    absl::string_view model,
+                                                    Dispatched* dispatched) {
+  MOH_ASSIGN_OR_RETURN(Servable * servable,
+                       FindReady(models, model, Task::kGenerate, dispatched));
+  return servable->DescribeTokenizer();
+}
+
 }  // namespace moh

@@ -57,4 +57,17 @@ absl::Status DispatchClassify(const ModelManager& models,
                               absl::string_view model, ClassifyCall call,
                               ClassifyDone done, Dispatched* dispatched);
 
+// The tokenizer endpoints, on `model` (empty: the server's language
+// model). Tokenize renders `chat` by the model's chat template first, when
+// there is one, into `call`'s prompt.
+absl::StatusOr<TokenizeResult> DispatchTokenize(
+    const ModelManager& models, absl::string_view model, TokenizeCall call,
+    const std::optional<ChatConversation>& chat, Dispatched* dispatched);
+absl::StatusOr<std::string> DispatchDetokenize(
+    const ModelManager& models, absl::string_view model,
+    const std::vector<int32_t>& tokens, Dispatched* dispatched);
+absl::StatusOr<TokenizerInfo> DispatchTokenizerInfo(const ModelManager& models,
+                                                    absl::string_view model,
+                                                    Dispatched* dispatched);
+
 }  // namespace moh

@@ -212,6 +212,26 @@ def http_get(url, timeout=10.0):
         return response.read().decode("utf-8")
 
 
+def http_request(server, method, path, body=None, headers=None):
+    """(status, response, parsed JSON or text) of one raw request to a
+    MohServer's HTTP API; `body`: bytes as they are, else sent as JSON."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port,
+                                      timeout=RPC_TIMEOUT)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body)
+    try:
+        conn.request(method, path, body=data, headers=headers or {})
+        response = conn.getresponse()
+        text = response.read().decode()
+    finally:
+        conn.close()
+    try:
+        return response.status, response, json.loads(text)
+    except ValueError:
+        return response.status, response, text
+
+
 # --- moh-server processes ---
 
 

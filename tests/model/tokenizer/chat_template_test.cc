@@ -433,5 +433,46 @@ TEST_F(LoadChatTemplateTest, BadJsonOrTemplateIsInvalidArgumentNamingTheFile) {
   EXPECT_THAT(Msg(status), HasSubstr("eos_token"));
 }
 
+// ------------------------------------------------- ReadTokenizerConfig --
+
+TEST_F(LoadChatTemplateTest, TokenizerConfigGivesTheClientsFields) {
+  WriteConfig(
+      R"({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",)"
+      R"( "eos_token": {"content": "</s>"}, "pad_token": null,)"
+      R"( "model_max_length": 4096, "chat_template": "{{ messages }}"})");
+  absl::StatusOr<TokenizerConfig> config = ReadTokenizerConfig(dir_.string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->tokenizer_class, "PreTrainedTokenizerFast");
+  EXPECT_EQ(config->bos_token, "<s>");
+  EXPECT_EQ(config->eos_token, "</s>");
+  EXPECT_EQ(config->pad_token, std::nullopt);  // null: absent
+  EXPECT_EQ(config->unk_token, std::nullopt);
+  EXPECT_EQ(config->model_max_length, 4096);
+  EXPECT_EQ(config->chat_template, "{{ messages }}");
+}
+
+TEST_F(LoadChatTemplateTest, TokenizerConfigWithoutTemplateOrLimit) {
+  // transformers writes 1e30 for "no limit": a float, left out.
+  WriteConfig(R"({"eos_token": "</s>", "model_max_length": 1e30})");
+  absl::StatusOr<TokenizerConfig> config = ReadTokenizerConfig(dir_.string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->tokenizer_class, "");
+  EXPECT_EQ(config->model_max_length, std::nullopt);
+  EXPECT_EQ(config->chat_template, std::nullopt);
+}
+
+TEST_F(LoadChatTemplateTest, TokenizerConfigErrorsNameFileAndField) {
+  EXPECT_EQ(ReadTokenizerConfig(dir_.string()).status().code(),
+            absl::StatusCode::kNotFound);
+  const std::string path = (dir_ / "tokenizer_config.json").string();
+  WriteConfig(R"({"pad_token": 3})");
+  absl::Status status = ReadTokenizerConfig(dir_.string()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(status), HasSubstr(path + ": pad_token"));
+  WriteConfig(R"({"tokenizer_class": 1})");
+  EXPECT_THAT(Msg(ReadTokenizerConfig(dir_.string()).status()),
+              HasSubstr("tokenizer_class"));
+}
+
 }  // namespace
 }  // namespace moh

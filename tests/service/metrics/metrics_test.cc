@@ -275,9 +275,10 @@ TEST_F(MetricsTest, PerModelSeriesOnlyForTheModelsRpcs) {
     ASSERT_NE(f, nullptr) << name;
     std::vector<std::string> rpcs;
     for (const ClientMetric& m : f->metric) rpcs.push_back(Labels(m)["rpc"]);
-    EXPECT_THAT(rpcs, ::testing::UnorderedElementsAre(
-                          "Generate", "Classify", "GenerateImage",
-                          "Completions", "ChatCompletions"))
+    EXPECT_THAT(
+        rpcs, ::testing::UnorderedElementsAre(
+                  "Generate", "Classify", "GenerateImage", "Completions",
+                  "ChatCompletions", "Tokenize", "Detokenize", "TokenizerInfo"))
         << name;
   }
 }
