@@ -37,6 +37,14 @@ absl::StatusOr<Servable*> FindReady(const ModelManager& models,
   return dispatched->servable;
 }
 
+// The same for a request without a ratio (an alias's is of no account).
+absl::StatusOr<Servable*> FindReady(const ModelManager& models,
+                                    absl::string_view name, Task task,
+                                    Dispatched* dispatched) {
+  float ratio = 0.0f, min_ratio = 0.0f;
+  return FindReady(models, name, task, &ratio, &min_ratio, dispatched);
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> DispatchGenerate(
