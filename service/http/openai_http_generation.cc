@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "service/http/anthropic_api.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/request_log.h"
 #include "service/net/http_daemon.h"
@@ -23,10 +24,10 @@ using openai::Endpoint;
 
 constexpr char kJson[] = "application/json";
 
-MHD_Result RespondError(MHD_Connection* connection, const std::string& id,
-                        const absl::Status& status) {
+MHD_Result RespondError(MHD_Connection* connection, Endpoint endpoint,
+                        const std::string& id, const absl::Status& status) {
   return HttpRespond(connection, openai::HttpStatus(status.code()),
-                     openai::ErrorJson(status), kJson, id.c_str());
+                     HttpErrorJson(endpoint, status), kJson, id.c_str());
 }
 
 // One generation's output as the model's callback thread delivers it; the
@@ -34,8 +35,12 @@ MHD_Result RespondError(MHD_Connection* connection, const std::string& id,
 class Sink : public GenerationObserver {
  public:
   // `every_chunk`: wake for each chunk (a stream), else only at the end.
-  Sink(std::shared_ptr<HttpWaker> waker, bool every_chunk)
-      : waker_(std::move(waker)), every_chunk_(every_chunk) {}
+  // `keep_tokens`: keep each choice's token ids (TokenIds).
+  Sink(std::shared_ptr<HttpWaker> waker, bool every_chunk,
+       bool keep_tokens = false)
+      : waker_(std::move(waker)),
+        every_chunk_(every_chunk),
+        keep_tokens_(keep_tokens) {}
 
   struct Update {
     // New output since the last Take, one entry per choice that has some,
@@ -53,6 +58,10 @@ class Sink : public GenerationObserver {
       openai::ChoiceOutput& out = pending_[chunk.index];
       out.index = chunk.index;
       out.Append(chunk.text, chunk.logprobs, chunk.prompt_logprobs);
+      if (keep_tokens_) {
+        std::vector<int32_t>& ids = tokens_[chunk.index];
+        ids.insert(ids.end(), chunk.token_ids.begin(), chunk.token_ids.end());
+      }
     }
     if (every_chunk_) waker_->Wake();
   }
@@ -86,10 +95,18 @@ class Sink : public GenerationObserver {
     return update;
   }
 
+  // The token ids choice `index` generated so far (with keep_tokens).
+  std::vector<int32_t> TokenIds(int32_t index) {
+    absl::MutexLock lock(&mu_);
+    return tokens_[index];
+  }
+
  private:
   const std::shared_ptr<HttpWaker> waker_;
   const bool every_chunk_;
+  const bool keep_tokens_;
   absl::Mutex mu_;
+  std::map<int32_t, std::vector<int32_t>> tokens_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, openai::ChoiceOutput> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<GenerationSummary> finished_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
@@ -111,8 +128,26 @@ struct Running {
   int64_t created = 0;
   bool include_usage = false;
   openai::LogprobsAsked asked;
+  std::vector<std::string> stops;            // Messages: its stop_sequences
   std::vector<GenerationSummary> summaries;  // of the choices finished
   bool recorded = false;
+
+  // Messages: the finished message of choice 0.
+  anthropic::Message Message(std::string text) const {
+    anthropic::Message m{
+        response_id, model, std::move(text),
+        summaries.empty() ? GenerationSummary() : summaries.front()};
+    if (m.summary.finish_reason == FinishReason::kStop) {
+      // Which stop string matched: the sampler says only that one did.
+      std::vector<std::string> texts;
+      for (int32_t id : sink->TokenIds(0)) {
+        texts.push_back(servable->TokenText(id));
+      }
+      m.stop_sequence = anthropic::MatchedStopSequence(texts, stops);
+      if (!m.stop_sequence && stops.size() == 1) m.stop_sequence = stops[0];
+    }
+    return m;
+  }
 
   openai::TokenTextFn TokenText() const {
     return [model = servable](int32_t id) { return model->TokenText(id); };
@@ -173,8 +208,25 @@ struct Stream {
     return chunk;
   }
 
+  // Messages: each piece of text a content_block_delta; once done, the end
+  // events (or an error event).
+  void FillMessages() {
+    Sink::Update update = run.sink->Take();
+    for (const openai::ChoiceOutput& out : update.outputs) {
+      if (!out.text.empty()) pending += anthropic::TextDeltaEvent(out.text);
+    }
+    run.summaries.insert(run.summaries.end(), update.finished.begin(),
+                         update.finished.end());
+    if (!update.done) return;
+    run.RecordEnd(update);
+    pending += update.error.ok() ? anthropic::StreamEndEvents(run.Message(""))
+                                 : anthropic::ErrorEvent(update.error);
+    ended = true;
+  }
+
   // Turns the output so far into events.
   void Fill() {
+    if (run.endpoint == Endpoint::kMessages) return FillMessages();
     Sink::Update update = run.sink->Take();
     // A token's text is needed twice (the offsets, the chunk's JSON): it is
     // decoded once.
@@ -261,6 +313,10 @@ MHD_Result StartStream(MHD_Connection* connection, Running run,
   stream->waker = std::move(waker);
   stream->started.assign(n, false);
   stream->offsets.assign(n, 0);
+  if (stream->run.endpoint == Endpoint::kMessages) {
+    stream->pending = anthropic::StreamStartEvents(stream->run.response_id,
+                                                   stream->run.model);
+  }
   MHD_Response* response = MHD_create_response_from_callback(
       MHD_SIZE_UNKNOWN, 16 << 10, &Stream::Read, stream, &Stream::Free);
   if (response == nullptr) {
@@ -278,6 +334,11 @@ MHD_Result StartStream(MHD_Connection* connection, Running run,
 }
 
 }  // namespace
+
+std::string HttpErrorJson(Endpoint endpoint, const absl::Status& status) {
+  return endpoint == Endpoint::kMessages ? anthropic::ErrorJson(status)
+                                         : openai::ErrorJson(status);
+}
 
 struct HttpGeneration::Call {
   HttpGeneration::Env env;
@@ -307,18 +368,23 @@ struct HttpGeneration::Call {
   // On a request worker: the body to a generation submitted to its model
   // (its id); `run` and `request` are filled as far as it got.
   absl::StatusOr<uint64_t> Prepare() {
+    const bool messages = run.endpoint == Endpoint::kMessages;
     absl::StatusOr<openai::GenerationRequest> parsed =
-        openai::ParseGenerationRequest(run.endpoint, body);
+        messages ? anthropic::ParseMessagesRequest(body)
+                 : openai::ParseGenerationRequest(run.endpoint, body);
     body = std::string();
     reservation.Release();  // parsed: the body's memory goes back
     if (!parsed.ok()) return parsed.status();
     request = std::move(*parsed);
     std::optional<ChatConversation> chat;
-    if (run.endpoint == Endpoint::kChatCompletions) {
+    if (run.endpoint != Endpoint::kCompletions) {
       chat = ChatConversation{std::move(request->messages),
                               request->add_generation_prompt};
     }
-    run.sink = std::make_shared<Sink>(waker, request->stream);
+    // Messages names the stop string that matched: from the tokens.
+    if (messages) run.stops = request->call.sampling.stop;
+    run.sink = std::make_shared<Sink>(waker, request->stream,
+                                      /*keep_tokens=*/!run.stops.empty());
     run.asked = {request->call.sampling.logprobs.has_value(),
                  request->call.sampling.prompt_logprobs.has_value()};
     Dispatched dispatched;
@@ -376,6 +442,7 @@ absl::StatusOr<std::unique_ptr<HttpGeneration>> HttpGeneration::Start(
   Running& run = call->run;
   run.endpoint = request.endpoint;
   run.rpc = request.endpoint == Endpoint::kCompletions ? Rpc::kCompletions
+            : request.endpoint == Endpoint::kMessages  ? Rpc::kMessages
                                                        : Rpc::kChatCompletions;
   run.start = request.start;
   run.request_id = std::move(request.request_id);
@@ -437,10 +504,13 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
       if (!call.id.ok()) {
         call.RecordUnrun(call.id.status().code());
         *answered = true;
-        return RespondError(connection, run.request_id, call.id.status());
+        return RespondError(connection, run.endpoint, run.request_id,
+                            call.id.status());
       }
       run.id = *call.id;
-      run.response_id = openai::NewId(run.endpoint);
+      run.response_id = run.endpoint == Endpoint::kMessages
+                            ? anthropic::NewId()
+                            : openai::NewId(run.endpoint);
       run.created = absl::ToUnixSeconds(absl::Now());
       run.include_usage = call.request->include_usage;
       const int32_t n = call.request->call.n;
@@ -462,9 +532,16 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
       *answered = true;
       if (!update.error.ok()) {
         run.Record(update.error.code());
-        return RespondError(connection, run.request_id, update.error);
+        return RespondError(connection, run.endpoint, run.request_id,
+                            update.error);
       }
       run.RecordEnd(update);
+      if (run.endpoint == Endpoint::kMessages) {
+        return HttpRespond(connection, 200,
+                           anthropic::MessageJson(
+                               run.Message(std::move(call.choices[0].text))),
+                           kJson, run.request_id.c_str());
+      }
       std::vector<openai::ChoiceOutput>& choices = call.choices;
       for (size_t i = 0; i < choices.size(); ++i) {
         choices[i].index = static_cast<int32_t>(i);

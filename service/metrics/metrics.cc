@@ -18,7 +18,7 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr int kNumRpcs = 5;
+constexpr int kNumRpcs = 6;
 constexpr int kNumBatchKinds = 4;
 constexpr int kNumCodes = 17;  // absl::StatusCode (== grpc::StatusCode) 0..16.
 constexpr int kUnknownCode = 2;
@@ -90,9 +90,9 @@ auto& Register(Builder builder, const char* name, const char* help,
 }  // namespace
 
 const char* RpcName(Rpc rpc) {
-  static constexpr const char* kNames[] = {"Generate", "Classify",
-                                           "GenerateImage", "Completions",
-                                           "ChatCompletions"};
+  static constexpr const char* kNames[] = {"Generate",        "Classify",
+                                           "GenerateImage",   "Completions",
+                                           "ChatCompletions", "Messages"};
   return EnumName(rpc, kNames);
 }
 

@@ -276,7 +276,7 @@ TEST_F(MetricsTest, PerModelSeriesOnlyForTheModelsRpcs) {
     for (const ClientMetric& m : f->metric) rpcs.push_back(Labels(m)["rpc"]);
     EXPECT_THAT(rpcs, ::testing::UnorderedElementsAre(
                           "Generate", "Classify", "GenerateImage",
-                          "Completions", "ChatCompletions"))
+                          "Completions", "ChatCompletions", "Messages"))
         << name;
   }
 }
