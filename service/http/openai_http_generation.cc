@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "service/http/anthropic_api.h"
+#include "service/http/generation_sink.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/request_log.h"
 #include "service/net/http_daemon.h"
@@ -21,6 +22,7 @@ namespace moh {
 namespace {
 
 using openai::Endpoint;
+using Sink = GenerationSink;
 
 constexpr char kJson[] = "application/json";
 
@@ -29,89 +31,6 @@ MHD_Result RespondError(MHD_Connection* connection, Endpoint endpoint,
   return HttpRespond(connection, openai::HttpStatus(status.code()),
                      HttpErrorJson(endpoint, status), kJson, id.c_str());
 }
-
-// One generation's output as the model's callback thread delivers it; the
-// connection's handler takes it when its waker resumes it.
-class Sink : public GenerationObserver {
- public:
-  // `every_chunk`: wake for each chunk (a stream), else only at the end.
-  // `keep_tokens`: keep each choice's token ids (TokenIds).
-  Sink(std::shared_ptr<HttpWaker> waker, bool every_chunk,
-       bool keep_tokens = false)
-      : waker_(std::move(waker)),
-        every_chunk_(every_chunk),
-        keep_tokens_(keep_tokens) {}
-
-  struct Update {
-    // New output since the last Take, one entry per choice that has some,
-    // by index (without summaries).
-    std::vector<openai::ChoiceOutput> outputs;
-    // Choices that finished since the last Take.
-    std::vector<GenerationSummary> finished;
-    bool done = false;   // every choice finished, or the request failed
-    absl::Status error;  // when it failed
-  };
-
-  void OnChunk(const GenerationChunk& chunk) override {
-    {
-      absl::MutexLock lock(&mu_);
-      openai::ChoiceOutput& out = pending_[chunk.index];
-      out.index = chunk.index;
-      out.Append(chunk.text, chunk.logprobs, chunk.prompt_logprobs);
-      if (keep_tokens_) {
-        std::vector<int32_t>& ids = tokens_[chunk.index];
-        ids.insert(ids.end(), chunk.token_ids.begin(), chunk.token_ids.end());
-      }
-    }
-    if (every_chunk_) waker_->Wake();
-  }
-  void OnFinished(const GenerationSummary& summary) override {
-    {
-      absl::MutexLock lock(&mu_);
-      finished_.push_back(summary);
-      if (summary.last) done_ = true;
-    }
-    waker_->Wake();
-  }
-  void OnError(const absl::Status& status) override {
-    {
-      absl::MutexLock lock(&mu_);
-      error_ = status;
-      done_ = true;
-    }
-    waker_->Wake();
-  }
-
-  // Takes the output since the last Take (none, when there is none yet).
-  Update Take() {
-    absl::MutexLock lock(&mu_);
-    Update update;
-    for (auto& [index, out] : pending_)
-      update.outputs.push_back(std::move(out));
-    pending_.clear();
-    update.finished.swap(finished_);
-    update.done = done_;
-    update.error = error_;
-    return update;
-  }
-
-  // The token ids choice `index` generated so far (with keep_tokens).
-  std::vector<int32_t> TokenIds(int32_t index) {
-    absl::MutexLock lock(&mu_);
-    return tokens_[index];
-  }
-
- private:
-  const std::shared_ptr<HttpWaker> waker_;
-  const bool every_chunk_;
-  const bool keep_tokens_;
-  absl::Mutex mu_;
-  std::map<int32_t, std::vector<int32_t>> tokens_ ABSL_GUARDED_BY(mu_);
-  std::map<int32_t, openai::ChoiceOutput> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<GenerationSummary> finished_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-};
 
 // A generation accepted by a model: the request it came from and where its
 // output goes.
