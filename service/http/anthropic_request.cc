@@ -140,9 +140,9 @@ absl::StatusOr<std::string> ReadText(const json& content,
     if (*type != "text") {
       return FieldError(
           block_at + ".type",
-          absl::StrCat("\"", Abbreviate(type->get<std::string>()),
-                       "\" blocks are not supported by this server: it "
-                       "takes \"text\" blocks only"));
+          absl::StrCat("is \"", Abbreviate(type->get<std::string>()),
+                       "\", which this server does not support: "
+                       "it takes \"text\" blocks only"));
     }
     for (const auto& [key, value] : block.items()) {
       if (key != "type" && key != "text" && key != "cache_control") {

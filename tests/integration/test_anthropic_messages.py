@@ -194,7 +194,7 @@ def test_errors_are_anthropics_and_name_the_field(client, server):
         client.messages.create(model="demo-lm", max_tokens=4, messages=[{
             "role": "user", "content": [{"type": "image", "source": {
                 "type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
-    assert "messages[0].content[0].type: \"image\" blocks are not supported" in (
+    assert "messages[0].content[0].type is \"image\", which this server does not" in (
         e.value.message)
     with pytest.raises(anthropic.BadRequestError) as e:
         create(client, max_tokens=100000)

@@ -136,8 +136,8 @@ TEST(AnthropicApiTest, UnknownAndUnservedFieldsAreRefusedByName) {
   }
   EXPECT_THAT(ErrorOf(R"({"max_tokens": 5, "messages": [{"role": "user",
       "content": [{"type": "image", "source": {}}]}]})"),
-              HasSubstr("messages[0].content[0].type: \"image\" blocks are "
-                        "not supported"));
+              HasSubstr("messages[0].content[0].type is \"image\", which this "
+                        "server does not support"));
   EXPECT_THAT(ErrorOf(R"({"max_tokens": 5, "messages": [{"role": "user",
       "content": [{"type": "text", "text": "x", "citations": []}]}]})"),
               HasSubstr("messages[0].content[0].citations is not a field"));
