@@ -69,9 +69,12 @@ def chat_completion(server, max_tokens, **fields):
     return body
 
 
-def create(client, max_tokens=16, **kwargs):
-    return client.messages.create(model="demo-lm", max_tokens=max_tokens,
-                                  temperature=0, system=SYSTEM, messages=USER, **kwargs)
+def create(client, max_tokens=16, extra_body=None, **kwargs):
+    """messages.create of SYSTEM and USER, greedy. The client (2.x) names no
+    sampling field: temperature, top_p and top_k travel in extra_body."""
+    return client.messages.create(
+        model="demo-lm", max_tokens=max_tokens, system=SYSTEM, messages=USER,
+        extra_body=dict({"temperature": 0}, **(extra_body or {})), **kwargs)
 
 
 def test_message_equals_the_chat_completion(client, server):
@@ -88,7 +91,7 @@ def test_message_equals_the_chat_completion(client, server):
         want["moh"]["effective_activation_ratio"])
     # System as text blocks: the same conversation.
     blocks = client.messages.create(
-        model="demo-lm", max_tokens=16, temperature=0,
+        model="demo-lm", max_tokens=16, extra_body={"temperature": 0},
         system=[{"type": "text", "text": SYSTEM}],
         messages=[{"role": "user", "content": [{"type": "text", "text": USER[0]["content"]}]}])
     assert blocks.content[0].text == got.content[0].text
@@ -102,10 +105,10 @@ def test_activation_ratio_is_a_request_field(client):
             half.model_extra["moh"]["effective_activation_ratio"])
 
 
-def test_stream_equals_the_whole_message(client):
+def test_stream_equals_the_whole_message(client, server):
     whole = create(client, max_tokens=20)
-    with client.messages.stream(model="demo-lm", max_tokens=20, temperature=0,
-                                system=SYSTEM, messages=USER) as stream:
+    with client.messages.stream(model="demo-lm", max_tokens=20, system=SYSTEM,
+                                messages=USER, extra_body={"temperature": 0}) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == whole.content[0].text
@@ -114,21 +117,31 @@ def test_stream_equals_the_whole_message(client):
     assert final.usage.output_tokens == 20
     assert final.usage.input_tokens == whole.usage.input_tokens
     assert final.id.startswith("msg_")
-    # The raw events, in Anthropic's order.
+    # The events through the client (which drops pings), in Anthropic's order.
     events = list(create(client, max_tokens=20, stream=True))
     types = [e.type for e in events]
-    assert types[:3] == ["message_start", "content_block_start", "ping"]
+    assert types[:2] == ["message_start", "content_block_start"]
     assert types[-3:] == ["content_block_stop", "message_delta", "message_stop"]
-    assert set(types[3:-3]) == {"content_block_delta"}
+    assert set(types[2:-3]) == {"content_block_delta"}
     assert events[0].message.content == [] and events[0].message.role == "assistant"
     assert events[1].index == 0 and events[1].content_block.type == "text"
-    assert "".join(e.delta.text for e in events[3:-3]) == whole.content[0].text
-    assert all(e.delta.type == "text_delta" for e in events[3:-3])
+    assert "".join(e.delta.text for e in events[2:-3]) == whole.content[0].text
+    assert all(e.delta.type == "text_delta" for e in events[2:-3])
     delta = events[-2]
     assert delta.delta.stop_reason == "max_tokens"
     assert delta.usage.output_tokens == 20
     assert delta.usage.input_tokens == whole.usage.input_tokens
-    assert len({events[0].message.id}) == 1
+    # On the wire: "event: <type>" and "data: <json of that type>", the ping
+    # third.
+    status, text = request(server, "POST", "/v1/messages", {
+        "model": "demo-lm", "max_tokens": 4, "messages": USER, "stream": True})
+    assert status == 200
+    wire = [block.split("\n") for block in text.strip().split("\n\n")]
+    assert all(len(b) == 2 and b[0].startswith("event: ") and b[1].startswith("data: ")
+               for b in wire)
+    assert all(json.loads(b[1][6:])["type"] == b[0][7:] for b in wire)
+    assert [b[0][7:] for b in wire[:3]] == ["message_start", "content_block_start", "ping"]
+    assert wire[-1][0] == "event: message_stop"
 
 
 def test_stop_sequences(client):
@@ -137,8 +150,8 @@ def test_stop_sequences(client):
     cut = create(client, max_tokens=24, stop_sequences=["never-seen", stop])
     assert cut.content[0].text == whole[:whole.index(stop)]
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
-    with client.messages.stream(model="demo-lm", max_tokens=24, temperature=0,
-                                system=SYSTEM, messages=USER,
+    with client.messages.stream(model="demo-lm", max_tokens=24, system=SYSTEM,
+                                messages=USER, extra_body={"temperature": 0},
                                 stop_sequences=[stop, "never-seen"]) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -179,7 +192,7 @@ def test_end_turn(api, server, server_factory, workdir):
 
 def test_errors_are_anthropics_and_name_the_field(client, server):
     with pytest.raises(anthropic.BadRequestError) as e:
-        create(client, temperature=1.5)
+        create(client, extra_body={"temperature": 1.5})
     assert e.value.status_code == 400
     assert e.value.body["type"] == "error"
     assert e.value.body["error"]["type"] == "invalid_request_error"
@@ -225,7 +238,7 @@ def test_requests_are_counted_as_messages(client, server):
     create(client, max_tokens=2)
     list(create(client, max_tokens=2, stream=True))
     with pytest.raises(anthropic.BadRequestError):
-        create(client, top_p=0)
+        create(client, extra_body={"top_p": 0})
     assert count(model="demo-lm", code="OK") == ok + 2
     # Refused before it reached a model: counted with model="".
     assert count(model="", code="INVALID_ARGUMENT") == refused + 1
@@ -237,20 +250,28 @@ def test_tokens_as_x_api_key_or_bearer(server_factory, tmp_path):
     server = server_factory("anthropic_auth", [("demo-lm", DEMO_LM, "")], http=True,
                             metrics=False, extra='auth_token_file: "%s"' % tokens)
     url = "http://127.0.0.1:%d" % server.http_port
-    wrong = anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError) as e:
-        create(wrong, max_tokens=2)
-    assert e.value.body["error"]["type"] == "authentication_error"
-    assert "x-api-key: unknown token" in e.value.message
+
+    def client_with(**auth):
+        return anthropic.Anthropic(base_url=url, max_retries=0, **auth)
+
+    # The client (2.x) sends api_key and auth_token alike as a bearer token;
+    # x-api-key, Anthropic's header, as a header of its own.
+    for auth in ({"api_key": "sesame"}, {"auth_token": "sesame"},
+                 {"api_key": None, "default_headers": {"X-Api-Key": "sesame"}}):
+        assert create(client_with(**auth), max_tokens=2).usage.output_tokens == 2, auth
+    for auth, message in (({"api_key": "wrong"}, "authorization: unknown token"),
+                          ({"api_key": None, "default_headers": {"X-Api-Key": "wrong"}},
+                           "x-api-key: unknown token")):
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            create(client_with(**auth), max_tokens=2)
+        assert e.value.body["error"]["type"] == "authentication_error"
+        assert message in e.value.message
     status, body = request(server, "POST", "/v1/messages",
                            {"model": "demo-lm", "max_tokens": 2, "messages": USER})
     assert status == 401 and body["error"]["type"] == "authentication_error"
     assert "x-api-key: <token>" in body["error"]["message"]
-    by_key = anthropic.Anthropic(base_url=url, api_key="sesame", max_retries=0)
-    assert create(by_key, max_tokens=2).usage.output_tokens == 2
-    by_bearer = anthropic.Anthropic(base_url=url, auth_token="sesame", max_retries=0)
-    assert create(by_bearer, max_tokens=2).usage.output_tokens == 2
-    bad_bearer = anthropic.Anthropic(base_url=url, auth_token="wrong", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError):
-        create(bad_bearer, max_tokens=2)
+    status, body = request(server, "POST", "/v1/messages",
+                           {"model": "demo-lm", "max_tokens": 2, "messages": USER},
+                           headers={"x-api-key": "sesame"})
+    assert status == 200 and body["usage"]["output_tokens"] == 2
     assert request(server, "GET", "/health")[0] == 200
