@@ -132,6 +132,7 @@ int64_t Bucket(const ClientMetric::Histogram& h, double le) {
 TEST(MetricsNamesTest, RpcAndBatchKindNames) {
   EXPECT_STREQ(RpcName(Rpc::kGenerate), "Generate");
   EXPECT_STREQ(RpcName(Rpc::kClassify), "Classify");
+  EXPECT_STREQ(RpcName(Rpc::kMessages), "Messages");
   EXPECT_STREQ(BatchKindName(BatchKind::kPrefill), "prefill");
   EXPECT_STREQ(BatchKindName(BatchKind::kDecode), "decode");
   EXPECT_STREQ(BatchKindName(BatchKind::kClassify), "classify");
