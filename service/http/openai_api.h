@@ -27,7 +27,9 @@ namespace moh {
 namespace openai {
 
 // What the endpoint is: the object names of its responses differ.
-enum class Endpoint { kCompletions, kChatCompletions };
+// kMessages is Anthropic's POST /v1/messages (anthropic_api.h), served by the
+// same generation path with its own request and response JSON.
+enum class Endpoint { kCompletions, kChatCompletions, kMessages };
 
 // Completions' `echo`: the prompt comes back before the completion (OpenAI's
 // legacy API); with `logprobs`, so do its tokens and their log-probabilities,

@@ -51,6 +51,8 @@ struct Incoming {
   std::unique_ptr<HttpGeneration> generation;
   // A tokenizer request (tokenize_http.h), once its body is whole.
   std::unique_ptr<HttpTokenizerRequest> tokenizer;
+  // Whose error objects its answers hold (Anthropic's on /v1/messages).
+  Endpoint api = Endpoint::kCompletions;
 
   // Frees the body and gives its bytes back.
   void Release() {
@@ -58,6 +60,14 @@ struct Incoming {
     reservation.Release();
   }
 };
+
+// An error answered to `incoming`, in its API's shape.
+MHD_Result RespondError(MHD_Connection* connection, const Incoming& incoming,
+                        const absl::Status& status, unsigned int http = 0) {
+  return HttpRespond(
+      connection, http != 0 ? http : openai::HttpStatus(status.code()),
+      HttpErrorJson(incoming.api, status), kJson, incoming.request_id.c_str());
+}
 
 }  // namespace
 
@@ -79,6 +89,9 @@ struct OpenAiHttpServer::Handler {
             RequestId(id != nullptr ? std::optional<absl::string_view>(id)
                                     : std::nullopt);
         *con_cls = incoming;
+        if (std::strcmp(url, "/v1/messages") == 0) {
+          incoming->api = Endpoint::kMessages;
+        }
         server->watch_->HeadersReceived(connection);
         const absl::Status refused = Refuse(server, connection, *incoming, url);
         if (refused.ok()) return MHD_YES;
@@ -181,7 +194,7 @@ struct OpenAiHttpServer::Handler {
     incoming.answered = true;
     const bool too_large =
         incoming.refusal.code() == absl::StatusCode::kOutOfRange;
-    return RespondError(connection, incoming.request_id, incoming.refusal,
+    return RespondError(connection, incoming, incoming.refusal,
                         too_large ? 413 : 0);
   }
 
@@ -194,11 +207,15 @@ struct OpenAiHttpServer::Handler {
                              MHD_Connection* connection, Incoming& incoming,
                              const char* url) {
     if (server->auth_ != nullptr && std::strcmp(url, "/health") != 0) {
-      const char* header = MHD_lookup_connection_value(
-          connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-      MOH_RETURN_IF_ERROR(server->auth_->CheckHeader(
-          header != nullptr ? std::optional<absl::string_view>(header)
-                            : std::nullopt));
+      // Bearer, or x-api-key (Anthropic's clients) on every path alike.
+      auto header = [&](const char* name) {
+        const char* v =
+            MHD_lookup_connection_value(connection, MHD_HEADER_KIND, name);
+        return v != nullptr ? std::optional<absl::string_view>(v)
+                            : std::nullopt;
+      };
+      MOH_RETURN_IF_ERROR(server->auth_->CheckHeaders(
+          header(MHD_HTTP_HEADER_AUTHORIZATION), header("x-api-key")));
     }
     uint64_t bytes = 0;
     if (!ContentLength(connection, &bytes)) {
@@ -230,6 +247,8 @@ struct OpenAiHttpServer::Handler {
       rpc = Rpc::kCompletions;
     } else if (std::strcmp(url, "/v1/chat/completions") == 0) {
       rpc = Rpc::kChatCompletions;
+    } else if (std::strcmp(url, "/v1/messages") == 0) {
+      rpc = Rpc::kMessages;
     } else if (!TokenizerPath(url, &rpc)) {
       return;
     }
@@ -255,7 +274,7 @@ struct OpenAiHttpServer::Handler {
       return MHD_NO;
     }
     Count(server, url, *incoming, absl::StatusCode::kInternal);
-    return RespondError(connection, id, error);
+    return RespondError(connection, *incoming, error);
   }
 
   static MHD_Result Serve(OpenAiHttpServer* server, MHD_Connection* connection,
@@ -346,7 +365,7 @@ MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
   const bool post = std::strcmp(method, MHD_HTTP_METHOD_POST) == 0;
   if (server->options_.tls && !server->options_.tls->client_ca.empty() &&
       !HttpClientVerified(connection)) {
-    return RespondError(connection, incoming.request_id,
+    return RespondError(connection, incoming,
                         absl::PermissionDeniedError(
                             "a client certificate signed by the client CA is "
                             "required"));
@@ -374,14 +393,16 @@ MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
     endpoint = Endpoint::kCompletions;
   } else if (path == "/v1/chat/completions") {
     endpoint = Endpoint::kChatCompletions;
+  } else if (path == "/v1/messages") {
+    endpoint = Endpoint::kMessages;
   } else {
     return RespondError(
         connection, incoming.request_id,
         absl::NotFoundError(absl::StrCat(
             "no such endpoint: ", Abbreviate(path),
             " (endpoints: GET /v1/models, POST /v1/completions, POST "
-            "/v1/chat/completions, GET /health, POST /tokenize, POST "
-            "/detokenize, GET /tokenizer_info)")));
+            "/v1/chat/completions, POST /v1/messages, GET /health, POST "
+            "/tokenize, POST /detokenize, GET /tokenizer_info)")));
   }
   // Authentication was checked from the headers (Handler::Refuse).
   if (path == "/v1/models") {
@@ -390,8 +411,7 @@ MHD_Result OpenAiHttpServer::Handler::Serve(OpenAiHttpServer* server,
                        incoming.request_id.c_str());
   }
   if (!post)
-    return RespondError(connection, incoming.request_id,
-                        MethodNotAllowed("POST"), 405);
+    return RespondError(connection, incoming, MethodNotAllowed("POST"), 405);
   return Generate(server, connection, endpoint, url, incoming);
 }
 
@@ -403,7 +423,7 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
   if (!server->accepting_) {
     Count(server, url, incoming, absl::StatusCode::kUnavailable);
     incoming.answered = true;
-    return RespondError(connection, incoming.request_id,
+    return RespondError(connection, incoming,
                         absl::UnavailableError("the server is draining; retry "
                                                "on another replica"));
   }
@@ -417,7 +437,7 @@ MHD_Result OpenAiHttpServer::Handler::Generate(OpenAiHttpServer* server,
       HttpGeneration::Start(server->env_, connection, std::move(request));
   if (!started.ok()) {
     incoming.answered = true;
-    return RespondError(connection, incoming.request_id, started.status());
+    return RespondError(connection, incoming, started.status());
   }
   incoming.generation = std::move(*started);
   return incoming.generation->Continue(connection, &incoming.answered);

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "service/http/anthropic_api.h"
+#include "service/http/generation_sink.h"
 #include "service/metrics/metrics.h"
 #include "service/metrics/request_log.h"
 #include "service/net/http_daemon.h"
@@ -20,81 +22,15 @@ namespace moh {
 namespace {
 
 using openai::Endpoint;
+using Sink = GenerationSink;
 
 constexpr char kJson[] = "application/json";
 
-MHD_Result RespondError(MHD_Connection* connection, const std::string& id,
-                        const absl::Status& status) {
+MHD_Result RespondError(MHD_Connection* connection, Endpoint endpoint,
+                        const std::string& id, const absl::Status& status) {
   return HttpRespond(connection, openai::HttpStatus(status.code()),
-                     openai::ErrorJson(status), kJson, id.c_str());
+                     HttpErrorJson(endpoint, status), kJson, id.c_str());
 }
-
-// One generation's output as the model's callback thread delivers it; the
-// connection's handler takes it when its waker resumes it.
-class Sink : public GenerationObserver {
- public:
-  // `every_chunk`: wake for each chunk (a stream), else only at the end.
-  Sink(std::shared_ptr<HttpWaker> waker, bool every_chunk)
-      : waker_(std::move(waker)), every_chunk_(every_chunk) {}
-
-  struct Update {
-    // New output since the last Take, one entry per choice that has some,
-    // by index (without summaries).
-    std::vector<openai::ChoiceOutput> outputs;
-    // Choices that finished since the last Take.
-    std::vector<GenerationSummary> finished;
-    bool done = false;   // every choice finished, or the request failed
-    absl::Status error;  // when it failed
-  };
-
-  void OnChunk(const GenerationChunk& chunk) override {
-    {
-      absl::MutexLock lock(&mu_);
-      openai::ChoiceOutput& out = pending_[chunk.index];
-      out.index = chunk.index;
-      out.Append(chunk);
-    }
-    if (every_chunk_) waker_->Wake();
-  }
-  void OnFinished(const GenerationSummary& summary) override {
-    {
-      absl::MutexLock lock(&mu_);
-      finished_.push_back(summary);
-      if (summary.last) done_ = true;
-    }
-    waker_->Wake();
-  }
-  void OnError(const absl::Status& status) override {
-    {
-      absl::MutexLock lock(&mu_);
-      error_ = status;
-      done_ = true;
-    }
-    waker_->Wake();
-  }
-
-  // Takes the output since the last Take (none, when there is none yet).
-  Update Take() {
-    absl::MutexLock lock(&mu_);
-    Update update;
-    for (auto& [index, out] : pending_)
-      update.outputs.push_back(std::move(out));
-    pending_.clear();
-    update.finished.swap(finished_);
-    update.done = done_;
-    update.error = error_;
-    return update;
-  }
-
- private:
-  const std::shared_ptr<HttpWaker> waker_;
-  const bool every_chunk_;
-  absl::Mutex mu_;
-  std::map<int32_t, openai::ChoiceOutput> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<GenerationSummary> finished_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-};
 
 // A generation accepted by a model: the request it came from and where its
 // output goes.
@@ -113,8 +49,26 @@ struct Running {
   bool include_usage = false;
   openai::LogprobsAsked asked;
   openai::Echo echo;
+  std::vector<std::string> stops;            // Messages: its stop_sequences
   std::vector<GenerationSummary> summaries;  // of the choices finished
   bool recorded = false;
+
+  // Messages: the finished message of choice 0.
+  anthropic::Message Message(std::string text) const {
+    anthropic::Message m{
+        response_id, model, std::move(text),
+        summaries.empty() ? GenerationSummary() : summaries.front()};
+    if (m.summary.finish_reason == FinishReason::kStop) {
+      // Which stop string matched: the sampler says only that one did.
+      std::vector<std::string> texts;
+      for (int32_t id : sink->TokenIds(0)) {
+        texts.push_back(servable->TokenText(id));
+      }
+      m.stop_sequence = anthropic::MatchedStopSequence(texts, stops);
+      if (!m.stop_sequence && stops.size() == 1) m.stop_sequence = stops[0];
+    }
+    return m;
+  }
 
   openai::TokenTextFn TokenText() const {
     return [model = servable](int32_t id) { return model->TokenText(id); };
@@ -193,8 +147,25 @@ struct Stream {
     return chunk;
   }
 
+  // Messages: each piece of text a content_block_delta; once done, the end
+  // events (or an error event).
+  void FillMessages() {
+    Sink::Update update = run.sink->Take();
+    for (const openai::ChoiceOutput& out : update.outputs) {
+      if (!out.text.empty()) pending += anthropic::TextDeltaEvent(out.text);
+    }
+    run.summaries.insert(run.summaries.end(), update.finished.begin(),
+                         update.finished.end());
+    if (!update.done) return;
+    run.RecordEnd(update);
+    pending += update.error.ok() ? anthropic::StreamEndEvents(run.Message(""))
+                                 : anthropic::ErrorEvent(update.error);
+    ended = true;
+  }
+
   // Turns the output so far into events.
   void Fill() {
+    if (run.endpoint == Endpoint::kMessages) return FillMessages();
     Sink::Update update = run.sink->Take();
     // A token's text is needed twice (the offsets, the chunk's JSON): it is
     // decoded once.
@@ -285,6 +256,10 @@ MHD_Result StartStream(MHD_Connection* connection, Running run,
   stream->started.assign(n, false);
   stream->echoed.assign(n, false);
   stream->offsets.assign(n, 0);
+  if (stream->run.endpoint == Endpoint::kMessages) {
+    stream->pending = anthropic::StreamStartEvents(stream->run.response_id,
+                                                   stream->run.model);
+  }
   MHD_Response* response = MHD_create_response_from_callback(
       MHD_SIZE_UNKNOWN, 16 << 10, &Stream::Read, stream, &Stream::Free);
   if (response == nullptr) {
@@ -302,6 +277,11 @@ MHD_Result StartStream(MHD_Connection* connection, Running run,
 }
 
 }  // namespace
+
+std::string HttpErrorJson(Endpoint endpoint, const absl::Status& status) {
+  return endpoint == Endpoint::kMessages ? anthropic::ErrorJson(status)
+                                         : openai::ErrorJson(status);
+}
 
 struct HttpGeneration::Call {
   HttpGeneration::Env env;
@@ -331,18 +311,23 @@ struct HttpGeneration::Call {
   // On a request worker: the body to a generation submitted to its model
   // (its id); `run` and `request` are filled as far as it got.
   absl::StatusOr<uint64_t> Prepare() {
+    const bool messages = run.endpoint == Endpoint::kMessages;
     absl::StatusOr<openai::GenerationRequest> parsed =
-        openai::ParseGenerationRequest(run.endpoint, body);
+        messages ? anthropic::ParseMessagesRequest(body)
+                 : openai::ParseGenerationRequest(run.endpoint, body);
     body = std::string();
     reservation.Release();  // parsed: the body's memory goes back
     if (!parsed.ok()) return parsed.status();
     request = std::move(*parsed);
     std::optional<ChatConversation> chat;
-    if (run.endpoint == Endpoint::kChatCompletions) {
+    if (run.endpoint != Endpoint::kCompletions) {
       chat = ChatConversation{std::move(request->messages),
                               request->add_generation_prompt};
     }
-    run.sink = std::make_shared<Sink>(waker, request->stream);
+    // Messages names the stop string that matched: from the tokens.
+    if (messages) run.stops = request->call.sampling.stop;
+    run.sink = std::make_shared<Sink>(waker, request->stream,
+                                      /*keep_tokens=*/!run.stops.empty());
     run.asked = {request->call.sampling.logprobs.has_value(),
                  request->call.sampling.prompt_logprobs.has_value() &&
                      !request->echo.prompt_logprobs_unasked};
@@ -404,6 +389,7 @@ absl::StatusOr<std::unique_ptr<HttpGeneration>> HttpGeneration::Start(
   Running& run = call->run;
   run.endpoint = request.endpoint;
   run.rpc = request.endpoint == Endpoint::kCompletions ? Rpc::kCompletions
+            : request.endpoint == Endpoint::kMessages  ? Rpc::kMessages
                                                        : Rpc::kChatCompletions;
   run.start = request.start;
   run.request_id = std::move(request.request_id);
@@ -465,10 +451,13 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
       if (!call.id.ok()) {
         call.RecordUnrun(call.id.status().code());
         *answered = true;
-        return RespondError(connection, run.request_id, call.id.status());
+        return RespondError(connection, run.endpoint, run.request_id,
+                            call.id.status());
       }
       run.id = *call.id;
-      run.response_id = openai::NewId(run.endpoint);
+      run.response_id = run.endpoint == Endpoint::kMessages
+                            ? anthropic::NewId()
+                            : openai::NewId(run.endpoint);
       run.created = absl::ToUnixSeconds(absl::Now());
       run.include_usage = call.request->include_usage;
       const int32_t n = call.request->call.n;
@@ -490,9 +479,16 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
       *answered = true;
       if (!update.error.ok()) {
         run.Record(update.error.code());
-        return RespondError(connection, run.request_id, update.error);
+        return RespondError(connection, run.endpoint, run.request_id,
+                            update.error);
       }
       run.RecordEnd(update);
+      if (run.endpoint == Endpoint::kMessages) {
+        return HttpRespond(connection, 200,
+                           anthropic::MessageJson(
+                               run.Message(std::move(call.choices[0].text))),
+                           kJson, run.request_id.c_str());
+      }
       std::vector<openai::ChoiceOutput>& choices = call.choices;
       for (size_t i = 0; i < choices.size(); ++i) {
         choices[i].index = static_cast<int32_t>(i);

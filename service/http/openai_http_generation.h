@@ -1,11 +1,13 @@
-// One OpenAI generation request over HTTP (POST /v1/completions,
-// /v1/chat/completions) from the moment its body is whole until it is
+// One generation request over HTTP (OpenAI's POST /v1/completions,
+// /v1/chat/completions, Anthropic's POST /v1/messages: openai::Endpoint says
+// which) from the moment its body is whole until it is
 // answered: prepared (parsed, model found, chat template, tokenized,
 // admitted) on a request worker, run by its model, answered whole or
 // streamed as server-sent events. Its connection is suspended whenever it
 // waits, and its HttpWaker (http_connections.h) resumes it when there is
 // something to do. The transport around it (headers, bodies, refusals,
-// routes) is openai_http.cc's; the JSON is openai_api.h's.
+// routes) is openai_http.cc's; the JSON is openai_api.h's (anthropic_api.h's
+// for Messages).
 #pragma once
 
 #include <microhttpd.h>
@@ -24,6 +26,11 @@
 #include "service/serving/request_workers.h"
 
 namespace moh {
+
+// An error's body as `endpoint`'s API writes it: OpenAI's error object, or
+// Anthropic's for kMessages.
+std::string HttpErrorJson(openai::Endpoint endpoint,
+                          const absl::Status& status);
 
 // Work on request workers that uses the HTTP server: its destructor waits
 // until none is left.

@@ -18,7 +18,7 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr int kNumRpcs = 8;
+constexpr int kNumRpcs = 9;
 constexpr int kNumBatchKinds = 4;
 constexpr int kNumCodes = 17;  // absl::StatusCode (== grpc::StatusCode) 0..16.
 constexpr int kUnknownCode = 2;
@@ -92,7 +92,8 @@ auto& Register(Builder builder, const char* name, const char* help,
 const char* RpcName(Rpc rpc) {
   static constexpr const char* kNames[] = {
       "Generate",        "Classify", "GenerateImage", "Completions",
-      "ChatCompletions", "Tokenize", "Detokenize",    "TokenizerInfo"};
+      "ChatCompletions", "Tokenize", "Detokenize",    "TokenizerInfo",
+      "Messages"};
   return EnumName(rpc, kNames);
 }
 

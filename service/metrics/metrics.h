@@ -30,9 +30,9 @@ namespace moh {
 
 class ProcessCollector;  // service/metrics/process_collector.h
 
-// The RPCs served by one model: the gRPC methods, and the OpenAI-compatible
-// HTTP endpoints (openai_http.h). ListModels is the server's, not a model's,
-// and has no per-model series.
+// The RPCs served by one model: the gRPC methods, and the HTTP endpoints
+// (openai_http.h: OpenAI's, and Anthropic's Messages). ListModels is the
+// server's, not a model's, and has no per-model series.
 enum class Rpc {
   kGenerate,
   kClassify,
@@ -41,7 +41,8 @@ enum class Rpc {
   kChatCompletions,
   kTokenize,
   kDetokenize,
-  kTokenizerInfo
+  kTokenizerInfo,
+  kMessages
 };
 enum class BatchKind { kPrefill, kDecode, kClassify, kImageStep };
 
@@ -49,6 +50,7 @@ enum class BatchKind { kPrefill, kDecode, kClassify, kImageStep };
 // /v1/completions), "ChatCompletions" (POST /v1/chat/completions),
 // "Tokenize", "Detokenize", "TokenizerInfo" (POST /tokenize, POST
 // /detokenize, GET /tokenizer_info).
+// "Messages" (POST /v1/messages).
 const char* RpcName(Rpc rpc);
 // "prefill", "decode", "classify", "image_step" (model rows of a sampler
 // step)

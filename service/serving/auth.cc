@@ -67,12 +67,30 @@ absl::Status TokenAuth::CheckHeader(
     return absl::UnauthenticatedError(
         "authorization: must be \"Bearer <token>\"");
   }
-  const absl::string_view candidate = value.substr(kBearer.size());
+  return CheckToken(value.substr(kBearer.size()), "authorization");
+}
+
+absl::Status TokenAuth::CheckHeaders(
+    std::optional<absl::string_view> authorization,
+    std::optional<absl::string_view> api_key) const {
+  if (api_key) return CheckToken(*api_key, "x-api-key");
+  if (!authorization) {
+    return absl::UnauthenticatedError(
+        "authorization: send the header \"Authorization: Bearer <token>\" "
+        "or \"x-api-key: <token>\"");
+  }
+  return CheckHeader(authorization);
+}
+
+absl::Status TokenAuth::CheckToken(absl::string_view candidate,
+                                   absl::string_view what) const {
   bool known = false;
   for (const std::string& token : tokens_) {
     known |= ConstantTimeEquals(token, candidate);
   }
-  if (!known) return absl::UnauthenticatedError("authorization: unknown token");
+  if (!known) {
+    return absl::UnauthenticatedError(absl::StrCat(what, ": unknown token"));
+  }
   return absl::OkStatus();
 }
 

@@ -32,8 +32,17 @@ class TokenAuth {
   // The same for an HTTP request's Authorization header (nullopt: absent).
   absl::Status CheckHeader(
       std::optional<absl::string_view> authorization) const;
+  // The same for an HTTP request that may carry its token in an x-api-key
+  // header instead (the token alone, as Anthropic's clients send it): when
+  // `api_key` is present it is the one checked, else `authorization`.
+  absl::Status CheckHeaders(std::optional<absl::string_view> authorization,
+                            std::optional<absl::string_view> api_key) const;
 
  private:
+  // OK when `candidate` is a known token; `what` names where it came from.
+  absl::Status CheckToken(absl::string_view candidate,
+                          absl::string_view what) const;
+
   explicit TokenAuth(std::vector<std::string> tokens)
       : tokens_(std::move(tokens)) {}
   std::vector<std::string> tokens_;

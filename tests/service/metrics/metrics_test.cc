@@ -132,6 +132,7 @@ int64_t Bucket(const ClientMetric::Histogram& h, double le) {
 TEST(MetricsNamesTest, RpcAndBatchKindNames) {
   EXPECT_STREQ(RpcName(Rpc::kGenerate), "Generate");
   EXPECT_STREQ(RpcName(Rpc::kClassify), "Classify");
+  EXPECT_STREQ(RpcName(Rpc::kMessages), "Messages");
   EXPECT_STREQ(BatchKindName(BatchKind::kPrefill), "prefill");
   EXPECT_STREQ(BatchKindName(BatchKind::kDecode), "decode");
   EXPECT_STREQ(BatchKindName(BatchKind::kClassify), "classify");
@@ -275,10 +276,10 @@ TEST_F(MetricsTest, PerModelSeriesOnlyForTheModelsRpcs) {
     ASSERT_NE(f, nullptr) << name;
     std::vector<std::string> rpcs;
     for (const ClientMetric& m : f->metric) rpcs.push_back(Labels(m)["rpc"]);
-    EXPECT_THAT(
-        rpcs, ::testing::UnorderedElementsAre(
-                  "Generate", "Classify", "GenerateImage", "Completions",
-                  "ChatCompletions", "Tokenize", "Detokenize", "TokenizerInfo"))
+    EXPECT_THAT(rpcs, ::testing::UnorderedElementsAre(
+                          "Generate", "Classify", "GenerateImage",
+                          "Completions", "ChatCompletions", "Tokenize",
+                          "Detokenize", "TokenizerInfo", "Messages"))
         << name;
   }
 }
