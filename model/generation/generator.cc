@@ -17,7 +17,7 @@ struct Row {
       const Tokenizer* tokenizer, const std::vector<int32_t>& eos_ids)
       : request(r),
         top_k(Activation::AtRatio(moh, r.ratio).top_k()),
-        output(r.sampling, r.prompt_ids, tokenizer, eos_ids) {}
+        output(r.sampling, r.prompt_ids, tokenizer, eos_ids, r.grammar) {}
   const GenerationRequest& request;
   const LayerTopK top_k;
   SequenceOutput output;
@@ -35,7 +35,8 @@ const char* FinishReasonName(FinishReason reason) {
 SequenceOutput::SequenceOutput(const SamplingParams& sampling,
                                std::vector<int32_t> prompt_ids,
                                const Tokenizer* tokenizer,
-                               std::vector<int32_t> eos_ids)
+                               std::vector<int32_t> eos_ids,
+                               std::shared_ptr<const CompiledGrammar> grammar)
     : max_new_tokens_(sampling.max_new_tokens),
       min_tokens_(sampling.min_tokens),
       logprobs_(sampling.logprobs.value_or(-1)),
@@ -49,6 +50,7 @@ SequenceOutput::SequenceOutput(const SamplingParams& sampling,
   if (tokenizer != nullptr) {
     decoder_.emplace(*tokenizer, /*skip_special_tokens=*/true);
   }
+  if (grammar != nullptr) matcher_.emplace(std::move(grammar));
 }
 
 absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
@@ -58,7 +60,7 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
   const at::Tensor streamable =
       padded ? logits.narrow(-1, 0, vocab_limit_) : logits;
   at::Tensor scores = streamable;
-  if (generated_ < min_tokens_) {
+  if (generated_ < min_tokens_ && !matcher_) {
     // Too early to end: the ending tokens cannot be drawn.
     scores = scores.clone();
     for (const std::vector<int32_t>* ids : {&eos_ids_, &stop_token_ids_}) {
@@ -69,7 +71,10 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
       }
     }
   }
-  const int32_t token = sampler_.Sample(scores, history_, generated_);
+  std::optional<absl::Span<const uint32_t>> allowed;
+  if (matcher_) allowed = matcher_->AllowedTokens();
+  const int32_t token = sampler_.Sample(scores, history_, generated_, allowed);
+  if (matcher_) MOH_RETURN_IF_ERROR(matcher_->Accept(token));
   GenerationChunk chunk;
   if (logprobs_ >= 0) {
     // The model's distribution over the tokens it may stream.
@@ -91,6 +96,9 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
     if (matched.stopped) finish_ = FinishReason::kStop;
   }
   if (!finish_ && eos) finish_ = FinishReason::kEos;
+  if (!finish_ && matcher_ && matcher_->terminated()) {
+    finish_ = FinishReason::kStop;  // complete, its EOS ignored (ignore_eos)
+  }
   if (!finish_ && generated_ >= max_new_tokens_)
     finish_ = FinishReason::kLength;
   if (finish_ && decoder_ && *finish_ != FinishReason::kStop) {

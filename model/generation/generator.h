@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "model/core/activation.h"
 #include "model/core/llama_model.h"
+#include "model/generation/grammar.h"
 #include "model/generation/sampler.h"
 #include "model/tokenizer/tokenizer.h"
 
@@ -32,6 +34,8 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_ids;
   SamplingParams sampling;
   float ratio = 0.0f;  // activation ratio in (0, 1]; 0 = the model's default
+  // Structured output (grammar.h), compiled for the Generator's tokenizer.
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 
 // New output of one row since its previous chunk.
@@ -65,10 +69,15 @@ struct GenerationResult {
 // Generator and the server's scheduler drive one per sequence. Not thread-safe.
 class SequenceOutput {
  public:
-  // `tokenizer` may be null (no text, no stop strings).
+  // `tokenizer` may be null (no text, no stop strings). `grammar`, when set
+  // (compiled for this tokenizer and EOS ids), masks every draw to the tokens
+  // it allows, EOS only where its output is complete (min_tokens then does
+  // not hold EOS back: the grammar decides where the output may end); the
+  // sequence ends (kEos, or kStop under ignore_eos) once it is complete.
   SequenceOutput(const SamplingParams& sampling,
                  std::vector<int32_t> prompt_ids, const Tokenizer* tokenizer,
-                 std::vector<int32_t> eos_ids);
+                 std::vector<int32_t> eos_ids,
+                 std::shared_ptr<const CompiledGrammar> grammar = nullptr);
 
   // Samples the next token from `logits` ([vocab]) and returns what it adds to
   // the stream: its id, and the text that is now safe to emit (a stop string
@@ -95,6 +104,7 @@ class SequenceOutput {
   Sampler sampler_;
   StopStringMatcher stop_matcher_;
   std::optional<IncrementalDecoder> decoder_;
+  std::optional<GrammarMatcher> matcher_;
   std::vector<int32_t> history_;
   int32_t generated_ = 0;
   std::optional<FinishReason> finish_;

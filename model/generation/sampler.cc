@@ -241,14 +241,30 @@ int32_t Sampler::DrawNucleus(size_t from, size_t to, double mass,
   return Draw(absl::MakeConstSpan(top_.data(), n), mass);
 }
 
+int32_t Sampler::ApplyTokenMask(absl::Span<const uint32_t> allowed) {
+  int32_t first = -1;
+  const size_t vocab = logits_.size();
+  for (size_t id = 0; id < vocab; ++id) {
+    const size_t word = id / 32;
+    if (word < allowed.size() && ((allowed[word] >> (id % 32)) & 1u) != 0) {
+      if (first < 0) first = static_cast<int32_t>(id);
+    } else {
+      logits_[id] = kNegInf;
+    }
+  }
+  return std::max(first, 0);
+}
+
 int32_t Sampler::Sample(const at::Tensor& logits,
-                        absl::Span<const int32_t> history, size_t generated) {
+                        absl::Span<const int32_t> history, size_t generated,
+                        std::optional<absl::Span<const uint32_t>> allowed) {
   LoadLogits(logits);
   ApplyRepetitionPenalty(history);
   ApplyOutputPenalties(history.last(std::min(generated, history.size())));
   const size_t vocab = logits_.size();
-  // NaN becomes -inf; `best` is the lowest id among the maximal logits.
-  int32_t best = 0;
+  // NaN becomes -inf; `best` is the lowest id among the maximal logits (the
+  // lowest allowed id when every logit is -inf).
+  int32_t best = allowed ? ApplyTokenMask(*allowed) : 0;
   float max_logit = kNegInf;
   for (size_t id = 0; id < vocab; ++id) {
     float& x = logits_[id];

@@ -127,10 +127,14 @@ class Sampler {
   // and generated ids so far, for the repetition penalty (each distinct id
   // is penalised once; ids outside [0, vocab) are ignored); its last
   // `generated` ids are the output so far (the presence and frequency
-  // penalties). Returns a token id in [0, vocab). Throws c10::Error if logits
+  // penalties). `allowed`, when given, is a bitmask of the ids that may be
+  // drawn (bit id % 32 of word id / 32; ids past it are not allowed): the
+  // others count as -inf after the penalties (a grammar's mask,
+  // grammar.h). Returns a token id in [0, vocab). Throws c10::Error if logits
   // is not a non-empty 1-D floating tensor, like the LibTorch calls around it.
   int32_t Sample(const at::Tensor& logits, absl::Span<const int32_t> history,
-                 size_t generated = 0);
+                 size_t generated = 0,
+                 std::optional<absl::Span<const uint32_t>> allowed = {});
 
   const SamplingParams& params() const { return params_; }
   // The seed in use: params().seed, or the one drawn when it was unset, so
@@ -148,6 +152,9 @@ class Sampler {
   void LoadLogits(const at::Tensor& logits);
   void ApplyRepetitionPenalty(absl::Span<const int32_t> history);
   void ApplyOutputPenalties(absl::Span<const int32_t> output);
+  // Sets the logits of ids `allowed` leaves out to -inf; returns the lowest
+  // allowed id (0 when none is).
+  int32_t ApplyTokenMask(absl::Span<const uint32_t> allowed);
   // Strict order of preference: higher logit, then lower id.
   static bool Better(const Candidate& a, const Candidate& b);
   // Sets top_ to every token, by id. Weights are left unset.

@@ -116,6 +116,30 @@ bool Tokenizer::IsSpecial(int32_t id) const {
          impl_->id_kind[id] == TokenizerPipeline::kSpecial;
 }
 
+std::optional<std::string> Tokenizer::TokenBytes(int32_t id) const {
+  const std::string* token = impl_->TokenOf(id);
+  if (token == nullptr) return std::nullopt;
+  if (impl_->id_kind[id] == TokenizerPipeline::kSpecial) return std::string();
+  const DecoderSpec& spec = impl_->decoder;
+  std::string text = *token;
+  for (const DecoderSpec::TokenStep& step : spec.token_steps) {
+    text = absl::StrReplaceAll(text,
+                               {{step.from, step.metaspace ? " " : step.to}});
+  }
+  switch (spec.bytes) {
+    case DecoderSpec::Bytes::kByteLevel:
+      return ByteLevelBytes(text);
+    case DecoderSpec::Bytes::kByteFallback:
+      if (const std::optional<char> byte = ParseByteToken(text)) {
+        return std::string(1, *byte);
+      }
+      return text;
+    case DecoderSpec::Bytes::kNone:
+      break;
+  }
+  return text;
+}
+
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos_id; }
 std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos_id; }
 

@@ -73,6 +73,12 @@ class Tokenizer {
   std::optional<std::string> IdToToken(int32_t id) const;
   // True when `id` is an added token marked "special".
   bool IsSpecial(int32_t id) const;
+  // The bytes `id` adds to decoded text after other tokens, through the
+  // decoder's per-token steps and its byte stage (ByteLevel's byte map, a
+  // <0xXX> token's byte), not necessarily valid UTF-8: what a grammar engine
+  // matches. Empty for special tokens; nullopt when the id is not in the
+  // vocabulary. Ignores the whole-text steps (Strip, joining with spaces).
+  std::optional<std::string> TokenBytes(int32_t id) const;
 
   // Beginning/end-of-sequence ids. BOS: the first SpecialToken of the
   // TemplateProcessing single template when it precedes the sequence,

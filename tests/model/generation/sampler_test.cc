@@ -81,6 +81,47 @@ TEST(SamplerTest, NanCountsAsMinusInfinity) {
   EXPECT_EQ(Sampler(Params(1.0f)).Sample(Logits({-kInf, -kInf, kNan}), {}), 0);
 }
 
+// A grammar's mask (grammar.h): ids outside it are never drawn, whatever
+// their logits, and greedy takes the best allowed one.
+TEST(SamplerTest, MaskedIdsAreNeverDrawn) {
+  // Allowed: 1, 3 and 33 (bit 1 of the second word).
+  const std::vector<uint32_t> mask = {(1u << 1) | (1u << 3), 1u << 1};
+  std::vector<float> values(40, 0.0f);
+  values[0] = 9;  // best, not allowed
+  values[3] = 2;
+  values[33] = 1;
+  values[39] = kInf;  // not allowed either
+  Sampler greedy(Params(0.0f));
+  EXPECT_EQ(greedy.Sample(Logits(values), {}, 0, absl::MakeConstSpan(mask)), 3);
+  // Allowed probabilities e^2 : e^1 : e^0 (0.67, 0.24, 0.09): top_p 0.9
+  // keeps the first two.
+  for (const auto& [top_p, expected] :
+       {std::pair<float, std::set<int32_t>>{1.0f, {1, 3, 33}},
+        {0.9f, {3, 33}}}) {
+    Sampler sampler(Params(1.0f, 0, top_p));
+    std::set<int32_t> drawn;
+    for (int i = 0; i < 300; ++i) {
+      drawn.insert(
+          sampler.Sample(Logits(values), {}, 0, absl::MakeConstSpan(mask)));
+    }
+    EXPECT_EQ(drawn, expected) << top_p;
+  }
+  // Penalties first, the mask after: a penalised id stays out.
+  SamplingParams penalized = Params(0.0f);
+  penalized.repetition_penalty = 100.0f;
+  const std::vector<int32_t> seen = {3};
+  EXPECT_EQ(Sampler(penalized).Sample(Logits(values), seen, 0,
+                                      absl::MakeConstSpan(mask)),
+            33);
+  // Nothing allowed is finite: the lowest allowed id.
+  std::vector<float> none(40, -kInf);
+  EXPECT_EQ(Sampler(Params(1.0f))
+                .Sample(Logits(none), {}, 0, absl::MakeConstSpan(mask)),
+            1);
+  // An empty mask allows nothing; no mask allows everything.
+  EXPECT_EQ(greedy.Sample(Logits(values), {}), 39);
+}
+
 // Found by fuzz/sampling_fuzzer: +inf made every weight NaN and the nucleus
 // empty (a read before the first candidate).
 TEST(SamplerTest, InfinityTakesAllTheProbability) {
