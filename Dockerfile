@@ -43,7 +43,7 @@ ARG DEBIAN_IMAGE=debian:bookworm
 # ---- build dependencies: exactly the README's install script ----
 FROM ${DEBIAN_IMAGE} AS deps
 WORKDIR /src
-COPY scripts/install_deps.sh scripts/install_deps.sh
+COPY scripts/install_deps.sh scripts/install_xgrammar.sh scripts/xgrammar.env scripts/
 # apt's lists and .debs live in cache mounts, not in the layer (the Debian
 # image's docker-clean hook would delete the .debs after each install).
 RUN --mount=type=cache,id=moh-apt-lists,target=/var/lib/apt/lists \

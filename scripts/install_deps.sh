@@ -2,7 +2,9 @@
 # Installs every Debian 12 package moh-serve needs to build, test and run.
 # Idempotent: packages already present are skipped; apt is touched only when
 # something is missing. Must run as root (or with sudo available).
-#   (no option)          the default build: Debian's LibTorch 1.13 (CPU)
+#   (no option)          the default build: Debian's LibTorch 1.13 (CPU),
+#                        and xgrammar's C++ core built from its pinned sdist
+#                        (install_xgrammar.sh, xgrammar.env) for every build
 #   --torch=wheel        also the second build's LibTorch: the PyPI torch wheel
 #                        (2.x with CUDA, version pinned in torch_wheel.env) in
 #                        the virtual environment $MOH_TORCH_VENV
@@ -79,6 +81,7 @@ main() {
     libgtest-dev libgmock-dev libbenchmark-dev
     python3 python3-torch python3-numpy python3-pil
     python3-grpcio python3-protobuf python3-pytest python3-yaml python3-jinja2
+    python3-jsonschema
     prometheus curl zlib1g-dev openssl
     clang libclang-rt-14-dev
   )
@@ -104,6 +107,14 @@ main() {
   esac
 
   install_missing install_deps "${PACKAGES[@]}"
+
+  # xgrammar's C++ core (response_format), which Debian does not package:
+  # built from its pinned sdist into /opt/moh-serve (xgrammar.env). Every
+  # build needs it; the runtime images do not (it links statically).
+  case "${1:-}" in
+    --runtime | --runtime-no-torch) ;;
+    *) bash "$here/install_xgrammar.sh" ;;
+  esac
 
   if [ "$torch_wheel" = 1 ]; then
     # shellcheck source=torch_wheel.env

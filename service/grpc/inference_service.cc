@@ -133,6 +133,13 @@ struct GenerateTraits {
     call.deadline = deadline;
     call.n = request.n() == 0 ? 1 : request.n();
     call.priority = request.priority();
+    const v1::ResponseFormat& format = request.response_format();
+    if (format.has_json_object()) {
+      call.response_format.type = ResponseFormat::Type::kJsonObject;
+    } else if (format.has_json_schema()) {
+      call.response_format = {ResponseFormat::Type::kJsonSchema,
+                              format.json_schema().schema()};
+    }
     return DispatchGenerate(models, request.model(), std::move(call),
                             std::nullopt, std::make_shared<Observer>(reactor),
                             dispatched);

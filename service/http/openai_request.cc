@@ -14,6 +14,7 @@
 #include "model/generation/sampler.h"
 #include "nlohmann/json.hpp"
 #include "service/http/openai_api.h"
+#include "service/http/response_format.h"
 #include "service/metrics/request_log.h"
 
 // The request bodies, parsed and checked (the answers are
@@ -118,8 +119,7 @@ absl::Status CheckUnsupported(Endpoint endpoint, const Fields& f) {
        {Off{endpoint == Endpoint::kChatCompletions ? "echo" : "", "false"},
         Off{"best_of", "null or 1"}, Off{"suffix", "null or \"\""},
         Off{"logit_bias", "null or {}"}, Off{"tools", "null or []"},
-        Off{"tool_choice", "null or \"none\""},
-        Off{"response_format", "null or {\"type\": \"text\"}"}}) {
+        Off{"tool_choice", "null or \"none\""}}) {
     const json* v = *o.name != '\0' ? f.Get(o.name) : nullptr;
     if (v == nullptr) continue;
     const bool off =
@@ -309,14 +309,14 @@ std::set<std::string> KnownFields(Endpoint endpoint) {
       "stop_token_ids", "ignore_eos", "min_tokens", "stream", "stream_options",
       "n", "repetition_penalty", "user", "activation_ratio",
       "min_activation_ratio", "logprobs", "prompt_logprobs", "min_p",
-      "presence_penalty", "frequency_penalty", "priority",
+      "presence_penalty", "frequency_penalty", "priority", "response_format",
       // Accepted only at their defaults (CheckUnsupported).
       "echo", "best_of", "suffix", "logit_bias"};
   if (endpoint == Endpoint::kCompletions) {
     known.insert("prompt");
   } else {
     known.insert({"messages", "max_completion_tokens", "add_generation_prompt",
-                  "top_logprobs", "tools", "tool_choice", "response_format"});
+                  "top_logprobs", "tools", "tool_choice"});
   }
   return known;
 }
@@ -501,6 +501,7 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
     MOH_RETURN_IF_ERROR(ReadEcho(f, &request));
   }
   MOH_RETURN_IF_ERROR(ReadActivation(f, &request.call));
+  MOH_RETURN_IF_ERROR(ReadResponseFormat(parsed, &request.call));
   MOH_ASSIGN_OR_RETURN(std::string user, f.String("user"));
   (void)user;  // accepted, not used
   MOH_RETURN_IF_ERROR(ReadStream(f, &request));

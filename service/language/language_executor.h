@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "model/generation/generator.h"
+#include "model/generation/grammar.h"
 #include "model/generation/language_model.h"
 #include "model/generation/sampler.h"
 #include "service/config/config_limits.h"
@@ -55,6 +56,9 @@ struct GenerationJob {
   int32_t n = 1;
   // [-kMaxPriority, kMaxPriority]; higher is admitted first.
   int32_t priority = 0;
+  // Structured output: each sample's draws are masked by its own matcher of
+  // this grammar (compiled for the model's tokenizer); null: unconstrained.
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 
 class LanguageExecutor {

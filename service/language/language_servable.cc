@@ -172,12 +172,36 @@ absl::StatusOr<uint64_t> LanguageServable::Generate(
   job.sampling.max_new_tokens =
       call.max_new_tokens.value_or(static_cast<int32_t>(std::max<int64_t>(
           1, std::min<int64_t>(default_max_new_tokens_, room))));
+  if (call.response_format.type != ResponseFormat::Type::kText) {
+    MOH_ASSIGN_OR_RETURN(job.grammar, Grammar(call.response_format));
+  }
   job.ratio = call.ratio;
   job.min_ratio = call.min_ratio;
   job.deadline = call.deadline;
   job.n = call.n;
   job.priority = call.priority;
   return executor_->Submit(std::move(job), std::move(observer));
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>>
+LanguageServable::Grammar(const ResponseFormat& format) {
+  if (!lm_.tokenizer) {
+    return FieldError("response_format",
+                      absl::StrCat("needs a model with a tokenizer; '", name(),
+                                   "' has no tokenizer.json"));
+  }
+  GrammarCompiler* compiler = nullptr;
+  {
+    absl::MutexLock lock(&grammar_mu_);
+    if (grammar_compiler_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<GrammarCompiler>> created =
+          GrammarCompiler::Create(*lm_.tokenizer, lm_.eos_ids, {});
+      if (!created.ok()) return created.status();
+      grammar_compiler_ = std::move(*created);
+    }
+    compiler = grammar_compiler_.get();  // lives as long as the servable
+  }
+  return compiler->Compile(format);
 }
 
 absl::StatusOr<std::string> LanguageServable::ChatPrompt(

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "model/generation/grammar.h"
 #include "model/generation/language_model.h"
 #include "moh/v1/server_config.pb.h"
 #include "service/engine/batched_classifier.h"
@@ -57,6 +59,10 @@ class LanguageServable : public Servable {
   // OK when the model has a tokenizer, else a FieldError naming "model".
   absl::Status HasTokenizer() const;
   void ScoreLabels(ClassifyTask& task);
+  // The grammar of a structured output (on a request worker: compiles run
+  // here, never on the engine loop). The compiler is made at the first one.
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Grammar(
+      const ResponseFormat& format);
 
   const int32_t default_max_new_tokens_;
   const LanguageModel lm_;
@@ -68,6 +74,9 @@ class LanguageServable : public Servable {
   // bad, whose error the chat template's warning names).
   TokenizerConfig tokenizer_config_;
   ModelMetrics* const metrics_;
+  absl::Mutex grammar_mu_;
+  std::unique_ptr<GrammarCompiler> grammar_compiler_
+      ABSL_GUARDED_BY(grammar_mu_);
   std::unique_ptr<LanguageExecutor> executor_;
   std::unique_ptr<BatchedClassifier> classifier_;  // last: stopped first
 };

@@ -31,7 +31,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
       seq.activation = seq.activation.Lowered(model_.config().moh);
     }
     seq.output.emplace(seq.job.sampling, seq.job.prompt_ids,
-                       lm_.tokenizer.get(), lm_.eos_ids);
+                       lm_.tokenizer.get(), lm_.eos_ids, seq.job.grammar);
     seq.head_tokens.assign(num_head_counters_, 0);
   }
 

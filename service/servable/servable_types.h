@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "model/generation/generator.h"
+#include "model/generation/grammar.h"
 #include "model/generation/sampler.h"
 
 namespace moh {
@@ -51,6 +52,9 @@ struct GenerateCall {
   absl::Time deadline = absl::InfiniteFuture();
   int32_t n = 1;         // samples, [1, kMaxSamples]
   int32_t priority = 0;  // [-kMaxPriority, kMaxPriority]; higher first
+  // Structured output: the grammar the output must follow (compiled by the
+  // servable on the request worker; errors name its fields).
+  ResponseFormat response_format;
 };
 
 struct GenerateImageCall {
