@@ -501,7 +501,7 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
     MOH_RETURN_IF_ERROR(ReadEcho(f, &request));
   }
   MOH_RETURN_IF_ERROR(ReadActivation(f, &request.call));
-  MOH_RETURN_IF_ERROR(ReadResponseFormat(parsed, &request.call));
+  MOH_RETURN_IF_ERROR(ReadResponseFormat(parsed, body, &request.call));
   MOH_ASSIGN_OR_RETURN(std::string user, f.String("user"));
   (void)user;  // accepted, not used
   MOH_RETURN_IF_ERROR(ReadStream(f, &request));

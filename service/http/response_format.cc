@@ -13,7 +13,8 @@ namespace {
 
 using nlohmann::json;
 
-absl::Status ReadJsonSchema(const json& format, ResponseFormat* out) {
+absl::Status ReadJsonSchema(const json& format, absl::string_view raw_body,
+                            ResponseFormat* out) {
   const auto it = format.find("json_schema");
   if (it == format.end() || !it->is_object()) {
     return FieldError("response_format.json_schema",
@@ -48,13 +49,19 @@ absl::Status ReadJsonSchema(const json& format, ResponseFormat* out) {
                      schema == spec.end() ? "nothing" : schema->type_name()));
   }
   out->type = ResponseFormat::Type::kJsonSchema;
-  out->schema = schema->dump();
+  // `json` sorts keys; the schema's text keeps the client's order.
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(raw_body, nullptr, false);
+  out->schema = ordered.is_object()
+                    ? ordered["response_format"]["json_schema"]["schema"].dump()
+                    : schema->dump();
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status ReadResponseFormat(const json& body, GenerateCall* call) {
+absl::Status ReadResponseFormat(const json& body, absl::string_view raw_body,
+                                GenerateCall* call) {
   const auto it = body.find("response_format");
   if (it == body.end() || it->is_null()) return absl::OkStatus();
   const json& format = *it;
@@ -76,7 +83,7 @@ absl::Status ReadResponseFormat(const json& body, GenerateCall* call) {
     return absl::OkStatus();
   }
   if (name == "json_schema") {
-    return ReadJsonSchema(format, &call->response_format);
+    return ReadJsonSchema(format, raw_body, &call->response_format);
   }
   return FieldError("response_format.type",
                     absl::StrCat("must be \"text\", \"json_object\" or "

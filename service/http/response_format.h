@@ -8,6 +8,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json_fwd.hpp"
 #include "service/servable/servable_types.h"
 
@@ -15,10 +16,13 @@ namespace moh {
 namespace openai {
 
 // Reads `body`'s response_format (a JSON object's field) into
-// call->response_format. INVALID_ARGUMENT naming the field
+// call->response_format; `raw_body` is the text `body` was parsed from, read
+// again for a schema so that its properties keep the client's order (the
+// order the output writes them in). INVALID_ARGUMENT naming the field
 // ("response_format.type", "response_format.json_schema.schema", ...) when
 // it is not one of the forms above.
-absl::Status ReadResponseFormat(const nlohmann::json& body, GenerateCall* call);
+absl::Status ReadResponseFormat(const nlohmann::json& body,
+                                absl::string_view raw_body, GenerateCall* call);
 
 }  // namespace openai
 }  // namespace moh

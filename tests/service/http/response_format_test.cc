@@ -17,7 +17,7 @@ using ::testing::HasSubstr;
 
 absl::StatusOr<ResponseFormat> Read(const json& body) {
   GenerateCall call;
-  absl::Status status = ReadResponseFormat(body, &call);
+  absl::Status status = ReadResponseFormat(body, body.dump(), &call);
   if (!status.ok()) return status;
   return call.response_format;
 }
@@ -45,6 +45,18 @@ TEST(ResponseFormatTest, JsonObjectAndJsonSchema) {
   ASSERT_TRUE(with_schema.ok()) << with_schema.status();
   EXPECT_EQ(with_schema->type, ResponseFormat::Type::kJsonSchema);
   EXPECT_EQ(json::parse(with_schema->schema), schema);
+}
+
+TEST(ResponseFormatTest, TheSchemaKeepsTheClientsOrder) {
+  const std::string raw =
+      R"({"response_format": {"type": "json_schema", "json_schema": )"
+      R"({"schema": {"type": "object", "properties": )"
+      R"({"zeta": {"type": "integer"}, "alpha": {"type": "string"}}}}}})";
+  GenerateCall call;
+  ASSERT_TRUE(ReadResponseFormat(json::parse(raw), raw, &call).ok());
+  const std::string& schema = call.response_format.schema;
+  EXPECT_LT(schema.find("zeta"), schema.find("alpha")) << schema;
+  EXPECT_LT(schema.find("\"type\""), schema.find("properties")) << schema;
 }
 
 TEST(ResponseFormatTest, MalformedFormsNameTheirField) {
