@@ -25,6 +25,9 @@
 #              and test binaries name it; gpu_check.sh links it to its checkout)
 # all packed as DIR/bundle.tar.xz (about 25 MB: OpenBLAS alone is 36 MB
 # unpacked), which gpu_check.sh unpacks.
+# xgrammar (response_format) is a static library linked into the binaries:
+# install_deps.sh builds it here (install_xgrammar.sh), the device needs
+# nothing of it.
 # Why binaries rather than .deb files to build from: a build of the CUDA
 # LibTorch targets takes longer than a lease's 10-minute command on 16 cores,
 # while the bundle is carried in seconds and starts at once.
