@@ -9,7 +9,10 @@
 //                sequences, each constrained (a schema no row completes in
 //                64 tokens, so that both sides decode as many) or not:
 //                tokens/s with the model's forward included.
-// The instruction set the kernels use is printed in the context.
+// The instruction set the kernels use is printed in the context. Measured
+// (MOH_BENCH_THREADS=1, 2.6 GHz AVX-512F, 3 repetitions): Next 1.31 -> 4.41
+// us greedy, 8.97 -> 11.49 us sampled; Generate 4.88k -> 4.26k tokens/s at
+// one row, 9.68k -> 9.26k at eight.
 //
 //   build/bench/moh_grammar_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
