@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "model/generation/sampler.h"
 #include "nlohmann/json.hpp"
+#include "service/http/json_body.h"
 #include "service/http/openai_api.h"
 #include "service/metrics/request_log.h"
 
@@ -24,88 +25,12 @@ namespace {
 
 using nlohmann::json;
 
+using json_body::Fields;
+
 // An error about `field` (already this API's name: HttpFieldName keeps it).
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return FieldError(field, what);
 }
-
-// A JSON value's type for messages.
-std::string TypeName(const json& v) { return v.type_name(); }
-
-// Reads body fields; a null value counts as absent (OpenAI's clients send
-// null for "default").
-class Fields {
- public:
-  explicit Fields(const json& body) : body_(body) {}
-
-  const json* Get(const std::string& name) const {
-    auto it = body_.find(name);
-    if (it == body_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  absl::StatusOr<std::optional<double>> Number(const std::string& name,
-                                               double lo, double hi,
-                                               bool lo_open = false) const {
-    const json* v = Get(name);
-    if (v == nullptr) return std::optional<double>();
-    if (!v->is_number()) {
-      return Invalid(name,
-                     absl::StrCat("must be a number, got ", TypeName(*v)));
-    }
-    const double x = v->get<double>();
-    const bool above = lo_open ? x > lo : x >= lo;
-    if (!(above && x <= hi)) {
-      return Invalid(name, absl::StrCat("must be in ", lo_open ? "(" : "[", lo,
-                                        ", ", hi, "], got ", x));
-    }
-    return std::optional<double>(x);
-  }
-
-  absl::StatusOr<std::optional<int64_t>> Integer(const std::string& name,
-                                                 int64_t lo, int64_t hi) const {
-    const json* v = Get(name);
-    if (v == nullptr) return std::optional<int64_t>();
-    if (!v->is_number_integer()) {
-      return Invalid(name,
-                     absl::StrCat("must be an integer, got ", TypeName(*v)));
-    }
-    if (v->is_number_unsigned() &&
-        v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-      return Invalid(name, absl::StrCat("must be in [", lo, ", ", hi, "], got ",
-                                        v->get<uint64_t>()));
-    }
-    const int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) {
-      return Invalid(name,
-                     absl::StrCat("must be in [", lo, ", ", hi, "], got ", x));
-    }
-    return std::optional<int64_t>(x);
-  }
-
-  absl::StatusOr<bool> Bool(const std::string& name, bool fallback) const {
-    const json* v = Get(name);
-    if (v == nullptr) return fallback;
-    if (!v->is_boolean()) {
-      return Invalid(name,
-                     absl::StrCat("must be true or false, got ", TypeName(*v)));
-    }
-    return v->get<bool>();
-  }
-
-  absl::StatusOr<std::string> String(const std::string& name) const {
-    const json* v = Get(name);
-    if (v == nullptr) return std::string();
-    if (!v->is_string()) {
-      return Invalid(name,
-                     absl::StrCat("must be a string, got ", TypeName(*v)));
-    }
-    return v->get<std::string>();
-  }
-
- private:
-  const json& body_;
-};
 
 // Fields OpenAI defines that this server accepts only at their defaults
 // (the value that means "off"), so that a client relying on one hears so.
@@ -233,8 +158,8 @@ absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const Fields& f) {
         const json& part = (*content)[k];
         const std::string part_at = absl::StrCat(at, ".content[", k, "]");
         if (!part.is_object()) {
-          return Invalid(
-              part_at, absl::StrCat("must be an object, got ", TypeName(part)));
+          return Invalid(part_at, absl::StrCat("must be an object, got ",
+                                               part.type_name()));
         }
         // Every value read by its type first: a number where a string
         // belongs is the client's error, never an exception.
@@ -319,28 +244,6 @@ std::set<std::string> KnownFields(Endpoint endpoint) {
                   "top_logprobs", "tools", "tool_choice", "response_format"});
   }
   return known;
-}
-
-// The body as a JSON object whose every field this endpoint knows.
-absl::StatusOr<json> ReadBody(Endpoint endpoint, absl::string_view body) {
-  json parsed = json::parse(body.begin(), body.end(), nullptr,
-                            /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return absl::InvalidArgumentError("the body must be JSON");
-  }
-  if (!parsed.is_object()) {
-    return absl::InvalidArgumentError("the body must be a JSON object");
-  }
-  const std::set<std::string> known = KnownFields(endpoint);
-  for (const auto& [key, value] : parsed.items()) {
-    if (known.count(key) == 0) {
-      // Not a field: no `param`.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "\"", Abbreviate(key), "\" is not a field of this endpoint (fields: ",
-          absl::StrJoin(known, ", "), ")"));
-    }
-  }
-  return parsed;
 }
 
 // Sampling: the token budget, the sampler's fields, stops, samples,
@@ -483,7 +386,8 @@ absl::Status ReadStream(const Fields& f, GenerationRequest* request) {
 
 absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
                                                absl::string_view body) {
-  MOH_ASSIGN_OR_RETURN(const json parsed, ReadBody(endpoint, body));
+  MOH_ASSIGN_OR_RETURN(const json parsed,
+                       json_body::ReadObject(body, KnownFields(endpoint)));
   const Fields f(parsed);
   MOH_RETURN_IF_ERROR(CheckUnsupported(endpoint, f));
   GenerationRequest request;
@@ -516,10 +420,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
   try {
     return ParseChecked(endpoint, body);
   } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the body holds a value of a type this endpoint does not "
-                     "take (",
-                     Abbreviate(e.what(), 200), ")"));
+    return json_body::TypeError(e);
   }
 }
 

@@ -196,7 +196,7 @@ def test_errors_are_anthropics_and_name_the_field(client, server):
     assert e.value.status_code == 400
     assert e.value.body["type"] == "error"
     assert e.value.body["error"]["type"] == "invalid_request_error"
-    assert "temperature must be a number in [0, 1], got 1.5" in e.value.message
+    assert "temperature must be in [0, 1], got 1.5" in e.value.message
     with pytest.raises(anthropic.BadRequestError) as e:
         create(client, extra_body={"bogus": 1})
     assert "\"bogus\" is not a field of this endpoint" in e.value.message
