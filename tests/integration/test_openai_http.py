@@ -17,17 +17,12 @@ import os
 import re
 import shutil
 import socket
-import time
 
 import pytest
 
 import moh_testlib as lib
 
-if os.environ.get("CI") == "true":
-    import openai  # the test environment must have it under CI
-else:
-    openai = pytest.importorskip(
-        "openai", reason="the openai client: bash scripts/install_deps.sh --test")
+openai = lib.client_library("openai")
 
 DEMO_LM = os.path.join(lib.SOURCE_DIR, "models", "demo-lm")
 ALIAS = 'aliases { name: "demo-lm@0.5" activation_ratio: 0.5 }'
@@ -69,19 +64,7 @@ def stub(server, api):
     return api.grpc.InferenceStub(server.channel())
 
 
-def request(server, method, path, body=None, headers=None):
-    """(status, headers, parsed JSON or text) of one raw HTTP request."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port,
-                                      timeout=lib.RPC_TIMEOUT)
-    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body)
-    conn.request(method, path, body=data, headers=headers or {})
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    try:
-        return response.status, response, json.loads(text)
-    except ValueError:
-        return response.status, response, text
+request = lib.http_request
 
 
 def grpc_greedy(api, stub, prompt, n, ratio=0.0):
