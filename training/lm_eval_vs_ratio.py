@@ -86,7 +86,7 @@ def run_lm_eval(args, url, model, out_dir):
         "model=%s,base_url=%s/v1/completions,tokenizer_backend=remote,"
         "num_concurrent=1,max_retries=1" % (model, url),
         "--tasks", *args.tasks.split(","), "--include_path", args.include_path,
-        "--output_path", out_dir, "--batch_size", "1",
+        "--output_path", out_dir, "--batch_size", str(args.batch_size),
     ]
     if args.limit:
         command += ["--limit", str(args.limit)]
@@ -145,6 +145,8 @@ def main():
     parser.add_argument("--include_path",
                         default=os.path.join(REPO, "tests", "integration", "lm_eval_tasks"))
     parser.add_argument("--limit", type=int, default=0, help="documents per task (0: all)")
+    parser.add_argument("--batch_size", type=int, default=8,
+                        help="prompts per request (lm-eval's batch form)")
     parser.add_argument("--log_samples", action="store_true")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per lm_eval run")
     parser.add_argument("--out", default="lm_eval_vs_ratio")

@@ -100,12 +100,14 @@ struct Stream {
     if (!update.done) return;
     run.RecordEnd(update);
     if (!update.error.ok()) {
+      run.StopGenerations();  // the other prompts'
       // The status line went out with the first bytes: the error is an event.
       Event(openai::ErrorJson(update.error));
     } else if (run.include_usage) {
       openai::Chunk chunk{run.response_id, run.created, run.answered_model};
-      Event(openai::UsageChunkJson(run.endpoint, chunk,
-                                   openai::CombineSummaries(run.summaries)));
+      Event(openai::UsageChunkJson(
+          run.endpoint, chunk,
+          openai::CombineSummaries(run.summaries, run.samples)));
     }
     absl::StrAppend(&pending, "data: [DONE]\n\n");
     ended = true;

@@ -33,7 +33,8 @@ struct Running {
   std::string model;
   std::string answered_model;  // the alias asked for, else `model`
   Servable* servable = nullptr;
-  uint64_t id = 0;
+  std::vector<uint64_t> ids;  // a generation per prompt
+  int32_t samples = 1;        // `n` (choices per prompt)
   std::shared_ptr<GenerationSink> sink;
   std::string response_id;
   int64_t created = 0;
@@ -103,8 +104,12 @@ struct Running {
   // The client went (or the server stops): the generation stops, counted
   // as CANCELLED.
   void Cancel() {
-    servable->CancelGenerate(id);
+    StopGenerations();
     Record(absl::StatusCode::kCancelled);
+  }
+  // Every prompt's generation stops (one failed, or the request ends).
+  void StopGenerations() {
+    for (uint64_t id : ids) servable->CancelGenerate(id);
   }
 };
 

@@ -1,6 +1,7 @@
 #include "service/http/openai_http_generation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -47,7 +48,9 @@ struct HttpGeneration::Call {
   BodyReservation reservation;
   Running run;  // the worker's until `prepared` (but for what Start set)
   std::optional<openai::GenerationRequest> request;
-  absl::StatusOr<uint64_t> id = absl::UnknownError("not prepared");
+  // A generation per prompt.
+  absl::StatusOr<std::vector<uint64_t>> ids =
+      absl::UnknownError("not prepared");
   // Not streamed: the output so far, once it runs.
   std::vector<openai::ChoiceOutput> choices;
   bool started = false;  // the handler has taken the prepared request
@@ -65,9 +68,9 @@ struct HttpGeneration::Call {
     return prepared;
   }
 
-  // On a request worker: the body to a generation submitted to its model
-  // (its id); `run` and `request` are filled as far as it got.
-  absl::StatusOr<uint64_t> Prepare() {
+  // On a request worker: the body to the generations submitted to its model
+  // (their ids); `run` and `request` are filled as far as it got.
+  absl::StatusOr<std::vector<uint64_t>> Prepare() {
     const bool messages = run.endpoint == Endpoint::kMessages;
     absl::StatusOr<openai::GenerationRequest> parsed =
         messages ? anthropic::ParseMessagesRequest(body)
@@ -89,39 +92,69 @@ struct HttpGeneration::Call {
                  request->call.sampling.prompt_logprobs.has_value() &&
                      !request->echo.prompt_logprobs_unasked};
     run.echo = request->echo;
-    Dispatched dispatched;
-    // `n` stays readable: an int survives the move.
-    absl::StatusOr<uint64_t> submitted =
-        DispatchGenerate(*env.models, request->model, std::move(request->call),
-                         chat, run.sink, &dispatched);
-    run.model = std::move(dispatched.model);
-    run.answered_model =
-        dispatched.alias.empty() ? run.model : dispatched.alias;
-    run.servable = dispatched.servable;
-    return submitted;
+    run.samples = request->call.n;
+    return Submit(chat);
+  }
+
+  // Submits a generation per prompt (completions may hold several; the
+  // others one); on an error, what was submitted stops.
+  absl::StatusOr<std::vector<uint64_t>> Submit(
+      const std::optional<ChatConversation>& chat) {
+    const int32_t prompts =
+        std::max<int32_t>(1, static_cast<int32_t>(request->prompts.size()));
+    auto prompts_left = std::make_shared<std::atomic<int32_t>>(prompts);
+    std::vector<uint64_t> ids;
+    for (int32_t p = 0; p < prompts; ++p) {
+      GenerateCall call = request->call;
+      if (p > 0) {
+        call.prompt = request->prompts[p].text;
+        call.token_ids = request->prompts[p].token_ids;
+      }
+      std::shared_ptr<GenerationObserver> observer = run.sink;
+      if (prompts > 1) {
+        observer = std::make_shared<PromptObserver>(run.sink, p * call.n,
+                                                    prompts_left);
+      }
+      Dispatched dispatched;
+      absl::StatusOr<uint64_t> submitted =
+          DispatchGenerate(*env.models, request->model, std::move(call), chat,
+                           std::move(observer), &dispatched);
+      run.model = std::move(dispatched.model);
+      run.answered_model =
+          dispatched.alias.empty() ? run.model : dispatched.alias;
+      run.servable = dispatched.servable;
+      if (!submitted.ok()) {
+        for (uint64_t id : ids) run.servable->CancelGenerate(id);
+        return submitted.status();
+      }
+      ids.push_back(*submitted);
+    }
+    return ids;
   }
 
   // On a request worker: prepares, then hands the result to the handler
   // (or cancels what it submitted for a handler that gave up).
   void PrepareAndWake() {
-    absl::StatusOr<uint64_t> prepared_id;
+    absl::StatusOr<std::vector<uint64_t>> prepared_ids;
     // The worker's own last resort: an exception is this request's error.
     try {
-      prepared_id = Prepare();
+      prepared_ids = Prepare();
     } catch (const std::exception& e) {
-      prepared_id = UnexpectedException(absl::StrCat("http ", RpcName(run.rpc)),
-                                        run.request_id, e.what());
+      prepared_ids = UnexpectedException(
+          absl::StrCat("http ", RpcName(run.rpc)), run.request_id, e.what());
     }
     bool given_up;
     {
       absl::MutexLock lock(&mu);
-      id = std::move(prepared_id);
+      ids = std::move(prepared_ids);
       prepared = true;
       given_up = abandoned;
     }
     // Given up while it was prepared (and counted then): what was submitted
     // stops.
-    if (given_up && id.ok()) run.servable->CancelGenerate(*id);
+    if (given_up && ids.ok()) {
+      for (uint64_t id : *ids) run.servable->CancelGenerate(id);
+    }
     waker->Wake();
   }
 
@@ -181,8 +214,9 @@ void HttpGeneration::Abandon(absl::StatusCode code) {
     // request is counted without its model.
     RecordRequest(nullptr, call.env.models->metrics(), run.rpc, "", code,
                   run.start, run.request_id);
-  } else if (call.id.ok()) {
-    call.run.servable->CancelGenerate(*call.id);
+  } else if (call.ids.ok()) {
+    call.run.ids = *call.ids;
+    call.run.StopGenerations();
     call.run.Record(code);
   } else {
     call.RecordUnrun(code);
@@ -205,19 +239,22 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
         continue;
       }
       call.started = true;
-      if (!call.id.ok()) {
-        call.RecordUnrun(call.id.status().code());
+      if (!call.ids.ok()) {
+        call.RecordUnrun(call.ids.status().code());
         *answered = true;
         return RespondError(connection, run.endpoint, run.request_id,
-                            call.id.status());
+                            call.ids.status());
       }
-      run.id = *call.id;
+      run.ids = *call.ids;
       run.response_id = run.endpoint == Endpoint::kMessages
                             ? anthropic::NewId()
                             : openai::NewId(run.endpoint);
       run.created = absl::ToUnixSeconds(absl::Now());
       run.include_usage = call.request->include_usage;
-      const int32_t n = call.request->call.n;
+      const int32_t n =
+          call.request->call.n *
+          std::max<int32_t>(1,
+                            static_cast<int32_t>(call.request->prompts.size()));
       if (call.request->stream) {
         *answered = true;
         return StartStream(connection, std::move(run), call.waker, n);
@@ -235,6 +272,7 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
     if (update.done) {
       *answered = true;
       if (!update.error.ok()) {
+        run.StopGenerations();  // the other prompts'
         run.Record(update.error.code());
         return RespondError(connection, run.endpoint, run.request_id,
                             update.error);
@@ -254,12 +292,13 @@ MHD_Result HttpGeneration::Continue(MHD_Connection* connection,
       for (const GenerationSummary& summary : run.summaries) {
         choices[summary.index].summary = &summary;
       }
-      openai::Finished finished{run.response_id,
-                                run.created,
-                                run.answered_model,
-                                std::move(choices),
-                                openai::CombineSummaries(run.summaries),
-                                run.asked};
+      openai::Finished finished{
+          run.response_id,
+          run.created,
+          run.answered_model,
+          std::move(choices),
+          openai::CombineSummaries(run.summaries, run.samples),
+          run.asked};
       return HttpRespond(
           connection, 200,
           openai::ResponseJson(run.endpoint, finished, run.TokenText()), kJson,

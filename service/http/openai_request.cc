@@ -89,43 +89,49 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list,
 // further, in the servable).
 constexpr int64_t kMaxTokens = 1 << 20;
 
-constexpr char kPromptShape[] = "a string or a list of token ids";
+constexpr char kPromptShape[] =
+    "a string, a list of token ids, or a list of those";
 
-// prompt: a string, a list of token ids, or a list holding one of those.
-absl::Status ReadPrompt(const Fields& f, GenerateCall* call) {
+// One prompt of a list: a string or a non-empty list of token ids.
+absl::StatusOr<Prompt> OnePrompt(const json& p, const std::string& field) {
+  Prompt prompt;
+  if (p.is_string()) {
+    prompt.text = p.get<std::string>();
+  } else if (p.is_array() && !p.empty()) {
+    MOH_ASSIGN_OR_RETURN(prompt.token_ids, TokenIds(p, field, kPromptShape));
+  } else {
+    return Invalid(field, "must be a string or a non-empty list of token ids");
+  }
+  return prompt;
+}
+
+// prompt: a string, a list of token ids, or a list of those (OpenAI's batch
+// form: one request's choices per prompt), at most kMaxPrompts. The call
+// takes the first.
+absl::Status ReadPrompts(const Fields& f, GenerationRequest* request) {
   const json* p = f.Get("prompt");
   if (p == nullptr) return Invalid("prompt", "is required");
-  if (p->is_string()) {
-    call->prompt = p->get<std::string>();
-    return absl::OkStatus();
+  if (!p->is_string() && (!p->is_array() || p->empty())) {
+    return Invalid("prompt", absl::StrCat("must be ", kPromptShape));
   }
-  if (!p->is_array() || p->empty()) {
-    return Invalid("prompt", "must be a string or a list of token ids");
+  std::vector<Prompt>& prompts = request->prompts;
+  if (p->is_string() || (*p)[0].is_number_integer()) {
+    MOH_ASSIGN_OR_RETURN(Prompt one, OnePrompt(*p, "prompt"));
+    prompts.push_back(std::move(one));
+  } else {
+    if (p->size() > static_cast<size_t>(kMaxPrompts)) {
+      return Invalid("prompt", absl::StrCat("must hold at most ", kMaxPrompts,
+                                            " prompts, got ", p->size()));
+    }
+    for (size_t i = 0; i < p->size(); ++i) {
+      MOH_ASSIGN_OR_RETURN(Prompt one,
+                           OnePrompt((*p)[i], absl::StrCat("prompt[", i, "]")));
+      prompts.push_back(std::move(one));
+    }
   }
-  const json& first = (*p)[0];
-  if (first.is_number_integer()) {
-    auto ids = TokenIds(*p, "prompt", kPromptShape);
-    if (!ids.ok()) return ids.status();
-    call->token_ids = std::move(*ids);
-    return absl::OkStatus();
-  }
-  if (p->size() != 1) {
-    return Invalid(
-        "prompt", absl::StrCat("must hold one prompt (one request per prompt), "
-                               "got ",
-                               p->size()));
-  }
-  if (first.is_string()) {
-    call->prompt = first.get<std::string>();
-    return absl::OkStatus();
-  }
-  if (first.is_array() && !first.empty()) {
-    auto ids = TokenIds(first, "prompt", kPromptShape);
-    if (!ids.ok()) return ids.status();
-    call->token_ids = std::move(*ids);
-    return absl::OkStatus();
-  }
-  return Invalid("prompt", "must be a string or a list of token ids");
+  request->call.prompt = prompts.front().text;
+  request->call.token_ids = prompts.front().token_ids;
+  return absl::OkStatus();
 }
 
 // messages: [{"role": "system"|"user"|"assistant"|..., "content": text or
@@ -347,8 +353,8 @@ absl::Status ReadEcho(const Fields& f, GenerationRequest* request) {
     echo.prompt_logprobs_unasked = !s.prompt_logprobs.has_value();
     s.prompt_logprobs = std::max(s.prompt_logprobs.value_or(0), *s.logprobs);
   }
-  echo.prompt = call.prompt;
-  if (call.token_ids) echo.prompt_ids = *call.token_ids;
+  echo.prompts = request->prompts;
+  echo.samples = call.n;
   return absl::OkStatus();
 }
 
@@ -394,7 +400,7 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
   request.endpoint = endpoint;
   MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
   if (endpoint == Endpoint::kCompletions) {
-    MOH_RETURN_IF_ERROR(ReadPrompt(f, &request.call));
+    MOH_RETURN_IF_ERROR(ReadPrompts(f, &request));
   } else {
     MOH_ASSIGN_OR_RETURN(request.messages, ReadMessages(f));
     MOH_ASSIGN_OR_RETURN(request.add_generation_prompt,

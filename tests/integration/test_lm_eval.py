@@ -8,8 +8,9 @@
   scripts/eval_requirements.txt) with the tasks of lm_eval_tasks/ (one
   multiple-choice task scored by log-likelihood, one generate_until task) at
   ratios 0.5 and 1.0 through model aliases (demo-lm@0.5, demo-lm@1), with the
-  server's own tokenizer (/tokenize): every sample's log-likelihood and
-  generation, and so every score, equal the same computation through gRPC.
+  server's own tokenizer (/tokenize), four prompts per request (lm-eval's
+  batch form): every sample's log-likelihood and generation, and so every
+  score, equal the same computation through gRPC.
 """
 import glob
 import json
@@ -97,7 +98,7 @@ def evaluated(server, tmp_path_factory):
                     "--url", "http://127.0.0.1:%d" % server.http_port, "--model", "demo-lm",
                     "--ratios", ",".join("%g" % r for r in RATIOS),
                     "--tasks", "moh_kjv_next_word,moh_kjv_continue", "--include_path", TASKS,
-                    "--log_samples", "--timeout", "600", "--out", out],
+                    "--log_samples", "--batch_size", "4", "--timeout", "600", "--out", out],
                    check=True, timeout=900)
     return out
 
