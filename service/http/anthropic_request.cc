@@ -11,6 +11,7 @@
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "service/http/anthropic_api.h"
+#include "service/http/json_body.h"
 
 // A Messages request body, parsed and checked (the answers are
 // anthropic_response.cc's).
@@ -18,6 +19,7 @@ namespace moh {
 namespace anthropic {
 namespace {
 
+using json_body::Fields;
 using nlohmann::json;
 
 constexpr int64_t kMaxTokens = 1 << 20;
@@ -26,50 +28,37 @@ constexpr int64_t kMaxTokens = 1 << 20;
 // reason rather than as unknown.
 constexpr const char* kNotServed[] = {"tools", "tool_choice", "thinking"};
 
-// The fields of the body this endpoint takes.
+// The fields of the body this endpoint takes, and those it refuses with the
+// reason.
 const std::set<std::string>& KnownFields() {
-  static const std::set<std::string>* known =
-      new std::set<std::string>{"model",
-                                "messages",
-                                "system",
-                                "max_tokens",
-                                "stop_sequences",
-                                "temperature",
-                                "top_p",
-                                "top_k",
-                                "stream",
-                                "metadata",
-                                "activation_ratio",
-                                "min_activation_ratio"};
+  static const std::set<std::string>* known = [] {
+    auto* names = new std::set<std::string>{"model",
+                                            "messages",
+                                            "system",
+                                            "max_tokens",
+                                            "stop_sequences",
+                                            "temperature",
+                                            "top_p",
+                                            "top_k",
+                                            "stream",
+                                            "metadata",
+                                            "activation_ratio",
+                                            "min_activation_ratio"};
+    names->insert(std::begin(kNotServed), std::end(kNotServed));
+    return names;
+  }();
   return *known;
 }
 
 // The body's object, every field known; a field this server cannot honour
 // named with the reason (a null one counts as absent).
 absl::StatusOr<json> ReadBody(absl::string_view body) {
-  json parsed = json::parse(body.begin(), body.end(), nullptr,
-                            /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return absl::InvalidArgumentError("the body must be JSON");
-  }
-  if (!parsed.is_object()) {
-    return absl::InvalidArgumentError("the body must be a JSON object");
-  }
+  MOH_ASSIGN_OR_RETURN(json parsed, json_body::ReadObject(body, KnownFields()));
   for (const char* name : kNotServed) {
-    auto it = parsed.find(name);
-    if (it != parsed.end() && !it->is_null()) {
+    if (Fields(parsed).Get(name) != nullptr) {
       return FieldError(name,
                         "is not supported by this server (it generates text "
                         "only): leave it out");
-    }
-  }
-  for (const auto& [key, value] : parsed.items()) {
-    if (KnownFields().count(key) == 0 &&
-        std::find(std::begin(kNotServed), std::end(kNotServed), key) ==
-            std::end(kNotServed)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "\"", Abbreviate(key), "\" is not a field of this endpoint (fields: ",
-          absl::StrJoin(KnownFields(), ", "), ")"));
     }
   }
   return parsed;
@@ -77,46 +66,7 @@ absl::StatusOr<json> ReadBody(absl::string_view body) {
 
 // The value of `name`, or null when it is absent or null.
 const json* Find(const json& body, const std::string& name) {
-  auto it = body.find(name);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
-
-// A number field within [lo, hi] ((lo, hi] when `lo_open`).
-absl::StatusOr<std::optional<double>> Number(const json& body,
-                                             const std::string& name, double lo,
-                                             double hi, bool lo_open = false) {
-  const json* v = Find(body, name);
-  if (v == nullptr) return std::nullopt;
-  const bool in = v->is_number() &&
-                  (lo_open ? v->get<double>() > lo : v->get<double>() >= lo) &&
-                  v->get<double>() <= hi;
-  if (!in) {
-    return FieldError(
-        name, absl::StrCat("must be a number in ", lo_open ? "(" : "[", lo,
-                           ", ", hi, "], got ", Abbreviate(v->dump())));
-  }
-  return v->get<double>();
-}
-
-// An integer field within [lo, hi].
-absl::StatusOr<std::optional<int64_t>> Integer(const json& body,
-                                               const std::string& name,
-                                               int64_t lo, int64_t hi) {
-  const json* v = Find(body, name);
-  if (v == nullptr) return std::nullopt;
-  bool in = false;
-  if (v->is_number_unsigned()) {  // what JSON's non-negative integers parse to
-    const uint64_t x = v->get<uint64_t>();
-    in = x <= static_cast<uint64_t>(hi) &&
-         (lo <= 0 || x >= static_cast<uint64_t>(lo));
-  } else if (v->is_number_integer()) {
-    in = v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
-  }
-  if (!in) {
-    return FieldError(name, absl::StrCat("must be an integer in [", lo, ", ",
-                                         hi, "], got ", Abbreviate(v->dump())));
-  }
-  return v->get<int64_t>();
+  return Fields(body).Get(name);
 }
 
 // The text of `content` at `at`: a string, or a list of text blocks
@@ -217,28 +167,29 @@ absl::Status ReadStopSequences(const json& body, SamplingParams* sampling) {
 absl::Status ReadSampling(const json& body, GenerateCall* call) {
   SamplingParams& s = call->sampling;
   MOH_ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
-                       Integer(body, "max_tokens", 1, kMaxTokens));
+                       Fields(body).Integer("max_tokens", 1, kMaxTokens));
   if (!max_tokens) return FieldError("max_tokens", "is required");
   call->max_new_tokens = static_cast<int32_t>(*max_tokens);
   MOH_ASSIGN_OR_RETURN(std::optional<double> temperature,
-                       Number(body, "temperature", 0.0, 1.0));
+                       Fields(body).Number("temperature", 0.0, 1.0));
   s.temperature = static_cast<float>(temperature.value_or(1.0));
   call->sampling_set.temperature = temperature.has_value();
-  MOH_ASSIGN_OR_RETURN(std::optional<double> top_p,
-                       Number(body, "top_p", 0.0, 1.0, /*lo_open=*/true));
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<double> top_p,
+      Fields(body).Number("top_p", 0.0, 1.0, /*lo_open=*/true));
   s.top_p = static_cast<float>(top_p.value_or(1.0));
   call->sampling_set.top_p = top_p.has_value();
   MOH_ASSIGN_OR_RETURN(
       std::optional<int64_t> top_k,
-      Integer(body, "top_k", 0, std::numeric_limits<int32_t>::max()));
+      Fields(body).Integer("top_k", 0, std::numeric_limits<int32_t>::max()));
   s.top_k = static_cast<int32_t>(top_k.value_or(0));
   call->sampling_set.top_k = top_k.has_value();
   MOH_RETURN_IF_ERROR(ReadStopSequences(body, &s));
   MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
-                       Number(body, "activation_ratio", 0.0, 1.0));
+                       Fields(body).Number("activation_ratio", 0.0, 1.0));
   call->ratio = static_cast<float>(ratio.value_or(0.0));
   MOH_ASSIGN_OR_RETURN(std::optional<double> min_ratio,
-                       Number(body, "min_activation_ratio", 0.0, 1.0));
+                       Fields(body).Number("min_activation_ratio", 0.0, 1.0));
   call->min_ratio = static_cast<float>(min_ratio.value_or(0.0));
   return absl::OkStatus();
 }
@@ -292,10 +243,7 @@ absl::StatusOr<openai::GenerationRequest> ParseMessagesRequest(
   try {
     return ParseChecked(body);
   } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the body holds a value of a type this endpoint does not "
-                     "take (",
-                     Abbreviate(e.what(), 200), ")"));
+    return json_body::TypeError(e);
   }
 }
 

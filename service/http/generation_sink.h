@@ -5,6 +5,7 @@
 // thread calls the observer's methods, the connection's thread Take.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -100,6 +101,37 @@ class GenerationSink : public GenerationObserver {
   std::vector<GenerationSummary> finished_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+// One prompt's generation of a request that holds several (completions'
+// batch form), into the request's sink: its choices are the request's from
+// `first_choice` on, and its last summary is the request's last only once
+// every prompt's has come (`prompts_left`, shared by the prompts).
+class PromptObserver : public GenerationObserver {
+ public:
+  PromptObserver(std::shared_ptr<GenerationObserver> sink, int32_t first_choice,
+                 std::shared_ptr<std::atomic<int32_t>> prompts_left)
+      : sink_(std::move(sink)),
+        first_choice_(first_choice),
+        prompts_left_(std::move(prompts_left)) {}
+
+  void OnChunk(const GenerationChunk& chunk) override {
+    GenerationChunk shifted = chunk;
+    shifted.index += first_choice_;
+    sink_->OnChunk(shifted);
+  }
+  void OnFinished(const GenerationSummary& summary) override {
+    GenerationSummary shifted = summary;
+    shifted.index += first_choice_;
+    shifted.last = summary.last && prompts_left_->fetch_sub(1) == 1;
+    sink_->OnFinished(shifted);
+  }
+  void OnError(const absl::Status& status) override { sink_->OnError(status); }
+
+ private:
+  const std::shared_ptr<GenerationObserver> sink_;
+  const int32_t first_choice_;
+  const std::shared_ptr<std::atomic<int32_t>> prompts_left_;
 };
 
 }  // namespace moh

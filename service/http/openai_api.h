@@ -31,6 +31,14 @@ namespace openai {
 // same generation path with its own request and response JSON.
 enum class Endpoint { kCompletions, kChatCompletions, kMessages };
 
+// A completions prompt as sent: its text, or its token ids.
+struct Prompt {
+  std::optional<std::string> text;
+  std::optional<std::vector<int32_t>> token_ids;
+};
+// The most prompts one completions request may hold (OpenAI's batch form).
+inline constexpr int32_t kMaxPrompts = 64;
+
 // Completions' `echo`: the prompt comes back before the completion (OpenAI's
 // legacy API); with `logprobs`, so do its tokens and their log-probabilities,
 // the first token's null (lm-evaluation-harness scores log-likelihoods so).
@@ -40,9 +48,9 @@ struct Echo {
   bool prompt_only = false;
   // Alternatives per position (`logprobs`); unset: no log-probabilities.
   std::optional<int32_t> top_n;
-  // The prompt as sent: its text, or its token ids.
-  std::optional<std::string> prompt;
-  std::vector<int32_t> prompt_ids;
+  // The prompts as sent; choice i is of prompts[i / samples].
+  std::vector<Prompt> prompts;
+  int32_t samples = 1;  // `n`
   // prompt_logprobs is set for the echo only: the client did not ask it.
   bool prompt_logprobs_unasked = false;
 };
@@ -54,7 +62,11 @@ struct Echo {
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  // empty: the server's only (or first) language model
-  GenerateCall call;  // completions: the prompt; chat: no prompt yet
+  GenerateCall call;  // completions: the first prompt; chat: no prompt yet
+  // Completions: every prompt, each run as a request of `call`'s fields with
+  // `n` choices of its own: prompt p's sample i is choice p * n + i, as
+  // OpenAI and vLLM answer a batch.
+  std::vector<Prompt> prompts;
   std::vector<ChatMessage> messages;  // chat only
   bool add_generation_prompt = true;  // chat only
   bool stream = false;
@@ -142,10 +154,11 @@ struct LogprobsAsked {
   bool prompt = false;
 };
 
-// The summary of a request's n samples together: its prompt once, the
-// completion tokens of all, the effective ratio over all tokens computed.
+// The summary of a request's choices together (`n` of each prompt): each
+// prompt once, the completion tokens of all, the effective ratio over all
+// tokens computed.
 GenerationSummary CombineSummaries(
-    const std::vector<GenerationSummary>& samples);
+    const std::vector<GenerationSummary>& samples, int32_t n = 1);
 
 // The whole response of a finished request (stream false): every choice,
 // each with its summary, and `summary` (CombineSummaries) for usage and moh.

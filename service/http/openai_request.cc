@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "model/generation/sampler.h"
 #include "nlohmann/json.hpp"
+#include "service/http/json_body.h"
 #include "service/http/openai_api.h"
 #include "service/http/response_format.h"
 #include "service/metrics/request_log.h"
@@ -25,88 +26,12 @@ namespace {
 
 using nlohmann::json;
 
+using json_body::Fields;
+
 // An error about `field` (already this API's name: HttpFieldName keeps it).
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return FieldError(field, what);
 }
-
-// A JSON value's type for messages.
-std::string TypeName(const json& v) { return v.type_name(); }
-
-// Reads body fields; a null value counts as absent (OpenAI's clients send
-// null for "default").
-class Fields {
- public:
-  explicit Fields(const json& body) : body_(body) {}
-
-  const json* Get(const std::string& name) const {
-    auto it = body_.find(name);
-    if (it == body_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  absl::StatusOr<std::optional<double>> Number(const std::string& name,
-                                               double lo, double hi,
-                                               bool lo_open = false) const {
-    const json* v = Get(name);
-    if (v == nullptr) return std::optional<double>();
-    if (!v->is_number()) {
-      return Invalid(name,
-                     absl::StrCat("must be a number, got ", TypeName(*v)));
-    }
-    const double x = v->get<double>();
-    const bool above = lo_open ? x > lo : x >= lo;
-    if (!(above && x <= hi)) {
-      return Invalid(name, absl::StrCat("must be in ", lo_open ? "(" : "[", lo,
-                                        ", ", hi, "], got ", x));
-    }
-    return std::optional<double>(x);
-  }
-
-  absl::StatusOr<std::optional<int64_t>> Integer(const std::string& name,
-                                                 int64_t lo, int64_t hi) const {
-    const json* v = Get(name);
-    if (v == nullptr) return std::optional<int64_t>();
-    if (!v->is_number_integer()) {
-      return Invalid(name,
-                     absl::StrCat("must be an integer, got ", TypeName(*v)));
-    }
-    if (v->is_number_unsigned() &&
-        v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-      return Invalid(name, absl::StrCat("must be in [", lo, ", ", hi, "], got ",
-                                        v->get<uint64_t>()));
-    }
-    const int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) {
-      return Invalid(name,
-                     absl::StrCat("must be in [", lo, ", ", hi, "], got ", x));
-    }
-    return std::optional<int64_t>(x);
-  }
-
-  absl::StatusOr<bool> Bool(const std::string& name, bool fallback) const {
-    const json* v = Get(name);
-    if (v == nullptr) return fallback;
-    if (!v->is_boolean()) {
-      return Invalid(name,
-                     absl::StrCat("must be true or false, got ", TypeName(*v)));
-    }
-    return v->get<bool>();
-  }
-
-  absl::StatusOr<std::string> String(const std::string& name) const {
-    const json* v = Get(name);
-    if (v == nullptr) return std::string();
-    if (!v->is_string()) {
-      return Invalid(name,
-                     absl::StrCat("must be a string, got ", TypeName(*v)));
-    }
-    return v->get<std::string>();
-  }
-
- private:
-  const json& body_;
-};
 
 // Fields OpenAI defines that this server accepts only at their defaults
 // (the value that means "off"), so that a client relying on one hears so.
@@ -164,43 +89,49 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const json& list,
 // further, in the servable).
 constexpr int64_t kMaxTokens = 1 << 20;
 
-constexpr char kPromptShape[] = "a string or a list of token ids";
+constexpr char kPromptShape[] =
+    "a string, a list of token ids, or a list of those";
 
-// prompt: a string, a list of token ids, or a list holding one of those.
-absl::Status ReadPrompt(const Fields& f, GenerateCall* call) {
+// One prompt of a list: a string or a non-empty list of token ids.
+absl::StatusOr<Prompt> OnePrompt(const json& p, const std::string& field) {
+  Prompt prompt;
+  if (p.is_string()) {
+    prompt.text = p.get<std::string>();
+  } else if (p.is_array() && !p.empty()) {
+    MOH_ASSIGN_OR_RETURN(prompt.token_ids, TokenIds(p, field, kPromptShape));
+  } else {
+    return Invalid(field, "must be a string or a non-empty list of token ids");
+  }
+  return prompt;
+}
+
+// prompt: a string, a list of token ids, or a list of those (OpenAI's batch
+// form: one request's choices per prompt), at most kMaxPrompts. The call
+// takes the first.
+absl::Status ReadPrompts(const Fields& f, GenerationRequest* request) {
   const json* p = f.Get("prompt");
   if (p == nullptr) return Invalid("prompt", "is required");
-  if (p->is_string()) {
-    call->prompt = p->get<std::string>();
-    return absl::OkStatus();
+  if (!p->is_string() && (!p->is_array() || p->empty())) {
+    return Invalid("prompt", absl::StrCat("must be ", kPromptShape));
   }
-  if (!p->is_array() || p->empty()) {
-    return Invalid("prompt", "must be a string or a list of token ids");
+  std::vector<Prompt>& prompts = request->prompts;
+  if (p->is_string() || (*p)[0].is_number_integer()) {
+    MOH_ASSIGN_OR_RETURN(Prompt one, OnePrompt(*p, "prompt"));
+    prompts.push_back(std::move(one));
+  } else {
+    if (p->size() > static_cast<size_t>(kMaxPrompts)) {
+      return Invalid("prompt", absl::StrCat("must hold at most ", kMaxPrompts,
+                                            " prompts, got ", p->size()));
+    }
+    for (size_t i = 0; i < p->size(); ++i) {
+      MOH_ASSIGN_OR_RETURN(Prompt one,
+                           OnePrompt((*p)[i], absl::StrCat("prompt[", i, "]")));
+      prompts.push_back(std::move(one));
+    }
   }
-  const json& first = (*p)[0];
-  if (first.is_number_integer()) {
-    auto ids = TokenIds(*p, "prompt", kPromptShape);
-    if (!ids.ok()) return ids.status();
-    call->token_ids = std::move(*ids);
-    return absl::OkStatus();
-  }
-  if (p->size() != 1) {
-    return Invalid(
-        "prompt", absl::StrCat("must hold one prompt (one request per prompt), "
-                               "got ",
-                               p->size()));
-  }
-  if (first.is_string()) {
-    call->prompt = first.get<std::string>();
-    return absl::OkStatus();
-  }
-  if (first.is_array() && !first.empty()) {
-    auto ids = TokenIds(first, "prompt", kPromptShape);
-    if (!ids.ok()) return ids.status();
-    call->token_ids = std::move(*ids);
-    return absl::OkStatus();
-  }
-  return Invalid("prompt", "must be a string or a list of token ids");
+  request->call.prompt = prompts.front().text;
+  request->call.token_ids = prompts.front().token_ids;
+  return absl::OkStatus();
 }
 
 // messages: [{"role": "system"|"user"|"assistant"|..., "content": text or
@@ -233,8 +164,8 @@ absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const Fields& f) {
         const json& part = (*content)[k];
         const std::string part_at = absl::StrCat(at, ".content[", k, "]");
         if (!part.is_object()) {
-          return Invalid(
-              part_at, absl::StrCat("must be an object, got ", TypeName(part)));
+          return Invalid(part_at, absl::StrCat("must be an object, got ",
+                                               part.type_name()));
         }
         // Every value read by its type first: a number where a string
         // belongs is the client's error, never an exception.
@@ -319,28 +250,6 @@ std::set<std::string> KnownFields(Endpoint endpoint) {
                   "top_logprobs", "tools", "tool_choice"});
   }
   return known;
-}
-
-// The body as a JSON object whose every field this endpoint knows.
-absl::StatusOr<json> ReadBody(Endpoint endpoint, absl::string_view body) {
-  json parsed = json::parse(body.begin(), body.end(), nullptr,
-                            /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return absl::InvalidArgumentError("the body must be JSON");
-  }
-  if (!parsed.is_object()) {
-    return absl::InvalidArgumentError("the body must be a JSON object");
-  }
-  const std::set<std::string> known = KnownFields(endpoint);
-  for (const auto& [key, value] : parsed.items()) {
-    if (known.count(key) == 0) {
-      // Not a field: no `param`.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "\"", Abbreviate(key), "\" is not a field of this endpoint (fields: ",
-          absl::StrJoin(known, ", "), ")"));
-    }
-  }
-  return parsed;
 }
 
 // Sampling: the token budget, the sampler's fields, stops, samples,
@@ -444,8 +353,8 @@ absl::Status ReadEcho(const Fields& f, GenerationRequest* request) {
     echo.prompt_logprobs_unasked = !s.prompt_logprobs.has_value();
     s.prompt_logprobs = std::max(s.prompt_logprobs.value_or(0), *s.logprobs);
   }
-  echo.prompt = call.prompt;
-  if (call.token_ids) echo.prompt_ids = *call.token_ids;
+  echo.prompts = request->prompts;
+  echo.samples = call.n;
   return absl::OkStatus();
 }
 
@@ -483,14 +392,15 @@ absl::Status ReadStream(const Fields& f, GenerationRequest* request) {
 
 absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
                                                absl::string_view body) {
-  MOH_ASSIGN_OR_RETURN(const json parsed, ReadBody(endpoint, body));
+  MOH_ASSIGN_OR_RETURN(const json parsed,
+                       json_body::ReadObject(body, KnownFields(endpoint)));
   const Fields f(parsed);
   MOH_RETURN_IF_ERROR(CheckUnsupported(endpoint, f));
   GenerationRequest request;
   request.endpoint = endpoint;
   MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
   if (endpoint == Endpoint::kCompletions) {
-    MOH_RETURN_IF_ERROR(ReadPrompt(f, &request.call));
+    MOH_RETURN_IF_ERROR(ReadPrompts(f, &request));
   } else {
     MOH_ASSIGN_OR_RETURN(request.messages, ReadMessages(f));
     MOH_ASSIGN_OR_RETURN(request.add_generation_prompt,
@@ -517,10 +427,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(
   try {
     return ParseChecked(endpoint, body);
   } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the body holds a value of a type this endpoint does not "
-                     "take (",
-                     Abbreviate(e.what(), 200), ")"));
+    return json_body::TypeError(e);
   }
 }
 

@@ -226,7 +226,14 @@ void ApplyEcho(const Echo& echo, bool prompt_asked, const DecodeFn& decode,
     out->logprobs.clear();
   }
   if (!first) return;
-  out->text.insert(0, echo.prompt ? *echo.prompt : decode(echo.prompt_ids));
+  const size_t p = static_cast<size_t>(out->index / echo.samples);
+  if (p < echo.prompts.size()) {
+    const Prompt& prompt = echo.prompts[p];
+    out->text.insert(
+        0, prompt.text
+               ? *prompt.text
+               : decode(prompt.token_ids.value_or(std::vector<int32_t>())));
+  }
   if (echo.top_n && !out->prompt_token_ids.empty()) {
     std::vector<LogprobEntry> entries = out->prompt_logprobs;
     for (LogprobEntry& e : entries) {
@@ -247,13 +254,16 @@ void ApplyEcho(const Echo& echo, GenerationSummary* summary) {
 }
 
 GenerationSummary CombineSummaries(
-    const std::vector<GenerationSummary>& samples) {
+    const std::vector<GenerationSummary>& samples, int32_t n) {
   if (samples.empty()) return GenerationSummary();
   GenerationSummary all = samples.front();
+  all.prompt_tokens = 0;
   all.completion_tokens = 0;
   all.routed_tokens = 0;
   double used = 0.0;  // (token, head) pairs, as fractions of each's tokens
   for (const GenerationSummary& s : samples) {
+    // Each prompt's first sample counts it.
+    if (s.index % n == 0) all.prompt_tokens += s.prompt_tokens;
     all.completion_tokens += s.completion_tokens;
     all.routed_tokens += s.routed_tokens;
     used += s.effective_ratio * static_cast<double>(s.routed_tokens);

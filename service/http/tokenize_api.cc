@@ -10,58 +10,15 @@
 #include "base/field_error.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "service/http/json_body.h"
 #include "service/http/openai_api.h"
 
 namespace moh {
 namespace tokenize_api {
 namespace {
 
+using json_body::Fields;
 using nlohmann::json;
-
-// The body as a JSON object whose every field is one of `known`; a null
-// field is dropped (clients send null for "default").
-absl::StatusOr<json> ReadObject(absl::string_view body,
-                                const std::vector<std::string>& known) {
-  json parsed = json::parse(body.begin(), body.end(), nullptr,
-                            /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return absl::InvalidArgumentError("the body must be JSON");
-  }
-  if (!parsed.is_object()) {
-    return absl::InvalidArgumentError("the body must be a JSON object");
-  }
-  json fields = json::object();
-  for (auto& [key, value] : parsed.items()) {
-    if (std::find(known.begin(), known.end(), key) == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "\"", Abbreviate(key), "\" is not a field of this endpoint (fields: ",
-          absl::StrJoin(known, ", "), ")"));
-    }
-    if (!value.is_null()) fields[key] = std::move(value);
-  }
-  return fields;
-}
-
-absl::StatusOr<std::string> StringField(const json& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end()) return std::string();
-  if (!it->is_string()) {
-    return FieldError(name,
-                      absl::StrCat("must be a string, got ", it->type_name()));
-  }
-  return it->get<std::string>();
-}
-
-absl::StatusOr<bool> BoolField(const json& body, const char* name,
-                               bool fallback) {
-  auto it = body.find(name);
-  if (it == body.end()) return fallback;
-  if (!it->is_boolean()) {
-    return FieldError(
-        name, absl::StrCat("must be true or false, got ", it->type_name()));
-  }
-  return it->get<bool>();
-}
 
 // `messages` as /v1/chat/completions reads them (the same checks and
 // errors).
@@ -86,13 +43,16 @@ std::string Dump(const json& value) {
 
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   MOH_ASSIGN_OR_RETURN(
-      const json f,
-      ReadObject(body, {"model", "prompt", "messages", "add_special_tokens",
-                        "add_generation_prompt", "return_token_strs"}));
+      const json object,
+      json_body::ReadObject(
+          body, {"model", "prompt", "messages", "add_special_tokens",
+                 "add_generation_prompt", "return_token_strs"}));
+  const Fields f(object);
   TokenizeRequest request;
-  MOH_ASSIGN_OR_RETURN(request.model, StringField(f, "model"));
-  const bool chat = f.contains("messages");
-  if (chat == f.contains("prompt")) {
+  MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
+  const json* messages = f.Get("messages");
+  const bool chat = messages != nullptr;
+  if (chat == (f.Get("prompt") != nullptr)) {
     return FieldError("prompt", chat
                                     ? "and messages: send one of them, not both"
                                     : "is required (a string; or messages)");
@@ -100,30 +60,31 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   TokenizeCall& call = request.call;
   if (chat) {
     ChatConversation conversation;
-    MOH_ASSIGN_OR_RETURN(conversation.messages, ReadMessages(f.at("messages")));
+    MOH_ASSIGN_OR_RETURN(conversation.messages, ReadMessages(*messages));
     MOH_ASSIGN_OR_RETURN(conversation.add_generation_prompt,
-                         BoolField(f, "add_generation_prompt", true));
+                         f.Bool("add_generation_prompt", true));
     request.chat = std::move(conversation);
   } else {
-    if (f.contains("add_generation_prompt")) {
+    if (f.Get("add_generation_prompt") != nullptr) {
       return FieldError("add_generation_prompt", "is for messages only");
     }
-    MOH_ASSIGN_OR_RETURN(call.prompt, StringField(f, "prompt"));
+    MOH_ASSIGN_OR_RETURN(call.prompt, f.String("prompt"));
   }
   MOH_ASSIGN_OR_RETURN(call.add_special_tokens,
-                       BoolField(f, "add_special_tokens", !chat));
-  MOH_ASSIGN_OR_RETURN(call.token_strs,
-                       BoolField(f, "return_token_strs", false));
+                       f.Bool("add_special_tokens", !chat));
+  MOH_ASSIGN_OR_RETURN(call.token_strs, f.Bool("return_token_strs", false));
   return request;
 }
 
 absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(
     absl::string_view body) {
-  MOH_ASSIGN_OR_RETURN(const json f, ReadObject(body, {"model", "tokens"}));
+  MOH_ASSIGN_OR_RETURN(const json object,
+                       json_body::ReadObject(body, {"model", "tokens"}));
+  const Fields f(object);
   DetokenizeRequest request;
-  MOH_ASSIGN_OR_RETURN(request.model, StringField(f, "model"));
-  auto tokens = f.find("tokens");
-  if (tokens == f.end()) {
+  MOH_ASSIGN_OR_RETURN(request.model, f.String("model"));
+  const json* tokens = f.Get("tokens");
+  if (tokens == nullptr) {
     return FieldError("tokens", "is required (a list of token ids)");
   }
   if (!tokens->is_array()) {

@@ -36,10 +36,16 @@ CUDA_ONLY = {"moh_gpu_memory_bytes": {"device"}}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """n distinct free loopback ports (each held until all are chosen)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def inputs_or_skip():
@@ -57,7 +63,7 @@ class Server:
     serving the test model (--model_dir replaces the config's models)."""
 
     def __init__(self, config_text, workdir, extra_args=()):
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port = free_ports(2)
         config = os.path.join(workdir, "server.textproto")
         with open(config, "w") as f:
             f.write(config_text)

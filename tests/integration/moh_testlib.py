@@ -86,9 +86,20 @@ def wait_models_loaded(api, server):
 
 def free_port():
     """A currently free loopback TCP port (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n):
+    """n distinct, currently free loopback TCP ports: each socket stays bound
+    until all are chosen, so the kernel cannot hand out one twice."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 # --- protobuf wire format, for the messages we have no generated code for ---
@@ -212,6 +223,20 @@ def http_get(url, timeout=10.0):
         return response.read().decode("utf-8")
 
 
+def client_library(name):
+    """The official client package `name` (openai, anthropic) of the test
+    environment (scripts/install_deps.sh --test): required under CI, else the
+    calling test module is skipped without it."""
+    import importlib
+
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        return importlib.import_module(name)
+    return pytest.importorskip(
+        name, reason="the %s client: bash scripts/install_deps.sh --test" % name)
+
+
 def http_request(server, method, path, body=None, headers=None):
     """(status, response, parsed JSON or text) of one raw request to a
     MohServer's HTTP API; `body`: bytes as they are, else sent as JSON."""
@@ -290,9 +315,9 @@ class MohServer:
     def start(self, wait_serving=True, attempts=3):
         """Starts the process; retries on a port taken in the meantime."""
         for attempt in range(attempts):
-            self.port = free_port()
-            self.metrics_port = free_port() if self.metrics else None
-            self.http_port = free_port() if self.http else None
+            self.port, metrics_port, http_port = free_ports(3)
+            self.metrics_port = metrics_port if self.metrics else None
+            self.http_port = http_port if self.http else None
             if self.flags is None:
                 with open(self.config_path, "w") as f:
                     f.write(self.config_text())

@@ -57,7 +57,9 @@ def test_no_flags_serves_the_shipped_demo_models(api, server_factory):
     stub = api.grpc.InferenceStub(server.channel())
     models = {m.name: m for m in
               stub.ListModels(api.pb.ListModelsRequest(), timeout=10).models}
-    assert sorted(models) == ["demo-dit", "demo-lm", "demo-vit"]
+    assert sorted(models) == ["demo-dit", "demo-lm", "demo-lm@0.5", "demo-lm@1.0",
+                              "demo-vit"]
+    assert models["demo-lm@0.5"].alias_of == "demo-lm"
     for name, family, directory in (("demo-lm", "llama", LM_DIR), ("demo-vit", "vit", VIT_DIR),
                                     ("demo-dit", "dit", DIT_DIR)):
         m = models[name]

@@ -17,17 +17,12 @@ import os
 import re
 import shutil
 import socket
-import time
 
 import pytest
 
 import moh_testlib as lib
 
-if os.environ.get("CI") == "true":
-    import openai  # the test environment must have it under CI
-else:
-    openai = pytest.importorskip(
-        "openai", reason="the openai client: bash scripts/install_deps.sh --test")
+openai = lib.client_library("openai")
 
 DEMO_LM = os.path.join(lib.SOURCE_DIR, "models", "demo-lm")
 ALIAS = 'aliases { name: "demo-lm@0.5" activation_ratio: 0.5 }'
@@ -69,19 +64,7 @@ def stub(server, api):
     return api.grpc.InferenceStub(server.channel())
 
 
-def request(server, method, path, body=None, headers=None):
-    """(status, headers, parsed JSON or text) of one raw HTTP request."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.http_port,
-                                      timeout=lib.RPC_TIMEOUT)
-    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body)
-    conn.request(method, path, body=data, headers=headers or {})
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    try:
-        return response.status, response, json.loads(text)
-    except ValueError:
-        return response.status, response, text
+request = lib.http_request
 
 
 def grpc_greedy(api, stub, prompt, n, ratio=0.0):
@@ -671,3 +654,44 @@ def test_an_alias_fixes_the_ratio(api, client, server, stub):
     assert 'is 0.5 for model "demo-lm@0.5"' in e.value.message
     # Counted under the model it names.
     assert 'model="demo-lm@0.5"' not in server.scrape()
+
+
+def test_a_list_of_prompts_is_a_request_each(api, client, stub, server):
+    """OpenAI's batch form (lm-eval's batch_size > 1): prompt p's sample i is
+    choice p * n + i; usage counts each prompt once."""
+    first, last_a = grpc_greedy(api, stub, PROMPT, 6)
+    ids = [5, 6, 7]
+    second = "".join(m.text for m in lib.run_generate(stub, lib.generate_request(
+        api.pb, token_ids=ids, model="demo-lm", temperature=0.0, max_new_tokens=6)))
+    got = client.completions.create(model="demo-lm", prompt=[PROMPT, ids],
+                                    max_tokens=6, temperature=0, n=2)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    assert [c.text for c in got.choices] == [first, first, second, second]
+    assert got.usage.prompt_tokens == last_a.usage.prompt_tokens + len(ids)
+    assert got.usage.completion_tokens == 24
+    streamed = {}
+    for chunk in client.completions.create(model="demo-lm", prompt=[PROMPT, ids],
+                                           max_tokens=6, temperature=0, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == {0: first, 1: second}
+    # lm-eval's log-likelihood requests, batched: each choice is its prompt's
+    # answer alone.
+    batch = [[5, 6, 7, 8], [9, 10, 11]]
+    together = client.completions.create(model="demo-lm", prompt=batch, max_tokens=1,
+                                         temperature=0, logprobs=1, echo=True)
+    for i, prompt in enumerate(batch):
+        alone = client.completions.create(model="demo-lm", prompt=prompt, max_tokens=1,
+                                          temperature=0, logprobs=1, echo=True)
+        assert together.choices[i].logprobs.tokens == alone.choices[0].logprobs.tokens
+        # Batched with another row, the sums may round differently.
+        assert together.choices[i].logprobs.token_logprobs[0] is None
+        assert (together.choices[i].logprobs.token_logprobs[1:] ==
+                pytest.approx(alone.choices[0].logprobs.token_logprobs[1:], abs=1e-4))
+        assert together.choices[i].text == alone.choices[0].text
+    # One bad prompt fails the request, naming it.
+    status, _, body = request(server, "POST", "/v1/completions",
+                              {"model": "demo-lm", "prompt": [[5, 6], [1 << 30]],
+                               "max_tokens": 2})
+    assert status == 400, body
+    assert "prompt" in body["error"]["message"], body

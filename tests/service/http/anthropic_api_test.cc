@@ -93,14 +93,14 @@ TEST(AnthropicApiTest, ErrorsNameTheFieldAndItsRange) {
   EXPECT_THAT(ErrorOf("{" + ok_messages + "}"),
               HasSubstr("max_tokens is required"));
   EXPECT_THAT(ErrorOf(R"({"max_tokens": 0, )" + ok_messages + "}"),
-              HasSubstr("max_tokens must be an integer in [1, "));
+              HasSubstr("max_tokens must be in [1, "));
   EXPECT_THAT(
       ErrorOf(R"({"max_tokens": 5, "temperature": 1.5, )" + ok_messages + "}"),
-      HasSubstr("temperature must be a number in [0, 1], got 1.5"));
+      HasSubstr("temperature must be in [0, 1], got 1.5"));
   EXPECT_THAT(ErrorOf(R"({"max_tokens": 5, "top_p": 0, )" + ok_messages + "}"),
-              HasSubstr("top_p must be a number in (0, 1]"));
+              HasSubstr("top_p must be in (0, 1]"));
   EXPECT_THAT(ErrorOf(R"({"max_tokens": 5, "top_k": -1, )" + ok_messages + "}"),
-              HasSubstr("top_k must be an integer in [0, "));
+              HasSubstr("top_k must be in [0, "));
   EXPECT_THAT(ErrorOf(R"({"max_tokens": 5})"),
               HasSubstr("messages is required"));
   EXPECT_THAT(ErrorOf(R"({"max_tokens": 5, "messages": []})"),

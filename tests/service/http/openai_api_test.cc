@@ -115,10 +115,9 @@ TEST(OpenAiApiTest, PromptShapes) {
   EXPECT_EQ(
       ParseOk(Endpoint::kCompletions, R"({"prompt": ["hi"]})").call.prompt,
       "hi");
-  EXPECT_THAT(ErrorOf(Endpoint::kCompletions, R"({"prompt": ["a", "b"]})"),
-              HasSubstr("prompt must hold one prompt"));
   EXPECT_THAT(ErrorOf(Endpoint::kCompletions, R"({"prompt": [1, -2]})"),
-              HasSubstr("prompt must be a string or a list of token ids"));
+              HasSubstr("prompt must be a string, a list of token ids, or a "
+                        "list of those"));
   EXPECT_THAT(ErrorOf(Endpoint::kCompletions, R"({"max_tokens": 3})"),
               HasSubstr("prompt is required"));
 }
@@ -345,7 +344,8 @@ TEST(OpenAiApiTest, EchoParsesAsPromptLogprobs) {
   EXPECT_TRUE(r.echo.on);
   EXPECT_FALSE(r.echo.prompt_only);
   EXPECT_EQ(r.echo.top_n, 1);
-  EXPECT_EQ(r.echo.prompt_ids, std::vector<int32_t>({5, 6, 7}));
+  ASSERT_EQ(r.echo.prompts.size(), 1u);
+  EXPECT_EQ(r.echo.prompts[0].token_ids, std::vector<int32_t>({5, 6, 7}));
   // The prompt's entries are computed, for the echo only.
   EXPECT_EQ(r.call.sampling.prompt_logprobs, 1);
   EXPECT_TRUE(r.echo.prompt_logprobs_unasked);
@@ -356,7 +356,7 @@ TEST(OpenAiApiTest, EchoParsesAsPromptLogprobs) {
           "logprobs": 2})");
   EXPECT_TRUE(zero.echo.prompt_only);
   EXPECT_EQ(zero.call.max_new_tokens, 1);
-  EXPECT_EQ(zero.echo.prompt, "ab");
+  EXPECT_EQ(zero.echo.prompts[0].text, "ab");
   EXPECT_EQ(zero.call.sampling.prompt_logprobs, 3);
   EXPECT_FALSE(zero.echo.prompt_logprobs_unasked);
   // Echo without logprobs computes nothing more.
@@ -364,6 +364,30 @@ TEST(OpenAiApiTest, EchoParsesAsPromptLogprobs) {
       ParseOk(Endpoint::kCompletions, R"({"prompt": "ab", "echo": true})");
   EXPECT_FALSE(text.call.sampling.prompt_logprobs.has_value());
   EXPECT_FALSE(text.echo.top_n.has_value());
+}
+
+// OpenAI's batch form (lm-eval's batch_size > 1): a request per prompt.
+TEST(OpenAiApiTest, PromptListsAreOneRequestEach) {
+  const GenerationRequest r =
+      ParseOk(Endpoint::kCompletions,
+              R"({"prompt": [[1, 2], "text", [3]], "n": 2, "echo": true})");
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(r.call.token_ids, std::vector<int32_t>({1, 2}));
+  EXPECT_EQ(r.prompts[1].text, "text");
+  EXPECT_EQ(r.prompts[2].token_ids, std::vector<int32_t>({3}));
+  EXPECT_EQ(r.echo.prompts.size(), 3u);
+  EXPECT_EQ(r.echo.samples, 2);
+  const Endpoint c = Endpoint::kCompletions;
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": ["a", []]})"),
+              HasSubstr("prompt[1] must be a string or a non-empty list of "
+                        "token ids"));
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": [[1], [-1]]})"),
+              HasSubstr("prompt[1] must be a string, a list of token ids, or "
+                        "a list of those (token ids: non-negative integers)"));
+  std::string many = "[";
+  for (int i = 0; i <= kMaxPrompts; ++i) many += i ? ", \"x\"" : "\"x\"";
+  EXPECT_THAT(ErrorOf(c, R"({"prompt": )" + many + "]}"),
+              HasSubstr("prompt must hold at most 64 prompts, got 65"));
 }
 
 TEST(OpenAiApiTest, EchoPutsThePromptFirst) {
@@ -375,7 +399,7 @@ TEST(OpenAiApiTest, EchoPutsThePromptFirst) {
   Echo echo;
   echo.on = true;
   echo.top_n = 1;
-  echo.prompt_ids = {4, 5, 6};
+  echo.prompts = {Prompt{std::nullopt, std::vector<int32_t>{4, 5, 6}}};
   echo.prompt_logprobs_unasked = true;
   ChoiceOutput out{0, "t9", {g9}, {p5, p6}, &s};
   out.prompt_token_ids = {4, 5, 6};
@@ -452,11 +476,14 @@ TEST(OpenAiApiTest, CombinedSummaryOfSamples) {
   b.routed_tokens = 3;
   b.effective_ratio = 1.0;
   b.completion_tokens = 2;
-  const GenerationSummary all = CombineSummaries({a, b});
+  // Two samples of one prompt: the prompt counts once.
+  const GenerationSummary all = CombineSummaries({a, b}, /*n=*/2);
   EXPECT_EQ(all.prompt_tokens, 3);
   EXPECT_EQ(all.completion_tokens, 6);
   EXPECT_EQ(all.routed_tokens, 10);
   EXPECT_DOUBLE_EQ(all.effective_ratio, 0.65);
+  // Two prompts of one sample each: both count.
+  EXPECT_EQ(CombineSummaries({a, b}, /*n=*/1).prompt_tokens, 6);
 }
 
 TEST(OpenAiApiTest, StreamChunks) {
