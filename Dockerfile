@@ -46,9 +46,14 @@ WORKDIR /src
 COPY scripts/install_deps.sh scripts/install_xgrammar.sh scripts/xgrammar.env scripts/
 # apt's lists and .debs live in cache mounts, not in the layer (the Debian
 # image's docker-clean hook would delete the .debs after each install).
+# install_xgrammar.sh downloads xgrammar's sdist with curl: behind a
+# TLS-intercepting proxy it trusts the build secret moh-ca (the host's CA
+# bundle; see the CUDA stage below).
 RUN --mount=type=cache,id=moh-apt-lists,target=/var/lib/apt/lists \
     --mount=type=cache,id=moh-apt-archives,target=/var/cache/apt/archives \
+    --mount=type=secret,id=moh-ca,target=/run/secrets/moh-ca \
     rm -f /etc/apt/apt.conf.d/docker-clean \
+ && if [ -s /run/secrets/moh-ca ]; then export CURL_CA_BUNDLE=/run/secrets/moh-ca; fi \
  && bash scripts/install_deps.sh
 
 FROM deps AS torch-cpu

@@ -151,7 +151,8 @@ step_end
 
 # ---- 3. the images ----
 # The CA bundle pip uses here, as the build secret moh-ca: the CUDA stage's
-# pip then trusts what this machine trusts (a TLS-intercepting proxy's CA).
+# pip and the deps stage's curl (xgrammar's sdist) then trust what this
+# machine trusts (a TLS-intercepting proxy's CA).
 secrets=()
 ca="${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
 if [ -s "$ca" ]; then secrets=(--secret "id=moh-ca,src=$ca"); fi
