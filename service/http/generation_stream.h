@@ -65,12 +65,13 @@ struct Running {
   openai::TokenTextFn TokenText() const {
     return [model = servable](int32_t id) { return model->TokenText(id); };
   }
-  // Echo's text of a prompt sent as token ids.
+  // Echo's text of a prompt sent as token ids, decoded as one sequence (a
+  // character split across tokens comes back whole). The ids were checked
+  // when the generation was accepted, so decoding them cannot fail; if it
+  // did, the echo would be empty rather than wrong.
   openai::DecodeFn Decode() const {
     return [model = servable](const std::vector<int32_t>& ids) {
-      std::string text;
-      for (int32_t id : ids) text += model->TokenText(id);
-      return text;
+      return model->Detokenize(ids).value_or(std::string());
     };
   }
   // A choice's output, echo applied (`first`: the choice's first output).
