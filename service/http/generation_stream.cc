@@ -48,8 +48,9 @@ struct Stream {
     for (const openai::ChoiceOutput& out : update.outputs) {
       if (!out.text.empty()) pending += anthropic::TextDeltaEvent(out.text);
     }
-    run.summaries.insert(run.summaries.end(), update.finished.begin(),
-                         update.finished.end());
+    for (GenerationSummary& summary : update.finished) {
+      run.Finished(std::move(summary));
+    }
     if (!update.done) return;
     run.RecordEnd(update);
     pending += update.error.ok() ? anthropic::StreamEndEvents(run.Message(""))
