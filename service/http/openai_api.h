@@ -114,22 +114,27 @@ struct ChoiceOutput {
 
   // Appends more of the choice's output: its text and log-probabilities.
   void Append(const GenerationChunk& chunk) {
-    text += chunk.text;
-    logprobs.insert(logprobs.end(), chunk.logprobs.begin(),
-                    chunk.logprobs.end());
-    prompt_logprobs.insert(prompt_logprobs.end(), chunk.prompt_logprobs.begin(),
-                           chunk.prompt_logprobs.end());
-    prompt_token_ids.insert(prompt_token_ids.end(),
-                            chunk.prompt_token_ids.begin(),
-                            chunk.prompt_token_ids.end());
+    AppendParts(chunk.text, chunk.logprobs, chunk.prompt_logprobs,
+                chunk.prompt_token_ids);
   }
   void Append(const ChoiceOutput& more) {
-    GenerationChunk chunk;
-    chunk.text = more.text;
-    chunk.logprobs = more.logprobs;
-    chunk.prompt_logprobs = more.prompt_logprobs;
-    chunk.prompt_token_ids = more.prompt_token_ids;
-    Append(chunk);
+    AppendParts(more.text, more.logprobs, more.prompt_logprobs,
+                more.prompt_token_ids);
+  }
+
+ private:
+  template <typename T>
+  static void Extend(std::vector<T>& to, const std::vector<T>& from) {
+    to.insert(to.end(), from.begin(), from.end());
+  }
+  void AppendParts(const std::string& more_text,
+                   const std::vector<LogprobEntry>& more_logprobs,
+                   const std::vector<LogprobEntry>& more_prompt_logprobs,
+                   const std::vector<int32_t>& more_prompt_token_ids) {
+    text += more_text;
+    Extend(logprobs, more_logprobs);
+    Extend(prompt_logprobs, more_prompt_logprobs);
+    Extend(prompt_token_ids, more_prompt_token_ids);
   }
 };
 
