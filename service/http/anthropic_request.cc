@@ -32,19 +32,12 @@ constexpr const char* kNotServed[] = {"tools", "tool_choice", "thinking"};
 // reason.
 const std::set<std::string>& KnownFields() {
   static const std::set<std::string>* known = [] {
-    auto* names = new std::set<std::string>{"model",
-                                            "messages",
-                                            "system",
-                                            "max_tokens",
-                                            "stop_sequences",
-                                            "temperature",
-                                            "top_p",
-                                            "top_k",
-                                            "stream",
-                                            "metadata",
-                                            "activation_ratio",
-                                            "min_activation_ratio"};
+    auto* names = new std::set<std::string>{
+        "model",       "messages", "system", "max_tokens", "stop_sequences",
+        "temperature", "top_p",    "top_k",  "stream",     "metadata"};
     names->insert(std::begin(kNotServed), std::end(kNotServed));
+    names->insert(std::begin(json_body::kActivationFields),
+                  std::end(json_body::kActivationFields));
     return names;
   }();
   return *known;
@@ -185,13 +178,8 @@ absl::Status ReadSampling(const json& body, GenerateCall* call) {
   s.top_k = static_cast<int32_t>(top_k.value_or(0));
   call->sampling_set.top_k = top_k.has_value();
   MOH_RETURN_IF_ERROR(ReadStopSequences(body, &s));
-  MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
-                       Fields(body).Number("activation_ratio", 0.0, 1.0));
-  call->ratio = static_cast<float>(ratio.value_or(0.0));
-  MOH_ASSIGN_OR_RETURN(std::optional<double> min_ratio,
-                       Fields(body).Number("min_activation_ratio", 0.0, 1.0));
-  call->min_ratio = static_cast<float>(min_ratio.value_or(0.0));
-  return absl::OkStatus();
+  return json_body::ReadActivation(Fields(body), &call->ratio,
+                                   &call->min_ratio);
 }
 
 // model, stream, metadata ({"user_id": string}: accepted, not used).

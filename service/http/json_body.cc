@@ -4,6 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "base/abbreviate.h"
 #include "base/field_error.h"
+#include "base/status_macros.h"
 
 namespace moh {
 namespace json_body {
@@ -96,6 +97,16 @@ absl::StatusOr<std::string> Fields::String(const std::string& name) const {
                       absl::StrCat("must be a string, got ", v->type_name()));
   }
   return v->get<std::string>();
+}
+
+absl::Status ReadActivation(const Fields& f, float* ratio, float* min_ratio) {
+  MOH_ASSIGN_OR_RETURN(std::optional<double> asked,
+                       f.Number(kActivationFields[0], 0.0, 1.0));
+  *ratio = static_cast<float>(asked.value_or(0.0));
+  MOH_ASSIGN_OR_RETURN(std::optional<double> floor,
+                       f.Number(kActivationFields[1], 0.0, 1.0));
+  *min_ratio = static_cast<float>(floor.value_or(0.0));
+  return absl::OkStatus();
 }
 
 absl::Status TypeError(const std::exception& e) {

@@ -47,6 +47,14 @@ class Fields {
   const nlohmann::json& object_;
 };
 
+// moh-serve's own fields of every generating endpoint: the activation
+// (SPEC §2), each in [0, 1].
+inline constexpr const char* kActivationFields[] = {"activation_ratio",
+                                                    "min_activation_ratio"};
+// Reads them: `ratio` and `min_ratio`, 0 (the model's default, no floor) when
+// absent. The ranges against the model are checked when it accepts the call.
+absl::Status ReadActivation(const Fields& f, float* ratio, float* min_ratio);
+
 // The request's error for a JSON library exception that escaped a read (one
 // that did not check its value's type): INVALID_ARGUMENT, not the server's.
 absl::Status TypeError(const std::exception& e);

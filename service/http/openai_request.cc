@@ -238,8 +238,7 @@ std::set<std::string> KnownFields(Endpoint endpoint) {
   std::set<std::string> known = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
       "stop_token_ids", "ignore_eos", "min_tokens", "stream", "stream_options",
-      "n", "repetition_penalty", "user", "activation_ratio",
-      "min_activation_ratio", "logprobs", "prompt_logprobs", "min_p",
+      "n", "repetition_penalty", "user", "logprobs", "prompt_logprobs", "min_p",
       "presence_penalty", "frequency_penalty", "priority", "response_format",
       // Accepted only at their defaults (CheckUnsupported).
       "echo", "best_of", "suffix", "logit_bias"};
@@ -249,6 +248,8 @@ std::set<std::string> KnownFields(Endpoint endpoint) {
     known.insert({"messages", "max_completion_tokens", "add_generation_prompt",
                   "top_logprobs", "tools", "tool_choice"});
   }
+  known.insert(std::begin(json_body::kActivationFields),
+               std::end(json_body::kActivationFields));
   return known;
 }
 
@@ -358,17 +359,6 @@ absl::Status ReadEcho(const Fields& f, GenerationRequest* request) {
   return absl::OkStatus();
 }
 
-// The activation: moh-serve's own fields.
-absl::Status ReadActivation(const Fields& f, GenerateCall* call) {
-  MOH_ASSIGN_OR_RETURN(std::optional<double> ratio,
-                       f.Number("activation_ratio", 0.0, 1.0));
-  call->ratio = static_cast<float>(ratio.value_or(0.0));
-  MOH_ASSIGN_OR_RETURN(std::optional<double> min_ratio,
-                       f.Number("min_activation_ratio", 0.0, 1.0));
-  call->min_ratio = static_cast<float>(min_ratio.value_or(0.0));
-  return absl::OkStatus();
-}
-
 // stream, and stream_options (include_usage) with it.
 absl::Status ReadStream(const Fields& f, GenerationRequest* request) {
   MOH_ASSIGN_OR_RETURN(request->stream, f.Bool("stream", false));
@@ -410,7 +400,8 @@ absl::StatusOr<GenerationRequest> ParseChecked(Endpoint endpoint,
   if (endpoint == Endpoint::kCompletions) {
     MOH_RETURN_IF_ERROR(ReadEcho(f, &request));
   }
-  MOH_RETURN_IF_ERROR(ReadActivation(f, &request.call));
+  MOH_RETURN_IF_ERROR(json_body::ReadActivation(f, &request.call.ratio,
+                                                &request.call.min_ratio));
   MOH_RETURN_IF_ERROR(ReadResponseFormat(parsed, body, &request.call));
   MOH_ASSIGN_OR_RETURN(std::string user, f.String("user"));
   (void)user;  // accepted, not used
