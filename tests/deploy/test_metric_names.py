@@ -7,8 +7,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -17,6 +17,10 @@ import pytest
 from conftest import (SOURCE_DIR, adapter_rules, dashboard_path,
                       mounted_config, one, parse_metric_spec,
                       picker_metric_specs)
+
+# The integration suite's helpers (standard library only).
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "integration"))
+from moh_testlib import free_ports  # noqa: E402
 
 SERVER = os.environ.get("MOH_SERVER",
                         os.path.join(SOURCE_DIR, "build/service/moh-server"))
@@ -34,18 +38,6 @@ TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "endpoint",
 # Exported only on CUDA (service/metrics/metrics.h), with its label.
 CUDA_ONLY = {"moh_gpu_memory_bytes": {"device"}}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
-
-
-def free_ports(n):
-    """n distinct free loopback ports (each held until all are chosen)."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def inputs_or_skip():

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from moh_testdata import (ByteLevelDecoder, encode_png, make_long_lm,
                           quantize, softmax, solid_png)
@@ -100,6 +101,21 @@ def free_ports(n):
     finally:
         for s in sockets:
             s.close()
+
+
+def generate_together(stub, requests):
+    """Starts one Generate stream per request at the same moment (each waits
+    for the others before reading, so all are in flight at once); returns
+    each stream's messages, in order."""
+    barrier = threading.Barrier(len(requests), timeout=30)
+
+    def one(request):
+        call = stub.Generate(request, timeout=RPC_TIMEOUT)
+        barrier.wait()
+        return list(call)
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(one, requests))
 
 
 # --- protobuf wire format, for the messages we have no generated code for ---

@@ -7,9 +7,7 @@ model, and the effective activation ratio it computed.
 import json
 import math
 import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -89,15 +87,8 @@ def test_without_include_routing_no_routing(api, stub):
 
 def _run_together(api, stub, cases):
     """Starts one stream per case at the same moment; returns their messages."""
-    barrier = threading.Barrier(len(cases), timeout=30)
-
-    def one(case):
-        call = stub.Generate(golden_request(api, case), timeout=lib.RPC_TIMEOUT)
-        barrier.wait()
-        return list(call)
-
-    with ThreadPoolExecutor(len(cases)) as pool:
-        return list(pool.map(one, cases))
+    return lib.generate_together(
+        stub, [golden_request(api, case) for case in cases])
 
 
 def test_two_concurrent_streams_with_different_ratios(api, stub):
@@ -348,15 +339,7 @@ def test_prompt_logprobs_beside_other_requests(api, stub):
     requests[0].sampling.prompt_logprobs = 1
     requests[0].sampling.logprobs = 1
     alone = lib.run_generate(stub, requests[0])
-    barrier = threading.Barrier(len(requests), timeout=30)
-
-    def one(request):
-        call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
-        barrier.wait()
-        return list(call)
-
-    with ThreadPoolExecutor(len(requests)) as pool:
-        together = list(pool.map(one, requests))
+    together = lib.generate_together(stub, requests)
     for case, messages in zip(cases, together):
         assert lib.token_ids_of(messages) == case["greedy"]
     got = [e for m in together[0] for e in m.logprobs]

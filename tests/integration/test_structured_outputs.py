@@ -15,8 +15,6 @@ gRPC's Generate (GenerateRequest.response_format):
 """
 import json
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -184,15 +182,7 @@ def test_mixed_batch_unconstrained_rows_unchanged(api, stub):
     constrained = [grpc_request(api, SCHEMA, prompt=p, temperature=1.0,
                                 seed=i) for i, p in enumerate(prompts)]
     requests = [r for pair in zip(free, constrained) for r in pair]
-    barrier = threading.Barrier(len(requests), timeout=30)
-
-    def one(request):
-        call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
-        barrier.wait()
-        return list(call)
-
-    with ThreadPoolExecutor(len(requests)) as pool:
-        together = list(pool.map(one, requests))
+    together = lib.generate_together(stub, requests)
     for i in range(len(prompts)):
         assert lib.token_ids_of(together[2 * i]) == alone[i], prompts[i]
         valid("".join(m.text for m in together[2 * i + 1]))
