@@ -31,8 +31,9 @@ ABSL_FLAG(std::string, attention, "auto",
 ABSL_FLAG(int64_t, pixels_seed, 0, "Seed of the random pixels in [0, 1]");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
-ABSL_FLAG(int32_t, threads, 0,
-          "LibTorch intra-op threads; 0 = the default (see model/runtime.h)");
+ABSL_FLAG(
+    int32_t, threads, 0,
+    "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
 ABSL_FLAG(int32_t, top_n, 3, "Classes printed for the first image");
 
 namespace {

@@ -49,8 +49,9 @@ ABSL_FLAG(std::string, attention, "auto",
           "the official code computes it)");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
-ABSL_FLAG(int32_t, threads, 0,
-          "LibTorch intra-op threads; 0 = the default (see model/runtime.h)");
+ABSL_FLAG(
+    int32_t, threads, 0,
+    "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
 
 namespace {
 

@@ -43,8 +43,9 @@ ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: auto (the model's dtype), float32, bfloat16 "
           "or float16");
-ABSL_FLAG(int32_t, threads, 0,
-          "LibTorch intra-op threads; 0 = the default (see model/runtime.h)");
+ABSL_FLAG(
+    int32_t, threads, 0,
+    "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
 ABSL_FLAG(int32_t, batch, 1,
           "Generate this many copies of the request in one batch (throughput "

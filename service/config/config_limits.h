@@ -72,7 +72,7 @@ inline constexpr char kDefaultHost[] = "0.0.0.0";
 inline constexpr ConfigLimits<double> kDrainTimeoutSeconds{30.0, 0.001,
                                                            86400.0};
 // threads: LibTorch intra-op threads; 0 (the default) leaves the choice to
-// model/runtime.h.
+// model/core/runtime.h.
 inline constexpr int32_t kMinThreads = 0;
 
 // max_message_mb: the largest request message, MiB.
