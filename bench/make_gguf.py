@@ -2,8 +2,9 @@
 """Writes an F32 GGUF of a moh-serve LLaMA-layout model directory for llama.cpp.
 
 The benchmark suite's peer engine (llama.cpp, bench/llama_peer.py) reads this
-file. Input: config.json and model.safetensors with the Hugging Face LLaMA
-tensor names (bench/make_bench_lm.py writes such a directory). Output: the
+file. Input: config.json and model.safetensors (or the shards its index
+names) with the Hugging Face LLaMA tensor names (bench/make_bench_lm.py writes
+such a directory). Output: the
 "llama" architecture's keys and tensors under llama.cpp's names, every tensor
 float32 (file type ALL_F32). As llama.cpp's own Hugging Face converter does,
 the rows of the q and k projections are permuted per head from the Hugging
@@ -53,6 +54,20 @@ def read_safetensors(path):
     return tensors
 
 
+def read_model(model_dir):
+    """{name: float32 ndarray} of model.safetensors, or of every shard that
+    model.safetensors.index.json names (the released layouts')."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    with open(index) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    tensors = {}
+    for shard in shards:
+        tensors.update(read_safetensors(os.path.join(model_dir, shard)))
+    return tensors
+
+
 def permute_rope(w, n_head):
     """Per head, rows [first halves | second halves] -> interleaved pairs."""
     return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
@@ -92,8 +107,7 @@ def main():
     n_kv = cfg.get("num_key_value_heads", n_head)
     hidden = cfg["hidden_size"]
     head_dim = cfg.get("head_dim") or hidden // n_head
-    tensors = read_safetensors(os.path.join(args.model_dir,
-                                            "model.safetensors"))
+    tensors = read_model(args.model_dir)
 
     writer = gguf.GGUFWriter(args.out, "llama")
     writer.add_name(os.path.basename(os.path.abspath(args.model_dir)))

@@ -12,7 +12,10 @@
 #                        (llama-cpp-python, built from source for this CPU)
 #                        and gguf, and matplotlib for its plots, pinned in
 #                        bench_venv.env, in the virtual environment
-#                        $MOH_BENCH_VENV (bench/run_suite.sh only)
+#                        $MOH_BENCH_VENV (bench/run_suite.sh only); and
+#                        llama.cpp's own benchmark tools built natively
+#                        (install_llama_cpp.sh, llama_cpp.env) for
+#                        bench/native_peer.py
 #   --test               also the test suite's PyPI packages: the official
 #                        openai and anthropic clients, and lm-eval, pinned in
 #                        test_requirements.txt and eval_requirements.txt, in
@@ -161,6 +164,7 @@ print(m.version("llama_cpp_python"), m.version("gguf"))' 2>/dev/null)" = "$want"
         "llama-cpp-python==$MOH_LLAMA_CPP_PYTHON_VERSION" \
         "gguf==$MOH_GGUF_VERSION" "numpy==$MOH_BENCH_NUMPY_VERSION"
     fi
+    bash "$here/install_llama_cpp.sh"
     # Apart, so that adding it to an existing environment builds nothing.
     if [ "$("$py" -c 'import importlib.metadata as m
 print(m.version("matplotlib"))' 2>/dev/null)" = "$MOH_MATPLOTLIB_VERSION" ]; then

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own benchmark tools (llama-batched-bench, llama-bench,
+# llama-quantize) from the llama.cpp tree that llama-cpp-python's pinned PyPI
+# source distribution vendors (llama_cpp.env, sha256-checked), with
+# GGML_NATIVE=ON: every instruction set this CPU has, as a llama.cpp user
+# building it here would get. Installs them, their shared libraries and the
+# tree's gguf-py (bench/make_gguf.py writes GGUFs with it) into
+# $MOH_LLAMA_CPP_PREFIX; skipped when that prefix already holds this version
+# built on a CPU with the same flags (a native build does not move between
+# machines). Called by `install_deps.sh --bench`; no CI stage needs it.
+# About 10 minutes of CPU on the 2-core machine (CPU backend only: no server, no
+# multimodal library, no tests).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=llama_cpp.env
+. "$here/llama_cpp.env"
+
+# The CPU's instruction-set flags: a native build made elsewhere is rebuilt.
+cpu_flags="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
+  grep -E '^(avx|fma|f16c|sse4|amx)' | sort | tr '\n' ' ')"
+stamp="$MOH_LLAMA_CPP_SDIST_VERSION $cpu_flags"
+if [ -x "$MOH_LLAMA_CPP_PREFIX/bin/llama-batched-bench" ] &&
+  [ "$(cat "$MOH_LLAMA_CPP_PREFIX/VERSION" 2>/dev/null)" = "$stamp" ]; then
+  echo "install_llama_cpp: llama.cpp (llama-cpp-python $MOH_LLAMA_CPP_SDIST_VERSION's) present in $MOH_LLAMA_CPP_PREFIX"
+  exit 0
+fi
+echo "install_llama_cpp: building llama.cpp's tools (llama-cpp-python" \
+  "$MOH_LLAMA_CPP_SDIST_VERSION's tree, GGML_NATIVE=ON) into $MOH_LLAMA_CPP_PREFIX"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+sdist="${MOH_LLAMA_CPP_SDIST:-$work/llama_cpp_python.tar.gz}"
+if [ ! -f "$sdist" ]; then
+  curl -fsSL --retry 3 -o "$sdist" "$MOH_LLAMA_CPP_SDIST_URL"
+fi
+echo "$MOH_LLAMA_CPP_SDIST_SHA256  $sdist" | sha256sum -c --quiet -
+top="llama_cpp_python-$MOH_LLAMA_CPP_SDIST_VERSION"
+tar -xzf "$sdist" -C "$work" "$top/vendor/llama.cpp"
+src="$work/$top/vendor/llama.cpp"
+cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_CURL=OFF -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
+  -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' >/dev/null
+cmake --build "$work/build" -j "$(nproc)" \
+  --target llama-batched-bench llama-bench llama-quantize
+rm -rf "$MOH_LLAMA_CPP_PREFIX"
+mkdir -p "$MOH_LLAMA_CPP_PREFIX/bin" "$MOH_LLAMA_CPP_PREFIX/lib"
+# The binaries and their libraries find one another through $ORIGIN.
+cp "$work/build/bin/llama-batched-bench" "$work/build/bin/llama-bench" \
+  "$work/build/bin/llama-quantize" "$MOH_LLAMA_CPP_PREFIX/bin/"
+cp -P "$work/build/bin/"*.so* "$MOH_LLAMA_CPP_PREFIX/lib/"
+cp -r "$src/gguf-py" "$MOH_LLAMA_CPP_PREFIX/gguf-py"
+cp "$src/LICENSE" "$MOH_LLAMA_CPP_PREFIX/LICENSE"
+echo "$stamp" >"$MOH_LLAMA_CPP_PREFIX/VERSION"
+echo "install_llama_cpp: installed $MOH_LLAMA_CPP_PREFIX"
