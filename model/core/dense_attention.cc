@@ -22,9 +22,10 @@ namespace {
 
 // [B, KV, L, D] keys or values of each row, in `dtype` (the queries'; the
 // cache may hold a narrower type).
-at::Tensor Gather(const at::Tensor& cache, const at::Tensor& block_table,
+at::Tensor Gather(const at::Tensor& cache, const at::Tensor& narrow_cache,
+                  const at::Tensor& block_table, const at::Tensor& narrow_rows,
                   int64_t kv_len, at::ScalarType dtype) {
-  return GatherBlocks(cache, block_table, kv_len)
+  return GatherRows(cache, narrow_cache, block_table, narrow_rows, kv_len)
       .to(dtype)
       .permute({0, 2, 1, 3});
 }
@@ -76,9 +77,11 @@ at::Tensor DenseAttention(const DenseAttentionInputs& in) {
   const int64_t kv_heads = in.key_cache.size(2), group = heads / kv_heads;
   const at::ScalarType dtype = in.queries.scalar_type();
   const at::Tensor keys =
-      Gather(in.key_cache, in.block_table, in.kv_len, dtype);
+      Gather(in.key_cache, in.narrow.key_cache, in.block_table, in.narrow.rows,
+             in.kv_len, dtype);
   const at::Tensor values =
-      Gather(in.value_cache, in.block_table, in.kv_len, dtype);
+      Gather(in.value_cache, in.narrow.value_cache, in.block_table,
+             in.narrow.rows, in.kv_len, dtype);
   // [B, KV, G, T, D]: head h = kv * G + g.
   const at::Tensor q = in.queries.permute({0, 2, 1, 3})
                            .reshape({rows, kv_heads, group, width, d});

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "model/core/kv_cache.h"
+
 namespace moh {
 
 struct DenseAttentionInputs {
@@ -22,6 +24,9 @@ struct DenseAttentionInputs {
   at::Tensor key_cache;    // [blocks, block_size, KV, D] (kv_cache.h)
   at::Tensor value_cache;  // [blocks, block_size, KV, D]
   at::Tensor block_table;  // [B, n] int64: each row's blocks
+  // Rows stored narrow (kv_cache.h): read through its views; their KV heads
+  // beyond the narrow width read as zeros (their gates are 0). Empty: none.
+  NarrowRows narrow;
   at::Tensor positions;    // [B, T] int64: key j visible iff j <= position
   at::Tensor row_len;      // [B] int64: and j < row_len
   int64_t kv_len = 0;      // keys the longest row reads (host value)

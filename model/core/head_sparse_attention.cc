@@ -56,7 +56,10 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
   // Each row's keys and values as [B, KV, L, D], one contiguous copy: each
   // KV head's slice is then a strided batch of matrices that bmm reads.
   auto gather = [&](const at::Tensor& cache) {
-    return GatherBlocks(cache, in.block_table, kv_len)
+    const at::Tensor& narrow_cache =
+        &cache == &in.key_cache ? in.narrow.key_cache : in.narrow.value_cache;
+    return GatherRows(cache, narrow_cache, in.block_table, in.narrow.rows,
+                      kv_len)
         .to(in.x.scalar_type())
         .permute({0, 2, 1, 3})
         .contiguous();

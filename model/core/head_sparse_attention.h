@@ -16,6 +16,7 @@
 #include <functional>
 #include <vector>
 
+#include "model/core/kv_cache.h"
 #include "model/core/moh_router.h"
 
 namespace moh {
@@ -61,6 +62,10 @@ struct HeadSparseAttentionInputs {
   at::Tensor key_cache;
   at::Tensor value_cache;
   at::Tensor block_table;  // [B, n] int64
+  // Rows stored narrow (kv_cache.h, the ratio ceiling): they read their
+  // positions through narrow.key_cache / value_cache and select shared heads
+  // only. Empty: every row wide.
+  NarrowRows narrow;
   at::Tensor token_row;    // [N] int64: the row of each token
   at::Tensor token_pos;    // [N] int64: keys j <= token_pos are visible
   at::Tensor row_len;      // [B] int64: keys j < row_len are visible

@@ -36,4 +36,31 @@ at::Tensor GatherBlocks(const at::Tensor& cache, const at::Tensor& block_table,
       .narrow(1, 0, kv_len);
 }
 
+at::Tensor NarrowView(const at::Tensor& cache, int64_t narrow_kv_heads) {
+  const int64_t fold = cache.size(2) / narrow_kv_heads;
+  return cache.view(
+      {cache.size(0), cache.size(1) * fold, narrow_kv_heads, cache.size(3)});
+}
+
+at::Tensor GatherRows(const at::Tensor& cache, const at::Tensor& narrow_cache,
+                      const at::Tensor& block_table,
+                      const at::Tensor& narrow_rows, int64_t kv_len) {
+  at::Tensor out = GatherBlocks(cache, block_table, kv_len);
+  if (!narrow_rows.defined() || narrow_rows.numel() == 0) return out;
+  // The narrow rows' entries above were read through the wide view (other
+  // positions, or nothing of theirs): replaced here. Simple rather than
+  // lean: this generic path serves tests, CPU bfloat16 and CUDA.
+  const int64_t w = narrow_cache.size(2);
+  at::Tensor narrow =
+      GatherBlocks(narrow_cache, block_table.index_select(0, narrow_rows),
+                   kv_len);  // [Bn, kv_len, w, D]
+  if (w < cache.size(2)) {
+    narrow = at::cat({narrow, at::zeros({narrow.size(0), kv_len,
+                                         cache.size(2) - w, cache.size(3)},
+                                        narrow.options())},
+                     2);
+  }
+  return out.contiguous().index_copy_(0, narrow_rows, narrow);
+}
+
 }  // namespace moh

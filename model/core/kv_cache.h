@@ -59,4 +59,34 @@ class KvCache {
 at::Tensor GatherBlocks(const at::Tensor& cache, const at::Tensor& block_table,
                         int64_t kv_len);
 
+// The ratio ceiling: a sequence that can never read the routed KV heads
+// (every layer at routed K = 0, its shared heads reading KV heads [0, w))
+// stores only those w heads. A block's memory viewed as
+// [block_size * fold, w, D] (fold = KV / w) then holds fold times as many of
+// its positions: the same blocks, the same block ids, another view. Its
+// position p is at offset p % (block_size * fold) of block
+// table[p / (block_size * fold)] of that view.
+//
+// `cache` [blocks, block_size, KV, D] (contiguous) viewed so: [blocks,
+// block_size * KV / w, w, D].
+at::Tensor NarrowView(const at::Tensor& cache, int64_t narrow_kv_heads);
+
+// The narrow rows of a step, for attention paths that read rows' caches.
+struct NarrowRows {
+  int64_t kv_heads = 0;               // w; 0: no row of the step is narrow
+  at::Tensor key_cache, value_cache;  // NarrowView()s of the layer's caches
+  at::Tensor rows;                    // [Bn] int64, the caches' device
+  std::vector<uint8_t> is_narrow;     // [B], host: 1 for a narrow row
+  bool any() const { return kv_heads > 0; }
+};
+
+// GatherBlocks over a step whose rows `narrow_rows` ([Bn] int64; undefined
+// or empty: none) are stored narrow in `narrow_cache` (NarrowView of
+// `cache`): [B, kv_len, KV, D], a narrow row's KV heads [w, KV) zeros (no
+// head of such a row reads them). `block_table` has at least
+// ceil(kv_len / block_size) entries per row.
+at::Tensor GatherRows(const at::Tensor& cache, const at::Tensor& narrow_cache,
+                      const at::Tensor& block_table,
+                      const at::Tensor& narrow_rows, int64_t kv_len);
+
 }  // namespace moh

@@ -98,42 +98,6 @@ at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
   return out;
 }
 
-// Writes rows [N, KV, D] (float32, contiguous) at (block[i], offset[i]) of
-// `cache` [blocks, block_size, KV, D] (contiguous, float32 or bfloat16,
-// rounded as .to() rounds): what index_put_ does, without its dispatches,
-// index tensors and temporaries. False (nothing written) for other layouts.
-bool WriteCacheLoop(at::Tensor& cache, const at::Tensor& block,
-                    const at::Tensor& offset, const at::Tensor& rows) {
-  if (!PlainLoops(rows) || !rows.is_contiguous() || !cache.is_cpu() ||
-      !cache.is_contiguous() || block.scalar_type() != at::kLong ||
-      offset.scalar_type() != at::kLong || !block.is_contiguous() ||
-      !offset.is_contiguous() ||
-      (cache.scalar_type() != at::kFloat &&
-       cache.scalar_type() != at::kBFloat16)) {
-    return false;
-  }
-  const int64_t n = block.numel();
-  const int64_t width = cache.size(2) * cache.size(3);  // KV * D
-  const int64_t block_size = cache.size(1);
-  const int64_t* blocks = block.data_ptr<int64_t>();
-  const int64_t* offsets = offset.data_ptr<int64_t>();
-  const float* from = rows.data_ptr<float>();
-  float* wide =
-      cache.scalar_type() == at::kFloat ? cache.data_ptr<float>() : nullptr;
-  at::BFloat16* half =
-      wide == nullptr ? cache.data_ptr<at::BFloat16>() : nullptr;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t at = (blocks[i] * block_size + offsets[i]) * width;
-    const float* src = from + i * width;
-    if (wide != nullptr) {
-      std::copy(src, src + width, wide + at);
-    } else {
-      for (int64_t j = 0; j < width; ++j) half[at + j] = at::BFloat16(src[j]);
-    }
-  }
-  return true;
-}
-
 // Ragged values [N, ...] at their places in a padded [B, T, ...] tensor
 // (`flat`: each one's index in [B * T]); zeros at padding.
 at::Tensor Padded(const at::Tensor& ragged, const at::Tensor& flat,
@@ -152,23 +116,46 @@ at::Tensor Padded(const at::Tensor& ragged, const at::Tensor& flat,
 // device. Layout of `host`:
 // positions [B*T] | row_len [B] | block table [B*n] | per token: row,
 // position, padded index, cache block, cache offset [5*N] | routed K per
-// layer and token [L*N] | the tokens whose logits are returned [B*tail].
+// layer and token [L*N] | the tokens whose logits are returned [B*tail] |
+// with narrow rows: those rows [Bn], their tokens [Nn], the others' [Nw].
 struct StepIndices {
   std::vector<int64_t> host;
   int64_t table_width = 1;
   int64_t kv_len = 0;  // the longest row's positions after the step
   std::vector<int64_t> max_top_k, min_top_k;  // per layer, over the rows
+  std::vector<uint8_t> is_narrow;             // [B]; empty: no narrow row
+  int64_t narrow_rows = 0, narrow_tokens = 0;
 
   StepIndices(const DecoderBatch& batch, const MohConfig& moh,
-              int64_t block_size, int64_t num_layers, int64_t n, int64_t tail) {
+              int64_t block_size, int64_t fold, int64_t num_layers, int64_t n,
+              int64_t tail) {
     const int64_t rows = batch.token_ids.size(0);
     const int64_t width = batch.token_ids.size(1);
     const bool paged = !batch.block_tables.empty();
+    for (int64_t b = 0; b < rows; ++b) {
+      kv_len = std::max<int64_t>(
+          kv_len, batch.start_positions[b] + batch.num_tokens[b]);
+      if (!batch.narrow.empty() && batch.narrow[b]) {
+        is_narrow.resize(rows, 0);
+        is_narrow[b] = 1;
+        ++narrow_rows;
+        narrow_tokens += batch.num_tokens[b];
+      }
+    }
     for (const std::vector<int32_t>& table : batch.block_tables) {
       table_width = std::max<int64_t>(table_width, table.size());
     }
+    // A narrow row's table is shorter than its positions over block_size:
+    // the gathering attention paths read every row through the wide view
+    // first (kv_cache.h GatherRows), so every row gets enough entries.
+    if (paged && narrow_rows > 0) {
+      table_width =
+          std::max(table_width, (kv_len + block_size - 1) / block_size);
+    }
+    const int64_t narrow_size =
+        narrow_rows > 0 ? narrow_rows + n : 0;  // [Bn] + [Nn] + [Nw]
     host.resize(rows * width + rows + rows * table_width + 5 * n +
-                num_layers * n + rows * tail);
+                num_layers * n + rows * tail + narrow_size);
     int64_t* positions_host = host.data();
     int64_t* row_len_host = positions_host + rows * width;
     int64_t* table_host = row_len_host + rows;
@@ -179,6 +166,9 @@ struct StepIndices {
     int64_t* token_offset_host = token_block_host + n;
     int64_t* top_k_host = token_offset_host + n;
     int64_t* out_host = top_k_host + num_layers * n;
+    int64_t* narrow_row_host = out_host + rows * tail;
+    int64_t* narrow_token_host = narrow_row_host + narrow_rows;
+    int64_t* wide_token_host = narrow_token_host + narrow_tokens;
     int64_t token = 0;
     for (int64_t b = 0; b < rows; ++b) {
       const int64_t start = batch.start_positions[b];
@@ -196,20 +186,26 @@ struct StepIndices {
         // Padding positions repeat the last valid one: in range, never read.
         positions_host[b * width + t] = start + std::min(t, count - 1);
       }
+      const bool narrow = !is_narrow.empty() && is_narrow[b] != 0;
+      if (narrow) *narrow_row_host++ = b;
+      // A narrow row's block holds fold times as many of its positions.
+      const int64_t span = narrow ? block_size * fold : block_size;
       const int64_t first = token;
       for (int64_t t = 0; t < count; ++t, ++token) {
         token_row_host[token] = b;
         token_pos_host[token] = start + t;
         token_flat_host[token] = b * width + t;
-        token_block_host[token] = table[(start + t) / block_size];
-        token_offset_host[token] = (start + t) % block_size;
+        token_block_host[token] = table[(start + t) / span];
+        token_offset_host[token] = (start + t) % span;
+        if (narrow_rows > 0) {
+          *(narrow ? narrow_token_host : wide_token_host)++ = token;
+        }
       }
       for (int64_t i = 0; i < tail; ++i) {
         // The last `tail` tokens; a shorter row repeats its first in front.
         out_host[b * tail + i] = first + std::max<int64_t>(count - tail + i, 0);
       }
       row_len_host[b] = start + count;
-      kv_len = std::max(kv_len, start + count);
     }
     const std::vector<LayerTopK> from_ratios =
         batch.top_k.empty() ? TopKForRatios(moh, batch.ratios)
@@ -269,8 +265,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   for (int64_t b = 0; b < rows; ++b) n += batch.num_tokens[b];
   const int64_t tail = batch.all_logits ? 0 : std::max(batch.logits_tail, 1);
 
-  StepIndices indices(batch, config_.moh, cache.block_size(), num_layers, n,
-                      tail);
+  StepIndices indices(batch, config_.moh, cache.block_size(), narrow_fold(),
+                      num_layers, n, tail);
   std::vector<int64_t>& host = indices.host;
   const int64_t table_width = indices.table_width;
   // On CPU the step's index tensors alias `host`, which outlives them.
@@ -298,6 +294,13 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   step.min_top_k = std::move(indices.min_top_k);
   step.kv_len = indices.kv_len;
   const at::Tensor out_tokens = next({rows * tail});
+  if (indices.narrow_rows > 0) {
+    step.narrow.kv_heads = narrow_kv_heads_;
+    step.narrow.rows = next({indices.narrow_rows});
+    step.narrow.is_narrow = std::move(indices.is_narrow);
+    step.narrow_tokens = next({indices.narrow_tokens});
+    step.wide_tokens = next({n - indices.narrow_tokens});
+  }
   const at::Tensor ids = context_->Upload(batch.token_ids)
                              .reshape({-1})
                              .index_select(0, step.token_flat);
@@ -402,7 +405,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
                                  const at::Tensor& x, const Step& step,
                                  KvCache& cache, at::Tensor* gates) const {
   const int64_t n = x.size(0);  // [N, C]: the step's tokens, ragged
-  const int64_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
+  const int64_t heads = config_.num_heads;
   const int64_t d = config_.head_dim;
   const bool sparse = UseHeadSparse(attention_mode_, layer.router,
                                     step.min_top_k[layer_index], options_);
@@ -414,21 +417,13 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   *gates = layer.router.Gates(x, q, step.top_k[layer_index],
                               step.max_top_k[layer_index]);  // [N, H]
 
-  at::Tensor k = Linear(x, layer.k_proj, layer.k_bias);
-  at::Tensor v = Linear(x, layer.v_proj, layer.v_bias);
-  k = Rotate(k.view({n, kv_heads, d}),
-             step.token_pos.unsqueeze(1).expand({n, kv_heads}));
+  WriteKeysValues(layer_index, layer, x, step, cache);
   at::Tensor& key_cache = cache.keys(layer_index);
   at::Tensor& value_cache = cache.values(layer_index);
-  const std::initializer_list<at::indexing::TensorIndex> where = {
-      step.token_block, step.token_offset};
-  // Rounded to the cache's type (a no-op when it is the model's).
-  if (!WriteCacheLoop(key_cache, step.token_block, step.token_offset, k)) {
-    key_cache.index_put_(where, k.to(key_cache.scalar_type()));
-  }
-  v = v.view({n, kv_heads, d});
-  if (!WriteCacheLoop(value_cache, step.token_block, step.token_offset, v)) {
-    value_cache.index_put_(where, v.to(value_cache.scalar_type()));
+  NarrowRows narrow = step.narrow;
+  if (narrow.any()) {
+    narrow.key_cache = NarrowView(key_cache, narrow.kv_heads);
+    narrow.value_cache = NarrowView(value_cache, narrow.kv_heads);
   }
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -445,6 +440,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
     in.key_cache = key_cache;
     in.value_cache = value_cache;
     in.block_table = step.block_table;
+    in.narrow = std::move(narrow);
     in.token_row = step.token_row;
     in.token_pos = step.token_pos;
     in.row_len = step.row_len;
@@ -466,6 +462,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   dense.key_cache = key_cache;
   dense.value_cache = value_cache;
   dense.block_table = step.block_table;
+  dense.narrow = std::move(narrow);
   dense.positions = step.positions;
   dense.row_len = step.row_len;
   dense.kv_len = step.kv_len;

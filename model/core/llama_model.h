@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,13 @@ struct DecoderBatch {
   std::vector<std::vector<int32_t>> block_tables;
   std::vector<int32_t> slots;
   std::vector<int32_t> start_positions;  // tokens already cached for the row
+  // Per row (paged only; empty: every row wide): whether its KV is stored
+  // narrow (the ratio ceiling, kv_cache.h): only KV heads
+  // [0, narrow_kv_heads()) in blocks of block_size * narrow_fold() of its
+  // positions, and their projections only are computed. Such a row's routed
+  // K must be 0 in every layer: it never reads the routed KV heads. Its
+  // results equal the same row run wide.
+  std::vector<bool> narrow;
   // Routed K of every layer per row (Activation::top_k), as resolved at
   // admission. When empty, resolved here from `ratios` (per row; <= 0: the
   // trained default), for callers that hold plain ratios.
@@ -67,6 +75,9 @@ struct DecoderOutput {
   std::vector<at::Tensor>
       gates;  // when recorded: per layer float32 CPU [B, T, H]
 };
+
+// The narrow width of a model of `config` (LlamaModel::narrow_kv_heads).
+int64_t NarrowKvHeads(const LlamaConfig& config);
 
 class LlamaModel {
  public:
@@ -99,6 +110,27 @@ class LlamaModel {
   // cache, token ids outside the vocabulary); INTERNAL on a LibTorch error.
   absl::StatusOr<DecoderOutput> Forward(const DecoderBatch& batch,
                                         KvCache& cache) const;
+
+  // The ratio ceiling (kv_cache.h): when every layer's shared heads read
+  // whole KV groups (S % (H / KV) == 0), a row at routed K = 0 reads KV
+  // heads [0, w) only, w the widest layer's S / (H / KV): the model's narrow
+  // width. 0 when it has none (w == KV, e.g. a layer without routed heads or
+  // a dense model; S not aligned to KV groups; KV % w != 0).
+  int64_t narrow_kv_heads() const { return narrow_kv_heads_; }
+  // Positions of a narrow row one block holds, in units of block_size:
+  // KV / w; 1 without a narrow width.
+  int64_t narrow_fold() const {
+    return narrow_kv_heads_ > 0 ? config_.num_kv_heads / narrow_kv_heads_ : 1;
+  }
+
+  // Whether a row at routed K `top_k` (one per layer) may be stored narrow:
+  // the model has a narrow width and K is 0 in every layer. The caller
+  // decides once per sequence, from the activation it can never exceed.
+  bool CanStoreNarrow(const LayerTopK& top_k) const {
+    return narrow_kv_heads_ > 0 &&
+           std::all_of(top_k.begin(), top_k.end(),
+                       [](int32_t k) { return k == 0; });
+  }
 
   const LlamaConfig& config() const { return config_; }
   const at::TensorOptions& options() const { return options_; }
@@ -135,7 +167,8 @@ class LlamaModel {
   LlamaModel(LlamaConfig config, at::TensorOptions options)
       : config_(std::move(config)),
         options_(options),
-        context_(std::make_unique<DeviceContext>(options.device())) {}
+        context_(std::make_unique<DeviceContext>(options.device())),
+        narrow_kv_heads_(NarrowKvHeads(config_)) {}
   // Tensor options of the caches CreateKvCache makes.
   at::TensorOptions kv_cache_options() const {
     return options_.dtype(kv_cache_dtype_);
@@ -162,6 +195,11 @@ class LlamaModel {
     std::vector<int64_t> max_top_k;  // [L]: the largest K of each layer
     std::vector<int64_t> min_top_k;  // [L]: the smallest K of each layer
     int64_t kv_len = 0;              // keys the longest row reads
+    // The ratio ceiling: the rows stored narrow (caches filled in per
+    // layer), and the step's tokens of narrow and of wide rows ([Nn], [Nw]
+    // int64); no narrow row: narrow.kv_heads 0 and both undefined.
+    NarrowRows narrow;
+    at::Tensor narrow_tokens, wide_tokens;
   };
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
   // silu(x W_gate^T) * x W_up^T: the MLP before its down projection.
@@ -169,6 +207,12 @@ class LlamaModel {
   // Tokens each head served in this layer, per row: [B, H] int64.
   at::Tensor HeadCounts(const at::Tensor& gates, const Step& step,
                         int64_t rows) const;
+  // Rotates this layer's keys and values of the step's tokens and writes
+  // them into the cache: all KV heads for wide rows, the narrow width only
+  // (its projection rows only) for narrow rows.
+  void WriteKeysValues(int64_t layer_index, const Layer& layer,
+                       const at::Tensor& x, const Step& step,
+                       KvCache& cache) const;
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
                        const at::Tensor& x, const Step& step, KvCache& cache,
                        at::Tensor* gates) const;
@@ -184,6 +228,7 @@ class LlamaModel {
   AttentionMode attention_mode_ = AttentionMode::kAuto;
   int64_t attention_workspace_bytes_ = kDefaultAttentionWorkspaceBytes;
   at::ScalarType kv_cache_dtype_ = at::typeMetaToScalarType(options_.dtype());
+  int64_t narrow_kv_heads_ = 0;
 };
 
 }  // namespace moh

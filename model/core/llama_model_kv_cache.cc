@@ -1,13 +1,134 @@
-// LlamaModel's KV cache: its element type, its size in positions and
-// whether it fits the device's memory beside the weights.
+// LlamaModel's KV cache: its element type, its size in positions, whether
+// it fits the device's memory beside the weights, and how a step's keys and
+// values are written into it (at full width, or narrow: the ratio ceiling).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "model/core/linear.h"
 #include "model/core/llama_model.h"
 
 namespace moh {
+namespace {
+
+bool PlainLoops(const at::Tensor& x) {
+  return x.device().is_cpu() && x.scalar_type() == at::kFloat;
+}
+
+// Writes rows [N, KV, D] (float32, contiguous) at (block[i], offset[i]) of
+// `cache` [blocks, block_size, KV, D] (contiguous, float32 or bfloat16,
+// rounded as .to() rounds): what index_put_ does, without its dispatches,
+// index tensors and temporaries. False (nothing written) for other layouts.
+bool WriteCacheLoop(at::Tensor& cache, const at::Tensor& block,
+                    const at::Tensor& offset, const at::Tensor& rows) {
+  if (!PlainLoops(rows) || !rows.is_contiguous() || !cache.is_cpu() ||
+      !cache.is_contiguous() || block.scalar_type() != at::kLong ||
+      offset.scalar_type() != at::kLong || !block.is_contiguous() ||
+      !offset.is_contiguous() ||
+      (cache.scalar_type() != at::kFloat &&
+       cache.scalar_type() != at::kBFloat16)) {
+    return false;
+  }
+  const int64_t n = block.numel();
+  const int64_t width = cache.size(2) * cache.size(3);  // KV * D
+  const int64_t block_size = cache.size(1);
+  const int64_t* blocks = block.data_ptr<int64_t>();
+  const int64_t* offsets = offset.data_ptr<int64_t>();
+  const float* from = rows.data_ptr<float>();
+  float* wide =
+      cache.scalar_type() == at::kFloat ? cache.data_ptr<float>() : nullptr;
+  at::BFloat16* half =
+      wide == nullptr ? cache.data_ptr<at::BFloat16>() : nullptr;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = (blocks[i] * block_size + offsets[i]) * width;
+    const float* src = from + i * width;
+    if (wide != nullptr) {
+      std::copy(src, src + width, wide + at);
+    } else {
+      for (int64_t j = 0; j < width; ++j) half[at + j] = at::BFloat16(src[j]);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int64_t NarrowKvHeads(const LlamaConfig& config) {
+  const int64_t heads = config.num_heads, kv_heads = config.num_kv_heads;
+  if (kv_heads <= 0 || heads % kv_heads != 0 || config.moh.layers.empty()) {
+    return 0;
+  }
+  const int64_t group = heads / kv_heads;
+  int64_t width = 0;
+  for (const MohLayerConfig& layer : config.moh.layers) {
+    // A layer without routed heads reads every KV head at any ratio; a
+    // layer whose shared heads end inside a KV group reads that group.
+    if (layer.routed_heads() <= 0 || layer.shared_heads <= 0 ||
+        layer.shared_heads % group != 0) {
+      return 0;
+    }
+    width = std::max<int64_t>(width, layer.shared_heads / group);
+  }
+  // A block's memory must hold a whole number of narrow positions.
+  if (width >= kv_heads || kv_heads % width != 0) return 0;
+  return width;
+}
+
+void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
+                                 const at::Tensor& x, const Step& step,
+                                 KvCache& cache) const {
+  const int64_t kv_heads = config_.num_kv_heads, d = config_.head_dim;
+  // Projects, rotates and stores the first `heads` KV heads of `inputs`'
+  // tokens (at `positions`, into (block, offset) of `keys` and `values`):
+  // only those rows of k_proj and v_proj are computed.
+  auto write = [&](const at::Tensor& inputs, const at::Tensor& positions,
+                   const at::Tensor& block, const at::Tensor& offset,
+                   int64_t heads, at::Tensor keys, at::Tensor values) {
+    const int64_t n = inputs.size(0);
+    auto rows = [&](const at::Tensor& t) {
+      return !t.defined() || heads == kv_heads ? t : t.narrow(0, 0, heads * d);
+    };
+    at::Tensor k = Linear(inputs, rows(layer.k_proj), rows(layer.k_bias));
+    k = Rotate(k.view({n, heads, d}),
+               positions.unsqueeze(1).expand({n, heads}));
+    const std::initializer_list<at::indexing::TensorIndex> where = {block,
+                                                                    offset};
+    // Rounded to the cache's type (a no-op when it is the model's).
+    if (!WriteCacheLoop(keys, block, offset, k)) {
+      keys.index_put_(where, k.to(keys.scalar_type()));
+    }
+    at::Tensor v = Linear(inputs, rows(layer.v_proj), rows(layer.v_bias))
+                       .view({n, heads, d});
+    if (!WriteCacheLoop(values, block, offset, v)) {
+      values.index_put_(where, v.to(values.scalar_type()));
+    }
+  };
+  at::Tensor& key_cache = cache.keys(layer_index);
+  at::Tensor& value_cache = cache.values(layer_index);
+  if (!step.narrow.any()) {
+    write(x, step.token_pos, step.token_block, step.token_offset, kv_heads,
+          key_cache, value_cache);
+    return;
+  }
+  const int64_t width = step.narrow.kv_heads;
+  const at::Tensor narrow_keys = NarrowView(key_cache, width);
+  const at::Tensor narrow_values = NarrowView(value_cache, width);
+  if (step.wide_tokens.numel() == 0) {  // every row narrow: no copies
+    write(x, step.token_pos, step.token_block, step.token_offset, width,
+          narrow_keys, narrow_values);
+    return;
+  }
+  for (const bool narrow : {true, false}) {
+    const at::Tensor& tokens = narrow ? step.narrow_tokens : step.wide_tokens;
+    if (tokens.numel() == 0) continue;
+    write(x.index_select(0, tokens), step.token_pos.index_select(0, tokens),
+          step.token_block.index_select(0, tokens),
+          step.token_offset.index_select(0, tokens), narrow ? width : kv_heads,
+          narrow ? narrow_keys : key_cache,
+          narrow ? narrow_values : value_cache);
+  }
+}
 
 KvCache LlamaModel::CreateKvCache(int64_t num_blocks,
                                   int64_t block_size) const {

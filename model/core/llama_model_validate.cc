@@ -36,6 +36,33 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
   if (!batch.top_k.empty()) {
     MOH_RETURN_IF_ERROR(ValidateTopK(config_.moh, batch.top_k, rows, "top_k"));
   }
+  if (!batch.narrow.empty()) {
+    if (batch.narrow.size() != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("narrow needs one entry per row (", rows, ") or none"));
+    }
+    const std::vector<LayerTopK> row_top_k =
+        batch.top_k.empty() ? TopKForRatios(config_.moh, batch.ratios)
+                            : batch.top_k;
+    for (size_t b = 0; b < rows; ++b) {
+      if (!batch.narrow[b]) continue;
+      if (!paged || narrow_kv_heads_ == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "narrow[", b, "]: ",
+            paged ? "the model has no narrow KV width (its shared heads do "
+                    "not end at a KV group, or a layer has no routed heads)"
+                  : "a narrow row needs a paged cache (block_tables)"));
+      }
+      for (int32_t k : row_top_k[b]) {
+        if (k != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("narrow[", b,
+                           "]: a narrow row reads no routed head: its "
+                           "routed K must be 0 in every layer"));
+        }
+      }
+    }
+  }
   if (batch.logits_tail < 0 || batch.logits_tail > width) {
     return absl::InvalidArgumentError(absl::StrCat(
         "logits_tail must be in [0, ", width, "], got ", batch.logits_tail));
@@ -49,10 +76,14 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
           absl::StrCat("num_tokens[", b, "] must be in [1, ", width, "], got ",
                        batch.num_tokens[b]));
     }
+    // A narrow row's block holds narrow_fold() times as many positions.
+    const int64_t span = !batch.narrow.empty() && batch.narrow[b]
+                             ? block_size * narrow_fold()
+                             : block_size;
     const int64_t start = batch.start_positions[b];
     const int64_t end = start + batch.num_tokens[b];
     const int64_t capacity = std::min<int64_t>(
-        paged ? int64_t(batch.block_tables[b].size()) * block_size : block_size,
+        paged ? int64_t(batch.block_tables[b].size()) * span : block_size,
         config_.max_position_embeddings);
     if (start < 0 || end > capacity) {
       return absl::InvalidArgumentError(
@@ -79,7 +110,7 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
                            cache.num_blocks(), "), got ", table[i]));
         }
       }
-      for (int64_t i = start / block_size; i <= (end - 1) / block_size; ++i) {
+      for (int64_t i = start / span; i <= (end - 1) / span; ++i) {
         const auto [it, fresh] = writer.emplace(table[i], b);
         if (!fresh) {
           return absl::InvalidArgumentError(

@@ -166,17 +166,18 @@ void ValuesOverRows(const float *p, int64_t m, const float *const *values,
 // probs [m, len], outputs [m, D]. False (nothing done) where the products
 // do not apply (no AVX-512, D not a multiple of 16).
 template <typename T>
-bool DecodeOverRows(const HeadSparseAttentionInputs &in, const int64_t *blocks,
-                    int64_t kv_head, int64_t len, const float *queries,
-                    int64_t m, float scale, const int64_t *visible,
-                    float *scores, float *probs, float *outputs) {
+bool DecodeOverRows(const at::Tensor &key_cache, const at::Tensor &value_cache,
+                    const int64_t *blocks, int64_t kv_head, int64_t len,
+                    const float *queries, int64_t m, float scale,
+                    const int64_t *visible, float *scores, float *probs,
+                    float *outputs) {
   thread_local std::vector<const T *> key_rows, value_rows;
-  const int64_t d = in.key_cache.size(3);
-  CacheRows(in.key_cache, blocks, kv_head, len, key_rows);
+  const int64_t d = key_cache.size(3);
+  CacheRows(key_cache, blocks, kv_head, len, key_rows);
   if (!ScoresOverRows(queries, m, d, scale, key_rows.data(), len, scores)) {
     return false;
   }
-  CacheRows(in.value_cache, blocks, kv_head, len, value_rows);
+  CacheRows(value_cache, blocks, kv_head, len, value_rows);
   MaskedSoftmax(scores, probs, m, len, visible);
   ValuesOverRows(probs, m, value_rows.data(), len, d, outputs);
   return true;
@@ -271,22 +272,31 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
   };
   // A decode item: products over the cache's rows where they lie
   // (bfloat16 rows widened as they are loaded).
-  const at::ScalarType cached = in.key_cache.scalar_type();
-  if (m <= kMaxGemvQueries && in.value_cache.scalar_type() == cached &&
+  // A narrow row (the ratio ceiling) reads its positions through the narrow
+  // views; its items are of shared heads only, whose KV heads they hold.
+  const bool narrow = in.narrow.any() && in.narrow.is_narrow[item.row] != 0;
+  const at::Tensor &key_cache = narrow ? in.narrow.key_cache : in.key_cache;
+  const at::Tensor &value_cache =
+      narrow ? in.narrow.value_cache : in.value_cache;
+  TORCH_CHECK(item.kv_head < key_cache.size(2),
+              "a narrow row selected a routed KV head");
+  const at::ScalarType cached = key_cache.scalar_type();
+  if (m <= kMaxGemvQueries && value_cache.scalar_type() == cached &&
       (cached == at::kBFloat16
-           ? DecodeOverRows<uint16_t>(
-                 in, blocks, item.kv_head, len, queries.data(), m, scale,
-                 visible.data(), scores.data(), probs.data(), outputs.data())
+           ? DecodeOverRows<uint16_t>(key_cache, value_cache, blocks,
+                                      item.kv_head, len, queries.data(), m,
+                                      scale, visible.data(), scores.data(),
+                                      probs.data(), outputs.data())
            : cached == at::kFloat &&
-                 DecodeOverRows<float>(in, blocks, item.kv_head, len,
-                                       queries.data(), m, scale, visible.data(),
-                                       scores.data(), probs.data(),
-                                       outputs.data()))) {
+                 DecodeOverRows<float>(key_cache, value_cache, blocks,
+                                       item.kv_head, len, queries.data(), m,
+                                       scale, visible.data(), scores.data(),
+                                       probs.data(), outputs.data()))) {
     write_outputs();
     return;
   }
-  CacheRuns(in.key_cache, blocks, item.kv_head, len, wide_keys, key_runs);
-  CacheRuns(in.value_cache, blocks, item.kv_head, len, wide_values, value_runs);
+  CacheRuns(key_cache, blocks, item.kv_head, len, wide_keys, key_runs);
+  CacheRuns(value_cache, blocks, item.kv_head, len, wide_values, value_runs);
   // Column-major view: scores^T [len, m] = K [len, D] . queries^T, a
   // run of keys at a time.
   for (const CacheRun &k : key_runs) {

@@ -16,7 +16,7 @@ KvBlockPool::KvBlockPool(int32_t num_blocks, int32_t block_size,
     : block_size_(block_size),
       chain_hash_(chain_hash),
       blocks_(num_blocks),
-      tokens_(int64_t{num_blocks} * block_size) {
+      tokens_(num_blocks) {
   for (int32_t block = 0; block < num_blocks; ++block) PushBack(free_, block);
 }
 
@@ -50,12 +50,17 @@ bool KvBlockPool::Release(int32_t block) {
 }
 
 bool KvBlockPool::Register(int32_t block, int32_t parent, const int32_t* tokens,
-                           uint64_t key) {
-  if (blocks_[block].refcount == 0 || registered(block)) return false;
-  if (parent >= 0 && !registered(parent)) return false;
+                           uint64_t key, int32_t fold) {
+  if (blocks_[block].refcount == 0 || registered(block) || fold < 1) {
+    return false;
+  }
+  if (parent >= 0 && (!registered(parent) || blocks_[parent].fold != fold)) {
+    return false;
+  }
+  const int64_t span = int64_t{block_size_} * fold;
   const uint64_t parent_hash = parent < 0 ? kChainSeed : blocks_[parent].hash;
   const uint64_t hash =
-      chain_hash_(parent_hash, key, absl::MakeConstSpan(tokens, block_size_));
+      chain_hash_(parent_hash, key, absl::MakeConstSpan(tokens, span));
   if (auto it = by_hash_.find(hash); it != by_hash_.end()) {
     // The same content, or a collision: keep the one there. An orphan can
     // never be matched again; the new block takes its place (unless it is
@@ -69,25 +74,31 @@ bool KvBlockPool::Register(int32_t block, int32_t parent, const int32_t* tokens,
   b.parent_serial = serial_of(parent);
   b.key = key;
   b.hash = hash;
-  std::copy(tokens, tokens + block_size_,
-            tokens_.begin() + int64_t{block} * block_size_);
+  b.fold = fold;
+  // assign() keeps the vector's capacity: a block registered again
+  // allocates nothing.
+  tokens_[block].assign(tokens, tokens + span);
   by_hash_.emplace(hash, block);
   return true;
 }
 
 std::vector<int32_t> KvBlockPool::Match(const int32_t* tokens,
                                         int64_t num_tokens, uint64_t key,
-                                        int64_t max_blocks) const {
+                                        int64_t max_blocks,
+                                        int32_t fold) const {
   std::vector<int32_t> chain;
-  const int64_t whole = std::min(num_tokens / block_size_, max_blocks);
+  if (fold < 1) return chain;
+  const int64_t span = int64_t{block_size_} * fold;
+  const int64_t whole = std::min(num_tokens / span, max_blocks);
   int32_t parent = -1;
   uint64_t parent_hash = kChainSeed;
   for (int64_t i = 0; i < whole; ++i) {
-    const int32_t* block_tokens = tokens + i * block_size_;
-    const uint64_t hash = chain_hash_(
-        parent_hash, key, absl::MakeConstSpan(block_tokens, block_size_));
+    const int32_t* block_tokens = tokens + i * span;
+    const uint64_t hash =
+        chain_hash_(parent_hash, key, absl::MakeConstSpan(block_tokens, span));
     const auto it = by_hash_.find(hash);
-    if (it == by_hash_.end() || !Holds(it->second, parent, key, block_tokens)) {
+    if (it == by_hash_.end() ||
+        !Holds(it->second, parent, key, fold, block_tokens)) {
       break;
     }
     chain.push_back(it->second);
@@ -98,11 +109,12 @@ std::vector<int32_t> KvBlockPool::Match(const int32_t* tokens,
 }
 
 bool KvBlockPool::Holds(int32_t block, int32_t parent, uint64_t key,
-                        const int32_t* tokens) const {
+                        int32_t fold, const int32_t* tokens) const {
   const Block& b = blocks_[block];
-  const absl::Span<const int32_t> held = tokens_of(block);
+  const std::vector<int32_t>& held = tokens_[block];
   return b.parent == parent && b.parent_serial == serial_of(parent) &&
-         b.key == key && std::equal(held.begin(), held.end(), tokens);
+         b.key == key && b.fold == fold &&
+         std::equal(held.begin(), held.end(), tokens);
 }
 
 bool KvBlockPool::Orphaned(int32_t block) const {

@@ -21,6 +21,13 @@
 // collision never returns a wrong block. All operations are O(1) but
 // Register() and Match(), which are linear in the tokens they read.
 //
+// A block holds block_size positions of a sequence whose KV is stored at full
+// width, or block_size * fold positions of one stored narrower (the ratio
+// ceiling: a request that can never read the routed KV heads stores only
+// the shared ones, so a block holds `fold` times as many of its positions).
+// A registration records its fold; blocks of different folds hold different
+// layouts and never match each other, nor chain after each other.
+//
 // Pure: no tensors, no threads. One owner, the engine loop's planner; not
 // thread-safe.
 #pragma once
@@ -65,23 +72,25 @@ class KvBlockPool {
   bool Release(int32_t block);
 
   // Records that `block` (refcount > 0, not registered) now holds
-  // `tokens[0..block_size)` after `parent` (-1 for a sequence's first block,
-  // else a registered block) under `key`. False, changing nothing, when
-  // those conditions fail or when another block already holds the same
-  // content (the caller then stops registering that sequence's later
-  // blocks), or, at odds of 2^-64, when another block's chain hash collides.
-  // A registered block whose parent was evicted can never be matched again:
-  // it gives way when `block` has its chain hash.
+  // `tokens[0..block_size * fold)` after `parent` (-1 for a sequence's first
+  // block, else a registered block of the same fold) under `key`. False,
+  // changing nothing, when those conditions fail or when another block already
+  // holds the same content (the caller then stops registering that sequence's
+  // later blocks), or, at odds of 2^-64, when another block's chain hash
+  // collides. A registered block whose parent was evicted can never be matched
+  // again: it gives way when `block` has its chain hash.
   bool Register(int32_t block, int32_t parent, const int32_t* tokens,
-                uint64_t key);
+                uint64_t key, int32_t fold = 1);
 
-  // The longest chain of registered blocks holding the first whole blocks of
-  // `tokens[0..num_tokens)` under `key`: element i holds tokens
-  // [i * block_size, (i + 1) * block_size), and follows element i - 1. At
-  // most max_blocks elements. Takes no reference and leaves the LRU order
-  // alone: the caller Acquire()s what it uses before the next Allocate().
+  // The longest chain of registered blocks of `fold` holding the first whole
+  // blocks of `tokens[0..num_tokens)` under `key`: element i holds tokens
+  // [i * span, (i + 1) * span) (span = block_size * fold), and follows
+  // element i - 1. At most max_blocks elements. Takes no reference and leaves
+  // the LRU order alone: the caller Acquire()s what it uses before the next
+  // Allocate().
   std::vector<int32_t> Match(const int32_t* tokens, int64_t num_tokens,
-                             uint64_t key, int64_t max_blocks) const;
+                             uint64_t key, int64_t max_blocks,
+                             int32_t fold = 1) const;
 
   int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
   int32_t block_size() const { return block_size_; }
@@ -108,6 +117,7 @@ class KvBlockPool {
     uint64_t parent_serial = 0;
     uint64_t key = 0;
     uint64_t hash = 0;
+    int32_t fold = 1;  // positions held: block_size * fold
   };
   // A doubly linked list threaded through Block::prev and next.
   struct BlockList {
@@ -119,12 +129,9 @@ class KvBlockPool {
   uint64_t serial_of(int32_t block) const {
     return block < 0 ? 0 : blocks_[block].serial;
   }
-  absl::Span<const int32_t> tokens_of(int32_t block) const {
-    return absl::MakeConstSpan(tokens_.data() + int64_t{block} * block_size_,
-                               block_size_);
-  }
-  // Whether registered `block` holds `tokens` after `parent` under `key`.
-  bool Holds(int32_t block, int32_t parent, uint64_t key,
+  // Whether registered `block` holds `tokens` after `parent` under `key`,
+  // at `fold`.
+  bool Holds(int32_t block, int32_t parent, uint64_t key, int32_t fold,
              const int32_t* tokens) const;
   // Whether registered `block` can no longer be matched: its parent's
   // registration it was made after is gone.
@@ -139,7 +146,8 @@ class KvBlockPool {
   const int32_t block_size_;
   const ChainHashFn chain_hash_;
   std::vector<Block> blocks_;
-  std::vector<int32_t> tokens_;  // block_size_ per block, while registered
+  // Per block, while registered: its block_size_ * fold tokens.
+  std::vector<std::vector<int32_t>> tokens_;
   absl::flat_hash_map<uint64_t, int32_t> by_hash_;  // chain hash -> block
   BlockList free_;                                  // refcount 0, unregistered
   BlockList cached_;  // refcount 0, registered: least recently released first

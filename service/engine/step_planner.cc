@@ -37,7 +37,7 @@ int64_t StepPlanner::total_positions() const {
 
 bool StepPlanner::TakeBlocks(Running& running, AdmittedRequest& admitted) {
   const PlannedWork& work = running.work;
-  const int64_t block_size = pool_->block_size();
+  const int64_t block_size = BlockPositions(work);
   const uint64_t key =
       running.lowered ? work.lowered_prefix_key : work.prefix_key;
   const bool share = options_.prefix_caching && !work.prompt_tokens.empty();
@@ -46,10 +46,10 @@ bool StepPlanner::TakeBlocks(Running& running, AdmittedRequest& admitted) {
   const std::vector<int32_t> hits =
       share && work.read_prefix
           ? pool_->Match(work.prompt_tokens.data(), work.prompt_len, key,
-                         (work.prompt_len - 1) / block_size)
+                         (work.prompt_len - 1) / block_size, work.kv_fold)
           : std::vector<int32_t>();
-  const int64_t needed =
-      config_limits::KvBlocksFor(work.reserved(), pool_->block_size());
+  const int64_t needed = config_limits::KvBlocksFor(
+      work.reserved(), static_cast<int32_t>(block_size));
   const int64_t revived = std::count_if(
       hits.begin(), hits.end(),
       [this](int32_t block) { return pool_->refcount(block) == 0; });
@@ -75,7 +75,8 @@ bool StepPlanner::TakeBlocks(Running& running, AdmittedRequest& admitted) {
 }
 
 void StepPlanner::Grow(Running& running, int64_t positions) {
-  while (static_cast<int64_t>(running.blocks.size()) * pool_->block_size() <
+  while (static_cast<int64_t>(running.blocks.size()) *
+             BlockPositions(running.work) <
          positions) {
     // Admission left a free block for every one a request may allocate.
     const int32_t block = pool_->Allocate();
@@ -87,7 +88,7 @@ void StepPlanner::Grow(Running& running, int64_t positions) {
 }
 
 void StepPlanner::RegisterBlocks(Running& running) {
-  const int64_t block_size = pool_->block_size();
+  const int64_t block_size = BlockPositions(running.work);
   const int64_t complete =
       std::min<int64_t>(running.cached, running.tokens.size()) / block_size;
   while (running.registering && running.registered < complete) {
@@ -95,7 +96,7 @@ void StepPlanner::RegisterBlocks(Running& running) {
     const int32_t parent = i == 0 ? -1 : running.blocks[i - 1];
     if (!pool_->Register(running.blocks[i], parent,
                          running.tokens.data() + i * block_size,
-                         running.prefix_key)) {
+                         running.prefix_key, running.work.kv_fold)) {
       // The same prefix is registered by another request's blocks (computed
       // at the same time); this one's stay private.
       running.registering = false;

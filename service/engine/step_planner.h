@@ -22,6 +22,12 @@
 // of computing them; they are evicted least recently used first when free
 // blocks run out.
 //
+// The ratio ceiling: a request whose KV is stored narrow (PlannedWork::
+// kv_fold > 1: it can never read the routed KV heads, so it stores only the
+// shared ones) holds kv_block_size * kv_fold of its positions per block, so
+// it needs kv_fold times fewer blocks, and admission counts that. Its blocks
+// are registered and matched at its fold only (kv_block_pool.h).
+//
 // Pure: no threads, no model, no clock of its own (time is an argument), so
 // its tests run on a fake clock with a fake model. Any model whose work is a
 // sequence of steps fits: a request with prompt_len 0 starts emitting at its
@@ -76,6 +82,11 @@ struct PlannedWork {
   // computes its whole prompt, e.g. for the prompt's log-probabilities; its
   // blocks are still registered for others).
   bool read_prefix = true;
+  // Positions of it one block holds, in units of kv_block_size: 1 (full
+  // width), or the model's narrow fold when it stores only the shared KV
+  // heads (the ratio ceiling; paged only). Fixed at submission: lowering
+  // never widens it.
+  int32_t kv_fold = 1;
   // Admission order: higher first, first come first within a priority.
   int32_t priority = 0;
   // The request whose prompt this one shares (the first sample of its
@@ -191,6 +202,10 @@ class StepPlanner {
   };
 
   bool paged() const { return pool_ != nullptr; }
+  // Paged: positions of `work` one of its blocks holds.
+  int64_t BlockPositions(const PlannedWork& work) const {
+    return int64_t{pool_->block_size()} * work.kv_fold;
+  }
   // Paged: whether `running`'s work fits the blocks (its cached prefix taken
   // into account); if so, takes them (and its prompt tokens, into
   // running.tokens). Fills the prefix fields of `admitted`.

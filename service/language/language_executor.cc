@@ -6,13 +6,14 @@
 #include <functional>
 #include <utility>
 
-#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "base/field_error.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "model/core/activation.h"
 #include "service/engine/callback_thread.h"
 #include "service/engine/engine_loop.h"
+#include "service/engine/ratio_ceiling.h"
 #include "service/language/language_steps.h"
 
 namespace moh {
@@ -108,21 +109,29 @@ class LanguageExecutor::Impl {
     work.deadline = job.deadline;
     work.can_lower = activation.CanLower();
     work.priority = job.priority;
+    // The ratio ceiling: a request whose own activation reads no routed head
+    // can never read one (lowering only lowers), so it stores the shared KV
+    // heads only and a block holds narrow_fold() times its positions.
+    const bool narrow = lm_.model->CanStoreNarrow(activation.top_k());
+    work.kv_fold = KvFold(narrow, lm_.model->narrow_fold());
     if (options_.prefix_caching) {
-      // The KV of a prompt depends on the heads every layer routed: its
-      // blocks are shared under the key of the activation that computed it.
+      // The KV of a prompt depends on the heads every layer routed, and its
+      // blocks' layout on the width it is stored at: its blocks are shared
+      // under the key of both (a wide request lowered to K = 0 never reads
+      // a narrow one's blocks, nor the reverse).
       work.prompt_tokens = job.prompt_ids;
-      work.prefix_key = absl::HashOf(activation.top_k());
-      work.lowered_prefix_key =
-          absl::HashOf(activation.Lowered(lm_.model->config().moh).top_k());
+      work.prefix_key = PrefixKey(activation.top_k(), work.kv_fold);
+      work.lowered_prefix_key = PrefixKey(
+          activation.Lowered(lm_.model->config().moh).top_k(), work.kv_fold);
       // Cached positions have no logits.
       work.read_prefix = !job.sampling.prompt_logprobs;
     }
     const absl::Time now = absl::Now();
     if (job.n == 1) {
-      return loop_.Submit(work, std::make_unique<Sequence>(Sequence{
-                                    std::move(job), std::move(activation),
-                                    std::move(observer), now}));
+      auto seq = std::make_unique<Sequence>(
+          Sequence{std::move(job), std::move(activation), narrow,
+                   std::move(observer), now});
+      return loop_.Submit(work, std::move(seq));
     }
     auto group = std::make_shared<SampleGroup>();
     group->observer = std::move(observer);
@@ -134,7 +143,7 @@ class LanguageExecutor::Impl {
       // The prompt's log-probabilities come once, with sample 0.
       if (i > 0) sample.sampling.prompt_logprobs.reset();
       samples.push_back(std::make_unique<Sequence>(
-          Sequence{std::move(sample), activation,
+          Sequence{std::move(sample), activation, narrow,
                    std::make_shared<SampleObserver>(group, i), now}));
     }
     return loop_.SubmitGroup(work, std::move(samples), [&](uint64_t id) {
@@ -278,6 +287,16 @@ absl::StatusOr<std::unique_ptr<LanguageExecutor>> LanguageExecutor::Create(
   }
   if (metrics != nullptr) {
     metrics->SetKvCacheConfig(resolved.kv_block_size, resolved.kv_blocks);
+  }
+  // The ratio ceiling (language_steps.h Sequence::narrow): say whether it
+  // applies, since it changes how many requests the blocks admit.
+  const LlamaModel& lm = *model.model;
+  if (lm.narrow_kv_heads() > 0) {
+    MOH_LOG(Info) << "model " << options.model_name << ": narrow KV width "
+                  << lm.narrow_kv_heads() << " of " << lm.config().num_kv_heads
+                  << " KV heads: a request whose ratio routes no head stores "
+                  << "those only, " << lm.narrow_fold()
+                  << "x its positions per KV block";
   }
   return std::unique_ptr<LanguageExecutor>(
       new LanguageExecutor(std::move(impl)));

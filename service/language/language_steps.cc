@@ -144,6 +144,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
       batch.block_tables.push_back(rows[b].blocks);
       batch.start_positions.push_back(rows[b].start);
       batch.top_k.push_back(seqs[b]->activation.top_k());
+      batch.narrow.push_back(seqs[b]->narrow);
     }
     return batch;
   }

@@ -26,6 +26,11 @@ namespace moh {
 struct Sequence {
   GenerationJob job;
   Activation activation;  // resolved at Submit; lowered at admission
+  // The ratio ceiling: its nominal activation reads no routed head (routed K
+  // 0 in every layer) and the model has a narrow KV width, so its KV is
+  // stored narrow (LlamaModel::narrow_kv_heads). Fixed at Submit: lowering
+  // never widens it, and a wide request lowered to K = 0 stays wide.
+  bool narrow = false;
   std::shared_ptr<GenerationObserver> observer;
   absl::Time submit_time;
   std::optional<SequenceOutput> output;  // sampling, stop strings, text
