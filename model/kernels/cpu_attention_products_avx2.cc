@@ -11,11 +11,6 @@
 namespace moh::kernels_internal {
 namespace {
 
-__attribute__((target("avx2,fma"))) inline __m256i Head8(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 // y[0, R) x [0, 8 NV) (row stride ldy; the last vector's first `last`
 // lanes, 1 <= last <= 8)
 // (+)= x [R, k] (row stride ldx) V [k, 8 NV] (row stride ldv): each value of

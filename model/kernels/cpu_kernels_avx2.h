@@ -5,11 +5,22 @@
 // code it stands for, named beside it; all are tuned for 16 ymm registers.
 #pragma once
 
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cstdint>
 
 #include "model/kernels/cpu_linear.h"
 
 namespace moh::kernels_internal {
+
+// Lanes [0, count) of 8 set (none for count <= 0, all from 8): the mask of
+// AVX2's masked loads and stores.
+__attribute__((target("avx2,fma"))) inline __m256i Head8(int64_t count) {
+  return _mm256_cmpgt_epi32(
+      _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(count, 0, 8))),
+      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 
 // RowLinear's dot products: y[j] = W[j] . x for W rows [first, last), four
 // rows at a time, two accumulators each (eight FMA chains in flight).

@@ -8,11 +8,6 @@
 namespace moh::kernels_internal {
 namespace {
 
-__attribute__((target("avx2,fma"))) inline __m256i Head8(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 // y[j] = W[j] . x for R rows of W: two accumulators per row over 16 floats
 // a step (a row's FMAs would otherwise wait on each other's 4-cycle
 // latency), k's remainder through masked loads.

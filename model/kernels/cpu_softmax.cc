@@ -5,9 +5,12 @@
 #include <algorithm>
 
 #include "model/kernels/cpu_isa.h"
+#include "model/kernels/cpu_kernels_avx2.h"
 
 namespace moh {
 namespace {
+
+using kernels_internal::Head8;
 
 // e^x for x <= 0 (a score minus its row's maximum): x = n ln2 + r with
 // |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error below
@@ -79,13 +82,6 @@ __attribute__((target("avx2,fma"))) inline __m256 ExpNonPositive(__m256 x) {
   const __m256i power = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
-}
-
-// Lanes [0, count) set (all for count >= 8), as a float mask.
-__attribute__((target("avx2,fma"))) inline __m256i Head8(int64_t count) {
-  return _mm256_cmpgt_epi32(
-      _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(count, 8))),
-      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 __attribute__((target("avx2,fma"))) inline float ReduceMax(__m256 v) {

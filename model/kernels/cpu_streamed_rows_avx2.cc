@@ -4,16 +4,11 @@
 
 #include <algorithm>
 
+#include "model/kernels/cpu_kernels_avx2.h"
 #include "model/kernels/cpu_streamed_rows.h"
 
 namespace moh::kernels_internal {
 namespace {
-
-// Lanes [0, count) set: the masked loads' and stores' mask.
-__attribute__((target("avx2,fma"))) inline __m256i Head8(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 // y^T = W x^T for R rows of W against V vectors of 8 rows of x^T: R V
 // accumulators, V loads of x^T and R broadcasts of W per step of k (AVX2
