@@ -19,9 +19,6 @@ template <int R, int NV>
 __attribute__((target("avx2,fma"))) void ProductTile(
     const float *x, int64_t ldx, int64_t k, const float *v, int64_t ldv,
     int64_t last, float *y, int64_t ldy, bool accumulate) {
-  // (The mask is made here: a __m256i argument would pass differently from
-  // the plain caller than the AVX2 callee expects.)
-  const __m256i tail = Head8(last);
   __m256 acc[R][NV];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
@@ -33,7 +30,7 @@ __attribute__((target("avx2,fma"))) void ProductTile(
 #pragma GCC unroll 2
     for (int c = 0; c < NV; ++c) {
       vv[c] = c + 1 < NV ? _mm256_loadu_ps(v + p * ldv + 8 * c)
-                         : _mm256_maskload_ps(v + p * ldv + 8 * c, tail);
+                         : LoadHead8(v + p * ldv + 8 * c, last);
     }
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
@@ -44,19 +41,16 @@ __attribute__((target("avx2,fma"))) void ProductTile(
       }
     }
   }
-  const __m256i all = _mm256_set1_epi32(-1);
   // Unrolled: see BlockKernel (cpu_linear.cc).
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
     float *row = y + r * ldy;
 #pragma GCC unroll 2
     for (int c = 0; c < NV; ++c) {
-      const __m256i mask = c + 1 < NV ? all : tail;
+      const int64_t count = c + 1 < NV ? 8 : last;
       __m256 out = acc[r][c];
-      if (accumulate) {
-        out = _mm256_add_ps(out, _mm256_maskload_ps(row + 8 * c, mask));
-      }
-      _mm256_maskstore_ps(row + 8 * c, mask, out);
+      if (accumulate) out = _mm256_add_ps(out, LoadHead8(row + 8 * c, count));
+      StoreHead8(row + 8 * c, out, count);
     }
   }
 }
@@ -138,7 +132,6 @@ __attribute__((target("avx2,fma"))) void DecodeScores(const float *q, int64_t m,
     const int64_t count = std::min<int64_t>(8, n - t0);
     const T *rows[8];
     for (int64_t k = 0; k < 8; ++k) rows[k] = keys[t0 + (k < count ? k : 0)];
-    const __m256i mask = Head8(count);
     for (int64_t i = 0; i < m; ++i) {
       const float *qi = q + i * d;
       __m256 acc[8];
@@ -151,8 +144,8 @@ __attribute__((target("avx2,fma"))) void DecodeScores(const float *q, int64_t m,
           acc[k] = _mm256_fmadd_ps(qv, LoadRow8(rows[k] + j), acc[k]);
         }
       }
-      _mm256_maskstore_ps(y + i * ldy + t0, mask,
-                          _mm256_mul_ps(scaled, SumEachOf8(acc)));
+      StoreHead8(y + i * ldy + t0, _mm256_mul_ps(scaled, SumEachOf8(acc)),
+                 count);
     }
   }
 }

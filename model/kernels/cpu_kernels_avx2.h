@@ -22,6 +22,23 @@ __attribute__((target("avx2,fma"))) inline __m256i Head8(int64_t count) {
       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+// The first `count` floats at `from` (zeros beyond), and v's first `count`
+// lanes stored to `to`: a plain load or store for a whole vector, since AMD's
+// Zen cores run a masked store as a long microcoded sequence.
+__attribute__((target("avx2,fma"))) inline __m256 LoadHead8(const float *from,
+                                                            int64_t count) {
+  return count >= 8 ? _mm256_loadu_ps(from)
+                    : _mm256_maskload_ps(from, Head8(count));
+}
+__attribute__((target("avx2,fma"))) inline void StoreHead8(float *to, __m256 v,
+                                                           int64_t count) {
+  if (count >= 8) {
+    _mm256_storeu_ps(to, v);
+  } else if (count > 0) {
+    _mm256_maskstore_ps(to, Head8(count), v);
+  }
+}
+
 // RowLinear's dot products: y[j] = W[j] . x for W rows [first, last), four
 // rows at a time, two accumulators each (eight FMA chains in flight).
 void RowAgainstRowsAvx2(const float *x, int64_t k, const float *w, int64_t ldw,

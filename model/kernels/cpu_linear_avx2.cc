@@ -90,28 +90,18 @@ __attribute__((target("avx2,fma"))) void BlockKernel(
       acc[i][1] = _mm256_fmadd_ps(xv, w1, acc[i][1]);
     }
   }
-  const __m256i mask0 = Head8(cols), mask1 = Head8(cols - 8);
   // Unrolled: see BlockKernel (cpu_linear.cc).
 #pragma GCC unroll 6
   for (int i = 0; i < kM; ++i) {
     if (i >= rows) break;
     float *row = RowAt(y, i);
     __m256 v0 = acc[i][0], v1 = acc[i][1];
-    if (cols == kN) {
-      if (accumulate) {
-        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(row));
-        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(row + 8));
-      }
-      _mm256_storeu_ps(row, v0);
-      _mm256_storeu_ps(row + 8, v1);
-    } else {
-      if (accumulate) {
-        v0 = _mm256_add_ps(v0, _mm256_maskload_ps(row, mask0));
-        v1 = _mm256_add_ps(v1, _mm256_maskload_ps(row + 8, mask1));
-      }
-      _mm256_maskstore_ps(row, mask0, v0);
-      _mm256_maskstore_ps(row + 8, mask1, v1);
+    if (accumulate) {
+      v0 = _mm256_add_ps(v0, LoadHead8(row, cols));
+      v1 = _mm256_add_ps(v1, LoadHead8(row + 8, cols - 8));
     }
+    StoreHead8(row, v0, cols);
+    StoreHead8(row + 8, v1, cols - 8);
   }
 }
 

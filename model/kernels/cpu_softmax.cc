@@ -11,6 +11,8 @@ namespace moh {
 namespace {
 
 using kernels_internal::Head8;
+using kernels_internal::LoadHead8;
+using kernels_internal::StoreHead8;
 
 // e^x for x <= 0 (a score minus its row's maximum): x = n ln2 + r with
 // |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error below
@@ -105,25 +107,22 @@ __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
   __m256 max = lowest;
   for (int64_t j = 0; j < n; j += 8) {
     const __m256i mask = Head8(n - j);
-    max = _mm256_max_ps(
-        max, _mm256_blendv_ps(lowest, _mm256_maskload_ps(s + j, mask),
-                              _mm256_castsi256_ps(mask)));
+    max = _mm256_max_ps(max, _mm256_blendv_ps(lowest, LoadHead8(s + j, n - j),
+                                              _mm256_castsi256_ps(mask)));
   }
   const __m256 top = _mm256_set1_ps(ReduceMax(max));
   __m256 sum = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; j += 8) {
     const __m256i mask = Head8(n - j);
     const __m256 e = _mm256_and_ps(
-        ExpNonPositive(_mm256_sub_ps(_mm256_maskload_ps(s + j, mask), top)),
+        ExpNonPositive(_mm256_sub_ps(LoadHead8(s + j, n - j), top)),
         _mm256_castsi256_ps(mask));
     sum = _mm256_add_ps(sum, e);
-    _mm256_maskstore_ps(p + j, mask, e);
+    StoreHead8(p + j, e, n - j);
   }
   const __m256 inv = _mm256_set1_ps(1.0f / ReduceAdd(sum));
   for (int64_t j = 0; j < n; j += 8) {
-    const __m256i mask = Head8(n - j);
-    _mm256_maskstore_ps(p + j, mask,
-                        _mm256_mul_ps(_mm256_maskload_ps(p + j, mask), inv));
+    StoreHead8(p + j, _mm256_mul_ps(LoadHead8(p + j, n - j), inv), n - j);
   }
   std::fill(p + n, p + cols, 0.0f);
 }

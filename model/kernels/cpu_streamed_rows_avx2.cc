@@ -115,12 +115,11 @@ __attribute__((target("avx2,fma"))) void Transpose8Avx2(const InputRows &src,
     s[4 * g + 2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
     s[4 * g + 3] = _mm256_shuffle_ps(hi01, hi23, 0xEE);
   }
-  const __m256i mask = Head8(count);
   for (int c = 0; c < 4; ++c) {
-    _mm256_maskstore_ps(out + c * ldo, mask,
-                        _mm256_permute2f128_ps(s[c], s[4 + c], 0x20));
-    _mm256_maskstore_ps(out + (4 + c) * ldo, mask,
-                        _mm256_permute2f128_ps(s[c], s[4 + c], 0x31));
+    StoreHead8(out + c * ldo, _mm256_permute2f128_ps(s[c], s[4 + c], 0x20),
+               count);
+    StoreHead8(out + (4 + c) * ldo,
+               _mm256_permute2f128_ps(s[c], s[4 + c], 0x31), count);
   }
 }
 
