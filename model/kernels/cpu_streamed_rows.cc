@@ -121,8 +121,10 @@ void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
 
 void PackPanel(const InputRows &src, int64_t rows, int64_t depth, int64_t width,
                float *out) {
-  const int64_t block = UseAvx512() ? 16 : UseAvx2() ? 8 : depth + 1;
-  const int64_t block_depth = depth / block * block;
+  // Steps of p (and rows) per in-register transpose; none (every step one
+  // float at a time, below) where neither instruction set is active.
+  const int64_t block = UseAvx512() ? 16 : 8;
+  const int64_t block_depth = UseAvx2() ? depth / block * block : 0;
   for (int64_t r = 0; r < rows; r += block) {
     for (int64_t p = 0; p < block_depth; p += block) {
       const InputRows from = Skip(src, r, p);
