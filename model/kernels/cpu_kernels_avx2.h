@@ -39,8 +39,9 @@ __attribute__((target("avx2,fma"))) inline void StoreHead8(float *to, __m256 v,
   }
 }
 
-// RowLinear's dot products: y[j] = W[j] . x for W rows [first, last), four
-// rows at a time, two accumulators each (eight FMA chains in flight).
+// RowLinear's dot products: y[j] = W[j] . x for W rows [first, last), eight
+// rows at a time, one accumulator each (eight FMA chains and eight weight
+// streams in flight), the remainder four and one at a time.
 void RowAgainstRowsAvx2(const float *x, int64_t k, const float *w, int64_t ldw,
                         int64_t first, int64_t last, float *y);
 

@@ -57,11 +57,48 @@ __attribute__((target("avx2,fma"))) void DotRows(const float *x, int64_t k,
   for (int r = 0; r < R; ++r) y[r] = out[r];
 }
 
+// y[j] = W[j] . x for eight rows of W, one accumulator each, 8 floats a
+// step: eight weight streams in flight, where DotRows<4>'s four left the
+// loads waiting on memory. W [1376, 512] read from memory (48 matrices in
+// turn, one thread, a throwaway timing program, medians of 15): 265 -> 210
+// us per product; 12 rows: 215.
+__attribute__((target("avx2,fma"))) void DotRows8(const float *x, int64_t k,
+                                                  const float *w, int64_t ldw,
+                                                  float *y) {
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + p);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * ldw + p), xv, acc[r]);
+    }
+  }
+  if (p < k) {
+    const __m256i mask = Head8(k - p);
+    const __m256 xv = _mm256_maskload_ps(x + p, mask);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_maskload_ps(w + r * ldw + p, mask), xv,
+                               acc[r]);
+    }
+  }
+  const __m256 lo = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]),
+                                   _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 hi = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]),
+                                   _mm256_hadd_ps(acc[6], acc[7]));
+  _mm256_storeu_ps(y, _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20),
+                                    _mm256_permute2f128_ps(lo, hi, 0x31)));
+}
+
 }  // namespace
 
 void RowAgainstRowsAvx2(const float *x, int64_t k, const float *w, int64_t ldw,
                         int64_t first, int64_t last, float *y) {
   int64_t j = first;
+  for (; j + 8 <= last; j += 8) DotRows8(x, k, w + j * ldw, ldw, y + j);
   for (; j + 4 <= last; j += 4) DotRows<4>(x, k, w + j * ldw, ldw, y + j);
   for (; j < last; ++j) DotRows<1>(x, k, w + j * ldw, ldw, y + j);
 }

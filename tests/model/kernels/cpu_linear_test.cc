@@ -88,8 +88,9 @@ bool OneRow(const float *x, int64_t m, int64_t k, const float *w, int64_t ldw,
 
 TEST(RowLinearTest, RemaindersOfRowsAndDepthOnThePool) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
-  // W rows around its 4-row step; depths around the 8- and 16-float vectors.
-  for (int64_t n : {1, 3, 4, 5, 67}) {
+  // W rows around its 4-row (AVX2: 8- and 4-row) steps; depths around the
+  // 8- and 16-float vectors.
+  for (int64_t n : {1, 3, 4, 5, 8, 12, 13, 67}) {
     for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 100}) {
       ExpectMatchesLinear(1, k, n, n % 2 == 1, 0, &OneRow);
     }
