@@ -9,7 +9,8 @@
 //                sequences, each constrained (a schema no row completes in
 //                64 tokens, so that both sides decode as many) or not:
 //                tokens/s with the model's forward included.
-// The instruction set the kernels use is printed in the context. Measured
+// The instruction set the kernels use is printed in the context
+// (bench_main.cc). Measured
 // (MOH_BENCH_THREADS=1, 2.6 GHz AVX-512F, 3 repetitions): Next 1.31 -> 4.41
 // us greedy, 8.97 -> 11.49 us sampled; Generate 4.88k -> 4.26k tokens/s at
 // one row, 9.68k -> 9.26k at eight.
@@ -17,10 +18,8 @@
 //   build/bench/moh_grammar_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
-#include <cstdlib>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "model/core/runtime.h"
 #include "model/generation/generator.h"
@@ -130,25 +129,5 @@ BENCHMARK(BM_Generate)
     ->ArgsProduct({{0, 1}, {1, 8}})
     ->Unit(benchmark::kMillisecond);
 
-const char* InstructionSet() {
-  if (__builtin_cpu_supports("avx512f")) return "AVX-512F";
-  if (__builtin_cpu_supports("avx2")) return "AVX2";
-  return "neither AVX-512F nor AVX2";
-}
-
 }  // namespace
 }  // namespace moh
-
-int main(int argc, char** argv) {
-  const char* threads = std::getenv("MOH_BENCH_THREADS");
-  moh::ConfigureCpuAllocator();
-  moh::ConfigureCpuThreads(
-      threads != nullptr
-          ? std::atoi(threads)
-          : static_cast<int>(std::thread::hardware_concurrency()));
-  benchmark::AddCustomContext("instruction_set", moh::InstructionSet());
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

@@ -9,13 +9,12 @@
 // 16 sequences with 512 cached tokens each, one new token per sequence.
 //   BM_Linear:     one float32 projection at decode row counts, LibTorch's
 //                  at::linear (OpenBLAS) against moh::Linear.
-// MOH_BENCH_THREADS=N pins the threads.
+// MOH_BENCH_THREADS=N pins the threads; MOH_CPU_ISA=avx2 (or portable) times
+// the kernels' AVX2 paths (or LibTorch's) on an AVX-512 machine. The context
+// prints the instruction set that ran (bench_main.cc).
 //
 //   build/bench/moh_attention_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
-
-#include <cstdlib>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "model/core/linear.h"
@@ -194,18 +193,3 @@ BENCHMARK(BM_LinearColdWeights)
 
 }  // namespace
 }  // namespace moh
-
-int main(int argc, char** argv) {
-  // MOH_BENCH_THREADS=N pins LibTorch's thread count (default: every core;
-  // nothing else runs beside the benchmark).
-  const char* threads = std::getenv("MOH_BENCH_THREADS");
-  moh::ConfigureCpuAllocator();
-  moh::ConfigureCpuThreads(
-      threads != nullptr
-          ? std::atoi(threads)
-          : static_cast<int>(std::thread::hardware_concurrency()));
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

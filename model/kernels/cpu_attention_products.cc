@@ -5,15 +5,21 @@
 #include <algorithm>
 #include <cstring>
 
+#include "model/kernels/cpu_kernels_avx2.h"
 #include "model/kernels/cpu_streamed_rows.h"
 
 namespace moh {
 namespace {
 
-using kernels_internal::HasAvx512;
+using kernels_internal::DecodeScoresAvx2;
+using kernels_internal::DecodeValuesAvx2;
 using kernels_internal::PackTransposed;
 using kernels_internal::StreamRows;
 using kernels_internal::TransposedWidth;
+using kernels_internal::UseAvx2;
+using kernels_internal::UseAvx512;
+using kernels_internal::ValuesProductAvx2;
+using kernels_internal::WidenBfloat16Avx2;
 
 // y[0, R) x [0, 16 NV) (row stride ldy; the last vector masked by `tail`)
 // (+)= x [R, k] (row stride ldx) V [k, 16 NV] (row stride ldv): each value of
@@ -235,12 +241,33 @@ __attribute__((target("avx512f"))) void DecodeValuesAvx512(
   }
 }
 
+// The decode products on the active instruction set (d % 16 == 0 checked).
+template <typename T>
+void DecodeScores(const float *q, int64_t m, int64_t d, float scale,
+                  const T *const *keys, int64_t n, float *y, int64_t ldy) {
+  if (UseAvx512()) {
+    DecodeScoresAvx512(q, m, d, scale, keys, n, y, ldy);
+  } else {
+    DecodeScoresAvx2(q, m, d, scale, keys, n, y, ldy);
+  }
+}
+template <typename T>
+void DecodeValues(const float *p, int64_t ldp, int64_t m,
+                  const T *const *values, int64_t n, int64_t d, float *y,
+                  int64_t ldy) {
+  if (UseAvx512()) {
+    DecodeValuesAvx512(p, ldp, m, values, n, d, y, ldy);
+  } else {
+    DecodeValuesAvx2(p, ldp, m, values, n, d, y, ldy);
+  }
+}
+
 }  // namespace
 
 bool ScoresProduct(const float *q, int64_t m, int64_t k, float scale,
                    const float *keys, int64_t ldk, int64_t n, float *y,
                    int64_t ldy) {
-  if (!HasAvx512() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
+  if (!UseAvx2() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
     return false;
   }
   const int64_t ldx = TransposedWidth(m);
@@ -252,7 +279,11 @@ bool ScoresProduct(const float *q, int64_t m, int64_t k, float scale,
 bool ValuesProduct(const float *p, int64_t ldp, int64_t m, int64_t k,
                    const float *values, int64_t ldv, int64_t n, float *y,
                    int64_t ldy, bool accumulate) {
-  if (!HasAvx512() || m < 1 || k < 1 || n < 1) return false;
+  if (!UseAvx2() || m < 1 || k < 1 || n < 1) return false;
+  if (!UseAvx512()) {
+    ValuesProductAvx2(p, ldp, m, k, values, ldv, n, y, ldy, accumulate);
+    return true;
+  }
   for (int64_t c0 = 0; c0 < n; c0 += 64) {
     const int64_t cols = std::min<int64_t>(64, n - c0);
     const int64_t vectors = (cols + 15) / 16;
@@ -271,37 +302,41 @@ bool ValuesProduct(const float *p, int64_t ldp, int64_t m, int64_t k,
 bool Bfloat16Scores(const float *q, int64_t m, int64_t d, float scale,
                     const uint16_t *const *keys, int64_t n, float *y,
                     int64_t ldy) {
-  if (!HasAvx512() || d % 16 != 0) return false;
-  DecodeScoresAvx512(q, m, d, scale, keys, n, y, ldy);
+  if (!UseAvx2() || d % 16 != 0) return false;
+  DecodeScores(q, m, d, scale, keys, n, y, ldy);
   return true;
 }
 
 bool Bfloat16Values(const float *p, int64_t ldp, int64_t m,
                     const uint16_t *const *values, int64_t n, int64_t d,
                     float *y, int64_t ldy) {
-  if (!HasAvx512() || d % 16 != 0) return false;
-  DecodeValuesAvx512(p, ldp, m, values, n, d, y, ldy);
+  if (!UseAvx2() || d % 16 != 0) return false;
+  DecodeValues(p, ldp, m, values, n, d, y, ldy);
   return true;
 }
 
 bool Float32Scores(const float *q, int64_t m, int64_t d, float scale,
                    const float *const *keys, int64_t n, float *y, int64_t ldy) {
-  if (!HasAvx512() || d % 16 != 0) return false;
-  DecodeScoresAvx512(q, m, d, scale, keys, n, y, ldy);
+  if (!UseAvx2() || d % 16 != 0) return false;
+  DecodeScores(q, m, d, scale, keys, n, y, ldy);
   return true;
 }
 
 bool Float32Values(const float *p, int64_t ldp, int64_t m,
                    const float *const *values, int64_t n, int64_t d, float *y,
                    int64_t ldy) {
-  if (!HasAvx512() || d % 16 != 0) return false;
-  DecodeValuesAvx512(p, ldp, m, values, n, d, y, ldy);
+  if (!UseAvx2() || d % 16 != 0) return false;
+  DecodeValues(p, ldp, m, values, n, d, y, ldy);
   return true;
 }
 
 bool WidenBfloat16(const uint16_t *from, int64_t n, float *to) {
-  if (!HasAvx512()) return false;
-  WidenBfloat16Avx512(from, n, to);
+  if (!UseAvx2()) return false;
+  if (UseAvx512()) {
+    WidenBfloat16Avx512(from, n, to);
+  } else {
+    WidenBfloat16Avx2(from, n, to);
+  }
   return true;
 }
 

@@ -5,19 +5,25 @@
 
 #include <algorithm>
 
+#include "model/kernels/cpu_kernels_avx2.h"
 #include "model/kernels/cpu_streamed_rows.h"
 
 namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
-using kernels_internal::HasAvx512;
+using kernels_internal::BlockKernelAvx2;
+using kernels_internal::kBlockMAvx2;
+using kernels_internal::kBlockNAvx2;
 using kernels_internal::PackPanel;
 using kernels_internal::PackTransposed;
+using kernels_internal::RowAgainstRowsAvx2;
 using kernels_internal::RowAt;
 using kernels_internal::Skip;
 using kernels_internal::StreamRows;
 using kernels_internal::TransposedWidth;
+using kernels_internal::UseAvx2;
+using kernels_internal::UseAvx512;
 
 // Rows of x and of W one tile of SkinnyLinear computes: kTileM x kTileN dot
 // products in 8 accumulators, with W's kTileN rows and one x row in
@@ -121,12 +127,12 @@ __attribute__((target("avx512f"))) void DotRows(const float *x, int64_t k,
                                                 const float *w, int64_t ldw,
                                                 float *y) {
   __m512 acc[R];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int64_t body = k & ~int64_t{15};
   for (int64_t p = 0; p < body; p += 16) {
     const __m512 xv = _mm512_loadu_ps(x + p);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + r * ldw + p), xv, acc[r]);
     }
@@ -134,20 +140,23 @@ __attribute__((target("avx512f"))) void DotRows(const float *x, int64_t k,
   if (body < k) {
     const __mmask16 mask = __mmask16((1u << (k - body)) - 1);
     const __m512 xv = _mm512_maskz_loadu_ps(mask, x + body);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, w + r * ldw + body),
                                xv, acc[r]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
-// One row of x against W rows [first, last), four at a time.
+// One row of x against W rows [first, last), eight at a time (eight weight
+// streams in flight: see DotRows8 in cpu_linear_avx2.cc), then four, then
+// one.
 void RowAgainstRows(const float *x, int64_t k, const float *w, int64_t ldw,
                     int64_t first, int64_t last, float *y) {
   int64_t j = first;
+  for (; j + 8 <= last; j += 8) DotRows<8>(x, k, w + j * ldw, ldw, y + j);
   for (; j + 4 <= last; j += 4) DotRows<4>(x, k, w + j * ldw, ldw, y + j);
   for (; j < last; ++j) DotRows<1>(x, k, w + j * ldw, ldw, y + j);
 }
@@ -164,12 +173,6 @@ void SkinnyRows(const float *x, int64_t m, int64_t k, const float *w,
       tile(x + i * k, k, w + j * ldw, ldw, y + i * n + j, n);
     }
   }
-}
-
-bool HasAvx2Fma() {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
 }
 
 // BlockedLinear: the GotoBLAS/BLIS loop nest around an AVX-512 micro-kernel
@@ -237,6 +240,27 @@ __attribute__((target("avx512f"))) void BlockKernel(
   }
 }
 
+// BlockedLinear's micro-kernels and their tiles, for the loop nest below:
+// AVX-512's 14 x 32 and AVX2's 6 x 16 (cpu_linear_avx2.cc).
+struct Avx512Blocks {
+  static constexpr int64_t kM = kBlockM, kN = kBlockN;
+  template <bool kDirect>
+  static void Kernel(int64_t depth, const float *xp, const float *const *x_rows,
+                     const float *wp, const OutputRows &y, int64_t rows,
+                     int64_t cols, bool accumulate) {
+    BlockKernel<kDirect>(depth, xp, x_rows, wp, y, rows, cols, accumulate);
+  }
+};
+struct Avx2Blocks {
+  static constexpr int64_t kM = kBlockMAvx2, kN = kBlockNAvx2;
+  template <bool kDirect>
+  static void Kernel(int64_t depth, const float *xp, const float *const *x_rows,
+                     const float *wp, const OutputRows &y, int64_t rows,
+                     int64_t cols, bool accumulate) {
+    BlockKernelAvx2<kDirect>(depth, xp, x_rows, wp, y, rows, cols, accumulate);
+  }
+};
+
 // How BlockedLinear cuts k: `passes` passes of `depth` (the last shorter).
 struct Passes {
   int64_t count, depth;
@@ -248,8 +272,9 @@ Passes CutDepth(int64_t k) {
 
 // y rows [m0, m1) x columns [n0, n1) (+)= x W^T, from x packed by pass and
 // row panel at `xp` or, when `direct` is given, read in place (m0 a multiple
-// of kBlockM): one task of BlockedProduct. It packs its own columns of W, one
-// pass at a time.
+// of Blocks::kM): one task of BlockedProduct. It packs its own columns of W,
+// one pass at a time.
+template <typename Blocks>
 void BlockedColumns(const float *xp, const InputRows *direct, int64_t m0,
                     int64_t m1, int64_t padded_m, int64_t k, const float *w,
                     int64_t ldw, int64_t n0, int64_t n1, const OutputRows &y) {
@@ -260,28 +285,30 @@ void BlockedColumns(const float *xp, const InputRows *direct, int64_t m0,
   for (int64_t pass = 0; pass < passes.count; ++pass) {
     const int64_t p0 = pass * passes.depth;
     const int64_t depth = std::min(passes.depth, k - p0);
-    for (int64_t j = 0; j < cols; j += kBlockN) {
-      PackPanel({w + (n0 + j) * ldw + p0, ldw}, std::min(kBlockN, cols - j),
-                depth, kBlockN, wp + j * depth);
+    for (int64_t j = 0; j < cols; j += Blocks::kN) {
+      PackPanel({w + (n0 + j) * ldw + p0, ldw}, std::min(Blocks::kN, cols - j),
+                depth, Blocks::kN, wp + j * depth);
     }
     const float *x_pass = direct != nullptr ? nullptr : xp + p0 * padded_m;
-    for (int64_t i = m0; i < m1; i += kBlockM) {
-      const int64_t rows = std::min(kBlockM, m1 - i);
-      const float *x_rows[kBlockM];
+    for (int64_t i = m0; i < m1; i += Blocks::kM) {
+      const int64_t rows = std::min(Blocks::kM, m1 - i);
+      const float *x_rows[Blocks::kM];
       if (direct != nullptr) {
-        for (int64_t r = 0; r < kBlockM; ++r) {
+        for (int64_t r = 0; r < Blocks::kM; ++r) {
           x_rows[r] = RowAt(*direct, i + std::min(r, rows - 1)) + p0;
         }
       }
-      for (int64_t j = 0; j < cols; j += kBlockN) {
-        const int64_t tile_cols = std::min(kBlockN, cols - j);
+      for (int64_t j = 0; j < cols; j += Blocks::kN) {
+        const int64_t tile_cols = std::min(Blocks::kN, cols - j);
         const bool accumulate = pass > 0 || y.accumulate;
         if (direct != nullptr) {
-          BlockKernel<true>(depth, nullptr, x_rows, wp + j * depth,
-                            Skip(y, i, n0 + j), rows, tile_cols, accumulate);
+          Blocks::template Kernel<true>(depth, nullptr, x_rows, wp + j * depth,
+                                        Skip(y, i, n0 + j), rows, tile_cols,
+                                        accumulate);
         } else {
-          BlockKernel<false>(depth, x_pass + i * depth, nullptr, wp + j * depth,
-                             Skip(y, i, n0 + j), rows, tile_cols, accumulate);
+          Blocks::template Kernel<false>(depth, x_pass + i * depth, nullptr,
+                                         wp + j * depth, Skip(y, i, n0 + j),
+                                         rows, tile_cols, accumulate);
         }
       }
     }
@@ -295,22 +322,24 @@ void BlockedColumns(const float *xp, const InputRows *direct, int64_t m0,
 // most kMaxDirectColumns rows, x is not packed: each panel of it would be
 // read by so few tiles that packing (a read and a write of x) costs more
 // than the kernel's strided reads of it.
-void BlockedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
-                    int64_t ldw, int64_t n, const OutputRows &y) {
+template <typename Blocks>
+void BlockedProductOn(const InputRows &x, int64_t m, int64_t k, const float *w,
+                      int64_t ldw, int64_t n, const OutputRows &y) {
+  constexpr int64_t kM = Blocks::kM;
   const Passes passes = CutDepth(k);
-  const int64_t panels = (m + kBlockM - 1) / kBlockM;
-  const int64_t padded_m = panels * kBlockM;
+  const int64_t panels = (m + kM - 1) / kM;
+  const int64_t padded_m = panels * kM;
   const bool large = m * k * n >= kMinParallelMacs;
   const bool direct = n <= kMaxDirectColumns;
   thread_local AlignedBuffer x_buffer;
   float *xp = direct ? nullptr : x_buffer.Get(padded_m * k);
-  // x, packed once for every task: pass by pass, kBlockM-row panels.
+  // x, packed once for every task: pass by pass, kM-row panels.
   auto pack = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t pass = t / panels, i = (t % panels) * kBlockM;
+      const int64_t pass = t / panels, i = (t % panels) * kM;
       const int64_t p0 = pass * passes.depth;
       const int64_t depth = std::min(passes.depth, k - p0);
-      PackPanel(Skip(x, i, p0), std::min(kBlockM, m - i), depth, kBlockM,
+      PackPanel(Skip(x, i, p0), std::min(kM, m - i), depth, kM,
                 xp + p0 * padded_m + i * depth);
     }
   };
@@ -322,15 +351,24 @@ void BlockedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
   auto multiply = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t group = t / column_tasks, column = t % column_tasks;
-      const int64_t m0 = group * panels / row_groups * kBlockM;
-      const int64_t m1 =
-          std::min(m, (group + 1) * panels / row_groups * kBlockM);
-      BlockedColumns(xp, direct ? &x : nullptr, m0, m1, padded_m, k, w, ldw,
-                     column * kChunkN, std::min(n, (column + 1) * kChunkN), y);
+      const int64_t m0 = group * panels / row_groups * kM;
+      const int64_t m1 = std::min(m, (group + 1) * panels / row_groups * kM);
+      BlockedColumns<Blocks>(xp, direct ? &x : nullptr, m0, m1, padded_m, k, w,
+                             ldw, column * kChunkN,
+                             std::min(n, (column + 1) * kChunkN), y);
     }
   };
   if (!direct) RunTasks(passes.count * panels, large, pack);
   RunTasks(column_tasks * row_groups, large, multiply);
+}
+
+void BlockedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
+                    int64_t ldw, int64_t n, const OutputRows &y) {
+  if (UseAvx512()) {
+    BlockedProductOn<Avx512Blocks>(x, m, k, w, ldw, n, y);
+  } else {
+    BlockedProductOn<Avx2Blocks>(x, m, k, w, ldw, n, y);
+  }
 }
 
 // y (+)= x W^T on StreamedLinear's tiles (m <= kMaxStreamedRows).
@@ -350,7 +388,7 @@ void StreamedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
 
 bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
                   int64_t ldw, int64_t n, const float *bias, float *y) {
-  if (!HasAvx2Fma() || m < 1 || m > kMaxSkinnyRows) return false;
+  if (!UseAvx2() || m < 1 || m > kMaxSkinnyRows) return false;
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   auto run = [&](int64_t begin, int64_t end) {
     SkinnyRows(x, m, k, w, ldw, n, begin * kRowsPerTask,
@@ -363,7 +401,7 @@ bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
 
 bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const float *bias, float *y) {
-  if (!HasAvx512() || m < 1 || k < 1 || n < 1) return false;
+  if (!UseAvx2() || m < 1 || k < 1 || n < 1) return false;
   BlockedProduct({x, k}, m, k, w, ldw, n, {y, n});
   AddBias(bias, m, n, y);
   return true;
@@ -371,7 +409,7 @@ bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
 
 bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
                     int64_t ldw, int64_t n, const float *bias, float *y) {
-  if (!HasAvx512() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
+  if (!UseAvx2() || m < 1 || m > kMaxStreamedRows || k < 1 || n < 1) {
     return false;
   }
   StreamedProduct({x, k}, m, k, w, ldw, n, {y, n});
@@ -381,7 +419,7 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
 
 bool IndexedLinear(const InputRows &x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const OutputRows &y) {
-  if (!HasAvx512() || m < 1 || k < 1 || n < 1) return false;
+  if (!UseAvx2() || m < 1 || k < 1 || n < 1) return false;
   if (m <= kMaxStreamedRows) {
     StreamedProduct(x, m, k, w, ldw, n, y);
   } else {
@@ -392,11 +430,16 @@ bool IndexedLinear(const InputRows &x, int64_t m, int64_t k, const float *w,
 
 bool RowLinear(const float *x, int64_t k, const float *w, int64_t ldw,
                int64_t n, const float *bias, float *y) {
-  if (!HasAvx512() || k < 1 || n < 1) return false;
+  if (!UseAvx2() || k < 1 || n < 1) return false;
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   auto run = [&](int64_t begin, int64_t end) {
-    RowAgainstRows(x, k, w, ldw, begin * kRowsPerTask,
-                   std::min(n, end * kRowsPerTask), y);
+    const int64_t first = begin * kRowsPerTask;
+    const int64_t last = std::min(n, end * kRowsPerTask);
+    if (UseAvx512()) {
+      RowAgainstRows(x, k, w, ldw, first, last, y);
+    } else {
+      RowAgainstRowsAvx2(x, k, w, ldw, first, last, y);
+    }
   };
   // One row is bound by reading W, which a second core speeds up from far
   // smaller products than SkinnyLinear's threshold.

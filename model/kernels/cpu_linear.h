@@ -2,9 +2,10 @@
 // row-major weight W read in place: RowLinear for one row, SkinnyLinear,
 // StreamedLinear and BlockedLinear for more, IndexedLinear for rows picked
 // out of larger matrices. linear.h (model/core) picks one by row count. Each
-// kernel says the instruction set it needs (AVX-512F, or AVX2 + FMA) and
-// returns false, doing nothing, on a CPU without it: the caller then takes
-// its portable path.
+// kernel runs the instruction set ActiveIsa() names (cpu_isa.h: AVX-512F, or
+// AVX2 + FMA with tiles cut for 16 ymm registers) and returns false, doing
+// nothing, under CpuIsa::kPortable (a CPU without AVX2 + FMA, or
+// MOH_CPU_ISA=portable): the caller then takes its portable path.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,8 @@ struct OutputRows {
   bool accumulate = false;
 };
 
-// y [n] = W x for one row x [k] (W as below), AVX-512 dot products of four
-// rows of W at a time (false, doing nothing, without AVX-512F): a batch-1
+// y [n] = W x for one row x [k] (W as below), dot products of four rows of W
+// at a time (false, doing nothing, under kPortable): a batch-1
 // decode step, which reads every weight once. Threads split W's rows on the
 // intra-op pool.
 bool RowLinear(const float *x, int64_t k, const float *w, int64_t ldw,
@@ -48,8 +49,8 @@ inline constexpr int64_t kMaxSkinnyRows = 12;
 // columns), with 1 <= m <= kMaxSkinnyRows: a decode step's few rows. It streams
 // W once (each pair of its rows stays in L1 while every row of x passes),
 // where OpenBLAS 0.3.21's sgemm first copies ("packs") the whole of W every
-// call, which for a few rows costs as much as the product. AVX2 + FMA, chosen
-// at run time; returns false (and does nothing) on a CPU without them. Threads
+// call, which for a few rows costs as much as the product. AVX2 + FMA (also
+// under kAvx512); returns false (and does nothing) under kPortable. Threads
 // split W's rows on the intra-op pool when the product is large enough.
 bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
                   int64_t ldw, int64_t n, const float *bias, float *y);
@@ -66,10 +67,11 @@ bool SkinnyLinear(const float *x, int64_t m, int64_t k, const float *w,
 inline constexpr int64_t kMinStreamedRows = 9;
 inline constexpr int64_t kMaxStreamedRows = 128;
 
-// y = x W^T with SkinnyLinear's layouts, for 1 <= m <= kMaxStreamedRows, on
-// AVX-512 (false, doing nothing, without it): y^T = W x^T as outer products,
+// y = x W^T with SkinnyLinear's layouts, for 1 <= m <= kMaxStreamedRows
+// (false, doing nothing, under kPortable): y^T = W x^T as outer products,
 // each value of W broadcast from memory against x^T vectors of 16 (or 32)
-// rows, 28 (or 14) rows of W at a time in 28 accumulators. W is read once,
+// rows, 28 (or 14) rows of W at a time in 28 accumulators (AVX2: vectors of
+// 8 or 16 rows, 12 or 6 rows of W in 12 accumulators). W is read once,
 // in place and in row order, where BlockedLinear's packing of W (and
 // OpenBLAS's) cannot keep up with memory when a few rows must pay it back;
 // only x is packed (transposed). Threads split W's rows on the intra-op pool.
@@ -82,9 +84,9 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
 // wrong results or crashes on some of them), which leaves half of an AVX-512
 // core's multiply throughput unused. This is the GotoBLAS loop nest (x and W
 // packed into panels, W's block in L2 and x's micro-panel in L1) around a
-// 14 x 32 AVX-512 micro-kernel, with 16 x 16 in-register transposes packing
-// W. Chosen at run time; returns false (and does nothing) on a CPU without
-// AVX-512F. Threads split y's columns into blocks of 128 on the intra-op
+// 14 x 32 AVX-512 micro-kernel (AVX2: 6 x 16), with 16 x 16 (8 x 8)
+// in-register transposes packing W. Returns false (and does nothing) under
+// kPortable. Threads split y's columns into blocks of 128 on the intra-op
 // pool. The bench model's prefill of 512 tokens in process: 1.39x OpenBLAS.
 bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const float *bias, float *y);
@@ -95,7 +97,7 @@ bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
 // is packed and the scatter (and add) in the kernels' stores, where
 // index_select, a product and index_add_ would copy both sides once more.
 // StreamedLinear's tiles up to kMaxStreamedRows rows, BlockedLinear's loop
-// nest beyond; AVX-512 only (false, doing nothing, without it). y's rows
+// nest beyond (false, doing nothing, under kPortable). y's rows
 // must be distinct.
 bool IndexedLinear(const InputRows &x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const OutputRows &y);

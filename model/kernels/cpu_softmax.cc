@@ -4,8 +4,15 @@
 
 #include <algorithm>
 
+#include "model/kernels/cpu_isa.h"
+#include "model/kernels/cpu_kernels_avx2.h"
+
 namespace moh {
 namespace {
+
+using kernels_internal::Head8;
+using kernels_internal::LoadHead8;
+using kernels_internal::StoreHead8;
 
 // e^x for x <= 0 (a score minus its row's maximum): x = n ln2 + r with
 // |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error below
@@ -57,14 +64,81 @@ __attribute__((target("avx512f"))) void SoftmaxRow(const float *s, float *p,
   std::fill(p + n, p + cols, 0.0f);
 }
 
+// ExpNonPositive on AVX2 + FMA: the same polynomial; 2^n built in the
+// exponent field, since AVX2 has no scalef (n >= -126 after the clamp, so
+// 2^n is a normal float).
+__attribute__((target("avx2,fma"))) inline __m256 ExpNonPositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i power = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
+}
+
+__attribute__((target("avx2,fma"))) inline float ReduceMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+__attribute__((target("avx2,fma"))) inline float ReduceAdd(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+// SoftmaxRow on AVX2: whole vectors of 8, then one masked (masked-off
+// lanes read as -inf for the maximum and count 0 in the sum).
+__attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
+                                                        float *p, int64_t n,
+                                                        int64_t cols) {
+  const __m256 lowest = _mm256_set1_ps(-__builtin_inff());
+  __m256 max = lowest;
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256i mask = Head8(n - j);
+    max = _mm256_max_ps(max, _mm256_blendv_ps(lowest, LoadHead8(s + j, n - j),
+                                              _mm256_castsi256_ps(mask)));
+  }
+  const __m256 top = _mm256_set1_ps(ReduceMax(max));
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256i mask = Head8(n - j);
+    const __m256 e = _mm256_and_ps(
+        ExpNonPositive(_mm256_sub_ps(LoadHead8(s + j, n - j), top)),
+        _mm256_castsi256_ps(mask));
+    sum = _mm256_add_ps(sum, e);
+    StoreHead8(p + j, e, n - j);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / ReduceAdd(sum));
+  for (int64_t j = 0; j < n; j += 8) {
+    StoreHead8(p + j, _mm256_mul_ps(LoadHead8(p + j, n - j), inv), n - j);
+  }
+  std::fill(p + n, p + cols, 0.0f);
+}
+
 }  // namespace
 
 bool SoftmaxRows(const float *scores, float *probs, int64_t rows, int64_t cols,
                  const int64_t *visible) {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  if (!has) return false;
+  const CpuIsa isa = ActiveIsa();
+  if (isa == CpuIsa::kPortable) return false;
   for (int64_t i = 0; i < rows; ++i) {
-    SoftmaxRow(scores + i * cols, probs + i * cols, visible[i], cols);
+    if (isa == CpuIsa::kAvx512) {
+      SoftmaxRow(scores + i * cols, probs + i * cols, visible[i], cols);
+    } else {
+      SoftmaxRowAvx2(scores + i * cols, probs + i * cols, visible[i], cols);
+    }
   }
   return true;
 }

@@ -121,11 +121,19 @@ void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
 
 void PackPanel(const InputRows &src, int64_t rows, int64_t depth, int64_t width,
                float *out) {
-  const int64_t block_depth = depth / 16 * 16;
-  for (int64_t r = 0; r < rows; r += 16) {
-    for (int64_t p = 0; p < block_depth; p += 16) {
-      Transpose16(Skip(src, r, p), std::min<int64_t>(16, rows - r),
-                  out + p * width + r, width);
+  // Steps of p (and rows) per in-register transpose; none (every step one
+  // float at a time, below) where neither instruction set is active.
+  const int64_t block = UseAvx512() ? 16 : 8;
+  const int64_t block_depth = UseAvx2() ? depth / block * block : 0;
+  for (int64_t r = 0; r < rows; r += block) {
+    for (int64_t p = 0; p < block_depth; p += block) {
+      const InputRows from = Skip(src, r, p);
+      const int64_t count = std::min(block, rows - r);
+      if (block == 16) {
+        Transpose16(from, count, out + p * width + r, width);
+      } else {
+        Transpose8Avx2(from, count, out + p * width + r, width);
+      }
     }
   }
   for (int64_t p = 0; p < depth; ++p) {
@@ -152,7 +160,9 @@ const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
 void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t first, int64_t last,
                 const OutputRows &y) {
-  if (m > 16) {
+  if (!UseAvx512()) {
+    StreamRowsAvx2(xt, ldx, m, k, w, ldw, first, last, y);
+  } else if (m > 16) {
     StreamRowBlocks<2>(xt, ldx, m, k, w, ldw, first, last, y);
   } else {
     StreamRowBlocks<1>(xt, ldx, m, k, w, ldw, first, last, y);

@@ -2,22 +2,25 @@
 // attention products (cpu_attention_products.cc) share. StreamRows computes
 // y^T = W x^T as outer products, W's rows read in place (a weight, or a run
 // of a KV cache's keys) against x packed transposed by PackTransposed;
-// PackPanel and AlignedBuffer are the packing both use. Not for callers
-// outside model/kernels.
+// PackPanel and AlignedBuffer are the packing both use. Each runs the
+// instruction set ActiveIsa() (cpu_isa.h) names, AVX-512F or AVX2 + FMA;
+// callers check that it is not kPortable. Not for callers outside
+// model/kernels.
 #pragma once
 
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 
+#include "model/kernels/cpu_isa.h"
 #include "model/kernels/cpu_linear.h"
 
 namespace moh::kernels_internal {
 
-inline bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
+// Whether the active instruction set is AVX-512F, and whether it is at
+// least AVX2 + FMA (what every kernel here needs).
+inline bool UseAvx512() { return ActiveIsa() == CpuIsa::kAvx512; }
+inline bool UseAvx2() { return ActiveIsa() >= CpuIsa::kAvx2; }
 
 // Row i of a matrix given by its rows, and the matrix from row `row` and
 // column `col` on.
@@ -60,8 +63,8 @@ class AlignedBuffer {
 
 // One panel: out[p][r] = src[r][p] for r < rows, p < depth; zero for
 // rows <= r < width, so the kernel's padding computes zeros. Blocks of 16
-// steps of p go through in-register transposes, 16 rows at a time; the
-// remaining steps one float at a time. AVX-512F only.
+// (AVX2: 8) steps of p go through in-register transposes, 16 (8) rows at a
+// time; the remaining steps one float at a time.
 void PackPanel(const InputRows &src, int64_t rows, int64_t depth, int64_t width,
                float *out);
 
@@ -72,7 +75,7 @@ inline int64_t TransposedWidth(int64_t m) {
 }
 
 // x [m, k] times `scale`, transposed into this thread's buffer:
-// xt [k][TransposedWidth(m)], zero-padded. AVX-512F only.
+// xt [k][TransposedWidth(m)], zero-padded.
 const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
                             float scale);
 
@@ -80,9 +83,21 @@ const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
 // W rows [first, last) (row stride ldw) and xt = PackTransposed(x, m, k, .)
 // (row stride ldx = TransposedWidth(m)), m <= kMaxStreamedRows: each value of
 // W broadcast from memory against x^T vectors of 16 rows (32 when m > 16),
-// 28 (or 14) rows of W at a time. AVX-512F only.
+// 28 (or 14) rows of W at a time; on AVX2, StreamRowsAvx2's tiles.
 void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t first, int64_t last,
                 const OutputRows &y);
+
+// AVX2 + FMA counterparts (cpu_streamed_rows_avx2.cc). StreamRows' tiles
+// for 16 ymm registers: each value of W broadcast against one vector of 8
+// rows of x^T, 12 rows of W at a time (12 accumulators), or against two
+// (16 rows), 6 rows of W at a time.
+void StreamRowsAvx2(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                    const float *w, int64_t ldw, int64_t first, int64_t last,
+                    const OutputRows &y);
+// out[q][i] = src[i][q] for i < count <= 8 rows and q < 8 columns (out's row
+// stride ldo; its columns from count on are left as they are).
+void Transpose8Avx2(const InputRows &src, int64_t count, float *out,
+                    int64_t ldo);
 
 }  // namespace moh::kernels_internal

@@ -1,27 +1,111 @@
 // The CPU attention products of model/kernels/cpu_attention_products.h and
 // the pair kernel's softmax (cpu_softmax.h) against LibTorch's: the bfloat16
-// widening, the decode products over a cache's rows given by address, the
-// masked row softmax.
+// widening, the pair kernel's products over keys and values read in place,
+// the decode products over a cache's rows given by address, the masked row
+// softmax; and which instruction set runs them. Registered once per
+// instruction set (kernel_isa_test_util.h): sizes straddle both AVX-512's
+// 16-float and AVX2's 8-float vectors.
 #include "model/kernels/cpu_attention_products.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_softmax.h"
+#include "tests/model/kernels/kernel_isa_test_util.h"
 
 namespace moh {
 namespace {
 
-bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
+// MOH_CPU_ISA caps the instruction set at what it names (so that the avx2
+// registration runs the AVX2 paths on an AVX-512 machine), and under
+// portable every kernel refuses, leaving its output alone.
+TEST(KernelIsaTest, RequestedInstructionSetIsTheOneThatRuns) {
+  const char *requested = std::getenv("MOH_CPU_ISA");
+  const CpuIsa best = BestCpuIsa();
+  EXPECT_LE(ActiveIsa(), best);
+  if (requested == nullptr || *requested == '\0') {
+    EXPECT_EQ(ActiveIsa(), best);
+  } else if (std::string(requested) == "avx2" && best >= CpuIsa::kAvx2) {
+    EXPECT_EQ(ActiveIsa(), CpuIsa::kAvx2);
+  } else if (std::string(requested) == "avx512") {
+    EXPECT_EQ(ActiveIsa(), best);
+  }
+  if (ActiveIsa() != CpuIsa::kPortable) return;
+  EXPECT_STREQ(IsaName(ActiveIsa()), "portable");
+  float x[16] = {1.0f}, w[16] = {1.0f}, y[16] = {};
+  const float *rows[1] = {w};
+  const uint16_t half[16] = {};
+  const uint16_t *half_rows[1] = {half};
+  const int64_t visible = 1;
+  EXPECT_FALSE(RowLinear(x, 16, w, 16, 1, nullptr, y));
+  EXPECT_FALSE(SkinnyLinear(x, 1, 16, w, 16, 1, nullptr, y));
+  EXPECT_FALSE(StreamedLinear(x, 1, 16, w, 16, 1, nullptr, y));
+  EXPECT_FALSE(BlockedLinear(x, 1, 16, w, 16, 1, nullptr, y));
+  EXPECT_FALSE(IndexedLinear({x, 16}, 1, 16, w, 16, 1, {y, 16}));
+  EXPECT_FALSE(ScoresProduct(x, 1, 16, 1.0f, w, 16, 1, y, 1));
+  EXPECT_FALSE(ValuesProduct(x, 1, 1, 1, w, 16, 16, y, 16, false));
+  EXPECT_FALSE(WidenBfloat16(half, 16, y));
+  EXPECT_FALSE(Float32Scores(x, 1, 16, 1.0f, rows, 1, y, 1));
+  EXPECT_FALSE(Float32Values(x, 1, 1, rows, 1, 16, y, 16));
+  EXPECT_FALSE(Bfloat16Scores(x, 1, 16, 1.0f, half_rows, 1, y, 1));
+  EXPECT_FALSE(Bfloat16Values(x, 1, 1, half_rows, 1, 16, y, 16));
+  EXPECT_FALSE(SoftmaxRows(x, y, 1, 16, &visible));
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+// The pair kernel's products over a block of queries: scores against keys
+// read in place (a run of the cache, row stride wider than d), and the
+// probabilities times values, written or added, into a wider output.
+TEST(PairProductsTest, EqualATensAroundTilesAndVectors) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  at::manual_seed(11);
+  for (int64_t m : {1, 5, 6, 7, 9, 16, 17, 40}) {
+    for (int64_t n : {1, 7, 8, 13, 29, 70}) {
+      for (int64_t d : {8, 16, 24, 64, 80}) {
+        const at::Tensor q = at::randn({m, d});
+        const at::Tensor keys = at::randn({n, d + 5});
+        at::Tensor scores = at::full({m, n + 3}, std::nanf(""));
+        ASSERT_TRUE(ScoresProduct(q.data_ptr<float>(), m, d, 0.25f,
+                                  keys.data_ptr<float>(), d + 5, n,
+                                  scores.data_ptr<float>(), n + 3));
+        EXPECT_TRUE(at::allclose(scores.narrow(1, 0, n),
+                                 0.25 * at::mm(q, keys.narrow(1, 0, d).t()),
+                                 1e-4, 1e-4))
+            << "scores m " << m << " n " << n << " d " << d;
+        EXPECT_TRUE(at::isnan(scores.narrow(1, n, 3)).all().item<bool>());
+        const at::Tensor p = at::softmax(at::randn({m, n + 2}), 1);
+        const at::Tensor values = at::randn({n, d + 3});
+        const at::Tensor product =
+            at::mm(p.narrow(1, 0, n), values.narrow(1, 0, d));
+        for (bool accumulate : {false, true}) {
+          const at::Tensor before = at::randn({m, d + 4});
+          at::Tensor out = before.clone();
+          ASSERT_TRUE(ValuesProduct(p.data_ptr<float>(), n + 2, m, n,
+                                    values.data_ptr<float>(), d + 3, d,
+                                    out.data_ptr<float>(), d + 4, accumulate));
+          const at::Tensor want =
+              accumulate ? before.narrow(1, 0, d) + product : product;
+          EXPECT_TRUE(at::allclose(out.narrow(1, 0, d), want, 1e-4, 1e-4))
+              << "values m " << m << " n " << n << " d " << d << " accumulate "
+              << accumulate;
+          EXPECT_TRUE(at::equal(out.narrow(1, d, 4), before.narrow(1, d, 4)));
+        }
+      }
+    }
+  }
+}
 
 TEST(WidenBfloat16Test, EqualsATensConversionWithTails) {
-  if (!HasAvx512()) GTEST_SKIP() << "WidenBfloat16 needs AVX-512F";
-  for (int64_t n : {1, 15, 16, 17, 64, 100}) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 64, 100}) {
     const at::Tensor half = at::randn({n}).to(at::kBFloat16);
     at::Tensor got = at::full({n}, std::nanf(""));
     ASSERT_TRUE(WidenBfloat16(
@@ -53,10 +137,11 @@ void ExpectDecodeProductsMatch(at::ScalarType dtype) {
       return Bfloat16Values(p, ldp, m, values, n, d, y, ldy);
     }
   };
-  for (int64_t d : {16, 64, 80}) {
+  // d around AVX2's 32-column pass of the values.
+  for (int64_t d : {16, 32, 48, 64, 80}) {
     for (int64_t m : {1, 2, 4}) {
-      // n: one short block of 16 keys, one whole, two and a short one.
-      for (int64_t n : {1, 16, 37}) {
+      // n: short and whole blocks of 16 (AVX2: 8) keys, and several.
+      for (int64_t n : {1, 7, 8, 9, 16, 37}) {
         // Rows scattered through a larger cache: every other row, reversed.
         const at::Tensor cache = at::randn({2 * n, d}).to(dtype);
         const T *base = static_cast<const T *>(cache.data_ptr());
@@ -93,24 +178,24 @@ void ExpectDecodeProductsMatch(at::ScalarType dtype) {
 }
 
 TEST(DecodeProductsTest, EqualATensOnScatteredBfloat16Rows) {
-  if (!HasAvx512()) GTEST_SKIP() << "the decode products need AVX-512F";
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   ExpectDecodeProductsMatch<uint16_t>(at::kBFloat16);
 }
 
 TEST(DecodeProductsTest, EqualATensOnScatteredFloat32Rows) {
-  if (!HasAvx512()) GTEST_SKIP() << "the decode products need AVX-512F";
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   ExpectDecodeProductsMatch<float>(at::kFloat);
 }
 
 TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {
-  if (!HasAvx512()) GTEST_SKIP() << "SoftmaxRows needs AVX-512F";
-  const int64_t rows = 6, cols = 37;
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  const int64_t rows = 10, cols = 37;
   at::manual_seed(7);
   at::Tensor scores = at::randn({rows, cols}) * 30;
   scores[2][3] = -std::numeric_limits<float>::infinity();
   scores[4].fill_(-1e4);  // a row far below zero: every exp underflows alone
-  // Visible lengths around the 16-float vector, and the whole row.
-  const std::vector<int64_t> visible = {1, 15, 16, 17, 33, cols};
+  // Visible lengths around the 16- and 8-float vectors, and the whole row.
+  const std::vector<int64_t> visible = {1, 15, 16, 17, 33, cols, 7, 8, 9, 25};
   at::Tensor probs = at::full({rows, cols}, std::nanf(""));
   ASSERT_TRUE(SoftmaxRows(scores.data_ptr<float>(), probs.data_ptr<float>(),
                           rows, cols, visible.data()));

@@ -3,7 +3,9 @@
 // across its micro-tile, depth and task block edges; odd column counts (the
 // tiles' and the vector width's remainders), with and without bias, one
 // thread and the pool; IndexedLinear's gathered and scattered rows, written
-// and added.
+// and added. Registered once per instruction set (kernel_isa_test_util.h):
+// the sizes straddle both AVX-512's 16-float and AVX2's 8-float vectors and
+// both sets of tiles.
 #include "model/kernels/cpu_linear.h"
 
 #include <ATen/ATen.h>
@@ -11,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+
+#include "tests/model/kernels/kernel_isa_test_util.h"
 
 namespace moh {
 namespace {
@@ -32,20 +36,21 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   ASSERT_TRUE(product(x.data_ptr<float>(), m, k, w.data_ptr<float>(),
                       w.stride(0), n, bias ? b.data_ptr<float>() : nullptr,
                       got.data_ptr<float>()))
-      << "this test needs AVX2 and FMA (SkinnyLinear) or AVX-512F "
-         "(BlockedLinear)";
+      << "the kernel refused under " << IsaName(ActiveIsa());
   EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
       << "m " << m << " k " << k << " n " << n << " bias " << bias << " ldw "
       << w.stride(0) << " max error " << (got - want).abs().max().item<float>();
 }
 
 TEST(SkinnyLinearTest, EqualsLinearAtEveryRowCount) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   for (int64_t m = 1; m <= kMaxSkinnyRows; ++m) {
     ExpectMatchesLinear(m, 64, 37, m % 2 == 0);
   }
 }
 
 TEST(SkinnyLinearTest, RemaindersOfColumnsAndDepth) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   for (int64_t k : {1, 7, 8, 9, 31, 513}) {
     for (int64_t n : {1, 2, 3, 65, 130}) {
       ExpectMatchesLinear(5, k, n, true);
@@ -54,11 +59,13 @@ TEST(SkinnyLinearTest, RemaindersOfColumnsAndDepth) {
 }
 
 TEST(SkinnyLinearTest, AWeightSliceOfAWiderMatrix) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   ExpectMatchesLinear(6, 64, 33, true, /*extra_columns=*/64);
   ExpectMatchesLinear(3, 9, 5, false, /*extra_columns=*/3);
 }
 
 TEST(SkinnyLinearTest, LargeProductsOnThePool) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   const int threads = at::get_num_threads();
   at::set_num_threads(2);
   ExpectMatchesLinear(kMaxSkinnyRows, 512, 1376, true);
@@ -73,8 +80,6 @@ TEST(SkinnyLinearTest, RefusesRowCountsOutsideItsRange) {
   EXPECT_EQ(y, 0.0f);
 }
 
-bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
-
 // RowLinear has SkinnyLinear's signature but for one row.
 bool OneRow(const float *x, int64_t m, int64_t k, const float *w, int64_t ldw,
             int64_t n, const float *bias, float *y) {
@@ -82,10 +87,11 @@ bool OneRow(const float *x, int64_t m, int64_t k, const float *w, int64_t ldw,
 }
 
 TEST(RowLinearTest, RemaindersOfRowsAndDepthOnThePool) {
-  if (!HasAvx512()) GTEST_SKIP() << "RowLinear needs AVX-512F";
-  // W rows around its 4-row step; depths around the 16-float vector.
-  for (int64_t n : {1, 3, 4, 5, 67}) {
-    for (int64_t k : {1, 15, 16, 17, 100}) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  // W rows around its 4-row (AVX2: 8- and 4-row) steps; depths around the
+  // 8- and 16-float vectors.
+  for (int64_t n : {1, 3, 4, 5, 8, 12, 13, 67}) {
+    for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 100}) {
       ExpectMatchesLinear(1, k, n, n % 2 == 1, 0, &OneRow);
     }
   }
@@ -98,14 +104,17 @@ TEST(RowLinearTest, RemaindersOfRowsAndDepthOnThePool) {
 }
 
 TEST(StreamedLinearTest, EdgesOfTilesAndVectors) {
-  if (!HasAvx512()) GTEST_SKIP() << "StreamedLinear needs AVX-512F";
-  // Rows around one and two 16-row vectors and up to its limit; columns
-  // around the 28-, 14-, 4- and 1-row tiles of W.
-  for (int64_t m : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17},
-                    int64_t{32}, int64_t{33}, kMaxStreamedRows}) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  // Rows around one and two 16-row (AVX2: 8-row) vectors and up to its
+  // limit; columns around the 28-, 14-, 4- and 1-row tiles of W (AVX2: 12-,
+  // 6-, 4-, 2- and 1-row).
+  for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{15},
+                    int64_t{16}, int64_t{17}, int64_t{25}, int64_t{32},
+                    int64_t{33}, kMaxStreamedRows}) {
     ExpectMatchesLinear(m, 70, 61, m % 2 == 0, 0, &StreamedLinear);
   }
-  for (int64_t n : {1, 3, 4, 13, 14, 27, 28, 29, 64, 65, 129}) {
+  for (int64_t n :
+       {1, 3, 4, 5, 6, 7, 11, 12, 13, 14, 27, 28, 29, 64, 65, 129}) {
     ExpectMatchesLinear(20, 33, n, n % 2 == 1, 0, &StreamedLinear);
     ExpectMatchesLinear(9, 33, n, false, 0, &StreamedLinear);
   }
@@ -122,28 +131,29 @@ TEST(StreamedLinearTest, EdgesOfTilesAndVectors) {
 }
 
 TEST(BlockedLinearTest, EdgesOfTilesDepthAndBlocks) {
-  if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
-  // Rows around the 14-row micro-tile and the 112-row task block; columns
-  // around the 16-float vector, the 32-column tile and the 256-column block;
-  // depths around the 256-deep pass.
-  for (int64_t m : {1, 13, 14, 15, 113, 230}) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  // Rows around the 14-row (AVX2: 6-row) micro-tile and the 112-row task
+  // block; columns around the 16- and 8-float vectors, the 32- and 16-column
+  // tiles and the 256-column block; depths around the 256-deep pass and the
+  // transposes' 16 and 8 steps.
+  for (int64_t m : {1, 5, 6, 7, 13, 14, 15, 113, 230}) {
     ExpectMatchesLinear(m, 64, 37, m % 2 == 0, 0, &BlockedLinear);
   }
-  for (int64_t k : {1, 7, 255, 256, 257, 600}) {
+  for (int64_t k : {1, 7, 9, 255, 256, 257, 600}) {
     ExpectMatchesLinear(29, k, 40, true, 0, &BlockedLinear);
   }
-  for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 255, 257, 300}) {
+  for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 255, 257, 300}) {
     ExpectMatchesLinear(20, 48, n, n % 2 == 1, 0, &BlockedLinear);
   }
 }
 
 TEST(BlockedLinearTest, AWeightSliceOfAWiderMatrix) {
-  if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   ExpectMatchesLinear(40, 300, 70, true, /*extra_columns=*/64, &BlockedLinear);
 }
 
 TEST(BlockedLinearTest, PrefillShapesOnThePool) {
-  if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   const int threads = at::get_num_threads();
   at::set_num_threads(2);
   ExpectMatchesLinear(512, 512, 1376, true, 0, &BlockedLinear);
@@ -153,7 +163,7 @@ TEST(BlockedLinearTest, PrefillShapesOnThePool) {
 }
 
 TEST(BlockedLinearTest, FewColumnsSplitRowsOnThePool) {
-  if (!HasAvx512()) GTEST_SKIP() << "BlockedLinear needs AVX-512F";
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   const int threads = at::get_num_threads();
   at::set_num_threads(2);
   // One or two column blocks for two threads: the rows are split too.
@@ -194,7 +204,7 @@ void ExpectIndexedMatches(int64_t m, int64_t k, int64_t n, bool accumulate) {
 }
 
 TEST(IndexedLinearTest, GathersAndScattersOnBothKernels) {
-  if (!HasAvx512()) GTEST_SKIP() << "IndexedLinear needs AVX-512F";
+  MOH_SKIP_UNLESS_KERNELS_RUN();
   const int threads = at::get_num_threads();
   for (int pool : {1, 2}) {
     at::set_num_threads(pool);

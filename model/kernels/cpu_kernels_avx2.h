@@ -1,0 +1,77 @@
+// Internal to model/kernels: the AVX2 + FMA paths of the linear products
+// (cpu_linear_avx2.cc) and of the attention products
+// (cpu_attention_products_avx2.cc), which the public kernels call when
+// ActiveIsa() (cpu_isa.h) is kAvx2. Each has the contract of the AVX-512
+// code it stands for, named beside it; all are tuned for 16 ymm registers.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "model/kernels/cpu_linear.h"
+
+namespace moh::kernels_internal {
+
+// Lanes [0, count) of 8 set (none for count <= 0, all from 8): the mask of
+// AVX2's masked loads and stores.
+__attribute__((target("avx2,fma"))) inline __m256i Head8(int64_t count) {
+  return _mm256_cmpgt_epi32(
+      _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(count, 0, 8))),
+      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// The first `count` floats at `from` (zeros beyond), and v's first `count`
+// lanes stored to `to`: a plain load or store for a whole vector, since AMD's
+// Zen cores run a masked store as a long microcoded sequence.
+__attribute__((target("avx2,fma"))) inline __m256 LoadHead8(const float *from,
+                                                            int64_t count) {
+  return count >= 8 ? _mm256_loadu_ps(from)
+                    : _mm256_maskload_ps(from, Head8(count));
+}
+__attribute__((target("avx2,fma"))) inline void StoreHead8(float *to, __m256 v,
+                                                           int64_t count) {
+  if (count >= 8) {
+    _mm256_storeu_ps(to, v);
+  } else if (count > 0) {
+    _mm256_maskstore_ps(to, Head8(count), v);
+  }
+}
+
+// RowLinear's dot products: y[j] = W[j] . x for W rows [first, last), eight
+// rows at a time, one accumulator each (eight FMA chains and eight weight
+// streams in flight), the remainder four and one at a time.
+void RowAgainstRowsAvx2(const float *x, int64_t k, const float *w, int64_t ldw,
+                        int64_t first, int64_t last, float *y);
+
+// BlockedLinear's micro-kernel for AVX2: a kBlockMAvx2 x kBlockNAvx2 tile of
+// y in 12 accumulators (two loads of packed W and 6 broadcasts of x per step
+// of k), with BlockKernel's contract (cpu_linear.cc).
+inline constexpr int64_t kBlockMAvx2 = 6;
+inline constexpr int64_t kBlockNAvx2 = 16;
+template <bool kDirect>
+void BlockKernelAvx2(int64_t depth, const float *xp, const float *const *x_rows,
+                     const float *wp, const OutputRows &y, int64_t rows,
+                     int64_t cols, bool accumulate);
+
+// ValuesProduct (cpu_attention_products.h) on AVX2: 6 rows of p by 16
+// columns at a time.
+void ValuesProductAvx2(const float *p, int64_t ldp, int64_t m, int64_t k,
+                       const float *values, int64_t ldv, int64_t n, float *y,
+                       int64_t ldy, bool accumulate);
+
+// The decode products over a cache's rows (Float32Scores, Bfloat16Values,
+// ...) on AVX2, T float or uint16_t (bfloat16 bits); d a multiple of 16.
+template <typename T>
+void DecodeScoresAvx2(const float *q, int64_t m, int64_t d, float scale,
+                      const T *const *keys, int64_t n, float *y, int64_t ldy);
+template <typename T>
+void DecodeValuesAvx2(const float *p, int64_t ldp, int64_t m,
+                      const T *const *values, int64_t n, int64_t d, float *y,
+                      int64_t ldy);
+
+// WidenBfloat16 on AVX2: 8 values at a time.
+void WidenBfloat16Avx2(const uint16_t *from, int64_t n, float *to);
+
+}  // namespace moh::kernels_internal
