@@ -4,10 +4,11 @@
 // runs AVX2 kernels on AVX-512 CPUs. There products go to this project's
 // kernels (model/kernels/cpu_linear.h) by row count: RowLinear for one row,
 // SkinnyLinear up to kMinStreamedRows - 1, StreamedLinear up to
-// kMaxStreamedRows (decode batches), BlockedLinear beyond (prefill). On a CPU
-// without AVX-512 one row goes through a matrix-vector product (sgemv reads
-// the weights once: 2.4x faster than OpenBLAS's sgemm), SkinnyLinear takes up
-// to kMaxSkinnyRows and OpenBLAS the rest.
+// kMaxStreamedRows (decode batches), BlockedLinear beyond (prefill). Each has
+// an AVX-512 and an AVX2 + FMA path (model/kernels/cpu_isa.h picks one at run
+// time); only on a CPU with neither, or under MOH_CPU_ISA=portable, one row
+// goes through a matrix-vector product (sgemv reads the weights once: 2.4x
+// faster than OpenBLAS's sgemm) and OpenBLAS takes the rest.
 #pragma once
 
 #include <ATen/ATen.h>

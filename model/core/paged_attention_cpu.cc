@@ -33,8 +33,9 @@ constexpr int64_t kQueryBlock = 64;
 
 // Up to this many queries (a decode step's queries of one KV head) an item
 // runs on the decode products over the cache's rows (Float32Scores and
-// Bfloat16Scores, ...), or Gemm's matrix-vector products without AVX-512;
-// above, the AVX-512 tiles of ScoresProduct and ValuesProduct.
+// Bfloat16Scores, ...), or Gemm's matrix-vector products without the
+// kernels (MOH_CPU_ISA=portable, or a CPU without AVX2); above, the tiles of
+// ScoresProduct and ValuesProduct (AVX-512 or AVX2).
 constexpr int64_t kMaxGemvQueries = 4;
 
 // A run of one head's queries, all in one row.
@@ -164,7 +165,7 @@ void ValuesOverRows(const float *p, int64_t m, const float *const *values,
 // A decode item (m queries [m, D] of one row and KV head over its first len
 // cached positions) from the cache's rows where they lie: scores [m, len],
 // probs [m, len], outputs [m, D]. False (nothing done) where the products
-// do not apply (no AVX-512, D not a multiple of 16).
+// do not apply (no AVX-512 or AVX2 kernels, D not a multiple of 16).
 template <typename T>
 bool DecodeOverRows(const at::Tensor &key_cache, const at::Tensor &value_cache,
                     const int64_t *blocks, int64_t kv_head, int64_t len,
