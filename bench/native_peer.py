@@ -35,7 +35,7 @@ cannot be capped the same way).
       [--precisions f32,bf16,q8_0] [--threads 2] [--rounds 3] [--quick]
       [--moh_isa avx2] [--workdir DIR] [--json OUT.json]
 
-Needs `bash scripts/install_llama_cpp.sh` (about 6 minutes once) and Debian's
+Needs `bash scripts/install_llama_cpp.sh` (about 10 minutes of CPU, once) and Debian's
 python3-numpy (bench/make_gguf.py runs on the tree's gguf-py). The 1b size
 writes about 10 GB of models into --workdir (kept between runs when given).
 """
@@ -57,6 +57,9 @@ ROWS = {
     "1b": [("decode", 1, 1), ("decode", 1, 2), ("decode", 16, 2),
            ("prefill", 1, 2)],
 }
+# Decode steps per run at the 1b size, as a share of --steps: a token there
+# reads 5 GB of float32 weights (about half a second on this machine).
+STEPS_SHARE = {"24m": 1, "1b": 4}
 MOH_DTYPE = {"f32": "float32", "bf16": "bfloat16", "q8_0": "float32"}
 GGUF_TYPE = {"bf16": "BF16", "q8_0": "Q8_0"}
 BYTES_PER_WEIGHT = {"f32": 4.0, "bf16": 2.0, "q8_0": 34.0 / 32.0}
@@ -143,20 +146,25 @@ def llama_rate(prefix, gguf, phase, batch, threads, steps):
     prompt = DECODE_PROMPT if phase == "decode" else PREFILL_PROMPT
     tokens = steps if phase == "decode" else 1
     ctx = batch * (prompt + tokens) + 256
+    # Its results go through llama.cpp's asynchronous logger, which drops
+    # what it has not written yet when the program exits (the last row, 1 run
+    # in 4 here, more under chrt): a cheaper configuration follows the one
+    # timed (8 more tokens, or a 64-token prompt), so that the timed row is
+    # written while it runs; a run that still lost it is repeated.
+    decode = phase == "decode"
     cmd = [os.path.join(prefix, "bin", "llama-batched-bench"), "-m", gguf,
-           "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(prompt),
-           "-ntg", str(tokens), "-npl", str(batch), "-t", str(threads),
-           "-tb", str(threads), "--output-format", "jsonl"]
-    # Its result goes through llama.cpp's asynchronous logger, which now and
-    # then exits before writing it when stdout is a pipe (1 run in 4 here):
-    # such a run is repeated.
-    for _ in range(5):
+           "-c", str(ctx), "-b", "2048", "-ub", "512",
+           "-npp", str(prompt) if decode else "%d,64" % prompt,
+           "-ntg", "%d,8" % tokens if decode else "1", "-npl", str(batch),
+           "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
+    for _ in range(8):
         p = run(cmd)
-        rows = [json.loads(line) for line in
-                (p.stdout + p.stderr).splitlines()
-                if line.startswith('{"n_kv_max"')]
-        if rows:
-            return rows[-1]["speed_tg" if phase == "decode" else "speed_pp"]
+        for line in (p.stdout + p.stderr).splitlines():
+            if not line.startswith('{"n_kv_max"'):
+                continue
+            row = json.loads(line)
+            if (row["pp"], row["tg"], row["pl"]) == (prompt, tokens, batch):
+                return row["speed_tg" if decode else "speed_pp"]
     raise RuntimeError("llama-batched-bench printed no result:\n" +
                        p.stdout[-2000:] + p.stderr[-2000:])
 
@@ -266,13 +274,14 @@ def measure(args, prefix, models, sizes, precisions, has_int8):
                         size, precision, phase, batch, threads))
                     key = "%s|%s|%s|%d|%d" % (size, precision, phase, batch,
                                               threads)
+                    steps = max(8, args.steps // STEPS_SHARE[size])
                     rate = llama_rate(prefix, ggufs[precision], phase, batch,
-                                      threads, args.steps)
+                                      threads, steps)
                     rates.setdefault(key + "|llama.cpp", []).append(rate)
                     for ratio in (1.0, 0.5):
                         got = moh_rate(args.build, model_dir, precision,
-                                       phase, batch, threads, args.steps,
-                                       ratio, args.moh_isa, has_int8)
+                                       phase, batch, threads, steps, ratio,
+                                       args.moh_isa, has_int8)
                         if got is not None:
                             rates.setdefault("%s|moh %g" % (key, ratio),
                                              []).append(got)
@@ -290,7 +299,8 @@ def report(result, sizes, precisions, args):
     print("# llama.cpp (native) beside moh-serve\n")
     print("CPU: %s  \nllama.cpp: %s  \nmoh-serve kernels: %s  " % (
         result["cpu"], result["llama_cpp"], result["moh_isa"]))
-    print("Medians of %d interleaved rounds, %d decode steps; read bandwidth "
+    print("Medians of %d interleaved rounds, %d decode steps (a quarter of "
+          "that at 1b); read bandwidth "
           "(1 GiB): %s GB/s.\n" % (
               result["rounds"], result["steps"], ", ".join(
                   "%d thread%s %.1f" % (t, "" if t == 1 else "s", v)

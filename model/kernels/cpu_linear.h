@@ -69,9 +69,11 @@ inline constexpr int64_t kMaxStreamedRows = 128;
 
 // y = x W^T with SkinnyLinear's layouts, for 1 <= m <= kMaxStreamedRows
 // (false, doing nothing, under kPortable): y^T = W x^T as outer products,
-// each value of W broadcast from memory against x^T vectors of 16 (or 32)
-// rows, 28 (or 14) rows of W at a time in 28 accumulators (AVX2: vectors of
-// 8 or 16 rows, 12 or 6 rows of W in 12 accumulators). W is read once,
+// each value of W broadcast from memory against x^T vectors: up to 16 rows
+// of x, 8 or 16 rows at a time with 12 or 6 rows of W in 12 accumulators
+// (the AVX2 tiles, on AVX-512 CPUs too: fewer concurrent streams of W);
+// beyond, 32 rows (two AVX-512 vectors) with 14 rows of W in 28
+// accumulators (AVX2: still 16 rows at a time). W is read once,
 // in place and in row order, where BlockedLinear's packing of W (and
 // OpenBLAS's) cannot keep up with memory when a few rows must pay it back;
 // only x is packed (transposed). Threads split W's rows on the intra-op pool.

@@ -82,8 +82,9 @@ const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
 // y rows [0, m) x columns [first, last) (+)= (when y.accumulate) x W^T, for
 // W rows [first, last) (row stride ldw) and xt = PackTransposed(x, m, k, .)
 // (row stride ldx = TransposedWidth(m)), m <= kMaxStreamedRows: each value of
-// W broadcast from memory against x^T vectors of 16 rows (32 when m > 16),
-// 28 (or 14) rows of W at a time; on AVX2, StreamRowsAvx2's tiles.
+// W broadcast from memory against x^T vectors: StreamRowsAvx2's tiles up to
+// 16 rows (on AVX-512 CPUs too), beyond them 32 rows (two AVX-512 vectors)
+// against 14 rows of W at a time.
 void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t first, int64_t last,
                 const OutputRows &y);
