@@ -15,12 +15,15 @@ both engines, and each figure is the median over rounds.
   prefill: B prompts of 512 tokens (llama.cpp: S_PP; moh-generate:
            prefill_tokens_per_s).
 
-Sizes: "24m", bench/make_bench_lm.py --dense (the suite's shape: hidden 512, 8
-layers, 8 heads / 4 KV heads, where overheads decide), and "1b",
+Sizes: "24m", bench/make_bench_lm.py (the suite's shape: hidden 512, 8 layers,
+8 heads / 4 KV heads, 2 shared and 4 routed, a learned router; where
+overheads decide), and "1b",
 make_bench_lm.py --layout llama3-1b (LLaMA-3.2-1B's shape: hidden 2048, 16
 layers, 32 heads / 8 KV heads, MLP 8192, 128256-token tied vocabulary, where
-weights decide). Precisions: f32 (llama.cpp ALL_F32 GGUF, moh-generate
---dtype=float32), bf16 (llama-quantize BF16; moh-generate --dtype=bfloat16)
+weights decide; MoH-LLaMA3's query-norm router, 16 shared and 8 of 16 routed
+heads). llama.cpp reads them without the router (bench/make_gguf.py): every
+head, the cost of moh-serve at ratio 1.0. Precisions: f32 (llama.cpp ALL_F32
+GGUF, moh-generate --dtype=float32), bf16 (llama-quantize BF16; moh-generate --dtype=bfloat16)
 and q8_0 (llama-quantize Q8_0; moh-generate --weights=int8 when this
 moh-generate has the flag, else the row says so). Batch-1 decode rows also
 print the weight bytes a token reads over the read bandwidth measured in the
@@ -31,11 +34,12 @@ flags of the CPU its native build was made for) and moh-serve's (--moh_isa sets 
 to run its AVX2 kernels on an AVX-512 machine; llama.cpp's native build
 cannot be capped the same way).
 
-  /usr/bin/python3 bench/native_peer.py --build build [--sizes 24m,1b]
+  nice -n -20 /usr/bin/python3 bench/native_peer.py --build build [--sizes 24m,1b]
       [--precisions f32,bf16,q8_0] [--threads 2] [--rounds 3] [--quick]
       [--moh_isa avx2] [--workdir DIR] [--json OUT.json]
 
-Needs `bash scripts/install_llama_cpp.sh` (about 10 minutes of CPU, once) and Debian's
+On a shared machine, `nice -n -20` (as root) keeps other jobs' threads off the
+cores while it runs. Needs `bash scripts/install_llama_cpp.sh` (about 10 minutes of CPU, once) and Debian's
 python3-numpy (bench/make_gguf.py runs on the tree's gguf-py). The 1b size
 writes about 10 GB of models into --workdir (kept between runs when given).
 """
@@ -99,8 +103,8 @@ def make_models(size, workdir, precisions, prefix):
     model_dir = os.path.join(workdir, "bench-" + size)
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         log("writing the %s model ..." % size)
-        extra = (["--dense", "--max_position_embeddings=1024"]
-                 if size == "24m" else ["--layout=llama3-1b", "--device=cpu"])
+        extra = (["--max_position_embeddings=1024"] if size == "24m"
+                 else ["--layout=llama3-1b", "--device=cpu"])
         run(["/usr/bin/python3", os.path.join(ROOT, "bench",
                                               "make_bench_lm.py"),
              "--out=" + model_dir] + extra)
@@ -148,7 +152,8 @@ def llama_rate(prefix, gguf, phase, batch, threads, steps):
     ctx = batch * (prompt + tokens) + 256
     # Its results go through llama.cpp's asynchronous logger, which drops
     # what it has not written yet when the program exits (the last row, 1 run
-    # in 4 here, more under chrt): a cheaper configuration follows the one
+    # in 4 here; nearly always under a real-time policy, `chrt`, whose compute
+    # threads starve the logger's): a cheaper configuration follows the one
     # timed (8 more tokens, or a 64-token prompt), so that the timed row is
     # written while it runs; a run that still lost it is repeated.
     decode = phase == "decode"
