@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: auto (the model's dtype), float32, bfloat16 "
           "or float16");
 ABSL_FLAG(
+    std::string, weights, "",
+    "Linear weights' precision under float32 activations on the CPU: "
+    "empty (as --dtype) or bfloat16 (see LlamaModel::set_linear_weights)");
+ABSL_FLAG(
     int32_t, threads, 0,
     "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
@@ -248,6 +252,9 @@ int main(int argc, char** argv) {
   const absl::Status kv_set = lm->model->set_kv_cache_dtype(
       absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype");
   if (!kv_set.ok()) return Fail(2, kv_set.message());
+  const absl::Status weights_set =
+      lm->model->set_linear_weights(absl::GetFlag(FLAGS_weights), "--weights");
+  if (!weights_set.ok()) return Fail(2, weights_set.message());
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "
