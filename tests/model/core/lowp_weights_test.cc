@@ -42,9 +42,12 @@ TEST(LowpWeightsTest, Bf16LogitsWithinBoundOfFloat32) {
       const at::Tensor& b = (*got)[i];
       const double scale = a.abs().max().item<double>();
       const double error = (a - b).abs().max().item<double>();
-      // bf16 keeps 8 bits of mantissa (relative rounding 2^-9 per weight);
-      // measured on this fixture: at most 1.1e-2 of the largest logit.
-      EXPECT_LE(error, 2e-2 * scale)
+      // bf16 keeps 8 bits of mantissa (relative rounding <= 2^-9 per
+      // weight, the tied embedding's too). Measured on this fixture: at most
+      // 0.051 of the largest logit (chunk 1), the same under avx512, avx2
+      // and portable (LibTorch over the same bf16 weights widened): the
+      // rounding's, not the kernels'.
+      EXPECT_LE(error, 0.08 * scale)
           << "chunk " << i << " mode " << static_cast<int>(mode);
       const double agree =
           (a.argmax(-1) == b.argmax(-1)).to(at::kFloat).mean().item<double>();
