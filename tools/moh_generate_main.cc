@@ -3,6 +3,8 @@
 // effective activation ratio and (with --routing) the per-layer head load.
 //
 //   moh-generate --model_dir=DIR --prompt="Once upon a time" --ratio=0.5
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -43,6 +45,10 @@ ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: auto (the model's dtype), float32, bfloat16 "
           "or float16");
+ABSL_FLAG(
+    std::string, weights, "",
+    "Linear weights' precision under float32 activations on the CPU: "
+    "empty (as --dtype) or bfloat16 (see LlamaModel::set_linear_weights)");
 ABSL_FLAG(
     int32_t, threads, 0,
     "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
@@ -180,6 +186,19 @@ absl::StatusOr<Measured> Measure(const moh::Generator& generator,
   return measured;
 }
 
+// The process's resident memory now, in MiB (/proc/self/statm; 0 where it
+// cannot be read): the weights' footprint after the load's peak, which
+// `weights: "bfloat16"` halves (time's maximum RSS includes the float32
+// checkpoint read before the conversion).
+double ResidentMiB() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long long size = 0, resident = 0;
+  const int read = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return read == 2 ? resident * (sysconf(_SC_PAGESIZE) / 1048576.0) : 0;
+}
+
 void PrintThroughput(const Measured& m, int32_t batch, int32_t repeat,
                      float ratio, size_t prompt_len) {
   const int64_t prompt = int64_t{batch} * repeat * prompt_len;
@@ -190,13 +209,13 @@ void PrintThroughput(const Measured& m, int32_t batch, int32_t repeat,
                "time=%.3fs tokens_per_s=%.2f prefill_tokens=%lld "
                "prefill_time=%.3fs prefill_tokens_per_s=%.2f "
                "decode_tokens=%lld decode_time=%.3fs "
-               "decode_tokens_per_s=%.2f\n",
+               "decode_tokens_per_s=%.2f rss_mib=%.1f\n",
                batch, repeat, ratio, static_cast<long long>(m.total_tokens),
                m.seconds, m.total_tokens / std::max(m.seconds, 1e-9),
                static_cast<long long>(prompt), m.prefill_s,
                prompt / std::max(m.prefill_s, 1e-9),
                static_cast<long long>(decoded), decode_s,
-               decoded / std::max(decode_s, 1e-9));
+               decoded / std::max(decode_s, 1e-9), ResidentMiB());
 }
 
 // The first sequence: its finish, usage and speed; its ids and its routing
@@ -248,6 +267,9 @@ int main(int argc, char** argv) {
   const absl::Status kv_set = lm->model->set_kv_cache_dtype(
       absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype");
   if (!kv_set.ok()) return Fail(2, kv_set.message());
+  const absl::Status weights_set =
+      lm->model->set_linear_weights(absl::GetFlag(FLAGS_weights), "--weights");
+  if (!weights_set.ok()) return Fail(2, weights_set.message());
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "

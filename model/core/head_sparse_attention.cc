@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "model/core/kv_cache.h"
+#include "model/core/linear.h"
 
 namespace moh {
 
@@ -93,9 +94,9 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
       } else {
         at::Tensor w = in.q_weight.narrow(0, h * d, d);
         at::Tensor x = in.x.index_select(0, tokens);
-        qh = in.q_bias.defined()
-                 ? at::linear(x, w, in.q_bias.narrow(0, h * d, d))
-                 : at::linear(x, w);
+        // Linear: a bf16 weight under float32 x (set_linear_weights) too.
+        qh = in.q_bias.defined() ? Linear(x, w, in.q_bias.narrow(0, h * d, d))
+                                 : Linear(x, w);
       }
       q.index_copy_(0, members[g], qh);
     }
@@ -133,7 +134,7 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
       at::Tensor tokens = token.index_select(0, members[g]);
       at::Tensor a = attn.index_select(0, members[g]) *
                      in.gates.index_select(0, tokens).select(1, h).unsqueeze(1);
-      out.index_add_(0, tokens, at::linear(a, in.o_weight.narrow(1, h * d, d)));
+      out.index_add_(0, tokens, Linear(a, in.o_weight.narrow(1, h * d, d)));
     }
   }
   if (in.o_bias.defined()) out += in.o_bias;

@@ -23,6 +23,7 @@
 #include "model/core/paged_attention_cpu.h"
 #include "model/core/parallel_pull.h"
 #include "model/kernels/cpu_linear.h"
+#include "model/kernels/cpu_lowp_linear.h"
 
 namespace moh {
 namespace {
@@ -89,20 +90,39 @@ bool RowsInPlace(const at::Tensor &t) {
 void HeadQueries(const HeadSparseAttentionInputs &in, int64_t h, int64_t d,
                  const int64_t *tokens, int64_t count, float *q) {
   const int64_t c = in.x.size(1);
-  if (RowsInPlace(in.x) && RowsInPlace(in.q_weight) &&
-      (!in.q_bias.defined() ||
-       (in.q_bias.is_contiguous() && in.q_bias.scalar_type() == at::kFloat)) &&
+  const bool bias_in_place =
+      !in.q_bias.defined() ||
+      (in.q_bias.is_contiguous() && in.q_bias.scalar_type() == at::kFloat);
+  auto add_bias = [&] {
+    if (!in.q_bias.defined()) return;
+    const float *bias = in.q_bias.data_ptr<float>() + h * d;
+    for (int64_t i = 0; i < count; ++i) {
+      for (int64_t j = 0; j < d; ++j) q[i * d + j] += bias[j];
+    }
+  };
+  if (RowsInPlace(in.x) && RowsInPlace(in.q_weight) && bias_in_place &&
       IndexedLinear(
           {in.x.data_ptr<float>(), in.x.stride(0), tokens}, count, c,
           in.q_weight.data_ptr<float>() + h * d * in.q_weight.stride(0),
           in.q_weight.stride(0), d, {q, d})) {
-    if (in.q_bias.defined()) {
-      const float *bias = in.q_bias.data_ptr<float>() + h * d;
-      for (int64_t i = 0; i < count; ++i) {
-        for (int64_t j = 0; j < d; ++j) q[i * d + j] += bias[j];
-      }
-    }
+    add_bias();
     return;
+  }
+  // A bfloat16 q_proj (LlamaModel::set_linear_weights): the head's d rows
+  // widened into a buffer (d * C floats, L2-sized), then the same gathered
+  // product.
+  const at::Tensor &w = in.q_weight;
+  if (RowsInPlace(in.x) && bias_in_place && w.is_cpu() &&
+      w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.stride(1) == 1) {
+    std::vector<float> wide(static_cast<size_t>(d * c));
+    WidenBf16Rows(reinterpret_cast<const uint16_t *>(
+                      w.data_ptr<at::BFloat16>() + h * d * w.stride(0)),
+                  w.stride(0), d, c, wide.data());
+    if (IndexedLinear({in.x.data_ptr<float>(), in.x.stride(0), tokens}, count,
+                      c, wide.data(), c, d, {q, d})) {
+      add_bias();
+      return;
+    }
   }
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
   at::Tensor x = in.x.index_select(
@@ -274,20 +294,37 @@ void AddRoutedOutputs(const HeadSparseAttentionInputs &in,
   // block of `out` for every token stays in L2 while every head adds to it.
   const int64_t width = 64;
   const int64_t blocks = (out_cols + width - 1) / width;
-  const bool in_place = RowsInPlace(out) && RowsInPlace(in.o_weight);
+  const at::Tensor &ow = in.o_weight;
+  // A bfloat16 o_proj (LlamaModel::set_linear_weights): each block's rows
+  // widened into a buffer (width * H * D floats) read as the float32 one.
+  const bool bf16 = RowsInPlace(out) && ow.is_cpu() &&
+                    ow.scalar_type() == at::kBFloat16 && ow.dim() == 2 &&
+                    ow.stride(1) == 1;
+  const bool in_place = RowsInPlace(out) && (RowsInPlace(ow) || bf16);
   const float *queries = q_routed.data_ptr<float>();
-  const float *o_weight = in_place ? in.o_weight.data_ptr<float>() : nullptr;
-  const int64_t ldo = in.o_weight.stride(0);
   float *outputs = in_place ? out.data_ptr<float>() : nullptr;
   ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
     const int64_t c0 = block * width;
     const int64_t cols = std::min(width, out_cols - c0);
     if (cols <= 0) return;
+    std::vector<float> wide;
+    const float *o_weight = nullptr;  // row c0 of o_proj in float32
+    int64_t ldo = ow.stride(0);
+    if (bf16) {
+      ldo = ow.size(1);
+      wide.resize(static_cast<size_t>(cols * ldo));
+      WidenBf16Rows(reinterpret_cast<const uint16_t *>(
+                        ow.data_ptr<at::BFloat16>() + c0 * ow.stride(0)),
+                    ow.stride(0), cols, ldo, wide.data());
+      o_weight = wide.data();
+    } else if (in_place) {
+      o_weight = ow.data_ptr<float>() + c0 * ldo;
+    }
     for (int64_t h : routing.routed) {
       const int64_t count = static_cast<int64_t>(routing.head_tokens[h].size());
       // Added straight into the tokens' rows of `out`, where possible.
       if (in_place && IndexedLinear({queries + first_pair[h] * d, d}, count, d,
-                                    o_weight + c0 * ldo + h * d, ldo, cols,
+                                    o_weight + h * d, ldo, cols,
                                     {outputs + c0, out.stride(0),
                                      pairs.pair_token.data() + first_pair[h],
                                      /*accumulate=*/true})) {

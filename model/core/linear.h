@@ -9,6 +9,9 @@
 // time); only on a CPU with neither, or under MOH_CPU_ISA=portable, one row
 // goes through a matrix-vector product (sgemv reads the weights once: 2.4x
 // faster than OpenBLAS's sgemm) and OpenBLAS takes the rest.
+// A bfloat16 weight (LlamaModel's `weights: "bfloat16"`) with float32 x goes
+// to Bf16Linear (model/kernels/cpu_lowp_linear.h), which widens W in
+// registers; elsewhere (kPortable, CUDA) W is widened per call to x's type.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "model/kernels/cpu_linear.h"
+#include "model/kernels/cpu_lowp_linear.h"
 
 namespace moh {
 
@@ -34,6 +38,37 @@ inline bool OwnKernelTakes(const at::Tensor& x, const at::Tensor& weight,
     return false;
   }
   return x.numel() / x.size(-1) >= 1;
+}
+
+// Whether x [..., k] W^T (+ bias) is a float32 x against a bfloat16 W on the
+// CPU that Bf16Linear can read in place (W's rows contiguous).
+inline bool Bf16KernelTakes(const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+  return x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
+         weight.is_cpu() && weight.scalar_type() == at::kBFloat16 &&
+         weight.dim() == 2 && weight.stride(1) == 1 &&
+         weight.stride(0) >= weight.size(1) && x.size(-1) == weight.size(1) &&
+         x.size(-1) > 0 && x.numel() > 0 &&
+         (!bias.defined() ||
+          (bias.scalar_type() == at::kFloat && bias.is_contiguous()));
+}
+
+// x W^T (+ bias) into y for Bf16KernelTakes' operands; false under kPortable.
+inline bool RunBf16Kernel(const at::Tensor& x, const at::Tensor& weight,
+                          const at::Tensor& bias, float* y) {
+  const at::Tensor in = x.contiguous();
+  return Bf16Linear(
+      in.data_ptr<float>(), in.numel() / in.size(-1), in.size(-1),
+      reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()),
+      weight.stride(0), weight.size(0),
+      bias.defined() ? bias.data_ptr<float>() : nullptr, y);
+}
+
+// A weight of another type than x's (a bfloat16 weight where no kernel of
+// this project takes it) widened for at::linear: a copy per call.
+inline at::Tensor AsTypeOf(const at::Tensor& weight, const at::Tensor& x) {
+  return weight.scalar_type() == x.scalar_type() ? weight
+                                                 : weight.to(x.scalar_type());
 }
 
 // x W^T (+ bias) into y (x's rows by W's rows) on the kernel the row count
@@ -70,10 +105,15 @@ inline void LinearInto(const at::Tensor& x, const at::Tensor& weight,
       return;
     }
   }
+  if (Bf16KernelTakes(x, weight, bias) && out.is_contiguous() &&
+      out.scalar_type() == at::kFloat &&
+      RunBf16Kernel(x, weight, bias, out.data_ptr<float>())) {
+    return;
+  }
   if (bias.defined()) {
-    at::addmm_out(out, bias, x, weight.t());
+    at::addmm_out(out, bias, x, AsTypeOf(weight, x).t());
   } else {
-    at::mm_out(out, x, weight.t());
+    at::mm_out(out, x, AsTypeOf(weight, x).t());
   }
 }
 
@@ -85,6 +125,12 @@ inline at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
     at::Tensor out = at::empty(shape, x.options());
     if (RunOwnKernel(x, weight, bias, out.data_ptr<float>())) return out;
   }
+  if (Bf16KernelTakes(x, weight, bias)) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    at::Tensor out = at::empty(shape, x.options());
+    if (RunBf16Kernel(x, weight, bias, out.data_ptr<float>())) return out;
+  }
   if (x.is_cpu() && x.scalar_type() == at::kFloat &&
       weight.scalar_type() == at::kFloat && x.dim() >= 1 &&
       x.numel() == x.size(-1)) {
@@ -94,7 +140,8 @@ inline at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
     return (bias.defined() ? at::addmv(bias, weight, row) : at::mv(weight, row))
         .view(shape);
   }
-  return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  const at::Tensor w = AsTypeOf(weight, x);
+  return bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
 }
 
 }  // namespace moh

@@ -154,6 +154,18 @@ class LlamaModel {
   absl::Status set_kv_cache_dtype(absl::string_view name,
                                   absl::string_view field);
   at::ScalarType kv_cache_dtype() const { return kv_cache_dtype_; }
+  // The precision of the linear weights (q/k/v/o, MLP, lm_head; a tied
+  // embedding with them, widened per looked-up row): "" or "auto" (as
+  // loaded) or "bfloat16", converted now, tensor by tensor (the float32
+  // copy of each freed as its bf16 one is made), and multiplied by
+  // Bf16Linear with float32 activations (linear.h). Norms, router and
+  // biases stay float32. INVALID_ARGUMENT naming `field` for another value,
+  // for "int8" (not implemented yet), for a model whose dtype is not
+  // float32, or on CUDA. Call before the model runs, as set_attention_mode.
+  absl::Status set_linear_weights(absl::string_view name,
+                                  absl::string_view field);
+  // "bfloat16" after set_linear_weights("bfloat16"), else "".
+  const std::string& linear_weights() const { return linear_weights_; }
 
  private:
   struct Layer {
@@ -228,6 +240,7 @@ class LlamaModel {
   AttentionMode attention_mode_ = AttentionMode::kAuto;
   int64_t attention_workspace_bytes_ = kDefaultAttentionWorkspaceBytes;
   at::ScalarType kv_cache_dtype_ = at::typeMetaToScalarType(options_.dtype());
+  std::string linear_weights_;
   int64_t narrow_kv_heads_ = 0;
 };
 

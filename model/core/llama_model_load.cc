@@ -1,5 +1,9 @@
 // LlamaModel's loading: the checkpoint's tensors into layers (official
 // names and shapes; every tensor must be used) and the RoPE tables.
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/checkpoint/checkpoint.h"
@@ -94,6 +98,51 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   model->rope_cos_ = emb.cos().to(options.device());
   model->rope_sin_ = emb.sin().to(options.device());
   return model;
+}
+
+absl::Status LlamaModel::set_linear_weights(absl::string_view name,
+                                            absl::string_view field) {
+  if (name.empty() || name == "auto") return absl::OkStatus();
+  if (name == "int8") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": \"int8\" weights are not implemented yet; use \"bfloat16\""));
+  }
+  if (name != "bfloat16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " must be \"\", \"auto\" or \"bfloat16\", got \"", name, "\""));
+  }
+  if (!options_.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field,
+        ": bfloat16 weights under float32 activations are for the CPU; "
+        "on CUDA set dtype: \"bfloat16\""));
+  }
+  if (at::typeMetaToScalarType(options_.dtype()) != at::kFloat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": bfloat16 weights need dtype float32, got ",
+                     DtypeName(at::typeMetaToScalarType(options_.dtype()))));
+  }
+  auto narrow = [](at::Tensor& w) {
+    if (w.defined()) w = w.to(at::kBFloat16).contiguous();
+  };
+  const bool tied = lm_head_.is_same(embed_tokens_);
+  narrow(lm_head_);
+  if (tied) embed_tokens_ = lm_head_;
+  for (Layer& layer : layers_) {
+    for (at::Tensor* w :
+         {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+          &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+      narrow(*w);
+    }
+  }
+  linear_weights_ = std::string(name);
+#ifdef __GLIBC__
+  // ConfigureCpuAllocator keeps freed heap in the process for activations;
+  // the float32 weights just freed would stay resident (the bench model: 259
+  // MiB either way before this), so give their pages back now.
+  malloc_trim(0);
+#endif
+  return absl::OkStatus();
 }
 
 }  // namespace moh

@@ -1,0 +1,164 @@
+// Bf16Linear: the dispatcher, the panel path (prefill) and the AVX-512
+// few-row kernel; the AVX2 kernel is in cpu_lowp_linear_avx2.cc.
+#include "model/kernels/cpu_lowp_linear.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "model/kernels/cpu_isa.h"
+#include "model/kernels/cpu_linear.h"
+
+namespace moh {
+namespace {
+
+inline float Bf16ToFloat(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+__attribute__((target("avx512f"))) inline __m512 Widen16(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))),
+      16));
+}
+
+// y[i, j] for R rows of W (from j) and M rows of x: R * M accumulators of 16
+// lanes, each W vector widened once and used against every row of x (W is
+// the stream; x's few rows stay in L1). k's remainder in scalar code.
+template <int R, int M>
+__attribute__((target("avx512f"))) void Block512(const float *x, int64_t k,
+                                                 const uint16_t *w, int64_t ldw,
+                                                 int64_t n, float *y) {
+  __m512 acc[M][R];
+#pragma GCC unroll 8
+  for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
+  }
+  const int64_t body = k & ~int64_t{15};
+  for (int64_t p = 0; p < body; p += 16) {
+    __m512 wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = Widen16(w + r * ldw + p);
+#pragma GCC unroll 8
+    for (int i = 0; i < M; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * k + p);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        acc[i][r] = _mm512_fmadd_ps(wv[r], xv, acc[i][r]);
+    }
+  }
+  for (int i = 0; i < M; ++i) {
+    for (int r = 0; r < R; ++r) {
+      float s = _mm512_reduce_add_ps(acc[i][r]);
+      for (int64_t p = body; p < k; ++p)
+        s += Bf16ToFloat(w[r * ldw + p]) * x[i * k + p];
+      y[i * n + r] = s;
+    }
+  }
+}
+
+template <int M>
+__attribute__((target("avx512f"))) void Rows512(const float *x, int64_t k,
+                                                const uint16_t *w, int64_t ldw,
+                                                int64_t n, int64_t j0,
+                                                int64_t j1, float *y) {
+  // Four rows of W a step at one or two rows of x (independent FMA chains
+  // for the 4-cycle latency); two at more rows, within 32 zmm registers.
+  constexpr int R = M <= 2 ? 4 : 2;
+  int64_t j = j0;
+  for (; j + R <= j1; j += R) Block512<R, M>(x, k, w + j * ldw, ldw, n, y + j);
+  for (; j < j1; ++j) Block512<1, M>(x, k, w + j * ldw, ldw, n, y + j);
+}
+
+}  // namespace
+
+namespace kernels_internal {
+
+__attribute__((target("avx512f"))) void Bf16RowsAvx512(
+    const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t ldw,
+    int64_t n, int64_t j0, int64_t j1, const float *bias, float *y) {
+  for (int64_t i = 0; i < m;) {
+    const int64_t left = m - i;
+    const float *xi = x + i * k;
+    float *yi = y + i * n;
+    if (left >= 4) {
+      Rows512<4>(xi, k, w, ldw, n, j0, j1, yi);
+      i += 4;
+    } else if (left >= 2) {
+      Rows512<2>(xi, k, w, ldw, n, j0, j1, yi);
+      i += 2;
+    } else {
+      Rows512<1>(xi, k, w, ldw, n, j0, j1, yi);
+      i += 1;
+    }
+  }
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = j0; j < j1; ++j) y[i * n + j] += bias[j];
+  }
+}
+
+}  // namespace kernels_internal
+
+void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
+                   float *out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t *from = w + j * ldw;
+    float *to = out + j * k;
+    for (int64_t p = 0; p < k; ++p) to[p] = Bf16ToFloat(from[p]);
+  }
+}
+
+bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                int64_t ldw, int64_t n, const float *bias, float *y) {
+  const CpuIsa isa = ActiveIsa();
+  if (isa == CpuIsa::kPortable || m < 1 || n < 1 || k < 1) return false;
+  if (m <= kMaxBf16StreamRows) {
+    // 64 rows of W a task: enough work to amortize a task, and W's rows
+    // split evenly for a handful of threads.
+    at::parallel_for(0, n, 64, [&](int64_t j0, int64_t j1) {
+      if (isa == CpuIsa::kAvx512) {
+        kernels_internal::Bf16RowsAvx512(x, m, k, w, ldw, n, j0, j1, bias, y);
+      } else {
+        kernels_internal::Bf16RowsAvx2(x, m, k, w, ldw, n, j0, j1, bias, y);
+      }
+    });
+    return true;
+  }
+  // Panels of W widened into ~1 MiB (L2) and multiplied by the float32
+  // kernels, which thread inside; their output is a [m, panel] block copied
+  // into y's columns. The copy and the widening are O(m n + n k) against
+  // the product's O(m n k).
+  const int64_t panel =
+      std::min<int64_t>(n, std::max<int64_t>(16, ((1 << 18) / k) & ~15));
+  std::vector<float> wide(static_cast<size_t>(panel * k));
+  std::vector<float> block(static_cast<size_t>(m * panel));
+  for (int64_t j0 = 0; j0 < n; j0 += panel) {
+    const int64_t cols = std::min(panel, n - j0);
+    at::parallel_for(0, cols, 16, [&](int64_t a, int64_t b) {
+      WidenBf16Rows(w + (j0 + a) * ldw, ldw, b - a, k, wide.data() + a * k);
+    });
+    const float *b = bias != nullptr ? bias + j0 : nullptr;
+    const bool ok =
+        m <= kMaxStreamedRows
+            ? StreamedLinear(x, m, k, wide.data(), k, cols, b, block.data())
+            : BlockedLinear(x, m, k, wide.data(), k, cols, b, block.data());
+    if (!ok) return false;  // only under kPortable, checked above
+    at::parallel_for(0, m, 16, [&](int64_t a, int64_t e) {
+      for (int64_t i = a; i < e; ++i)
+        std::memcpy(y + i * n + j0, block.data() + i * cols,
+                    sizeof(float) * cols);
+    });
+  }
+  return true;
+}
+
+}  // namespace moh

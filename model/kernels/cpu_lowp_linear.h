@@ -1,0 +1,42 @@
+// y = x W^T (+ bias) for float32 x and y and a bfloat16 W read in place:
+// the products widen W's values in registers (bf16 -> f32 is a 16-bit left
+// shift of the bits), so a model can hold its linear weights in half the
+// memory of float32 without a widened copy, where LibTorch 1.13's CPU
+// bf16 matmul runs generic kernels (4.2x slower than float32 per decode
+// token of the bench model, 26x at prefill: issue 33).
+#pragma once
+
+#include <cstdint>
+
+namespace moh {
+
+// Row counts up to this stream W once, each group of W's rows widened in
+// registers against every row of x (a decode step); beyond, W is widened
+// panel by panel into a buffer of about 1 MiB and the float32 kernels
+// (StreamedLinear / BlockedLinear) run on it: a prefill pays the widening
+// once per panel against many rows.
+inline constexpr int64_t kMaxBf16StreamRows = 8;
+
+// y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
+// a row-major bfloat16 W [n, k] (bits as uint16) with row stride ldw >= k.
+// Runs ActiveIsa()'s instruction set; returns false, doing nothing, under
+// CpuIsa::kPortable. Threads split W's rows on the intra-op pool.
+bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                int64_t ldw, int64_t n, const float *bias, float *y);
+
+// W [n, k] (row stride ldw) widened to float32 into out [n, k] (contiguous):
+// the panel path's and the head-sparse kernel's per-head slices.
+void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
+                   float *out);
+
+namespace kernels_internal {
+// Rows [j0, j1) of y for the few-row path; x has m <= kMaxBf16StreamRows rows.
+void Bf16RowsAvx512(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                    int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                    const float *bias, float *y);
+void Bf16RowsAvx2(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                  int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                  const float *bias, float *y);
+}  // namespace kernels_internal
+
+}  // namespace moh
