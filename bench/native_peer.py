@@ -23,7 +23,8 @@ layers, 32 heads / 8 KV heads, MLP 8192, 128256-token tied vocabulary, where
 weights decide; MoH-LLaMA3's query-norm router, 16 shared and 8 of 16 routed
 heads). llama.cpp reads them without the router (bench/make_gguf.py): every
 head, the cost of moh-serve at ratio 1.0. Precisions: f32 (llama.cpp ALL_F32
-GGUF, moh-generate --dtype=float32), bf16 (llama-quantize BF16; moh-generate --dtype=bfloat16)
+GGUF, moh-generate --dtype=float32), bf16 (llama-quantize BF16; moh-generate --weights=bfloat16,
+float32 activations; --dtype=bfloat16 where it has no --weights)
 and q8_0 (llama-quantize Q8_0; moh-generate --weights=int8 when this
 moh-generate has the flag, else the row says so). Batch-1 decode rows also
 print the weight bytes a token reads over the read bandwidth measured in the
@@ -184,7 +185,7 @@ def llama_build(prefix):
 
 
 def moh_rate(build, model_dir, precision, phase, batch, threads, steps,
-             ratio, isa, has_int8):
+             ratio, isa, has_int8, has_weights):
     decode = phase == "decode"
     flags = ["--model_dir=" + model_dir, "--ratio=%g" % ratio,
              "--threads=%d" % threads, "--batch=%d" % batch, "--repeat=1",
@@ -196,6 +197,10 @@ def moh_rate(build, model_dir, precision, phase, batch, threads, steps,
         if not has_int8:
             return None
         flags.append("--weights=int8")
+    elif precision == "bf16" and has_weights:
+        # bfloat16 weights under float32 activations, as llama.cpp's BF16.
+        flags[flags.index("--dtype=bfloat16")] = "--dtype=float32"
+        flags.append("--weights=bfloat16")
     env = dict(os.environ)
     if isa:
         env["MOH_CPU_ISA"] = isa
@@ -240,7 +245,10 @@ def main():
     helpfull = subprocess.run(
         [os.path.join(args.build, "tools", "moh-generate"), "--helpfull"],
         capture_output=True, text=True)
-    has_int8 = "-weights" in helpfull.stdout + helpfull.stderr
+    text = helpfull.stdout + helpfull.stderr
+    # --weights (bfloat16; int8 where its help names it).
+    has_weights = "-weights" in text
+    has_int8 = has_weights and "int8" in text.split("-weights", 1)[1][:300]
     sizes = args.sizes.split(",")
     precisions = args.precisions.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,7 +256,8 @@ def main():
         os.makedirs(workdir, exist_ok=True)
         models = {s: make_models(s, workdir, precisions, prefix)
                   for s in sizes}
-        result = measure(args, prefix, models, sizes, precisions, has_int8)
+        result = measure(args, prefix, models, sizes, precisions, has_int8,
+                         has_weights)
     result["cpu"] = cpu_isa()
     result["moh_isa"] = args.moh_isa or "best (MOH_CPU_ISA unset)"
     report(result, sizes, precisions, args)
@@ -264,7 +273,7 @@ def rows_of(size, quick):
     return rows
 
 
-def measure(args, prefix, models, sizes, precisions, has_int8):
+def measure(args, prefix, models, sizes, precisions, has_int8, has_weights):
     rates, bw = {}, {}
     for r in range(args.rounds):
         log("round %d/%d" % (r + 1, args.rounds))
@@ -286,7 +295,7 @@ def measure(args, prefix, models, sizes, precisions, has_int8):
                     for ratio in (1.0, 0.5):
                         got = moh_rate(args.build, model_dir, precision,
                                        phase, batch, threads, steps, ratio,
-                                       args.moh_isa, has_int8)
+                                       args.moh_isa, has_int8, has_weights)
                         if got is not None:
                             rates.setdefault("%s|moh %g" % (key, ratio),
                                              []).append(got)
