@@ -29,6 +29,28 @@ bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
 void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
                    float *out);
 
+// Weight-only int8 with one float32 scale per row of W (per output channel):
+// W[j, p] = w[j, p] * scale[j]. y [m, n] = x [m, k] W^T (+ bias [n]) for
+// row-major contiguous x and y and an int8 W [n, k] with row stride
+// ldw >= k. Runs ActiveIsa()'s instruction set; returns false, doing
+// nothing, under CpuIsa::kPortable. Threads split W's rows.
+bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
+                int64_t ldw, int64_t n, const float *scale, const float *bias,
+                float *y);
+
+// W [n, k] (row stride ldw) times its rows' scales into out [n, k]
+// (contiguous float32): the panel path's and the head-sparse kernel's slices.
+void WidenInt8Rows(const int8_t *w, int64_t ldw, int64_t n, int64_t k,
+                   const float *scale, float *out);
+
+// Symmetric per-row quantization of a float32 W [n, k] (row stride ldw):
+// scale[j] = max_p |W[j, p]| / 127 (1 for a row of zeros) and
+// q[j, p] = round-to-nearest-even(W[j, p] / scale[j]) into q [n, k]
+// (contiguous), so |W - q scale| <= scale / 2 elementwise. Threads split
+// the rows.
+void QuantizeInt8Rows(const float *w, int64_t ldw, int64_t n, int64_t k,
+                      int8_t *q, float *scale);
+
 namespace kernels_internal {
 // Rows [j0, j1) of y for the few-row path; x has m <= kMaxBf16StreamRows rows.
 void Bf16RowsAvx512(const float *x, int64_t m, int64_t k, const uint16_t *w,
