@@ -11,6 +11,7 @@
 
 #include "service/engine/kv_block_pool.h"
 #include "service/engine/step_planner.h"
+#include "tests/service/engine/step_planner_test_util.h"
 
 namespace moh {
 namespace {
@@ -52,22 +53,6 @@ TEST(RatioCeilingTest, PoolNeverMatchesAcrossFolds) {
   EXPECT_FALSE(pool.Register(next, narrow, tokens.data() + 8, 5, 1));
   EXPECT_FALSE(pool.Register(next, -1, tokens.data(), 5, 0));
 }
-
-// The fake model: a request finishes after `max_outputs` outputs.
-class FakeModel {
- public:
-  void Expect(uint64_t id, int32_t outputs) { remaining_[id] = outputs; }
-  std::vector<bool> Run(const StepPlan& plan) {
-    std::vector<bool> finished;
-    for (const PlannedRow& row : plan.rows) {
-      finished.push_back(row.emits && --remaining_[row.id] == 0);
-    }
-    return finished;
-  }
-
- private:
-  std::map<uint64_t, int32_t> remaining_;
-};
 
 StepPlannerOptions Paged(int32_t kv_blocks, int32_t depth = 0) {
   StepPlannerOptions options;

@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "tests/service/engine/step_planner_test_util.h"
+
 namespace moh {
 namespace {
 
@@ -39,22 +41,6 @@ StepPlannerOptions Options(int32_t max_running, int32_t budget = 512,
   options.adaptive_queue_depth = depth;
   return options;
 }
-
-// The fake model: a request finishes after `max_outputs` outputs.
-class FakeModel {
- public:
-  void Expect(uint64_t id, int32_t outputs) { remaining_[id] = outputs; }
-  std::vector<bool> Run(const StepPlan& plan) {
-    std::vector<bool> finished;
-    for (const PlannedRow& row : plan.rows) {
-      finished.push_back(row.emits && --remaining_[row.id] == 0);
-    }
-    return finished;
-  }
-
- private:
-  std::map<uint64_t, int32_t> remaining_;
-};
 
 std::vector<uint64_t> Ids(const std::vector<AdmittedRequest>& admitted) {
   std::vector<uint64_t> ids;
