@@ -456,6 +456,26 @@ def model_fixtures():
     return stub, models
 
 
+def lm_variant_fixtures(name, variants):
+    """Module-scoped pytest fixtures (server, stub, models) for a test module
+    that compares variants of the fixture LM with the LM as it is: server
+    `name` serves "f32" (LM_DIR, generation { max_running: 2 }), then each
+    (model name, ModelConfig textproto) of `variants`, all of LM_DIR, without
+    metrics and without waiting for SERVING (a variant may be meant to fail);
+    stub and models are model_fixtures'. Use as
+    `server, stub, models = lib.lm_variant_fixtures(name, variants)`."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server(start_server):
+        models = [("f32", LM_DIR, "generation { max_running: 2 }")]
+        models += [(model, LM_DIR, config) for model, config in variants]
+        return start_server(name, models, wait_serving=False, metrics=False)
+
+    stub, models = model_fixtures()
+    return server, stub, models
+
+
 # --- requests ---
 
 

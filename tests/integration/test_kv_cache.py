@@ -12,17 +12,10 @@ import moh_testlib as lib
 LABELS = ["yes", "no", "maybe so", "once upon a time there was"]
 
 
-@pytest.fixture(scope="module")
-def server(start_server):
-    return start_server("kv_cache", [
-        ("f32", lib.LM_DIR, "generation { max_running: 2 }"),
-        ("bf16", lib.LM_DIR,
-         'generation { max_running: 2 kv_cache_dtype: "bfloat16" }'),
-        ("bad", lib.LM_DIR, 'generation { kv_cache_dtype: "int8" }'),
-    ], wait_serving=False, metrics=False)
-
-
-stub, models = lib.model_fixtures()
+server, stub, models = lib.lm_variant_fixtures("kv_cache", [
+    ("bf16", 'generation { max_running: 2 kv_cache_dtype: "bfloat16" }'),
+    ("bad", 'generation { kv_cache_dtype: "int8" }'),
+])
 
 
 def test_list_models_reports_the_cache_type(api, models):

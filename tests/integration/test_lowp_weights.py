@@ -9,18 +9,11 @@ import moh_testlib as lib
 LABELS = ["yes", "no", "maybe so", "once upon a time there was"]
 
 
-@pytest.fixture(scope="module")
-def server(start_server):
-    return start_server("lowp_weights", [
-        ("f32", lib.LM_DIR, "generation { max_running: 2 }"),
-        ("bf16", lib.LM_DIR,
-         'weights: "bfloat16" generation { max_running: 2 }'),
-        ("int8", lib.LM_DIR, 'weights: "int8"'),
-        ("bad", lib.LM_DIR, 'weights: "fp4"'),
-    ], wait_serving=False, metrics=False)
-
-
-stub, models = lib.model_fixtures()
+server, stub, models = lib.lm_variant_fixtures("lowp_weights", [
+    ("bf16", 'weights: "bfloat16" generation { max_running: 2 }'),
+    ("int8", 'weights: "int8"'),
+    ("bad", 'weights: "fp4"'),
+])
 
 
 def test_bfloat16_weights_load_and_others_fail_naming_the_field(
