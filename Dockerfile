@@ -43,7 +43,8 @@ ARG DEBIAN_IMAGE=debian:bookworm
 # ---- build dependencies: exactly the README's install script ----
 FROM ${DEBIAN_IMAGE} AS deps
 WORKDIR /src
-COPY scripts/install_deps.sh scripts/install_xgrammar.sh scripts/xgrammar.env scripts/
+COPY scripts/install_deps.sh scripts/install_xgrammar.sh scripts/xgrammar.env \
+     scripts/fetch_verified.sh scripts/
 # apt's lists and .debs live in cache mounts, not in the layer (the Debian
 # image's docker-clean hook would delete the .debs after each install).
 # install_xgrammar.sh downloads xgrammar's sdist with curl: behind a

@@ -14,6 +14,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=llama_cpp.env
 . "$here/llama_cpp.env"
+# shellcheck source=fetch_verified.sh
+. "$here/fetch_verified.sh"
 
 # The CPU's instruction-set flags: a native build made elsewhere is rebuilt.
 cpu_flags="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
@@ -29,10 +31,7 @@ echo "install_llama_cpp: building llama.cpp's tools (llama-cpp-python" \
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 sdist="${MOH_LLAMA_CPP_SDIST:-$work/llama_cpp_python.tar.gz}"
-if [ ! -f "$sdist" ]; then
-  curl -fsSL --retry 3 -o "$sdist" "$MOH_LLAMA_CPP_SDIST_URL"
-fi
-echo "$MOH_LLAMA_CPP_SDIST_SHA256  $sdist" | sha256sum -c --quiet -
+fetch_verified "$sdist" "$MOH_LLAMA_CPP_SDIST_URL" "$MOH_LLAMA_CPP_SDIST_SHA256"
 top="llama_cpp_python-$MOH_LLAMA_CPP_SDIST_VERSION"
 tar -xzf "$sdist" -C "$work" "$top/vendor/llama.cpp"
 src="$work/$top/vendor/llama.cpp"

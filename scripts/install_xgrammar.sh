@@ -13,6 +13,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=xgrammar.env
 . "$here/xgrammar.env"
+# shellcheck source=fetch_verified.sh
+. "$here/fetch_verified.sh"
 
 if [ -f "$MOH_XGRAMMAR_PREFIX/include/xgrammar/matcher.h" ] &&
   [ "$(cat "$MOH_XGRAMMAR_PREFIX/VERSION" 2>/dev/null)" = "$MOH_XGRAMMAR_VERSION" ]; then
@@ -23,10 +25,7 @@ echo "install_xgrammar: building xgrammar $MOH_XGRAMMAR_VERSION into $MOH_XGRAMM
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 sdist="${MOH_XGRAMMAR_SDIST:-$work/xgrammar.tar.gz}"
-if [ ! -f "$sdist" ]; then
-  curl -fsSL --retry 3 -o "$sdist" "$MOH_XGRAMMAR_URL"
-fi
-echo "$MOH_XGRAMMAR_SHA256  $sdist" | sha256sum -c --quiet -
+fetch_verified "$sdist" "$MOH_XGRAMMAR_URL" "$MOH_XGRAMMAR_SHA256"
 tar -xzf "$sdist" -C "$work"
 src="$work/xgrammar-$MOH_XGRAMMAR_VERSION"
 # Its CMakeLists adds -Werror and -flto=auto before CMAKE_CXX_FLAGS: a newer
