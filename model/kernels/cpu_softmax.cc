@@ -14,24 +14,31 @@ using kernels_internal::Head8;
 using kernels_internal::LoadHead8;
 using kernels_internal::StoreHead8;
 
+// ExpNonPositive's constants, the same for every vector width: the clamp,
+// log2(e), ln2 split in two (kLn2Hi + kLn2Lo) so that n ln2 is exact enough,
+// and e^r's Taylor coefficients to r^6, highest power first (Horner's rule).
+constexpr float kExpFloor = -87.3f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpTaylor[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6,
+                                0.5f,       1.0f,       1.0f};
+constexpr int kExpTerms = sizeof(kExpTaylor) / sizeof(kExpTaylor[0]);
+
 // e^x for x <= 0 (a score minus its row's maximum): x = n ln2 + r with
 // |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error below
 // 2e-7), times 2^n. Below -87.3 the result is 0 or a denormal, as expf's.
 __attribute__((target("avx512f"))) inline __m512 ExpNonPositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - n ln2, with ln2 split in two so that n ln2 is exact enough.
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpFloor));
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpTaylor[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < kExpTerms; ++i) {
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpTaylor[i]));
+  }
   return _mm512_scalef_ps(p, n);
 }
 
@@ -68,19 +75,17 @@ __attribute__((target("avx512f"))) void SoftmaxRow(const float *s, float *p,
 // exponent field, since AVX2 has no scalef (n >= -126 after the clamp, so
 // 2^n is a normal float).
 __attribute__((target("avx2,fma"))) inline __m256 ExpNonPositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpFloor));
   const __m256 n =
-      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpTaylor[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < kExpTerms; ++i) {
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpTaylor[i]));
+  }
   const __m256i power = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
