@@ -240,26 +240,27 @@ __attribute__((target("avx512f"))) void BlockKernel(
   }
 }
 
-// BlockedLinear's micro-kernels and their tiles, for the loop nest below:
+// A micro-kernel with BlockKernel's contract.
+using BlockKernelFn = void (*)(int64_t depth, const float *xp,
+                               const float *const *x_rows, const float *wp,
+                               const OutputRows &y, int64_t rows, int64_t cols,
+                               bool accumulate);
+
+// BlockedLinear's micro-kernels and their tiles, for the loop nest below: a
+// kTileM x kTileN tile of y, Kernel<false> from packed x and Kernel<true>
+// from x in place (BlockKernel's kDirect).
+template <int64_t kTileM, int64_t kTileN, BlockKernelFn kPacked,
+          BlockKernelFn kInPlace>
+struct Blocks {
+  static constexpr int64_t kM = kTileM, kN = kTileN;
+  template <bool kDirect>
+  static constexpr BlockKernelFn Kernel = kDirect ? kInPlace : kPacked;
+};
 // AVX-512's 14 x 32 and AVX2's 6 x 16 (cpu_linear_avx2.cc).
-struct Avx512Blocks {
-  static constexpr int64_t kM = kBlockM, kN = kBlockN;
-  template <bool kDirect>
-  static void Kernel(int64_t depth, const float *xp, const float *const *x_rows,
-                     const float *wp, const OutputRows &y, int64_t rows,
-                     int64_t cols, bool accumulate) {
-    BlockKernel<kDirect>(depth, xp, x_rows, wp, y, rows, cols, accumulate);
-  }
-};
-struct Avx2Blocks {
-  static constexpr int64_t kM = kBlockMAvx2, kN = kBlockNAvx2;
-  template <bool kDirect>
-  static void Kernel(int64_t depth, const float *xp, const float *const *x_rows,
-                     const float *wp, const OutputRows &y, int64_t rows,
-                     int64_t cols, bool accumulate) {
-    BlockKernelAvx2<kDirect>(depth, xp, x_rows, wp, y, rows, cols, accumulate);
-  }
-};
+using Avx512Blocks =
+    Blocks<kBlockM, kBlockN, BlockKernel<false>, BlockKernel<true>>;
+using Avx2Blocks = Blocks<kBlockMAvx2, kBlockNAvx2, BlockKernelAvx2<false>,
+                          BlockKernelAvx2<true>>;
 
 // How BlockedLinear cuts k: `passes` passes of `depth` (the last shorter).
 struct Passes {
