@@ -48,41 +48,47 @@ __attribute__((target("avx512f"))) void Transpose16(const InputRows &src,
   }
 }
 
-// StreamedLinear: y^T = W x^T as outer products. x is packed transposed
-// (xt [k][padded m], small); W is read in place, R rows at a time, each value
-// broadcast from memory against V vectors of 16 rows of x, so W streams from
-// memory once, in row order, with no packing.
-template <int R, int V>
+// StreamedLinear above 16 rows of x: y^T = W x^T as outer products. x is
+// packed transposed (xt [k][padded m], small); W is read in place, R rows at
+// a time, each value broadcast from memory against two vectors of 16 rows of
+// x (kVectors), so W streams from memory once, in row order, with no packing.
+constexpr int kVectors = 2;
+
+template <int R>
 __attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
                                                    int64_t k, const float *w,
                                                    int64_t ldw,
                                                    const OutputRows &y,
                                                    int64_t rows) {
-  __m512 acc[R][V];
-#pragma GCC unroll 28
+  __m512 acc[R][kVectors];
+#pragma GCC unroll 14
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t p = 0; p < k; ++p) {
-    __m512 xv[V];
+    __m512 xv[kVectors];
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + p * ldx + 16 * v);
-#pragma GCC unroll 28
+    for (int v = 0; v < kVectors; ++v) {
+      xv[v] = _mm512_loadu_ps(xt + p * ldx + 16 * v);
+    }
+#pragma GCC unroll 14
     for (int r = 0; r < R; ++r) {
       const __m512 wv = _mm512_set1_ps(w[r * ldw + p]);
 #pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) {
+      for (int v = 0; v < kVectors; ++v) {
         acc[r][v] = _mm512_fmadd_ps(wv, xv[v], acc[r][v]);
       }
     }
   }
-  alignas(64) float tile[R][16 * V];
+  alignas(64) float tile[R][16 * kVectors];
   // Unrolled: see BlockKernel (cpu_linear.cc).
-#pragma GCC unroll 28
+#pragma GCC unroll 14
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
+    for (int v = 0; v < kVectors; ++v) {
+      _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
+    }
   }
   for (int64_t i = 0; i < rows; ++i) {
     float *row = RowAt(y, i);
@@ -94,25 +100,24 @@ __attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
   }
 }
 
-// W rows [first, last) against x's 32-row blocks (two vectors of 16): tiles
-// of 14 W rows, the remainder in smaller ones.
+// W rows [first, last) against x's 32-row blocks: tiles of 14 W rows, the
+// remainder in smaller ones.
 void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
                      const float *w, int64_t ldw, int64_t first, int64_t last,
                      const OutputRows &y) {
-  constexpr int V = 2;
   constexpr int64_t kTile = 14;
-  for (int64_t i = 0; i < m; i += 16 * V) {
-    const int64_t rows = std::min<int64_t>(16 * V, m - i);
+  for (int64_t i = 0; i < m; i += 16 * kVectors) {
+    const int64_t rows = std::min<int64_t>(16 * kVectors, m - i);
     const float *xb = xt + i;
     int64_t j = first;
     for (; j + kTile <= last; j += kTile) {
-      StreamTile<kTile, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
+      StreamTile<kTile>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
     }
     for (; j + 4 <= last; j += 4) {
-      StreamTile<4, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
+      StreamTile<4>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
     }
     for (; j < last; ++j) {
-      StreamTile<1, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
+      StreamTile<1>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
     }
   }
 }
@@ -161,12 +166,12 @@ void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t first, int64_t last,
                 const OutputRows &y) {
   // Up to 16 rows the AVX2 tiles (12 or 6 rows of W at a time) run on
-  // AVX-512 CPUs too: the one-vector AVX-512 tile streams 28 rows of W at
-  // once, more streams than the hardware prefetchers follow once W's rows are
-  // long. Measured (chrt -r 50, 2 threads, AVX-512 EPYC): a 1 B layout's
-  // decode at batch 16 (moh-generate, make_bench_lm.py --layout llama3-1b,
-  // k = 2048 and 8192), 14.6 tokens/s with the AVX-512 tile against 43.7
-  // with these; one 1376 x 512 product at 16 rows, 485 against 272 us.
+  // AVX-512 CPUs too: the one-vector AVX-512 tile they replaced streamed 28
+  // rows of W at once, more streams than the hardware prefetchers follow once
+  // W's rows are long. Measured (chrt -r 50, 2 threads, AVX-512 EPYC): a 1 B
+  // layout's decode at batch 16 (moh-generate, make_bench_lm.py --layout
+  // llama3-1b, k = 2048 and 8192), 14.6 tokens/s with that tile against
+  // 43.7 with these; one 1376 x 512 product at 16 rows, 485 against 272 us.
   if (!UseAvx512() || m <= 16) {
     StreamRowsAvx2(xt, ldx, m, k, w, ldw, first, last, y);
   } else {
