@@ -13,6 +13,7 @@ namespace {
 
 using kernels_internal::AlignedBuffer;
 using kernels_internal::BlockKernelAvx2;
+using kernels_internal::HorizontalSum8;
 using kernels_internal::kBlockMAvx2;
 using kernels_internal::kBlockNAvx2;
 using kernels_internal::PackPanel;
@@ -62,13 +63,6 @@ void RunTasks(int64_t count, bool large, const Fn &run) {
   }
 }
 
-__attribute__((target("avx2,fma"))) inline float HorizontalSum(__m256 v) {
-  const __m128 half =
-      _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
-}
-
 // y[i][j] for i < M rows of x, j < N rows of W (M <= kTileM, N <= kTileN).
 template <int M, int N>
 __attribute__((target("avx2,fma"))) void Tile(const float *x, int64_t k,
@@ -96,7 +90,7 @@ __attribute__((target("avx2,fma"))) void Tile(const float *x, int64_t k,
   }
   for (int i = 0; i < M; ++i) {
     for (int j = 0; j < N; ++j) {
-      float sum = HorizontalSum(acc[i][j]);
+      float sum = HorizontalSum8(acc[i][j]);
       for (int64_t p = body; p < k; ++p) sum += x[i * k + p] * w[j * ldw + p];
       y[i * ldy + j] = sum;
     }

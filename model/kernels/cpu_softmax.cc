@@ -11,6 +11,7 @@ namespace moh {
 namespace {
 
 using kernels_internal::Head8;
+using kernels_internal::HorizontalSum8;
 using kernels_internal::LoadHead8;
 using kernels_internal::StoreHead8;
 
@@ -97,12 +98,6 @@ __attribute__((target("avx2,fma"))) inline float ReduceMax(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
-__attribute__((target("avx2,fma"))) inline float ReduceAdd(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-}
-
 // SoftmaxRow on AVX2: whole vectors of 8, then one masked (masked-off
 // lanes read as -inf for the maximum and count 0 in the sum).
 __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
@@ -125,7 +120,7 @@ __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
     sum = _mm256_add_ps(sum, e);
     StoreHead8(p + j, e, n - j);
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / ReduceAdd(sum));
+  const __m256 inv = _mm256_set1_ps(1.0f / HorizontalSum8(sum));
   for (int64_t j = 0; j < n; j += 8) {
     StoreHead8(p + j, _mm256_mul_ps(LoadHead8(p + j, n - j), inv), n - j);
   }
