@@ -479,6 +479,17 @@ def lm_variant_fixtures(name, variants):
 # --- requests ---
 
 
+def label_scores(pb, stub, models, text, labels):
+    """{model: {label: log-likelihood}}: a Classify of `text` against `labels`
+    on each of `models`."""
+    scores = {}
+    for model in models:
+        response = stub.Classify(pb.ClassifyRequest(
+            model=model, text=text, labels=labels), timeout=RPC_TIMEOUT)
+        scores[model] = {c.label: c.log_likelihood for c in response.classes}
+    return scores
+
+
 def generate_request(pb, prompt=None, token_ids=None, model="demo-lm",
                      ratio=0.0, min_ratio=0.0, include_routing=False,
                      **sampling):

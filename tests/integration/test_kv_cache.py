@@ -35,12 +35,8 @@ def test_a_bad_cache_type_fails_its_model_only(api, models, server):
 
 
 def test_bfloat16_cache_scores_labels_close_to_float32(api, stub, models):
-    scored = {}
-    for name in ("f32", "bf16"):
-        response = stub.Classify(api.pb.ClassifyRequest(
-            model=name, text="Once upon a time", labels=LABELS),
-                                 timeout=lib.RPC_TIMEOUT)
-        scored[name] = {c.label: c.log_likelihood for c in response.classes}
+    scored = lib.label_scores(api.pb, stub, ("f32", "bf16"),
+                              "Once upon a time", LABELS)
     assert scored["f32"].keys() == scored["bf16"].keys() == set(LABELS)
     for label in LABELS:
         f32, bf16 = scored["f32"][label], scored["bf16"][label]

@@ -47,12 +47,8 @@ def test_greedy_tokens_mostly_equal_float32(api, stub, models):
 
 
 def test_label_scores_close_to_float32(api, stub, models):
-    scored = {}
-    for name in ("f32", "bf16"):
-        response = stub.Classify(api.pb.ClassifyRequest(
-            model=name, text="Once upon a time", labels=LABELS),
-                                 timeout=lib.RPC_TIMEOUT)
-        scored[name] = {c.label: c.log_likelihood for c in response.classes}
+    scored = lib.label_scores(api.pb, stub, ("f32", "bf16"),
+                              "Once upon a time", LABELS)
     for label in LABELS:
         f32, bf16 = scored["f32"][label], scored["bf16"][label]
         # bf16 weights round each weight by <= 2^-9 relative; measured on
