@@ -45,10 +45,10 @@ ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: auto (the model's dtype), float32, bfloat16 "
           "or float16");
-ABSL_FLAG(
-    std::string, weights, "",
-    "Linear weights' precision under float32 activations on the CPU: "
-    "empty (as --dtype) or bfloat16 (see LlamaModel::set_linear_weights)");
+ABSL_FLAG(std::string, weights, "",
+          "Linear weights' precision under float32 activations on the CPU: "
+          "empty (as --dtype), bfloat16 or int8, converted as they load (see "
+          "LlamaModel::FromTensors)");
 ABSL_FLAG(
     int32_t, threads, 0,
     "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
@@ -132,9 +132,10 @@ absl::StatusOr<moh::LanguageModel> LoadModel(double* load_s) {
   const Clock::time_point start = Clock::now();
   MOH_ASSIGN_OR_RETURN(
       moh::LanguageModel lm,
-      moh::LanguageModel::Load(dir,
-                               moh::DeviceOptions{absl::GetFlag(FLAGS_device),
-                                                  absl::GetFlag(FLAGS_dtype)}));
+      moh::LanguageModel::Load(
+          dir, moh::DeviceOptions{absl::GetFlag(FLAGS_device),
+                                  absl::GetFlag(FLAGS_dtype),
+                                  absl::GetFlag(FLAGS_weights)}));
   if (lm.tokenizer == nullptr) {
     return absl::NotFoundError(absl::StrCat(dir, " has no tokenizer.json"));
   }
@@ -187,9 +188,10 @@ absl::StatusOr<Measured> Measure(const moh::Generator& generator,
 }
 
 // The process's resident memory now, in MiB (/proc/self/statm; 0 where it
-// cannot be read): the weights' footprint after the load's peak, which
-// `weights: "bfloat16"` halves (time's maximum RSS includes the float32
-// checkpoint read before the conversion).
+// cannot be read): the weights' footprint after the load, which `weights:
+// "bfloat16"` halves and "int8" quarters (time's maximum RSS also counts
+// the checkpoint's mapped pages, file-backed and reclaimable, as they were
+// read).
 double ResidentMiB() {
   std::FILE* f = std::fopen("/proc/self/statm", "r");
   if (f == nullptr) return 0;
@@ -267,9 +269,6 @@ int main(int argc, char** argv) {
   const absl::Status kv_set = lm->model->set_kv_cache_dtype(
       absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype");
   if (!kv_set.ok()) return Fail(2, kv_set.message());
-  const absl::Status weights_set =
-      lm->model->set_linear_weights(absl::GetFlag(FLAGS_weights), "--weights");
-  if (!weights_set.ok()) return Fail(2, weights_set.message());
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "

@@ -92,9 +92,9 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
       if (in.q_full.defined()) {
         qh = in.q_full.index_select(0, tokens).select(1, h);
       } else {
-        at::Tensor w = in.q_weight.narrow(0, h * d, d);
+        const LinearWeight w = in.q_weight.Rows(h * d, d);
         at::Tensor x = in.x.index_select(0, tokens);
-        // Linear: a bf16 weight under float32 x (set_linear_weights) too.
+        // Linear: a bf16 or int8 weight under float32 x (weights) too.
         qh = in.q_bias.defined() ? Linear(x, w, in.q_bias.narrow(0, h * d, d))
                                  : Linear(x, w);
       }
@@ -134,7 +134,7 @@ at::Tensor HeadSparseAttention(const HeadSparseAttentionInputs& in,
       at::Tensor tokens = token.index_select(0, members[g]);
       at::Tensor a = attn.index_select(0, members[g]) *
                      in.gates.index_select(0, tokens).select(1, h).unsqueeze(1);
-      out.index_add_(0, tokens, Linear(a, in.o_weight.narrow(1, h * d, d)));
+      out.index_add_(0, tokens, Linear(a, in.o_weight.Columns(h * d, d)));
     }
   }
   if (in.o_bias.defined()) out += in.o_bias;

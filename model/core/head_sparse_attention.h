@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/core/kv_cache.h"
+#include "model/core/linear.h"
 #include "model/core/moh_router.h"
 
 namespace moh {
@@ -46,7 +47,7 @@ bool UseHeadSparse(AttentionMode mode, const MohRouter& router,
 struct HeadSparseAttentionInputs {
   at::Tensor x;         // [N, C] attention input of every token
   at::Tensor gates;     // [N, H]; 0 = the pair is skipped
-  at::Tensor q_weight;  // [H * D, C]
+  LinearWeight q_weight;  // [H * D, C]
   at::Tensor q_bias;    // [H * D] or undefined
   // [N, H, D] queries already projected (a router that needed them): used
   // instead of q_weight when defined. Not yet rotated.
@@ -69,7 +70,7 @@ struct HeadSparseAttentionInputs {
   at::Tensor token_row;    // [N] int64: the row of each token
   at::Tensor token_pos;    // [N] int64: keys j <= token_pos are visible
   at::Tensor row_len;      // [B] int64: keys j < row_len are visible
-  at::Tensor o_weight;     // [C, H * D]
+  LinearWeight o_weight;   // [C, H * D]
   at::Tensor o_bias;       // [C] or undefined
   double scale = 1.0;      // applied to q·k
 };

@@ -49,13 +49,13 @@ std::vector<std::pair<int64_t, int64_t>> Runs(
 // consecutive heads over its rows of q_weight [H * D, C], read in place
 // (gathering the rows of heads that are not consecutive would copy that
 // part of the weight every step, as many bytes as the product reads).
-at::Tensor FullHeadQueries(const at::Tensor &x, const at::Tensor &weight,
+at::Tensor FullHeadQueries(const at::Tensor &x, const LinearWeight &weight,
                            const at::Tensor &bias,
                            const std::vector<int64_t> &heads, int64_t d) {
   std::vector<at::Tensor> parts;
   for (const auto &[first, count] : Runs(heads)) {
     parts.push_back(Linear(
-        x, weight.narrow(0, first * d, count * d),
+        x, weight.Rows(first * d, count * d),
         bias.defined() ? bias.narrow(0, first * d, count * d) : at::Tensor()));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
@@ -64,13 +64,13 @@ at::Tensor FullHeadQueries(const at::Tensor &x, const at::Tensor &weight,
 // a [A, F * D] (the full heads' attention) through their columns of
 // o_weight [C, H * D]: a sum of one product per run of consecutive heads,
 // each reading its columns in place.
-at::Tensor FullHeadOutputs(const at::Tensor &a, const at::Tensor &weight,
+at::Tensor FullHeadOutputs(const at::Tensor &a, const LinearWeight &weight,
                            const std::vector<int64_t> &heads, int64_t d) {
   at::Tensor y;
   int64_t column = 0;
   for (const auto &[first, count] : Runs(heads)) {
     at::Tensor part = Linear(a.narrow(1, column, count * d),
-                             weight.narrow(1, first * d, count * d));
+                             weight.Columns(first * d, count * d));
     column += count * d;
     y = y.defined() ? y.add_(part) : part;
   }
@@ -100,25 +100,22 @@ void HeadQueries(const HeadSparseAttentionInputs &in, int64_t h, int64_t d,
       for (int64_t j = 0; j < d; ++j) q[i * d + j] += bias[j];
     }
   };
-  if (RowsInPlace(in.x) && RowsInPlace(in.q_weight) && bias_in_place &&
-      IndexedLinear(
-          {in.x.data_ptr<float>(), in.x.stride(0), tokens}, count, c,
-          in.q_weight.data_ptr<float>() + h * d * in.q_weight.stride(0),
-          in.q_weight.stride(0), d, {q, d})) {
+  const at::Tensor &w = in.q_weight.values;
+  if (RowsInPlace(in.x) && !in.q_weight.quantized() && RowsInPlace(w) &&
+      bias_in_place &&
+      IndexedLinear({in.x.data_ptr<float>(), in.x.stride(0), tokens}, count, c,
+                    w.data_ptr<float>() + h * d * w.stride(0), w.stride(0), d,
+                    {q, d})) {
     add_bias();
     return;
   }
-  // A bfloat16 q_proj (LlamaModel::set_linear_weights): the head's d rows
+  // A bfloat16 or int8 q_proj (DeviceOptions::weights): the head's d rows
   // widened into a buffer (d * C floats, L2-sized), then the same gathered
   // product.
-  const at::Tensor &w = in.q_weight;
-  if (RowsInPlace(in.x) && bias_in_place && w.is_cpu() &&
-      w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.stride(1) == 1) {
+  if (RowsInPlace(in.x) && bias_in_place) {
     std::vector<float> wide(static_cast<size_t>(d * c));
-    WidenBf16Rows(reinterpret_cast<const uint16_t *>(
-                      w.data_ptr<at::BFloat16>() + h * d * w.stride(0)),
-                  w.stride(0), d, c, wide.data());
-    if (IndexedLinear({in.x.data_ptr<float>(), in.x.stride(0), tokens}, count,
+    if (WidenWeightRows(in.q_weight, h * d, d, wide.data()) &&
+        IndexedLinear({in.x.data_ptr<float>(), in.x.stride(0), tokens}, count,
                       c, wide.data(), c, d, {q, d})) {
       add_bias();
       return;
@@ -128,7 +125,7 @@ void HeadQueries(const HeadSparseAttentionInputs &in, int64_t h, int64_t d,
   at::Tensor x = in.x.index_select(
       0, at::from_blob(const_cast<int64_t *>(tokens), {count}, longs));
   at::Tensor out = at::from_blob(q, {count, d}, in.x.options());
-  LinearInto(x, in.q_weight.narrow(0, h * d, d),
+  LinearInto(x, in.q_weight.Rows(h * d, d),
              in.q_bias.defined() ? in.q_bias.narrow(0, h * d, d) : at::Tensor(),
              out);
 }
@@ -294,13 +291,13 @@ void AddRoutedOutputs(const HeadSparseAttentionInputs &in,
   // block of `out` for every token stays in L2 while every head adds to it.
   const int64_t width = 64;
   const int64_t blocks = (out_cols + width - 1) / width;
-  const at::Tensor &ow = in.o_weight;
-  // A bfloat16 o_proj (LlamaModel::set_linear_weights): each block's rows
+  const at::Tensor &ow = in.o_weight.values;
+  // A bfloat16 or int8 o_proj (DeviceOptions::weights): each block's rows
   // widened into a buffer (width * H * D floats) read as the float32 one.
-  const bool bf16 = RowsInPlace(out) && ow.is_cpu() &&
-                    ow.scalar_type() == at::kBFloat16 && ow.dim() == 2 &&
-                    ow.stride(1) == 1;
-  const bool in_place = RowsInPlace(out) && (RowsInPlace(ow) || bf16);
+  const bool widened = WidenableWeight(in.o_weight);
+  const bool in_place =
+      RowsInPlace(out) &&
+      (widened || (!in.o_weight.quantized() && RowsInPlace(ow)));
   const float *queries = q_routed.data_ptr<float>();
   float *outputs = in_place ? out.data_ptr<float>() : nullptr;
   ParallelPull(blocks, num_pairs * d * out_cols, [&](int64_t block) {
@@ -310,12 +307,10 @@ void AddRoutedOutputs(const HeadSparseAttentionInputs &in,
     std::vector<float> wide;
     const float *o_weight = nullptr;  // row c0 of o_proj in float32
     int64_t ldo = ow.stride(0);
-    if (bf16) {
+    if (in_place && widened) {
       ldo = ow.size(1);
       wide.resize(static_cast<size_t>(cols * ldo));
-      WidenBf16Rows(reinterpret_cast<const uint16_t *>(
-                        ow.data_ptr<at::BFloat16>() + c0 * ow.stride(0)),
-                    ow.stride(0), cols, ldo, wide.data());
+      WidenWeightRows(in.o_weight, c0, cols, wide.data());
       o_weight = wide.data();
     } else if (in_place) {
       o_weight = ow.data_ptr<float>() + c0 * ldo;
@@ -331,10 +326,9 @@ void AddRoutedOutputs(const HeadSparseAttentionInputs &in,
         continue;
       }
       out.narrow(1, c0, cols)
-          .index_add_(
-              0, pairs.pair_index.narrow(0, first_pair[h], count),
-              Linear(q_routed.narrow(0, first_pair[h], count),
-                     in.o_weight.narrow(0, c0, cols).narrow(1, h * d, d)));
+          .index_add_(0, pairs.pair_index.narrow(0, first_pair[h], count),
+                      Linear(q_routed.narrow(0, first_pair[h], count),
+                             in.o_weight.Rows(c0, cols).Columns(h * d, d)));
     }
   });
 }

@@ -11,7 +11,9 @@
 // faster than OpenBLAS's sgemm) and OpenBLAS takes the rest.
 // A bfloat16 weight (LlamaModel's `weights: "bfloat16"`) with float32 x goes
 // to Bf16Linear (model/kernels/cpu_lowp_linear.h), which widens W in
-// registers; elsewhere (kPortable, CUDA) W is widened per call to x's type.
+// registers; an int8 weight (`weights: "int8"`: LinearWeight's values and a
+// scale per row) to Int8Linear; elsewhere (kPortable, CUDA) W is widened per
+// call to x's type.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,6 +25,95 @@
 #include "model/kernels/cpu_lowp_linear.h"
 
 namespace moh {
+
+// A linear layer's weight W [out, in] as a model holds it: a floating
+// tensor (float32, bfloat16, float16), or weight-only int8: int8 `values`
+// and a float32 `scale` per output row, W[j, :] = values[j, :] * scale[j]
+// (QuantizedLinearWeight). A plain tensor converts implicitly.
+struct LinearWeight {
+  LinearWeight() = default;
+  LinearWeight(at::Tensor w) : values(std::move(w)) {}  // NOLINT: a plain W
+
+  at::Tensor values;  // [out, in]
+  at::Tensor scale;   // [out] float32 when values are int8, else undefined
+
+  bool defined() const { return values.defined(); }
+  bool quantized() const { return scale.defined(); }
+  int64_t size(int64_t dim) const { return values.size(dim); }
+  // Rows [start, start + count) of W (output channels), with their scales.
+  LinearWeight Rows(int64_t start, int64_t count) const {
+    LinearWeight rows(values.narrow(0, start, count));
+    if (quantized()) rows.scale = scale.narrow(0, start, count);
+    return rows;
+  }
+  // Columns [start, start + count) of W (input features); scales stay.
+  LinearWeight Columns(int64_t start, int64_t count) const {
+    LinearWeight columns(values.narrow(1, start, count));
+    columns.scale = scale;
+    return columns;
+  }
+  // W of `dtype`: itself when it already is, else a widened copy.
+  at::Tensor Dense(at::ScalarType dtype) const {
+    if (!quantized()) {
+      return values.scalar_type() == dtype ? values : values.to(dtype);
+    }
+    return (values.to(at::kFloat) * scale.unsqueeze(1)).to(dtype);
+  }
+  // Bytes held (values and scales).
+  int64_t nbytes() const {
+    return (values.defined() ? values.nbytes() : 0) +
+           (scale.defined() ? scale.nbytes() : 0);
+  }
+};
+
+// Rows `ids` of an embedding table held as a LinearWeight (tied to the
+// lm_head's weight), widened to `dtype`: a looked-up row of an int8 table
+// times its scale.
+inline at::Tensor EmbeddingRows(const LinearWeight& table,
+                                const at::Tensor& ids, at::ScalarType dtype) {
+  if (!table.quantized()) return at::embedding(table.values, ids).to(dtype);
+  return (table.values.index_select(0, ids).to(at::kFloat) *
+          table.scale.index_select(0, ids).unsqueeze(1))
+      .to(dtype);
+}
+
+// A float W [out, in] quantized per row (QuantizeInt8Rows): int8 values
+// and a float32 scale per row, on the CPU.
+inline LinearWeight QuantizedLinearWeight(const at::Tensor& weight) {
+  const at::Tensor w = weight.to(at::kFloat).contiguous();
+  LinearWeight q;
+  q.values = at::empty(w.sizes(), w.options().dtype(at::kChar));
+  q.scale = at::empty({w.size(0)}, w.options());
+  QuantizeInt8Rows(w.data_ptr<float>(), w.size(1), w.size(0), w.size(1),
+                   q.values.data_ptr<int8_t>(), q.scale.data_ptr<float>());
+  return q;
+}
+
+// Whether W is a bfloat16 or an int8 (with scales) CPU tensor whose rows
+// are contiguous: what WidenWeightRows takes.
+inline bool WidenableWeight(const LinearWeight& w) {
+  const at::Tensor& v = w.values;
+  return v.is_cpu() && v.dim() == 2 && v.stride(1) == 1 &&
+         (w.quantized() ? v.scalar_type() == at::kChar
+                        : v.scalar_type() == at::kBFloat16);
+}
+
+// Rows [row0, row0 + rows) of a WidenableWeight widened to float32 into
+// out [rows, in] (contiguous); false, doing nothing, for another weight.
+inline bool WidenWeightRows(const LinearWeight& w, int64_t row0, int64_t rows,
+                            float* out) {
+  if (!WidenableWeight(w)) return false;
+  const at::Tensor& v = w.values;
+  if (w.quantized()) {
+    WidenInt8Rows(v.data_ptr<int8_t>() + row0 * v.stride(0), v.stride(0), rows,
+                  v.size(1), w.scale.data_ptr<float>() + row0, out);
+  } else {
+    WidenBf16Rows(reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>() +
+                                                    row0 * v.stride(0)),
+                  v.stride(0), rows, v.size(1), out);
+  }
+  return true;
+}
 
 // Whether x [..., k] W^T (+ bias) can run on this project's kernels: float32
 // CPU tensors, W's rows contiguous, at least one row.
@@ -64,11 +155,43 @@ inline bool RunBf16Kernel(const at::Tensor& x, const at::Tensor& weight,
       bias.defined() ? bias.data_ptr<float>() : nullptr, y);
 }
 
-// A weight of another type than x's (a bfloat16 weight where no kernel of
-// this project takes it) widened for at::linear: a copy per call.
-inline at::Tensor AsTypeOf(const at::Tensor& weight, const at::Tensor& x) {
-  return weight.scalar_type() == x.scalar_type() ? weight
-                                                 : weight.to(x.scalar_type());
+// Whether x [..., k] W^T (+ bias) is a float32 x against an int8 W with its
+// scales on the CPU that Int8Linear can read in place.
+inline bool Int8KernelTakes(const at::Tensor& x, const LinearWeight& weight,
+                            const at::Tensor& bias) {
+  const at::Tensor& w = weight.values;
+  return weight.quantized() && x.is_cpu() && x.scalar_type() == at::kFloat &&
+         x.dim() >= 1 && w.is_cpu() && w.scalar_type() == at::kChar &&
+         w.dim() == 2 && w.stride(1) == 1 && w.stride(0) >= w.size(1) &&
+         x.size(-1) == w.size(1) && x.size(-1) > 0 && x.numel() > 0 &&
+         weight.scale.scalar_type() == at::kFloat &&
+         weight.scale.is_contiguous() &&
+         (!bias.defined() ||
+          (bias.scalar_type() == at::kFloat && bias.is_contiguous()));
+}
+
+// x W^T (+ bias) into y for Int8KernelTakes' operands; false under kPortable.
+inline bool RunInt8Kernel(const at::Tensor& x, const LinearWeight& weight,
+                          const at::Tensor& bias, float* y) {
+  const at::Tensor in = x.contiguous();
+  const at::Tensor& w = weight.values;
+  return Int8Linear(in.data_ptr<float>(), in.numel() / in.size(-1), in.size(-1),
+                    w.data_ptr<int8_t>(), w.stride(0), w.size(0),
+                    weight.scale.data_ptr<float>(),
+                    bias.defined() ? bias.data_ptr<float>() : nullptr, y);
+}
+
+// x W^T (+ bias) into y on the kernel of a bfloat16 or int8 W under float32
+// x; false where none takes them.
+inline bool RunLowPrecisionKernel(const at::Tensor& x,
+                                  const LinearWeight& weight,
+                                  const at::Tensor& bias, float* y) {
+  if (weight.quantized()) {
+    return Int8KernelTakes(x, weight, bias) &&
+           RunInt8Kernel(x, weight, bias, y);
+  }
+  return Bf16KernelTakes(x, weight.values, bias) &&
+         RunBf16Kernel(x, weight.values, bias, y);
 }
 
 // x W^T (+ bias) into y (x's rows by W's rows) on the kernel the row count
@@ -97,51 +220,56 @@ inline bool RunOwnKernel(const at::Tensor& x, const at::Tensor& weight,
 
 // out = x W^T (+ bias) into `out` (contiguous, x's rows by W's rows): as
 // Linear, without allocating the result.
-inline void LinearInto(const at::Tensor& x, const at::Tensor& weight,
+inline void LinearInto(const at::Tensor& x, const LinearWeight& weight,
                        const at::Tensor& bias, at::Tensor& out) {
-  if (OwnKernelTakes(x, weight, bias) && out.is_contiguous() &&
-      out.scalar_type() == at::kFloat) {
-    if (RunOwnKernel(x, weight, bias, out.data_ptr<float>())) {
-      return;
-    }
-  }
-  if (Bf16KernelTakes(x, weight, bias) && out.is_contiguous() &&
-      out.scalar_type() == at::kFloat &&
-      RunBf16Kernel(x, weight, bias, out.data_ptr<float>())) {
+  const bool float_out = out.is_contiguous() && out.scalar_type() == at::kFloat;
+  if (float_out && !weight.quantized() &&
+      OwnKernelTakes(x, weight.values, bias) &&
+      RunOwnKernel(x, weight.values, bias, out.data_ptr<float>())) {
     return;
   }
+  if (float_out &&
+      RunLowPrecisionKernel(x, weight, bias, out.data_ptr<float>())) {
+    return;
+  }
+  const at::Tensor w = weight.Dense(x.scalar_type());
   if (bias.defined()) {
-    at::addmm_out(out, bias, x, AsTypeOf(weight, x).t());
+    at::addmm_out(out, bias, x, w.t());
   } else {
-    at::mm_out(out, x, AsTypeOf(weight, x).t());
+    at::mm_out(out, x, w.t());
   }
 }
 
-inline at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight,
+inline at::Tensor Linear(const at::Tensor& x, const LinearWeight& weight,
                          const at::Tensor& bias = {}) {
-  if (OwnKernelTakes(x, weight, bias)) {
+  const at::Tensor& w = weight.values;
+  auto output = [&] {
     std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
-    at::Tensor out = at::empty(shape, x.options());
-    if (RunOwnKernel(x, weight, bias, out.data_ptr<float>())) return out;
+    shape.back() = w.size(0);
+    return at::empty(shape, x.options());
+  };
+  if (!weight.quantized() && OwnKernelTakes(x, w, bias)) {
+    at::Tensor out = output();
+    if (RunOwnKernel(x, w, bias, out.data_ptr<float>())) return out;
   }
-  if (Bf16KernelTakes(x, weight, bias)) {
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
-    at::Tensor out = at::empty(shape, x.options());
-    if (RunBf16Kernel(x, weight, bias, out.data_ptr<float>())) return out;
+  if (Int8KernelTakes(x, weight, bias) ||
+      (!weight.quantized() && Bf16KernelTakes(x, w, bias))) {
+    at::Tensor out = output();
+    if (RunLowPrecisionKernel(x, weight, bias, out.data_ptr<float>())) {
+      return out;
+    }
   }
-  if (x.is_cpu() && x.scalar_type() == at::kFloat &&
-      weight.scalar_type() == at::kFloat && x.dim() >= 1 &&
+  if (!weight.quantized() && x.is_cpu() && x.scalar_type() == at::kFloat &&
+      w.scalar_type() == at::kFloat && x.dim() >= 1 &&
       x.numel() == x.size(-1)) {
     std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
+    shape.back() = w.size(0);
     const at::Tensor row = x.reshape({-1});
-    return (bias.defined() ? at::addmv(bias, weight, row) : at::mv(weight, row))
+    return (bias.defined() ? at::addmv(bias, w, row) : at::mv(w, row))
         .view(shape);
   }
-  const at::Tensor w = AsTypeOf(weight, x);
-  return bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+  const at::Tensor dense = weight.Dense(x.scalar_type());
+  return bias.defined() ? at::linear(x, dense, bias) : at::linear(x, dense);
 }
 
 }  // namespace moh

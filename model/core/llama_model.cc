@@ -306,9 +306,9 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
                              .index_select(0, step.token_flat);
 
   std::vector<at::Tensor> counts, gates_per_layer;
-  at::Tensor h = at::embedding(embed_tokens_, ids);  // [N, C]
-  // A bf16 embedding (tied to bf16 linear weights) widened per looked-up row.
-  if (h.scalar_type() != options_.dtype()) h = h.to(options_.dtype());
+  // [N, C]; a bf16 or int8 embedding (tied to such linear weights) widened.
+  at::Tensor h = EmbeddingRows(embed_tokens_, ids,
+                               at::typeMetaToScalarType(options_.dtype()));
   for (int64_t l = 0; l < num_layers; ++l) {
     const Layer& layer = layers_[l];
     at::Tensor gates;  // [N, H]

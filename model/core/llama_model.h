@@ -24,6 +24,7 @@
 #include "model/core/device_context.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/kv_cache.h"
+#include "model/core/linear.h"
 #include "model/core/model_config.h"
 #include "model/core/moh_router.h"
 #include "model/core/runtime.h"
@@ -87,11 +88,18 @@ class LlamaModel {
       const std::string& dir, const DeviceOptions& device_options);
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
       const std::string& dir, const LlamaConfig& config,
-      const at::TensorOptions& options);
+      const at::TensorOptions& options,
+      WeightFormat weights = WeightFormat::kAsLoaded);
   // Builds the model from tensors named as in a Hugging Face checkpoint.
+  // Linear weights (q/k/v/o, MLP, lm_head; a tied embedding with them) are
+  // converted to `weights` as each is taken, so the float32 copy of one
+  // tensor at a time is all the conversion adds: a checkpoint whose float32
+  // size exceeds the memory loads in int8 (bfloat16: half, int8: a quarter,
+  // plus a float32 scale per row). Norms, router and biases stay float32.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> FromTensors(
       const LlamaConfig& config, TensorStore& store,
-      const at::TensorOptions& options);
+      const at::TensorOptions& options,
+      WeightFormat weights = WeightFormat::kAsLoaded);
 
   // A KV cache of `num_blocks` blocks of `block_size` positions (at most
   // config().max_position_embeddings), in kv_cache_dtype(): `num_slots`
@@ -154,25 +162,18 @@ class LlamaModel {
   absl::Status set_kv_cache_dtype(absl::string_view name,
                                   absl::string_view field);
   at::ScalarType kv_cache_dtype() const { return kv_cache_dtype_; }
-  // The precision of the linear weights (q/k/v/o, MLP, lm_head; a tied
-  // embedding with them, widened per looked-up row): "" or "auto" (as
-  // loaded) or "bfloat16", converted now, tensor by tensor (the float32
-  // copy of each freed as its bf16 one is made), and multiplied by
-  // Bf16Linear with float32 activations (linear.h). Norms, router and
-  // biases stay float32. INVALID_ARGUMENT naming `field` for another value,
-  // for "int8" (not implemented yet), for a model whose dtype is not
-  // float32, or on CUDA. Call before the model runs, as set_attention_mode.
-  absl::Status set_linear_weights(absl::string_view name,
-                                  absl::string_view field);
-  // "bfloat16" after set_linear_weights("bfloat16"), else "".
-  const std::string& linear_weights() const { return linear_weights_; }
+  // How the linear weights are held (DeviceOptions::weights at Load): as
+  // the model's dtype, bfloat16 (Bf16Linear) or int8 (Int8Linear), each
+  // multiplied with float32 activations (linear.h); a tied embedding's
+  // looked-up rows are widened.
+  WeightFormat linear_weights() const { return linear_weights_; }
 
  private:
   struct Layer {
     at::Tensor input_norm, post_norm;           // [C]
-    at::Tensor q_proj, k_proj, v_proj, o_proj;  // weights [out, in]
-    at::Tensor q_bias, k_bias, v_bias, o_bias;  // when attention_bias
-    at::Tensor gate_proj, up_proj, down_proj;
+    LinearWeight q_proj, k_proj, v_proj, o_proj;  // [out, in]
+    at::Tensor q_bias, k_bias, v_bias, o_bias;    // when attention_bias
+    LinearWeight gate_proj, up_proj, down_proj;
     MohRouter router;
   };
 
@@ -232,15 +233,15 @@ class LlamaModel {
   LlamaConfig config_;
   at::TensorOptions options_;
   std::unique_ptr<DeviceContext> context_;
-  at::Tensor embed_tokens_;  // [V, C]
-  at::Tensor lm_head_;       // [V, C] (aliases embed_tokens_ when tied)
+  LinearWeight embed_tokens_;  // [V, C]
+  LinearWeight lm_head_;       // [V, C] (aliases embed_tokens_ when tied)
   at::Tensor final_norm_;
   at::Tensor rope_cos_, rope_sin_;  // float32 [max_pos, head_dim]
   std::vector<Layer> layers_;
   AttentionMode attention_mode_ = AttentionMode::kAuto;
   int64_t attention_workspace_bytes_ = kDefaultAttentionWorkspaceBytes;
   at::ScalarType kv_cache_dtype_ = at::typeMetaToScalarType(options_.dtype());
-  std::string linear_weights_;
+  WeightFormat linear_weights_ = WeightFormat::kAsLoaded;
   int64_t narrow_kv_heads_ = 0;
 };
 

@@ -89,7 +89,11 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
     auto rows = [&](const at::Tensor& t) {
       return !t.defined() || heads == kv_heads ? t : t.narrow(0, 0, heads * d);
     };
-    at::Tensor k = Linear(inputs, rows(layer.k_proj), rows(layer.k_bias));
+    auto weight_rows = [&](const LinearWeight& w) {
+      return heads == kv_heads ? w : w.Rows(0, heads * d);
+    };
+    at::Tensor k =
+        Linear(inputs, weight_rows(layer.k_proj), rows(layer.k_bias));
     k = Rotate(k.view({n, heads, d}),
                positions.unsqueeze(1).expand({n, heads}));
     const std::initializer_list<at::indexing::TensorIndex> where = {block,
@@ -98,7 +102,7 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
     if (!WriteCacheLoop(keys, block, offset, k)) {
       keys.index_put_(where, k.to(keys.scalar_type()));
     }
-    at::Tensor v = Linear(inputs, rows(layer.v_proj), rows(layer.v_bias))
+    at::Tensor v = Linear(inputs, weight_rows(layer.v_proj), rows(layer.v_bias))
                        .view({n, heads, d});
     if (!WriteCacheLoop(values, block, offset, v)) {
       values.index_put_(where, v.to(values.scalar_type()));

@@ -17,20 +17,47 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
                        LoadModelConfig(dir, ModelFamily::kLlama));
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
                        ResolveTensorOptions(device_options));
-  return Load(dir, config.llama, options);
+  // Before the checkpoint is read: a wrong setting fails fast.
+  MOH_ASSIGN_OR_RETURN(WeightFormat weights,
+                       ResolveWeightFormat(device_options.weights, options));
+  return Load(dir, config.llama, options, weights);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
     const std::string& dir, const LlamaConfig& config,
-    const at::TensorOptions& options) {
+    const at::TensorOptions& options, WeightFormat weights) {
   MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
-  return FromTensors(config, store, options);
+  return FromTensors(config, store, options, weights);
 }
+
+namespace {
+
+// A linear weight just taken (float32, the model's dtype) in `format`; the
+// float32 tensor is released when the caller's copy goes.
+LinearWeight Converted(at::Tensor weight, WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kAsLoaded:
+      return weight;
+    case WeightFormat::kBfloat16:
+      return weight.to(at::kBFloat16).contiguous();
+    case WeightFormat::kInt8:
+      return QuantizedLinearWeight(weight);
+  }
+  return weight;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
     const LlamaConfig& config, TensorStore& store,
-    const at::TensorOptions& options) {
+    const at::TensorOptions& options, WeightFormat weights) {
+  if (weights != WeightFormat::kAsLoaded) {
+    // The caller's options may not have been checked against the format.
+    MOH_RETURN_IF_ERROR(
+        ResolveWeightFormat(WeightFormatName(weights), options).status());
+  }
   std::unique_ptr<LlamaModel> model(new LlamaModel(config, options));
+  model->linear_weights_ = weights;
   const int64_t c = config.hidden_size;
   const int64_t d = config.head_dim;
   const int64_t q_dim = config.num_heads * d;
@@ -38,15 +65,24 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
     return store.Take(name, shape, options);
   };
-  MOH_ASSIGN_OR_RETURN(model->embed_tokens_, take("model.embed_tokens.weight",
-                                                  {config.vocab_size, c}));
-  MOH_ASSIGN_OR_RETURN(model->final_norm_, take("model.norm.weight", {c}));
+  auto take_linear =
+      [&](const std::string& name,
+          std::vector<int64_t> shape) -> absl::StatusOr<LinearWeight> {
+    MOH_ASSIGN_OR_RETURN(at::Tensor weight, take(name, std::move(shape)));
+    return Converted(std::move(weight), weights);
+  };
   if (config.tie_word_embeddings) {
+    MOH_ASSIGN_OR_RETURN(
+        model->embed_tokens_,
+        take_linear("model.embed_tokens.weight", {config.vocab_size, c}));
     model->lm_head_ = model->embed_tokens_;
   } else {
+    MOH_ASSIGN_OR_RETURN(model->embed_tokens_, take("model.embed_tokens.weight",
+                                                    {config.vocab_size, c}));
     MOH_ASSIGN_OR_RETURN(model->lm_head_,
-                         take("lm_head.weight", {config.vocab_size, c}));
+                         take_linear("lm_head.weight", {config.vocab_size, c}));
   }
+  MOH_ASSIGN_OR_RETURN(model->final_norm_, take("model.norm.weight", {c}));
   for (int64_t l = 0; l < config.num_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     Layer layer;
@@ -54,14 +90,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
                          take(p + "input_layernorm.weight", {c}));
     MOH_ASSIGN_OR_RETURN(layer.post_norm,
                          take(p + "post_attention_layernorm.weight", {c}));
-    MOH_ASSIGN_OR_RETURN(layer.q_proj,
-                         take(p + "self_attn.q_proj.weight", {q_dim, c}));
-    MOH_ASSIGN_OR_RETURN(layer.k_proj,
-                         take(p + "self_attn.k_proj.weight", {kv_dim, c}));
-    MOH_ASSIGN_OR_RETURN(layer.v_proj,
-                         take(p + "self_attn.v_proj.weight", {kv_dim, c}));
-    MOH_ASSIGN_OR_RETURN(layer.o_proj,
-                         take(p + "self_attn.o_proj.weight", {c, q_dim}));
+    MOH_ASSIGN_OR_RETURN(
+        layer.q_proj, take_linear(p + "self_attn.q_proj.weight", {q_dim, c}));
+    MOH_ASSIGN_OR_RETURN(
+        layer.k_proj, take_linear(p + "self_attn.k_proj.weight", {kv_dim, c}));
+    MOH_ASSIGN_OR_RETURN(
+        layer.v_proj, take_linear(p + "self_attn.v_proj.weight", {kv_dim, c}));
+    MOH_ASSIGN_OR_RETURN(
+        layer.o_proj, take_linear(p + "self_attn.o_proj.weight", {c, q_dim}));
     if (config.attention_bias) {
       MOH_ASSIGN_OR_RETURN(layer.q_bias,
                            take(p + "self_attn.q_proj.bias", {q_dim}));
@@ -74,17 +110,23 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
     }
     const int64_t inter = config.intermediate_size;
     MOH_ASSIGN_OR_RETURN(layer.gate_proj,
-                         take(p + "mlp.gate_proj.weight", {inter, c}));
+                         take_linear(p + "mlp.gate_proj.weight", {inter, c}));
     MOH_ASSIGN_OR_RETURN(layer.up_proj,
-                         take(p + "mlp.up_proj.weight", {inter, c}));
+                         take_linear(p + "mlp.up_proj.weight", {inter, c}));
     MOH_ASSIGN_OR_RETURN(layer.down_proj,
-                         take(p + "mlp.down_proj.weight", {c, inter}));
+                         take_linear(p + "mlp.down_proj.weight", {c, inter}));
     MOH_ASSIGN_OR_RETURN(
         layer.router, MohRouter::Load(config.moh.router, config.moh.layers[l],
                                       c, p + "self_attn.", store, options));
     model->layers_.push_back(std::move(layer));
   }
   MOH_RETURN_IF_ERROR(store.CheckAllTaken());
+#ifdef __GLIBC__
+  // ConfigureCpuAllocator keeps freed heap in the process for activations;
+  // the float32 copies converted weight by weight would stay resident, so
+  // give their pages back now.
+  if (weights != WeightFormat::kAsLoaded) malloc_trim(0);
+#endif
 
   // RoPE tables, computed as the official LlamaRotaryEmbedding does.
   const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
@@ -98,51 +140,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   model->rope_cos_ = emb.cos().to(options.device());
   model->rope_sin_ = emb.sin().to(options.device());
   return model;
-}
-
-absl::Status LlamaModel::set_linear_weights(absl::string_view name,
-                                            absl::string_view field) {
-  if (name.empty() || name == "auto") return absl::OkStatus();
-  if (name == "int8") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": \"int8\" weights are not implemented yet; use \"bfloat16\""));
-  }
-  if (name != "bfloat16") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " must be \"\", \"auto\" or \"bfloat16\", got \"", name, "\""));
-  }
-  if (!options_.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field,
-        ": bfloat16 weights under float32 activations are for the CPU; "
-        "on CUDA set dtype: \"bfloat16\""));
-  }
-  if (at::typeMetaToScalarType(options_.dtype()) != at::kFloat) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": bfloat16 weights need dtype float32, got ",
-                     DtypeName(at::typeMetaToScalarType(options_.dtype()))));
-  }
-  auto narrow = [](at::Tensor& w) {
-    if (w.defined()) w = w.to(at::kBFloat16).contiguous();
-  };
-  const bool tied = lm_head_.is_same(embed_tokens_);
-  narrow(lm_head_);
-  if (tied) embed_tokens_ = lm_head_;
-  for (Layer& layer : layers_) {
-    for (at::Tensor* w :
-         {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
-          &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
-      narrow(*w);
-    }
-  }
-  linear_weights_ = std::string(name);
-#ifdef __GLIBC__
-  // ConfigureCpuAllocator keeps freed heap in the process for activations;
-  // the float32 weights just freed would stay resident (the bench model: 259
-  // MiB either way before this), so give their pages back now.
-  malloc_trim(0);
-#endif
-  return absl::OkStatus();
 }
 
 }  // namespace moh

@@ -78,6 +78,47 @@ absl::StatusOr<at::ScalarType> ResolveKvCacheDtype(
   return ResolveDtype(name, model.device(), field);
 }
 
+absl::StatusOr<WeightFormat> ResolveWeightFormat(absl::string_view name,
+                                                 const at::TensorOptions& model,
+                                                 absl::string_view field) {
+  if (name.empty() || name == "auto") return WeightFormat::kAsLoaded;
+  WeightFormat format;
+  if (name == "bfloat16" || name == "bf16") {
+    format = WeightFormat::kBfloat16;
+  } else if (name == "int8") {
+    format = WeightFormat::kInt8;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be \"\", \"auto\", \"bfloat16\" or ",
+                     "\"int8\", got \"", Abbreviate(name), "\""));
+  }
+  if (!model.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", WeightFormatName(format),
+        " weights under float32 activations are for the CPU; on CUDA set "
+        "dtype: \"bfloat16\""));
+  }
+  const at::ScalarType dtype = at::typeMetaToScalarType(model.dtype());
+  if (dtype != at::kFloat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", WeightFormatName(format),
+                     " weights need dtype float32, got ", DtypeName(dtype)));
+  }
+  return format;
+}
+
+const char* WeightFormatName(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kAsLoaded:
+      return "";
+    case WeightFormat::kBfloat16:
+      return "bfloat16";
+    case WeightFormat::kInt8:
+      return "int8";
+  }
+  return "";
+}
+
 absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
     const DeviceOptions& options) {
   auto device = ResolveDevice(options.device);

@@ -17,7 +17,24 @@ struct DeviceOptions {
       "auto";  // "auto" (CUDA when LibTorch has it), "cpu", "cuda", "cuda:N"
   std::string dtype = "auto";  // "auto" (bf16 on CUDA, fp32 on CPU), "float32",
                                // "bfloat16", "float16"
+  // A language model's linear weights (ResolveWeightFormat): "" or "auto"
+  // (as dtype), "bfloat16" or "int8", converted as they load.
+  std::string weights;
 };
+
+// How a model holds its linear weights (q/k/v/o, MLP, lm_head) under float32
+// activations on the CPU: as the model's dtype, bfloat16 (Bf16Linear) or
+// weight-only int8 with a scale per output row (Int8Linear).
+enum class WeightFormat { kAsLoaded, kBfloat16, kInt8 };
+
+// `name` ("", "auto", "bfloat16", "int8") for a model of `model`'s device
+// and dtype: INVALID_ARGUMENT naming `field` for another name, on CUDA, or
+// for a dtype other than float32.
+absl::StatusOr<WeightFormat> ResolveWeightFormat(
+    absl::string_view name, const at::TensorOptions& model,
+    absl::string_view field = "weights");
+// "" (kAsLoaded), "bfloat16" or "int8".
+const char* WeightFormatName(WeightFormat format);
 
 // INVALID_ARGUMENT naming `device` and the accepted values; FAILED_PRECONDITION
 // when CUDA is asked for and this LibTorch has none.

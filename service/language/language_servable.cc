@@ -67,9 +67,6 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
                                              << 20);
   MOH_RETURN_IF_ERROR(model.model->set_kv_cache_dtype(
       g.kv_cache_dtype(), "generation.kv_cache_dtype"));
-  // Before CheckMemoryFits, which counts the weights as they now are.
-  MOH_RETURN_IF_ERROR(
-      model.model->set_linear_weights(config.weights(), "weights"));
   // Label scoring (Classify of a text) uses one sequence's cache beside the
   // blocks of Generate.
   const int32_t max_seq_len = config_limits::ResolveMaxSeqLen(

@@ -81,7 +81,15 @@ void HostedModel::Load() {
 absl::Status HostedModel::LoadUnchecked() {
   MOH_ASSIGN_OR_RETURN(ModelConfig model_config,
                        LoadModelConfig(config_.model_dir()));
-  const DeviceOptions device{config_.device(), config_.dtype()};
+  const DeviceOptions device{config_.device(), config_.dtype(),
+                             config_.weights()};
+  if (model_config.family != ModelFamily::kLlama &&
+      !(device.weights.empty() || device.weights == "auto")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights: \"", Abbreviate(device.weights),
+        "\" applies to language models only (this model's is an image ",
+        "model): leave it empty"));
+  }
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options, ResolveTensorOptions(device));
   device_ = options.device().str();
   dtype_ = DtypeName(at::typeMetaToScalarType(options.dtype()));

@@ -460,8 +460,9 @@ def lm_variant_fixtures(name, variants):
     """Module-scoped pytest fixtures (server, stub, models) for a test module
     that compares variants of the fixture LM with the LM as it is: server
     `name` serves "f32" (LM_DIR, generation { max_running: 2 }), then each
-    (model name, ModelConfig textproto) of `variants`, all of LM_DIR, without
-    metrics and without waiting for SERVING (a variant may be meant to fail);
+    (model name, ModelConfig textproto) of `variants`, all of LM_DIR (or
+    (model name, directory, textproto)), without metrics and without waiting
+    for SERVING (a variant may be meant to fail);
     stub and models are model_fixtures'. Use as
     `server, stub, models = lib.lm_variant_fixtures(name, variants)`."""
     import pytest
@@ -469,7 +470,8 @@ def lm_variant_fixtures(name, variants):
     @pytest.fixture(scope="module")
     def server(start_server):
         models = [("f32", LM_DIR, "generation { max_running: 2 }")]
-        models += [(model, LM_DIR, config) for model, config in variants]
+        models += [(v[0], LM_DIR if len(v) == 2 else v[1], v[-1])
+                   for v in variants]
         return start_server(name, models, wait_serving=False, metrics=False)
 
     stub, models = model_fixtures()

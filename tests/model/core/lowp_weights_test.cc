@@ -1,5 +1,6 @@
-// LlamaModel::set_linear_weights: the fixture model's logits with bfloat16
-// linear weights (Bf16Linear, float32 activations) against float32's, over a
+// DeviceOptions::weights: the fixture model's logits with bfloat16 linear
+// weights (Bf16Linear) and int8 ones (Int8Linear), both under float32
+// activations and converted as they load, against float32's, over a
 // chunked prompt beside a decoding row (prefill's panel path and decode's
 // few-row path), at ratio 1 and 0.5 (the head-sparse pair kernel's per-head
 // slices of q_proj and o_proj), in each attention mode; and the settings it
@@ -7,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -18,65 +20,92 @@ namespace {
 
 const std::string kFixtures = MOH_FIXTURES_DIR;
 
-std::unique_ptr<LlamaModel> Load() {
+std::unique_ptr<LlamaModel> Load(const std::string& weights = "") {
   auto model = LlamaModel::Load(kFixtures + "/llama_learned",
-                                DeviceOptions{"cpu", "float32"});
+                                DeviceOptions{"cpu", "float32", weights});
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? *std::move(model) : nullptr;
 }
 
-TEST(LowpWeightsTest, Bf16LogitsWithinBoundOfFloat32) {
+struct Precision {
+  std::string weights;
+  WeightFormat format;
+  // The largest |logit error| allowed, as a fraction of the largest logit.
+  // bfloat16 keeps 8 bits of mantissa (relative rounding <= 2^-9 per weight,
+  // the tied embedding's too): measured at most 0.051 (chunk 1), the same
+  // under avx512, avx2 and portable (LibTorch over the same bf16 weights
+  // widened): the rounding's, not the kernels'. int8 rounds each weight by
+  // <= half its row's largest / 127: this fixture's weights move 0.0060 of
+  // their norm (bf16: 0.0016; groups of 32 as Q8_0's: 0.0053), and the
+  // logits at most 0.18 (chunk 1), again the same under every ISA.
+  double bound;
+  double agreement;  // of the argmax; int8 measured >= 0.92
+};
+
+class LowpWeightsTest : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(LowpWeightsTest, LogitsWithinBoundOfFloat32) {
+  const Precision& p = GetParam();
   for (AttentionMode mode : {AttentionMode::kAuto, AttentionMode::kDense,
                              AttentionMode::kHeadSparseAten}) {
-    std::unique_ptr<LlamaModel> f32 = Load(), bf16 = Load();
-    ASSERT_TRUE(f32 && bf16);
-    ASSERT_TRUE(bf16->set_linear_weights("bfloat16", "weights").ok());
-    EXPECT_EQ(bf16->linear_weights(), "bfloat16");
+    std::unique_ptr<LlamaModel> f32 = Load(), lowp = Load(p.weights);
+    ASSERT_TRUE(f32 && lowp);
+    EXPECT_EQ(lowp->linear_weights(), p.format);
     f32->set_attention_mode(mode);
-    bf16->set_attention_mode(mode);
+    lowp->set_attention_mode(mode);
     auto want = ChunkedPromptBesideDecode(*f32, {1.0f, 0.5f});
-    auto got = ChunkedPromptBesideDecode(*bf16, {1.0f, 0.5f});
+    auto got = ChunkedPromptBesideDecode(*lowp, {1.0f, 0.5f});
     ASSERT_TRUE(want.ok() && got.ok());
     for (size_t i = 0; i < want->size(); ++i) {
       const at::Tensor& a = (*want)[i];
       const at::Tensor& b = (*got)[i];
       const double scale = a.abs().max().item<double>();
       const double error = (a - b).abs().max().item<double>();
-      // bf16 keeps 8 bits of mantissa (relative rounding <= 2^-9 per
-      // weight, the tied embedding's too). Measured on this fixture: at most
-      // 0.051 of the largest logit (chunk 1), the same under avx512, avx2
-      // and portable (LibTorch over the same bf16 weights widened): the
-      // rounding's, not the kernels'.
-      EXPECT_LE(error, 0.08 * scale)
+      ASSERT_FALSE(std::isnan(error)) << "chunk " << i;
+      EXPECT_LE(error, p.bound * scale)
           << "chunk " << i << " mode " << static_cast<int>(mode);
+      EXPECT_GT(error, 0) << "the weights were not converted";
       const double agree =
           (a.argmax(-1) == b.argmax(-1)).to(at::kFloat).mean().item<double>();
-      EXPECT_GE(agree, 0.9) << "chunk " << i;
+      EXPECT_GE(agree, p.agreement) << "chunk " << i;
       std::printf(
-          "chunk %zu: max |logit error| %.3g of %.3g (%.2g), argmax "
+          "%s chunk %zu: max |logit error| %.3g of %.3g (%.2g), argmax "
           "agreement %.3f\n",
-          i, error, scale, error / scale, agree);
+          p.weights.c_str(), i, error, scale, error / scale, agree);
     }
   }
 }
 
-TEST(LowpWeightsTest, RefusalsNameTheField) {
-  std::unique_ptr<LlamaModel> model = Load();
-  ASSERT_TRUE(model);
-  EXPECT_TRUE(model->set_linear_weights("", "weights").ok());
-  EXPECT_TRUE(model->set_linear_weights("auto", "weights").ok());
-  EXPECT_EQ(model->linear_weights(), "");
-  for (const char* bad : {"int8", "float8", "fp16"}) {
-    const absl::Status status = model->set_linear_weights(bad, "--weights");
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(status.message().find("--weights"), std::string::npos)
-        << status.message();
+INSTANTIATE_TEST_SUITE_P(
+    Formats, LowpWeightsTest,
+    ::testing::Values(Precision{"bfloat16", WeightFormat::kBfloat16, 0.08, 0.9},
+                      Precision{"int8", WeightFormat::kInt8, 0.25, 0.85}),
+    [](const ::testing::TestParamInfo<Precision>& info) {
+      return info.param.weights;
+    });
+
+TEST(LowpWeightsRefusalTest, RefusalsNameTheField) {
+  for (const char* as_loaded : {"", "auto"}) {
+    std::unique_ptr<LlamaModel> model = Load(as_loaded);
+    ASSERT_TRUE(model);
+    EXPECT_EQ(model->linear_weights(), WeightFormat::kAsLoaded);
   }
-  auto bf16_model = LlamaModel::Load(kFixtures + "/llama_learned",
-                                     DeviceOptions{"cpu", "bfloat16"});
-  ASSERT_TRUE(bf16_model.ok());
-  EXPECT_EQ((*bf16_model)->set_linear_weights("bfloat16", "weights").code(),
-            absl::StatusCode::kInvalidArgument);
+  for (const char* bad : {"float8", "fp16", "int4"}) {
+    auto model = LlamaModel::Load(kFixtures + "/llama_learned",
+                                  DeviceOptions{"cpu", "float32", bad});
+    ASSERT_FALSE(model.ok()) << bad;
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(model.status().message().find("weights"), std::string::npos)
+        << model.status().message();
+  }
+  for (const char* format : {"bfloat16", "int8"}) {
+    auto model = LlamaModel::Load(kFixtures + "/llama_learned",
+                                  DeviceOptions{"cpu", "bfloat16", format});
+    ASSERT_FALSE(model.ok()) << format;
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(model.status().message().find("dtype float32"), std::string::npos)
+        << model.status().message();
+  }
 }
 
 }  // namespace
