@@ -15,26 +15,33 @@
 namespace moh {
 namespace {
 
-inline float Bf16ToFloat(uint16_t v) {
+inline float ToFloat(uint16_t v) {
   const uint32_t bits = static_cast<uint32_t>(v) << 16;
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+inline float ToFloat(int8_t v) { return static_cast<float>(v); }
 
+// 16 of W's values from p widened to float32: bf16 by a 16-bit left shift
+// of the bits, int8 by sign extension and conversion.
 __attribute__((target("avx512f"))) inline __m512 Widen16(const uint16_t *p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(
       _mm512_cvtepu16_epi32(
           _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))),
       16));
 }
+__attribute__((target("avx512f"))) inline __m512 Widen16(const int8_t *p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
+}
 
 // y[i, j] for R rows of W (from j) and M rows of x: R * M accumulators of 16
 // lanes, each W vector widened once and used against every row of x (W is
 // the stream; x's few rows stay in L1). k's remainder in scalar code.
-template <int R, int M>
+template <int R, int M, typename T>
 __attribute__((target("avx512f"))) void Block512(const float *x, int64_t k,
-                                                 const uint16_t *w, int64_t ldw,
+                                                 const T *w, int64_t ldw,
                                                  int64_t n, float *y) {
   __m512 acc[M][R];
 #pragma GCC unroll 8
@@ -59,15 +66,15 @@ __attribute__((target("avx512f"))) void Block512(const float *x, int64_t k,
     for (int r = 0; r < R; ++r) {
       float s = _mm512_reduce_add_ps(acc[i][r]);
       for (int64_t p = body; p < k; ++p)
-        s += Bf16ToFloat(w[r * ldw + p]) * x[i * k + p];
+        s += ToFloat(w[r * ldw + p]) * x[i * k + p];
       y[i * n + r] = s;
     }
   }
 }
 
-template <int M>
+template <int M, typename T>
 __attribute__((target("avx512f"))) void Rows512(const float *x, int64_t k,
-                                                const uint16_t *w, int64_t ldw,
+                                                const T *w, int64_t ldw,
                                                 int64_t n, int64_t j0,
                                                 int64_t j1, float *y) {
   // Four rows of W a step at one or two rows of x (independent FMA chains
@@ -78,18 +85,20 @@ __attribute__((target("avx512f"))) void Rows512(const float *x, int64_t k,
   for (; j < j1; ++j) Block512<1, M>(x, k, w + j * ldw, ldw, n, y + j);
 }
 
-}  // namespace
-
-namespace kernels_internal {
-
-__attribute__((target("avx512f"))) void Bf16RowsAvx512(
-    const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t ldw,
-    int64_t n, int64_t j0, int64_t j1, const float *bias, float *y) {
+// The few-row kernel over rows [j0, j1) of W: x's rows in groups of 8, 4,
+// 2 and 1 (8 rows: 16 accumulators, W read once per 8 rows of x).
+template <typename T>
+__attribute__((target("avx512f"))) void FewRows512(
+    const float *x, int64_t m, int64_t k, const T *w, int64_t ldw, int64_t n,
+    int64_t j0, int64_t j1, const float *scale, const float *bias, float *y) {
   for (int64_t i = 0; i < m;) {
     const int64_t left = m - i;
     const float *xi = x + i * k;
     float *yi = y + i * n;
-    if (left >= 4) {
+    if (left >= 8) {
+      Rows512<8>(xi, k, w, ldw, n, j0, j1, yi);
+      i += 8;
+    } else if (left >= 4) {
       Rows512<4>(xi, k, w, ldw, n, j0, j1, yi);
       i += 4;
     } else if (left >= 2) {
@@ -100,10 +109,65 @@ __attribute__((target("avx512f"))) void Bf16RowsAvx512(
       i += 1;
     }
   }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = j0; j < j1; ++j) y[i * n + j] += bias[j];
+  kernels_internal::ScaleAndAddBias(m, n, j0, j1, scale, bias, y);
+}
+
+}  // namespace
+
+namespace kernels_internal {
+
+void Bf16RowsAvx512(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                    int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                    const float *bias, float *y) {
+  FewRows512(x, m, k, w, ldw, n, j0, j1, nullptr, bias, y);
+}
+
+void Int8RowsAvx512(const float *x, int64_t m, int64_t k, const int8_t *w,
+                    int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                    const float *scale, const float *bias, float *y) {
+  FewRows512(x, m, k, w, ldw, n, j0, j1, scale, bias, y);
+}
+
+void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
+                     const float *scale, const float *bias, float *y) {
+  if (scale == nullptr && bias == nullptr) return;
+  for (int64_t i = 0; i < m; ++i) {
+    float *yi = y + i * n;
+    for (int64_t j = j0; j < j1; ++j) {
+      yi[j] = (scale != nullptr ? yi[j] * scale[j] : yi[j]) +
+              (bias != nullptr ? bias[j] : 0.0f);
+    }
   }
+}
+
+bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
+                 const float *bias, const WidenRowsFn &widen, float *y) {
+  // Panels of W widened into ~1 MiB (L2) and multiplied by the float32
+  // kernels, which thread inside; their output is a [m, panel] block copied
+  // into y's columns. The copy and the widening are O(m n + n k) against
+  // the product's O(m n k).
+  const int64_t panel =
+      std::min<int64_t>(n, std::max<int64_t>(16, ((1 << 18) / k) & ~15));
+  std::vector<float> wide(static_cast<size_t>(panel * k));
+  std::vector<float> block(static_cast<size_t>(m * panel));
+  for (int64_t j0 = 0; j0 < n; j0 += panel) {
+    const int64_t cols = std::min(panel, n - j0);
+    at::parallel_for(0, cols, 16, [&](int64_t a, int64_t b) {
+      widen(j0 + a, b - a, wide.data() + a * k);
+    });
+    const float *b = bias != nullptr ? bias + j0 : nullptr;
+    const bool ok =
+        m <= kMaxStreamedRows
+            ? StreamedLinear(x, m, k, wide.data(), k, cols, b, block.data())
+            : BlockedLinear(x, m, k, wide.data(), k, cols, b, block.data());
+    if (!ok) return false;
+    at::parallel_for(0, m, 16, [&](int64_t a, int64_t e) {
+      for (int64_t i = a; i < e; ++i)
+        std::memcpy(y + i * n + j0, block.data() + i * cols,
+                    sizeof(float) * cols);
+    });
+  }
+  return true;
 }
 
 }  // namespace kernels_internal
@@ -113,7 +177,7 @@ void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
   for (int64_t j = 0; j < n; ++j) {
     const uint16_t *from = w + j * ldw;
     float *to = out + j * k;
-    for (int64_t p = 0; p < k; ++p) to[p] = Bf16ToFloat(from[p]);
+    for (int64_t p = 0; p < k; ++p) to[p] = ToFloat(from[p]);
   }
 }
 
@@ -133,32 +197,12 @@ bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
     });
     return true;
   }
-  // Panels of W widened into ~1 MiB (L2) and multiplied by the float32
-  // kernels, which thread inside; their output is a [m, panel] block copied
-  // into y's columns. The copy and the widening are O(m n + n k) against
-  // the product's O(m n k).
-  const int64_t panel =
-      std::min<int64_t>(n, std::max<int64_t>(16, ((1 << 18) / k) & ~15));
-  std::vector<float> wide(static_cast<size_t>(panel * k));
-  std::vector<float> block(static_cast<size_t>(m * panel));
-  for (int64_t j0 = 0; j0 < n; j0 += panel) {
-    const int64_t cols = std::min(panel, n - j0);
-    at::parallel_for(0, cols, 16, [&](int64_t a, int64_t b) {
-      WidenBf16Rows(w + (j0 + a) * ldw, ldw, b - a, k, wide.data() + a * k);
-    });
-    const float *b = bias != nullptr ? bias + j0 : nullptr;
-    const bool ok =
-        m <= kMaxStreamedRows
-            ? StreamedLinear(x, m, k, wide.data(), k, cols, b, block.data())
-            : BlockedLinear(x, m, k, wide.data(), k, cols, b, block.data());
-    if (!ok) return false;  // only under kPortable, checked above
-    at::parallel_for(0, m, 16, [&](int64_t a, int64_t e) {
-      for (int64_t i = a; i < e; ++i)
-        std::memcpy(y + i * n + j0, block.data() + i * cols,
-                    sizeof(float) * cols);
-    });
-  }
-  return true;
+  return kernels_internal::PanelLinear(
+      x, m, k, n, bias,
+      [&](int64_t j, int64_t rows, float *out) {
+        WidenBf16Rows(w + j * ldw, ldw, rows, k, out);
+      },
+      y);
 }
 
 }  // namespace moh

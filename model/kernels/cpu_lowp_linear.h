@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace moh {
 
@@ -52,13 +53,41 @@ void QuantizeInt8Rows(const float *w, int64_t ldw, int64_t n, int64_t k,
                       int8_t *q, float *scale);
 
 namespace kernels_internal {
-// Rows [j0, j1) of y for the few-row path; x has m <= kMaxBf16StreamRows rows.
+// Rows [j0, j1) of y for the few-row path; x has m <= kMaxBf16StreamRows
+// rows. W's values are widened in registers; the int8 kernels multiply a
+// row's sum by scale[j] once at the end. bias may be null.
 void Bf16RowsAvx512(const float *x, int64_t m, int64_t k, const uint16_t *w,
                     int64_t ldw, int64_t n, int64_t j0, int64_t j1,
                     const float *bias, float *y);
 void Bf16RowsAvx2(const float *x, int64_t m, int64_t k, const uint16_t *w,
                   int64_t ldw, int64_t n, int64_t j0, int64_t j1,
                   const float *bias, float *y);
+void Int8RowsAvx512(const float *x, int64_t m, int64_t k, const int8_t *w,
+                    int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                    const float *scale, const float *bias, float *y);
+void Int8RowsAvx2(const float *x, int64_t m, int64_t k, const int8_t *w,
+                  int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                  const float *scale, const float *bias, float *y);
+
+// y [i, j] = y [i, j] * scale[j] + bias[j] for i < m, j0 <= j < j1; a null
+// scale or bias is left out. The few-row kernels' last step.
+void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
+                     const float *scale, const float *bias, float *y);
+
+// Writes W's rows [j, j + rows) widened to float32 into out [rows, k].
+using WidenRowsFn = std::function<void(int64_t j, int64_t rows, float *out)>;
+
+// The panel path (m > kMaxBf16StreamRows) of Bf16Linear and Int8Linear:
+// y [m, n] = x [m, k] W^T (+ bias) with W widened by `widen` panel by panel
+// (~1 MiB, widened on the intra-op pool) into the float32 kernels. False
+// only under CpuIsa::kPortable.
+bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
+                 const float *bias, const WidenRowsFn &widen, float *y);
+
+// One row of QuantizeInt8Rows and WidenInt8Rows in AVX2 (the caller checks
+// that the CPU has it).
+void QuantizeInt8RowAvx2(const float *w, int64_t k, int8_t *q, float *scale);
+void WidenInt8RowAvx2(const int8_t *w, int64_t k, float scale, float *out);
 }  // namespace kernels_internal
 
 }  // namespace moh

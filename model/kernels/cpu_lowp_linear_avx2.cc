@@ -1,5 +1,5 @@
-// Bf16Linear's few-row kernel for AVX2 + FMA, chosen by cpu_lowp_linear.cc
-// when ActiveIsa() is kAvx2: 8 lanes, 16 ymm registers.
+// Bf16Linear's and Int8Linear's few-row kernels for AVX2 + FMA, chosen when
+// ActiveIsa() is kAvx2: 8 lanes, 16 ymm registers.
 #include <immintrin.h>
 
 #include <cstring>
@@ -9,18 +9,23 @@
 namespace moh::kernels_internal {
 namespace {
 
-inline float Bf16Scalar(uint16_t v) {
+inline float ToFloat(uint16_t v) {
   const uint32_t bits = static_cast<uint32_t>(v) << 16;
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+inline float ToFloat(int8_t v) { return static_cast<float>(v); }
 
 __attribute__((target("avx2,fma"))) inline __m256 Widen8(const uint16_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(
       _mm256_cvtepu16_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
       16));
+}
+__attribute__((target("avx2,fma"))) inline __m256 Widen8(const int8_t *p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+      _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
 }
 
 __attribute__((target("avx2,fma"))) inline float Sum8(__m256 v) {
@@ -32,11 +37,10 @@ __attribute__((target("avx2,fma"))) inline float Sum8(__m256 v) {
 
 // As Block512 in cpu_lowp_linear.cc, 8 lanes: R * M <= 8 accumulators plus
 // R widened W vectors and one x vector fit 16 ymm registers.
-template <int R, int M>
+template <int R, int M, typename T>
 __attribute__((target("avx2,fma"))) void Block256(const float *x, int64_t k,
-                                                  const uint16_t *w,
-                                                  int64_t ldw, int64_t n,
-                                                  float *y) {
+                                                  const T *w, int64_t ldw,
+                                                  int64_t n, float *y) {
   __m256 acc[M][R];
 #pragma GCC unroll 4
   for (int i = 0; i < M; ++i) {
@@ -60,15 +64,15 @@ __attribute__((target("avx2,fma"))) void Block256(const float *x, int64_t k,
     for (int r = 0; r < R; ++r) {
       float s = Sum8(acc[i][r]);
       for (int64_t p = body; p < k; ++p)
-        s += Bf16Scalar(w[r * ldw + p]) * x[i * k + p];
+        s += ToFloat(w[r * ldw + p]) * x[i * k + p];
       y[i * n + r] = s;
     }
   }
 }
 
-template <int M>
+template <int M, typename T>
 __attribute__((target("avx2,fma"))) void Rows256(const float *x, int64_t k,
-                                                 const uint16_t *w, int64_t ldw,
+                                                 const T *w, int64_t ldw,
                                                  int64_t n, int64_t j0,
                                                  int64_t j1, float *y) {
   constexpr int R = M == 1 ? 4 : 2;
@@ -77,11 +81,10 @@ __attribute__((target("avx2,fma"))) void Rows256(const float *x, int64_t k,
   for (; j < j1; ++j) Block256<1, M>(x, k, w + j * ldw, ldw, n, y + j);
 }
 
-}  // namespace
-
-__attribute__((target("avx2,fma"))) void Bf16RowsAvx2(
-    const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t ldw,
-    int64_t n, int64_t j0, int64_t j1, const float *bias, float *y) {
+template <typename T>
+__attribute__((target("avx2,fma"))) void FewRows256(
+    const float *x, int64_t m, int64_t k, const T *w, int64_t ldw, int64_t n,
+    int64_t j0, int64_t j1, const float *scale, const float *bias, float *y) {
   for (int64_t i = 0; i < m;) {
     const int64_t left = m - i;
     const float *xi = x + i * k;
@@ -97,10 +100,21 @@ __attribute__((target("avx2,fma"))) void Bf16RowsAvx2(
       i += 1;
     }
   }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = j0; j < j1; ++j) y[i * n + j] += bias[j];
-  }
+  ScaleAndAddBias(m, n, j0, j1, scale, bias, y);
+}
+
+}  // namespace
+
+void Bf16RowsAvx2(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                  int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                  const float *bias, float *y) {
+  FewRows256(x, m, k, w, ldw, n, j0, j1, nullptr, bias, y);
+}
+
+void Int8RowsAvx2(const float *x, int64_t m, int64_t k, const int8_t *w,
+                  int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                  const float *scale, const float *bias, float *y) {
+  FewRows256(x, m, k, w, ldw, n, j0, j1, scale, bias, y);
 }
 
 }  // namespace moh::kernels_internal
