@@ -242,12 +242,14 @@ void BM_LowpLinearColdWeights(benchmark::State& state) {
   }
   state.counters["rows"] = static_cast<double>(rows);
   // W's bytes read per second.
-  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
-                                              benchmark::Counter::kIsRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(bytes) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LowpLinearColdWeights)
     ->ArgNames({"rows", "n", "type"})
     ->ArgsProduct({{1, 8, 16, 512}, {2048, 8192}, {0, 1, 2}})
+    ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
 // QuantizeInt8Rows over a [8192, 2048] float32 W (an 8 B model holds about
@@ -262,10 +264,11 @@ void BM_QuantizeInt8Rows(benchmark::State& state) {
                      scale.data_ptr<float>());
     benchmark::ClobberMemory();
   }
-  state.counters["weights/s"] = benchmark::Counter(static_cast<double>(n * k),
-                                                   benchmark::Counter::kIsRate);
+  state.counters["weights/s"] =
+      benchmark::Counter(static_cast<double>(n * k),
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_QuantizeInt8Rows)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_QuantizeInt8Rows)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace moh

@@ -35,31 +35,48 @@ __attribute__((target("avx2,fma"))) inline float Sum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// As Block512 in cpu_lowp_linear.cc, 8 lanes: R * M <= 8 accumulators plus
-// R widened W vectors and one x vector fit 16 ymm registers.
+template <int R, int M, typename T>
+__attribute__((target("avx2,fma"), always_inline)) inline void Step256(
+    __m256 (&acc)[M][R], const float *x, int64_t k, const T *w, int64_t ldw,
+    int64_t p) {
+  __m256 wv[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) wv[r] = Widen8(w + r * ldw + p);
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i) {
+    const __m256 xv = _mm256_loadu_ps(x + i * k + p);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
+  }
+}
+
+// As Block512 in cpu_lowp_linear.cc (a cache line of each row a step, the
+// next block's line prefetched into L2), 8 lanes: R * M <= 8 accumulators
+// plus R widened W vectors and one x vector fit 16 ymm registers.
 template <int R, int M, typename T>
 __attribute__((target("avx2,fma"))) void Block256(const float *x, int64_t k,
                                                   const T *w, int64_t ldw,
                                                   int64_t n, float *y) {
+  constexpr int64_t kLine = 64 / sizeof(T);
   __m256 acc[M][R];
 #pragma GCC unroll 4
   for (int i = 0; i < M; ++i) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
   }
-  const int64_t body = k & ~int64_t{7};
-  for (int64_t p = 0; p < body; p += 8) {
-    __m256 wv[R];
+  const int64_t lines = k & ~(kLine - 1), body = k & ~int64_t{7};
+  int64_t p = 0;
+  for (; p < lines; p += kLine) {
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = Widen8(w + r * ldw + p);
-#pragma GCC unroll 4
-    for (int i = 0; i < M; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * k + p);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char *>(w + (R + r) * ldw + p),
+                   _MM_HINT_T1);
     }
+#pragma GCC unroll 8
+    for (int64_t q = 0; q < kLine; q += 8) Step256(acc, x, k, w, ldw, p + q);
   }
+  for (; p < body; p += 8) Step256(acc, x, k, w, ldw, p);
   for (int i = 0; i < M; ++i) {
     for (int r = 0; r < R; ++r) {
       float s = Sum8(acc[i][r]);
