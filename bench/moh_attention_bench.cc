@@ -248,7 +248,7 @@ void BM_LowpLinearColdWeights(benchmark::State& state) {
 }
 BENCHMARK(BM_LowpLinearColdWeights)
     ->ArgNames({"rows", "n", "type"})
-    ->ArgsProduct({{1, 8, 16, 512}, {2048, 8192}, {0, 1, 2}})
+    ->ArgsProduct({{1, 8, 16, 32, 512}, {2048, 8192}, {0, 1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

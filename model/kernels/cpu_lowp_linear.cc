@@ -198,9 +198,14 @@ bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
 
 void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
                    float *out) {
+  const bool avx2 = ActiveIsa() != CpuIsa::kPortable;
   for (int64_t j = 0; j < n; ++j) {
     const uint16_t *from = w + j * ldw;
     float *to = out + j * k;
+    if (avx2) {
+      kernels_internal::WidenBf16RowAvx2(from, k, to);
+      continue;
+    }
     for (int64_t p = 0; p < k; ++p) to[p] = ToFloat(from[p]);
   }
 }

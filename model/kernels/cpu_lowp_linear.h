@@ -84,8 +84,9 @@ using WidenRowsFn = std::function<void(int64_t j, int64_t rows, float *out)>;
 bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
                  const float *bias, const WidenRowsFn &widen, float *y);
 
-// One row of QuantizeInt8Rows and WidenInt8Rows in AVX2 (the caller checks
-// that the CPU has it).
+// One row of WidenBf16Rows, QuantizeInt8Rows and WidenInt8Rows in AVX2
+// (the caller checks that ActiveIsa() is not kPortable).
+void WidenBf16RowAvx2(const uint16_t *w, int64_t k, float *out);
 void QuantizeInt8RowAvx2(const float *w, int64_t k, int8_t *q, float *scale);
 void WidenInt8RowAvx2(const int8_t *w, int64_t k, float scale, float *out);
 }  // namespace kernels_internal

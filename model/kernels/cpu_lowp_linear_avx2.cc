@@ -128,6 +128,15 @@ void Bf16RowsAvx2(const float *x, int64_t m, int64_t k, const uint16_t *w,
   FewRows256(x, m, k, w, ldw, n, j0, j1, nullptr, bias, y);
 }
 
+__attribute__((target("avx2,fma"))) void WidenBf16RowAvx2(const uint16_t *w,
+                                                          int64_t k,
+                                                          float *out) {
+  const int64_t body = k & ~int64_t{7};
+  for (int64_t p = 0; p < body; p += 8)
+    _mm256_storeu_ps(out + p, Widen8(w + p));
+  for (int64_t p = body; p < k; ++p) out[p] = ToFloat(w[p]);
+}
+
 void Int8RowsAvx2(const float *x, int64_t m, int64_t k, const int8_t *w,
                   int64_t ldw, int64_t n, int64_t j0, int64_t j1,
                   const float *scale, const float *bias, float *y) {
