@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 
 namespace moh {
@@ -53,6 +54,14 @@ void QuantizeInt8Rows(const float *w, int64_t ldw, int64_t n, int64_t k,
                       int8_t *q, float *scale);
 
 namespace kernels_internal {
+// A bfloat16's bits widened to float32: a 16-bit left shift.
+inline float Bf16BitsToFloat(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 // Rows [j0, j1) of y for the few-row path; x has m <= kMaxBf16StreamRows
 // rows. W's values are widened in registers; the int8 kernels multiply a
 // row's sum by scale[j] once at the end. bias may be null.

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "model/kernels/cpu_lowp_linear.h"
 #include "tests/model/kernels/kernel_isa_test_util.h"
@@ -16,27 +17,23 @@
 namespace moh {
 namespace {
 
+// W's values span int8's range; the scales keep |W| near 127 * 0.021.
 void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
                          int64_t extra_columns = 0) {
   at::manual_seed(m * 1000 + k + n);
   const at::Tensor x = at::randn({m, k});
-  const at::Tensor wide =
-      at::randint(-127, 128, {n, k + extra_columns}).to(at::kChar);
-  const at::Tensor w = wide.narrow(1, 0, k);
+  const at::Tensor w = at::randint(-127, 128, {n, k + extra_columns})
+                           .to(at::kChar)
+                           .narrow(1, 0, k);
   const at::Tensor scale = at::rand({n}) * 0.02 + 0.001;
-  const at::Tensor b = at::randn({n});
-  const at::Tensor wf = w.to(at::kFloat) * scale.unsqueeze(1);
-  const at::Tensor want = bias ? at::linear(x, wf, b) : at::linear(x, wf);
-  at::Tensor got = at::full({m, n}, std::nanf(""));
-  ASSERT_TRUE(Int8Linear(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
-                         w.stride(0), n, scale.data_ptr<float>(),
-                         bias ? b.data_ptr<float>() : nullptr,
-                         got.data_ptr<float>()))
-      << "the kernel refused under " << IsaName(ActiveIsa());
-  // |W| <= 127 * 0.021: the sums' float32 rounding is relative to |x||W|.
-  EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-3 * std::sqrt(double(k))))
-      << "m " << m << " k " << k << " n " << n << " bias " << bias << " ldw "
-      << w.stride(0) << " max error " << (got - want).abs().max().item<float>();
+  const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
+  const at::Tensor dequantized = w.to(at::kFloat) * scale.unsqueeze(1);
+  ExpectKernelEqualsLinear(
+      x, dequantized, b, "ldw " + std::to_string(w.stride(0)), [&](float *y) {
+        return Int8Linear(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
+                          w.stride(0), n, scale.data_ptr<float>(),
+                          bias ? b.data_ptr<float>() : nullptr, y);
+      });
 }
 
 TEST(Int8LinearTest, EqualsLinearAtFewRowCounts) {

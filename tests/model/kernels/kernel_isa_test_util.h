@@ -6,8 +6,10 @@
 // KernelIsaTest.RequestedInstructionSetIsTheOneThatRuns checks).
 #pragma once
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -31,5 +33,25 @@ inline std::string KernelsSkipReason() {
 #define MOH_SKIP_UNLESS_KERNELS_RUN()                                         \
   if (const std::string reason = ::moh::KernelsSkipReason(); !reason.empty()) \
   GTEST_SKIP() << reason
+
+// Runs `kernel(y)` (y [m, n] float32, poisoned with NaN first; it returns
+// whether it ran) and expects at::linear(x, w, bias) (bias may be
+// undefined) within float32's summation-order error, relative 1e-4 and
+// absolute 1e-3 sqrt(k). `what` names the case in a failure.
+template <typename Kernel>
+void ExpectKernelEqualsLinear(const at::Tensor &x, const at::Tensor &w,
+                              const at::Tensor &bias, const std::string &what,
+                              const Kernel &kernel) {
+  const at::Tensor want =
+      bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+  at::Tensor got = at::full({x.size(0), w.size(0)}, std::nanf(""));
+  ASSERT_TRUE(kernel(got.data_ptr<float>()))
+      << "the kernel refused under " << IsaName(ActiveIsa());
+  EXPECT_TRUE(
+      at::allclose(got, want, 1e-4, 1e-3 * std::sqrt(double(x.size(1)))))
+      << what << " m " << x.size(0) << " k " << x.size(1) << " n " << w.size(0)
+      << " bias " << bias.defined() << " max error "
+      << (got - want).abs().max().item<float>();
+}
 
 }  // namespace moh
