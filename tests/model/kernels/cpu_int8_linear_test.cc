@@ -19,7 +19,7 @@ namespace {
 
 // W's values span int8's range; the scales keep |W| near 127 * 0.021.
 void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
-                         int64_t extra_columns = 0) {
+                         int64_t extra_columns) {
   at::manual_seed(m * 1000 + k + n);
   const at::Tensor x = at::randn({m, k});
   const at::Tensor w = at::randint(-127, 128, {n, k + extra_columns})
@@ -36,31 +36,12 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
       });
 }
 
-TEST(Int8LinearTest, EqualsLinearAtFewRowCounts) {
+// The few-row path at every row count, its remainders, and the panel path.
+TEST(Int8LinearTest, EqualsLinearOnEveryPath) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t m = 1; m <= kMaxBf16StreamRows; ++m) {
-    ExpectMatchesLinear(m, 64, 37, m % 2 == 0);
-  }
-}
-
-TEST(Int8LinearTest, RemaindersOfColumnsDepthAndStride) {
-  MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 31, 513}) {
-    for (int64_t n : {1, 3, 65, 130}) {
-      ExpectMatchesLinear(3, k, n, true);
-      ExpectMatchesLinear(1, k, n, false, 5);
-      ExpectMatchesLinear(8, k, n, true, 3);
-    }
-  }
-}
-
-TEST(Int8LinearTest, PanelPathStreamedAndBlocked) {
-  MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t m : {kMaxBf16StreamRows + 1, int64_t{40}, int64_t{200}}) {
-    // k 2048: panels of 128 rows, so n 300 is three of them, the last short.
-    ExpectMatchesLinear(m, 2048, 300, true);
-    ExpectMatchesLinear(m, 33, 70, false, 3);
-  }
+  ForFewRowCounts(kMaxBf16StreamRows, ExpectMatchesLinear);
+  ForRemainders(ExpectMatchesLinear);
+  ForPanelPath(kMaxBf16StreamRows + 1, ExpectMatchesLinear);
 }
 
 TEST(Int8LinearTest, RefusesUnderPortable) {

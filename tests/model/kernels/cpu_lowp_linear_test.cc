@@ -17,7 +17,7 @@ namespace moh {
 namespace {
 
 void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
-                         int64_t extra_columns = 0) {
+                         int64_t extra_columns) {
   at::manual_seed(m * 1000 + k + n);
   const at::Tensor x = at::randn({m, k});
   const at::Tensor wide = at::randn({n, k + extra_columns}).to(at::kBFloat16);
@@ -35,28 +35,17 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
 
 TEST(Bf16LinearTest, EqualsLinearAtFewRowCounts) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t m = 1; m <= kMaxBf16StreamRows; ++m) {
-    ExpectMatchesLinear(m, 64, 37, m % 2 == 0);
-  }
+  ForFewRowCounts(kMaxBf16StreamRows, ExpectMatchesLinear);
 }
 
 TEST(Bf16LinearTest, RemaindersOfColumnsDepthAndStride) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t k : {1, 7, 8, 9, 17, 31, 513}) {
-    for (int64_t n : {1, 3, 65, 130}) {
-      ExpectMatchesLinear(3, k, n, true);
-      ExpectMatchesLinear(1, k, n, false, 5);
-    }
-  }
+  ForRemainders(ExpectMatchesLinear);
 }
 
 TEST(Bf16LinearTest, PanelPathStreamedAndBlocked) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t m : {kMaxBf16StreamRows + 1, int64_t{40}, int64_t{200}}) {
-    // k 2048: panels of 128 rows, so n 300 is three of them, the last short.
-    ExpectMatchesLinear(m, 2048, 300, true);
-    ExpectMatchesLinear(m, 33, 70, false, 3);
-  }
+  ForPanelPath(kMaxBf16StreamRows + 1, ExpectMatchesLinear);
 }
 
 TEST(Bf16LinearTest, RefusesUnderPortable) {

@@ -54,4 +54,35 @@ void ExpectKernelEqualsLinear(const at::Tensor &x, const at::Tensor &w,
       << (got - want).abs().max().item<float>();
 }
 
+// The shapes the bf16 and int8 linear kernel tests run, each through
+// expect(m, k, n, bias, extra_columns) (extra_columns widen W's row stride
+// past k: a column slice).
+// Every row count of the few-row path, up to max_rows.
+template <typename Expect>
+void ForFewRowCounts(int64_t max_rows, const Expect &expect) {
+  for (int64_t m = 1; m <= max_rows; ++m) expect(m, 64, 37, m % 2 == 0, 0);
+}
+// Depth remainders of both vector widths (8, 16) and of a cache line (64
+// int8, 32 bf16 values), column remainders, and a wider row stride.
+template <typename Expect>
+void ForRemainders(const Expect &expect) {
+  for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 31, 80, 95, 513}) {
+    for (int64_t n : {1, 3, 65, 130}) {
+      expect(3, k, n, true, 0);
+      expect(1, k, n, false, 5);
+      expect(8, k, n, true, 3);
+    }
+  }
+}
+// Row counts past the few-row path: a panel path into StreamedLinear and
+// BlockedLinear; at k 2048 panels of 128 rows, so n 300 is three of them,
+// the last short.
+template <typename Expect>
+void ForPanelPath(int64_t first_rows, const Expect &expect) {
+  for (int64_t m : {first_rows, int64_t{40}, int64_t{200}}) {
+    expect(m, 2048, 300, true, 0);
+    expect(m, 33, 70, false, 3);
+  }
+}
+
 }  // namespace moh
