@@ -3,7 +3,8 @@
 // shift of the bits), so a model can hold its linear weights in half the
 // memory of float32 without a widened copy, where LibTorch 1.13's CPU
 // bf16 matmul runs generic kernels (4.2x slower than float32 per decode
-// token of the bench model, 26x at prefill: issue 33).
+// token of the bench model, 26x at prefill: issue 33). Likewise for a
+// weight-only int8 W with a scale per row (a quarter of float32's bytes).
 #pragma once
 
 #include <cstdint>
@@ -12,11 +13,12 @@
 
 namespace moh {
 
-// Row counts up to this stream W once, each group of W's rows widened in
-// registers against every row of x (a decode step); beyond, W is widened
-// panel by panel into a buffer of about 1 MiB and the float32 kernels
-// (StreamedLinear / BlockedLinear) run on it: a prefill pays the widening
-// once per panel against many rows.
+// Row counts up to this (bf16 and int8 alike) stream W once, each group of
+// W's rows widened in registers against every row of x (a decode step);
+// beyond, W is widened panel by panel into a buffer of about 1 MiB and the
+// float32 kernels (StreamedLinear / BlockedLinear) run on it: a prefill
+// pays the widening once per panel against many rows. (At 16 rows the
+// few-row kernel, two passes over W, measured no faster than the panels.)
 inline constexpr int64_t kMaxBf16StreamRows = 8;
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
