@@ -9,6 +9,11 @@
 // 16 sequences with 512 cached tokens each, one new token per sequence.
 //   BM_Linear:     one float32 projection at decode row counts, LibTorch's
 //                  at::linear (OpenBLAS) against moh::Linear.
+//   BM_LowpLinearColdWeights: a 1 B layout's projections (W [2048, 2048] and
+//                  [8192, 2048]) read from memory at decode and prefill row
+//                  counts, float32 (moh::Linear) beside bf16 (Bf16Linear)
+//                  and int8 (Int8Linear) weights.
+//   BM_QuantizeInt8Rows: a model load's per-row int8 quantization.
 // MOH_BENCH_THREADS=N pins the threads; MOH_CPU_ISA=avx2 (or portable) times
 // the kernels' AVX2 paths (or LibTorch's) on an AVX-512 machine. The context
 // prints the instruction set that ran (bench_main.cc).
@@ -16,10 +21,14 @@
 //   build/bench/moh_attention_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "model/core/linear.h"
 #include "model/core/llama_model.h"
 #include "model/core/runtime.h"
+#include "model/kernels/cpu_lowp_linear.h"
 
 namespace moh {
 namespace {
@@ -190,6 +199,76 @@ BENCHMARK(BM_LinearColdWeights)
     ->ArgNames({"rows", "moh"})
     ->ArgsProduct({{1, 8, 16, 32, 64, 128}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
+
+// y = x W^T with W [n, k] of one weight type (0 float32 through
+// moh::Linear, 1 bf16 through Bf16Linear, 2 int8 through Int8Linear), drawn
+// in turn from enough matrices (128 MiB of each type, 4x the last-level
+// cache) that every call reads W from memory, as a decode step does.
+void BM_LowpLinearColdWeights(benchmark::State& state) {
+  const int64_t rows = state.range(0), n = state.range(1), k = 2048;
+  const int64_t type = state.range(2);
+  const int64_t bytes = n * k * (type == 0 ? 4 : type == 1 ? 2 : 1);
+  const int64_t count = std::max<int64_t>(2, (int64_t{128} << 20) / bytes);
+  const at::Tensor x = at::randn({rows, k});
+  std::vector<at::Tensor> weights, scales;
+  for (int64_t c = 0; c < count; ++c) {
+    const at::Tensor w = at::randn({n, k});
+    if (type == 2) {
+      weights.push_back(at::empty({n, k}, at::kChar));
+      scales.push_back(at::empty({n}));
+      QuantizeInt8Rows(w.data_ptr<float>(), k, n, k,
+                       weights.back().data_ptr<int8_t>(),
+                       scales.back().data_ptr<float>());
+    } else {
+      weights.push_back(type == 1 ? w.to(at::kBFloat16) : w);
+    }
+  }
+  at::Tensor y = at::empty({rows, n});
+  size_t next = 0;
+  for (auto _ : state) {
+    const at::Tensor& w = weights[next];
+    if (type == 0) {
+      benchmark::DoNotOptimize(Linear(x, w));
+    } else if (type == 1) {
+      Bf16Linear(x.data_ptr<float>(), rows, k,
+                 reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()),
+                 k, n, nullptr, y.data_ptr<float>());
+    } else {
+      Int8Linear(x.data_ptr<float>(), rows, k, w.data_ptr<int8_t>(), k, n,
+                 scales[next].data_ptr<float>(), nullptr, y.data_ptr<float>());
+    }
+    benchmark::ClobberMemory();
+    next = (next + 1) % weights.size();
+  }
+  state.counters["rows"] = static_cast<double>(rows);
+  // W's bytes read per second.
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(bytes) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_LowpLinearColdWeights)
+    ->ArgNames({"rows", "n", "type"})
+    ->ArgsProduct({{1, 8, 16, 32, 512}, {2048, 8192}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// QuantizeInt8Rows over a [8192, 2048] float32 W (an 8 B model holds about
+// 500 of them).
+void BM_QuantizeInt8Rows(benchmark::State& state) {
+  const int64_t n = 8192, k = 2048;
+  const at::Tensor w = at::randn({n, k});
+  at::Tensor q = at::empty({n, k}, at::kChar);
+  at::Tensor scale = at::empty({n});
+  for (auto _ : state) {
+    QuantizeInt8Rows(w.data_ptr<float>(), k, n, k, q.data_ptr<int8_t>(),
+                     scale.data_ptr<float>());
+    benchmark::ClobberMemory();
+  }
+  state.counters["weights/s"] =
+      benchmark::Counter(static_cast<double>(n * k),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_QuantizeInt8Rows)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace moh

@@ -1,5 +1,6 @@
-// Bf16Linear: the dispatcher, the panel path (prefill) and the AVX-512
-// few-row kernel; the AVX2 kernel is in cpu_lowp_linear_avx2.cc.
+// Bf16Linear: the dispatcher, the panel path (prefill, Int8Linear's too)
+// and the AVX-512 few-row kernels of both; the AVX2 ones are in
+// cpu_lowp_linear_avx2.cc, both instances of cpu_lowp_rows_impl.h.
 #include "model/kernels/cpu_lowp_linear.h"
 
 #include <ATen/Parallel.h>
@@ -12,108 +13,123 @@
 #include "model/kernels/cpu_isa.h"
 #include "model/kernels/cpu_linear.h"
 
-namespace moh {
+// The few-row kernel for AVX-512 (cpu_lowp_rows_impl.h over 16 lanes).
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace moh::kernels_internal {
 namespace {
 
-inline float Bf16ToFloat(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-__attribute__((target("avx512f"))) inline __m512 Widen16(const uint16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))),
-      16));
-}
-
-// y[i, j] for R rows of W (from j) and M rows of x: R * M accumulators of 16
-// lanes, each W vector widened once and used against every row of x (W is
-// the stream; x's few rows stay in L1). k's remainder in scalar code.
-template <int R, int M>
-__attribute__((target("avx512f"))) void Block512(const float *x, int64_t k,
-                                                 const uint16_t *w, int64_t ldw,
-                                                 int64_t n, float *y) {
-  __m512 acc[M][R];
-#pragma GCC unroll 8
-  for (int i = 0; i < M; ++i) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
+struct Avx512 {
+  using Reg = __m512;
+  static constexpr int kLanes = 16;
+  // 8 rows of x at 2 rows of W: 16 accumulators of the 32 zmm registers.
+  static constexpr int kMaxRowsOfX = 8;
+  // More rows of W at fewer rows of x: independent FMA chains for the
+  // 4-cycle latency, and more of W's rows streaming at once.
+  static constexpr int RowsOfW(int m) { return m == 1 ? 8 : m == 2 ? 4 : 2; }
+  static Reg Zero() { return _mm512_setzero_ps(); }
+  static Reg Load(const float *p) { return _mm512_loadu_ps(p); }
+  // bf16 widens by a 16-bit left shift of the bits, int8 by sign extension.
+  static Reg Widen(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))),
+        16));
   }
-  const int64_t body = k & ~int64_t{15};
-  for (int64_t p = 0; p < body; p += 16) {
-    __m512 wv[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = Widen16(w + r * ldw + p);
-#pragma GCC unroll 8
-    for (int i = 0; i < M; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * k + p);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        acc[i][r] = _mm512_fmadd_ps(wv[r], xv, acc[i][r]);
-    }
+  static Reg Widen(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
   }
-  for (int i = 0; i < M; ++i) {
-    for (int r = 0; r < R; ++r) {
-      float s = _mm512_reduce_add_ps(acc[i][r]);
-      for (int64_t p = body; p < k; ++p)
-        s += Bf16ToFloat(w[r * ldw + p]) * x[i * k + p];
-      y[i * n + r] = s;
-    }
-  }
-}
-
-template <int M>
-__attribute__((target("avx512f"))) void Rows512(const float *x, int64_t k,
-                                                const uint16_t *w, int64_t ldw,
-                                                int64_t n, int64_t j0,
-                                                int64_t j1, float *y) {
-  // Four rows of W a step at one or two rows of x (independent FMA chains
-  // for the 4-cycle latency); two at more rows, within 32 zmm registers.
-  constexpr int R = M <= 2 ? 4 : 2;
-  int64_t j = j0;
-  for (; j + R <= j1; j += R) Block512<R, M>(x, k, w + j * ldw, ldw, n, y + j);
-  for (; j < j1; ++j) Block512<1, M>(x, k, w + j * ldw, ldw, n, y + j);
-}
+  static Reg Fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static float Sum(Reg v) { return _mm512_reduce_add_ps(v); }
+};
 
 }  // namespace
+}  // namespace moh::kernels_internal
 
+#include "model/kernels/cpu_lowp_rows_impl.h"
+
+namespace moh::kernels_internal {
+
+void Bf16RowsAvx512(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                    int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                    const float *bias, float *y) {
+  LowpFewRows<Avx512>(x, m, k, w, ldw, n, j0, j1, nullptr, bias, y);
+}
+
+void Int8RowsAvx512(const float *x, int64_t m, int64_t k, const int8_t *w,
+                    int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                    const float *scale, const float *bias, float *y) {
+  LowpFewRows<Avx512>(x, m, k, w, ldw, n, j0, j1, scale, bias, y);
+}
+
+}  // namespace moh::kernels_internal
+#pragma GCC pop_options
+
+namespace moh {
 namespace kernels_internal {
 
-__attribute__((target("avx512f"))) void Bf16RowsAvx512(
-    const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t ldw,
-    int64_t n, int64_t j0, int64_t j1, const float *bias, float *y) {
-  for (int64_t i = 0; i < m;) {
-    const int64_t left = m - i;
-    const float *xi = x + i * k;
+void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
+                     const float *scale, const float *bias, float *y) {
+  if (scale == nullptr && bias == nullptr) return;
+  for (int64_t i = 0; i < m; ++i) {
     float *yi = y + i * n;
-    if (left >= 4) {
-      Rows512<4>(xi, k, w, ldw, n, j0, j1, yi);
-      i += 4;
-    } else if (left >= 2) {
-      Rows512<2>(xi, k, w, ldw, n, j0, j1, yi);
-      i += 2;
-    } else {
-      Rows512<1>(xi, k, w, ldw, n, j0, j1, yi);
-      i += 1;
+    for (int64_t j = j0; j < j1; ++j) {
+      yi[j] = (scale != nullptr ? yi[j] * scale[j] : yi[j]) +
+              (bias != nullptr ? bias[j] : 0.0f);
     }
   }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = j0; j < j1; ++j) y[i * n + j] += bias[j];
+}
+
+bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
+                 const float *bias, const WidenRowsFn &widen, float *y) {
+  // Panels of W widened and multiplied by the float32 kernels, which
+  // thread inside; their output is a [m, panel] block copied into y's
+  // columns. The copy and the widening are O(m n + n k) against the
+  // product's O(m n k). ~1 MiB panels (L2) for StreamedLinear, which
+  // streams them; 8 MiB for BlockedLinear, which packs x again on every
+  // call (512 rows of x, k 2048: 4 MiB a call). Int8 W [2048, 2048] at 512
+  // rows, one thread, CPU time: 74 ms with 1 MiB panels, 50-60 ms with 8
+  // MiB, float32 BlockedLinear 51-55 ms.
+  const int64_t floats = m <= kMaxStreamedRows ? 1 << 18 : 1 << 21;
+  const int64_t panel =
+      std::min<int64_t>(n, std::max<int64_t>(16, (floats / k) & ~15));
+  std::vector<float> wide(static_cast<size_t>(panel * k));
+  std::vector<float> block(static_cast<size_t>(m * panel));
+  for (int64_t j0 = 0; j0 < n; j0 += panel) {
+    const int64_t cols = std::min(panel, n - j0);
+    at::parallel_for(0, cols, 16, [&](int64_t a, int64_t b) {
+      widen(j0 + a, b - a, wide.data() + a * k);
+    });
+    const float *b = bias != nullptr ? bias + j0 : nullptr;
+    const bool ok =
+        m <= kMaxStreamedRows
+            ? StreamedLinear(x, m, k, wide.data(), k, cols, b, block.data())
+            : BlockedLinear(x, m, k, wide.data(), k, cols, b, block.data());
+    if (!ok) return false;
+    at::parallel_for(0, m, 16, [&](int64_t a, int64_t e) {
+      for (int64_t i = a; i < e; ++i)
+        std::memcpy(y + i * n + j0, block.data() + i * cols,
+                    sizeof(float) * cols);
+    });
   }
+  return true;
 }
 
 }  // namespace kernels_internal
 
 void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
                    float *out) {
+  const bool avx2 = ActiveIsa() != CpuIsa::kPortable;
   for (int64_t j = 0; j < n; ++j) {
     const uint16_t *from = w + j * ldw;
     float *to = out + j * k;
-    for (int64_t p = 0; p < k; ++p) to[p] = Bf16ToFloat(from[p]);
+    if (avx2) {
+      kernels_internal::WidenBf16RowAvx2(from, k, to);
+      continue;
+    }
+    for (int64_t p = 0; p < k; ++p)
+      to[p] = kernels_internal::Bf16BitsToFloat(from[p]);
   }
 }
 
@@ -133,32 +149,12 @@ bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
     });
     return true;
   }
-  // Panels of W widened into ~1 MiB (L2) and multiplied by the float32
-  // kernels, which thread inside; their output is a [m, panel] block copied
-  // into y's columns. The copy and the widening are O(m n + n k) against
-  // the product's O(m n k).
-  const int64_t panel =
-      std::min<int64_t>(n, std::max<int64_t>(16, ((1 << 18) / k) & ~15));
-  std::vector<float> wide(static_cast<size_t>(panel * k));
-  std::vector<float> block(static_cast<size_t>(m * panel));
-  for (int64_t j0 = 0; j0 < n; j0 += panel) {
-    const int64_t cols = std::min(panel, n - j0);
-    at::parallel_for(0, cols, 16, [&](int64_t a, int64_t b) {
-      WidenBf16Rows(w + (j0 + a) * ldw, ldw, b - a, k, wide.data() + a * k);
-    });
-    const float *b = bias != nullptr ? bias + j0 : nullptr;
-    const bool ok =
-        m <= kMaxStreamedRows
-            ? StreamedLinear(x, m, k, wide.data(), k, cols, b, block.data())
-            : BlockedLinear(x, m, k, wide.data(), k, cols, b, block.data());
-    if (!ok) return false;  // only under kPortable, checked above
-    at::parallel_for(0, m, 16, [&](int64_t a, int64_t e) {
-      for (int64_t i = a; i < e; ++i)
-        std::memcpy(y + i * n + j0, block.data() + i * cols,
-                    sizeof(float) * cols);
-    });
-  }
-  return true;
+  return kernels_internal::PanelLinear(
+      x, m, k, n, bias,
+      [&](int64_t j, int64_t rows, float *out) {
+        WidenBf16Rows(w + j * ldw, ldw, rows, k, out);
+      },
+      y);
 }
 
 }  // namespace moh

@@ -3,18 +3,23 @@
 // shift of the bits), so a model can hold its linear weights in half the
 // memory of float32 without a widened copy, where LibTorch 1.13's CPU
 // bf16 matmul runs generic kernels (4.2x slower than float32 per decode
-// token of the bench model, 26x at prefill: issue 33).
+// token of the bench model, 26x at prefill: issue 33). Likewise for a
+// weight-only int8 W with a scale per row (a quarter of float32's bytes).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <functional>
 
 namespace moh {
 
-// Row counts up to this stream W once, each group of W's rows widened in
-// registers against every row of x (a decode step); beyond, W is widened
-// panel by panel into a buffer of about 1 MiB and the float32 kernels
-// (StreamedLinear / BlockedLinear) run on it: a prefill pays the widening
-// once per panel against many rows.
+// Row counts up to this (bf16 and int8 alike) stream W once, each group of
+// W's rows widened in registers against every row of x (a decode step);
+// beyond, W is widened panel by panel into a buffer (1 MiB, 8 MiB past
+// kMaxStreamedRows) and the float32 kernels (StreamedLinear /
+// BlockedLinear) run on it: a prefill pays the widening once per panel
+// against many rows. (At 16 rows the
+// few-row kernel, two passes over W, measured no faster than the panels.)
 inline constexpr int64_t kMaxBf16StreamRows = 8;
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
@@ -52,13 +57,50 @@ void QuantizeInt8Rows(const float *w, int64_t ldw, int64_t n, int64_t k,
                       int8_t *q, float *scale);
 
 namespace kernels_internal {
-// Rows [j0, j1) of y for the few-row path; x has m <= kMaxBf16StreamRows rows.
+// A bfloat16's bits widened to float32: a 16-bit left shift.
+inline float Bf16BitsToFloat(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Rows [j0, j1) of y for the few-row path; x has m <= kMaxBf16StreamRows
+// rows. W's values are widened in registers; the int8 kernels multiply a
+// row's sum by scale[j] once at the end. bias may be null.
 void Bf16RowsAvx512(const float *x, int64_t m, int64_t k, const uint16_t *w,
                     int64_t ldw, int64_t n, int64_t j0, int64_t j1,
                     const float *bias, float *y);
 void Bf16RowsAvx2(const float *x, int64_t m, int64_t k, const uint16_t *w,
                   int64_t ldw, int64_t n, int64_t j0, int64_t j1,
                   const float *bias, float *y);
+void Int8RowsAvx512(const float *x, int64_t m, int64_t k, const int8_t *w,
+                    int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                    const float *scale, const float *bias, float *y);
+void Int8RowsAvx2(const float *x, int64_t m, int64_t k, const int8_t *w,
+                  int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                  const float *scale, const float *bias, float *y);
+
+// y [i, j] = y [i, j] * scale[j] + bias[j] for i < m, j0 <= j < j1; a null
+// scale or bias is left out. The few-row kernels' last step.
+void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
+                     const float *scale, const float *bias, float *y);
+
+// Writes W's rows [j, j + rows) widened to float32 into out [rows, k].
+using WidenRowsFn = std::function<void(int64_t j, int64_t rows, float *out)>;
+
+// The panel path (m > kMaxBf16StreamRows) of Bf16Linear and Int8Linear:
+// y [m, n] = x [m, k] W^T (+ bias) with W widened by `widen` panel by panel
+// (widened on the intra-op pool) into the float32 kernels. False
+// only under CpuIsa::kPortable.
+bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
+                 const float *bias, const WidenRowsFn &widen, float *y);
+
+// One row of WidenBf16Rows, QuantizeInt8Rows and WidenInt8Rows in AVX2
+// (the caller checks that ActiveIsa() is not kPortable).
+void WidenBf16RowAvx2(const uint16_t *w, int64_t k, float *out);
+void QuantizeInt8RowAvx2(const float *w, int64_t k, int8_t *q, float *scale);
+void WidenInt8RowAvx2(const int8_t *w, int64_t k, float scale, float *out);
 }  // namespace kernels_internal
 
 }  // namespace moh

@@ -1,106 +1,70 @@
-// Bf16Linear's few-row kernel for AVX2 + FMA, chosen by cpu_lowp_linear.cc
-// when ActiveIsa() is kAvx2: 8 lanes, 16 ymm registers.
+// Bf16Linear's and Int8Linear's few-row kernels for AVX2 + FMA, chosen when
+// ActiveIsa() is kAvx2 (cpu_lowp_rows_impl.h over 8 lanes, 16 ymm
+// registers), and WidenBf16Rows' row.
 #include <immintrin.h>
 
 #include <cstring>
 
 #include "model/kernels/cpu_lowp_linear.h"
 
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
 namespace moh::kernels_internal {
 namespace {
 
-inline float Bf16Scalar(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-__attribute__((target("avx2,fma"))) inline __m256 Widen8(const uint16_t *p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(
-      _mm256_cvtepu16_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
-      16));
-}
-
-__attribute__((target("avx2,fma"))) inline float Sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// As Block512 in cpu_lowp_linear.cc, 8 lanes: R * M <= 8 accumulators plus
-// R widened W vectors and one x vector fit 16 ymm registers.
-template <int R, int M>
-__attribute__((target("avx2,fma"))) void Block256(const float *x, int64_t k,
-                                                  const uint16_t *w,
-                                                  int64_t ldw, int64_t n,
-                                                  float *y) {
-  __m256 acc[M][R];
-#pragma GCC unroll 4
-  for (int i = 0; i < M; ++i) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
+struct Avx2 {
+  using Reg = __m256;
+  static constexpr int kLanes = 8;
+  // R * M <= 8 accumulators, R widened W vectors and one x vector.
+  static constexpr int kMaxRowsOfX = 4;
+  static constexpr int RowsOfW(int m) { return m == 1 ? 4 : 2; }
+  static Reg Zero() { return _mm256_setzero_ps(); }
+  static Reg Load(const float *p) { return _mm256_loadu_ps(p); }
+  static Reg Widen(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i *>(p))),
+        16));
   }
-  const int64_t body = k & ~int64_t{7};
-  for (int64_t p = 0; p < body; p += 8) {
-    __m256 wv[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = Widen8(w + r * ldw + p);
-#pragma GCC unroll 4
-    for (int i = 0; i < M; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * k + p);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
-    }
+  static Reg Widen(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
   }
-  for (int i = 0; i < M; ++i) {
-    for (int r = 0; r < R; ++r) {
-      float s = Sum8(acc[i][r]);
-      for (int64_t p = body; p < k; ++p)
-        s += Bf16Scalar(w[r * ldw + p]) * x[i * k + p];
-      y[i * n + r] = s;
-    }
+  static Reg Fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static float Sum(Reg v) {
+    __m128 s =
+        _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
   }
-}
-
-template <int M>
-__attribute__((target("avx2,fma"))) void Rows256(const float *x, int64_t k,
-                                                 const uint16_t *w, int64_t ldw,
-                                                 int64_t n, int64_t j0,
-                                                 int64_t j1, float *y) {
-  constexpr int R = M == 1 ? 4 : 2;
-  int64_t j = j0;
-  for (; j + R <= j1; j += R) Block256<R, M>(x, k, w + j * ldw, ldw, n, y + j);
-  for (; j < j1; ++j) Block256<1, M>(x, k, w + j * ldw, ldw, n, y + j);
-}
+};
 
 }  // namespace
+}  // namespace moh::kernels_internal
 
-__attribute__((target("avx2,fma"))) void Bf16RowsAvx2(
-    const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t ldw,
-    int64_t n, int64_t j0, int64_t j1, const float *bias, float *y) {
-  for (int64_t i = 0; i < m;) {
-    const int64_t left = m - i;
-    const float *xi = x + i * k;
-    float *yi = y + i * n;
-    if (left >= 4) {
-      Rows256<4>(xi, k, w, ldw, n, j0, j1, yi);
-      i += 4;
-    } else if (left >= 2) {
-      Rows256<2>(xi, k, w, ldw, n, j0, j1, yi);
-      i += 2;
-    } else {
-      Rows256<1>(xi, k, w, ldw, n, j0, j1, yi);
-      i += 1;
-    }
-  }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = j0; j < j1; ++j) y[i * n + j] += bias[j];
-  }
+#include "model/kernels/cpu_lowp_rows_impl.h"
+
+namespace moh::kernels_internal {
+
+void Bf16RowsAvx2(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                  int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                  const float *bias, float *y) {
+  LowpFewRows<Avx2>(x, m, k, w, ldw, n, j0, j1, nullptr, bias, y);
+}
+
+void WidenBf16RowAvx2(const uint16_t *w, int64_t k, float *out) {
+  const int64_t body = k & ~int64_t{7};
+  for (int64_t p = 0; p < body; p += 8)
+    _mm256_storeu_ps(out + p, Avx2::Widen(w + p));
+  for (int64_t p = body; p < k; ++p) out[p] = LowpToFloat(w[p]);
+}
+
+void Int8RowsAvx2(const float *x, int64_t m, int64_t k, const int8_t *w,
+                  int64_t ldw, int64_t n, int64_t j0, int64_t j1,
+                  const float *scale, const float *bias, float *y) {
+  LowpFewRows<Avx2>(x, m, k, w, ldw, n, j0, j1, scale, bias, y);
 }
 
 }  // namespace moh::kernels_internal
+#pragma GCC pop_options

@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <string>
 
 #include "tests/model/kernels/kernel_isa_test_util.h"
 
@@ -17,51 +17,35 @@ namespace moh {
 namespace {
 
 void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
-                         int64_t extra_columns = 0) {
+                         int64_t extra_columns) {
   at::manual_seed(m * 1000 + k + n);
   const at::Tensor x = at::randn({m, k});
   const at::Tensor wide = at::randn({n, k + extra_columns}).to(at::kBFloat16);
   const at::Tensor w = wide.narrow(1, 0, k);
-  const at::Tensor b = at::randn({n});
-  const at::Tensor wf = w.to(at::kFloat);
-  const at::Tensor want = bias ? at::linear(x, wf, b) : at::linear(x, wf);
-  at::Tensor got = at::full({m, n}, std::nanf(""));
-  ASSERT_TRUE(
-      Bf16Linear(x.data_ptr<float>(), m, k,
-                 reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()),
-                 w.stride(0), n, bias ? b.data_ptr<float>() : nullptr,
-                 got.data_ptr<float>()))
-      << "the kernel refused under " << IsaName(ActiveIsa());
-  // Float32 sums in another order than OpenBLAS's: relative 1e-4 of |x||w|.
-  EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-3 * std::sqrt(double(k))))
-      << "m " << m << " k " << k << " n " << n << " bias " << bias << " ldw "
-      << w.stride(0) << " max error " << (got - want).abs().max().item<float>();
+  const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
+  ExpectKernelEqualsLinear(
+      x, w.to(at::kFloat), b, "ldw " + std::to_string(w.stride(0)),
+      [&](float *y) {
+        return Bf16Linear(
+            x.data_ptr<float>(), m, k,
+            reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()),
+            w.stride(0), n, bias ? b.data_ptr<float>() : nullptr, y);
+      });
 }
 
 TEST(Bf16LinearTest, EqualsLinearAtFewRowCounts) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t m = 1; m <= kMaxBf16StreamRows; ++m) {
-    ExpectMatchesLinear(m, 64, 37, m % 2 == 0);
-  }
+  ForFewRowCounts(kMaxBf16StreamRows, ExpectMatchesLinear);
 }
 
 TEST(Bf16LinearTest, RemaindersOfColumnsDepthAndStride) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t k : {1, 7, 8, 9, 17, 31, 513}) {
-    for (int64_t n : {1, 3, 65, 130}) {
-      ExpectMatchesLinear(3, k, n, true);
-      ExpectMatchesLinear(1, k, n, false, 5);
-    }
-  }
+  ForRemainders(ExpectMatchesLinear);
 }
 
 TEST(Bf16LinearTest, PanelPathStreamedAndBlocked) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
-  for (int64_t m : {kMaxBf16StreamRows + 1, int64_t{40}, int64_t{200}}) {
-    // k 2048: panels of 128 rows, so n 300 is three of them, the last short.
-    ExpectMatchesLinear(m, 2048, 300, true);
-    ExpectMatchesLinear(m, 33, 70, false, 3);
-  }
+  ForPanelPath(kMaxBf16StreamRows + 1, ExpectMatchesLinear);
 }
 
 TEST(Bf16LinearTest, RefusesUnderPortable) {

@@ -6,8 +6,10 @@
 // KernelIsaTest.RequestedInstructionSetIsTheOneThatRuns checks).
 #pragma once
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -31,5 +33,56 @@ inline std::string KernelsSkipReason() {
 #define MOH_SKIP_UNLESS_KERNELS_RUN()                                         \
   if (const std::string reason = ::moh::KernelsSkipReason(); !reason.empty()) \
   GTEST_SKIP() << reason
+
+// Runs `kernel(y)` (y [m, n] float32, poisoned with NaN first; it returns
+// whether it ran) and expects at::linear(x, w, bias) (bias may be
+// undefined) within float32's summation-order error, relative 1e-4 and
+// absolute 1e-3 sqrt(k). `what` names the case in a failure.
+template <typename Kernel>
+void ExpectKernelEqualsLinear(const at::Tensor &x, const at::Tensor &w,
+                              const at::Tensor &bias, const std::string &what,
+                              const Kernel &kernel) {
+  const at::Tensor want =
+      bias.defined() ? at::linear(x, w, bias) : at::linear(x, w);
+  at::Tensor got = at::full({x.size(0), w.size(0)}, std::nanf(""));
+  ASSERT_TRUE(kernel(got.data_ptr<float>()))
+      << "the kernel refused under " << IsaName(ActiveIsa());
+  EXPECT_TRUE(
+      at::allclose(got, want, 1e-4, 1e-3 * std::sqrt(double(x.size(1)))))
+      << what << " m " << x.size(0) << " k " << x.size(1) << " n " << w.size(0)
+      << " bias " << bias.defined() << " max error "
+      << (got - want).abs().max().item<float>();
+}
+
+// The shapes the bf16 and int8 linear kernel tests run, each through
+// expect(m, k, n, bias, extra_columns) (extra_columns widen W's row stride
+// past k: a column slice).
+// Every row count of the few-row path, up to max_rows.
+template <typename Expect>
+void ForFewRowCounts(int64_t max_rows, const Expect &expect) {
+  for (int64_t m = 1; m <= max_rows; ++m) expect(m, 64, 37, m % 2 == 0, 0);
+}
+// Depth remainders of both vector widths (8, 16) and of a cache line (64
+// int8, 32 bf16 values), column remainders, and a wider row stride.
+template <typename Expect>
+void ForRemainders(const Expect &expect) {
+  for (int64_t k : {1, 7, 8, 9, 15, 16, 17, 31, 80, 95, 513}) {
+    for (int64_t n : {1, 3, 65, 130}) {
+      expect(3, k, n, true, 0);
+      expect(1, k, n, false, 5);
+      expect(8, k, n, true, 3);
+    }
+  }
+}
+// Row counts past the few-row path: a panel path into StreamedLinear and
+// BlockedLinear; at k 2048 panels of 128 rows, so n 300 is three of them,
+// the last short.
+template <typename Expect>
+void ForPanelPath(int64_t first_rows, const Expect &expect) {
+  for (int64_t m : {first_rows, int64_t{40}, int64_t{200}}) {
+    expect(m, 2048, 300, true, 0);
+    expect(m, 33, 70, false, 3);
+  }
+}
 
 }  // namespace moh
