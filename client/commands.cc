@@ -129,15 +129,16 @@ int RunListModels(moh::v1::Inference::StubInterface& stub,
   if (!status.ok()) return ReportRpcError(status);
 
   TextTable table({"NAME", "FAMILY", "ROUTER", "LAYERS", "RATIO", "MIN_RATIO",
-                   "DEVICE", "DTYPE", "KV_DTYPE", "MAX_SEQ", "STATE",
+                   "DEVICE", "DTYPE", "WEIGHTS", "KV_DTYPE", "MAX_SEQ", "STATE",
                    "REASON"});
-  for (int c : {4, 5, 9}) table.AlignRight(c);
+  for (int c : {4, 5, 10}) table.AlignRight(c);
   for (const ModelInfo& info : response.models()) {
     table.AddRow(
         {info.name(), OrDash(info.family()), OrDash(info.router()),
          SummarizeLayers(info), absl::StrFormat("%.3f", info.default_ratio()),
          absl::StrFormat("%.3f", info.min_ratio()), OrDash(info.device()),
-         OrDash(info.dtype()), OrDash(info.kv_cache_dtype()),
+         OrDash(info.dtype()), OrDash(info.weights()),
+         OrDash(info.kv_cache_dtype()),
          info.max_seq_len() > 0 ? absl::StrCat(info.max_seq_len()) : "-",
          ModelInfo::State_Name(info.state()), info.failure_reason()});
   }

@@ -64,6 +64,6 @@ def test_moh_client_lists_the_cache_type(server, models):
     lines = result.stdout.splitlines()
     assert "DTYPE" in lines[0] and "KV_DTYPE" in lines[0], result.stdout
     rows = {line.split()[0]: line for line in lines[1:]}
-    # DTYPE then KV_DTYPE.
+    # DTYPE, WEIGHTS (as dtype here), then KV_DTYPE.
     assert re.search(r"\bfloat32\s+bfloat16\b", rows["bf16"]), result.stdout
     assert re.search(r"\bfloat32\s+float32\b", rows["f32"]), result.stdout

@@ -2,6 +2,8 @@
 real server: each model loads, generates, and its greedy tokens and label
 scores stay close to the same model's float32 weights; an unknown value, or
 any value on an image model, fails that model only, naming the field."""
+import subprocess
+
 import pytest
 
 import moh_testlib as lib
@@ -26,13 +28,28 @@ server, stub, models = lib.lm_variant_fixtures("lowp_weights", [
 def test_lowp_weights_load_and_others_fail_naming_the_field(
         api, models, server):
     assert server.proc.poll() is None, server.log()
-    for name in PRECISIONS:
+    assert models["f32"].weights == "float32"
+    for name, weights in (("bf16", "bfloat16"), ("int8", "int8")):
         assert models[name].state == api.pb.ModelInfo.READY, name
         assert models[name].dtype == "float32"  # the activations
+        assert models[name].weights == weights
     for name in ("bad", "vit-int8"):
         assert models[name].state == api.pb.ModelInfo.FAILED, name
         assert "weights" in models[name].failure_reason, name
     assert "language models only" in models["vit-int8"].failure_reason
+
+
+def test_moh_client_lists_the_weights(server, models):
+    result = subprocess.run([lib.CLIENT, "--server=" + server.target,
+                             "--timeout=60", "models"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    columns = lines[0].split()
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    at = columns.index("WEIGHTS")
+    assert rows["int8"][at] == "int8", result.stdout
+    assert rows["bf16"][at] == "bfloat16", result.stdout
 
 
 @pytest.mark.parametrize("name", sorted(PRECISIONS))
