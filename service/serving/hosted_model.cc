@@ -49,9 +49,8 @@ const char* WeightsRefusingFamily(ModelFamily family) {
   switch (family) {
     case ModelFamily::kLlama:
     case ModelFamily::kVit:
-      return nullptr;
     case ModelFamily::kTransNext:
-      return "MoH-TransNeXt";
+      return nullptr;
     case ModelFamily::kDit:
       return "MoH-DiT";
   }
@@ -104,7 +103,8 @@ absl::Status HostedModel::LoadUnchecked() {
       !(device.weights.empty() || device.weights == "auto")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights: \"", Abbreviate(device.weights),
-        "\" applies to language models and MoH-ViT only (this model is ",
+        "\" applies to language models and image classifiers only (this "
+        "model is ",
         refusing, "): leave it empty"));
   }
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options, ResolveTensorOptions(device));
