@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, attention, "auto",
 ABSL_FLAG(int64_t, pixels_seed, 0, "Seed of the random pixels in [0, 1]");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
+ABSL_FLAG(std::string, weights, "",
+          "Linear weights' precision under float32 activations on the CPU: "
+          "empty (as --dtype), bfloat16 or int8, converted as they load");
 ABSL_FLAG(
     int32_t, threads, 0,
     "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
@@ -88,7 +91,8 @@ int main(int argc, char** argv) {
   moh::ConfigureCpuAllocator();
   moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
   auto model =
-      Load(dir, {absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_dtype)});
+      Load(dir, {absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_dtype),
+                 absl::GetFlag(FLAGS_weights)});
   if (!model.ok()) {
     std::cerr << "moh-classify: " << model.status() << "\n";
     return 1;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "model/core/linear.h"
+
 namespace moh {
 
 at::Tensor BidirectionalAttention(const BidirectionalAttentionWeights& w,
@@ -20,16 +22,14 @@ at::Tensor BidirectionalAttention(const BidirectionalAttentionWeights& w,
 
   if (UseHeadSparse(mode, router, bounds.min, x.options())) {
     // Keys and values for every token; queries only where selected.
-    at::Tensor kv_w = w.qkv_w.narrow(0, width, 2 * width);
-    at::Tensor kv =
-        w.qkv_b.defined()
-            ? at::linear(x, kv_w, w.qkv_b.narrow(0, width, 2 * width))
-            : at::linear(x, kv_w);
+    at::Tensor kv = Linear(
+        x, w.qkv_w.Rows(width, 2 * width),
+        w.qkv_b.defined() ? w.qkv_b.narrow(0, width, 2 * width) : at::Tensor());
     kv = kv.view({rows, tokens, 2, heads, d});
     HeadSparseAttentionInputs in;
     in.x = x_flat;
     in.gates = gates->reshape({n, heads});
-    in.q_weight = w.qkv_w.narrow(0, 0, width);
+    in.q_weight = w.qkv_w.Rows(0, width);
     if (w.qkv_b.defined()) in.q_bias = w.qkv_b.narrow(0, 0, width);
     in.key_cache = kv.select(2, 0);    // [B, N, H, D]
     in.value_cache = kv.select(2, 1);  // [B, N, H, D]
@@ -47,14 +47,13 @@ at::Tensor BidirectionalAttention(const BidirectionalAttentionWeights& w,
         .view({rows, tokens, c});
   }
 
-  at::Tensor qkv = w.qkv_b.defined() ? at::linear(x, w.qkv_w, w.qkv_b)
-                                     : at::linear(x, w.qkv_w);
+  at::Tensor qkv = Linear(x, w.qkv_w, w.qkv_b);
   qkv = qkv.view({rows, tokens, 3, heads, d}).permute({2, 0, 3, 1, 4});
   at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];  // [B, H, N, D]
   at::Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));
   at::Tensor attn = at::matmul(at::softmax(scores, -1), v);  // [B, H, N, D]
   attn = attn.transpose(1, 2) * gates->unsqueeze(-1);        // [B, N, H, D]
-  return at::linear(attn.reshape({rows, tokens, width}), w.proj_w, w.proj_b);
+  return Linear(attn.reshape({rows, tokens, width}), w.proj_w, w.proj_b);
 }
 
 }  // namespace moh

@@ -10,15 +10,18 @@
 #include <ATen/ATen.h>
 
 #include "model/core/head_sparse_attention.h"
+#include "model/core/linear.h"
 #include "model/core/moh_router.h"
 
 namespace moh {
 
+// The projections' weights as the model holds them (linear.h: a tensor, or
+// int8 with a scale per row), multiplied through Linear.
 struct BidirectionalAttentionWeights {
-  at::Tensor qkv_w;   // [3 * H * D, C]
-  at::Tensor qkv_b;   // [3 * H * D] or undefined
-  at::Tensor proj_w;  // [C, H * D]
-  at::Tensor proj_b;  // [C]
+  LinearWeight qkv_w;   // [3 * H * D, C]
+  at::Tensor qkv_b;     // [3 * H * D] or undefined
+  LinearWeight proj_w;  // [C, H * D]
+  at::Tensor proj_b;    // [C]
 };
 
 // x: [B, N, C] attention input (also the router's); top_k: [B * N] int64 on

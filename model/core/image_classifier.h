@@ -17,6 +17,7 @@
 #include "model/core/activation.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/model_config.h"
+#include "model/core/runtime.h"
 
 namespace moh {
 
@@ -59,6 +60,8 @@ class ImageClassifier {
   virtual ImagePreprocessing preprocessing() const = 0;
   // Tokens of one image that each layer routes.
   virtual std::vector<int64_t> LayerTokens() const = 0;
+  // How the linear weights are held (DeviceOptions::weights).
+  virtual WeightFormat linear_weights() const = 0;
   // See AttentionMode (head_sparse_attention.h). Set before use.
   virtual void set_attention_mode(AttentionMode mode) = 0;
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/checkpoint/checkpoint.h"
+#include "model/core/linear_weight_format.h"
 #include "model/core/llama_model.h"
 
 namespace moh {
@@ -30,24 +31,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
   return FromTensors(config, store, options, weights);
 }
 
-namespace {
-
-// A linear weight just taken (float32, the model's dtype) in `format`; the
-// float32 tensor is released when the caller's copy goes.
-LinearWeight Converted(at::Tensor weight, WeightFormat format) {
-  switch (format) {
-    case WeightFormat::kAsLoaded:
-      return weight;
-    case WeightFormat::kBfloat16:
-      return weight.to(at::kBFloat16).contiguous();
-    case WeightFormat::kInt8:
-      return QuantizedLinearWeight(weight);
-  }
-  return weight;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
     const LlamaConfig& config, TensorStore& store,
     const at::TensorOptions& options, WeightFormat weights) {
@@ -69,7 +52,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
       [&](const std::string& name,
           std::vector<int64_t> shape) -> absl::StatusOr<LinearWeight> {
     MOH_ASSIGN_OR_RETURN(at::Tensor weight, take(name, std::move(shape)));
-    return Converted(std::move(weight), weights);
+    return ConvertedLinearWeight(std::move(weight), weights);
   };
   if (config.tie_word_embeddings) {
     MOH_ASSIGN_OR_RETURN(

@@ -17,12 +17,12 @@ struct DeviceOptions {
       "auto";  // "auto" (CUDA when LibTorch has it), "cpu", "cuda", "cuda:N"
   std::string dtype = "auto";  // "auto" (bf16 on CUDA, fp32 on CPU), "float32",
                                // "bfloat16", "float16"
-  // A language model's linear weights (ResolveWeightFormat): "" or "auto"
-  // (as dtype), "bfloat16" or "int8", converted as they load.
+  // A language model's or a MoH-ViT's linear weights (ResolveWeightFormat):
+  // "" or "auto" (as dtype), "bfloat16" or "int8", converted as they load.
   std::string weights;
 };
 
-// How a model holds its linear weights (q/k/v/o, MLP, lm_head) under float32
+// How a model holds its linear weights (attention, MLP, head) under float32
 // activations on the CPU: as the model's dtype, bfloat16 (Bf16Linear) or
 // weight-only int8 with a scale per output row (Int8Linear).
 enum class WeightFormat { kAsLoaded, kBfloat16, kInt8 };

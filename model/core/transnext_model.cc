@@ -49,7 +49,7 @@ at::Tensor TransNextModel::Mlp(const Block& block, const at::Tensor& x,
                                int64_t resolution) const {
   const int64_t rows = x.size(0), tokens = x.size(1);
   const int64_t hidden = block.dw_w.size(0);
-  at::Tensor y = at::linear(x, block.fc1_w, block.fc1_b);
+  at::Tensor y = Linear(x, block.fc1_w, block.fc1_b);
   at::Tensor gate = y.narrow(-1, 0, hidden)
                         .transpose(1, 2)
                         .reshape({rows, hidden, resolution, resolution});
@@ -57,8 +57,8 @@ at::Tensor TransNextModel::Mlp(const Block& block, const at::Tensor& x,
       at::conv2d(gate, block.dw_w, block.dw_b, {1, 1}, {1, 1}, {1, 1}, hidden)
           .flatten(2)
           .transpose(1, 2);
-  return at::linear(at::gelu(gate) * y.narrow(-1, hidden, hidden), block.fc2_w,
-                    block.fc2_b);
+  return Linear(at::gelu(gate) * y.narrow(-1, hidden, hidden), block.fc2_w,
+                block.fc2_b);
 }
 
 absl::StatusOr<ClassifierOutput> TransNextModel::ForwardWithTopK(
@@ -102,7 +102,7 @@ absl::StatusOr<ClassifierOutput> TransNextModel::ForwardWithTopK(
           }
         }
         return DownloadClassifierOutput(
-            context(), at::linear(x.mean(1), head_w_, head_b_).to(at::kFloat),
+            context(), Linear(x.mean(1), head_w_, head_b_).to(at::kFloat),
             at::stack(counts, 1), gates_per_layer);
       });
 }
@@ -133,7 +133,7 @@ TransNextModel::AttentionKeys TransNextModel::Keys(const Stage& stage,
   const int64_t heads = attn.router.layer().num_heads, d = c / heads;
   // Keys and values of every token: the window's (aggregated) and the
   // global ones (pooled features, or the tokens themselves).
-  at::Tensor kv = at::linear(x, attn.kv_w, attn.kv_b);  // [B, N, 2C]
+  at::Tensor kv = Linear(x, attn.kv_w, attn.kv_b);  // [B, N, 2C]
   at::Tensor global_kv = kv;
   if (attn.aggregated) {
     at::Tensor pooled = x.transpose(1, 2).reshape(
@@ -144,7 +144,7 @@ TransNextModel::AttentionKeys TransNextModel::Keys(const Stage& stage,
     pooled =
         at::layer_norm(pooled.reshape({rows, c, stage.pooled}).transpose(1, 2),
                        {c}, attn.norm_w, attn.norm_b, kDefaultLayerNormEps);
-    global_kv = at::linear(pooled, attn.kv_w, attn.kv_b);  // [B, P, 2C]
+    global_kv = Linear(pooled, attn.kv_w, attn.kv_b);  // [B, P, 2C]
   }
   const int64_t pooled = global_kv.size(1);
   AttentionKeys keys;
@@ -195,25 +195,23 @@ at::Tensor TransNextModel::PairAttention(const Stage& stage,
     for (int64_t h = 0; h < heads; ++h) {
       at::Tensor selected = gates.select(1, h).ne(0).nonzero().view({-1});
       if (selected.numel() == 0) continue;
-      at::Tensor w = attn.q_w.narrow(0, h * d, d);
-      at::Tensor xs = x_flat.index_select(0, selected);
-      queries.push_back(attn.q_b.defined()
-                            ? at::addmm(attn.q_b.narrow(0, h * d, d), xs, w.t())
-                            : at::mm(xs, w.t()));
+      queries.push_back(Linear(
+          x_flat.index_select(0, selected), attn.q_w.Rows(h * d, d),
+          attn.q_b.defined() ? attn.q_b.narrow(0, h * d, d) : at::Tensor()));
       token_ids.push_back(selected);
       head_ids.push_back(at::full_like(selected, h));
     }
     if (queries.empty()) {
-      return at::linear(at::zeros_like(x), attn.proj_w, attn.proj_b);
+      return Linear(at::zeros_like(x), attn.proj_w, attn.proj_b);
     }
     in.queries = at::cat(queries);
     in.pair_token = at::cat(token_ids);
     in.pair_head = at::cat(head_ids);
   } else {
-    in.queries = at::linear(x_flat, attn.q_w, attn.q_b);
+    in.queries = Linear(x_flat, attn.q_w, attn.q_b);
   }
-  return at::linear(TransNextPairAttentionCpu(in).view({rows, tokens, c}),
-                    attn.proj_w, attn.proj_b);
+  return Linear(TransNextPairAttentionCpu(in).view({rows, tokens, c}),
+                attn.proj_w, attn.proj_b);
 }
 
 at::Tensor TransNextModel::DenseAttention(const Stage& stage,
@@ -225,7 +223,7 @@ at::Tensor TransNextModel::DenseAttention(const Stage& stage,
   const int64_t heads = attn.router.layer().num_heads, d = c / heads;
   const int64_t pooled = keys.global_k.size(1);
   // Every head, as the official code computes it.
-  at::Tensor q = at::linear(x, attn.q_w, attn.q_b)
+  at::Tensor q = Linear(x, attn.q_w, attn.q_b)
                      .view({rows, tokens, heads, d})
                      .permute({0, 2, 1, 3});  // [B, H, N, D]
   at::Tensor q_norm = L2Normalize(q);
@@ -262,7 +260,7 @@ at::Tensor TransNextModel::DenseAttention(const Stage& stage,
     out = at::matmul(at::softmax(scores, -1), gv);
   }
   out = out.transpose(1, 2) * gates.unsqueeze(-1);  // [B, N, H, D]
-  return at::linear(out.reshape({rows, tokens, c}), attn.proj_w, attn.proj_b);
+  return Linear(out.reshape({rows, tokens, c}), attn.proj_w, attn.proj_b);
 }
 
 }  // namespace moh

@@ -5,7 +5,11 @@
 // L2-normalized queries and keys, learnable tokens and bias, keys pooled to
 // resolution / sr_ratio through the same kv projection, continuous position
 // bias, one softmax over both) or full attention with CPB (stage 4), and a
-// convolutional GLU; mean pooling and a linear head.
+// convolutional GLU; mean pooling and a linear head. Its linear weights (q,
+// kv, proj, fc1, fc2, head) are held as DeviceOptions::weights asks
+// (LinearWeight: as loaded, bfloat16 or int8 with a scale per row, under
+// float32 activations on the CPU) and multiplied through Linear; convolutions,
+// norms, the CPB MLP and the router stay as loaded.
 //
 // Every stage has a learned router on the attention input; its gates weight
 // the heads before the output projection. Where a stage routes (top-K below
@@ -30,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/core/image_model_parts.h"
+#include "model/core/linear.h"
 #include "model/core/moh_router.h"
 #include "model/core/runtime.h"
 
@@ -41,12 +46,14 @@ class TransNextModel : public ConfiguredImageClassifier<TransNextConfig> {
       const std::string& dir, const DeviceOptions& device_options);
   static absl::StatusOr<std::unique_ptr<TransNextModel>> Load(
       const std::string& dir, const TransNextConfig& config,
-      const at::TensorOptions& options);
+      const at::TensorOptions& options,
+      WeightFormat weights = WeightFormat::kAsLoaded);
   // From tensors already read (e.g. a release container), with the official
   // names; every tensor must be used.
   static absl::StatusOr<std::unique_ptr<TransNextModel>> FromStore(
       TensorStore& store, const TransNextConfig& config,
-      const at::TensorOptions& options);
+      const at::TensorOptions& options,
+      WeightFormat weights = WeightFormat::kAsLoaded);
 
   absl::StatusOr<ClassifierOutput> ForwardWithTopK(
       const at::Tensor& pixels, const std::vector<LayerTopK>& top_k,
@@ -54,13 +61,16 @@ class TransNextModel : public ConfiguredImageClassifier<TransNextConfig> {
 
   ImagePreprocessing preprocessing() const override;
   std::vector<int64_t> LayerTokens() const override;
+  // How the linear weights are held.
+  WeightFormat linear_weights() const override { return linear_weights_; }
 
  private:
   struct Attention {
     bool aggregated = false;
-    at::Tensor q_w, q_b;    // [C, C]: aggregated q, or qkv's first third
-    at::Tensor kv_w, kv_b;  // [2C, C]: aggregated kv, or qkv's last two
-    at::Tensor proj_w, proj_b;
+    LinearWeight q_w;   // [C, C]: aggregated q, or qkv's first third
+    LinearWeight kv_w;  // [2C, C]: aggregated kv, or qkv's last two
+    LinearWeight proj_w;
+    at::Tensor q_b, kv_b, proj_b;
     at::Tensor query_embedding;  // [H, D]
     at::Tensor scale;  // [H, N]: softplus(temperature) * seq_length_scale
     at::Tensor bias;   // [H, N, P]: the CPB (P = pooled keys, or N)
@@ -74,7 +84,8 @@ class TransNextModel : public ConfiguredImageClassifier<TransNextConfig> {
   struct Block {
     at::Tensor norm1_w, norm1_b, norm2_w, norm2_b;
     Attention attn;
-    at::Tensor fc1_w, fc1_b, dw_w, dw_b, fc2_w, fc2_b;
+    LinearWeight fc1_w, fc2_w;
+    at::Tensor fc1_b, dw_w, dw_b, fc2_b;
   };
   struct Stage {
     int64_t resolution = 0, tokens = 0, pool = 0, pooled = 0;
@@ -90,6 +101,10 @@ class TransNextModel : public ConfiguredImageClassifier<TransNextConfig> {
   TransNextModel(TransNextConfig config, at::TensorOptions options)
       : ConfiguredImageClassifier(std::move(config), options) {}
   absl::Status LoadStage(TensorStore& store, int s);
+  // A linear weight of the store in linear_weights_.
+  absl::StatusOr<LinearWeight> TakeLinear(TensorStore& store,
+                                          const std::string& name,
+                                          std::vector<int64_t> shape) const;
   absl::StatusOr<Attention> LoadAttention(TensorStore& store, int s,
                                           const std::string& prefix,
                                           const MohLayerConfig& layer);
@@ -124,7 +139,9 @@ class TransNextModel : public ConfiguredImageClassifier<TransNextConfig> {
                             const at::Tensor& gates) const;
 
   std::vector<Stage> stages_;
-  at::Tensor head_w_, head_b_;
+  LinearWeight head_w_;
+  at::Tensor head_b_;
+  WeightFormat linear_weights_ = WeightFormat::kAsLoaded;
 };
 
 }  // namespace moh

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/core/linear_weight_format.h"
 #include "model/core/transnext_model.h"
 
 namespace moh {
@@ -78,20 +79,29 @@ absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::Load(
                        LoadModelConfig(dir, ModelFamily::kTransNext));
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
                        ResolveTensorOptions(device_options));
-  return Load(dir, config.transnext, options);
+  // Before the checkpoint is read: a wrong setting fails fast.
+  MOH_ASSIGN_OR_RETURN(WeightFormat weights,
+                       ResolveWeightFormat(device_options.weights, options));
+  return Load(dir, config.transnext, options, weights);
 }
 
 absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::Load(
     const std::string& dir, const TransNextConfig& config,
-    const at::TensorOptions& options) {
+    const at::TensorOptions& options, WeightFormat weights) {
   MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
-  return FromStore(store, config, options);
+  return FromStore(store, config, options, weights);
 }
 
 absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::FromStore(
     TensorStore& store, const TransNextConfig& config,
-    const at::TensorOptions& options) {
+    const at::TensorOptions& options, WeightFormat weights) {
+  if (weights != WeightFormat::kAsLoaded) {
+    // The caller's options may not have been checked against the format.
+    MOH_RETURN_IF_ERROR(
+        ResolveWeightFormat(WeightFormatName(weights), options).status());
+  }
   std::unique_ptr<TransNextModel> model(new TransNextModel(config, options));
+  model->linear_weights_ = weights;
   return CatchTorchErrors(
       "TransNextModel::Load",
       [&]() -> absl::StatusOr<std::unique_ptr<TransNextModel>> {
@@ -100,13 +110,22 @@ absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::FromStore(
         }
         const int64_t c = config.stages.back().embed_dim;
         const int64_t classes = config.labels.size();
-        MOH_ASSIGN_OR_RETURN(model->head_w_,
-                             store.Take("head.weight", {classes, c}, options));
+        MOH_ASSIGN_OR_RETURN(
+            model->head_w_,
+            model->TakeLinear(store, "head.weight", {classes, c}));
         MOH_ASSIGN_OR_RETURN(model->head_b_,
                              store.Take("head.bias", {classes}, options));
         MOH_RETURN_IF_ERROR(store.CheckAllTaken());
         return std::move(model);
       });
+}
+
+absl::StatusOr<LinearWeight> TransNextModel::TakeLinear(
+    TensorStore& store, const std::string& name,
+    std::vector<int64_t> shape) const {
+  MOH_ASSIGN_OR_RETURN(at::Tensor weight,
+                       store.Take(name, std::move(shape), options()));
+  return ConvertedLinearWeight(std::move(weight), linear_weights_);
 }
 
 absl::Status TransNextModel::LoadStage(TensorStore& store, int s) {
@@ -152,14 +171,15 @@ absl::Status TransNextModel::LoadStage(TensorStore& store, int s) {
                                        config().moh.layers[first_layer + j]));
     MOH_ASSIGN_OR_RETURN(b.norm2_w, take(pre + "norm2.weight", {c}));
     MOH_ASSIGN_OR_RETURN(b.norm2_b, take(pre + "norm2.bias", {c}));
-    MOH_ASSIGN_OR_RETURN(b.fc1_w,
-                         take(pre + "mlp.fc1.weight", {2 * hidden, c}));
+    MOH_ASSIGN_OR_RETURN(
+        b.fc1_w, TakeLinear(store, pre + "mlp.fc1.weight", {2 * hidden, c}));
     MOH_ASSIGN_OR_RETURN(b.fc1_b, take(pre + "mlp.fc1.bias", {2 * hidden}));
     MOH_ASSIGN_OR_RETURN(
         b.dw_w, take(pre + "mlp.dwconv.dwconv.weight", {hidden, 1, 3, 3}));
     MOH_ASSIGN_OR_RETURN(b.dw_b,
                          take(pre + "mlp.dwconv.dwconv.bias", {hidden}));
-    MOH_ASSIGN_OR_RETURN(b.fc2_w, take(pre + "mlp.fc2.weight", {c, hidden}));
+    MOH_ASSIGN_OR_RETURN(
+        b.fc2_w, TakeLinear(store, pre + "mlp.fc2.weight", {c, hidden}));
     MOH_ASSIGN_OR_RETURN(b.fc2_b, take(pre + "mlp.fc2.bias", {c}));
     stage.blocks.push_back(std::move(b));
   }
@@ -184,8 +204,9 @@ absl::StatusOr<TransNextModel::Attention> TransNextModel::LoadAttention(
     return store.Take(name, shape, options());
   };
   if (a.aggregated) {
-    MOH_ASSIGN_OR_RETURN(a.q_w, take(pre + "q.weight", {c, c}));
-    MOH_ASSIGN_OR_RETURN(a.kv_w, take(pre + "kv.weight", {2 * c, c}));
+    MOH_ASSIGN_OR_RETURN(a.q_w, TakeLinear(store, pre + "q.weight", {c, c}));
+    MOH_ASSIGN_OR_RETURN(a.kv_w,
+                         TakeLinear(store, pre + "kv.weight", {2 * c, c}));
     if (config().qkv_bias) {
       MOH_ASSIGN_OR_RETURN(a.q_b, take(pre + "q.bias", {c}));
       MOH_ASSIGN_OR_RETURN(a.kv_b, take(pre + "kv.bias", {2 * c}));
@@ -205,15 +226,18 @@ absl::StatusOr<TransNextModel::Attention> TransNextModel::LoadAttention(
   } else {
     MOH_ASSIGN_OR_RETURN(at::Tensor qkv_w,
                          take(pre + "qkv.weight", {3 * c, c}));
-    a.q_w = qkv_w.narrow(0, 0, c).contiguous();
-    a.kv_w = qkv_w.narrow(0, c, 2 * c).contiguous();
+    a.q_w = ConvertedLinearWeight(qkv_w.narrow(0, 0, c).contiguous(),
+                                  linear_weights_);
+    a.kv_w = ConvertedLinearWeight(qkv_w.narrow(0, c, 2 * c).contiguous(),
+                                   linear_weights_);
     if (config().qkv_bias) {
       MOH_ASSIGN_OR_RETURN(at::Tensor qkv_b, take(pre + "qkv.bias", {3 * c}));
       a.q_b = qkv_b.narrow(0, 0, c).contiguous();
       a.kv_b = qkv_b.narrow(0, c, 2 * c).contiguous();
     }
   }
-  MOH_ASSIGN_OR_RETURN(a.proj_w, take(pre + "proj.weight", {c, c}));
+  MOH_ASSIGN_OR_RETURN(a.proj_w,
+                       TakeLinear(store, pre + "proj.weight", {c, c}));
   MOH_ASSIGN_OR_RETURN(a.proj_b, take(pre + "proj.bias", {c}));
   MOH_ASSIGN_OR_RETURN(at::Tensor embedding,
                        take(pre + "query_embedding", {h, 1, d}));

@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/core/head_sparse_attention.h"
+#include "model/core/linear_weight_format.h"
 
 namespace moh {
 
@@ -17,18 +18,33 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
                        LoadModelConfig(dir, ModelFamily::kVit));
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
                        ResolveTensorOptions(device_options));
-  return Load(dir, config.vit, options);
+  // Before the checkpoint is read: a wrong setting fails fast.
+  MOH_ASSIGN_OR_RETURN(WeightFormat weights,
+                       ResolveWeightFormat(device_options.weights, options));
+  return Load(dir, config.vit, options, weights);
 }
 
 absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
     const std::string& dir, const VitConfig& config,
-    const at::TensorOptions& options) {
+    const at::TensorOptions& options, WeightFormat weights) {
+  if (weights != WeightFormat::kAsLoaded) {
+    // The caller's options may not have been checked against the format.
+    MOH_RETURN_IF_ERROR(
+        ResolveWeightFormat(WeightFormatName(weights), options).status());
+  }
   MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
   std::unique_ptr<VitModel> model(new VitModel(config, options));
+  model->linear_weights_ = weights;
   const int64_t c = config.hidden_size;
   const int64_t inter = config.intermediate_size;
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
     return store.Take(name, shape, options);
+  };
+  auto take_linear =
+      [&](const std::string& name,
+          std::vector<int64_t> shape) -> absl::StatusOr<LinearWeight> {
+    MOH_ASSIGN_OR_RETURN(at::Tensor weight, take(name, std::move(shape)));
+    return ConvertedLinearWeight(std::move(weight), weights);
   };
   const int64_t p = config.patch_size;
   MOH_ASSIGN_OR_RETURN(model->patch_w_, take("patch_embed.proj.weight",
@@ -40,7 +56,8 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
   MOH_ASSIGN_OR_RETURN(model->norm_w_, take("norm.weight", {c}));
   MOH_ASSIGN_OR_RETURN(model->norm_b_, take("norm.bias", {c}));
   const int64_t classes = config.labels.size();
-  MOH_ASSIGN_OR_RETURN(model->head_w_, take("head.weight", {classes, c}));
+  MOH_ASSIGN_OR_RETURN(model->head_w_,
+                       take_linear("head.weight", {classes, c}));
   MOH_ASSIGN_OR_RETURN(model->head_b_, take("head.bias", {classes}));
   for (int64_t l = 0; l < config.num_layers; ++l) {
     const std::string pre = absl::StrCat("blocks.", l, ".");
@@ -48,17 +65,20 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
     MOH_ASSIGN_OR_RETURN(b.norm1_w, take(pre + "norm1.weight", {c}));
     MOH_ASSIGN_OR_RETURN(b.norm1_b, take(pre + "norm1.bias", {c}));
     MOH_ASSIGN_OR_RETURN(b.attn.qkv_w,
-                         take(pre + "attn.qkv.weight", {3 * c, c}));
+                         take_linear(pre + "attn.qkv.weight", {3 * c, c}));
     if (config.qkv_bias) {
       MOH_ASSIGN_OR_RETURN(b.attn.qkv_b, take(pre + "attn.qkv.bias", {3 * c}));
     }
-    MOH_ASSIGN_OR_RETURN(b.attn.proj_w, take(pre + "attn.proj.weight", {c, c}));
+    MOH_ASSIGN_OR_RETURN(b.attn.proj_w,
+                         take_linear(pre + "attn.proj.weight", {c, c}));
     MOH_ASSIGN_OR_RETURN(b.attn.proj_b, take(pre + "attn.proj.bias", {c}));
     MOH_ASSIGN_OR_RETURN(b.norm2_w, take(pre + "norm2.weight", {c}));
     MOH_ASSIGN_OR_RETURN(b.norm2_b, take(pre + "norm2.bias", {c}));
-    MOH_ASSIGN_OR_RETURN(b.fc1_w, take(pre + "mlp.fc1.weight", {inter, c}));
+    MOH_ASSIGN_OR_RETURN(b.fc1_w,
+                         take_linear(pre + "mlp.fc1.weight", {inter, c}));
     MOH_ASSIGN_OR_RETURN(b.fc1_b, take(pre + "mlp.fc1.bias", {inter}));
-    MOH_ASSIGN_OR_RETURN(b.fc2_w, take(pre + "mlp.fc2.weight", {c, inter}));
+    MOH_ASSIGN_OR_RETURN(b.fc2_w,
+                         take_linear(pre + "mlp.fc2.weight", {c, inter}));
     MOH_ASSIGN_OR_RETURN(b.fc2_b, take(pre + "mlp.fc2.bias", {c}));
     MOH_ASSIGN_OR_RETURN(
         b.router, MohRouter::Load(config.moh.router, config.moh.layers[l], c,
@@ -111,17 +131,16 @@ absl::StatusOr<ClassifierOutput> VitModel::ForwardWithTopK(
                                      top_k.layer(l), top_k.bounds(l),
                                      attention_mode(), &gates);
           at::Tensor hidden =
-              at::gelu(at::linear(LayerNorm(x, block.norm2_w, block.norm2_b),
-                                  block.fc1_w, block.fc1_b));
-          x = x + at::linear(hidden, block.fc2_w, block.fc2_b);
+              at::gelu(Linear(LayerNorm(x, block.norm2_w, block.norm2_b),
+                              block.fc1_w, block.fc1_b));
+          x = x + Linear(hidden, block.fc2_w, block.fc2_b);
           counts.push_back(HeadTokenCounts(gates, valid));
           if (record_gates) gates_per_layer.push_back(gates.to(at::kFloat));
         }
         x = LayerNorm(x, norm_w_, norm_b_);
         // One copy to the host and one wait for the whole batch's results.
         return DownloadClassifierOutput(
-            context(),
-            at::linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat),
+            context(), Linear(x.select(1, 0), head_w_, head_b_).to(at::kFloat),
             at::stack(counts, 1), gates_per_layer);
       });
 }

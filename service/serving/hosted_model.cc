@@ -42,6 +42,21 @@ absl::StatusOr<std::unique_ptr<Servable>> LoadServable(
   return absl::InvalidArgumentError("unknown model family");
 }
 
+// The name of a family whose linear weights are only ever held as loaded
+// (ModelConfig.weights is refused), or nullptr where the family's Load
+// converts them.
+const char* WeightsRefusingFamily(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kLlama:
+    case ModelFamily::kVit:
+    case ModelFamily::kTransNext:
+      return nullptr;
+    case ModelFamily::kDit:
+      return "MoH-DiT";
+  }
+  return "of an unknown family";
+}
+
 }  // namespace
 
 HostedModel::HostedModel(v1::ModelConfig config, Metrics* metrics,
@@ -83,12 +98,14 @@ absl::Status HostedModel::LoadUnchecked() {
                        LoadModelConfig(config_.model_dir()));
   const DeviceOptions device{config_.device(), config_.dtype(),
                              config_.weights()};
-  if (model_config.family != ModelFamily::kLlama &&
+  const char* refusing = WeightsRefusingFamily(model_config.family);
+  if (refusing != nullptr &&
       !(device.weights.empty() || device.weights == "auto")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights: \"", Abbreviate(device.weights),
-        "\" applies to language models only (this model's is an image ",
-        "model): leave it empty"));
+        "\" applies to language models and image classifiers only (this "
+        "model is ",
+        refusing, "): leave it empty"));
   }
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options, ResolveTensorOptions(device));
   device_ = options.device().str();
@@ -141,6 +158,9 @@ v1::ModelInfo HostedModel::Info() const {
   servable_->Describe(&info);
   info.set_device(device_);
   info.set_dtype(dtype_);
+  // A servable names weights it converted (bfloat16, int8); others are held
+  // as loaded, in the model's dtype.
+  if (info.weights().empty()) info.set_weights(dtype_);
   return info;
 }
 

@@ -67,6 +67,7 @@ void VisionServable::Describe(v1::ModelInfo* info) const {
   info->set_max_seq_len(
       *std::max_element(layer_tokens_.begin(), layer_tokens_.end()));
   for (const std::string& label : model_->labels()) info->add_labels(label);
+  info->set_weights(WeightFormatName(model_->linear_weights()));
   DescribeMoh(model_->moh(), info);
 }
 

@@ -1,7 +1,12 @@
 """Linear weights held in bfloat16 or int8 (ModelConfig.weights) through the
 real server: each model loads, generates, and its greedy tokens and label
-scores stay close to the same model's float32 weights; an unknown value, or
-any value on an image model, fails that model only, naming the field."""
+scores stay close to the same model's float32 weights; the ViT classifies
+close to its float32 weights and the TransNeXt loads; ListModels and
+moh-client report how each holds them; an unknown value, or any value on
+MoH-DiT (which holds its weights as loaded), fails that model only, naming
+the field."""
+import json
+import os
 import subprocess
 
 import pytest
@@ -16,27 +21,43 @@ LABELS = ["yes", "no", "maybe so", "once upon a time there was"]
 # its row's largest / 127, about 3.7x bf16's error on this fixture
 # (measured: 10 tokens, label scores within 3.1%).
 PRECISIONS = {"bf16": (8, 3e-2), "int8": (6, 6e-2)}
+# The ViT's class probabilities over the goldens' 12 (image, ratio) cases:
+# the largest difference from float32's allowed (measured: 0.025 bf16, 0.081
+# int8), the top class the same in every case (measured).
+VIT_TOLERANCE = {"bf16": 0.05, "int8": 0.15}
 
 server, stub, models = lib.lm_variant_fixtures("lowp_weights", [
     ("bf16", 'weights: "bfloat16" generation { max_running: 2 }'),
     ("int8", 'weights: "int8" generation { max_running: 2 }'),
     ("bad", 'weights: "fp4"'),
+    ("vit-f32", lib.VIT_DIR, ""),
+    ("vit-bf16", lib.VIT_DIR, 'weights: "bfloat16"'),
     ("vit-int8", lib.VIT_DIR, 'weights: "int8"'),
+    ("transnext-int8", os.path.join(lib.FIXTURES, "transnext_tiny"),
+     'weights: "int8"'),
+    ("dit-bf16", os.path.join(lib.FIXTURES, "dit_tiny"),
+     'weights: "bfloat16"'),
 ])
+
+with open(os.path.join(lib.VIT_DIR, "golden.json")) as f:
+    _VIT_GOLDEN = json.load(f)
 
 
 def test_lowp_weights_load_and_others_fail_naming_the_field(
         api, models, server):
     assert server.proc.poll() is None, server.log()
     assert models["f32"].weights == "float32"
-    for name, weights in (("bf16", "bfloat16"), ("int8", "int8")):
+    assert models["vit-f32"].weights == "float32"
+    held = {"bf16": "bfloat16", "int8": "int8"}
+    for name in list(PRECISIONS) + ["vit-" + p for p in PRECISIONS] + [
+            "transnext-int8"]:
         assert models[name].state == api.pb.ModelInfo.READY, name
         assert models[name].dtype == "float32"  # the activations
-        assert models[name].weights == weights
-    for name in ("bad", "vit-int8"):
+        assert models[name].weights == held[name.split("-")[-1]], name
+    for name in ("bad", "dit-bf16"):
         assert models[name].state == api.pb.ModelInfo.FAILED, name
         assert "weights" in models[name].failure_reason, name
-    assert "language models only" in models["vit-int8"].failure_reason
+    assert "MoH-DiT" in models["dit-bf16"].failure_reason
 
 
 def test_moh_client_lists_the_weights(server, models):
@@ -45,11 +66,12 @@ def test_moh_client_lists_the_weights(server, models):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    columns = lines[0].split()
-    rows = {line.split()[0]: line.split() for line in lines[1:]}
-    at = columns.index("WEIGHTS")
-    assert rows["int8"][at] == "int8", result.stdout
-    assert rows["bf16"][at] == "bfloat16", result.stdout
+    # Columns are aligned (LAYERS has spaces): the value under the header.
+    at = lines[0].index("WEIGHTS")
+    rows = {line.split()[0]: line[at:].split()[0] for line in lines[1:]}
+    for name, weights in (("f32", "float32"), ("bf16", "bfloat16"),
+                          ("int8", "int8"), ("vit-int8", "int8")):
+        assert rows[name] == weights, result.stdout
 
 
 @pytest.mark.parametrize("name", sorted(PRECISIONS))
@@ -82,3 +104,30 @@ def test_label_scores_close_to_float32(api, stub, models, name):
         f32, lowp = scored["f32"][label], scored[name][label]
         assert lowp == pytest.approx(f32, rel=tolerance, abs=tolerance), label
         assert lowp != f32, "the weights were not rounded"
+
+
+def vit_probabilities(api, stub, model, pixels, ratio):
+    request = api.pb.ClassifyRequest(model=model)
+    request.pixels.shape.extend(
+        [len(pixels), len(pixels[0]), len(pixels[0][0])])
+    request.pixels.data.extend(
+        v for channel in pixels for row in channel for v in row)
+    request.activation.ratio = ratio
+    response = stub.Classify(request, timeout=lib.RPC_TIMEOUT)
+    return {c.index: c.score for c in response.classes}
+
+
+@pytest.mark.parametrize("name", sorted(PRECISIONS))
+def test_vit_classifies_close_to_float32(api, stub, models, name):
+    largest, same_top = 0.0, 0
+    cases = _VIT_GOLDEN["cases"]
+    for case in cases:
+        pixels = _VIT_GOLDEN["pixels"][case["image"]]
+        want = vit_probabilities(api, stub, "vit-f32", pixels, case["ratio"])
+        got = vit_probabilities(api, stub, "vit-" + name, pixels,
+                                case["ratio"])
+        largest = max(largest, max(abs(want[i] - got[i]) for i in want))
+        same_top += max(want, key=want.get) == max(got, key=got.get)
+    assert largest <= VIT_TOLERANCE[name], largest
+    assert largest > 0, "the weights were not rounded"
+    assert same_top == len(cases), (same_top, len(cases))
