@@ -3,6 +3,10 @@
 // what every family that accepts `weights` shares at load.
 #pragma once
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <ATen/ATen.h>
 
 #include "model/core/linear.h"
@@ -25,6 +29,16 @@ inline LinearWeight ConvertedLinearWeight(at::Tensor weight,
       return QuantizedLinearWeight(weight);
   }
   return weight;
+}
+
+// After a load that converted its weights (`format` not kAsLoaded): the
+// float32 copies freed weight by weight would stay in the process's heap
+// (ConfigureCpuAllocator keeps freed heap for activations), so their pages
+// go back to the system now.
+inline void ReleaseConversionHeap(WeightFormat format) {
+#ifdef __GLIBC__
+  if (format != WeightFormat::kAsLoaded) malloc_trim(0);
+#endif
 }
 
 }  // namespace moh

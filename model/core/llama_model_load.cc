@@ -1,9 +1,5 @@
 // LlamaModel's loading: the checkpoint's tensors into layers (official
 // names and shapes; every tensor must be used) and the RoPE tables.
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/checkpoint/checkpoint.h"
@@ -104,12 +100,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
     model->layers_.push_back(std::move(layer));
   }
   MOH_RETURN_IF_ERROR(store.CheckAllTaken());
-#ifdef __GLIBC__
-  // ConfigureCpuAllocator keeps freed heap in the process for activations;
-  // the float32 copies converted weight by weight would stay resident, so
-  // give their pages back now.
-  if (weights != WeightFormat::kAsLoaded) malloc_trim(0);
-#endif
+  ReleaseConversionHeap(weights);
 
   // RoPE tables, computed as the official LlamaRotaryEmbedding does.
   const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);

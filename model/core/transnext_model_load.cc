@@ -116,6 +116,7 @@ absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::FromStore(
         MOH_ASSIGN_OR_RETURN(model->head_b_,
                              store.Take("head.bias", {classes}, options));
         MOH_RETURN_IF_ERROR(store.CheckAllTaken());
+        ReleaseConversionHeap(model->linear_weights_);
         return std::move(model);
       });
 }

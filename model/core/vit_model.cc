@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
     model->blocks_.push_back(std::move(b));
   }
   MOH_RETURN_IF_ERROR(store.CheckAllTaken());
+  ReleaseConversionHeap(weights);
   return model;
 }
 
