@@ -481,6 +481,16 @@ def lm_variant_fixtures(name, variants):
 # --- requests ---
 
 
+def client_models_table(server):
+    """`moh-client models` against `server`: its table's lines (header
+    first), after asserting that it exited 0."""
+    result = subprocess.run([CLIENT, "--server=" + server.target,
+                             "--timeout=60", "models"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
 def label_scores(pb, stub, models, text, labels):
     """{model: {label: log-likelihood}}: a Classify of `text` against `labels`
     on each of `models`."""

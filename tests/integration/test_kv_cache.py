@@ -3,7 +3,6 @@ server: a bfloat16 cache is reported by ListModels, generates and scores
 labels close to the float32 cache of the same model, and a bad value fails
 its model only, naming the field and the allowed values."""
 import re
-import subprocess
 
 import pytest
 
@@ -57,13 +56,10 @@ def test_bfloat16_cache_generates(api, stub, models):
 
 
 def test_moh_client_lists_the_cache_type(server, models):
-    result = subprocess.run([lib.CLIENT, "--server=" + server.target,
-                             "--timeout=60", "models"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert "DTYPE" in lines[0] and "KV_DTYPE" in lines[0], result.stdout
+    lines = lib.client_models_table(server)
+    table = "\n".join(lines)
+    assert "DTYPE" in lines[0] and "KV_DTYPE" in lines[0], table
     rows = {line.split()[0]: line for line in lines[1:]}
     # DTYPE, WEIGHTS (as dtype here), then KV_DTYPE.
-    assert re.search(r"\bfloat32\s+bfloat16\b", rows["bf16"]), result.stdout
-    assert re.search(r"\bfloat32\s+float32\b", rows["f32"]), result.stdout
+    assert re.search(r"\bfloat32\s+bfloat16\b", rows["bf16"]), table
+    assert re.search(r"\bfloat32\s+float32\b", rows["f32"]), table

@@ -7,7 +7,6 @@ MoH-DiT (which holds its weights as loaded), fails that model only, naming
 the field."""
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -61,17 +60,13 @@ def test_lowp_weights_load_and_others_fail_naming_the_field(
 
 
 def test_moh_client_lists_the_weights(server, models):
-    result = subprocess.run([lib.CLIENT, "--server=" + server.target,
-                             "--timeout=60", "models"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    lines = lib.client_models_table(server)
     # Columns are aligned (LAYERS has spaces): the value under the header.
     at = lines[0].index("WEIGHTS")
     rows = {line.split()[0]: line[at:].split()[0] for line in lines[1:]}
     for name, weights in (("f32", "float32"), ("bf16", "bfloat16"),
                           ("int8", "int8"), ("vit-int8", "int8")):
-        assert rows[name] == weights, result.stdout
+        assert rows[name] == weights, lines
 
 
 @pytest.mark.parametrize("name", sorted(PRECISIONS))
