@@ -15,11 +15,11 @@ namespace moh {
 
 // Row counts up to this (bf16 and int8 alike) stream W once, each group of
 // W's rows widened in registers against every row of x (a decode step);
-// beyond, W is widened panel by panel into a buffer (1 MiB, 8 MiB past
-// kMaxStreamedRows) and the float32 kernels (StreamedLinear /
-// BlockedLinear) run on it: a prefill pays the widening once per panel
-// against many rows. (At 16 rows the
-// few-row kernel, two passes over W, measured no faster than the panels.)
+// up to kMaxStreamedRows, each thread widens 32 rows of W at a time into
+// its buffer and streams them against x (StreamedLinear's tiles); beyond, W
+// is widened panel by panel (8 MiB) into BlockedLinear: a prefill pays the
+// widening once per panel against many rows. (At 16 rows the few-row
+// kernel, two passes over W, measured no faster than the widened blocks.)
 inline constexpr int64_t kMaxBf16StreamRows = 8;
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
@@ -90,9 +90,9 @@ void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
 using WidenRowsFn = std::function<void(int64_t j, int64_t rows, float *out)>;
 
 // The panel path (m > kMaxBf16StreamRows) of Bf16Linear and Int8Linear:
-// y [m, n] = x [m, k] W^T (+ bias) with W widened by `widen` panel by panel
-// (widened on the intra-op pool) into the float32 kernels. False
-// only under CpuIsa::kPortable.
+// y [m, n] = x [m, k] W^T (+ bias) with W widened by `widen` block by
+// block (on the intra-op pool) into the float32 kernels. False only under
+// CpuIsa::kPortable.
 bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
                  const float *bias, const WidenRowsFn &widen, float *y);
 
