@@ -59,11 +59,6 @@ struct LinearWeight {
     }
     return (values.to(at::kFloat) * scale.unsqueeze(1)).to(dtype);
   }
-  // Bytes held (values and scales).
-  int64_t nbytes() const {
-    return (values.defined() ? values.nbytes() : 0) +
-           (scale.defined() ? scale.nbytes() : 0);
-  }
 };
 
 // Rows `ids` of an embedding table held as a LinearWeight (tied to the

@@ -117,11 +117,8 @@ absl::Status LanguageServable::Warmup() const {
 void LanguageServable::Describe(v1::ModelInfo* info) const {
   info->set_max_seq_len(executor_->max_seq_len());
   info->set_kv_cache_dtype(DtypeName(lm_.model->kv_cache_dtype()));
-  const WeightFormat weights = lm_.model->linear_weights();
-  info->set_weights(
-      weights == WeightFormat::kAsLoaded
-          ? DtypeName(at::typeMetaToScalarType(lm_.model->options().dtype()))
-          : WeightFormatName(weights));
+  // Converted weights only; HostedModel::Info names the dtype otherwise.
+  info->set_weights(WeightFormatName(lm_.model->linear_weights()));
   const LanguageExecutor::Options& options = executor_->options();
   info->set_kv_block_size(options.kv_block_size);
   info->set_kv_blocks(options.kv_blocks);
