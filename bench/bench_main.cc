@@ -21,8 +21,7 @@ int main(int argc, char** argv) {
       threads != nullptr
           ? std::atoi(threads)
           : static_cast<int>(std::thread::hardware_concurrency()));
-  benchmark::AddCustomContext("instruction_set",
-                              moh::IsaName(moh::ActiveIsa()));
+  benchmark::AddCustomContext("instruction_set", moh::ActiveIsaLabel());
   benchmark::AddCustomContext("cpu_instruction_set",
                               moh::IsaName(moh::BestCpuIsa()));
   benchmark::Initialize(&argc, argv);

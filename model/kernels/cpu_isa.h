@@ -1,10 +1,12 @@
 // The instruction set the hand-written CPU kernels (model/kernels) run: the
 // best the CPU has (AVX-512F, else AVX2 + FMA, else none), capped by the
-// environment variable MOH_CPU_ISA = avx512 | avx2 | portable, so that the
-// AVX2 paths can be tested and timed on an AVX-512 machine and the portable
-// paths (LibTorch / OpenBLAS) on any. Read once, on first use; an unknown
-// value is ignored with one line on stderr. A cap above what the CPU has
-// changes nothing. Thread-safe.
+// environment variable MOH_CPU_ISA = avx512 | avx512f | avx2 | portable, so
+// that the AVX2 paths can be tested and timed on an AVX-512 machine and the
+// portable paths (LibTorch / OpenBLAS) on any. avx512f is AVX-512 without
+// the dot-product extensions below (CpuExtension): the float32-widening
+// paths those replace. Read once, on first use; an unknown value is ignored
+// with one line on stderr. A cap above what the CPU has changes nothing.
+// Thread-safe.
 #pragma once
 
 namespace moh {
@@ -20,5 +22,19 @@ CpuIsa ActiveIsa();
 
 // "avx512", "avx2" or "portable": MOH_CPU_ISA's spelling of it.
 const char *IsaName(CpuIsa isa);
+
+// AVX-512 extensions beyond AVX-512F that some kernels use for products with
+// low-precision weights: AVX512_BF16 (vdpbf16ps, pairs of bfloat16 products
+// summed into float32) and AVX512_VNNI (vpdpbusd, four u8 x s8 products
+// summed into int32).
+enum class CpuExtension { kAvx512Bf16, kAvx512Vnni };
+
+// Whether the kernels may use `ext`: ActiveIsa() is kAvx512, the CPU has it,
+// and MOH_CPU_ISA is not avx512f.
+bool ActiveExtension(CpuExtension ext);
+
+// What the kernels run, extensions included: "avx512+bf16+vnni",
+// "avx512", "avx2" or "portable" (the benchmarks' and tools' label).
+const char *ActiveIsaLabel();
 
 }  // namespace moh
