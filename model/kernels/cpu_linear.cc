@@ -115,7 +115,10 @@ TileFn TileFor(int64_t rows) {
 }
 
 // y[j] = W[j] . x for R rows of W: R accumulators of 16 floats, k's
-// remainder through masked loads.
+// remainder through masked loads. Each step (a cache line of each row)
+// prefetches the same line of the next R rows into L2, as the low-precision
+// kernels do (cpu_lowp_rows_impl.h): a model's rows are short streams (2 KiB
+// at k 512) for the hardware prefetchers to ramp up on.
 template <int R>
 __attribute__((target("avx512f"))) void DotRows(const float *x, int64_t k,
                                                 const float *w, int64_t ldw,
@@ -125,6 +128,11 @@ __attribute__((target("avx512f"))) void DotRows(const float *x, int64_t k,
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int64_t body = k & ~int64_t{15};
   for (int64_t p = 0; p < body; p += 16) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char *>(w + (R + r) * ldw + p),
+                   _MM_HINT_T1);
+    }
     const __m512 xv = _mm512_loadu_ps(x + p);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {

@@ -69,6 +69,23 @@ __attribute__((target("avx2,fma"))) void DotRows8(const float *x, int64_t k,
 #pragma GCC unroll 8
   for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
   int64_t p = 0;
+  // A cache line of each row a step, the next 8 rows' same line prefetched
+  // into L2 (DotRows in cpu_linear.cc says why).
+  for (; p + 16 <= k; p += 16) {
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      _mm_prefetch(reinterpret_cast<const char *>(w + (8 + r) * ldw + p),
+                   _MM_HINT_T1);
+    }
+#pragma GCC unroll 2
+    for (int64_t q = p; q < p + 16; q += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + q);
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * ldw + q), xv, acc[r]);
+      }
+    }
+  }
   for (; p + 8 <= k; p += 8) {
     const __m256 xv = _mm256_loadu_ps(x + p);
 #pragma GCC unroll 8
