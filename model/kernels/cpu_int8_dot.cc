@@ -11,9 +11,9 @@
 // 128 * sum_{p in b} w[j, p], which depends on W's column and block only:
 // it is computed as W's block is packed (once per pass, against every row
 // of x) and its negation is the int32 accumulators' starting value, a load
-// in place of a zeroing. Unsigned W would instead need a per-(row of x,
-// block) correction subtracted inside the kernel, and an extra pass over
-// W's bytes to offset them.
+// in place of a zeroing. Unsigned W (offset as it is packed) would instead
+// need a correction per (row of x, block), 128 * sum_{p in b} qx[i, p],
+// applied to every accumulator inside the kernel's loop.
 #include "model/kernels/cpu_int8_dot.h"
 
 #include <ATen/Parallel.h>
