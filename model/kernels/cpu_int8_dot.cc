@@ -57,6 +57,12 @@ inline __m512i BroadcastQuad(const uint8_t *p) {
   return _mm512_set1_epi32(v);
 }
 
+// The first `count` of 16 lanes (none for count <= 0, all from 16).
+inline __mmask16 LaneMask(int64_t count) {
+  if (count <= 0) return 0;
+  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+}
+
 // Rows [0, rows) of x [., k] (rows <= kRows) quantized into one panel:
 // block b at out + b * kXBlockBytes holds [quad][row][4 bytes] of qx + 128,
 // and scales[b * kRows + r] its d. Rows past `rows` and values past k are
@@ -69,12 +75,7 @@ void PackXPanel(const float *x, int64_t k, int64_t rows, int64_t blocks,
     uint8_t *block = out + b * kXBlockBytes;
     const int64_t p0 = b * kBlock;
     const int64_t len = std::min(kBlock, k - p0);
-    const __mmask16 mask0 =
-        len >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << len) - 1);
-    const __mmask16 mask1 =
-        len >= 32
-            ? __mmask16(0xFFFF)
-            : (len <= 16 ? __mmask16(0) : __mmask16((1u << (len - 16)) - 1));
+    const __mmask16 mask0 = LaneMask(len), mask1 = LaneMask(len - 16);
     for (int64_t r = 0; r < kRows; ++r) {
       alignas(32) uint8_t q[kBlock];
       float d = 0.0f;
@@ -182,12 +183,7 @@ void DotKernel(int64_t blocks, const uint8_t *xq, const float *xs,
       sum[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][1]), d, sum[i][1]);
     }
   }
-  const __mmask16 mask0 =
-      cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 mask1 =
-      cols >= 32
-          ? __mmask16(0xFFFF)
-          : (cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1));
+  const __mmask16 mask0 = LaneMask(cols), mask1 = LaneMask(cols - 16);
   const __m512 s0 = _mm512_maskz_loadu_ps(mask0, scale);
   const __m512 s1 = _mm512_maskz_loadu_ps(mask1, scale + 16);
   const __m512 a0 = bias != nullptr ? _mm512_maskz_loadu_ps(mask0, bias)
