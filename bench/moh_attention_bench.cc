@@ -14,11 +14,15 @@
 //                  counts, float32 (moh::Linear) beside bf16 (Bf16Linear)
 //                  and int8 (Int8Linear) weights.
 //   BM_QuantizeInt8Rows: a model load's per-row int8 quantization.
+//   BM_Int8Prefill: a prefill's product with int8 weights: float32
+//                  BlockedLinear, the widening panel path and Int8DotLinear
+//                  (VNNI) side by side, at 1 and 2 threads.
 // MOH_BENCH_THREADS=N pins the threads; MOH_CPU_ISA=avx2 (or portable) times
 // the kernels' AVX2 paths (or LibTorch's) on an AVX-512 machine. The context
 // prints the instruction set that ran (bench_main.cc).
 //
 //   build/bench/moh_attention_bench --benchmark_counters_tabular=true
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -28,6 +32,8 @@
 #include "model/core/linear.h"
 #include "model/core/llama_model.h"
 #include "model/core/runtime.h"
+#include "model/kernels/cpu_int8_dot.h"
+#include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_lowp_linear.h"
 
 namespace moh {
@@ -269,6 +275,57 @@ void BM_QuantizeInt8Rows(benchmark::State& state) {
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_QuantizeInt8Rows)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// A prefill's product with a 1 B layout's projections (x [512, 2048] times
+// W [n, 2048]^T, n 2048 or 8192) three ways ("path"): 0 float32 W through
+// BlockedLinear; 1 int8 W widened panel by panel into it (PanelLinear, what
+// Int8Linear runs without VNNI); 2 Int8DotLinear, x quantized per 32
+// values into integer dot products. LibTorch's threads set to "threads"
+// (MOH_BENCH_THREADS aside). GFLOP/s on an AMD EPYC (avx512+bf16+vnni),
+// paths 0 / 1 / 2: n 2048, 1 thread 86 / 82 / 352, 2 threads 192 / 173 /
+// 653; n 8192, 1 thread 95 / 88 / 340, 2 threads 202 / 176 / 658.
+void BM_Int8Prefill(benchmark::State& state) {
+  const int64_t m = 512, k = 2048, path = state.range(0), n = state.range(1);
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(static_cast<int>(state.range(2)));
+  const at::Tensor x = at::randn({m, k});
+  const at::Tensor w = at::randn({n, k});
+  at::Tensor q = at::empty({n, k}, at::kChar);
+  at::Tensor scale = at::empty({n});
+  QuantizeInt8Rows(w.data_ptr<float>(), k, n, k, q.data_ptr<int8_t>(),
+                   scale.data_ptr<float>());
+  const int8_t* qd = q.data_ptr<int8_t>();
+  const float* sd = scale.data_ptr<float>();
+  at::Tensor y = at::empty({m, n});
+  bool ran = true;
+  for (auto _ : state) {
+    if (path == 0) {
+      ran = BlockedLinear(x.data_ptr<float>(), m, k, w.data_ptr<float>(), k, n,
+                          nullptr, y.data_ptr<float>());
+    } else if (path == 1) {
+      ran = kernels_internal::PanelLinear(
+          x.data_ptr<float>(), m, k, n, nullptr,
+          [&](int64_t j, int64_t rows, float* out) {
+            WidenInt8Rows(qd + j * k, k, rows, k, sd + j, out);
+          },
+          y.data_ptr<float>());
+    } else {
+      ran = Int8DotLinear(x.data_ptr<float>(), m, k, qd, k, n, sd, nullptr,
+                          y.data_ptr<float>());
+    }
+    benchmark::ClobberMemory();
+  }
+  at::set_num_threads(previous_threads);
+  if (!ran) state.SkipWithError("refused under this instruction set");
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2e-9 * static_cast<double>(m * n * k),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Int8Prefill)
+    ->ArgNames({"path", "n", "threads"})
+    ->ArgsProduct({{0, 1, 2}, {2048, 8192}, {1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace moh

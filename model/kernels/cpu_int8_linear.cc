@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/kernels/cpu_int8_dot.h"
 #include "model/kernels/cpu_isa.h"
+#include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_lowp_linear.h"
 
 namespace moh {
@@ -69,6 +71,12 @@ bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
                                        y);
       }
     });
+    return true;
+  }
+  // A prefill, on VNNI CPUs: x quantized per 32 values into integer dot
+  // products. Decode batches (up to kMaxStreamedRows) keep x in float32.
+  if (m > kMaxStreamedRows &&
+      Int8DotLinear(x, m, k, w, ldw, n, scale, bias, y)) {
     return true;
   }
   return kernels_internal::PanelLinear(

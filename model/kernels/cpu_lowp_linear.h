@@ -20,6 +20,9 @@ namespace moh {
 // is widened panel by panel (8 MiB) into BlockedLinear: a prefill pays the
 // widening once per panel against many rows. (At 16 rows the few-row
 // kernel, two passes over W, measured no faster than the widened blocks.)
+// An int8 prefill on a CPU with AVX512_VNNI instead quantizes x per 32
+// values of a row, as llama.cpp's Q8_0 does, and multiplies in integer dot
+// products (Int8DotLinear, cpu_int8_dot.h); decode rows stay float32.
 inline constexpr int64_t kMaxBf16StreamRows = 8;
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
@@ -38,7 +41,9 @@ void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
 // W[j, p] = w[j, p] * scale[j]. y [m, n] = x [m, k] W^T (+ bias [n]) for
 // row-major contiguous x and y and an int8 W [n, k] with row stride
 // ldw >= k. Runs ActiveIsa()'s instruction set; returns false, doing
-// nothing, under CpuIsa::kPortable. Threads split W's rows.
+// nothing, under CpuIsa::kPortable. Threads split W's rows. Beyond
+// kMaxStreamedRows rows with AVX512_VNNI (ActiveExtension), x is quantized
+// per 32 values (Int8DotLinear's numerics), else it stays float32.
 bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
                 int64_t ldw, int64_t n, const float *scale, const float *bias,
                 float *y);

@@ -3,21 +3,104 @@
 // sees): every row count of the few-row path and beyond it (the panel
 // path), depth remainders of both vector widths, a row stride wider than k,
 // bias, and several panels; QuantizeInt8Rows' error bound, zero rows and
-// round trip through WidenInt8Rows. Registered once per instruction set
+// round trip through WidenInt8Rows. Int8DotLinear (cpu_int8_dot.h), which
+// Int8Linear's prefill runs on VNNI CPUs, against a double-precision
+// reference of its quantized arithmetic, and Int8Linear's prefill there
+// within the bound of x's quantization. Registered once per instruction set
 // (kernel_isa_test_util.h).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "model/kernels/cpu_int8_dot.h"
+#include "model/kernels/cpu_isa.h"
+#include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_lowp_linear.h"
 #include "tests/model/kernels/kernel_isa_test_util.h"
 
 namespace moh {
 namespace {
 
+bool DotPathRuns() { return ActiveExtension(CpuExtension::kAvx512Vnni); }
+
+#define MOH_SKIP_UNLESS_DOT_PATH_RUNS() \
+  MOH_SKIP_UNLESS_KERNELS_RUN();        \
+  if (!DotPathRuns())                   \
+  GTEST_SKIP() << "no AVX512_VNNI under " << ActiveIsaLabel()
+
+// x [m, k] quantized as Int8DotLinear documents, written independently of
+// it: per run of 32 values d = max |x| / 127 and q = nearest-even(x / d)
+// (computed as x * (1 / d) in float32, as the contract says), q [m,
+// blocks * 32] zero-padded and d [m, blocks], both double.
+struct QuantizedX {
+  at::Tensor q, d;
+};
+QuantizedX QuantizeBlocksOf32(const at::Tensor &x) {
+  const int64_t m = x.size(0), k = x.size(1), blocks = (k + 31) / 32;
+  const at::Tensor xc = x.contiguous();
+  const float *data = xc.data_ptr<float>();
+  std::vector<double> q(m * blocks * 32, 0.0), d(m * blocks, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t p0 = b * 32, p1 = std::min(k, p0 + 32);
+      float largest = 0.0f;
+      for (int64_t p = p0; p < p1; ++p)
+        largest = std::max(largest, std::fabs(data[i * k + p]));
+      const float step = largest / 127.0f;
+      const float inverse = step != 0.0f ? 1.0f / step : 0.0f;
+      d[i * blocks + b] = step;
+      for (int64_t p = p0; p < p1; ++p) {
+        const float scaled = data[i * k + p] * inverse;
+        q[i * blocks * 32 + p] = std::nearbyint(scaled);
+      }
+    }
+  }
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  return {at::tensor(q, f64).reshape({m, blocks * 32}),
+          at::tensor(d, f64).reshape({m, blocks})};
+}
+
+// W's int8 values [n, k] as double, zero-padded to whole blocks of 32.
+at::Tensor PaddedWeights(const at::Tensor &w) {
+  const int64_t k = w.size(1), padded = (k + 31) / 32 * 32;
+  return at::constant_pad_nd(w.to(at::kDouble), {0, padded - k});
+}
+
+// Int8Linear's prefill on the dot path quantizes x: each value moves by at
+// most half its block's step d, so |y - x W^T| <= sum_b d_b / 2 *
+// sum_{p in b} |W[j, p]| (the worst case, every error aligned with W's
+// sign), plus float32's summation error as ExpectKernelEqualsLinear allows.
+void ExpectWithinQuantizationBound(const at::Tensor &x,
+                                   const at::Tensor &dequantized,
+                                   const at::Tensor &bias,
+                                   const std::string &what,
+                                   const std::function<bool(float *)> &run) {
+  const int64_t m = x.size(0), k = x.size(1), n = dequantized.size(0);
+  const at::Tensor want = bias.defined() ? at::linear(x, dequantized, bias)
+                                         : at::linear(x, dequantized);
+  const QuantizedX qx = QuantizeBlocksOf32(x);
+  const int64_t blocks = qx.d.size(1);
+  const at::Tensor w_block_sums =
+      PaddedWeights(dequantized).abs().reshape({n, blocks, 32}).sum(2);
+  const at::Tensor bound =
+      at::matmul(qx.d * 0.5, w_block_sums.t()).to(at::kFloat) +
+      want.abs() * 1e-4 + 1e-3 * std::sqrt(double(k));
+  at::Tensor got = at::full({m, n}, std::nanf(""));
+  ASSERT_TRUE(run(got.data_ptr<float>()));
+  const at::Tensor error = (got - want).abs();
+  EXPECT_TRUE((error <= bound).all().item<bool>())
+      << what << " m " << m << " k " << k << " n " << n << " max error "
+      << error.max().item<float>() << " largest error / bound "
+      << (error / bound).max().item<float>();
+}
+
 // W's values span int8's range; the scales keep |W| near 127 * 0.021.
+// Prefill rows on the dot path are held to x's quantization bound.
 void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
                          int64_t extra_columns) {
   at::manual_seed(m * 1000 + k + n);
@@ -28,6 +111,15 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor scale = at::rand({n}) * 0.02 + 0.001;
   const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
   const at::Tensor dequantized = w.to(at::kFloat) * scale.unsqueeze(1);
+  if (m > kMaxStreamedRows && DotPathRuns()) {
+    ExpectWithinQuantizationBound(
+        x, dequantized, b, "ldw " + std::to_string(w.stride(0)), [&](float *y) {
+          return Int8Linear(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
+                            w.stride(0), n, scale.data_ptr<float>(),
+                            bias ? b.data_ptr<float>() : nullptr, y);
+        });
+    return;
+  }
   ExpectKernelEqualsLinear(
       x, dequantized, b, "ldw " + std::to_string(w.stride(0)), [&](float *y) {
         return Int8Linear(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
@@ -42,6 +134,96 @@ TEST(Int8LinearTest, EqualsLinearOnEveryPath) {
   ForFewRowCounts(kMaxBf16StreamRows, ExpectMatchesLinear);
   ForRemainders(ExpectMatchesLinear);
   ForPanelPath(kMaxBf16StreamRows + 1, ExpectMatchesLinear);
+}
+
+// Prefill row counts on both sides of kMaxStreamedRows: float32 x (the
+// panel path) up to it, quantized x beyond on VNNI CPUs (else the panel
+// path again), with a wider row stride and several 128-column tasks.
+TEST(Int8LinearTest, PrefillWithinQuantizationBound) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  for (int64_t m : {kMaxStreamedRows, kMaxStreamedRows + 1, int64_t{525}}) {
+    ExpectMatchesLinear(m, 2048, 300, true, 0);
+    ExpectMatchesLinear(m, 95, 33, false, 5);
+  }
+}
+
+// Int8DotLinear against the double-precision sum of its quantized
+// products: the integer sums are exact, so the only difference is float32's
+// rounding of the per-block scaling and accumulation, at most one rounding
+// per block (plus the scale, the bias and the conversion) of the largest
+// partial sum, which sum_b |d_b dot_b| bounds. x's rows have different
+// magnitudes, row 5 is zeros; W spans all of int8 (-128 too).
+void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias) {
+  const std::string what = "m " + std::to_string(m) + " k " +
+                           std::to_string(k) + " n " + std::to_string(n) +
+                           " bias " + std::to_string(bias);
+  at::manual_seed(m * 7919 + k * 31 + n);
+  at::Tensor x = at::randn({m, k}) * (at::rand({m, 1}) * 8 + 0.01);
+  x[5].zero_();
+  const int64_t extra_columns = bias ? 3 : 0;
+  const at::Tensor w = at::randint(-128, 128, {n, k + extra_columns})
+                           .to(at::kChar)
+                           .narrow(1, 0, k);
+  const at::Tensor scale = at::rand({n}) * 0.02 + 0.001;
+  const at::Tensor b = bias ? at::randn({n}) : at::zeros({n});
+
+  const QuantizedX qx = QuantizeBlocksOf32(x);
+  const at::Tensor qw = PaddedWeights(w);
+  const int64_t blocks = qx.d.size(1);
+  at::Tensor sum = at::zeros({m, n}, at::kDouble);
+  at::Tensor magnitude = at::zeros({m, n}, at::kDouble);
+  for (int64_t block = 0; block < blocks; ++block) {
+    const at::Tensor dot = at::matmul(qx.q.narrow(1, block * 32, 32),
+                                      qw.narrow(1, block * 32, 32).t());
+    const at::Tensor term = qx.d.narrow(1, block, 1) * dot;
+    sum += term;
+    magnitude += term.abs();
+  }
+  const at::Tensor s = scale.to(at::kDouble);
+  const at::Tensor want = sum * s + b.to(at::kDouble);
+  const at::Tensor tolerance =
+      (magnitude * s + b.to(at::kDouble).abs()) * ((blocks + 4) * 1.2e-7);
+
+  at::Tensor got = at::full({m, n}, std::nanf(""));
+  ASSERT_TRUE(Int8DotLinear(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
+                            w.stride(0), n, scale.data_ptr<float>(),
+                            bias ? b.data_ptr<float>() : nullptr,
+                            got.data_ptr<float>()))
+      << what;
+  const at::Tensor error = (got.to(at::kDouble) - want).abs();
+  // NaN fails the comparison, so a value left unwritten never passes.
+  EXPECT_TRUE((error <= tolerance).all().item<bool>())
+      << what << " max error " << error.max().item<double>()
+      << " largest error / tolerance "
+      << (error / tolerance).nan_to_num(1e30).max().item<double>();
+  EXPECT_TRUE((got[5] == (bias ? b : at::zeros({n}))).all().item<bool>())
+      << what << ": a row of zeros gives the bias";
+}
+
+TEST(Int8DotLinearTest, EqualsQuantizedReferenceWithRemainders) {
+  MOH_SKIP_UNLESS_DOT_PATH_RUNS();
+  for (int64_t m : {129, 200, 525}) {
+    for (int64_t k : {1, 3, 31, 32, 33, 64, 95, 513, 2048}) {
+      for (int64_t n : {1, 17, 32, 33, 100, 1000}) {
+        ExpectDotMatchesReference(m, k, n, false);
+        ExpectDotMatchesReference(m, k, n, true);
+      }
+    }
+  }
+}
+
+// k past one pass over W (2048 values): the second pass adds to y.
+TEST(Int8DotLinearTest, SeveralPassesOverK) {
+  MOH_SKIP_UNLESS_DOT_PATH_RUNS();
+  ExpectDotMatchesReference(131, 4100, 70, true);
+}
+
+TEST(Int8DotLinearTest, RefusesWithoutVnni) {
+  if (DotPathRuns()) GTEST_SKIP() << "AVX512_VNNI runs";
+  float x = 1, y = 0, scale = 1;
+  const int8_t w = 1;
+  EXPECT_FALSE(Int8DotLinear(&x, 1, 1, &w, 1, 1, &scale, nullptr, &y));
+  EXPECT_EQ(y, 0.0f);
 }
 
 TEST(Int8LinearTest, RefusesUnderPortable) {

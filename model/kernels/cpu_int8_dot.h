@@ -1,0 +1,29 @@
+// Int8DotLinear: a prefill's product with weight-only int8 W (Int8Linear's
+// weights, model/kernels/cpu_lowp_linear.h) in integer dot products on
+// AVX512_VNNI, with x quantized to int8 per 32 values as llama.cpp's Q8_0
+// quantizes activations.
+#pragma once
+
+#include <cstdint>
+
+namespace moh {
+
+// Values of a row of x that share one int8 scale (llama.cpp's QK8_0).
+inline constexpr int64_t kInt8DotBlock = 32;
+
+// y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and a
+// row-major int8 W [n, k] (row stride ldw >= k) with one float32 scale per
+// row: W[j, p] = w[j, p] * scale[j]. Each run of kInt8DotBlock values of a
+// row of x (the last zero-padded) is quantized symmetrically:
+// d = max |x| / 127 and qx = round-to-nearest-even(x * (1 / d)) (0 where
+// d is 0), so that
+//   y[i, j] = scale[j] * sum_b d[i, b] * (sum_{p in b} qx[i, p] w[j, p])
+// with exact integer inner sums. Unlike Q8_0, d stays float32 (Q8_0 stores
+// it as float16). Returns false, doing nothing, unless
+// ActiveExtension(CpuExtension::kAvx512Vnni). Threads split y's columns
+// on the intra-op pool. bias may be null.
+bool Int8DotLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
+                   int64_t ldw, int64_t n, const float *scale,
+                   const float *bias, float *y);
+
+}  // namespace moh
