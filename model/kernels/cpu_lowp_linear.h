@@ -16,16 +16,21 @@ namespace moh {
 // Row counts up to this (bf16 and int8 alike) stream W once, each group of
 // W's rows widened in registers against every row of x (a decode step);
 // up to kMaxStreamedRows, each thread widens 32 rows of W at a time into
-// its buffer and streams them against x (StreamedLinear's tiles); beyond, W
-// is widened panel by panel (8 MiB) into BlockedLinear: a prefill pays the
-// widening once per panel against many rows. (At 16 rows the few-row
-// kernel, two passes over W, measured no faster than the widened blocks.)
+// its buffer and streams them against x (StreamedLinear's tiles); beyond (a
+// prefill), a bf16 W on an AVX512_BF16 CPU is multiplied in bfloat16 as
+// llama.cpp does, x rounded to bfloat16 and the products summed in float32
+// (Bf16DotLinear, cpu_bf16_dot.h); otherwise, and for int8, W is widened
+// panel by panel (8 MiB) into BlockedLinear: a prefill pays the widening
+// once per panel against many rows. (At 16 rows the few-row kernel, two
+// passes over W, measured no faster than the widened blocks.)
 inline constexpr int64_t kMaxBf16StreamRows = 8;
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
 // a row-major bfloat16 W [n, k] (bits as uint16) with row stride ldw >= k.
 // Runs ActiveIsa()'s instruction set; returns false, doing nothing, under
-// CpuIsa::kPortable. Threads split W's rows on the intra-op pool.
+// CpuIsa::kPortable. Past kMaxStreamedRows rows with AVX512_BF16 active, x
+// is rounded to bfloat16 (above). Threads split W's rows on the intra-op
+// pool.
 bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                 int64_t ldw, int64_t n, const float *bias, float *y);
 
