@@ -174,7 +174,7 @@ void PackWeights(const uint16_t *w, int64_t ldw, int64_t cols, int64_t k,
 // What the tasks of one Bf16DotLinear share.
 struct DotProblem {
   const float *xp;  // x packed: pass by pass, kBlockM-row panels
-  int64_t m, k, k_pairs, padded_m;
+  int64_t k, k_pairs, padded_m;
   Passes passes;
   const uint16_t *w;
   int64_t ldw, n;
@@ -259,8 +259,8 @@ bool Bf16DotLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
   const int64_t row_groups = std::min(
       panels,
       std::max<int64_t>(1, (threads + column_tasks - 1) / column_tasks));
-  const DotProblem problem{xp, m,   k, k_pairs, padded_m, passes,
-                           w,  ldw, n, bias,    y};
+  const DotProblem problem{xp, k,   k_pairs, padded_m, passes,
+                           w,  ldw, n,       bias,     y};
   RunTasks(
       column_tasks * row_groups, threads > 1, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
