@@ -14,7 +14,9 @@ namespace moh {
 // float32 x and y and a row-major bfloat16 W [n, k] (bits as uint16) with
 // row stride ldw >= k, read in place. x is rounded to the nearest bfloat16
 // (ties to even), so y differs from the float32 product by up to 2^-9 of
-// each |x| |w| term; products are summed in float32. Returns false, doing
+// each |x| |w| term, and products are summed in float32; subnormal values
+// become zero in both steps, as the instructions (vcvtne2ps2bf16,
+// vdpbf16ps) do whatever MXCSR says. Returns false, doing
 // nothing, unless ActiveExtension(CpuExtension::kAvx512Bf16) (cpu_isa.h) or
 // when a dimension is < 1. Threads split y's columns on the intra-op pool.
 bool Bf16DotLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
