@@ -13,6 +13,10 @@
 //                  [8192, 2048]) read from memory at decode and prefill row
 //                  counts, float32 (moh::Linear) beside bf16 (Bf16Linear)
 //                  and int8 (Int8Linear) weights.
+//   BM_Bf16PrefillProduct: a 1 B layout's prefill product (x [512, 2048],
+//                  W [2048, 2048] and [8192, 2048] in bf16): float32
+//                  BlockedLinear, the float32-widening panel path, and
+//                  Bf16DotLinear (vdpbf16ps) side by side, in GFLOP/s.
 //   BM_QuantizeInt8Rows: a model load's per-row int8 quantization.
 //   BM_Int8Prefill: a prefill's product with int8 weights: float32
 //                  BlockedLinear, the widening panel path and Int8DotLinear
@@ -32,7 +36,9 @@
 #include "model/core/linear.h"
 #include "model/core/llama_model.h"
 #include "model/core/runtime.h"
+#include "model/kernels/cpu_bf16_dot.h"
 #include "model/kernels/cpu_int8_dot.h"
+#include "model/kernels/cpu_isa.h"
 #include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_lowp_linear.h"
 
@@ -257,6 +263,51 @@ BENCHMARK(BM_LowpLinearColdWeights)
     ->ArgsProduct({{1, 8, 16, 32, 512}, {2048, 8192}, {0, 1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// y = x W^T for a prefill's 512 rows (k 2048) with W [n, 2048] hot in
+// cache as far as it fits, by path: 0 float32 BlockedLinear over W widened
+// beforehand (the float32 model's product), 1 bf16 W widened panel by panel
+// into BlockedLinear (Bf16Linear's prefill without AVX512_BF16), 2
+// Bf16DotLinear (x rounded to bf16; skipped without AVX512_BF16).
+void BM_Bf16PrefillProduct(benchmark::State& state) {
+  const int64_t rows = 512, k = 2048, n = state.range(0);
+  const int64_t path = state.range(1);
+  if (path == 2 && !ActiveExtension(CpuExtension::kAvx512Bf16)) {
+    state.SkipWithError("no AVX512_BF16");
+    return;
+  }
+  const at::Tensor x = at::randn({rows, k});
+  const at::Tensor w = at::randn({n, k}).to(at::kBFloat16);
+  const at::Tensor wide = w.to(at::kFloat);
+  const auto* bits =
+      reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  at::Tensor y = at::empty({rows, n});
+  for (auto _ : state) {
+    if (path == 0) {
+      BlockedLinear(x.data_ptr<float>(), rows, k, wide.data_ptr<float>(), k, n,
+                    nullptr, y.data_ptr<float>());
+    } else if (path == 1) {
+      kernels_internal::PanelLinear(
+          x.data_ptr<float>(), rows, k, n, nullptr,
+          [&](int64_t j, int64_t count, float* out) {
+            WidenBf16Rows(bits + j * k, k, count, k, out);
+          },
+          y.data_ptr<float>());
+    } else {
+      Bf16DotLinear(x.data_ptr<float>(), rows, k, bits, k, n, nullptr,
+                    y.data_ptr<float>());
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2e-9 * static_cast<double>(rows * k * n),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Bf16PrefillProduct)
+    ->ArgNames({"n", "path"})
+    ->ArgsProduct({{2048, 8192}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // QuantizeInt8Rows over a [8192, 2048] float32 W (an 8 B model holds about
 // 500 of them).

@@ -11,7 +11,8 @@
 // faster than OpenBLAS's sgemm) and OpenBLAS takes the rest.
 // A bfloat16 weight (LlamaModel's `weights: "bfloat16"`) with float32 x goes
 // to Bf16Linear (model/kernels/cpu_lowp_linear.h), which widens W in
-// registers; an int8 weight (`weights: "int8"`: LinearWeight's values and a
+// registers (a prefill on an AVX512_BF16 CPU rounds x to bfloat16 instead);
+// an int8 weight (`weights: "int8"`: LinearWeight's values and a
 // scale per row) to Int8Linear; elsewhere (kPortable, CUDA) W is widened per
 // call to x's type.
 #pragma once

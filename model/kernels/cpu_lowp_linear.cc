@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "model/kernels/cpu_bf16_dot.h"
 #include "model/kernels/cpu_isa.h"
 #include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_streamed_rows.h"
@@ -172,6 +173,12 @@ bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
         kernels_internal::Bf16RowsAvx2(x, m, k, w, ldw, n, j0, j1, bias, y);
       }
     });
+    return true;
+  }
+  // A prefill on AVX512_BF16 multiplies in bfloat16 (x rounded), as
+  // llama.cpp does; decode batches keep float32 x (few rows are bound by
+  // reading W, which the dot products would not speed up).
+  if (m > kMaxStreamedRows && Bf16DotLinear(x, m, k, w, ldw, n, bias, y)) {
     return true;
   }
   return kernels_internal::PanelLinear(

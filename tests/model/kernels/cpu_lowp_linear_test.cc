@@ -3,14 +3,21 @@
 // every row count of the few-row path and beyond it (the panel path, into
 // StreamedLinear and BlockedLinear), depth remainders of both vector widths,
 // a row stride wider than k (a column slice), bias, and several panels.
-// Registered once per instruction set (kernel_isa_test_util.h).
+// Past kMaxStreamedRows on AVX512_BF16 CPUs it multiplies x rounded to
+// bfloat16 (Bf16DotLinear, cpu_bf16_dot.h), tested here against a double
+// reference over the same rounded x. Registered once per instruction set
+// (kernel_isa_test_util.h).
 #include "model/kernels/cpu_lowp_linear.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
+#include "model/kernels/cpu_bf16_dot.h"
+#include "model/kernels/cpu_isa.h"
+#include "model/kernels/cpu_linear.h"
 #include "tests/model/kernels/kernel_isa_test_util.h"
 
 namespace moh {
@@ -23,9 +30,12 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor wide = at::randn({n, k + extra_columns}).to(at::kBFloat16);
   const at::Tensor w = wide.narrow(1, 0, k);
   const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
+  // What the kernel multiplies: x itself, or on the dot path x's bfloat16s.
+  const bool dot =
+      m > kMaxStreamedRows && ActiveExtension(CpuExtension::kAvx512Bf16);
   ExpectKernelEqualsLinear(
-      x, w.to(at::kFloat), b, "ldw " + std::to_string(w.stride(0)),
-      [&](float *y) {
+      dot ? x.to(at::kBFloat16).to(at::kFloat) : x, w.to(at::kFloat), b,
+      "ldw " + std::to_string(w.stride(0)), [&](float *y) {
         return Bf16Linear(
             x.data_ptr<float>(), m, k,
             reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()),
@@ -48,6 +58,32 @@ TEST(Bf16LinearTest, PanelPathStreamedAndBlocked) {
   ForPanelPath(kMaxBf16StreamRows + 1, ExpectMatchesLinear);
 }
 
+// Bf16Linear's prefill against float32 x: within the rounding of x to
+// bfloat16 (<= 2^-9 of each |x| |w| term) on the dot path, and far inside
+// it on the widening one.
+TEST(Bf16LinearTest, PrefillWithinBf16ActivationBound) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  for (int64_t m : {kMaxStreamedRows + 1, int64_t{300}}) {
+    at::manual_seed(m);
+    const int64_t k = 2048, n = 300;
+    const at::Tensor x = at::randn({m, k});
+    const at::Tensor w = at::randn({n, k}).to(at::kBFloat16);
+    const at::Tensor wf = w.to(at::kFloat);
+    at::Tensor y = at::full({m, n}, std::nanf(""));
+    ASSERT_TRUE(Bf16Linear(
+        x.data_ptr<float>(), m, k,
+        reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()), k, n,
+        nullptr, y.data_ptr<float>()));
+    const at::Tensor want = at::linear(x.to(at::kDouble), wf.to(at::kDouble));
+    const at::Tensor bound =
+        (std::ldexp(1.0, -9) + 1e-5) *
+        at::linear(x.abs().to(at::kDouble), wf.abs().to(at::kDouble));
+    EXPECT_TRUE(at::all((y.to(at::kDouble) - want).abs() <= bound).item<bool>())
+        << "m " << m << " max error / bound "
+        << ((y.to(at::kDouble) - want).abs() / bound).max().item<double>();
+  }
+}
+
 TEST(Bf16LinearTest, RefusesUnderPortable) {
   if (ActiveIsa() != CpuIsa::kPortable) GTEST_SKIP() << "kernels run";
   float x = 1, y = 0;
@@ -61,6 +97,78 @@ TEST(Bf16LinearTest, WidenIsExact) {
   WidenBf16Rows(reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()),
                 20, 3, 10, out.data_ptr<float>());
   EXPECT_TRUE(at::equal(out, w.narrow(1, 0, 10).to(at::kFloat)));
+}
+
+// Bf16DotLinear against a double product of the same bfloat16 values (x
+// rounded to nearest even, as at::Tensor::to rounds): only float32
+// summation error, bounded by 1e-5 of each element's |x| |w| sum (plus
+// |bias|, added in float32 too). Row,
+// depth (odd ones padded with a zero) and column remainders of its 14 x 32
+// tiles, 512-pair passes, and row strides odd and even.
+void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias) {
+  const int64_t extra_columns = n % 3;
+  at::manual_seed(m * 7919 + k * 31 + n);
+  const at::Tensor x = at::randn({m, k});
+  const at::Tensor w =
+      at::randn({n, k + extra_columns}).to(at::kBFloat16).narrow(1, 0, k);
+  const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
+  const at::Tensor xd = x.to(at::kBFloat16).to(at::kDouble);
+  const at::Tensor wd = w.to(at::kDouble);
+  at::Tensor want = at::matmul(xd, wd.t());
+  at::Tensor bound = at::matmul(xd.abs(), wd.abs().t());
+  if (bias) {
+    want += b.to(at::kDouble);
+    bound += b.abs().to(at::kDouble);
+  }
+  bound *= 1e-5;
+  at::Tensor y = at::full({m, n}, std::nanf(""));
+  ASSERT_TRUE(Bf16DotLinear(
+      x.data_ptr<float>(), m, k,
+      reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()),
+      w.stride(0), n, bias ? b.data_ptr<float>() : nullptr,
+      y.data_ptr<float>()));
+  // NaN (an element left unwritten) fails the comparison.
+  const at::Tensor error = (y.to(at::kDouble) - want).abs();
+  EXPECT_TRUE(at::all(error <= bound).item<bool>())
+      << "m " << m << " k " << k << " n " << n << " ldw " << w.stride(0)
+      << " bias " << bias << " NaNs " << at::isnan(y).sum().item<int64_t>()
+      << " max error / bound " << (error / bound).max().item<double>();
+}
+
+#define MOH_SKIP_UNLESS_BF16_DOT_RUNS()            \
+  MOH_SKIP_UNLESS_KERNELS_RUN();                   \
+  if (!ActiveExtension(CpuExtension::kAvx512Bf16)) \
+  GTEST_SKIP() << "no AVX512_BF16 under " << ActiveIsaLabel()
+
+TEST(Bf16DotLinearTest, EqualsDoubleReferenceOverRemainders) {
+  MOH_SKIP_UNLESS_BF16_DOT_RUNS();
+  for (int64_t m : {129, 200, 512 + 13}) {
+    for (int64_t k : {1, 2, 3, 31, 64, 95, 513, 2048}) {
+      for (int64_t n : {1, 17, 32, 33, 100, 1000}) {
+        ExpectDotMatchesReference(m, k, n, false);
+        ExpectDotMatchesReference(m, k, n, true);
+      }
+    }
+  }
+}
+
+// Few rows and columns: one thread's tile, and row groups split for
+// threads when y has fewer column chunks than there are threads.
+TEST(Bf16DotLinearTest, FewRowsAndColumns) {
+  MOH_SKIP_UNLESS_BF16_DOT_RUNS();
+  for (int64_t m : {1, 13, 14, 15, 40}) {
+    for (int64_t n : {1, 31, 200}) ExpectDotMatchesReference(m, 1100, n, m % 2);
+  }
+}
+
+TEST(Bf16DotLinearTest, RefusesWithoutAvx512Bf16) {
+  if (ActiveExtension(CpuExtension::kAvx512Bf16)) {
+    GTEST_SKIP() << "AVX512_BF16 runs";
+  }
+  float x = 1, y = 0;
+  const uint16_t w = 0x3f80;  // 1.0
+  EXPECT_FALSE(Bf16DotLinear(&x, 1, 1, &w, 1, 1, nullptr, &y));
+  EXPECT_EQ(y, 0.0f);
 }
 
 }  // namespace
