@@ -164,8 +164,9 @@ class LlamaModel {
   at::ScalarType kv_cache_dtype() const { return kv_cache_dtype_; }
   // How the linear weights are held (DeviceOptions::weights at Load): as
   // the model's dtype, bfloat16 (Bf16Linear) or int8 (Int8Linear), each
-  // multiplied with float32 activations (linear.h; a bfloat16 prefill on an
-  // AVX512_BF16 CPU rounds them to bfloat16); a tied embedding's
+  // multiplied with float32 activations (linear.h; a prefill rounds them to
+  // bfloat16 on AVX512_BF16 CPUs, to int8 per 32 values on AVX512_VNNI);
+  // a tied embedding's
   // looked-up rows are widened.
   WeightFormat linear_weights() const { return linear_weights_; }
 
