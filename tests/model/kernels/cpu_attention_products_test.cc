@@ -17,6 +17,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/kernels/cpu_bf16_dot.h"
+#include "model/kernels/cpu_int8_dot.h"
 #include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_softmax.h"
 #include "tests/model/kernels/kernel_isa_test_util.h"
@@ -27,6 +29,35 @@ namespace {
 // MOH_CPU_ISA caps the instruction set at what it names (so that the avx2
 // registration runs the AVX2 paths on an AVX-512 machine), and under
 // portable every kernel refuses, leaving its output alone.
+// The dot-product extensions run only under an uncapped (or avx512) AVX-512
+// and where the CPU has them; avx512f, avx2 and portable leave them out, and
+// the prefill kernels that need them then refuse, leaving y alone. The label
+// names what runs.
+TEST(KernelIsaTest, ExtensionsOnlyWhereAllowed) {
+  const char *requested = std::getenv("MOH_CPU_ISA");
+  const std::string cap = requested != nullptr ? requested : "";
+  const bool allowed = ActiveIsa() == CpuIsa::kAvx512 && cap != "avx512f";
+  const bool bf16 = ActiveExtension(CpuExtension::kAvx512Bf16);
+  const bool vnni = ActiveExtension(CpuExtension::kAvx512Vnni);
+  EXPECT_EQ(bf16, allowed && __builtin_cpu_supports("avx512bf16"));
+  EXPECT_EQ(vnni, allowed && __builtin_cpu_supports("avx512vnni"));
+  const std::string label = ActiveIsaLabel();
+  EXPECT_EQ(label.rfind(IsaName(ActiveIsa()), 0), 0u) << label;
+  EXPECT_EQ(label.find("+bf16") != std::string::npos, bf16) << label;
+  EXPECT_EQ(label.find("+vnni") != std::string::npos, vnni) << label;
+  float x[16] = {1.0f}, y[1] = {7.0f};
+  const uint16_t half[16] = {};
+  const int8_t bytes[16] = {};
+  const float scale[1] = {1.0f};
+  if (!bf16) {
+    EXPECT_FALSE(Bf16DotLinear(x, 1, 16, half, 16, 1, nullptr, y));
+  }
+  if (!vnni) {
+    EXPECT_FALSE(Int8DotLinear(x, 1, 16, bytes, 16, 1, scale, nullptr, y));
+  }
+  EXPECT_EQ(y[0], 7.0f);
+}
+
 TEST(KernelIsaTest, RequestedInstructionSetIsTheOneThatRuns) {
   const char *requested = std::getenv("MOH_CPU_ISA");
   const CpuIsa best = BestCpuIsa();
