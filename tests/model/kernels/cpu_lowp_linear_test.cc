@@ -3,10 +3,10 @@
 // every row count of the few-row path and beyond it (the panel path, into
 // StreamedLinear and BlockedLinear), depth remainders of both vector widths,
 // a row stride wider than k (a column slice), bias, and several panels.
-// Past kMaxStreamedRows on AVX512_BF16 CPUs it multiplies x rounded to
-// bfloat16 (Bf16DotLinear, cpu_bf16_dot.h), tested here against a double
-// reference over the same rounded x; Bf16DotRowsLinear, the decode-batch
-// kernel of the same numerics, likewise. Registered once per instruction set
+// Past kMaxBf16StreamRows on AVX512_BF16 CPUs it multiplies x rounded to
+// bfloat16 (Bf16DotRowsLinear for decode batches, Bf16DotLinear beyond,
+// cpu_bf16_dot.h), tested here against a double reference over the same
+// rounded x. Registered once per instruction set
 // (kernel_isa_test_util.h).
 #include "model/kernels/cpu_lowp_linear.h"
 
@@ -34,7 +34,7 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
   // What the kernel multiplies: x itself, or on the dot path x's bfloat16s.
   const bool dot =
-      m > kMaxStreamedRows && ActiveExtension(CpuExtension::kAvx512Bf16);
+      m > kMaxBf16StreamRows && ActiveExtension(CpuExtension::kAvx512Bf16);
   ExpectKernelEqualsLinear(
       dot ? x.to(at::kBFloat16).to(at::kFloat) : x, w.to(at::kFloat), b,
       "ldw " + std::to_string(w.stride(0)), [&](float *y) {
