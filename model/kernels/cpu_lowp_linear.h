@@ -17,7 +17,7 @@ namespace moh {
 // W's rows widened in registers against every row of x (a decode step), x
 // kept float32. Up to kMaxStreamedRows (a decode batch), a bf16 W on
 // AVX512_BF16 is read in place against x rounded to bfloat16
-// (Bf16DotRowsLinear, cpu_bf16_dot.h: decode 1.2-1.4x the widening path's
+// (Bf16DotRowsLinear, cpu_bf16_dot.h: decode 1.8-2.1x the widening path's
 // on the 24 M bench model at batches 16 and 32), otherwise each thread widens
 // 32 rows of W at a time into its buffer and streams them against float32 x
 // (StreamedLinear's tiles). Beyond (a prefill), the CPU's dot-product
