@@ -56,35 +56,6 @@ Passes CutPairs(int64_t k_pairs) {
 namespace moh {
 namespace {
 
-// rows of x [., k] rounded to bfloat16 (nearest, ties to even) into out
-// [rows][k_pairs] (row stride k_pairs), pairs of k in each 32-bit element;
-// an odd k's last pair has a zero above it.
-void RoundRows(const float *x, int64_t rows, int64_t k, int64_t k_pairs,
-               float *out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *from = x + r * k;
-    float *to = out + r * k_pairs;
-    for (int64_t p = 0; p < k; p += 32) {
-      const int64_t left = std::min<int64_t>(32, k - p);
-      const __mmask16 lo_mask =
-          left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-      const __mmask16 hi_mask =
-          left >= 32 ? __mmask16(0xFFFF)
-                     : (left <= 16 ? __mmask16(0)
-                                   : __mmask16((1u << (left - 16)) - 1));
-      const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, from + p);
-      const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, from + p + 16);
-      // Values p .. p + 15 from `lo` into the low 16 bfloat16s, in order.
-      const __m512bh both = _mm512_cvtne2ps_pbh(hi, lo);
-      const int64_t pairs = (left + 1) / 2;
-      const __mmask16 store_mask =
-          pairs >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << pairs) - 1);
-      _mm512_mask_storeu_ps(to + p / 2, store_mask,
-                            _mm512_castsi512_ps(__m512i(both)));
-    }
-  }
-}
-
 // y rows [0, rows) x columns [0, cols) (rows <= kBlockM, cols <= kBlockN)
 // = (or +=, when `accumulate`) packed x [pairs][kBlockM] times packed W
 // [pairs][kBlockN], plus bias [cols] when not null.
@@ -137,6 +108,39 @@ void DotKernel(int64_t pairs, const float *xp, const float *wp, float *y,
 }
 
 }  // namespace
+
+namespace kernels_internal {
+
+// rows of x [., k] rounded to bfloat16 (nearest, ties to even) into out
+// [rows][k_pairs] (row stride k_pairs), pairs of k in each 32-bit element;
+// an odd k's last pair has a zero above it.
+void RoundRowsBf16(const float *x, int64_t rows, int64_t k, int64_t k_pairs,
+                   float *out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *from = x + r * k;
+    float *to = out + r * k_pairs;
+    for (int64_t p = 0; p < k; p += 32) {
+      const int64_t left = std::min<int64_t>(32, k - p);
+      const __mmask16 lo_mask =
+          left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+      const __mmask16 hi_mask =
+          left >= 32 ? __mmask16(0xFFFF)
+                     : (left <= 16 ? __mmask16(0)
+                                   : __mmask16((1u << (left - 16)) - 1));
+      const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, from + p);
+      const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, from + p + 16);
+      // Values p .. p + 15 from `lo` into the low 16 bfloat16s, in order.
+      const __m512bh both = _mm512_cvtne2ps_pbh(hi, lo);
+      const int64_t pairs = (left + 1) / 2;
+      const __mmask16 store_mask =
+          pairs >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << pairs) - 1);
+      _mm512_mask_storeu_ps(to + p / 2, store_mask,
+                            _mm512_castsi512_ps(__m512i(both)));
+    }
+  }
+}
+
+}  // namespace kernels_internal
 }  // namespace moh
 #pragma GCC pop_options
 
@@ -243,7 +247,7 @@ bool Bf16DotLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
     float *rounded = rounded_buffer.Get(kBlockM * k_pairs);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t * kBlockM, rows = std::min(kBlockM, m - i);
-      RoundRows(x + i * k, rows, k, k_pairs, rounded);
+      kernels_internal::RoundRowsBf16(x + i * k, rows, k, k_pairs, rounded);
       for (int64_t pass = 0; pass < passes.count; ++pass) {
         const int64_t q0 = pass * passes.pairs;
         const int64_t pairs = std::min(passes.pairs, k_pairs - q0);

@@ -22,4 +22,25 @@ namespace moh {
 bool Bf16DotLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                    int64_t ldw, int64_t n, const float *bias, float *y);
 
+// Bf16DotLinear's numerics (x rounded to bfloat16, products summed in
+// float32) for decode batches of up to kMaxStreamedRows (cpu_linear.h) rows:
+// x rounded and transposed once by pairs of k into [pairs][16 or 32 n]
+// (one 32-bit element, one pair, per row of x), and W read once, in place,
+// in row order, 14 rows at a time, each row's pair broadcast against 16 rows
+// of x per vdpbf16ps. Neither widens nor packs W: the float32 path widened
+// it (WidenBf16RowAvx2 took nearly as long as the product at batch 16).
+// Same contract as Bf16DotLinear otherwise, and false as well when m is
+// beyond kMaxStreamedRows. Threads split W's rows on the intra-op pool.
+bool Bf16DotRowsLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                       int64_t ldw, int64_t n, const float *bias, float *y);
+
+namespace kernels_internal {
+// x [rows, k] (row stride k) rounded to bfloat16 (nearest, ties to even)
+// into out [rows][k_pairs] (row stride k_pairs): each 32-bit element holds
+// values 2 q (low half) and 2 q + 1 of a row; an odd k's last pair has a
+// zero above it. Needs AVX512_BF16 (the caller checks ActiveExtension).
+void RoundRowsBf16(const float *x, int64_t rows, int64_t k, int64_t k_pairs,
+                   float *out);
+}  // namespace kernels_internal
+
 }  // namespace moh

@@ -175,10 +175,12 @@ bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
     });
     return true;
   }
-  // A prefill on AVX512_BF16 multiplies in bfloat16 (x rounded), as
-  // llama.cpp does; decode batches keep float32 x (few rows are bound by
-  // reading W, which the dot products would not speed up).
-  if (m > kMaxStreamedRows && Bf16DotLinear(x, m, k, w, ldw, n, bias, y)) {
+  // On AVX512_BF16 x is rounded to bfloat16 and multiplied in pairs, as
+  // llama.cpp does at every batch size: decode batches with W streamed in
+  // place (widening it to float32 cost nearly as much as the product), a
+  // prefill in packed blocks. The few-row path above keeps float32 x.
+  if (m <= kMaxStreamedRows ? Bf16DotRowsLinear(x, m, k, w, ldw, n, bias, y)
+                            : Bf16DotLinear(x, m, k, w, ldw, n, bias, y)) {
     return true;
   }
   return kernels_internal::PanelLinear(

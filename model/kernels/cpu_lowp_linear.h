@@ -14,25 +14,28 @@
 namespace moh {
 
 // Row counts up to this (bf16 and int8 alike) stream W once, each group of
-// W's rows widened in registers against every row of x (a decode step);
-// up to kMaxStreamedRows, each thread widens 32 rows of W at a time into
-// its buffer and streams them against x (StreamedLinear's tiles); beyond (a
-// prefill), the CPU's dot-product extensions multiply in low precision as
-// llama.cpp does: a bf16 W on AVX512_BF16 with x rounded to bfloat16
-// (Bf16DotLinear, cpu_bf16_dot.h), an int8 W on AVX512_VNNI with x
-// quantized per 32 values of a row as Q8_0 does (Int8DotLinear,
-// cpu_int8_dot.h), the products summed in float32 (int32 within a block);
-// without them, W is widened panel by panel (8 MiB) into BlockedLinear: a
-// prefill pays the widening once per panel against many rows. Decode rows
-// stay float32. (At 16 rows the few-row kernel, two passes over W, measured
-// no faster than the widened blocks.)
+// W's rows widened in registers against every row of x (a decode step), x
+// kept float32. Up to kMaxStreamedRows (a decode batch), a bf16 W on
+// AVX512_BF16 is read in place against x rounded to bfloat16
+// (Bf16DotRowsLinear, cpu_bf16_dot.h: decode 1.8-2.1x the widening path's
+// on the 24 M bench model at batches 16 and 32), otherwise each thread widens
+// 32 rows of W at a time into its buffer and streams them against float32 x
+// (StreamedLinear's tiles). Beyond (a prefill), the CPU's dot-product
+// extensions multiply in low precision as llama.cpp does: a bf16 W on
+// AVX512_BF16 with x rounded to bfloat16 (Bf16DotLinear), an int8 W on
+// AVX512_VNNI with x quantized per 32 values of a row as Q8_0 does
+// (Int8DotLinear, cpu_int8_dot.h), the products summed in float32 (int32
+// within a block); without them, W is widened panel by panel (8 MiB) into
+// BlockedLinear: a prefill pays the widening once per panel against many
+// rows. (At 16 rows the few-row kernel, two passes over W, measured no
+// faster than the widened blocks.)
 inline constexpr int64_t kMaxBf16StreamRows = 8;
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
 // a row-major bfloat16 W [n, k] (bits as uint16) with row stride ldw >= k.
 // Runs ActiveIsa()'s instruction set; returns false, doing nothing, under
-// CpuIsa::kPortable. Past kMaxStreamedRows rows with AVX512_BF16 active, x
-// is rounded to bfloat16 (above). Threads split W's rows on the intra-op
+// CpuIsa::kPortable. Past kMaxBf16StreamRows rows with AVX512_BF16 active,
+// x is rounded to bfloat16 (above). Threads split W's rows on the intra-op
 // pool.
 bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                 int64_t ldw, int64_t n, const float *bias, float *y);

@@ -3,9 +3,10 @@
 // every row count of the few-row path and beyond it (the panel path, into
 // StreamedLinear and BlockedLinear), depth remainders of both vector widths,
 // a row stride wider than k (a column slice), bias, and several panels.
-// Past kMaxStreamedRows on AVX512_BF16 CPUs it multiplies x rounded to
-// bfloat16 (Bf16DotLinear, cpu_bf16_dot.h), tested here against a double
-// reference over the same rounded x. Registered once per instruction set
+// Past kMaxBf16StreamRows on AVX512_BF16 CPUs it multiplies x rounded to
+// bfloat16 (Bf16DotRowsLinear for decode batches, Bf16DotLinear beyond,
+// cpu_bf16_dot.h), tested here against a double reference over the same
+// rounded x. Registered once per instruction set
 // (kernel_isa_test_util.h).
 #include "model/kernels/cpu_lowp_linear.h"
 
@@ -14,6 +15,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "model/kernels/cpu_bf16_dot.h"
 #include "model/kernels/cpu_isa.h"
@@ -32,7 +34,7 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
   // What the kernel multiplies: x itself, or on the dot path x's bfloat16s.
   const bool dot =
-      m > kMaxStreamedRows && ActiveExtension(CpuExtension::kAvx512Bf16);
+      m > kMaxBf16StreamRows && ActiveExtension(CpuExtension::kAvx512Bf16);
   ExpectKernelEqualsLinear(
       dot ? x.to(at::kBFloat16).to(at::kFloat) : x, w.to(at::kFloat), b,
       "ldw " + std::to_string(w.stride(0)), [&](float *y) {
@@ -105,7 +107,9 @@ TEST(Bf16LinearTest, WidenIsExact) {
 // |bias|, added in float32 too). Row,
 // depth (odd ones padded with a zero) and column remainders of its 14 x 32
 // tiles, 512-pair passes, and row strides odd and even.
-void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias) {
+// `rows` picks Bf16DotRowsLinear (decode batches) instead.
+void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias,
+                               bool rows = false) {
   const int64_t extra_columns = n % 3;
   at::manual_seed(m * 7919 + k * 31 + n);
   const at::Tensor x = at::randn({m, k});
@@ -122,7 +126,7 @@ void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias) {
   }
   bound *= 1e-5;
   at::Tensor y = at::full({m, n}, std::nanf(""));
-  ASSERT_TRUE(Bf16DotLinear(
+  ASSERT_TRUE((rows ? Bf16DotRowsLinear : Bf16DotLinear)(
       x.data_ptr<float>(), m, k,
       reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()),
       w.stride(0), n, bias ? b.data_ptr<float>() : nullptr,
@@ -161,6 +165,29 @@ TEST(Bf16DotLinearTest, FewRowsAndColumns) {
   }
 }
 
+// The decode-batch kernel: one and two vectors of x's rows and their
+// remainders, W's 14-, 4- and 1-row tiles, odd k (its last pair read
+// alone), row strides wider than k (odd ones unaligned pairs).
+TEST(Bf16DotRowsLinearTest, EqualsDoubleReferenceOverRemainders) {
+  MOH_SKIP_UNLESS_BF16_DOT_RUNS();
+  for (int64_t m : {9, 15, 16, 17, 31, 32, 33, 64, 100, 128}) {
+    for (int64_t k : {1, 2, 3, 31, 64, 95, 513, 2048}) {
+      for (int64_t n : {1, 13, 14, 15, 29, 100, 1000}) {
+        ExpectDotMatchesReference(m, k, n, false, true);
+        ExpectDotMatchesReference(m, k, n, true, true);
+      }
+    }
+  }
+}
+
+TEST(Bf16DotRowsLinearTest, RefusesPastStreamedRows) {
+  MOH_SKIP_UNLESS_BF16_DOT_RUNS();
+  const int64_t m = kMaxStreamedRows + 1;
+  std::vector<float> x(m, 1.0f), y(m, 0.0f);
+  const uint16_t w = 0x3f80;  // 1.0
+  EXPECT_FALSE(Bf16DotRowsLinear(x.data(), m, 1, &w, 1, 1, nullptr, y.data()));
+}
+
 TEST(Bf16DotLinearTest, RefusesWithoutAvx512Bf16) {
   if (ActiveExtension(CpuExtension::kAvx512Bf16)) {
     GTEST_SKIP() << "AVX512_BF16 runs";
@@ -168,6 +195,7 @@ TEST(Bf16DotLinearTest, RefusesWithoutAvx512Bf16) {
   float x = 1, y = 0;
   const uint16_t w = 0x3f80;  // 1.0
   EXPECT_FALSE(Bf16DotLinear(&x, 1, 1, &w, 1, 1, nullptr, &y));
+  EXPECT_FALSE(Bf16DotRowsLinear(&x, 1, 1, &w, 1, 1, nullptr, &y));
   EXPECT_EQ(y, 0.0f);
 }
 
