@@ -21,6 +21,7 @@ namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
+using kernels_internal::LaneMask16;
 using kernels_internal::PackPanel;
 
 // The micro-kernel's tile of y: 14 rows by 32 columns in 28 of the 32 zmm
@@ -80,12 +81,7 @@ void DotKernel(int64_t pairs, const float *xp, const float *wp, float *y,
     xp += kBlockM;
     wp += kBlockN;
   }
-  const __mmask16 mask0 =
-      cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 mask1 =
-      cols >= 32
-          ? __mmask16(0xFFFF)
-          : (cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1));
+  const __mmask16 mask0 = LaneMask16(cols), mask1 = LaneMask16(cols - 16);
   const __m512 b0 = bias != nullptr ? _mm512_maskz_loadu_ps(mask0, bias)
                                     : _mm512_setzero_ps();
   const __m512 b1 = bias != nullptr ? _mm512_maskz_loadu_ps(mask1, bias + 16)
@@ -121,19 +117,14 @@ void RoundRowsBf16(const float *x, int64_t rows, int64_t k, int64_t k_pairs,
     float *to = out + r * k_pairs;
     for (int64_t p = 0; p < k; p += 32) {
       const int64_t left = std::min<int64_t>(32, k - p);
-      const __mmask16 lo_mask =
-          left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-      const __mmask16 hi_mask =
-          left >= 32 ? __mmask16(0xFFFF)
-                     : (left <= 16 ? __mmask16(0)
-                                   : __mmask16((1u << (left - 16)) - 1));
+      const __mmask16 lo_mask = LaneMask16(left);
+      const __mmask16 hi_mask = LaneMask16(left - 16);
       const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, from + p);
       const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, from + p + 16);
       // Values p .. p + 15 from `lo` into the low 16 bfloat16s, in order.
       const __m512bh both = _mm512_cvtne2ps_pbh(hi, lo);
       const int64_t pairs = (left + 1) / 2;
-      const __mmask16 store_mask =
-          pairs >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << pairs) - 1);
+      const __mmask16 store_mask = LaneMask16(pairs);
       _mm512_mask_storeu_ps(to + p / 2, store_mask,
                             _mm512_castsi512_ps(__m512i(both)));
     }

@@ -32,6 +32,7 @@ namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
+using kernels_internal::LaneMask16;
 
 // The micro-kernel's tile: kRows rows of x against kCols columns of y (two
 // zmm of 16 int32 each) keep 12 int32 and 12 float32 accumulators, 24 of
@@ -57,12 +58,6 @@ inline __m512i BroadcastQuad(const uint8_t *p) {
   return _mm512_set1_epi32(v);
 }
 
-// The first `count` of 16 lanes (none for count <= 0, all from 16).
-inline __mmask16 LaneMask(int64_t count) {
-  if (count <= 0) return 0;
-  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-}
-
 // Rows [0, rows) of x [., k] (rows <= kRows) quantized into one panel:
 // block b at out + b * kXBlockBytes holds [quad][row][4 bytes] of qx + 128,
 // and scales[b * kRows + r] its d. Rows past `rows` and values past k are
@@ -75,7 +70,7 @@ void PackXPanel(const float *x, int64_t k, int64_t rows, int64_t blocks,
     uint8_t *block = out + b * kXBlockBytes;
     const int64_t p0 = b * kBlock;
     const int64_t len = std::min(kBlock, k - p0);
-    const __mmask16 mask0 = LaneMask(len), mask1 = LaneMask(len - 16);
+    const __mmask16 mask0 = LaneMask16(len), mask1 = LaneMask16(len - 16);
     for (int64_t r = 0; r < kRows; ++r) {
       alignas(32) uint8_t q[kBlock];
       float d = 0.0f;
@@ -183,7 +178,7 @@ void DotKernel(int64_t blocks, const uint8_t *xq, const float *xs,
       sum[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][1]), d, sum[i][1]);
     }
   }
-  const __mmask16 mask0 = LaneMask(cols), mask1 = LaneMask(cols - 16);
+  const __mmask16 mask0 = LaneMask16(cols), mask1 = LaneMask16(cols - 16);
   const __m512 s0 = _mm512_maskz_loadu_ps(mask0, scale);
   const __m512 s1 = _mm512_maskz_loadu_ps(mask1, scale + 16);
   const __m512 a0 = bias != nullptr ? _mm512_maskz_loadu_ps(mask0, bias)

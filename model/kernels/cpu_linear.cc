@@ -16,6 +16,7 @@ using kernels_internal::BlockKernelAvx2;
 using kernels_internal::HorizontalSum8;
 using kernels_internal::kBlockMAvx2;
 using kernels_internal::kBlockNAvx2;
+using kernels_internal::LaneMask16;
 using kernels_internal::PackPanel;
 using kernels_internal::PackTransposed;
 using kernels_internal::RowAgainstRowsAvx2;
@@ -219,12 +220,7 @@ __attribute__((target("avx512f"))) void BlockKernel(
       acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
     }
   }
-  const __mmask16 mask0 =
-      cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 mask1 =
-      cols >= 32
-          ? __mmask16(0xFFFF)
-          : (cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1));
+  const __mmask16 mask0 = LaneMask16(cols), mask1 = LaneMask16(cols - 16);
   // Unrolled, so that acc is indexed by constants and stays in registers
   // (with a run-time index GCC keeps the array on the stack, storing it
   // every step of the loop above).

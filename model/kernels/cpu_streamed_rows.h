@@ -22,6 +22,15 @@ namespace moh::kernels_internal {
 inline bool UseAvx512() { return ActiveIsa() == CpuIsa::kAvx512; }
 inline bool UseAvx2() { return ActiveIsa() >= CpuIsa::kAvx2; }
 
+// The first `count` of 16 lanes as an AVX-512 mask's bits (none for
+// count <= 0, all from 16 on): the masked loads and stores of a
+// remainder, e.g. LaneMask16(cols) and LaneMask16(cols - 16) for a tile of
+// 32 columns.
+inline uint16_t LaneMask16(int64_t count) {
+  if (count <= 0) return 0;
+  return count >= 16 ? uint16_t{0xFFFF} : uint16_t((1u << count) - 1);
+}
+
 // Row i of a matrix given by its rows, and the matrix from row `row` and
 // column `col` on.
 template <typename Rows>
