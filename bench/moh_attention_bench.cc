@@ -213,19 +213,23 @@ BENCHMARK(BM_LinearColdWeights)
     ->Unit(benchmark::kMicrosecond);
 
 // y = x W^T with W [n, k] of one weight type (0 float32 through
-// moh::Linear, 1 bf16 through Bf16Linear, 2 int8 through Int8Linear), drawn
-// in turn from enough matrices (128 MiB of each type, 4x the last-level
-// cache) that every call reads W from memory, as a decode step does.
+// moh::Linear, 1 bf16 through Bf16Linear, 2 int8 through Int8Linear, 3 int8
+// widened to float32 into the float32 kernels: Int8Linear without VNNI past
+// its few-row path), drawn in turn from enough matrices (128 MiB of each
+// type, 4x the last-level cache) that every call reads W from memory, as a
+// decode step does. Rows 16 and 32, types 2 and 3, side by side: the
+// integer dot products (Int8DotRowsLinear on VNNI CPUs) against widening.
 void BM_LowpLinearColdWeights(benchmark::State& state) {
   const int64_t rows = state.range(0), n = state.range(1), k = 2048;
   const int64_t type = state.range(2);
+  const bool int8 = type >= 2;
   const int64_t bytes = n * k * (type == 0 ? 4 : type == 1 ? 2 : 1);
   const int64_t count = std::max<int64_t>(2, (int64_t{128} << 20) / bytes);
   const at::Tensor x = at::randn({rows, k});
   std::vector<at::Tensor> weights, scales;
   for (int64_t c = 0; c < count; ++c) {
     const at::Tensor w = at::randn({n, k});
-    if (type == 2) {
+    if (int8) {
       weights.push_back(at::empty({n, k}, at::kChar));
       scales.push_back(at::empty({n}));
       QuantizeInt8Rows(w.data_ptr<float>(), k, n, k,
@@ -245,9 +249,18 @@ void BM_LowpLinearColdWeights(benchmark::State& state) {
       Bf16Linear(x.data_ptr<float>(), rows, k,
                  reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()),
                  k, n, nullptr, y.data_ptr<float>());
-    } else {
+    } else if (type == 2 || rows <= kMaxBf16StreamRows) {
       Int8Linear(x.data_ptr<float>(), rows, k, w.data_ptr<int8_t>(), k, n,
                  scales[next].data_ptr<float>(), nullptr, y.data_ptr<float>());
+    } else {
+      const int8_t* q = w.data_ptr<int8_t>();
+      const float* sd = scales[next].data_ptr<float>();
+      kernels_internal::PanelLinear(
+          x.data_ptr<float>(), rows, k, n, nullptr,
+          [&](int64_t j, int64_t count, float* out) {
+            WidenInt8Rows(q + j * k, k, count, k, sd + j, out);
+          },
+          y.data_ptr<float>());
     }
     benchmark::ClobberMemory();
     next = (next + 1) % weights.size();
@@ -260,7 +273,7 @@ void BM_LowpLinearColdWeights(benchmark::State& state) {
 }
 BENCHMARK(BM_LowpLinearColdWeights)
     ->ArgNames({"rows", "n", "type"})
-    ->ArgsProduct({{1, 8, 16, 32, 512}, {2048, 8192}, {0, 1, 2}})
+    ->ArgsProduct({{1, 8, 16, 32, 512}, {2048, 8192}, {0, 1, 2, 3}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -58,20 +58,20 @@ inline __m512i BroadcastQuad(const uint8_t *p) {
   return _mm512_set1_epi32(v);
 }
 
-// Rows [0, rows) of x [., k] (rows <= kRows) quantized into one panel:
-// block b at out + b * kXBlockBytes holds [quad][row][4 bytes] of qx + 128,
-// and scales[b * kRows + r] its d. Rows past `rows` and values past k are
-// 0 (qx + 128 = 128, d = 0), which the W side's zero padding and the
-// correction cancel.
-void PackXPanel(const float *x, int64_t k, int64_t rows, int64_t blocks,
-                uint8_t *out, float *scales) {
+}  // namespace
+}  // namespace moh
+
+namespace moh::kernels_internal {
+
+void PackInt8XPanel(const float *x, int64_t k, int64_t rows, int64_t width,
+                    int64_t blocks, uint8_t *out, float *scales) {
   const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < blocks; ++b) {
-    uint8_t *block = out + b * kXBlockBytes;
+    uint8_t *block = out + b * kBlock * width;
     const int64_t p0 = b * kBlock;
     const int64_t len = std::min(kBlock, k - p0);
     const __mmask16 mask0 = LaneMask16(len), mask1 = LaneMask16(len - 16);
-    for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t r = 0; r < width; ++r) {
       alignas(32) uint8_t q[kBlock];
       float d = 0.0f;
       if (r < rows) {
@@ -92,13 +92,18 @@ void PackXPanel(const float *x, int64_t k, int64_t rows, int64_t blocks,
       } else {
         std::memset(q, 0x80, sizeof q);
       }
-      scales[b * kRows + r] = d;
+      scales[b * width + r] = d;
       for (int64_t quad = 0; quad < kQuads; ++quad) {
-        std::memcpy(block + (quad * kRows + r) * 4, q + quad * 4, 4);
+        std::memcpy(block + (quad * width + r) * 4, q + quad * 4, 4);
       }
     }
   }
 }
+
+}  // namespace moh::kernels_internal
+
+namespace moh {
+namespace {
 
 // W's rows [0, cols) (cols <= kCols), blocks [b0, b0 + blocks), packed into
 // one panel: block b at out + b * kWBlockBytes holds [quad][column][4 bytes]
@@ -273,8 +278,9 @@ bool Int8DotLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
   float *xd = xd_buffer.Get(panels * blocks * kRows);
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      PackXPanel(x + t * kRows * k, k, std::min(kRows, m - t * kRows), blocks,
-                 xq + t * blocks * kXBlockBytes, xd + t * blocks * kRows);
+      kernels_internal::PackInt8XPanel(
+          x + t * kRows * k, k, std::min(kRows, m - t * kRows), kRows, blocks,
+          xq + t * blocks * kXBlockBytes, xd + t * blocks * kRows);
     }
   });
   const int64_t count = (blocks + kMaxPassBlocks - 1) / kMaxPassBlocks;

@@ -26,4 +26,29 @@ bool Int8DotLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
                    int64_t ldw, int64_t n, const float *scale,
                    const float *bias, float *y);
 
+// Int8DotLinear's numerics for decode batches of up to kMaxStreamedRows
+// (cpu_linear.h) rows, W read in place: x quantized once into blocks of
+// [4-value groups][16 or 32 n lanes][4 bytes], and W's rows streamed once, in
+// row order, 14 (more than 16 rows of x: 7) rows at a time, each row's 4
+// bytes broadcast against 16 rows of x per vpdpbusd. Each tile first sums
+// its rows' blocks (the -128 correction of x's unsigned offset, which
+// Int8DotLinear works out as it packs W), which is also the pass that
+// brings them in from memory. Same contract as Int8DotLinear otherwise,
+// and false as well when m is beyond kMaxStreamedRows. Threads split W's
+// rows on the intra-op pool.
+bool Int8DotRowsLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
+                       int64_t ldw, int64_t n, const float *scale,
+                       const float *bias, float *y);
+
+namespace kernels_internal {
+// Rows [0, rows) of x [., k] (row stride k; rows <= width) quantized as
+// Int8DotLinear documents into one panel of `width` lanes: block b at
+// out + b * kInt8DotBlock * width holds [4-value group][lane][4 bytes] of
+// qx + 128, and scales[b * width + lane] its d. Lanes from `rows` on and
+// values past k hold 0 (qx + 128 = 128, d = 0). Needs AVX-512 (BW): the
+// caller checks ActiveExtension.
+void PackInt8XPanel(const float *x, int64_t k, int64_t rows, int64_t width,
+                    int64_t blocks, uint8_t *out, float *scales);
+}  // namespace kernels_internal
+
 }  // namespace moh

@@ -73,10 +73,13 @@ bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
     });
     return true;
   }
-  // A prefill, on VNNI CPUs: x quantized per 32 values into integer dot
-  // products. Decode batches (up to kMaxStreamedRows) keep x in float32.
-  if (m > kMaxStreamedRows &&
-      Int8DotLinear(x, m, k, w, ldw, n, scale, bias, y)) {
+  // On VNNI CPUs x is quantized per 32 values into integer dot products, as
+  // llama.cpp's Q8_0 does at every batch size: decode batches with W
+  // streamed in place (widening it to float32 cost more than the product),
+  // a prefill in packed blocks. The few-row path above keeps float32 x.
+  if (m <= kMaxStreamedRows
+          ? Int8DotRowsLinear(x, m, k, w, ldw, n, scale, bias, y)
+          : Int8DotLinear(x, m, k, w, ldw, n, scale, bias, y)) {
     return true;
   }
   return kernels_internal::PanelLinear(

@@ -18,7 +18,9 @@ namespace moh {
 // kept float32. Up to kMaxStreamedRows (a decode batch), a bf16 W on
 // AVX512_BF16 is read in place against x rounded to bfloat16
 // (Bf16DotRowsLinear, cpu_bf16_dot.h: decode 1.8-2.1x the widening path's
-// on the 24 M bench model at batches 16 and 32), otherwise each thread widens
+// on the 24 M bench model at batches 16 and 32), an int8 W on AVX512_VNNI
+// against x quantized per 32 values (Int8DotRowsLinear, cpu_int8_dot.h),
+// otherwise each thread widens
 // 32 rows of W at a time into its buffer and streams them against float32 x
 // (StreamedLinear's tiles). Beyond (a prefill), the CPU's dot-product
 // extensions multiply in low precision as llama.cpp does: a bf16 W on
@@ -50,7 +52,7 @@ void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
 // row-major contiguous x and y and an int8 W [n, k] with row stride
 // ldw >= k. Runs ActiveIsa()'s instruction set; returns false, doing
 // nothing, under CpuIsa::kPortable. Threads split W's rows. Beyond
-// kMaxStreamedRows rows with AVX512_VNNI (ActiveExtension), x is quantized
+// kMaxBf16StreamRows rows with AVX512_VNNI (ActiveExtension), x is quantized
 // per 32 values (Int8DotLinear's numerics), else it stays float32.
 bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
                 int64_t ldw, int64_t n, const float *scale, const float *bias,

@@ -35,10 +35,13 @@ std::unique_ptr<LlamaModel> Load(const std::string& weights = "") {
 // weight by <= half its row's largest / 127: this fixture's weights move
 // 0.0060 of their norm (bf16: 0.0016; groups of 32 as Q8_0's: 0.0053), and
 // the logits at most 0.18 (chunk 1), again the same under every ISA; its
-// argmax agreement measured >= 0.92. The one-chunk prefill below: bfloat16
+// argmax agreement measured >= 0.92. Where AVX512_VNNI quantizes x per 32
+// values as well (Q8_0's activations: these chunks through
+// Int8DotRowsLinear), 0.24 (chunk 1) with agreement >= 0.882; the bound
+// keeps a margin over that. The one-chunk prefill below: bfloat16
 // 0.049 widening W (avx512f, avx2, portable), 0.063 (agreement 0.973) where
 // AVX512_BF16 rounds the activations as well; int8 0.17 widening W, 0.21
-// (agreement 0.913) where AVX512_VNNI quantizes x per 32 values as well.
+// (agreement 0.913) where AVX512_VNNI quantizes x (Int8DotLinear).
 class LowpWeightsTest : public ::testing::TestWithParam<WeightsPrecision> {};
 
 TEST_P(LowpWeightsTest, LogitsWithinBoundOfFloat32) {
@@ -93,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(
     Formats, LowpWeightsTest,
     ::testing::Values(
         WeightsPrecision{"bfloat16", WeightFormat::kBfloat16, 0.08, 0.9},
-        WeightsPrecision{"int8", WeightFormat::kInt8, 0.25, 0.85}),
+        WeightsPrecision{"int8", WeightFormat::kInt8, 0.3, 0.85}),
     [](const ::testing::TestParamInfo<WeightsPrecision>& info) {
       return info.param.weights;
     });

@@ -4,9 +4,10 @@
 // path), depth remainders of both vector widths, a row stride wider than k,
 // bias, and several panels; QuantizeInt8Rows' error bound, zero rows and
 // round trip through WidenInt8Rows. Int8DotLinear (cpu_int8_dot.h), which
-// Int8Linear's prefill runs on VNNI CPUs, against a double-precision
-// reference of its quantized arithmetic, and Int8Linear's prefill there
-// within the bound of x's quantization. Registered once per instruction set
+// Int8Linear's prefill runs on VNNI CPUs, and Int8DotRowsLinear, its
+// decode batches there, against a double-precision reference of their
+// quantized arithmetic, and Int8Linear past the few-row path there within
+// the bound of x's quantization. Registered once per instruction set
 // (kernel_isa_test_util.h).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -71,8 +72,8 @@ at::Tensor PaddedWeights(const at::Tensor &w) {
   return at::constant_pad_nd(w.to(at::kDouble), {0, padded - k});
 }
 
-// Int8Linear's prefill on the dot path quantizes x: each value moves by at
-// most half its block's step d, so |y - x W^T| <= sum_b d_b / 2 *
+// Int8Linear past the few-row path on the dot paths quantizes x: each value
+// moves by at most half its block's step d, so |y - x W^T| <= sum_b d_b / 2 *
 // sum_{p in b} |W[j, p]| (the worst case, every error aligned with W's
 // sign), plus float32's summation error as ExpectKernelEqualsLinear allows.
 void ExpectWithinQuantizationBound(const at::Tensor &x,
@@ -100,7 +101,8 @@ void ExpectWithinQuantizationBound(const at::Tensor &x,
 }
 
 // W's values span int8's range; the scales keep |W| near 127 * 0.021.
-// Prefill rows on the dot path are held to x's quantization bound.
+// Rows past the few-row path on the dot paths are held to x's quantization
+// bound.
 void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
                          int64_t extra_columns) {
   at::manual_seed(m * 1000 + k + n);
@@ -111,7 +113,7 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor scale = at::rand({n}) * 0.02 + 0.001;
   const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
   const at::Tensor dequantized = w.to(at::kFloat) * scale.unsqueeze(1);
-  if (m > kMaxStreamedRows && DotPathRuns()) {
+  if (m > kMaxBf16StreamRows && DotPathRuns()) {
     ExpectWithinQuantizationBound(
         x, dequantized, b, "ldw " + std::to_string(w.stride(0)), [&](float *y) {
           return Int8Linear(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
@@ -136,9 +138,9 @@ TEST(Int8LinearTest, EqualsLinearOnEveryPath) {
   ForPanelPath(kMaxBf16StreamRows + 1, ExpectMatchesLinear);
 }
 
-// Prefill row counts on both sides of kMaxStreamedRows: float32 x (the
-// panel path) up to it, quantized x beyond on VNNI CPUs (else the panel
-// path again), with a wider row stride and several 128-column tasks.
+// Row counts on both sides of kMaxStreamedRows: the decode batches' and
+// the prefill's dot paths on VNNI CPUs (else the panel path), with a wider
+// row stride and several 128-column tasks.
 TEST(Int8LinearTest, PrefillWithinQuantizationBound) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
   for (int64_t m : {kMaxStreamedRows, kMaxStreamedRows + 1, int64_t{525}}) {
@@ -147,19 +149,27 @@ TEST(Int8LinearTest, PrefillWithinQuantizationBound) {
   }
 }
 
-// Int8DotLinear against the double-precision sum of its quantized
+using Int8DotProduct = bool (*)(const float *, int64_t, int64_t, const int8_t *,
+                                int64_t, int64_t, const float *, const float *,
+                                float *);
+
+// Int8DotLinear or Int8DotRowsLinear against the double-precision sum of
+// its quantized
 // products: the integer sums are exact, so the only difference is float32's
 // rounding of the per-block scaling and accumulation, at most one rounding
 // per block (plus the scale, the bias and the conversion) of the largest
 // partial sum, which sum_b |d_b dot_b| bounds. x's rows have different
-// magnitudes, row 5 is zeros; W spans all of int8 (-128 too).
-void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias) {
+// magnitudes, row 5 (where there is one) is zeros; W spans all of int8
+// (-128 too). The output starts as NaN, so a value left unwritten fails.
+void ExpectDotMatchesReference(Int8DotProduct product, int64_t m, int64_t k,
+                               int64_t n, bool bias) {
   const std::string what = "m " + std::to_string(m) + " k " +
                            std::to_string(k) + " n " + std::to_string(n) +
                            " bias " + std::to_string(bias);
   at::manual_seed(m * 7919 + k * 31 + n);
   at::Tensor x = at::randn({m, k}) * (at::rand({m, 1}) * 8 + 0.01);
-  x[5].zero_();
+  const bool zero_row = m > 5;
+  if (zero_row) x[5].zero_();
   const int64_t extra_columns = bias ? 3 : 0;
   const at::Tensor w = at::randint(-128, 128, {n, k + extra_columns})
                            .to(at::kChar)
@@ -185,10 +195,10 @@ void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias) {
       (magnitude * s + b.to(at::kDouble).abs()) * ((blocks + 4) * 1.2e-7);
 
   at::Tensor got = at::full({m, n}, std::nanf(""));
-  ASSERT_TRUE(Int8DotLinear(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
-                            w.stride(0), n, scale.data_ptr<float>(),
-                            bias ? b.data_ptr<float>() : nullptr,
-                            got.data_ptr<float>()))
+  ASSERT_TRUE(product(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
+                      w.stride(0), n, scale.data_ptr<float>(),
+                      bias ? b.data_ptr<float>() : nullptr,
+                      got.data_ptr<float>()))
       << what;
   const at::Tensor error = (got.to(at::kDouble) - want).abs();
   // NaN fails the comparison, so a value left unwritten never passes.
@@ -196,8 +206,10 @@ void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias) {
       << what << " max error " << error.max().item<double>()
       << " largest error / tolerance "
       << (error / tolerance).nan_to_num(1e30).max().item<double>();
-  EXPECT_TRUE((got[5] == (bias ? b : at::zeros({n}))).all().item<bool>())
-      << what << ": a row of zeros gives the bias";
+  if (zero_row) {
+    EXPECT_TRUE((got[5] == (bias ? b : at::zeros({n}))).all().item<bool>())
+        << what << ": a row of zeros gives the bias";
+  }
 }
 
 TEST(Int8DotLinearTest, EqualsQuantizedReferenceWithRemainders) {
@@ -205,8 +217,8 @@ TEST(Int8DotLinearTest, EqualsQuantizedReferenceWithRemainders) {
   for (int64_t m : {129, 200, 525}) {
     for (int64_t k : {1, 3, 31, 32, 33, 64, 95, 513, 2048}) {
       for (int64_t n : {1, 17, 32, 33, 100, 1000}) {
-        ExpectDotMatchesReference(m, k, n, false);
-        ExpectDotMatchesReference(m, k, n, true);
+        ExpectDotMatchesReference(Int8DotLinear, m, k, n, false);
+        ExpectDotMatchesReference(Int8DotLinear, m, k, n, true);
       }
     }
   }
@@ -215,7 +227,34 @@ TEST(Int8DotLinearTest, EqualsQuantizedReferenceWithRemainders) {
 // k past one pass over W (2048 values): the second pass adds to y.
 TEST(Int8DotLinearTest, SeveralPassesOverK) {
   MOH_SKIP_UNLESS_DOT_PATH_RUNS();
-  ExpectDotMatchesReference(131, 4100, 70, true);
+  ExpectDotMatchesReference(Int8DotLinear, 131, 4100, 70, true);
+}
+
+// Decode batches: one and two vectors of x's rows (16, 32) and their
+// remainders, more rows than one block of 32 (each tile of W against
+// several), up to kMaxStreamedRows; depths with eight-block rounds of W's
+// sums (k >= 256), single blocks after them and a short last block; W's row
+// counts through tiles of 14 and 7, then 4 and 1.
+TEST(Int8DotRowsLinearTest, EqualsQuantizedReferenceWithRemainders) {
+  MOH_SKIP_UNLESS_DOT_PATH_RUNS();
+  for (int64_t m : {1, 9, 16, 17, 32, 33, 100, 128}) {
+    for (int64_t k : {1, 3, 31, 32, 33, 95, 256, 300, 513, 2048}) {
+      for (int64_t n : {1, 5, 14, 19, 29, 100}) {
+        ExpectDotMatchesReference(Int8DotRowsLinear, m, k, n, n % 2 == 1);
+      }
+    }
+  }
+  ExpectDotMatchesReference(Int8DotRowsLinear, 48, 5632, 300, true);
+}
+
+TEST(Int8DotRowsLinearTest, RefusesPastDecodeBatches) {
+  MOH_SKIP_UNLESS_DOT_PATH_RUNS();
+  std::vector<float> x((kMaxStreamedRows + 1) * 2, 1.0f), y(x.size(), 0.0f);
+  const int8_t w[2] = {1, 1};
+  const float scale = 1;
+  EXPECT_FALSE(Int8DotRowsLinear(x.data(), kMaxStreamedRows + 1, 2, w, 2, 1,
+                                 &scale, nullptr, y.data()));
+  EXPECT_EQ(y[0], 0.0f);
 }
 
 TEST(Int8DotLinearTest, RefusesWithoutVnni) {
@@ -223,6 +262,7 @@ TEST(Int8DotLinearTest, RefusesWithoutVnni) {
   float x = 1, y = 0, scale = 1;
   const int8_t w = 1;
   EXPECT_FALSE(Int8DotLinear(&x, 1, 1, &w, 1, 1, &scale, nullptr, &y));
+  EXPECT_FALSE(Int8DotRowsLinear(&x, 1, 1, &w, 1, 1, &scale, nullptr, &y));
   EXPECT_EQ(y, 0.0f);
 }
 
