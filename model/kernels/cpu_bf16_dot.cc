@@ -21,8 +21,10 @@ namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
+using kernels_internal::kMinParallelMacs;
 using kernels_internal::LaneMask16;
 using kernels_internal::PackPanel;
+using kernels_internal::RunTasks;
 
 // The micro-kernel's tile of y: 14 rows by 32 columns in 28 of the 32 zmm
 // registers, as BlockedLinear's, with each step taking a pair of k instead
@@ -36,9 +38,6 @@ constexpr int64_t kBlockN = 32;
 constexpr int64_t kMaxPairs = 512;
 // Columns of y one parallel task owns.
 constexpr int64_t kChunkN = 4 * kBlockN;
-// Multiply-adds below which one thread does it all (waking the pool costs
-// microseconds): BlockedLinear's threshold.
-constexpr int64_t kMinParallelMacs = 1 << 18;
 
 // How k's pairs are cut: `count` passes of `pairs` (the last shorter).
 struct Passes {
@@ -202,16 +201,6 @@ void DotColumns(const DotProblem &d, int64_t m0, int64_t m1, int64_t n0,
                   std::min(kBlockN, cols - j), pass > 0, bias);
       }
     }
-  }
-}
-
-// run(begin, end) over [0, count): on the intra-op pool when `parallel`.
-template <typename Fn>
-void RunTasks(int64_t count, bool parallel, const Fn &run) {
-  if (parallel) {
-    at::parallel_for(0, count, 1, run);
-  } else {
-    run(0, count);
   }
 }
 

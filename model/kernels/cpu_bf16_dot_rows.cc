@@ -19,13 +19,11 @@ namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
+using kernels_internal::kMinParallelMacs;
 
 // Rows of W per tile: 14 x 2 accumulators and two vectors of x in 30 of the
 // 32 zmm registers, as StreamTile's.
 constexpr int kTileRows = 14;
-// Multiply-adds below which one thread does it all (waking the pool costs
-// microseconds): BlockedLinear's threshold.
-constexpr int64_t kMinParallelMacs = 1 << 18;
 
 }  // namespace
 }  // namespace moh

@@ -25,6 +25,7 @@ namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
+using kernels_internal::kMinParallelMacs;
 
 constexpr int64_t kBlock = kInt8DotBlock;
 // 4-value groups (one vpdpbusd lane) in a block.
@@ -34,9 +35,6 @@ constexpr int kQuads = kBlock / 4;
 // vectors of x against 7 rows (28 accumulators).
 constexpr int kTileRows = 14;
 constexpr int kWideTileRows = 7;
-// Multiply-adds below which one thread does it all (waking the pool costs
-// microseconds): BlockedLinear's threshold.
-constexpr int64_t kMinParallelMacs = 1 << 18;
 
 }  // namespace
 }  // namespace moh

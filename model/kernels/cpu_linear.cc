@@ -16,11 +16,13 @@ using kernels_internal::BlockKernelAvx2;
 using kernels_internal::HorizontalSum8;
 using kernels_internal::kBlockMAvx2;
 using kernels_internal::kBlockNAvx2;
+using kernels_internal::kMinParallelMacs;
 using kernels_internal::LaneMask16;
 using kernels_internal::PackPanel;
 using kernels_internal::PackTransposed;
 using kernels_internal::RowAgainstRowsAvx2;
 using kernels_internal::RowAt;
+using kernels_internal::RunTasks;
 using kernels_internal::Skip;
 using kernels_internal::StreamRows;
 using kernels_internal::TransposedWidth;
@@ -33,10 +35,8 @@ using kernels_internal::UseAvx512;
 // under the FMAs (8).
 constexpr int64_t kTileM = 4;
 constexpr int64_t kTileN = 2;
-// W rows per parallel task, and the multiply-adds below which one thread
-// does it all (waking the pool costs microseconds).
+// W rows per parallel task.
 constexpr int64_t kRowsPerTask = 64;
-constexpr int64_t kMinParallelMacs = 1 << 18;
 constexpr int64_t kMinParallelRowMacs = 1 << 15;
 
 // y [m, n] += bias [n] on every row (nothing when bias is null).
@@ -51,17 +51,6 @@ void AddBias(const float *bias, int64_t m, int64_t n, float *y) {
 // at::parallel_for runs inline).
 int64_t AvailableThreads() {
   return at::in_parallel_region() ? 1 : at::get_num_threads();
-}
-
-// run(begin, end) over tasks [0, count): on the intra-op pool when the
-// product is `large` enough to pay for waking it, else on this thread.
-template <typename Fn>
-void RunTasks(int64_t count, bool large, const Fn &run) {
-  if (!large || at::get_num_threads() < 2) {
-    run(0, count);
-  } else {
-    at::parallel_for(0, count, 1, run);
-  }
 }
 
 // y[i][j] for i < M rows of x, j < N rows of W (M <= kTileM, N <= kTileN).

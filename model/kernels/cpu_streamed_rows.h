@@ -8,6 +8,8 @@
 // model/kernels.
 #pragma once
 
+#include <ATen/Parallel.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -29,6 +31,22 @@ inline bool UseAvx2() { return ActiveIsa() >= CpuIsa::kAvx2; }
 inline uint16_t LaneMask16(int64_t count) {
   if (count <= 0) return 0;
   return count >= 16 ? uint16_t{0xFFFF} : uint16_t((1u << count) - 1);
+}
+
+// Multiply-adds below which one thread does a whole product: waking the
+// intra-op pool costs microseconds.
+inline constexpr int64_t kMinParallelMacs = 1 << 18;
+
+// run(begin, end) over tasks [0, count): on the intra-op pool, a task at a
+// time, when `parallel` and the pool has another thread to wake (not inside
+// a parallel region already), else on this thread in one call.
+template <typename Fn>
+void RunTasks(int64_t count, bool parallel, const Fn &run) {
+  if (parallel && at::get_num_threads() > 1 && !at::in_parallel_region()) {
+    at::parallel_for(0, count, 1, run);
+  } else {
+    run(0, count);
+  }
 }
 
 // Row i of a matrix given by its rows, and the matrix from row `row` and
