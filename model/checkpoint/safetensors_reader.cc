@@ -28,7 +28,8 @@ struct TensorEntry {
 
 constexpr std::pair<const char*, at::ScalarType> kDtypes[] = {
     {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-    {"I64", at::kLong},  {"I32", at::kInt},
+    {"I64", at::kLong},  {"I32", at::kInt},  {"I8", at::kChar},
+    {"U8", at::kByte},
 };
 
 bool DtypeFromName(const std::string& name, at::ScalarType* dtype) {
@@ -76,9 +77,9 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& path,
   }
   const std::string& dtype_name = dtype->get_ref<const std::string&>();
   if (!DtypeFromName(dtype_name, &entry.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported dtype '", dtype_name, "' for tensor '", name,
-                     "' in ", path, " (supported: F32, F16, BF16, I64, I32)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported dtype '", dtype_name, "' for tensor '", name, "' in ",
+        path, " (supported: F32, F16, BF16, I64, I32, I8, U8)"));
   }
   auto shape = value.find("shape");
   if (shape == value.end() || !shape->is_array()) {

@@ -45,7 +45,7 @@ absl::StatusOr<std::vector<Planned>> Plan(const std::string& path,
     if (SafetensorsDtypeName(tensor.scalar_type()) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": unsupported dtype ", c10::toString(tensor.scalar_type()),
-          " (supported: F32, F16, BF16, I64, I32)"));
+          " (supported: F32, F16, BF16, I64, I32, I8, U8)"));
     }
     if (!tensor.device().is_cpu()) {
       return absl::InvalidArgumentError(

@@ -9,7 +9,12 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/checkpoint/checkpoint.h"
 #include "model/core/linear.h"
+#include "model/core/model_config.h"
 #include "model/core/runtime.h"
 
 namespace moh {
@@ -30,6 +35,24 @@ inline LinearWeight ConvertedLinearWeight(at::Tensor weight,
   }
   return weight;
 }
+
+// The linear weight `name` [shape[0], shape[1]] of a pre-quantized
+// checkpoint, stored as int8 with its scale beside it in `layout`
+// (model_config.h): in `format` kInt8, its int8 values and a float32 scale
+// per row as they are stored (bitsandbytes' SCB divided by 127; a
+// compressed-tensors scale for the whole matrix repeated per row);
+// otherwise values * scale, in bfloat16 for kBfloat16 and in `options`'
+// dtype and device for kAsLoaded. Takes the scale too, and what the layout
+// stores beside them: bitsandbytes' weight_format (which must say row-major,
+// 0), compressed-tensors' weight_zero_point (which must be zero) and
+// input_scale / input_zero_point (static activation scales, not used: the
+// activations stay float32, or are quantized per 32 values on VNNI CPUs).
+// INVALID_ARGUMENT naming the tensor otherwise, or when a scale is missing
+// (NOT_FOUND), mis-shaped, negative or not finite.
+absl::StatusOr<LinearWeight> TakePrequantizedLinear(
+    TensorStore& store, const std::string& name, at::IntArrayRef shape,
+    PrequantizedLayout layout, const at::TensorOptions& options,
+    WeightFormat format);
 
 // After a load that converted its weights (`format` not kAsLoaded): the
 // float32 copies freed weight by weight would stay in the process's heap

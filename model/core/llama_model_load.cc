@@ -17,6 +17,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
   // Before the checkpoint is read: a wrong setting fails fast.
   MOH_ASSIGN_OR_RETURN(WeightFormat weights,
                        ResolveWeightFormat(device_options.weights, options));
+  // A pre-quantized checkpoint stays int8 where int8 weights can run (the
+  // CPU under float32 activations) unless the setting asks otherwise;
+  // elsewhere it is widened to the model's dtype.
+  if (config.llama.prequantized != PrequantizedLayout::kNone &&
+      weights == WeightFormat::kAsLoaded &&
+      ResolveWeightFormat("int8", options).ok()) {
+    weights = WeightFormat::kInt8;
+  }
   return Load(dir, config.llama, options, weights);
 }
 
@@ -41,13 +49,29 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   const int64_t d = config.head_dim;
   const int64_t q_dim = config.num_heads * d;
   const int64_t kv_dim = config.num_kv_heads * d;
-  auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+  // Only linear weights may be int8 (pre-quantized): anything else read as
+  // a float would be its raw integers.
+  auto take = [&](const std::string& name,
+                  std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
+    MOH_ASSIGN_OR_RETURN(at::Tensor stored, store.Get(name));
+    if (stored.scalar_type() == at::kChar) {
+      MOH_ASSIGN_OR_RETURN(std::string file, store.SourceFile(name));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": tensor '", name,
+                       "' is int8; only linear weights may be stored "
+                       "pre-quantized"));
+    }
     return store.Take(name, shape, options);
   };
   auto take_linear =
       [&](const std::string& name,
           std::vector<int64_t> shape) -> absl::StatusOr<LinearWeight> {
-    MOH_ASSIGN_OR_RETURN(at::Tensor weight, take(name, std::move(shape)));
+    MOH_ASSIGN_OR_RETURN(at::Tensor stored, store.Get(name));
+    if (stored.scalar_type() == at::kChar) {
+      return TakePrequantizedLinear(store, name, shape, config.prequantized,
+                                    options, weights);
+    }
+    MOH_ASSIGN_OR_RETURN(at::Tensor weight, store.Take(name, shape, options));
     return ConvertedLinearWeight(std::move(weight), weights);
   };
   if (config.tie_word_embeddings) {

@@ -54,6 +54,15 @@ struct MohConfig {
   double MinRatio() const;
 };
 
+// A checkpoint whose linear weights are stored as int8 with a float scale
+// per output row (or one for the whole matrix), as config.json's
+// quantization_config says, in the layout of the tool that wrote it:
+// compressed-tensors' "int-quantized" (llm-compressor: `<name>.weight` I8
+// and `<name>.weight_scale`) or bitsandbytes' 8-bit serialization
+// (`<name>.weight` I8 and `<name>.SCB`, the row's largest |W|, so that
+// W = weight * SCB / 127).
+enum class PrequantizedLayout { kNone, kCompressedTensors, kBitsandbytes };
+
 struct LlamaConfig {
   int32_t vocab_size = 0;
   int32_t hidden_size = 0;
@@ -70,6 +79,7 @@ struct LlamaConfig {
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;  // -1: none
   std::string torch_dtype;    // as stored, e.g. "bfloat16"; informational
+  PrequantizedLayout prequantized = PrequantizedLayout::kNone;
   MohConfig moh;
 };
 

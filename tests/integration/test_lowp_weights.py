@@ -4,7 +4,9 @@ scores stay close to the same model's float32 weights; the ViT classifies
 close to its float32 weights and the TransNeXt loads; ListModels and
 moh-client report how each holds them; an unknown value, or any value on
 MoH-DiT (which holds its weights as loaded), fails that model only, naming
-the field."""
+the field. The fixture LM pre-quantized (quantization_config: int8 weights
+with their scales as llm-compressor and bitsandbytes save them) serves as
+int8 and answers as `weights: "int8"` does on the float32 LM."""
 import json
 import os
 
@@ -25,6 +27,9 @@ PRECISIONS = {"bf16": (8, 3e-2), "int8": (6, 6e-2)}
 # int8), the top class the same in every case (measured).
 VIT_TOLERANCE = {"bf16": 0.05, "int8": 0.15}
 
+# tests/reference/make_fixtures.py's layouts of llama_learned pre-quantized.
+PREQUANTIZED = ("compressed_tensors", "bitsandbytes")
+
 server, stub, models = lib.lm_variant_fixtures("lowp_weights", [
     ("bf16", 'weights: "bfloat16" generation { max_running: 2 }'),
     ("int8", 'weights: "int8" generation { max_running: 2 }'),
@@ -36,7 +41,8 @@ server, stub, models = lib.lm_variant_fixtures("lowp_weights", [
      'weights: "int8"'),
     ("dit-bf16", os.path.join(lib.FIXTURES, "dit_tiny"),
      'weights: "bfloat16"'),
-])
+] + [(layout, os.path.join(lib.FIXTURES, "llama_learned_int8_" + layout), "")
+     for layout in PREQUANTIZED])
 
 with open(os.path.join(lib.VIT_DIR, "golden.json")) as f:
     _VIT_GOLDEN = json.load(f)
@@ -126,3 +132,23 @@ def test_vit_classifies_close_to_float32(api, stub, models, name):
     assert largest <= VIT_TOLERANCE[name], largest
     assert largest > 0, "the weights were not rounded"
     assert same_top == len(cases), (same_top, len(cases))
+
+
+@pytest.mark.parametrize("layout", PREQUANTIZED)
+def test_prequantized_checkpoints_serve_as_int8(api, stub, models, layout):
+    # They hold what load-time quantization makes of the float32 LM: the
+    # same greedy tokens and label scores as the "int8" variant.
+    assert models[layout].state == api.pb.ModelInfo.READY, models[layout]
+    assert models[layout].weights == "int8"
+    tokens = {}
+    for model in ("int8", layout):
+        request = lib.generate_request(api.pb, model=model,
+                                       prompt="Once upon a time",
+                                       max_new_tokens=24, temperature=0.0)
+        tokens[model] = lib.token_ids_of(lib.run_generate(stub, request))
+    assert tokens[layout] == tokens["int8"]
+    scored = lib.label_scores(api.pb, stub, ("int8", layout),
+                              "Once upon a time", LABELS)
+    for label in LABELS:
+        assert scored[layout][label] == pytest.approx(
+            scored["int8"][label], rel=1e-5, abs=1e-5), label

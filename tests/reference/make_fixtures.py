@@ -16,6 +16,11 @@ Layout (see tests/reference/README.md for the full schema):
                           model.safetensors (+ tokenizer, generation_config, golden)
   llama_learned_sharded/  the same tensors and config, sharded safetensors + index
   llama_learned_bin/      the same tensors and config, one pytorch_model.bin
+  llama_learned_int8_compressed_tensors/, llama_learned_int8_bitsandbytes/
+                          the same with the decoder's linear weights pre-quantized to
+                          int8 (a scale per row) in those tools' layouts, with their
+                          quantization_config (no golden: what `weights: "int8"` makes
+                          of llama_learned is what they hold)
   vit_learned/            MoH-ViT (timm names), F16 model.safetensors, golden.json
   transnext_tiny/, transnext_tiny_st/, transnext_tiny_b/, preprocess/,
   transnext_manifest.json MoH-ViT on TransNeXt (make_transnext_fixtures.py)
@@ -390,6 +395,56 @@ def _verify_roundtrip(directory, golden, kind):
         directory, float((got - want).abs().max()))
 
 
+# quantization_config for llama_learned's linear weights pre-quantized as
+# llm-compressor (compressed-tensors "int-quantized", W8A16 per channel) and
+# bitsandbytes (8-bit) write them.
+PREQUANTIZED_CONFIGS = {
+    "compressed_tensors": {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True,
+                        "strategy": "channel", "group_size": None,
+                        "dynamic": False, "observer": "minmax"},
+            "input_activations": None, "output_activations": None}},
+        "ignore": ["lm_head"],
+    },
+    "bitsandbytes": {
+        "quant_method": "bitsandbytes", "load_in_8bit": True,
+        "load_in_4bit": False, "llm_int8_threshold": 6.0,
+        "llm_int8_skip_modules": None, "llm_int8_has_fp16_weight": False,
+    },
+}
+_PREQUANTIZED_LINEAR = re.compile(
+    r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
+
+
+def prequantize(tensors, layout):
+    """The decoder layers' linear weights as int8 with a float32 scale per row
+    (symmetric, largest |W| / 127; round(W * (1 / scale)), half to even, the
+    arithmetic of moh-serve's load-time quantization, so the checkpoint holds
+    what `weights: "int8"` makes of llama_learned), in `layout`'s names."""
+    out = {}
+    for name, w in tensors.items():
+        if not _PREQUANTIZED_LINEAR.search(name):
+            out[name] = w
+            continue
+        w = w.float()
+        largest = w.abs().amax(dim=1)
+        scale = torch.where(largest > 0, largest / 127.0, torch.ones_like(largest))
+        q = torch.round(w * (1.0 / scale)[:, None]).clamp(-127, 127).to(torch.int8)
+        out[name] = q
+        if layout == "compressed_tensors":
+            out[name + "_scale"] = scale[:, None].contiguous()
+            out[name + "_zero_point"] = torch.zeros((w.shape[0], 1), dtype=torch.int8)
+        else:
+            out[name[:-len(".weight")] + ".SCB"] = largest.contiguous()
+            out[name + "_format"] = torch.tensor(0, dtype=torch.uint8)
+    return out
+
+
 def _shard_size(tensors, n):
     """The smallest max_shard_bytes (in 1% steps) that gives exactly n shards."""
     total = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -438,6 +493,15 @@ def generate(outdir, log):
     llama_common(d, LLAMA_LEARNED_CONFIG, golden)
     checkpoint_io.save_torch_bin(tensors, os.path.join(d, "pytorch_model.bin"))
     _verify_roundtrip(d, golden, "llama")
+    for layout, quantization in PREQUANTIZED_CONFIGS.items():
+        d = os.path.join(outdir, "llama_learned_int8_" + layout)
+        os.makedirs(d)
+        _write_json(os.path.join(d, "config.json"),
+                    dict(LLAMA_LEARNED_CONFIG, quantization_config=quantization))
+        _write_json(os.path.join(d, "tokenizer.json"), tokenizer, indent=None)
+        _write_json(os.path.join(d, "generation_config.json"), generation_config)
+        checkpoint_io.save_safetensors(prequantize(tensors, layout),
+                                       os.path.join(d, "model.safetensors"), {"format": "pt"})
     log("llama_learned: %d safetensors shards, %.1fs" % (n, time.time() - t0))
 
     # 3. MoH-ViT, F16 safetensors

@@ -132,6 +132,10 @@ absl::Status ReadClassifierInput(const ConfigReader& r, int32_t channels,
                                  std::vector<float>* mean,
                                  std::vector<float>* std);
 
+// quantization_config: the layout of a pre-quantized int8 checkpoint, or
+// kNone when the field is absent (quantization_config.cc).
+absl::StatusOr<PrequantizedLayout> ParseQuantization(const ConfigReader& r);
+
 // The families' parsers.
 absl::StatusOr<LlamaConfig> ParseLlama(const ConfigReader& r);
 absl::StatusOr<VitConfig> ParseVit(const ConfigReader& r);

@@ -68,6 +68,7 @@ absl::StatusOr<LlamaConfig> ParseLlama(const ConfigReader& r) {
                        r.Bool("tie_word_embeddings", false));
   MOH_ASSIGN_OR_RETURN(c.attention_bias, r.Bool("attention_bias", false));
   MOH_ASSIGN_OR_RETURN(c.torch_dtype, r.String("torch_dtype", ""));
+  MOH_ASSIGN_OR_RETURN(c.prequantized, ParseQuantization(r));
   MOH_ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "silu"));
   if (act != "silu") {
     return r.Error("hidden_act",

@@ -275,7 +275,7 @@ TEST_F(CheckpointTest, WriterRefusesWhatTheReaderCannotRead) {
   ExpectError(WriteSafetensorsFile(path, doubles),
               absl::StatusCode::kInvalidArgument,
               {path, "tensor 'd'", "unsupported dtype Double",
-               "(supported: F32, F16, BF16, I64, I32)"});
+               "(supported: F32, F16, BF16, I64, I32, I8, U8)"});
   TensorStore reserved("test");
   ASSERT_TRUE(reserved.Insert("__metadata__", at::zeros({2}), "x").ok());
   ExpectError(WriteSafetensorsFile(path, reserved),
@@ -418,7 +418,7 @@ TEST_F(CheckpointTest, SafetensorsUnsupportedDtype) {
   ExpectError(ReadSafetensorsFile(path).status(),
               absl::StatusCode::kInvalidArgument,
               {"unsupported dtype 'F64' for tensor 'w' in " + path +
-               " (supported: F32, F16, BF16, I64, I32)"});
+               " (supported: F32, F16, BF16, I64, I32, I8, U8)"});
 }
 
 TEST_F(CheckpointTest, SafetensorsBadMetadataAndDuplicates) {
