@@ -21,13 +21,32 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cpu_flags="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
   grep -E '^(avx|fma|f16c|sse4|amx)' | sort | tr '\n' ' ')"
 stamp="$MOH_LLAMA_CPP_SDIST_VERSION $cpu_flags"
+# GGML_NATIVE=ON (-march=native), except on CPUs with AMX: llama.cpp's AMX
+# path (tinygemm_kernel_amx, Q8_0) died of SIGILL at its first tilezero on
+# this project's Sapphire Rapids VMs, whose kernels do grant the tile state.
+# There every other extension the CPU has is named instead (the same
+# instructions as -march=native, AMX left out); MOH_LLAMA_CPP_AMX=1 keeps
+# the native build.
+arch=(-DGGML_NATIVE=ON)
+if grep -q amx_tile <<<"$cpu_flags" && [ "${MOH_LLAMA_CPP_AMX:-0}" != 1 ]; then
+  has() { grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -qx "$1"; }
+  arch=(-DGGML_NATIVE=OFF)
+  for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 bmi2:BMI2 fma:FMA f16c:F16C \
+    avx_vnni:AVX_VNNI avx512f:AVX512 avx512vbmi:AVX512_VBMI \
+    avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    if has "${pair%%:*}"; then arch+=("-DGGML_${pair#*:}=ON"); else
+      arch+=("-DGGML_${pair#*:}=OFF"); fi
+  done
+  arch+=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  stamp="$stamp no-amx"
+fi
 if [ -x "$MOH_LLAMA_CPP_PREFIX/bin/llama-batched-bench" ] &&
   [ "$(cat "$MOH_LLAMA_CPP_PREFIX/VERSION" 2>/dev/null)" = "$stamp" ]; then
   echo "install_llama_cpp: llama.cpp (llama-cpp-python $MOH_LLAMA_CPP_SDIST_VERSION's) present in $MOH_LLAMA_CPP_PREFIX"
   exit 0
 fi
 echo "install_llama_cpp: building llama.cpp's tools (llama-cpp-python" \
-  "$MOH_LLAMA_CPP_SDIST_VERSION's tree, GGML_NATIVE=ON) into $MOH_LLAMA_CPP_PREFIX"
+  "$MOH_LLAMA_CPP_SDIST_VERSION's tree, ${arch[*]}) into $MOH_LLAMA_CPP_PREFIX"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 sdist="${MOH_LLAMA_CPP_SDIST:-$work/llama_cpp_python.tar.gz}"
@@ -36,7 +55,7 @@ top="llama_cpp_python-$MOH_LLAMA_CPP_SDIST_VERSION"
 tar -xzf "$sdist" -C "$work" "$top/vendor/llama.cpp"
 src="$work/$top/vendor/llama.cpp"
 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  "${arch[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_CURL=OFF -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
   -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' >/dev/null
