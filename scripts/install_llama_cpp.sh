@@ -3,7 +3,8 @@
 # llama-quantize) from the llama.cpp tree that llama-cpp-python's pinned PyPI
 # source distribution vendors (llama_cpp.env, sha256-checked), with
 # GGML_NATIVE=ON: every instruction set this CPU has, as a llama.cpp user
-# building it here would get. Installs them, their shared libraries and the
+# building it here would get (on a CPU with AMX, every one but AMX: below).
+# Installs them, their shared libraries and the
 # tree's gguf-py (bench/make_gguf.py writes GGUFs with it) into
 # $MOH_LLAMA_CPP_PREFIX; skipped when that prefix already holds this version
 # built on a CPU with the same flags (a native build does not move between

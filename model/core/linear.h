@@ -12,10 +12,10 @@
 // A bfloat16 weight (LlamaModel's `weights: "bfloat16"`) with float32 x goes
 // to Bf16Linear (model/kernels/cpu_lowp_linear.h), which widens W in
 // registers (a prefill on an AVX512_BF16 CPU rounds x to bfloat16 instead);
-// an int8 weight (`weights: "int8"`: LinearWeight's values and a
-// scale per row) to Int8Linear (likewise, on AVX512_VNNI a prefill quantizes
-// x per 32 values); elsewhere (kPortable, CUDA) W is widened per
-// call to x's type.
+// an int8 weight (`weights: "int8"`, or a pre-quantized checkpoint:
+// LinearWeight's values and a scale per row) to Int8Linear (likewise, on
+// AVX512_VNNI products past 8 rows quantize x per 32 values); elsewhere
+// (kPortable, CUDA) W is widened per call to x's type.
 #pragma once
 
 #include <ATen/ATen.h>
