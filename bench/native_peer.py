@@ -180,6 +180,11 @@ def llama_build(prefix):
     native (-march=native) build was made for."""
     with open(os.path.join(prefix, "VERSION")) as f:
         version, _, flags = f.read().strip().partition(" ")
+    if flags.endswith(" no-amx"):
+        # install_llama_cpp.sh named every extension but AMX instead.
+        return ("llama-cpp-python %s's llama.cpp, every extension of -march=native "
+                "but AMX (its AMX path dies of SIGILL here) for: %s"
+                % (version, flags[:-len(" no-amx")]))
     return ("llama-cpp-python %s's llama.cpp, GGML_NATIVE=ON (-march=native) "
             "for: %s" % (version, flags))
 
