@@ -52,14 +52,12 @@ __attribute__((target("avx512f"))) void Transpose16(const InputRows &src,
 // packed transposed (xt [k][padded m], small); W is read in place, R rows at
 // a time, each value broadcast from memory against two vectors of 16 rows of
 // x (kVectors), so W streams from memory once, in row order, with no packing.
-constexpr int kVectors = 2;
+constexpr int kTwoVectors = 2;
 
-template <int R>
-__attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
-                                                   int64_t k, const float *w,
-                                                   int64_t ldw,
-                                                   const OutputRows &y,
-                                                   int64_t rows) {
+template <int R, int kVectors = kTwoVectors>
+__attribute__((target("avx512f"))) void StreamTile(
+    const float *xt, int64_t ldx, int64_t k, const float *w, int64_t ldw,
+    const OutputRows &y, int64_t rows, bool prefetch = false) {
   __m512 acc[R][kVectors];
 #pragma GCC unroll 14
   for (int r = 0; r < R; ++r) {
@@ -67,6 +65,13 @@ __attribute__((target("avx512f"))) void StreamTile(const float *xt, int64_t ldx,
     for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t p = 0; p < k; ++p) {
+    if (prefetch && p % 16 == 0) {
+#pragma GCC unroll 14
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char *>(w + (R + r) * ldw + p),
+                     _MM_HINT_T1);
+      }
+    }
     __m512 xv[kVectors];
 #pragma GCC unroll 2
     for (int v = 0; v < kVectors; ++v) {
@@ -106,8 +111,8 @@ void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
                      const float *w, int64_t ldw, int64_t first, int64_t last,
                      const OutputRows &y) {
   constexpr int64_t kTile = 14;
-  for (int64_t i = 0; i < m; i += 16 * kVectors) {
-    const int64_t rows = std::min<int64_t>(16 * kVectors, m - i);
+  for (int64_t i = 0; i < m; i += 16 * kTwoVectors) {
+    const int64_t rows = std::min<int64_t>(16 * kTwoVectors, m - i);
     const float *xb = xt + i;
     int64_t j = first;
     for (; j + kTile <= last; j += kTile) {
@@ -119,6 +124,27 @@ void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
     for (; j < last; ++j) {
       StreamTile<1>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
     }
+  }
+}
+
+// Up to 16 rows: one vector of x against kOneVectorTile rows of W, the
+// next tile's lines prefetched into L2 as these stream (each row's line
+// lasts 16 steps: too few loads for the hardware to keep enough misses in
+// flight, as in the low-precision few-row kernel).
+void StreamRowsOneVector(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                         const float *w, int64_t ldw, int64_t first,
+                         int64_t last, const OutputRows &y) {
+  constexpr int kOneVectorTile = 8;
+  int64_t j = first;
+  for (; j + kOneVectorTile <= last; j += kOneVectorTile) {
+    StreamTile<kOneVectorTile, 1>(xt, ldx, k, w + j * ldw, ldw, Skip(y, 0, j),
+                                  m, j + 2 * kOneVectorTile <= last);
+  }
+  for (; j + 4 <= last; j += 4) {
+    StreamTile<4, 1>(xt, ldx, k, w + j * ldw, ldw, Skip(y, 0, j), m);
+  }
+  for (; j < last; ++j) {
+    StreamTile<1, 1>(xt, ldx, k, w + j * ldw, ldw, Skip(y, 0, j), m);
   }
 }
 
@@ -165,14 +191,19 @@ const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
 void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t first, int64_t last,
                 const OutputRows &y) {
-  // Up to 16 rows the AVX2 tiles (12 or 6 rows of W at a time) run on
-  // AVX-512 CPUs too: the one-vector AVX-512 tile they replaced streamed 28
-  // rows of W at once, more streams than the hardware prefetchers follow once
-  // W's rows are long. Measured (chrt -r 50, 2 threads, AVX-512 EPYC): a 1 B
-  // layout's decode at batch 16 (moh-generate, make_bench_lm.py --layout
-  // llama3-1b, k = 2048 and 8192), 14.6 tokens/s with that tile against
-  // 43.7 with these; one 1376 x 512 product at 16 rows, 485 against 272 us.
-  if (!UseAvx512() || m <= 16) {
+  // Up to 16 rows on AVX-512, one vector of x against 8 rows of W with the
+  // next 8 rows prefetched. A one-vector tile of 28 rows (no prefetch) had
+  // streamed more rows of W than the hardware prefetchers follow (a 1 B
+  // layout's batch-16 decode 14.6 tokens/s against 43.7 with the AVX2 tiles,
+  // 2 threads, AVX-512 EPYC), so the AVX2 tiles (two ymm of 8 rows of x
+  // against 6 rows of W) ran here until this one, which needs half their
+  // FMAs: on a Sapphire Rapids VM, moh-generate batch-16 decode tokens/s
+  // (AVX2 tiles -> these) 24 M layout 1393 -> 2013 (2 threads), 867 -> 1300
+  // (1), 1 B layout 64.3 -> 68.2 (2); one cold 1376 x 512 product at 16
+  // rows, one thread, 499 -> 348 us.
+  if (UseAvx512() && m <= 16) {
+    StreamRowsOneVector(xt, ldx, m, k, w, ldw, first, last, y);
+  } else if (!UseAvx512() || m <= 16) {
     StreamRowsAvx2(xt, ldx, m, k, w, ldw, first, last, y);
   } else {
     StreamRowBlocks(xt, ldx, m, k, w, ldw, first, last, y);

@@ -109,9 +109,9 @@ const float *PackTransposed(const InputRows &x, int64_t m, int64_t k,
 // y rows [0, m) x columns [first, last) (+)= (when y.accumulate) x W^T, for
 // W rows [first, last) (row stride ldw) and xt = PackTransposed(x, m, k, .)
 // (row stride ldx = TransposedWidth(m)), m <= kMaxStreamedRows: each value of
-// W broadcast from memory against x^T vectors: StreamRowsAvx2's tiles up to
-// 16 rows (on AVX-512 CPUs too), beyond them 32 rows (two AVX-512 vectors)
-// against 14 rows of W at a time.
+// W broadcast from memory against x^T vectors: on AVX-512 one vector (16
+// rows) against 8 rows of W at a time up to 16 rows, beyond them 32 rows
+// (two vectors) against 14 rows of W; StreamRowsAvx2's tiles on AVX2.
 void StreamRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
                 const float *w, int64_t ldw, int64_t first, int64_t last,
                 const OutputRows &y);

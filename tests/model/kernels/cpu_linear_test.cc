@@ -106,15 +106,15 @@ TEST(RowLinearTest, RemaindersOfRowsAndDepthOnThePool) {
 TEST(StreamedLinearTest, EdgesOfTilesAndVectors) {
   MOH_SKIP_UNLESS_KERNELS_RUN();
   // Rows around one and two 16-row (AVX2: 8-row) vectors and up to its
-  // limit; columns around the 28-, 14-, 4- and 1-row tiles of W (AVX2: 12-,
-  // 6-, 4-, 2- and 1-row).
+  // limit; columns around the tiles of W: 8, 4 and 1 rows against one
+  // vector, 14, 4 and 1 against two (AVX2: 12-, 6-, 4-, 2- and 1-row).
   for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{15},
                     int64_t{16}, int64_t{17}, int64_t{25}, int64_t{32},
                     int64_t{33}, kMaxStreamedRows}) {
     ExpectMatchesLinear(m, 70, 61, m % 2 == 0, 0, &StreamedLinear);
   }
-  for (int64_t n :
-       {1, 3, 4, 5, 6, 7, 11, 12, 13, 14, 27, 28, 29, 64, 65, 129}) {
+  for (int64_t n : {1,  3,  4,  5,  6,  7,  8,  9,  11, 12,
+                    13, 14, 16, 17, 27, 28, 29, 64, 65, 129}) {
     ExpectMatchesLinear(20, 33, n, n % 2 == 1, 0, &StreamedLinear);
     ExpectMatchesLinear(9, 33, n, false, 0, &StreamedLinear);
   }
