@@ -12,6 +12,7 @@
 // the float32 fixture, widen where int8 cannot run, and a malformed one
 // fails naming the field or tensor.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -196,8 +197,11 @@ absl::Status LoadEdited(
     const std::function<void(std::map<std::string, at::Tensor>&)>&
         edit_tensors) {
   namespace fs = std::filesystem;
+  // Per process: CTest runs this binary under several instruction sets at
+  // once.
   const fs::path dir =
-      fs::path(::testing::TempDir()) / ("prequantized_" + name);
+      fs::path(::testing::TempDir()) /
+      ("prequantized_" + std::to_string(getpid()) + "_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path from = PrequantizedDir(layout);
@@ -226,8 +230,11 @@ absl::Status LoadEdited(
   if (auto written = WriteSafetensorsFile(path, edited); !written.ok()) {
     return written;
   }
-  return LlamaModel::Load(dir.string(), DeviceOptions{"cpu", "float32", ""})
-      .status();
+  const absl::Status loaded =
+      LlamaModel::Load(dir.string(), DeviceOptions{"cpu", "float32", ""})
+          .status();
+  fs::remove_all(dir);
+  return loaded;
 }
 
 TEST(PrequantizedTest, MalformedCheckpointsFailNamingTheFieldOrTensor) {
