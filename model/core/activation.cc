@@ -1,5 +1,7 @@
 #include "model/core/activation.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/field_error.h"
 
@@ -41,7 +43,15 @@ Activation Activation::AtRatio(const MohConfig& moh, float ratio) {
 
 Activation Activation::Lowered(const MohConfig& moh) const {
   if (!CanLower()) return *this;
-  return Activation(moh, min_ratio_, min_ratio_, /*lowered=*/true);
+  Activation lowered(moh, min_ratio_, min_ratio_, /*lowered=*/true);
+  // No layer's K rises: the default activation's trained Ks differ by layer,
+  // and one floor ratio can ask a layer for more routed heads than it had
+  // (trained K [1, 4, 8] of 8 heads, min_ratio 0.5: 4 for the first layer;
+  // found by activation_fuzzer).
+  for (size_t l = 0; l < top_k_.size(); ++l) {
+    lowered.top_k_[l] = std::min(lowered.top_k_[l], top_k_[l]);
+  }
+  return lowered;
 }
 
 std::vector<LayerTopK> TopKForRatios(const MohConfig& moh,

@@ -41,7 +41,8 @@ class Activation {
   bool lowered() const { return lowered_; }
   // A floor is set and lies below the nominal ratio.
   bool CanLower() const { return min_ratio_ > 0.0f && min_ratio_ < nominal_; }
-  // This activation at its floor; itself when !CanLower().
+  // This activation at its floor (each layer's K at min_ratio, never above
+  // its K now); itself when !CanLower().
   Activation Lowered(const MohConfig& moh) const;
   // Routed K per layer, each in [0, routed heads of the layer].
   const LayerTopK& top_k() const { return top_k_; }
