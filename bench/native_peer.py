@@ -180,6 +180,11 @@ def llama_build(prefix):
     native (-march=native) build was made for."""
     with open(os.path.join(prefix, "VERSION")) as f:
         version, _, flags = f.read().strip().partition(" ")
+    if flags.endswith(" avx2-only"):
+        # MOH_LLAMA_CPP_ISA=avx2: what an AVX2-only CPU's native build has.
+        return ("llama-cpp-python %s's llama.cpp, AVX2 + FMA + F16C only (no "
+                "AVX-512, no AVX-VNNI: an AVX2-only CPU's native build) on: %s"
+                % (version, flags[:-len(" avx2-only")]))
     if flags.endswith(" no-amx"):
         # install_llama_cpp.sh named every extension but AMX instead.
         return ("llama-cpp-python %s's llama.cpp, every extension of -march=native "

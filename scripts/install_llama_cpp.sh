@@ -27,19 +27,33 @@ stamp="$MOH_LLAMA_CPP_SDIST_VERSION $cpu_flags"
 # this project's Sapphire Rapids VMs, whose kernels do grant the tile state.
 # There every other extension the CPU has is named instead (the same
 # instructions as -march=native, AMX left out); MOH_LLAMA_CPP_AMX=1 keeps
-# the native build.
+# the native build. MOH_LLAMA_CPP_ISA=avx2 builds what an AVX2-only CPU
+# (e.g. AMD Zen 3: AVX2, FMA, F16C, no AVX-512, no AVX-VNNI) would get
+# natively, to time against moh-serve under MOH_CPU_ISA=avx2 on an AVX-512
+# machine; give it its own MOH_LLAMA_CPP_PREFIX.
+isa_cap="${MOH_LLAMA_CPP_ISA:-native}"
+case "$isa_cap" in
+  native | avx2) ;;
+  *) echo "install_llama_cpp: MOH_LLAMA_CPP_ISA must be native or avx2, not '$isa_cap'" >&2
+    exit 2 ;;
+esac
 arch=(-DGGML_NATIVE=ON)
-if grep -q amx_tile <<<"$cpu_flags" && [ "${MOH_LLAMA_CPP_AMX:-0}" != 1 ]; then
+if [ "$isa_cap" = avx2 ] ||
+  { grep -q amx_tile <<<"$cpu_flags" && [ "${MOH_LLAMA_CPP_AMX:-0}" != 1 ]; }; then
   has() { grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -qx "$1"; }
   arch=(-DGGML_NATIVE=OFF)
   for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 bmi2:BMI2 fma:FMA f16c:F16C \
     avx_vnni:AVX_VNNI avx512f:AVX512 avx512vbmi:AVX512_VBMI \
     avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
-    if has "${pair%%:*}"; then arch+=("-DGGML_${pair#*:}=ON"); else
-      arch+=("-DGGML_${pair#*:}=OFF"); fi
+    flag="${pair%%:*}"
+    if has "$flag" && { [ "$isa_cap" = native ] ||
+      [[ "$flag" != avx512* && "$flag" != avx_vnni ]]; }; then
+      arch+=("-DGGML_${pair#*:}=ON")
+    else arch+=("-DGGML_${pair#*:}=OFF"); fi
   done
   arch+=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
-  stamp="$stamp no-amx"
+  if [ "$isa_cap" = avx2 ]; then stamp="$stamp avx2-only"; else
+    stamp="$stamp no-amx"; fi
 fi
 if [ -x "$MOH_LLAMA_CPP_PREFIX/bin/llama-batched-bench" ] &&
   [ "$(cat "$MOH_LLAMA_CPP_PREFIX/VERSION" 2>/dev/null)" = "$stamp" ]; then
