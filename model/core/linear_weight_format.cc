@@ -11,15 +11,15 @@
 #include "base/status_macros.h"
 
 namespace moh {
-namespace {
 
-// "<file>: tensor '<name>' <what>", the store's error style.
 absl::Status TensorError(const TensorStore& store, const std::string& name,
                          const std::string& what) {
   const absl::StatusOr<std::string> file = store.SourceFile(name);
   return absl::InvalidArgumentError(absl::StrCat(
       file.ok() ? *file : store.description(), ": tensor '", name, "' ", what));
 }
+
+namespace {
 
 std::string Shape(at::IntArrayRef sizes) {
   return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]");

@@ -36,6 +36,11 @@ inline LinearWeight ConvertedLinearWeight(at::Tensor weight,
   return weight;
 }
 
+// INVALID_ARGUMENT "<file>: tensor '<name>' <what>", the checkpoint
+// readers' error style (the store's description when no file holds `name`).
+absl::Status TensorError(const TensorStore& store, const std::string& name,
+                         const std::string& what);
+
 // The linear weight `name` [shape[0], shape[1]] of a pre-quantized
 // checkpoint, stored as int8 with its scale beside it in `layout`
 // (model_config.h): in `format` kInt8, its int8 values and a float32 scale

@@ -55,11 +55,9 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
                   std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
     MOH_ASSIGN_OR_RETURN(at::Tensor stored, store.Get(name));
     if (stored.scalar_type() == at::kChar) {
-      MOH_ASSIGN_OR_RETURN(std::string file, store.SourceFile(name));
-      return absl::InvalidArgumentError(
-          absl::StrCat(file, ": tensor '", name,
-                       "' is int8; only linear weights may be stored "
-                       "pre-quantized"));
+      return TensorError(store, name,
+                         "is int8; only linear weights may be stored "
+                         "pre-quantized");
     }
     return store.Take(name, shape, options);
   };

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <system_error>
 #include <string>
 #include <vector>
 
@@ -204,6 +205,14 @@ absl::Status LoadEdited(
       ("prequantized_" + std::to_string(getpid()) + "_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
+  // Removed however this returns.
+  struct Removed {
+    fs::path dir;
+    ~Removed() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } removed{dir};
   const fs::path from = PrequantizedDir(layout);
   for (const char* file : {"tokenizer.json", "generation_config.json"}) {
     fs::copy_file(from / file, dir / file);
@@ -230,11 +239,8 @@ absl::Status LoadEdited(
   if (auto written = WriteSafetensorsFile(path, edited); !written.ok()) {
     return written;
   }
-  const absl::Status loaded =
-      LlamaModel::Load(dir.string(), DeviceOptions{"cpu", "float32", ""})
-          .status();
-  fs::remove_all(dir);
-  return loaded;
+  return LlamaModel::Load(dir.string(), DeviceOptions{"cpu", "float32", ""})
+      .status();
 }
 
 TEST(PrequantizedTest, MalformedCheckpointsFailNamingTheFieldOrTensor) {
