@@ -19,8 +19,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <system_error>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "model/checkpoint/safetensors_reader.h"
