@@ -214,14 +214,20 @@ BENCHMARK(BM_LinearColdWeights)
 
 // y = x W^T with W [n, k] of one weight type (0 float32 through
 // moh::Linear, 1 bf16 through Bf16Linear, 2 int8 through Int8Linear, 3 int8
-// widened to float32 into the float32 kernels: Int8Linear without VNNI past
-// its few-row path), drawn in turn from enough matrices (128 MiB of each
-// type, 4x the last-level cache) that every call reads W from memory, as a
-// decode step does. Rows 16 and 32, types 2 and 3, side by side: the
-// integer dot products (Int8DotRowsLinear on VNNI CPUs) against widening.
+// in float32 arithmetic: up to 8 rows the few-row kernel, which widens W in
+// registers, beyond them W widened into the float32 kernels (PanelLinear),
+// 4 int8 through Int8MaddRowsLinear, the AVX2 integer path), drawn in turn
+// from enough matrices (128 MiB of each type, 4x the last-level cache) that
+// every call reads W from memory, as a decode step does. Types 2, 3 and 4
+// side by side: the integer dot products (Int8DotRowsLinear on VNNI CPUs,
+// Int8MaddRowsLinear on AVX2) against float32 arithmetic.
 void BM_LowpLinearColdWeights(benchmark::State& state) {
   const int64_t rows = state.range(0), n = state.range(1), k = 2048;
   const int64_t type = state.range(2);
+  if (type == 4 && rows > kMaxStreamedRows) {
+    state.SkipWithError("Int8MaddRowsLinear takes decode batches");
+    return;
+  }
   const bool int8 = type >= 2;
   const int64_t bytes = n * k * (type == 0 ? 4 : type == 1 ? 2 : 1);
   const int64_t count = std::max<int64_t>(2, (int64_t{128} << 20) / bytes);
@@ -249,9 +255,22 @@ void BM_LowpLinearColdWeights(benchmark::State& state) {
       Bf16Linear(x.data_ptr<float>(), rows, k,
                  reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()),
                  k, n, nullptr, y.data_ptr<float>());
-    } else if (type == 2 || rows <= kMaxBf16StreamRows) {
+    } else if (type == 2) {
       Int8Linear(x.data_ptr<float>(), rows, k, w.data_ptr<int8_t>(), k, n,
                  scales[next].data_ptr<float>(), nullptr, y.data_ptr<float>());
+    } else if (type == 4) {
+      Int8MaddRowsLinear(x.data_ptr<float>(), rows, k, w.data_ptr<int8_t>(), k,
+                         n, scales[next].data_ptr<float>(), nullptr,
+                         y.data_ptr<float>());
+    } else if (rows <= kMaxBf16StreamRows) {
+      const auto few_rows = ActiveIsa() == CpuIsa::kAvx512
+                                ? kernels_internal::Int8RowsAvx512
+                                : kernels_internal::Int8RowsAvx2;
+      at::parallel_for(0, n, 64, [&](int64_t j0, int64_t j1) {
+        few_rows(x.data_ptr<float>(), rows, k, w.data_ptr<int8_t>(), k, n, j0,
+                 j1, scales[next].data_ptr<float>(), nullptr,
+                 y.data_ptr<float>());
+      });
     } else {
       const int8_t* q = w.data_ptr<int8_t>();
       const float* sd = scales[next].data_ptr<float>();
@@ -273,7 +292,7 @@ void BM_LowpLinearColdWeights(benchmark::State& state) {
 }
 BENCHMARK(BM_LowpLinearColdWeights)
     ->ArgNames({"rows", "n", "type"})
-    ->ArgsProduct({{1, 8, 16, 32, 512}, {2048, 8192}, {0, 1, 2, 3}})
+    ->ArgsProduct({{1, 8, 16, 32, 512}, {2048, 8192}, {0, 1, 2, 3, 4}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

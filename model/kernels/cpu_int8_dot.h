@@ -40,6 +40,17 @@ bool Int8DotRowsLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
                        int64_t ldw, int64_t n, const float *scale,
                        const float *bias, float *y);
 
+// Int8DotLinear's numerics (x quantized per kInt8DotBlock values, exact
+// integer block sums) on AVX2 + FMA, for 1 <= m <= kMaxStreamedRows: x
+// quantized once into int16, W read in place and widened to int16 in
+// registers, pairs of products summed by vpmaddwd. Tiles of 8 rows of W
+// against one row of x, or of 4 against pairs of rows. Returns false,
+// doing nothing, under CpuIsa::kPortable or past kMaxStreamedRows rows.
+// Threads split W's rows on the intra-op pool. bias may be null.
+bool Int8MaddRowsLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
+                        int64_t ldw, int64_t n, const float *scale,
+                        const float *bias, float *y);
+
 namespace kernels_internal {
 // Rows [0, rows) of x [., k] (row stride k; rows <= width) quantized as
 // Int8DotLinear documents into one panel of `width` lanes: block b at

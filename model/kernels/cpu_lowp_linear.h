@@ -52,8 +52,9 @@ void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
 // row-major contiguous x and y and an int8 W [n, k] with row stride
 // ldw >= k. Runs ActiveIsa()'s instruction set; returns false, doing
 // nothing, under CpuIsa::kPortable. Threads split W's rows. Beyond
-// kMaxBf16StreamRows rows with AVX512_VNNI (ActiveExtension), x is quantized
-// per 32 values (Int8DotLinear's numerics), else it stays float32.
+// kMaxBf16StreamRows rows with AVX512_VNNI (ActiveExtension), and from
+// there up to kMaxStreamedRows under kAvx2 (Int8MaddRowsLinear), x is
+// quantized per 32 values (Int8DotLinear's numerics), else it stays float32.
 bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
                 int64_t ldw, int64_t n, const float *scale, const float *bias,
                 float *y);

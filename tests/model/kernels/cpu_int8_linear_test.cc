@@ -5,9 +5,10 @@
 // bias, and several panels; QuantizeInt8Rows' error bound, zero rows and
 // round trip through WidenInt8Rows. Int8DotLinear (cpu_int8_dot.h), which
 // Int8Linear's prefill runs on VNNI CPUs, and Int8DotRowsLinear, its
-// decode batches there, against a double-precision reference of their
-// quantized arithmetic, and Int8Linear past the few-row path there within
-// the bound of x's quantization. Registered once per instruction set
+// decode batches there, and Int8MaddRowsLinear, the decode batches' on
+// AVX2, against a double-precision reference of their quantized
+// arithmetic, and Int8Linear where it quantizes x within the bound of x's
+// quantization. Registered once per instruction set
 // (kernel_isa_test_util.h).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -28,6 +29,14 @@ namespace moh {
 namespace {
 
 bool DotPathRuns() { return ActiveExtension(CpuExtension::kAvx512Vnni); }
+
+// Whether Int8Linear quantizes x at m rows: past the few-row path, on VNNI
+// CPUs always, on AVX2 for decode batches (Int8MaddRowsLinear).
+bool QuantizesX(int64_t m) {
+  if (m <= kMaxBf16StreamRows) return false;
+  return DotPathRuns() ||
+         (ActiveIsa() == CpuIsa::kAvx2 && m <= kMaxStreamedRows);
+}
 
 #define MOH_SKIP_UNLESS_DOT_PATH_RUNS() \
   MOH_SKIP_UNLESS_KERNELS_RUN();        \
@@ -101,7 +110,7 @@ void ExpectWithinQuantizationBound(const at::Tensor &x,
 }
 
 // W's values span int8's range; the scales keep |W| near 127 * 0.021.
-// Rows past the few-row path on the dot paths are held to x's quantization
+// Rows where x is quantized (QuantizesX) are held to x's quantization
 // bound.
 void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
                          int64_t extra_columns) {
@@ -113,7 +122,7 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor scale = at::rand({n}) * 0.02 + 0.001;
   const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
   const at::Tensor dequantized = w.to(at::kFloat) * scale.unsqueeze(1);
-  if (m > kMaxBf16StreamRows && DotPathRuns()) {
+  if (QuantizesX(m)) {
     ExpectWithinQuantizationBound(
         x, dequantized, b, "ldw " + std::to_string(w.stride(0)), [&](float *y) {
           return Int8Linear(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
@@ -153,12 +162,13 @@ using Int8DotProduct = bool (*)(const float *, int64_t, int64_t, const int8_t *,
                                 int64_t, int64_t, const float *, const float *,
                                 float *);
 
-// Int8DotLinear or Int8DotRowsLinear against the double-precision sum of
-// its quantized
-// products: the integer sums are exact, so the only difference is float32's
-// rounding of the per-block scaling and accumulation, at most one rounding
-// per block (plus the scale, the bias and the conversion) of the largest
-// partial sum, which sum_b |d_b dot_b| bounds. x's rows have different
+// Int8DotLinear, Int8DotRowsLinear or Int8MaddRowsLinear against the
+// double-precision sum of its quantized products: the integer sums are
+// exact, so the only difference is float32's rounding of the per-block
+// scaling and accumulation, however the kernel splits a block's products
+// across lanes: at most one rounding per block, three for the lanes' sum
+// and three for the scale, the bias and the conversion, each of a partial
+// sum that sum_b d_b sum_p |qx_p w_p| bounds. x's rows have different
 // magnitudes, row 5 (where there is one) is zeros; W spans all of int8
 // (-128 too). The output starts as NaN, so a value left unwritten fails.
 void ExpectDotMatchesReference(Int8DotProduct product, int64_t m, int64_t k,
@@ -185,14 +195,15 @@ void ExpectDotMatchesReference(Int8DotProduct product, int64_t m, int64_t k,
   for (int64_t block = 0; block < blocks; ++block) {
     const at::Tensor dot = at::matmul(qx.q.narrow(1, block * 32, 32),
                                       qw.narrow(1, block * 32, 32).t());
-    const at::Tensor term = qx.d.narrow(1, block, 1) * dot;
-    sum += term;
-    magnitude += term.abs();
+    sum += qx.d.narrow(1, block, 1) * dot;
+    magnitude += qx.d.narrow(1, block, 1) *
+                 at::matmul(qx.q.narrow(1, block * 32, 32).abs(),
+                            qw.narrow(1, block * 32, 32).abs().t());
   }
   const at::Tensor s = scale.to(at::kDouble);
   const at::Tensor want = sum * s + b.to(at::kDouble);
   const at::Tensor tolerance =
-      (magnitude * s + b.to(at::kDouble).abs()) * ((blocks + 4) * 1.2e-7);
+      (magnitude * s + b.to(at::kDouble).abs()) * ((blocks + 6) * 1.2e-7);
 
   at::Tensor got = at::full({m, n}, std::nanf(""));
   ASSERT_TRUE(product(x.data_ptr<float>(), m, k, w.data_ptr<int8_t>(),
@@ -255,6 +266,34 @@ TEST(Int8DotRowsLinearTest, RefusesPastDecodeBatches) {
   EXPECT_FALSE(Int8DotRowsLinear(x.data(), kMaxStreamedRows + 1, 2, w, 2, 1,
                                  &scale, nullptr, y.data()));
   EXPECT_EQ(y[0], 0.0f);
+}
+
+// The AVX2 integer path, on every instruction set but portable: one row of
+// x (tiles of 8 rows of W), pairs and an odd row left over, up to
+// kMaxStreamedRows; short last blocks; W's rows through tiles of 8 or 4,
+// then 1, with the next tile prefetched or not.
+TEST(Int8MaddRowsLinearTest, EqualsQuantizedReferenceWithRemainders) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  for (int64_t m : {1, 2, 3, 8, 9, 16, 33, 128}) {
+    for (int64_t k : {1, 3, 31, 32, 33, 95, 300, 2048}) {
+      for (int64_t n : {1, 5, 8, 9, 17, 100}) {
+        ExpectDotMatchesReference(Int8MaddRowsLinear, m, k, n, n % 2 == 1);
+      }
+    }
+  }
+  ExpectDotMatchesReference(Int8MaddRowsLinear, 7, 5632, 300, true);
+}
+
+TEST(Int8MaddRowsLinearTest, RefusesPastDecodeBatchesAndUnderPortable) {
+  std::vector<float> x((kMaxStreamedRows + 1) * 2, 1.0f), y(x.size(), 0.0f);
+  const int8_t w[2] = {1, 1};
+  const float scale = 1;
+  EXPECT_FALSE(Int8MaddRowsLinear(x.data(), kMaxStreamedRows + 1, 2, w, 2, 1,
+                                  &scale, nullptr, y.data()));
+  EXPECT_EQ(
+      Int8MaddRowsLinear(x.data(), 1, 2, w, 2, 1, &scale, nullptr, y.data()),
+      ActiveIsa() != CpuIsa::kPortable);
+  EXPECT_NEAR(y[0], ActiveIsa() != CpuIsa::kPortable ? 2.0f : 0.0f, 1e-5);
 }
 
 TEST(Int8DotLinearTest, RefusesWithoutVnni) {
