@@ -13,13 +13,12 @@ namespace {
 // y^T = W x^T for R rows of W against V vectors of 8 rows of x^T: R V
 // accumulators, V loads of x^T and R broadcasts of W per step of k (AVX2
 // has no broadcast operand, so each takes a register: 12 + 1 + 1, or
-// 12 + 2 + 1, of the 16).
+// 12 + 2 + 1, of the 16). With `prefetch`, each row's next line of the next
+// R rows (the next tile's) is brought into L2 every 8 steps, as W streams.
 template <int R, int V>
-__attribute__((target("avx2,fma"))) void StreamTile(const float *xt,
-                                                    int64_t ldx, int64_t k,
-                                                    const float *w, int64_t ldw,
-                                                    const OutputRows &y,
-                                                    int64_t rows) {
+__attribute__((target("avx2,fma"))) void StreamTile(
+    const float *xt, int64_t ldx, int64_t k, const float *w, int64_t ldw,
+    const OutputRows &y, int64_t rows, bool prefetch) {
   __m256 acc[R][V];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
@@ -27,6 +26,13 @@ __attribute__((target("avx2,fma"))) void StreamTile(const float *xt,
     for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
   }
   for (int64_t p = 0; p < k; ++p) {
+    if (prefetch && p % 16 == 0) {
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char *>(w + (R + r) * ldw + p),
+                     _MM_HINT_T1);
+      }
+    }
     __m256 xv[V];
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + p * ldx + 8 * v);
@@ -56,23 +62,43 @@ __attribute__((target("avx2,fma"))) void StreamTile(const float *xt,
   }
 }
 
-// W rows [first, last) against one block of up to 8 V rows of x: tiles of
-// kTile W rows, the remainder in smaller ones.
-template <int V>
-void StreamBlock(const float *xb, int64_t ldx, int64_t rows, int64_t k,
-                 const float *w, int64_t ldw, int64_t first, int64_t last,
-                 const OutputRows &y) {
-  constexpr int kTile = V == 1 ? 12 : 6;
-  constexpr int kSmall = V == 1 ? 4 : 2;
+// R rows of W against every row of x, in blocks of 16 (two vectors; a
+// block of at most 8, one): the tile's rows (R k floats) stay in L1/L2
+// between blocks, so W streams from memory once however many rows x has.
+// With `prefetch`, the first block brings the next R rows into L2.
+template <int R>
+void StreamTileRows(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                    const float *w, int64_t ldw, const OutputRows &y,
+                    bool prefetch) {
+  // ldx is a multiple of 16, so a block's padding lies inside the row.
+  for (int64_t i = 0; i < m; i += 16) {
+    const int64_t rows = std::min<int64_t>(16, m - i);
+    const bool ahead = prefetch && i == 0;
+    if (rows > 8) {
+      StreamTile<R, 2>(xt + i, ldx, k, w, ldw, Skip(y, i, 0), rows, ahead);
+    } else {
+      StreamTile<R, 1>(xt + i, ldx, k, w, ldw, Skip(y, i, 0), rows, ahead);
+    }
+  }
+}
+
+// W rows [first, last): kTile at a time, the remainder kSmall and then one
+// at a time.
+template <int kTile, int kSmall>
+void StreamRowRange(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                    const float *w, int64_t ldw, int64_t first, int64_t last,
+                    const OutputRows &y) {
   int64_t j = first;
   for (; j + kTile <= last; j += kTile) {
-    StreamTile<kTile, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, 0, j), rows);
+    StreamTileRows<kTile>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j),
+                          j + 2 * kTile <= last);
   }
   for (; j + kSmall <= last; j += kSmall) {
-    StreamTile<kSmall, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, 0, j), rows);
+    StreamTileRows<kSmall>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j),
+                           false);
   }
   for (; j < last; ++j) {
-    StreamTile<1, V>(xb, ldx, k, w + j * ldw, ldw, Skip(y, 0, j), rows);
+    StreamTileRows<1>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j), false);
   }
 }
 
@@ -81,15 +107,12 @@ void StreamBlock(const float *xb, int64_t ldx, int64_t rows, int64_t k,
 void StreamRowsAvx2(const float *xt, int64_t ldx, int64_t m, int64_t k,
                     const float *w, int64_t ldw, int64_t first, int64_t last,
                     const OutputRows &y) {
-  // Blocks of 16 rows of x (ldx is a multiple of 16, so a block's padding
-  // lies inside the row); a block of at most 8 takes the one-vector tiles.
-  for (int64_t i = 0; i < m; i += 16) {
-    const int64_t rows = std::min<int64_t>(16, m - i);
-    if (rows > 8) {
-      StreamBlock<2>(xt + i, ldx, rows, k, w, ldw, first, last, Skip(y, i, 0));
-    } else {
-      StreamBlock<1>(xt + i, ldx, rows, k, w, ldw, first, last, Skip(y, i, 0));
-    }
+  // Up to 8 rows of x, one vector against 12 rows of W; beyond, 6 rows of W
+  // against two (and one for a last block of 8 or fewer).
+  if (m <= 8) {
+    StreamRowRange<12, 4>(xt, ldx, m, k, w, ldw, first, last, y);
+  } else {
+    StreamRowRange<6, 2>(xt, ldx, m, k, w, ldw, first, last, y);
   }
 }
 

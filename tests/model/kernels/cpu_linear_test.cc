@@ -117,6 +117,7 @@ TEST(StreamedLinearTest, EdgesOfTilesAndVectors) {
                     13, 14, 16, 17, 27, 28, 29, 64, 65, 129}) {
     ExpectMatchesLinear(20, 33, n, n % 2 == 1, 0, &StreamedLinear);
     ExpectMatchesLinear(9, 33, n, false, 0, &StreamedLinear);
+    ExpectMatchesLinear(5, 33, n, true, 0, &StreamedLinear);
   }
   ExpectMatchesLinear(24, 300, 70, true, /*extra_columns=*/64, &StreamedLinear);
   const int threads = at::get_num_threads();
