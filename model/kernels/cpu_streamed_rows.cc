@@ -105,25 +105,33 @@ __attribute__((target("avx512f"))) void StreamTile(
   }
 }
 
+// R rows of W (from w) against every 32-row block of x, so the tile's rows
+// (R k floats, L1/L2) are read from memory once however many rows x has.
+template <int R>
+void StreamTileBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
+                      const float *w, int64_t ldw, const OutputRows &y) {
+  for (int64_t i = 0; i < m; i += 16 * kTwoVectors) {
+    const int64_t rows = std::min<int64_t>(16 * kTwoVectors, m - i);
+    StreamTile<R>(xt + i, ldx, k, w, ldw, Skip(y, i, 0), rows);
+  }
+}
+
 // W rows [first, last) against x's 32-row blocks: tiles of 14 W rows, the
-// remainder in smaller ones.
+// remainder in smaller ones, each tile against every block before the next
+// (with x's blocks outer, W streamed from memory once per 32 rows of x).
 void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
                      const float *w, int64_t ldw, int64_t first, int64_t last,
                      const OutputRows &y) {
   constexpr int64_t kTile = 14;
-  for (int64_t i = 0; i < m; i += 16 * kTwoVectors) {
-    const int64_t rows = std::min<int64_t>(16 * kTwoVectors, m - i);
-    const float *xb = xt + i;
-    int64_t j = first;
-    for (; j + kTile <= last; j += kTile) {
-      StreamTile<kTile>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
-    }
-    for (; j + 4 <= last; j += 4) {
-      StreamTile<4>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
-    }
-    for (; j < last; ++j) {
-      StreamTile<1>(xb, ldx, k, w + j * ldw, ldw, Skip(y, i, j), rows);
-    }
+  int64_t j = first;
+  for (; j + kTile <= last; j += kTile) {
+    StreamTileBlocks<kTile>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j));
+  }
+  for (; j + 4 <= last; j += 4) {
+    StreamTileBlocks<4>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j));
+  }
+  for (; j < last; ++j) {
+    StreamTileBlocks<1>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j));
   }
 }
 
