@@ -19,7 +19,6 @@ namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
-using kernels_internal::kMinParallelMacs;
 
 // Rows of W per tile: 14 x 2 accumulators and two vectors of x in 30 of the
 // 32 zmm registers, as StreamTile's.
@@ -153,21 +152,13 @@ bool Bf16DotRowsLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
   float *xp = x_buffer.Get(ldx * k_pairs);
   kernels_internal::RoundRowsBf16(x, m, k, k_pairs, rounded);
   kernels_internal::PackPanel({rounded, k_pairs}, m, k_pairs, ldx, xp);
-  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-  // Enough tiles a task that one task is worth waking a thread for.
-  const int64_t grain =
-      std::max<int64_t>(1, kMinParallelMacs / (m * k * kTileRows));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    const int64_t last = std::min(n, t1 * kTileRows);
-    int64_t j = t0 * kTileRows;
-    for (; j + kTileRows <= last; j += kTileRows) {
-      DotRows<kTileRows>(xp, ldx, m, k, w, ldw, n, j, bias, y);
-    }
-    for (; j + 4 <= last; j += 4) {
-      DotRows<4>(xp, ldx, m, k, w, ldw, n, j, bias, y);
-    }
-    for (; j < last; ++j) DotRows<1>(xp, ldx, m, k, w, ldw, n, j, bias, y);
-  });
+  kernels_internal::ParallelRowTiles(
+      n, kTileRows, m, k, [&](int64_t first, int64_t last) {
+        kernels_internal::ForEachRowTile<kTileRows, 4>(
+            first, last, [&](auto rows, int64_t j, bool) {
+              DotRows<rows>(xp, ldx, m, k, w, ldw, n, j, bias, y);
+            });
+      });
   return true;
 }
 

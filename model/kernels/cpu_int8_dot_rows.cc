@@ -25,7 +25,6 @@ namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
-using kernels_internal::kMinParallelMacs;
 
 constexpr int64_t kBlock = kInt8DotBlock;
 // 4-value groups (one vpdpbusd lane) in a block.
@@ -243,12 +242,10 @@ void DotRows(const RowsProblem &p, int64_t j, bool prefetch, int32_t *corr) {
 template <int R, int V>
 void DotRowRange(const RowsProblem &p, int64_t first, int64_t last,
                  int32_t *corr) {
-  int64_t j = first;
-  for (; j + R <= last; j += R) {
-    DotRows<R, V>(p, j, j + 2 * R <= last, corr);
-  }
-  for (; j + 4 <= last; j += 4) DotRows<4, V>(p, j, false, corr);
-  for (; j < last; ++j) DotRows<1, V>(p, j, false, corr);
+  kernels_internal::ForEachRowTile<R, 4>(
+      first, last, [&](auto rows, int64_t j, bool another) {
+        DotRows<rows, V>(p, j, another, corr);
+      });
 }
 
 }  // namespace
@@ -276,21 +273,17 @@ bool Int8DotRowsLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
                             w,  ldw, n,   scale, bias, y};
   const bool wide = m > 16;
   const int64_t tile_rows = wide ? kWideTileRows : kTileRows;
-  const int64_t tiles = (n + tile_rows - 1) / tile_rows;
-  // Enough tiles a task that one task is worth waking a thread for.
-  const int64_t grain =
-      std::max<int64_t>(1, kMinParallelMacs / (m * k * tile_rows));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    thread_local AlignedBuffer corr_buffer;
-    int32_t *corr =
-        reinterpret_cast<int32_t *>(corr_buffer.Get(kTileRows * blocks));
-    const int64_t first = t0 * tile_rows, last = std::min(n, t1 * tile_rows);
-    if (wide) {
-      DotRowRange<kWideTileRows, 2>(problem, first, last, corr);
-    } else {
-      DotRowRange<kTileRows, 1>(problem, first, last, corr);
-    }
-  });
+  kernels_internal::ParallelRowTiles(
+      n, tile_rows, m, k, [&](int64_t first, int64_t last) {
+        thread_local AlignedBuffer corr_buffer;
+        int32_t *corr =
+            reinterpret_cast<int32_t *>(corr_buffer.Get(kTileRows * blocks));
+        if (wide) {
+          DotRowRange<kWideTileRows, 2>(problem, first, last, corr);
+        } else {
+          DotRowRange<kTileRows, 1>(problem, first, last, corr);
+        }
+      });
   return true;
 }
 

@@ -31,7 +31,6 @@ namespace {
 
 using kernels_internal::AlignedBuffer;
 using kernels_internal::HorizontalSum8;
-using kernels_internal::kMinParallelMacs;
 using kernels_internal::LoadHead8;
 
 constexpr int64_t kBlock = kInt8DotBlock;
@@ -197,9 +196,10 @@ void MaddRows(const MaddProblem &p, int64_t j, bool prefetch) {
 // W rows [first, last): R at a time while they last, then one.
 template <int R, int M>
 void MaddRowRange(const MaddProblem &p, int64_t first, int64_t last) {
-  int64_t j = first;
-  for (; j + R <= last; j += R) MaddRows<R, M>(p, j, j + 2 * R <= last);
-  for (; j < last; ++j) MaddRows<1, M>(p, j, false);
+  kernels_internal::ForEachRowTile<R, 1>(
+      first, last, [&](auto rows, int64_t j, bool another) {
+        MaddRows<rows, M>(p, j, another);
+      });
 }
 
 }  // namespace
@@ -226,18 +226,14 @@ bool Int8MaddRowsLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
   const MaddProblem problem{{q, d, blocks}, m, k, w, ldw, n, scale, bias, y};
   // One row of x: 8 rows of W a tile; more: 4 against pairs of x's rows.
   const int64_t tile_rows = m == 1 ? 8 : 4;
-  const int64_t tiles = (n + tile_rows - 1) / tile_rows;
-  // Enough tiles a task that one task is worth waking a thread for.
-  const int64_t grain =
-      std::max<int64_t>(1, kMinParallelMacs / (m * k * tile_rows));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    const int64_t first = t0 * tile_rows, last = std::min(n, t1 * tile_rows);
-    if (m == 1) {
-      MaddRowRange<8, 1>(problem, first, last);
-    } else {
-      MaddRowRange<4, 2>(problem, first, last);
-    }
-  });
+  kernels_internal::ParallelRowTiles(
+      n, tile_rows, m, k, [&](int64_t first, int64_t last) {
+        if (m == 1) {
+          MaddRowRange<8, 1>(problem, first, last);
+        } else {
+          MaddRowRange<4, 2>(problem, first, last);
+        }
+      });
   return true;
 }
 

@@ -147,10 +147,10 @@ __attribute__((target("avx512f"))) void DotRows(const float *x, int64_t k,
 // one.
 void RowAgainstRows(const float *x, int64_t k, const float *w, int64_t ldw,
                     int64_t first, int64_t last, float *y) {
-  int64_t j = first;
-  for (; j + 8 <= last; j += 8) DotRows<8>(x, k, w + j * ldw, ldw, y + j);
-  for (; j + 4 <= last; j += 4) DotRows<4>(x, k, w + j * ldw, ldw, y + j);
-  for (; j < last; ++j) DotRows<1>(x, k, w + j * ldw, ldw, y + j);
+  kernels_internal::ForEachRowTile<8, 4>(
+      first, last, [&](auto rows, int64_t j, bool) {
+        DotRows<rows>(x, k, w + j * ldw, ldw, y + j);
+      });
 }
 
 // W rows [first, last): every row of x against each pair of them.

@@ -114,10 +114,13 @@ __attribute__((target("avx2,fma"))) void DotRows8(const float *x, int64_t k,
 
 void RowAgainstRowsAvx2(const float *x, int64_t k, const float *w, int64_t ldw,
                         int64_t first, int64_t last, float *y) {
-  int64_t j = first;
-  for (; j + 8 <= last; j += 8) DotRows8(x, k, w + j * ldw, ldw, y + j);
-  for (; j + 4 <= last; j += 4) DotRows<4>(x, k, w + j * ldw, ldw, y + j);
-  for (; j < last; ++j) DotRows<1>(x, k, w + j * ldw, ldw, y + j);
+  ForEachRowTile<8, 4>(first, last, [&](auto rows, int64_t j, bool) {
+    if constexpr (rows == 8) {
+      DotRows8(x, k, w + j * ldw, ldw, y + j);
+    } else {
+      DotRows<rows>(x, k, w + j * ldw, ldw, y + j);
+    }
+  });
 }
 
 namespace {

@@ -122,17 +122,9 @@ void StreamTileBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
 void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
                      const float *w, int64_t ldw, int64_t first, int64_t last,
                      const OutputRows &y) {
-  constexpr int64_t kTile = 14;
-  int64_t j = first;
-  for (; j + kTile <= last; j += kTile) {
-    StreamTileBlocks<kTile>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j));
-  }
-  for (; j + 4 <= last; j += 4) {
-    StreamTileBlocks<4>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j));
-  }
-  for (; j < last; ++j) {
-    StreamTileBlocks<1>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j));
-  }
+  ForEachRowTile<14, 4>(first, last, [&](auto rows, int64_t j, bool) {
+    StreamTileBlocks<rows>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j));
+  });
 }
 
 // Up to 16 rows: one vector of x against kOneVectorTile rows of W, the
@@ -142,18 +134,11 @@ void StreamRowBlocks(const float *xt, int64_t ldx, int64_t m, int64_t k,
 void StreamRowsOneVector(const float *xt, int64_t ldx, int64_t m, int64_t k,
                          const float *w, int64_t ldw, int64_t first,
                          int64_t last, const OutputRows &y) {
-  constexpr int kOneVectorTile = 8;
-  int64_t j = first;
-  for (; j + kOneVectorTile <= last; j += kOneVectorTile) {
-    StreamTile<kOneVectorTile, 1>(xt, ldx, k, w + j * ldw, ldw, Skip(y, 0, j),
-                                  m, j + 2 * kOneVectorTile <= last);
-  }
-  for (; j + 4 <= last; j += 4) {
-    StreamTile<4, 1>(xt, ldx, k, w + j * ldw, ldw, Skip(y, 0, j), m);
-  }
-  for (; j < last; ++j) {
-    StreamTile<1, 1>(xt, ldx, k, w + j * ldw, ldw, Skip(y, 0, j), m);
-  }
+  ForEachRowTile<8, 4>(first, last, [&](auto rows, int64_t j, bool another) {
+    // Only the 8-row tiles prefetch.
+    StreamTile<rows, 1>(xt, ldx, k, w + j * ldw, ldw, Skip(y, 0, j), m,
+                        rows == 8 && another);
+  });
 }
 
 }  // namespace

@@ -10,9 +10,11 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <type_traits>
 
 #include "model/kernels/cpu_isa.h"
 #include "model/kernels/cpu_linear.h"
@@ -47,6 +49,37 @@ void RunTasks(int64_t count, bool parallel, const Fn &run) {
   } else {
     run(0, count);
   }
+}
+
+// W rows [first, last) in tiles: tile(TileRows<R>{}, j, another) for rows
+// [j, j + R), R = kTile while whole tiles last (`another`: a whole tile
+// follows, whose rows this one may prefetch), then kSmall (none when 1),
+// then 1 (`another` false for both).
+template <int R>
+using TileRows = std::integral_constant<int, R>;
+template <int kTile, int kSmall, typename Tile>
+void ForEachRowTile(int64_t first, int64_t last, const Tile &tile) {
+  int64_t j = first;
+  for (; j + kTile <= last; j += kTile) {
+    tile(TileRows<kTile>{}, j, j + 2 * kTile <= last);
+  }
+  if constexpr (kSmall > 1) {
+    for (; j + kSmall <= last; j += kSmall) tile(TileRows<kSmall>{}, j, false);
+  }
+  for (; j < last; ++j) tile(TileRows<1>{}, j, false);
+}
+
+// run(first, last) over W rows [0, n) on the intra-op pool, in tasks of
+// whole tiles of `tile` rows, enough of them that a task (m rows of x, depth
+// k) is worth waking a thread for.
+template <typename Fn>
+void ParallelRowTiles(int64_t n, int64_t tile, int64_t m, int64_t k,
+                      const Fn &run) {
+  const int64_t tiles = (n + tile - 1) / tile;
+  const int64_t grain = std::max<int64_t>(1, kMinParallelMacs / (m * k * tile));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    run(t0 * tile, std::min(n, t1 * tile));
+  });
 }
 
 // Row i of a matrix given by its rows, and the matrix from row `row` and

@@ -88,18 +88,11 @@ template <int kTile, int kSmall>
 void StreamRowRange(const float *xt, int64_t ldx, int64_t m, int64_t k,
                     const float *w, int64_t ldw, int64_t first, int64_t last,
                     const OutputRows &y) {
-  int64_t j = first;
-  for (; j + kTile <= last; j += kTile) {
-    StreamTileRows<kTile>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j),
-                          j + 2 * kTile <= last);
-  }
-  for (; j + kSmall <= last; j += kSmall) {
-    StreamTileRows<kSmall>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j),
-                           false);
-  }
-  for (; j < last; ++j) {
-    StreamTileRows<1>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j), false);
-  }
+  ForEachRowTile<kTile, kSmall>(
+      first, last, [&](auto rows, int64_t j, bool another) {
+        StreamTileRows<rows>(xt, ldx, m, k, w + j * ldw, ldw, Skip(y, 0, j),
+                             another);
+      });
 }
 
 }  // namespace
