@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/kernels/cpu_kernels_avx2.h"
 #include "model/kernels/cpu_lowp_linear.h"
 
 namespace moh::kernels_internal {
@@ -19,9 +20,7 @@ __attribute__((target("avx2,fma"))) void QuantizeInt8RowAvx2(const float *w,
   __m256 top = _mm256_setzero_ps();
   for (int64_t p = 0; p < (k & ~int64_t{7}); p += 8)
     top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(w + p), magnitude));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, top);
-  float largest = *std::max_element(lanes, lanes + 8);
+  float largest = HorizontalMax8(top);
   for (int64_t p = k & ~int64_t{7}; p < k; ++p)
     largest = std::max(largest, std::fabs(w[p]));
   const float s = largest > 0.0f ? largest / 127.0f : 1.0f;

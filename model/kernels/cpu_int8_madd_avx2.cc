@@ -6,7 +6,7 @@
 // llama.cpp's sign trick, two more instructions, and would saturate at
 // -128). Each block's int32 sums are converted and scaled by x's d into
 // float32 accumulators: four instructions on the multiply ports per 32
-// products where widening W to float32 took eight.
+// products where the few-row kernel's widening of W to float32 takes eight.
 //
 // A tile is R rows of W against M rows of x: R * M accumulators of 8 lanes
 // (8 x 1 for one row of x, 4 x 2 beyond, in 16 ymm registers with W's two
@@ -30,6 +30,7 @@ namespace moh {
 namespace {
 
 using kernels_internal::AlignedBuffer;
+using kernels_internal::HorizontalMax8;
 using kernels_internal::HorizontalSum8;
 using kernels_internal::LoadHead8;
 
@@ -60,13 +61,6 @@ struct MaddProblem {
 namespace moh {
 namespace {
 
-float Max8(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // One row of x [k] quantized as Int8DotLinear documents into q [blocks *
 // kBlock] (int16, zero past k) and d [blocks].
 void QuantizeRow(const float *row, int64_t k, int64_t blocks, int16_t *q,
@@ -77,11 +71,11 @@ void QuantizeRow(const float *row, int64_t k, int64_t blocks, int16_t *q,
     const int64_t len = std::min(kBlock, k - p0);
     __m256 v[4];
     for (int c = 0; c < 4; ++c) v[c] = LoadHead8(row + p0 + 8 * c, len - 8 * c);
-    const float largest =
-        Max8(_mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], magnitude),
-                                         _mm256_and_ps(v[1], magnitude)),
-                           _mm256_max_ps(_mm256_and_ps(v[2], magnitude),
-                                         _mm256_and_ps(v[3], magnitude))));
+    const float largest = HorizontalMax8(
+        _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], magnitude),
+                                    _mm256_and_ps(v[1], magnitude)),
+                      _mm256_max_ps(_mm256_and_ps(v[2], magnitude),
+                                    _mm256_and_ps(v[3], magnitude))));
     const float step = largest / 127.0f;
     d[b] = step;
     const __m256 inverse = _mm256_set1_ps(step != 0.0f ? 1.0f / step : 0.0f);

@@ -39,6 +39,14 @@ __attribute__((target("avx2,fma"))) inline void StoreHead8(float *to, __m256 v,
   }
 }
 
+// The largest of v's 8 lanes.
+__attribute__((target("avx2,fma"))) inline float HorizontalMax8(__m256 v) {
+  const __m128 half =
+      _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
 // The sum of v's 8 lanes.
 __attribute__((target("avx2,fma"))) inline float HorizontalSum8(__m256 v) {
   const __m128 half =

@@ -92,12 +92,6 @@ __attribute__((target("avx2,fma"))) inline __m256 ExpNonPositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
 }
 
-__attribute__((target("avx2,fma"))) inline float ReduceMax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
-}
-
 // SoftmaxRow on AVX2: whole vectors of 8, then one masked (masked-off
 // lanes read as -inf for the maximum and count 0 in the sum).
 __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
@@ -110,7 +104,7 @@ __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
     max = _mm256_max_ps(max, _mm256_blendv_ps(lowest, LoadHead8(s + j, n - j),
                                               _mm256_castsi256_ps(mask)));
   }
-  const __m256 top = _mm256_set1_ps(ReduceMax(max));
+  const __m256 top = _mm256_set1_ps(kernels_internal::HorizontalMax8(max));
   __m256 sum = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; j += 8) {
     const __m256i mask = Head8(n - j);
