@@ -7,19 +7,14 @@
 namespace moh::kernels_internal {
 namespace {
 
-// out[q][i] = src[i][q] for i < count <= 16 rows and q < 16 columns (out's
-// row stride ldo; its columns from count on are left as they are): four
-// rounds of in-register shuffles instead of 16 count scalar moves.
-__attribute__((target("avx512f"))) void Transpose16(const InputRows &src,
-                                                    int64_t count, float *out,
-                                                    int64_t ldo) {
-  __m512 a[16], u[16];
-  for (int i = 0; i < 16; ++i) {
-    a[i] = i < count ? _mm512_loadu_ps(RowAt(src, i)) : _mm512_setzero_ps();
-  }
-  const __mmask16 mask = __mmask16((1u << count) - 1);
+// t[q] = column q of the 16 x 16 matrix whose rows are a[0..15]: four
+// rounds of in-register shuffles.
+__attribute__((target("avx512f"))) inline void Transpose16x16(
+    const __m512 (&a)[16], __m512 (&t)[16]) {
+  __m512 u[16];
   // Pairs of rows interleaved, then pairs of pairs: u[4 g + c] holds, in
   // 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
+#pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) {
     const __m512 *r = a + 4 * g;
     const __m512d lo01 = _mm512_castps_pd(_mm512_unpacklo_ps(r[0], r[1]));
@@ -32,19 +27,61 @@ __attribute__((target("avx512f"))) void Transpose16(const InputRows &src,
     u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi01, hi23));
   }
   // Lane L of the four groups' u[., c] side by side: column 4 L + c.
+#pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const __m512 v_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
     const __m512 v_hi = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
     const __m512 w_lo = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
     const __m512 w_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-    _mm512_mask_storeu_ps(out + (0 + c) * ldo, mask,
-                          _mm512_shuffle_f32x4(v_lo, w_lo, 0x88));
-    _mm512_mask_storeu_ps(out + (4 + c) * ldo, mask,
-                          _mm512_shuffle_f32x4(v_lo, w_lo, 0xDD));
-    _mm512_mask_storeu_ps(out + (8 + c) * ldo, mask,
-                          _mm512_shuffle_f32x4(v_hi, w_hi, 0x88));
-    _mm512_mask_storeu_ps(out + (12 + c) * ldo, mask,
-                          _mm512_shuffle_f32x4(v_hi, w_hi, 0xDD));
+    t[0 + c] = _mm512_shuffle_f32x4(v_lo, w_lo, 0x88);
+    t[4 + c] = _mm512_shuffle_f32x4(v_lo, w_lo, 0xDD);
+    t[8 + c] = _mm512_shuffle_f32x4(v_hi, w_hi, 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(v_hi, w_hi, 0xDD);
+  }
+}
+
+// out[q][i] = src[i][q] for i < count <= 16 rows and q < 16 columns (out's
+// row stride ldo; its columns from count on are left as they are), in
+// registers instead of 16 count scalar moves.
+__attribute__((target("avx512f"))) void Transpose16(const InputRows &src,
+                                                    int64_t count, float *out,
+                                                    int64_t ldo) {
+  __m512 a[16], t[16];
+  for (int i = 0; i < 16; ++i) {
+    a[i] = i < count ? _mm512_loadu_ps(RowAt(src, i)) : _mm512_setzero_ps();
+  }
+  Transpose16x16(a, t);
+  const __mmask16 mask = LaneMask16(count);
+  for (int q = 0; q < 16; ++q) _mm512_mask_storeu_ps(out + q * ldo, mask, t[q]);
+}
+
+// A tile's sums, acc[r][v] lane i = y^T[r][16 v + i], written (or added)
+// as rows of y: y[16 v + i][0, R) for the tile's `rows` rows of x, one
+// transpose of 16 x 16 per vector and a masked store of R floats per row
+// (an R-float scalar loop per row had cost more than a 16-step product).
+template <int R, int kVectors>
+__attribute__((target("avx512f"))) void StoreTransposed(
+    const __m512 (&acc)[R][kVectors], const OutputRows &y, int64_t rows) {
+  static_assert(R <= 16);
+  const __mmask16 mask = LaneMask16(R);
+  // Unrolled, so that acc stays in registers (see BlockKernel, cpu_linear.cc).
+#pragma GCC unroll 2
+  for (int v = 0; v < kVectors; ++v) {
+    if (16 * v >= rows) break;
+    __m512 a[16], t[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      a[r] = r < R ? acc[r][v] : _mm512_setzero_ps();
+    }
+    Transpose16x16(a, t);
+    const int64_t count = std::min<int64_t>(16, rows - 16 * v);
+    for (int64_t i = 0; i < count; ++i) {
+      float *row = RowAt(y, 16 * v + i);
+      const __m512 sum =
+          y.accumulate ? _mm512_add_ps(t[i], _mm512_maskz_loadu_ps(mask, row))
+                       : t[i];
+      _mm512_mask_storeu_ps(row, mask, sum);
+    }
   }
 }
 
@@ -86,21 +123,22 @@ __attribute__((target("avx512f"))) void StreamTile(
       }
     }
   }
-  alignas(64) float tile[R][16 * kVectors];
-  // Unrolled: see BlockKernel (cpu_linear.cc).
-#pragma GCC unroll 14
-  for (int r = 0; r < R; ++r) {
+  if constexpr (R >= 4) {
+    StoreTransposed<R, kVectors>(acc, y, rows);
+  } else {
+    alignas(64) float tile[R][16 * kVectors];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 2
-    for (int v = 0; v < kVectors; ++v) {
-      _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
+      for (int v = 0; v < kVectors; ++v) {
+        _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
+      }
     }
-  }
-  for (int64_t i = 0; i < rows; ++i) {
-    float *row = RowAt(y, i);
-    if (y.accumulate) {
-      for (int r = 0; r < R; ++r) row[r] += tile[r][i];
-    } else {
-      for (int r = 0; r < R; ++r) row[r] = tile[r][i];
+    for (int64_t i = 0; i < rows; ++i) {
+      float *row = RowAt(y, i);
+      for (int r = 0; r < R; ++r) {
+        row[r] = y.accumulate ? row[r] + tile[r][i] : tile[r][i];
+      }
     }
   }
 }

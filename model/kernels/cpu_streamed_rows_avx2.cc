@@ -10,6 +10,86 @@
 namespace moh::kernels_internal {
 namespace {
 
+// t[q] = column q of the 8 x 8 matrix whose rows are a[0..7].
+__attribute__((target("avx2,fma"))) inline void Transpose8x8(
+    const __m256 (&a)[8], __m256 (&t)[8]) {
+  // Pairs of rows interleaved, then pairs of pairs: s[4 g + c] holds, in
+  // 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
+  __m256 s[8];
+#pragma GCC unroll 2
+  for (int g = 0; g < 2; ++g) {
+    const __m256 *r = a + 4 * g;
+    const __m256 lo01 = _mm256_unpacklo_ps(r[0], r[1]);
+    const __m256 hi01 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 lo23 = _mm256_unpacklo_ps(r[2], r[3]);
+    const __m256 hi23 = _mm256_unpackhi_ps(r[2], r[3]);
+    s[4 * g + 0] = _mm256_shuffle_ps(lo01, lo23, 0x44);
+    s[4 * g + 1] = _mm256_shuffle_ps(lo01, lo23, 0xEE);
+    s[4 * g + 2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
+    s[4 * g + 3] = _mm256_shuffle_ps(hi01, hi23, 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x20);
+    t[4 + c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x31);
+  }
+}
+
+// v's first `count` (1 to 8) lanes stored to `to` in 256-, 128-, 64- and
+// 32-bit pieces: no masked store (see StoreHead8).
+__attribute__((target("avx2,fma"))) inline void StoreFew8(float *to, __m256 v,
+                                                          int count) {
+  if (count >= 8) {
+    _mm256_storeu_ps(to, v);
+    return;
+  }
+  __m128 part = _mm256_castps256_ps128(v);
+  if (count >= 4) {
+    _mm_storeu_ps(to, part);
+    part = _mm256_extractf128_ps(v, 1);
+    to += 4;
+    count -= 4;
+  }
+  if (count >= 2) {
+    _mm_storel_pi(reinterpret_cast<__m64 *>(to), part);
+    part = _mm_movehl_ps(part, part);
+    to += 2;
+    count -= 2;
+  }
+  if (count >= 1) _mm_store_ss(to, part);
+}
+
+// A tile's sums, acc[r][v] lane i = y^T[r][8 v + i], written (or added) as
+// rows of y: y[8 v + i][0, R) for the tile's `rows` rows of x, by 8 x 8
+// transposes (StoreTransposed in cpu_streamed_rows.cc on AVX2).
+template <int R, int V>
+__attribute__((target("avx2,fma"))) void StoreTransposed8(
+    const __m256 (&acc)[R][V], const OutputRows &y, int64_t rows) {
+  // Unrolled, so that acc stays in registers (see BlockKernel, cpu_linear.cc).
+#pragma GCC unroll 2
+  for (int v = 0; v < V; ++v) {
+    if (8 * v >= rows) break;
+    const int64_t count = std::min<int64_t>(8, rows - 8 * v);
+#pragma GCC unroll 2
+    for (int b = 0; b < (R + 7) / 8; ++b) {
+      constexpr int kLast = R % 8 == 0 ? 8 : R % 8;
+      const int n = 8 * (b + 1) <= R ? 8 : kLast;
+      __m256 a[8], t[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        a[i] = 8 * b + i < R ? acc[8 * b + i][v] : _mm256_setzero_ps();
+      }
+      Transpose8x8(a, t);
+      for (int64_t i = 0; i < count; ++i) {
+        float *row = RowAt(y, 8 * v + i) + 8 * b;
+        StoreFew8(row,
+                  y.accumulate ? _mm256_add_ps(t[i], LoadHead8(row, n)) : t[i],
+                  n);
+      }
+    }
+  }
+}
+
 // y^T = W x^T for R rows of W against V vectors of 8 rows of x^T: R V
 // accumulators, V loads of x^T and R broadcasts of W per step of k (AVX2
 // has no broadcast operand, so each takes a register: 12 + 1 + 1, or
@@ -45,19 +125,20 @@ __attribute__((target("avx2,fma"))) void StreamTile(
       }
     }
   }
-  alignas(32) float tile[R][8 * V];
-  // Unrolled: see BlockKernel (cpu_linear.cc).
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r) {
+  if constexpr (R >= 4) {
+    StoreTransposed8<R, V>(acc, y, rows);
+  } else {
+    alignas(32) float tile[R][8 * V];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) _mm256_store_ps(&tile[r][8 * v], acc[r][v]);
-  }
-  for (int64_t i = 0; i < rows; ++i) {
-    float *row = RowAt(y, i);
-    if (y.accumulate) {
-      for (int r = 0; r < R; ++r) row[r] += tile[r][i];
-    } else {
-      for (int r = 0; r < R; ++r) row[r] = tile[r][i];
+      for (int v = 0; v < V; ++v) _mm256_store_ps(&tile[r][8 * v], acc[r][v]);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      float *row = RowAt(y, i);
+      for (int r = 0; r < R; ++r) {
+        row[r] = y.accumulate ? row[r] + tile[r][i] : tile[r][i];
+      }
     }
   }
 }
@@ -113,30 +194,12 @@ __attribute__((target("avx2,fma"))) void Transpose8Avx2(const InputRows &src,
                                                         int64_t count,
                                                         float *out,
                                                         int64_t ldo) {
-  __m256 a[8];
+  __m256 a[8], t[8];
   for (int i = 0; i < 8; ++i) {
     a[i] = i < count ? _mm256_loadu_ps(RowAt(src, i)) : _mm256_setzero_ps();
   }
-  // Pairs of rows interleaved, then pairs of pairs: s[4 g + c] holds, in
-  // 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
-  __m256 s[8];
-  for (int g = 0; g < 2; ++g) {
-    const __m256 *r = a + 4 * g;
-    const __m256 lo01 = _mm256_unpacklo_ps(r[0], r[1]);
-    const __m256 hi01 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 lo23 = _mm256_unpacklo_ps(r[2], r[3]);
-    const __m256 hi23 = _mm256_unpackhi_ps(r[2], r[3]);
-    s[4 * g + 0] = _mm256_shuffle_ps(lo01, lo23, 0x44);
-    s[4 * g + 1] = _mm256_shuffle_ps(lo01, lo23, 0xEE);
-    s[4 * g + 2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
-    s[4 * g + 3] = _mm256_shuffle_ps(hi01, hi23, 0xEE);
-  }
-  for (int c = 0; c < 4; ++c) {
-    StoreHead8(out + c * ldo, _mm256_permute2f128_ps(s[c], s[4 + c], 0x20),
-               count);
-    StoreHead8(out + (4 + c) * ldo,
-               _mm256_permute2f128_ps(s[c], s[4 + c], 0x31), count);
-  }
+  Transpose8x8(a, t);
+  for (int q = 0; q < 8; ++q) StoreHead8(out + q * ldo, t[q], count);
 }
 
 }  // namespace moh::kernels_internal
