@@ -122,10 +122,11 @@ void CacheRows(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
   }
 }
 
-// Softmax of scores[i, 0..visible[i]) into probs[i]; entries beyond are 0.
+// SoftmaxRows (unnormalized, 1 / each row's sum in inverse_sums), in
+// portable code where its kernels do not run.
 void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
-                   int64_t cols, const int64_t *visible) {
-  if (SoftmaxRows(scores, probs, rows, cols, visible)) return;
+                   int64_t cols, const int64_t *visible, float *inverse_sums) {
+  if (SoftmaxRows(scores, probs, rows, cols, visible, inverse_sums)) return;
   for (int64_t i = 0; i < rows; ++i) {
     const float *s = scores + i * cols;
     float *p = probs + i * cols;
@@ -137,8 +138,7 @@ void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
       p[j] = std::exp(s[j] - max);
       sum += p[j];
     }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+    inverse_sums[i] = 1.0f / sum;
     std::fill(p + n, p + cols, 0.0f);
   }
 }
@@ -163,14 +163,15 @@ void ValuesOverRows(const float *p, int64_t m, const float *const *values,
 }
 
 // A decode item (m queries [m, D] of one row and KV head over its first len
-// cached positions) from the cache's rows where they lie: scores [m, len],
-// probs [m, len], outputs [m, D]. False (nothing done) where the products
-// do not apply (no AVX-512 or AVX2 kernels, D not a multiple of 16).
+// cached positions) from the cache's rows where they lie: scores [m, len]
+// (the unnormalized probabilities after), inverse_sums [m], outputs [m, D]
+// (unnormalized). False (nothing done) where the products do not apply (no
+// AVX-512 or AVX2 kernels, D not a multiple of 16).
 template <typename T>
 bool DecodeOverRows(const at::Tensor &key_cache, const at::Tensor &value_cache,
                     const int64_t *blocks, int64_t kv_head, int64_t len,
                     const float *queries, int64_t m, float scale,
-                    const int64_t *visible, float *scores, float *probs,
+                    const int64_t *visible, float *scores, float *inverse_sums,
                     float *outputs) {
   thread_local std::vector<const T *> key_rows, value_rows;
   const int64_t d = key_cache.size(3);
@@ -179,8 +180,8 @@ bool DecodeOverRows(const at::Tensor &key_cache, const at::Tensor &value_cache,
     return false;
   }
   CacheRows(value_cache, blocks, kv_head, len, value_rows);
-  MaskedSoftmax(scores, probs, m, len, visible);
-  ValuesOverRows(probs, m, value_rows.data(), len, d, outputs);
+  MaskedSoftmax(scores, scores, m, len, visible, inverse_sums);
+  ValuesOverRows(scores, m, value_rows.data(), len, d, outputs);
   return true;
 }
 
@@ -239,15 +240,15 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
                  const std::vector<int64_t> &row_len, const int64_t *blocks,
                  float scale) {
   const int64_t d = in.key_cache.size(3);
-  thread_local std::vector<float> queries, scores, probs, outputs, wide_keys,
-      wide_values;
+  thread_local std::vector<float> queries, scores, inverse_sums, outputs,
+      wide_keys, wide_values;
   thread_local std::vector<int64_t> visible;
   thread_local std::vector<CacheRun> key_runs, value_runs;
   const int64_t m = item.queries, len = item.keys;
   queries.resize(m * d);
   outputs.resize(m * d);
   scores.resize(m * len);
-  probs.resize(m * len);
+  inverse_sums.resize(m);
   visible.resize(m);
   // This item's queries, packed [m, D].
   int64_t at = 0;
@@ -260,14 +261,17 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
           std::min(token_pos[r.tokens[s.first + i]] + 1, row_len[item.row]);
     }
   }
-  // The item's outputs, over its queries in place.
+  // The item's outputs, over its queries in place. The softmax below
+  // leaves its probabilities unnormalized (MaskedSoftmax's inverse_sums):
+  // each output row is scaled here, D floats instead of len.
   auto write_outputs = [&] {
     int64_t query = 0;
     for (const Segment &s : item.segments) {
       const HeadRows &r = rows_of[s.head];
       for (int64_t i = 0; i < s.count; ++i, ++query) {
-        std::memcpy(r.data + (s.first + i) * r.ld, outputs.data() + query * d,
-                    d * sizeof(float));
+        float *to = r.data + (s.first + i) * r.ld;
+        const float *from = outputs.data() + query * d;
+        for (int64_t j = 0; j < d; ++j) to[j] = from[j] * inverse_sums[query];
       }
     }
   };
@@ -287,12 +291,12 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
            ? DecodeOverRows<uint16_t>(key_cache, value_cache, blocks,
                                       item.kv_head, len, queries.data(), m,
                                       scale, visible.data(), scores.data(),
-                                      probs.data(), outputs.data())
+                                      inverse_sums.data(), outputs.data())
            : cached == at::kFloat &&
                  DecodeOverRows<float>(key_cache, value_cache, blocks,
                                        item.kv_head, len, queries.data(), m,
                                        scale, visible.data(), scores.data(),
-                                       probs.data(), outputs.data()))) {
+                                       inverse_sums.data(), outputs.data()))) {
     write_outputs();
     return;
   }
@@ -308,16 +312,17 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
            queries.data(), d, 0.0f, scores.data() + k.first, len);
     }
   }
-  MaskedSoftmax(scores.data(), probs.data(), m, len, visible.data());
+  MaskedSoftmax(scores.data(), scores.data(), m, len, visible.data(),
+                inverse_sums.data());
   // outputs^T [D, m] = V^T [D, len] . probs^T [len, m], summed over
   // the runs of values.
   for (size_t i = 0; i < value_runs.size(); ++i) {
     const CacheRun &v = value_runs[i];
     if (m <= kMaxGemvQueries ||
-        !ValuesProduct(probs.data() + v.first, len, m, v.count, v.data, v.ld, d,
-                       outputs.data(), d, i > 0)) {
+        !ValuesProduct(scores.data() + v.first, len, m, v.count, v.data, v.ld,
+                       d, outputs.data(), d, i > 0)) {
       Gemm(/*transpose_a=*/false, d, m, v.count, 1.0f, v.data, v.ld,
-           probs.data() + v.first, len, i == 0 ? 0.0f : 1.0f, outputs.data(),
+           scores.data() + v.first, len, i == 0 ? 0.0f : 1.0f, outputs.data(),
            d);
     }
   }

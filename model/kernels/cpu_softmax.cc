@@ -47,8 +47,10 @@ __mmask16 Head(int64_t count) {
   return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
 }
 
+// One row of SoftmaxRows.
 __attribute__((target("avx512f"))) void SoftmaxRow(const float *s, float *p,
-                                                   int64_t n, int64_t cols) {
+                                                   int64_t n, int64_t cols,
+                                                   float *inverse_sum) {
   __m512 max = _mm512_set1_ps(-__builtin_inff());
   for (int64_t j = 0; j < n; j += 16) {
     max = _mm512_mask_max_ps(max, Head(n - j), max,
@@ -63,12 +65,7 @@ __attribute__((target("avx512f"))) void SoftmaxRow(const float *s, float *p,
     sum = _mm512_mask_add_ps(sum, mask, sum, e);
     _mm512_mask_storeu_ps(p + j, mask, e);
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 mask = Head(n - j);
-    _mm512_mask_storeu_ps(
-        p + j, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, p + j), inv));
-  }
+  *inverse_sum = 1.0f / _mm512_reduce_add_ps(sum);
   std::fill(p + n, p + cols, 0.0f);
 }
 
@@ -96,7 +93,8 @@ __attribute__((target("avx2,fma"))) inline __m256 ExpNonPositive(__m256 x) {
 // lanes read as -inf for the maximum and count 0 in the sum).
 __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
                                                         float *p, int64_t n,
-                                                        int64_t cols) {
+                                                        int64_t cols,
+                                                        float *inverse_sum) {
   const __m256 lowest = _mm256_set1_ps(-__builtin_inff());
   __m256 max = lowest;
   for (int64_t j = 0; j < n; j += 8) {
@@ -114,24 +112,23 @@ __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
     sum = _mm256_add_ps(sum, e);
     StoreHead8(p + j, e, n - j);
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / HorizontalSum8(sum));
-  for (int64_t j = 0; j < n; j += 8) {
-    StoreHead8(p + j, _mm256_mul_ps(LoadHead8(p + j, n - j), inv), n - j);
-  }
+  *inverse_sum = 1.0f / HorizontalSum8(sum);
   std::fill(p + n, p + cols, 0.0f);
 }
 
 }  // namespace
 
 bool SoftmaxRows(const float *scores, float *probs, int64_t rows, int64_t cols,
-                 const int64_t *visible) {
+                 const int64_t *visible, float *inverse_sums) {
   const CpuIsa isa = ActiveIsa();
   if (isa == CpuIsa::kPortable) return false;
   for (int64_t i = 0; i < rows; ++i) {
     if (isa == CpuIsa::kAvx512) {
-      SoftmaxRow(scores + i * cols, probs + i * cols, visible[i], cols);
+      SoftmaxRow(scores + i * cols, probs + i * cols, visible[i], cols,
+                 inverse_sums + i);
     } else {
-      SoftmaxRowAvx2(scores + i * cols, probs + i * cols, visible[i], cols);
+      SoftmaxRowAvx2(scores + i * cols, probs + i * cols, visible[i], cols,
+                     inverse_sums + i);
     }
   }
   return true;

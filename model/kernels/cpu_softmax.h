@@ -8,12 +8,15 @@
 
 namespace moh {
 
-// probs[i][j] = softmax(scores[i][0, visible[i]))[j] for j < visible[i], 0
-// beyond, for `rows` rows of `cols` (both row-major, stride cols). exp is a
-// degree-6 polynomial on [-ln2/2, ln2/2] scaled by a power of two (within 2
-// units in the last place of float). Returns false (doing nothing) under
-// CpuIsa::kPortable.
+// The softmax of scores[i][0, visible[i]) for `rows` rows of `cols` (both
+// row-major, stride cols; probs may be scores, in place), unnormalized:
+// probs[i][j] = e^(scores[i][j] - max_i) for j < visible[i], 0 beyond, and
+// inverse_sums[i] = 1 / the row's sum, so that a caller multiplying the
+// probabilities by a matrix scales its few result columns instead of every
+// probability. exp is a degree-6 polynomial on [-ln2/2, ln2/2] scaled by a
+// power of two (within 2 units in the last place of float). Returns false
+// (doing nothing) under CpuIsa::kPortable.
 bool SoftmaxRows(const float *scores, float *probs, int64_t rows, int64_t cols,
-                 const int64_t *visible);
+                 const int64_t *visible, float *inverse_sums);
 
 }  // namespace moh

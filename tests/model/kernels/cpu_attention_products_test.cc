@@ -76,6 +76,7 @@ TEST(KernelIsaTest, RequestedInstructionSetIsTheOneThatRuns) {
   const uint16_t half[16] = {};
   const uint16_t *half_rows[1] = {half};
   const int64_t visible = 1;
+  float inverse_sum = 0.0f;
   EXPECT_FALSE(RowLinear(x, 16, w, 16, 1, nullptr, y));
   EXPECT_FALSE(SkinnyLinear(x, 1, 16, w, 16, 1, nullptr, y));
   EXPECT_FALSE(StreamedLinear(x, 1, 16, w, 16, 1, nullptr, y));
@@ -88,7 +89,7 @@ TEST(KernelIsaTest, RequestedInstructionSetIsTheOneThatRuns) {
   EXPECT_FALSE(Float32Values(x, 1, 1, rows, 1, 16, y, 16));
   EXPECT_FALSE(Bfloat16Scores(x, 1, 16, 1.0f, half_rows, 1, y, 1));
   EXPECT_FALSE(Bfloat16Values(x, 1, 1, half_rows, 1, 16, y, 16));
-  EXPECT_FALSE(SoftmaxRows(x, y, 1, 16, &visible));
+  EXPECT_FALSE(SoftmaxRows(x, y, 1, 16, &visible, &inverse_sum));
   for (float v : y) EXPECT_EQ(v, 0.0f);
 }
 
@@ -227,17 +228,25 @@ TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {
   scores[4].fill_(-1e4);  // a row far below zero: every exp underflows alone
   // Visible lengths around the 16- and 8-float vectors, and the whole row.
   const std::vector<int64_t> visible = {1, 15, 16, 17, 33, cols, 7, 8, 9, 25};
-  at::Tensor probs = at::full({rows, cols}, std::nanf(""));
-  ASSERT_TRUE(SoftmaxRows(scores.data_ptr<float>(), probs.data_ptr<float>(),
-                          rows, cols, visible.data()));
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t n = visible[i];
-    const at::Tensor want = at::softmax(scores[i].narrow(0, 0, n), 0);
-    EXPECT_TRUE(at::allclose(probs[i].narrow(0, 0, n), want, 1e-6, 1e-7))
-        << "row " << i << " max error "
-        << (probs[i].narrow(0, 0, n) - want).abs().max().item<float>();
-    EXPECT_EQ(probs[i].narrow(0, n, cols - n).abs().sum().item<float>(), 0.0f)
-        << "row " << i;
+  // Into another matrix, and in place over the scores.
+  for (bool in_place : {false, true}) {
+    at::Tensor input = scores.clone();
+    at::Tensor probs = in_place ? input : at::full({rows, cols}, std::nanf(""));
+    std::vector<float> inverse_sums(rows, std::nanf(""));
+    ASSERT_TRUE(SoftmaxRows(input.data_ptr<float>(), probs.data_ptr<float>(),
+                            rows, cols, visible.data(), inverse_sums.data()));
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t n = visible[i];
+      const at::Tensor want = at::softmax(scores[i].narrow(0, 0, n), 0);
+      const at::Tensor got = probs[i].narrow(0, 0, n) * inverse_sums[i];
+      EXPECT_TRUE(at::allclose(got, want, 1e-6, 1e-7))
+          << "row " << i << " in place " << in_place << " max error "
+          << (got - want).abs().max().item<float>();
+      // Unnormalized: the row's largest is e^0.
+      EXPECT_EQ(probs[i].narrow(0, 0, n).max().item<float>(), 1.0f);
+      EXPECT_EQ(probs[i].narrow(0, n, cols - n).abs().sum().item<float>(), 0.0f)
+          << "row " << i;
+    }
   }
 }
 
