@@ -1,5 +1,7 @@
 #include "model/core/moh_router.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -24,10 +26,12 @@ at::Tensor TopKMask(const at::Tensor& scores, const at::Tensor& top_k,
   return mask.scatter_(1, indices, keep);
 }
 
-// Up to this many float32 rows on CPU, the learned router runs as plain
-// loops (below): at decode its dozen small ATen ops per layer cost far more
-// than their arithmetic (callgrind: 10% of a bench-model decode step).
-// Larger batches keep the matrix products.
+// For float32 rows on CPU the learned router runs as plain loops
+// (LearnedGatesLoop): as ATen ops it was a dozen small dispatches per layer,
+// which at decode cost far more than their arithmetic (callgrind: 10% of a
+// bench-model decode step) and at prefill ran one after another on one
+// thread. Up to this many rows the loops also project each row; beyond,
+// the logits come from one matrix product and the rows split on the pool.
 constexpr int64_t kMaxLoopRows = 16;
 
 // out[r] = W[r] . x for W [rows, c] (contiguous), accumulated in double.
@@ -110,7 +114,7 @@ at::Tensor MohRouter::LearnedGates(const at::Tensor& x, const at::Tensor& top_k,
            static_cast<double>(shared);
   }
   if (x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
-      x.size(0) <= kMaxLoopRows) {
+      stacked_.scalar_type() == at::kFloat) {
     return LearnedGatesLoop(x.contiguous(), top_k);
   }
   // Every gate's logits in one product: [N, R (+ 2 (+ S))].
@@ -140,42 +144,67 @@ at::Tensor MohRouter::LearnedGatesLoop(const at::Tensor& x,
   at::Tensor out = at::empty({n, width}, x.options());
   const at::Tensor k = top_k.to(at::kLong).contiguous();
   const int64_t* top = k.data_ptr<int64_t>();
-  std::vector<float> gates(routed), weight_0(2), shared_gates(shared);
-  std::vector<int64_t> order(routed);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xi = x.data_ptr<float>() + i * c;
-    float* row = out.data_ptr<float>() + i * width;
-    float* routed_out = row + (shared > 0 ? shared : 0);
-    // The top_k[i] largest routed gates (ties to the lower head), kept and
-    // renormalized to sum to top_k[i].
-    Project(wg_, xi, c, gates.data());
-    Softmax(gates.data(), routed, 1.0f);
-    for (int64_t r = 0; r < routed; ++r) order[r] = r;
-    const int64_t keep = std::clamp<int64_t>(top[i], 0, routed);
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                      [&](int64_t a, int64_t b) {
-                        return gates[a] > gates[b] ||
-                               (gates[a] == gates[b] && a < b);
-                      });
-    std::fill(routed_out, routed_out + routed, 0.0f);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < keep; ++j) sum += gates[order[j]];
-    const float denom = std::max(sum, std::numeric_limits<float>::epsilon());
-    for (int64_t j = 0; j < keep; ++j) {
-      routed_out[order[j]] =
-          gates[order[j]] / denom * static_cast<float>(top[i]);
+  // Each row's logits (wg_, then wg_0_ and wg_1_ where defined, as
+  // stacked_): projected row by row in double for a few rows (decode), in
+  // one product for more (prefill), whose rows the loop below copies.
+  const int64_t num_logits = stacked_.size(0);
+  const at::Tensor logits =
+      n > kMaxLoopRows ? Linear(x, stacked_).contiguous() : at::Tensor();
+  auto gate_rows = [&](int64_t begin, int64_t end) {
+    // Room for wg_0_'s 2 and one shared gate even where they are not
+    // projected.
+    std::vector<float> row_logits(routed + 2 + std::max<int64_t>(shared, 1));
+    std::vector<int64_t> order(routed);
+    float* gates = row_logits.data();
+    float* weight_0 = gates + routed;
+    float* shared_gates = weight_0 + 2;
+    for (int64_t i = begin; i < end; ++i) {
+      const float* xi = x.data_ptr<float>() + i * c;
+      if (logits.defined()) {
+        const float* from = logits.data_ptr<float>() + i * num_logits;
+        std::copy(from, from + num_logits, gates);
+      } else {
+        Project(wg_, xi, c, gates);
+        if (shared > 0) Project(wg_0_, xi, c, weight_0);
+        if (shared > 1) Project(wg_1_, xi, c, shared_gates);
+      }
+      float* row = out.data_ptr<float>() + i * width;
+      float* routed_out = row + (shared > 0 ? shared : 0);
+      // The top_k[i] largest routed gates (ties to the lower head), kept
+      // and renormalized to sum to top_k[i].
+      Softmax(gates, routed, 1.0f);
+      for (int64_t r = 0; r < routed; ++r) order[r] = r;
+      const int64_t keep = std::clamp<int64_t>(top[i], 0, routed);
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                        [&](int64_t a, int64_t b) {
+                          return gates[a] > gates[b] ||
+                                 (gates[a] == gates[b] && a < b);
+                        });
+      std::fill(routed_out, routed_out + routed, 0.0f);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < keep; ++j) sum += gates[order[j]];
+      const float denom = std::max(sum, std::numeric_limits<float>::epsilon());
+      for (int64_t j = 0; j < keep; ++j) {
+        routed_out[order[j]] =
+            gates[order[j]] / denom * static_cast<float>(top[i]);
+      }
+      if (shared == 0) continue;
+      Softmax(weight_0, 2, 2.0f);
+      if (shared > 1) {
+        Softmax(shared_gates, shared, static_cast<float>(shared));
+      } else {
+        shared_gates[0] = 1.0f;
+      }
+      for (int64_t h = 0; h < shared; ++h) {
+        row[h] = shared_gates[h] * weight_0[0];
+      }
+      for (int64_t r = 0; r < routed; ++r) routed_out[r] *= weight_0[1];
     }
-    if (shared == 0) continue;
-    Project(wg_0_, xi, c, weight_0.data());
-    Softmax(weight_0.data(), 2, 2.0f);
-    if (shared > 1) {
-      Project(wg_1_, xi, c, shared_gates.data());
-      Softmax(shared_gates.data(), shared, static_cast<float>(shared));
-    } else {
-      shared_gates[0] = 1.0f;
-    }
-    for (int64_t h = 0; h < shared; ++h) row[h] = shared_gates[h] * weight_0[0];
-    for (int64_t r = 0; r < routed; ++r) routed_out[r] *= weight_0[1];
+  };
+  if (n > kMaxLoopRows) {
+    at::parallel_for(0, n, kMaxLoopRows, gate_rows);
+  } else {
+    gate_rows(0, n);
   }
   return out;
 }

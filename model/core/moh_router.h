@@ -48,7 +48,7 @@ class MohRouter {
  private:
   at::Tensor LearnedGates(const at::Tensor& x, const at::Tensor& top_k,
                           int64_t max_top_k) const;
-  // LearnedGates for a few float32 rows [n, C] (contiguous) on CPU.
+  // LearnedGates for float32 rows [n, C] (contiguous) on CPU.
   at::Tensor LearnedGatesLoop(const at::Tensor& x,
                               const at::Tensor& top_k) const;
   at::Tensor QueryNormGates(const at::Tensor& query, const at::Tensor& top_k,
