@@ -96,21 +96,29 @@ __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
                                                         int64_t cols,
                                                         float *inverse_sum) {
   const __m256 lowest = _mm256_set1_ps(-__builtin_inff());
+  const int64_t whole = n / 8 * 8;
   __m256 max = lowest;
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256i mask = Head8(n - j);
-    max = _mm256_max_ps(max, _mm256_blendv_ps(lowest, LoadHead8(s + j, n - j),
-                                              _mm256_castsi256_ps(mask)));
+  for (int64_t j = 0; j < whole; j += 8) {
+    max = _mm256_max_ps(max, _mm256_loadu_ps(s + j));
+  }
+  const __m256 tail = _mm256_castsi256_ps(Head8(n - whole));
+  if (whole < n) {
+    max = _mm256_max_ps(
+        max, _mm256_blendv_ps(lowest, LoadHead8(s + whole, n - whole), tail));
   }
   const __m256 top = _mm256_set1_ps(kernels_internal::HorizontalMax8(max));
   __m256 sum = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256i mask = Head8(n - j);
-    const __m256 e = _mm256_and_ps(
-        ExpNonPositive(_mm256_sub_ps(LoadHead8(s + j, n - j), top)),
-        _mm256_castsi256_ps(mask));
+  for (int64_t j = 0; j < whole; j += 8) {
+    const __m256 e = ExpNonPositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), top));
     sum = _mm256_add_ps(sum, e);
-    StoreHead8(p + j, e, n - j);
+    _mm256_storeu_ps(p + j, e);
+  }
+  if (whole < n) {
+    const __m256 e = _mm256_and_ps(
+        ExpNonPositive(_mm256_sub_ps(LoadHead8(s + whole, n - whole), top)),
+        tail);
+    sum = _mm256_add_ps(sum, e);
+    StoreHead8(p + whole, e, n - whole);
   }
   *inverse_sum = 1.0f / HorizontalSum8(sum);
   std::fill(p + n, p + cols, 0.0f);
