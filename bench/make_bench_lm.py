@@ -14,6 +14,10 @@ asked for.
       [--max_position_embeddings N]  (default: the demo's, 256)
       [--dense]  (no router: a plain LLaMA of the same shape, which llama.cpp
                   computes exactly; bench/suite.py checks its GGUF with it)
+      [--attention_heavy]  (hidden 256 in 16 heads of 16, 4 KV heads, 4 shared
+                  + 6 of 12 routed, 4 layers, SwiGLU 512, 2048 positions: at a
+                  1536-token prompt attention is about half of a prefill, the
+                  shape on which head-sparse prefill is judged; RESULTS.md 17)
       [--layout llama3-8b|llama3-1b [--device cuda]]
 
 --layout writes the released MoH-LLaMA3-8B layout instead (bench/gpu_bench.py,
@@ -50,6 +54,8 @@ def main():
                         help="longest sequence (default: the demo's)")
     parser.add_argument("--dense", action="store_true",
                         help="no MoH router (every head, weight 1)")
+    parser.add_argument("--attention_heavy", action="store_true",
+                        help="16 heads of 16 dimensions, 4 layers (above)")
     parser.add_argument("--layout", choices=sorted(LAYOUTS),
                         help="a released layout in bfloat16 (see above)")
     parser.add_argument("--device", help="where --layout's weights are drawn")
@@ -69,6 +75,16 @@ def main():
         "moh_shared_heads": 2,
         "moh_routed_top_k": 4,
     })
+    if args.attention_heavy:
+        cfg.update({
+            "hidden_size": 256,
+            "num_attention_heads": 16,
+            "num_hidden_layers": 4,
+            "intermediate_size": 512,
+            "moh_shared_heads": 4,
+            "moh_routed_top_k": 6,
+            "max_position_embeddings": 2048,
+        })
     if args.max_position_embeddings:
         cfg["max_position_embeddings"] = args.max_position_embeddings
     if args.dense:

@@ -134,12 +134,7 @@ __attribute__((target("avx512f"))) void StreamTile(
         _mm512_store_ps(&tile[r][16 * v], acc[r][v]);
       }
     }
-    for (int64_t i = 0; i < rows; ++i) {
-      float *row = RowAt(y, i);
-      for (int r = 0; r < R; ++r) {
-        row[r] = y.accumulate ? row[r] + tile[r][i] : tile[r][i];
-      }
-    }
+    StoreTileRows(tile, y, rows);
   }
 }
 

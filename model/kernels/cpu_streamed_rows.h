@@ -99,6 +99,20 @@ Rows Skip(Rows m, int64_t row, int64_t col) {
   return m;
 }
 
+// A tile's sums stored out of registers as tile[r][i] (row r of W, row i
+// of x) written, or added, as rows of y: y[i][0, R) for i < rows. The
+// scalar write-out of the one-row tiles; wider ones transpose in registers.
+template <int R, int kWidth>
+void StoreTileRows(const float (&tile)[R][kWidth], const OutputRows &y,
+                   int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float *row = RowAt(y, i);
+    for (int r = 0; r < R; ++r) {
+      row[r] = y.accumulate ? row[r] + tile[r][i] : tile[r][i];
+    }
+  }
+}
+
 // A 64-byte aligned float buffer, grown on demand and kept by its owner (a
 // thread): prefill calls it a few hundred times a second.
 class AlignedBuffer {

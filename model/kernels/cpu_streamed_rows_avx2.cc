@@ -134,12 +134,7 @@ __attribute__((target("avx2,fma"))) void StreamTile(
 #pragma GCC unroll 2
       for (int v = 0; v < V; ++v) _mm256_store_ps(&tile[r][8 * v], acc[r][v]);
     }
-    for (int64_t i = 0; i < rows; ++i) {
-      float *row = RowAt(y, i);
-      for (int r = 0; r < R; ++r) {
-        row[r] = y.accumulate ? row[r] + tile[r][i] : tile[r][i];
-      }
-    }
+    StoreTileRows(tile, y, rows);
   }
 }
 
