@@ -262,21 +262,6 @@ RoutedPairs RoutedQueries(const HeadSparseAttentionInputs &in,
   return pairs;
 }
 
-// Each head's attention output (over its queries, in place) times its
-// gate.
-void ApplyGates(const std::vector<HeadRows> &rows_of, const float *gate,
-                int64_t d) {
-  const int64_t heads = static_cast<int64_t>(rows_of.size());
-  for (int64_t h = 0; h < heads; ++h) {
-    const HeadRows &r = rows_of[h];
-    for (int64_t i = 0; i < r.count; ++i) {
-      const float g = gate[r.tokens[i] * heads + h];
-      float *row = r.data + i * r.ld;
-      for (int64_t j = 0; j < d; ++j) row[j] *= g;
-    }
-  }
-}
-
 // Routed heads' output projections added into `out`: each thread owns a
 // block of output columns, so their scatter-adds never overlap.
 void AddRoutedOutputs(const HeadSparseAttentionInputs &in,
@@ -375,9 +360,8 @@ at::Tensor HeadSparseAttentionCpu(const HeadSparseAttentionInputs &in) {
   std::vector<HeadRows> rows_of(heads);
   const at::Tensor q_full = FullQueries(in, routing, d, rows_of);
   const RoutedPairs pairs = RoutedQueries(in, routing, d, rows_of);
-  // Attention, written over each head's queries in place.
-  head_sparse_internal::PagedAttentionCpu(in, rows_of);
-  ApplyGates(rows_of, gate, d);
+  // Attention times the gates, written over each head's queries in place.
+  head_sparse_internal::PagedAttentionCpu(in, rows_of, gate);
   return ProjectOutputs(in, routing, q_full, pairs, d);
 }
 

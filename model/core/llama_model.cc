@@ -28,9 +28,14 @@ bool PlainLoops(const at::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == at::kFloat;
 }
 
+// Floats below which the loops below run on one thread: waking the pool
+// costs microseconds.
+constexpr int64_t kMinParallelFloats = 1 << 16;
+
 // RoPE of x [n, D] (contiguous) at positions [n / repeat] (int64,
 // contiguous), each shared by `repeat` consecutive vectors, with tables
-// [P, D]: x * cos + RotateHalf(x) * sin, in the same order of operations.
+// [P, D]: x * cos + RotateHalf(x) * sin, in the same order of operations,
+// rows split on the intra-op pool when there are many.
 at::Tensor RotateLoop(const at::Tensor& x, const at::Tensor& positions,
                       int64_t repeat, const at::Tensor& cos,
                       const at::Tensor& sin) {
@@ -41,19 +46,23 @@ at::Tensor RotateLoop(const at::Tensor& x, const at::Tensor& positions,
   const float* cos_table = cos.data_ptr<float>();
   const float* sin_table = sin.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xi = in + i * d;
-    const int64_t pos = where[i / repeat];
-    const float* c = cos_table + pos * d;
-    const float* s = sin_table + pos * d;
-    float* oi = o + i * d;
-    for (int64_t j = 0; j < half; ++j) {
-      oi[j] = xi[j] * c[j] + -xi[j + half] * s[j];
-    }
-    for (int64_t j = half; j < d; ++j) {
-      oi[j] = xi[j] * c[j] + xi[j - half] * s[j];
-    }
-  }
+  at::parallel_for(
+      0, n, std::max<int64_t>(1, kMinParallelFloats / std::max<int64_t>(d, 1)),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float* xi = in + i * d;
+          const int64_t pos = where[i / repeat];
+          const float* c = cos_table + pos * d;
+          const float* s = sin_table + pos * d;
+          float* oi = o + i * d;
+          for (int64_t j = 0; j < half; ++j) {
+            oi[j] = xi[j] * c[j] + -xi[j + half] * s[j];
+          }
+          for (int64_t j = half; j < d; ++j) {
+            oi[j] = xi[j] * c[j] + xi[j - half] * s[j];
+          }
+        }
+      });
   return out;
 }
 
@@ -82,7 +91,6 @@ at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
   const float* in = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  constexpr int64_t kMinParallelFloats = 1 << 16;
   at::parallel_for(
       0, n, std::max<int64_t>(1, kMinParallelFloats / std::max<int64_t>(c, 1)),
       [&](int64_t begin, int64_t end) {

@@ -235,7 +235,7 @@ std::vector<WorkItem> BuildWorkItems(const std::vector<HeadRows> &rows_of,
 // against its row's cached keys (`blocks`, its block table row), the masked
 // softmax and the values, written back over its queries in place.
 void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
-                 const std::vector<HeadRows> &rows_of,
+                 const std::vector<HeadRows> &rows_of, const float *gate,
                  const std::vector<int64_t> &token_pos,
                  const std::vector<int64_t> &row_len, const int64_t *blocks,
                  float scale) {
@@ -261,9 +261,11 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
           std::min(token_pos[r.tokens[s.first + i]] + 1, row_len[item.row]);
     }
   }
-  // The item's outputs, over its queries in place. The softmax below
-  // leaves its probabilities unnormalized (MaskedSoftmax's inverse_sums):
-  // each output row is scaled here, D floats instead of len.
+  // The item's outputs, over its queries in place, times each query's
+  // gate. The softmax below leaves its probabilities unnormalized
+  // (MaskedSoftmax's inverse_sums): each output row is scaled here, D floats
+  // instead of len.
+  const int64_t heads = static_cast<int64_t>(rows_of.size());
   auto write_outputs = [&] {
     int64_t query = 0;
     for (const Segment &s : item.segments) {
@@ -271,7 +273,9 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
       for (int64_t i = 0; i < s.count; ++i, ++query) {
         float *to = r.data + (s.first + i) * r.ld;
         const float *from = outputs.data() + query * d;
-        for (int64_t j = 0; j < d; ++j) to[j] = from[j] * inverse_sums[query];
+        const float factor =
+            inverse_sums[query] * gate[r.tokens[s.first + i] * heads + s.head];
+        for (int64_t j = 0; j < d; ++j) to[j] = from[j] * factor;
       }
     }
   };
@@ -332,7 +336,8 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
 }  // namespace
 
 void PagedAttentionCpu(const HeadSparseAttentionInputs &in,
-                       const std::vector<HeadRows> &rows_of) {
+                       const std::vector<HeadRows> &rows_of,
+                       const float *gate) {
   const int64_t kv_heads = in.key_cache.size(2);
   const int64_t d = in.key_cache.size(3);
   const int64_t group = static_cast<int64_t>(rows_of.size()) / kv_heads;
@@ -349,11 +354,11 @@ void PagedAttentionCpu(const HeadSparseAttentionInputs &in,
   for (const WorkItem &item : items) {
     attention_work += 2 * item.queries * item.keys * d;
   }
-  ParallelPull(static_cast<int64_t>(items.size()), attention_work,
-               [&](int64_t index) {
-                 RunWorkItem(in, items[index], rows_of, token_pos, row_len,
-                             table + items[index].row * table_width, scale);
-               });
+  ParallelPull(
+      static_cast<int64_t>(items.size()), attention_work, [&](int64_t index) {
+        RunWorkItem(in, items[index], rows_of, gate, token_pos, row_len,
+                    table + items[index].row * table_width, scale);
+      });
 }
 
 }  // namespace moh::head_sparse_internal

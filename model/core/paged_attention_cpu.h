@@ -28,10 +28,11 @@ struct HeadRows {
 
 // Replaces each head's queries (rows_of[h], h < H; float32) by its attention
 // over in.key_cache and in.value_cache (float32 or bfloat16), read through
-// in.block_table: each token sees its row's keys up to its position
+// in.block_table, times the token's gate for the head (gate [N, H],
+// row-major): each token sees its row's keys up to its position
 // (in.token_row, in.token_pos, in.row_len), scores scaled by in.scale. Runs
 // on the intra-op pool.
 void PagedAttentionCpu(const HeadSparseAttentionInputs &in,
-                       const std::vector<HeadRows> &rows_of);
+                       const std::vector<HeadRows> &rows_of, const float *gate);
 
 }  // namespace moh::head_sparse_internal
