@@ -23,8 +23,9 @@ __attribute__((target("avx2,fma"))) inline __m256i Head8(int64_t count) {
 }
 
 // The first `count` floats at `from` (zeros beyond), and v's first `count`
-// lanes stored to `to`: a plain load or store for a whole vector, since AMD's
-// Zen cores run a masked store as a long microcoded sequence.
+// lanes stored to `to`: a plain load for a whole vector, a masked one
+// otherwise; the store in 256-, 128-, 64- and 32-bit pieces, never masked,
+// since AMD's Zen cores run a masked store as a long microcoded sequence.
 __attribute__((target("avx2,fma"))) inline __m256 LoadHead8(const float *from,
                                                             int64_t count) {
   return count >= 8 ? _mm256_loadu_ps(from)
@@ -34,9 +35,22 @@ __attribute__((target("avx2,fma"))) inline void StoreHead8(float *to, __m256 v,
                                                            int64_t count) {
   if (count >= 8) {
     _mm256_storeu_ps(to, v);
-  } else if (count > 0) {
-    _mm256_maskstore_ps(to, Head8(count), v);
+    return;
   }
+  __m128 part = _mm256_castps256_ps128(v);
+  if (count >= 4) {
+    _mm_storeu_ps(to, part);
+    part = _mm256_extractf128_ps(v, 1);
+    to += 4;
+    count -= 4;
+  }
+  if (count >= 2) {
+    _mm_storel_pi(reinterpret_cast<__m64 *>(to), part);
+    part = _mm_movehl_ps(part, part);
+    to += 2;
+    count -= 2;
+  }
+  if (count >= 1) _mm_store_ss(to, part);
 }
 
 // The largest of v's 8 lanes.

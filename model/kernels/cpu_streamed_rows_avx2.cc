@@ -35,30 +35,6 @@ __attribute__((target("avx2,fma"))) inline void Transpose8x8(
   }
 }
 
-// v's first `count` (1 to 8) lanes stored to `to` in 256-, 128-, 64- and
-// 32-bit pieces: no masked store (see StoreHead8).
-__attribute__((target("avx2,fma"))) inline void StoreFew8(float *to, __m256 v,
-                                                          int count) {
-  if (count >= 8) {
-    _mm256_storeu_ps(to, v);
-    return;
-  }
-  __m128 part = _mm256_castps256_ps128(v);
-  if (count >= 4) {
-    _mm_storeu_ps(to, part);
-    part = _mm256_extractf128_ps(v, 1);
-    to += 4;
-    count -= 4;
-  }
-  if (count >= 2) {
-    _mm_storel_pi(reinterpret_cast<__m64 *>(to), part);
-    part = _mm_movehl_ps(part, part);
-    to += 2;
-    count -= 2;
-  }
-  if (count >= 1) _mm_store_ss(to, part);
-}
-
 // A tile's sums, acc[r][v] lane i = y^T[r][8 v + i], written (or added) as
 // rows of y: y[8 v + i][0, R) for the tile's `rows` rows of x, by 8 x 8
 // transposes (StoreTransposed in cpu_streamed_rows.cc on AVX2).
@@ -82,9 +58,9 @@ __attribute__((target("avx2,fma"))) void StoreTransposed8(
       Transpose8x8(a, t);
       for (int64_t i = 0; i < count; ++i) {
         float *row = RowAt(y, 8 * v + i) + 8 * b;
-        StoreFew8(row,
-                  y.accumulate ? _mm256_add_ps(t[i], LoadHead8(row, n)) : t[i],
-                  n);
+        StoreHead8(row,
+                   y.accumulate ? _mm256_add_ps(t[i], LoadHead8(row, n)) : t[i],
+                   n);
       }
     }
   }
