@@ -28,9 +28,13 @@ bool PlainLoops(const at::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == at::kFloat;
 }
 
-// Floats below which the loops below run on one thread: waking the pool
-// costs microseconds.
-constexpr int64_t kMinParallelFloats = 1 << 16;
+// Rows of `width` floats per task of the row loops below (RoPE, RMSNorm):
+// below 2^16 floats a loop runs on one thread, since waking the pool costs
+// microseconds.
+int64_t RowsPerTask(int64_t width) {
+  constexpr int64_t kMinParallelFloats = 1 << 16;
+  return std::max<int64_t>(1, kMinParallelFloats / std::max<int64_t>(width, 1));
+}
 
 // RoPE of x [n, D] (contiguous) at positions [n / repeat] (int64,
 // contiguous), each shared by `repeat` consecutive vectors, with tables
@@ -46,23 +50,21 @@ at::Tensor RotateLoop(const at::Tensor& x, const at::Tensor& positions,
   const float* cos_table = cos.data_ptr<float>();
   const float* sin_table = sin.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(
-      0, n, std::max<int64_t>(1, kMinParallelFloats / std::max<int64_t>(d, 1)),
-      [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          const float* xi = in + i * d;
-          const int64_t pos = where[i / repeat];
-          const float* c = cos_table + pos * d;
-          const float* s = sin_table + pos * d;
-          float* oi = o + i * d;
-          for (int64_t j = 0; j < half; ++j) {
-            oi[j] = xi[j] * c[j] + -xi[j + half] * s[j];
-          }
-          for (int64_t j = half; j < d; ++j) {
-            oi[j] = xi[j] * c[j] + xi[j - half] * s[j];
-          }
-        }
-      });
+  at::parallel_for(0, n, RowsPerTask(d), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* xi = in + i * d;
+      const int64_t pos = where[i / repeat];
+      const float* c = cos_table + pos * d;
+      const float* s = sin_table + pos * d;
+      float* oi = o + i * d;
+      for (int64_t j = 0; j < half; ++j) {
+        oi[j] = xi[j] * c[j] + -xi[j + half] * s[j];
+      }
+      for (int64_t j = half; j < d; ++j) {
+        oi[j] = xi[j] * c[j] + xi[j - half] * s[j];
+      }
+    }
+  });
   return out;
 }
 
@@ -92,8 +94,7 @@ at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
   const float* w = weight.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(
-      0, n, std::max<int64_t>(1, kMinParallelFloats / std::max<int64_t>(c, 1)),
-      [&](int64_t begin, int64_t end) {
+      0, n, RowsPerTask(c), [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const float* xi = in + i * c;
           float* oi = o + i * c;

@@ -122,20 +122,19 @@ void CacheRows(const at::Tensor &cache, const int64_t *blocks, int64_t kv_head,
   }
 }
 
-// SoftmaxRows (unnormalized, 1 / each row's sum in inverse_sums), in
-// portable code where its kernels do not run.
-void MaskedSoftmax(const float *scores, float *probs, int64_t rows,
-                   int64_t cols, const int64_t *visible, float *inverse_sums) {
-  if (SoftmaxRows(scores, probs, rows, cols, visible, inverse_sums)) return;
+// SoftmaxRows over the scores in place (unnormalized, 1 / each row's sum
+// in inverse_sums), in portable code where its kernels do not run.
+void MaskedSoftmax(float *scores, int64_t rows, int64_t cols,
+                   const int64_t *visible, float *inverse_sums) {
+  if (SoftmaxRows(scores, scores, rows, cols, visible, inverse_sums)) return;
   for (int64_t i = 0; i < rows; ++i) {
-    const float *s = scores + i * cols;
-    float *p = probs + i * cols;
+    float *p = scores + i * cols;
     const int64_t n = visible[i];
     float max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) max = std::max(max, s[j]);
+    for (int64_t j = 0; j < n; ++j) max = std::max(max, p[j]);
     float sum = 0;
     for (int64_t j = 0; j < n; ++j) {
-      p[j] = std::exp(s[j] - max);
+      p[j] = std::exp(p[j] - max);
       sum += p[j];
     }
     inverse_sums[i] = 1.0f / sum;
@@ -180,7 +179,7 @@ bool DecodeOverRows(const at::Tensor &key_cache, const at::Tensor &value_cache,
     return false;
   }
   CacheRows(value_cache, blocks, kv_head, len, value_rows);
-  MaskedSoftmax(scores, scores, m, len, visible, inverse_sums);
+  MaskedSoftmax(scores, m, len, visible, inverse_sums);
   ValuesOverRows(scores, m, value_rows.data(), len, d, outputs);
   return true;
 }
@@ -316,8 +315,7 @@ void RunWorkItem(const HeadSparseAttentionInputs &in, const WorkItem &item,
            queries.data(), d, 0.0f, scores.data() + k.first, len);
     }
   }
-  MaskedSoftmax(scores.data(), scores.data(), m, len, visible.data(),
-                inverse_sums.data());
+  MaskedSoftmax(scores.data(), m, len, visible.data(), inverse_sums.data());
   // outputs^T [D, m] = V^T [D, len] . probs^T [len, m], summed over
   // the runs of values.
   for (size_t i = 0; i < value_runs.size(); ++i) {
