@@ -111,19 +111,23 @@ def run(cmd, timeout, **kwargs):
     return proc
 
 
-def generate(args, model_dir, sizes, timeout, warmup=True):
-    """moh-generate at RATIOS, then at RATIOS reversed, one process (with
-    warmup, after an untimed ratio-1.0 run): {ratio: fields}, each field the
-    mean of the two runs, and "runs": both of them (the order's effect)."""
+def generate(args, model_dir, sizes, timeout, warmup=True, ratios=None,
+             extra=()):
+    """moh-generate at RATIOS, then at RATIOS reversed (or at `ratios`), one
+    process (with warmup, after an untimed ratio-1.0 run): {ratio: fields},
+    each field the mean of the runs, and "runs": each of them (the order's
+    effect); "graph_replays": the decode steps that ran as CUDA graphs."""
     batch, prompt_tokens, new_tokens = sizes
-    ratios = ([1.0] if warmup else []) + RATIOS + RATIOS[::-1]
+    ratios = ([1.0] if warmup else []) + (ratios or RATIOS + RATIOS[::-1])
     err = run([os.path.join(args.build, "tools", "moh-generate"),
                "--model_dir=" + model_dir, "--device=" + args.device,
                "--dtype=bfloat16", "--temperature=0",
                "--batch=%d" % batch, "--prompt_tokens=%d" % prompt_tokens,
                "--max_new_tokens=%d" % new_tokens,
-               "--ratios=" + ",".join("%g" % r for r in ratios)],
+               "--ratios=" + ",".join("%g" % r for r in ratios)] + list(extra),
               timeout).stderr
+    replays = [int(line.split("=")[1]) for line in err.splitlines()
+               if line.startswith("cuda_graph_replays=")]
     lines = [line[line.find("batch="):] for line in err.splitlines()
              if "batch=" in line and "decode_tokens_per_s=" in line]
     if len(lines) != len(ratios):
@@ -139,6 +143,7 @@ def generate(args, model_dir, sizes, timeout, warmup=True):
     for ratio, both in runs.items():
         out[ratio] = {k: statistics.mean(r[k] for r in both) for k in both[0]}
         out[ratio]["runs"] = both
+    out["graph_replays"] = replays[0] if replays else None
     return out
 
 
@@ -157,7 +162,8 @@ def layout_section(args, layout, bandwidth, results):
     # Mean context over the decoded tokens.
     _, prompt, new = sizes["batch1"]
     bound = bandwidth / (per_token + kv_pos * (prompt + new / 2))
-    entry["batch1"] = {"bound_tokens_per_s": bound}
+    entry["batch1"] = {"bound_tokens_per_s": bound,
+                       "graph_replays": single.pop("graph_replays")}
     for ratio, f in single.items():
         entry["batch1"][str(ratio)] = {
             "prefill_4k_tokens_per_s": f["prefill_tokens_per_s"],
@@ -169,7 +175,17 @@ def layout_section(args, layout, bandwidth, results):
     # With its own warm-up too: on the H100 the first batched decode at ratio
     # 1.0 without one ran at 0.19-0.48 of the same decode measured later in
     # the process (the caching allocator growing, kernels loading).
+    # The same batch-1 decode with every step launched eagerly (no CUDA
+    # graphs), ratio 1.0, in the same run: what the graphs buy.
+    eager = generate(args, model_dir, sizes["batch1"], args.step_timeout,
+                     ratios=[1.0, 1.0], extra=["--cuda_graphs=0"])
+    eager.pop("graph_replays")
+    entry["batch1_eager"] = {str(r): {
+        "decode_tokens_per_s": f["decode_tokens_per_s"],
+        "decode_tokens_per_s_runs": [x["decode_tokens_per_s"] for x in f["runs"]],
+        "of_bound": f["decode_tokens_per_s"] / bound} for r, f in eager.items()}
     batched = generate(args, model_dir, sizes["batched"], args.step_timeout)
+    entry["batch64_2k_graph_replays"] = batched.pop("graph_replays")
     entry["sizes"] = sizes
     entry["batch64_2k"] = {
         str(ratio): {"decode_tokens_per_s": f["decode_tokens_per_s"],
@@ -321,7 +337,20 @@ def table(results):
         row("prefill 4k, tokens/s", "batch1", "prefill_4k_tokens_per_s", "%.0f")
         row("decode b1 @4k, tokens/s", "batch1", "decode_tokens_per_s")
         row("decode b1, of bound", "batch1", "of_bound", "%.2f")
+        eager = entry.get("batch1_eager", {}).get("1.0")
+        graphs = entry.get("batch1", {}).get("1.0")
+        if eager:
+            lines.append(
+                "| %s | decode b1 @4k, no CUDA graphs (of bound) | %.1f (%.2f) | | "
+                "| graphs / none at 1.0: %s |" % (
+                    layout, eager["decode_tokens_per_s"], eager["of_bound"],
+                    "%.2f" % (graphs["decode_tokens_per_s"] /
+                              eager["decode_tokens_per_s"]) if graphs else "-"))
         row("decode 64 x 2k, tokens/s", "batch64_2k", "decode_tokens_per_s", "%.0f")
+        lines.append("| %s | decode steps replayed as CUDA graphs (b1 / 64 x 2k) "
+                     "| %s / %s | | | |" % (
+                         layout, entry.get("batch1", {}).get("graph_replays", "-"),
+                         entry.get("batch64_2k_graph_replays", "-")))
         for section, label in (("batch1", "decode b1, runs"),
                                ("batch64_2k", "decode 64 x 2k, runs")):
             cells = ["/".join("%.0f" % v for v in entry.get(section, {})

@@ -82,6 +82,10 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
         assert single["prefill_4k_tokens_per_s"] > 0
         assert tiny["batch64_2k"][ratio]["decode_tokens_per_s"] > 0
     assert tiny["batch1"]["bound_tokens_per_s"] > 0
+    # Without CUDA graphs, side by side; on the CPU no step is a graph.
+    assert len(tiny["batch1_eager"]["1.0"]["decode_tokens_per_s_runs"]) == 2
+    assert tiny["batch1"]["graph_replays"] is None  # printed on CUDA only
+    assert "| tiny | decode b1 @4k, no CUDA graphs (of bound) |" in result.stdout
     overhead = results["serving_overhead"]
     assert len(overhead["server_runs"]) == 3
     assert overhead["server_tokens_per_s"] > 0

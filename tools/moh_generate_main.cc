@@ -52,6 +52,9 @@ ABSL_FLAG(std::string, weights, "",
 ABSL_FLAG(
     int32_t, threads, 0,
     "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
+ABSL_FLAG(int64_t, cuda_graphs, moh::kDefaultCudaGraphs,
+          "On CUDA: decode-step shapes recorded as CUDA graphs (see "
+          "LlamaModel::set_cuda_graphs); 0 = every step eagerly");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
 ABSL_FLAG(int32_t, batch, 1,
           "Generate this many copies of the request in one batch (throughput "
@@ -269,6 +272,10 @@ int main(int argc, char** argv) {
   const absl::Status kv_set = lm->model->set_kv_cache_dtype(
       absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype");
   if (!kv_set.ok()) return Fail(2, kv_set.message());
+  if (absl::GetFlag(FLAGS_cuda_graphs) < 0) {
+    return Fail(2, "--cuda_graphs must be >= 0");
+  }
+  lm->model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "
@@ -302,5 +309,9 @@ int main(int argc, char** argv) {
     if (k == 0) first = *std::move(measured);
   }
   PrintFirst(first.first[0], request.prompt_ids, first.seconds, repeat);
+  if (lm->model->options().device().is_cuda()) {
+    std::fprintf(stderr, "cuda_graph_replays=%lld\n",
+                 static_cast<long long>(lm->model->graph_replays()));
+  }
   return 0;
 }

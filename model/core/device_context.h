@@ -9,9 +9,12 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace moh {
 
@@ -69,6 +72,24 @@ class DeviceContext {
   // results on the host. Call inside a scope.
   std::vector<at::Tensor> Download(
       const std::vector<at::Tensor>& tensors) const;
+
+  // The kernels one call of a function launched on the model's stream,
+  // recorded once (a CUDA graph) and launched again as one unit: each
+  // Replay() reads the tensors the recording read, with whatever they hold
+  // then, and overwrites the tensors it made. Call Replay() inside a scope.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual void Replay() = 0;
+  };
+  // Records what `body` launches, without running it. The graphs of one
+  // context share one memory pool: replay them one at a time (never two at
+  // once), and keep what one graph made that is read later alive (the pool
+  // does not hand out the memory of a live tensor). FAILED_PRECONDITION
+  // when `body` did what a graph cannot hold (a wait for the device, a copy
+  // to the host); UNIMPLEMENTED on CPU. Call inside a scope.
+  absl::StatusOr<std::unique_ptr<Graph>> Capture(
+      const std::function<void()>& body) const;
 
  private:
   struct Impl;

@@ -37,4 +37,9 @@ std::vector<at::Tensor> DeviceContext::Download(
   return tensors;  // already on the host
 }
 
+absl::StatusOr<std::unique_ptr<DeviceContext::Graph>> DeviceContext::Capture(
+    const std::function<void()>&) const {
+  return absl::UnimplementedError("graphs need a CUDA build and device");
+}
+
 }  // namespace moh

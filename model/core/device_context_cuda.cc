@@ -1,6 +1,7 @@
 // DeviceContext and GPU figures for a CUDA LibTorch (compiled only when the
 // LibTorch found has CUDA; see model/CMakeLists.txt).
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -8,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/version.h>
 
+#include <exception>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +48,8 @@ int64_t DeviceMemoryCapacity(const at::Device& device) {
 
 struct DeviceContext::Impl {
   std::optional<c10::cuda::CUDAStream> stream;
+  // The memory pool of this context's graphs, made at the first capture.
+  std::optional<c10::MempoolId_t> graph_pool;
 };
 
 namespace {
@@ -59,6 +63,12 @@ class CudaScope final : public DeviceContext::Scope {
 };
 
 class NoScope final : public DeviceContext::Scope {};
+
+class CudaGraph final : public DeviceContext::Graph {
+ public:
+  void Replay() override { graph.replay(); }
+  at::cuda::CUDAGraph graph;
+};
 
 }  // namespace
 
@@ -100,6 +110,38 @@ std::vector<at::Tensor> DeviceContext::Download(
   }
   if (wait) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
   return host;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceContext::Graph>> DeviceContext::Capture(
+    const std::function<void()>& body) const {
+  if (!impl_->stream) {
+    return absl::UnimplementedError("graphs need a CUDA device");
+  }
+  if (!impl_->graph_pool) impl_->graph_pool = at::cuda::graph_pool_handle();
+  auto graph = std::make_unique<CudaGraph>();
+  try {
+    // Thread-local: other threads' CUDA calls (another model, a download)
+    // go on while this one records.
+    graph->graph.capture_begin(*impl_->graph_pool,
+                               cudaStreamCaptureModeThreadLocal);
+    try {
+      body();
+    } catch (...) {
+      try {  // leaves the stream out of capture mode; the graph is void
+        graph->graph.capture_end();
+      } catch (const std::exception&) {
+      }
+      throw;
+    }
+    graph->graph.capture_end();
+  } catch (const std::exception& e) {
+    // A failed capture can leave a sticky "operation not permitted when
+    // capturing" error behind; clear it so the next launch does not fail.
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA graph capture failed: ", e.what()));
+  }
+  return std::unique_ptr<DeviceContext::Graph>(std::move(graph));
 }
 
 }  // namespace moh

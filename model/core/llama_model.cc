@@ -12,6 +12,7 @@
 #include "model/core/dense_attention.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
+#include "model/core/llama_model_step.h"
 
 namespace moh {
 namespace {
@@ -120,121 +121,116 @@ at::Tensor Padded(const at::Tensor& ragged, const at::Tensor& flat,
   return padded.view(shape);
 }
 
-// The step's indices. Every per-step index is computed on the host and
-// uploaded in one pinned, non-blocking copy: nothing here waits for the
-// device. Layout of `host`:
-// positions [B*T] | row_len [B] | block table [B*n] | per token: row,
-// position, padded index, cache block, cache offset [5*N] | routed K per
-// layer and token [L*N] | the tokens whose logits are returned [B*tail] |
-// with narrow rows: those rows [Bn], their tokens [Nn], the others' [Nw].
-struct StepIndices {
-  std::vector<int64_t> host;
-  int64_t table_width = 1;
-  int64_t kv_len = 0;  // the longest row's positions after the step
-  std::vector<int64_t> max_top_k, min_top_k;  // per layer, over the rows
-  std::vector<uint8_t> is_narrow;             // [B]; empty: no narrow row
-  int64_t narrow_rows = 0, narrow_tokens = 0;
+}  // namespace
 
-  StepIndices(const DecoderBatch& batch, const MohConfig& moh,
-              int64_t block_size, int64_t fold, int64_t num_layers, int64_t n,
-              int64_t tail) {
-    const int64_t rows = batch.token_ids.size(0);
-    const int64_t width = batch.token_ids.size(1);
-    const bool paged = !batch.block_tables.empty();
-    for (int64_t b = 0; b < rows; ++b) {
-      kv_len = std::max<int64_t>(
-          kv_len, batch.start_positions[b] + batch.num_tokens[b]);
-      if (!batch.narrow.empty() && batch.narrow[b]) {
-        is_narrow.resize(rows, 0);
-        is_narrow[b] = 1;
-        ++narrow_rows;
-        narrow_tokens += batch.num_tokens[b];
-      }
-    }
-    for (const std::vector<int32_t>& table : batch.block_tables) {
-      table_width = std::max<int64_t>(table_width, table.size());
-    }
-    // A narrow row's table is shorter than its positions over block_size:
-    // the gathering attention paths read every row through the wide view
-    // first (kv_cache.h GatherRows), so every row gets enough entries.
-    if (paged && narrow_rows > 0) {
-      table_width =
-          std::max(table_width, (kv_len + block_size - 1) / block_size);
-    }
-    const int64_t narrow_size =
-        narrow_rows > 0 ? narrow_rows + n : 0;  // [Bn] + [Nn] + [Nw]
-    host.resize(rows * width + rows + rows * table_width + 5 * n +
-                num_layers * n + rows * tail + narrow_size);
-    int64_t* positions_host = host.data();
-    int64_t* row_len_host = positions_host + rows * width;
-    int64_t* table_host = row_len_host + rows;
-    int64_t* token_row_host = table_host + rows * table_width;
-    int64_t* token_pos_host = token_row_host + n;
-    int64_t* token_flat_host = token_pos_host + n;
-    int64_t* token_block_host = token_flat_host + n;
-    int64_t* token_offset_host = token_block_host + n;
-    int64_t* top_k_host = token_offset_host + n;
-    int64_t* out_host = top_k_host + num_layers * n;
-    int64_t* narrow_row_host = out_host + rows * tail;
-    int64_t* narrow_token_host = narrow_row_host + narrow_rows;
-    int64_t* wide_token_host = narrow_token_host + narrow_tokens;
-    int64_t token = 0;
-    for (int64_t b = 0; b < rows; ++b) {
-      const int64_t start = batch.start_positions[b];
-      const int64_t count = batch.num_tokens[b];
-      int64_t* table = table_host + b * table_width;
-      if (paged) {
-        const std::vector<int32_t>& blocks = batch.block_tables[b];
-        // Unused entries repeat block 0 of the row: never read.
-        std::fill(table, table + table_width, blocks[0]);
-        std::copy(blocks.begin(), blocks.end(), table);
-      } else {
-        table[0] = batch.slots[b];
-      }
-      for (int64_t t = 0; t < width; ++t) {
-        // Padding positions repeat the last valid one: in range, never read.
-        positions_host[b * width + t] = start + std::min(t, count - 1);
-      }
-      const bool narrow = !is_narrow.empty() && is_narrow[b] != 0;
-      if (narrow) *narrow_row_host++ = b;
-      // A narrow row's block holds fold times as many of its positions.
-      const int64_t span = narrow ? block_size * fold : block_size;
-      const int64_t first = token;
-      for (int64_t t = 0; t < count; ++t, ++token) {
-        token_row_host[token] = b;
-        token_pos_host[token] = start + t;
-        token_flat_host[token] = b * width + t;
-        token_block_host[token] = table[(start + t) / span];
-        token_offset_host[token] = (start + t) % span;
-        if (narrow_rows > 0) {
-          *(narrow ? narrow_token_host : wide_token_host)++ = token;
-        }
-      }
-      for (int64_t i = 0; i < tail; ++i) {
-        // The last `tail` tokens; a shorter row repeats its first in front.
-        out_host[b * tail + i] = first + std::max<int64_t>(count - tail + i, 0);
-      }
-      row_len_host[b] = start + count;
-    }
-    const std::vector<LayerTopK> from_ratios =
-        batch.top_k.empty() ? TopKForRatios(moh, batch.ratios)
-                            : std::vector<LayerTopK>();
-    const std::vector<LayerTopK>& row_top_k =
-        batch.top_k.empty() ? from_ratios : batch.top_k;
-    std::vector<int64_t> layer_top_k(rows);
-    for (int64_t l = 0; l < num_layers; ++l) {
-      const TopKBounds bounds =
-          PackLayerTopK(row_top_k, l, 1, layer_top_k.data());
-      max_top_k.push_back(bounds.max);
-      min_top_k.push_back(bounds.min);
-      for (int64_t i = 0; i < n; ++i) {
-        top_k_host[l * n + i] = layer_top_k[token_row_host[i]];
-      }
+int64_t GraphKvLen(int64_t kv_len) {
+  int64_t step = 64;
+  while (step * 16 < kv_len) step *= 2;
+  return (kv_len + step - 1) / step * step;
+}
+
+LlamaModel::StepIndices::StepIndices(const DecoderBatch& batch,
+                                     const MohConfig& moh, int64_t block_size,
+                                     int64_t fold, int64_t num_layers,
+                                     int64_t n, int64_t tail, bool graph)
+    : tokens(n) {
+  const int64_t rows = batch.token_ids.size(0);
+  const int64_t width = batch.token_ids.size(1);
+  const bool paged = !batch.block_tables.empty();
+  for (int64_t b = 0; b < rows; ++b) {
+    kv_len = std::max<int64_t>(kv_len,
+                               batch.start_positions[b] + batch.num_tokens[b]);
+    if (!batch.narrow.empty() && batch.narrow[b]) {
+      is_narrow.resize(rows, 0);
+      is_narrow[b] = 1;
+      ++narrow_rows;
+      narrow_tokens += batch.num_tokens[b];
     }
   }
-};
-
-}  // namespace
+  for (const std::vector<int32_t>& table : batch.block_tables) {
+    table_width = std::max<int64_t>(table_width, table.size());
+  }
+  // A narrow row's table is shorter than its positions over block_size:
+  // the gathering attention paths read every row through the wide view
+  // first (kv_cache.h GatherRows), so every row gets enough entries.
+  if (graph) {
+    kv_len =
+        paged ? GraphKvLen(kv_len) : std::min(GraphKvLen(kv_len), block_size);
+  }
+  if (paged && (narrow_rows > 0 || graph)) {
+    table_width = std::max(table_width, (kv_len + block_size - 1) / block_size);
+  }
+  const int64_t narrow_size =
+      narrow_rows > 0 ? narrow_rows + n : 0;  // [Bn] + [Nn] + [Nw]
+  host.resize(rows * width + rows + rows * table_width + 5 * n +
+              num_layers * n + rows * tail + narrow_size);
+  int64_t* positions_host = host.data();
+  int64_t* row_len_host = positions_host + rows * width;
+  int64_t* table_host = row_len_host + rows;
+  int64_t* token_row_host = table_host + rows * table_width;
+  int64_t* token_pos_host = token_row_host + n;
+  int64_t* token_flat_host = token_pos_host + n;
+  int64_t* token_block_host = token_flat_host + n;
+  int64_t* token_offset_host = token_block_host + n;
+  int64_t* top_k_host = token_offset_host + n;
+  int64_t* out_host = top_k_host + num_layers * n;
+  int64_t* narrow_row_host = out_host + rows * tail;
+  int64_t* narrow_token_host = narrow_row_host + narrow_rows;
+  int64_t* wide_token_host = narrow_token_host + narrow_tokens;
+  int64_t token = 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    const int64_t start = batch.start_positions[b];
+    const int64_t count = batch.num_tokens[b];
+    int64_t* table = table_host + b * table_width;
+    if (paged) {
+      const std::vector<int32_t>& blocks = batch.block_tables[b];
+      // Unused entries repeat block 0 of the row: never read.
+      std::fill(table, table + table_width, blocks[0]);
+      std::copy(blocks.begin(), blocks.end(), table);
+    } else {
+      table[0] = batch.slots[b];
+    }
+    for (int64_t t = 0; t < width; ++t) {
+      // Padding positions repeat the last valid one: in range, never read.
+      positions_host[b * width + t] = start + std::min(t, count - 1);
+    }
+    const bool narrow = !is_narrow.empty() && is_narrow[b] != 0;
+    if (narrow) *narrow_row_host++ = b;
+    // A narrow row's block holds fold times as many of its positions.
+    const int64_t span = narrow ? block_size * fold : block_size;
+    const int64_t first = token;
+    for (int64_t t = 0; t < count; ++t, ++token) {
+      token_row_host[token] = b;
+      token_pos_host[token] = start + t;
+      token_flat_host[token] = b * width + t;
+      token_block_host[token] = table[(start + t) / span];
+      token_offset_host[token] = (start + t) % span;
+      if (narrow_rows > 0) {
+        *(narrow ? narrow_token_host : wide_token_host)++ = token;
+      }
+    }
+    for (int64_t i = 0; i < tail; ++i) {
+      // The last `tail` tokens; a shorter row repeats its first in front.
+      out_host[b * tail + i] = first + std::max<int64_t>(count - tail + i, 0);
+    }
+    row_len_host[b] = start + count;
+  }
+  const std::vector<LayerTopK> from_ratios =
+      batch.top_k.empty() ? TopKForRatios(moh, batch.ratios)
+                          : std::vector<LayerTopK>();
+  const std::vector<LayerTopK>& row_top_k =
+      batch.top_k.empty() ? from_ratios : batch.top_k;
+  std::vector<int64_t> layer_top_k(rows);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const TopKBounds bounds =
+        PackLayerTopK(row_top_k, l, 1, layer_top_k.data());
+    max_top_k.push_back(bounds.max);
+    min_top_k.push_back(bounds.min);
+    for (int64_t i = 0; i < n; ++i) {
+      top_k_host[l * n + i] = layer_top_k[token_row_host[i]];
+    }
+  }
+}
 
 absl::StatusOr<DecoderOutput> LlamaModel::Forward(const DecoderBatch& batch,
                                                   KvCache& cache) const {
@@ -264,7 +260,6 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   // The model's device and stream (CUDA) for everything below.
   const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
   const int64_t rows = batch.token_ids.size(0);
-  const int64_t width = batch.token_ids.size(1);
   const int64_t num_layers = static_cast<int64_t>(layers_.size());
   // The step runs ragged: the valid tokens of every row one after another
   // ([N, C]), never padding (a decode row beside a prompt chunk costs one
@@ -273,19 +268,46 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   int64_t n = 0;
   for (int64_t b = 0; b < rows; ++b) n += batch.num_tokens[b];
   const int64_t tail = batch.all_logits ? 0 : std::max(batch.logits_tail, 1);
+  const bool graph = GraphEligible(batch);
+  const StepIndices indices(batch, config_.moh, cache.block_size(),
+                            narrow_fold(), num_layers, n, tail, graph);
+  std::optional<std::vector<at::Tensor>> results;
+  if (graph) results = RunGraph(batch, indices, cache);
+  if (!results) {
+    // On CPU the step's index tensors alias `indices.host`, which outlives
+    // them.
+    const std::vector<int64_t>& host = indices.host;
+    results = RunLayers(batch, indices,
+                        context_->Upload(at::from_blob(
+                            const_cast<int64_t*>(host.data()),
+                            {static_cast<int64_t>(host.size())}, at::kLong)),
+                        context_->Upload(batch.token_ids), cache);
+    // One copy to the host and one wait for the whole step's results.
+    results = context_->Download(*results);
+  }
+  DecoderOutput out;
+  out.logits = (*results)[0];
+  out.head_token_counts = (*results)[1];
+  out.gates.assign(results->begin() + 2, results->end());
+  return out;
+}
 
-  StepIndices indices(batch, config_.moh, cache.block_size(), narrow_fold(),
-                      num_layers, n, tail);
-  std::vector<int64_t>& host = indices.host;
+std::vector<at::Tensor> LlamaModel::RunLayers(const DecoderBatch& batch,
+                                              const StepIndices& indices,
+                                              const at::Tensor& ints,
+                                              const at::Tensor& token_ids,
+                                              KvCache& cache) const {
+  const int64_t rows = batch.token_ids.size(0);
+  const int64_t width = batch.token_ids.size(1);
+  const int64_t num_layers = static_cast<int64_t>(layers_.size());
+  const int64_t tail = batch.all_logits ? 0 : std::max(batch.logits_tail, 1);
+  const int64_t n = indices.tokens;
   const int64_t table_width = indices.table_width;
-  // On CPU the step's index tensors alias `host`, which outlives them.
-  const at::Tensor device_ints = context_->Upload(at::from_blob(
-      host.data(), {static_cast<int64_t>(host.size())}, at::kLong));
   int64_t offset = 0;
   auto next = [&](std::vector<int64_t> shape) {
     int64_t size = 1;
     for (int64_t dim : shape) size *= dim;
-    at::Tensor part = device_ints.narrow(0, offset, size).view(shape);
+    at::Tensor part = ints.narrow(0, offset, size).view(shape);
     offset += size;
     return part;
   };
@@ -299,20 +321,19 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   step.token_block = next({n});
   step.token_offset = next({n});
   step.top_k = next({num_layers, n});
-  step.max_top_k = std::move(indices.max_top_k);
-  step.min_top_k = std::move(indices.min_top_k);
+  step.max_top_k = indices.max_top_k;
+  step.min_top_k = indices.min_top_k;
   step.kv_len = indices.kv_len;
   const at::Tensor out_tokens = next({rows * tail});
   if (indices.narrow_rows > 0) {
     step.narrow.kv_heads = narrow_kv_heads_;
     step.narrow.rows = next({indices.narrow_rows});
-    step.narrow.is_narrow = std::move(indices.is_narrow);
+    step.narrow.is_narrow = indices.is_narrow;
     step.narrow_tokens = next({indices.narrow_tokens});
     step.wide_tokens = next({n - indices.narrow_tokens});
   }
-  const at::Tensor ids = context_->Upload(batch.token_ids)
-                             .reshape({-1})
-                             .index_select(0, step.token_flat);
+  const at::Tensor ids =
+      token_ids.reshape({-1}).index_select(0, step.token_flat);
 
   std::vector<at::Tensor> counts, gates_per_layer;
   // [N, C]; a bf16 or int8 embedding (tied to such linear weights) widened.
@@ -342,16 +363,10 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     logits = batch.logits_tail > 0 ? logits.view({rows, tail, -1})
                                    : logits.view({rows, -1});
   }
-  // One copy to the host and one wait for the whole step's results.
   std::vector<at::Tensor> results = {logits,
                                      at::stack(counts, 1)};  // [B, L, H]
   results.insert(results.end(), gates_per_layer.begin(), gates_per_layer.end());
-  results = context_->Download(results);
-  DecoderOutput out;
-  out.logits = results[0];
-  out.head_token_counts = results[1];
-  out.gates.assign(results.begin() + 2, results.end());
-  return out;
+  return results;
 }
 
 at::Tensor LlamaModel::Mlp(const at::Tensor& x, const Layer& layer) const {

@@ -6,6 +6,12 @@
 // longest; padding never influences a row's result (masked keys, no cache
 // writes). This lets one call serve a prefill, a decode step, or both mixed.
 //
+// On CUDA, decode steps (one new token per row) run as CUDA graphs: a
+// step's kernels are recorded once per shape (rows, routed K per layer, the
+// keys read rounded up: GraphKvLen) and launched again as one unit, which
+// removes the host's per-kernel cost that otherwise bounds batch-1 decode
+// (set_cuda_graphs).
+//
 // Thread-compatibility: a loaded model is immutable; Forward() may run
 // concurrently on different KvCache objects (or disjoint slots is NOT enough:
 // one KvCache has one user at a time).
@@ -15,6 +21,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +87,14 @@ struct DecoderOutput {
 // The narrow width of a model of `config` (LlamaModel::narrow_kv_heads).
 int64_t NarrowKvHeads(const LlamaConfig& config);
 
+// Keys a graph-recorded decode step reads when its longest row has `kv_len`:
+// rounded up to 1/16 of its octave (at least 64), so that one graph serves
+// that many consecutive steps; keys beyond a row's length are masked.
+int64_t GraphKvLen(int64_t kv_len);
+
+// Graphs a model keeps by default (LlamaModel::set_cuda_graphs).
+inline constexpr int64_t kDefaultCudaGraphs = 64;
+
 class LlamaModel {
  public:
   // Loads `dir` (config.json + checkpoint). Every tensor of the checkpoint must
@@ -100,6 +115,7 @@ class LlamaModel {
       const LlamaConfig& config, TensorStore& store,
       const at::TensorOptions& options,
       WeightFormat weights = WeightFormat::kAsLoaded);
+  ~LlamaModel();
 
   // A KV cache of `num_blocks` blocks of `block_size` positions (at most
   // config().max_position_embeddings), in kv_cache_dtype(): `num_slots`
@@ -151,6 +167,15 @@ class LlamaModel {
   void set_attention_workspace_bytes(int64_t bytes) {
     attention_workspace_bytes_ = bytes;
   }
+  // Up to `max_graphs` decode-step shapes are recorded as CUDA graphs (the
+  // first step of a shape runs eagerly, the second records it); beyond
+  // that, steps of new shapes run eagerly. 0: every step eagerly. The graphs
+  // share one memory pool. Without effect on CPU. Same contract as
+  // set_attention_mode.
+  void set_cuda_graphs(int64_t max_graphs) { max_cuda_graphs_ = max_graphs; }
+  int64_t cuda_graphs() const { return max_cuda_graphs_; }
+  // Decode steps that ran as a recorded graph (replays), for tests and logs.
+  int64_t graph_replays() const;
   // The element type of the caches CreateKvCache makes (and CheckMemoryFits
   // counts): the model's own by default. Keys and values are rounded to it
   // when stored and widened back to the model's type when read, so a 16-bit
@@ -179,11 +204,7 @@ class LlamaModel {
     MohRouter router;
   };
 
-  LlamaModel(LlamaConfig config, at::TensorOptions options)
-      : config_(std::move(config)),
-        options_(options),
-        context_(std::make_unique<DeviceContext>(options.device())),
-        narrow_kv_heads_(NarrowKvHeads(config_)) {}
+  LlamaModel(LlamaConfig config, at::TensorOptions options);
   // Tensor options of the caches CreateKvCache makes.
   at::TensorOptions kv_cache_options() const {
     return options_.dtype(kv_cache_dtype_);
@@ -193,6 +214,29 @@ class LlamaModel {
   absl::Status Validate(const DecoderBatch& batch, const KvCache& cache) const;
   absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
                                                  KvCache& cache) const;
+  // The step's host-side indices (llama_model.cc).
+  struct StepIndices;
+  // The recorded decode steps (llama_model_graphs.cc).
+  struct StepGraphs;
+  // Whether `batch` may run as a graph: CUDA, decode rows only, dense
+  // attention, no narrow row, no recorded gates, last logits only.
+  bool GraphEligible(const DecoderBatch& batch) const;
+  // Every layer of the step, from its indices uploaded as `ints` and its
+  // token ids `token_ids` ([B, T], on the device): the step's results on the
+  // device (logits, head counts [B, L, H], recorded gates). Launches
+  // kernels only: no wait for the device, no copy from the host.
+  std::vector<at::Tensor> RunLayers(const DecoderBatch& batch,
+                                    const StepIndices& indices,
+                                    const at::Tensor& ints,
+                                    const at::Tensor& token_ids,
+                                    KvCache& cache) const;
+  // The step's results through a recorded graph: replayed when its shape
+  // was recorded, recorded now (and replayed) at the shape's second step;
+  // nullopt when it runs eagerly (first sight, the limit reached, or a
+  // failed recording).
+  std::optional<std::vector<at::Tensor>> RunGraph(const DecoderBatch& batch,
+                                                  const StepIndices& indices,
+                                                  KvCache& cache) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   // What every layer of one Forward shares. The step's N tokens are ragged:
   // row after row, valid tokens only.
@@ -245,6 +289,8 @@ class LlamaModel {
   at::ScalarType kv_cache_dtype_ = at::typeMetaToScalarType(options_.dtype());
   WeightFormat linear_weights_ = WeightFormat::kAsLoaded;
   int64_t narrow_kv_heads_ = 0;
+  int64_t max_cuda_graphs_ = kDefaultCudaGraphs;
+  std::unique_ptr<StepGraphs> graphs_;
 };
 
 }  // namespace moh

@@ -17,6 +17,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "model/core/llama_model.h"
 #include "model/core/vit_model.h"
@@ -92,6 +93,72 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelTest,
                            return std::get<0>(info.param) + "_" +
                                   std::get<1>(info.param);
                          });
+
+// Decode steps recorded as CUDA graphs and replayed (LlamaModel::
+// set_cuda_graphs) against the same steps run eagerly on CUDA and on the
+// CPU: a paged cache with a block two rows read, rows at different lengths
+// and ratios, 70 steps whose keys cross GraphKvLen's buckets (64 -> 128)
+// and whose block tables grow. A replay that read stale inputs or returned
+// stale outputs would differ from the CPU at the next step.
+TEST(GpuGraphTest, RecordedDecodeStepsMatchEagerAndCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = kFixtures + "/llama_qnorm";
+  auto graphs = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
+  auto eager = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
+  auto cpu = LlamaModel::Load(dir, DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  (*eager)->set_cuda_graphs(0);
+  ASSERT_GT((*graphs)->cuda_graphs(), 0);
+  constexpr int kBlock = 8, kBlocks = 40;
+  const std::vector<const LlamaModel*> models = {graphs->get(), eager->get(),
+                                                 cpu->get()};
+  std::vector<KvCache> caches;
+  for (const LlamaModel* model : models) {
+    caches.push_back(model->CreateKvCache(kBlocks, kBlock));
+  }
+  at::manual_seed(11);
+  // Row 0: a 12-token prompt (blocks 0 and 1); row 1: 5 tokens; row 2
+  // continues row 0's first block (positions 0-7, read only) with 3 tokens.
+  DecoderBatch batch;
+  batch.token_ids = at::randint(300, {3, 12}, at::kLong);
+  batch.num_tokens = {12, 5, 3};
+  batch.start_positions = {0, 0, 8};
+  batch.block_tables = {{0, 1}, {2}, {0, 3}};
+  batch.ratios = {0.5f, 1.0f, 0.75f};
+  int32_t next_block = 4;
+  for (int step = 0; step < 70; ++step) {
+    std::vector<DecoderOutput> out;
+    for (size_t m = 0; m < models.size(); ++m) {
+      auto result = models[m]->Forward(batch, caches[m]);
+      ASSERT_TRUE(result.ok()) << result.status();
+      out.push_back(*std::move(result));
+    }
+    const std::string what = "step " + std::to_string(step);
+    ExpectClose(out[0].logits, out[1].logits, 1e-4, what + " graph/eager");
+    ExpectClose(out[0].logits, out[2].logits, kFp32Tolerance,
+                what + " graph/cpu");
+    EXPECT_TRUE(at::equal(out[0].head_token_counts, out[2].head_token_counts))
+        << what;
+    // Next: one new token per row, a new block where a row's last is full.
+    for (int r = 0; r < 3; ++r) {
+      batch.start_positions[r] += batch.num_tokens[r];
+      if (batch.start_positions[r] / kBlock >=
+          static_cast<int>(batch.block_tables[r].size())) {
+        ASSERT_LT(next_block, kBlocks);
+        batch.block_tables[r].push_back(next_block++);
+      }
+    }
+    batch.token_ids = at::randint(300, {3, 1}, at::kLong);
+    batch.num_tokens = {1, 1, 1};
+  }
+  // Keys from 13 to 82: buckets of 64 and 128 keys, each recorded at its
+  // second step and replayed after (less the block tables' growth, which
+  // changes the key too).
+  EXPECT_GE((*graphs)->graph_replays(), 50);
+  EXPECT_EQ((*eager)->graph_replays(), 0);
+}
 
 TEST(GpuVitTest, Fp32OnCudaMatchesFp32OnCpu) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";

@@ -1,0 +1,134 @@
+// Decode steps of LlamaModel as CUDA graphs (DeviceContext::Capture).
+//
+// A decode step on CUDA is a few hundred small launches per token, and the
+// host's cost per launch (dispatch, allocation, the launch itself) is what
+// bounds batch-1 decode, far above the time the device needs to read the
+// weights. A recorded step is launched as one unit. What a recording holds
+// fixed is its key: the rows, the block table's width, the keys attention
+// reads (GraphKvLen), the routed K bounds of every layer (they size the
+// router's top-k) and the cache's tensors. What changes from step to step
+// (token ids, positions, block tables, row lengths, per-token K) is copied
+// into the recording's input tensors before each replay.
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "base/log.h"
+#include "model/core/llama_model.h"
+#include "model/core/llama_model_step.h"
+
+namespace moh {
+
+struct LlamaModel::StepGraphs {
+  struct Entry {
+    int64_t seen = 0;                 // steps of this key so far
+    bool failed = false;              // the recording failed: always eagerly
+    at::Tensor ints, token_ids;       // the inputs the graph reads
+    std::vector<at::Tensor> outputs;  // what it writes
+    std::unique_ptr<DeviceContext::Graph> graph;
+  };
+  // One graph step at a time: a recording records everything the model's
+  // stream runs, and the graphs share their scratch memory.
+  std::mutex mutex;
+  std::map<std::vector<int64_t>, Entry> entries;
+  int64_t recorded = 0;
+  int64_t replays = 0;
+};
+
+LlamaModel::LlamaModel(LlamaConfig config, at::TensorOptions options)
+    : config_(std::move(config)),
+      options_(options),
+      context_(std::make_unique<DeviceContext>(options.device())),
+      narrow_kv_heads_(NarrowKvHeads(config_)),
+      graphs_(std::make_unique<StepGraphs>()) {}
+
+LlamaModel::~LlamaModel() = default;
+
+int64_t LlamaModel::graph_replays() const {
+  std::lock_guard<std::mutex> lock(graphs_->mutex);
+  return graphs_->replays;
+}
+
+bool LlamaModel::GraphEligible(const DecoderBatch& batch) const {
+  if (max_cuda_graphs_ <= 0 || !options_.device().is_cuda()) return false;
+  // The ATen pair path waits for the device (nonzero, item).
+  if (attention_mode_ == AttentionMode::kHeadSparse ||
+      attention_mode_ == AttentionMode::kHeadSparseAten) {
+    return false;
+  }
+  if (batch.all_logits || batch.record_gates || batch.logits_tail > 1 ||
+      batch.token_ids.size(1) != 1) {
+    return false;
+  }
+  if (std::any_of(batch.narrow.begin(), batch.narrow.end(),
+                  [](bool narrow) { return narrow; })) {
+    return false;
+  }
+  return std::all_of(batch.num_tokens.begin(), batch.num_tokens.end(),
+                     [](int32_t count) { return count == 1; });
+}
+
+std::optional<std::vector<at::Tensor>> LlamaModel::RunGraph(
+    const DecoderBatch& batch, const StepIndices& indices,
+    KvCache& cache) const {
+  const int64_t num_layers = static_cast<int64_t>(layers_.size());
+  std::vector<int64_t> key = {batch.token_ids.size(0),
+                              indices.table_width,
+                              indices.kv_len,
+                              batch.logits_tail,
+                              static_cast<int64_t>(indices.host.size()),
+                              cache.num_blocks(),
+                              cache.block_size()};
+  key.insert(key.end(), indices.max_top_k.begin(), indices.max_top_k.end());
+  key.insert(key.end(), indices.min_top_k.begin(), indices.min_top_k.end());
+  for (int64_t l = 0; l < num_layers; ++l) {  // the cache the graph writes
+    key.push_back(reinterpret_cast<intptr_t>(cache.keys(l).data_ptr()));
+    key.push_back(reinterpret_cast<intptr_t>(cache.values(l).data_ptr()));
+  }
+
+  std::lock_guard<std::mutex> lock(graphs_->mutex);
+  StepGraphs::Entry& entry = graphs_->entries[key];
+  ++entry.seen;
+  if (entry.failed) return std::nullopt;
+  if (!entry.graph) {
+    // A shape seen once may not come back: its first step runs eagerly.
+    if (entry.seen < 2 || graphs_->recorded >= max_cuda_graphs_) {
+      return std::nullopt;
+    }
+    entry.ints = at::empty({static_cast<int64_t>(indices.host.size())},
+                           options_.dtype(at::kLong));
+    entry.token_ids = at::empty(batch.token_ids.sizes(),
+                                options_.dtype(batch.token_ids.scalar_type()));
+    absl::StatusOr<std::unique_ptr<DeviceContext::Graph>> graph =
+        context_->Capture([&] {
+          entry.outputs =
+              RunLayers(batch, indices, entry.ints, entry.token_ids, cache);
+        });
+    if (!graph.ok()) {
+      MOH_LOG(Warning) << "decode steps of " << batch.token_ids.size(0)
+                       << " rows run without a CUDA graph: "
+                       << graph.status().message();
+      entry = StepGraphs::Entry();
+      entry.failed = true;
+      return std::nullopt;
+    }
+    entry.graph = std::move(*graph);
+    ++graphs_->recorded;
+  }
+  // This step's inputs into the recording's, then the recorded kernels, on
+  // the model's stream in that order.
+  const std::vector<int64_t>& host = indices.host;
+  entry.ints.copy_(context_->Upload(
+      at::from_blob(const_cast<int64_t*>(host.data()),
+                    {static_cast<int64_t>(host.size())}, at::kLong)));
+  entry.token_ids.copy_(context_->Upload(batch.token_ids));
+  entry.graph->Replay();
+  ++graphs_->replays;
+  // Read before the next replay of any graph reuses the pool.
+  return context_->Download(entry.outputs);
+}
+
+}  // namespace moh
