@@ -125,6 +125,8 @@ inline constexpr ConfigLimits<int32_t> kAttentionWorkspaceMb{256, 1, 1 << 16};
 // generation.idle_gather_us: an idle model's wait for more arrivals, in
 // microseconds (0: none).
 inline constexpr ConfigLimits<int32_t> kIdleGatherUs{300, 0, 100000};
+// generation.cuda_graphs: decode-step shapes recorded as CUDA graphs (0: none).
+inline constexpr ConfigLimits<int32_t> kCudaGraphs{64, 0, 4096};
 // generation.kv_block_size: token positions per KV-cache block.
 inline constexpr ConfigLimits<int32_t> kKvBlockSize{16, 1, 4096};
 // generation.kv_blocks: KV-cache blocks; 0 (the default) = max_running x

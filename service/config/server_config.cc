@@ -114,6 +114,14 @@ absl::Status ResolveModel(const std::string& path, v1::ModelConfig* m) {
         config_limits::kIdleGatherUs.min, ", ",
         config_limits::kIdleGatherUs.max, "], got ", g->idle_gather_us()));
   }
+  if (!g->has_cuda_graphs()) {
+    g->set_cuda_graphs(config_limits::kCudaGraphs.default_value);
+  } else if (!config_limits::kCudaGraphs.Contains(g->cuda_graphs())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ".generation.cuda_graphs must be in [",
+        config_limits::kCudaGraphs.min, ", ", config_limits::kCudaGraphs.max,
+        "], got ", g->cuda_graphs()));
+  }
   if (g->kv_cache_dtype().empty()) {
     g->set_kv_cache_dtype(config_limits::kDefaultDtype);
   }

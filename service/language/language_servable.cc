@@ -65,6 +65,8 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
   options.idle_gather = absl::Microseconds(g.idle_gather_us());
   model.model->set_attention_workspace_bytes(int64_t{g.attention_workspace_mb()}
                                              << 20);
+  static_assert(config_limits::kCudaGraphs.default_value == kDefaultCudaGraphs);
+  model.model->set_cuda_graphs(g.cuda_graphs());
   MOH_RETURN_IF_ERROR(model.model->set_kv_cache_dtype(
       g.kv_cache_dtype(), "generation.kv_cache_dtype"));
   // Label scoring (Classify of a text) uses one sequence's cache beside the

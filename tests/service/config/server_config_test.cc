@@ -61,6 +61,7 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(lm.generation().kv_blocks(), 0);  // automatic
   EXPECT_TRUE(lm.generation().prefix_caching());
   EXPECT_EQ(lm.generation().idle_gather_us(), 300);
+  EXPECT_EQ(lm.generation().cuda_graphs(), 64);
   EXPECT_EQ(config->models(1).generation().max_running(), 4);
   std::remove(path.c_str());
 }
@@ -168,6 +169,10 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "got -1"},
       {"models { model_dir: \"m\" generation { idle_gather_us: -1 } }",
        "models[0].generation.idle_gather_us must be in [0, 100000], got -1"},
+      {"models { model_dir: \"m\" generation { cuda_graphs: -1 } }",
+       "models[0].generation.cuda_graphs must be in [0, 4096], got -1"},
+      {"models { model_dir: \"m\" generation { cuda_graphs: 5000 } }",
+       "models[0].generation.cuda_graphs must be in [0, 4096], got 5000"},
       {"models { model_dir: \"m\" adaptive { queue_depth: -1 } }",
        "models[0].adaptive.queue_depth must be >= 0 (0 = off), got -1"},
   };
@@ -196,6 +201,14 @@ TEST(ServerConfigTest, BatcherDefaultsAreTheConfigDefaults) {
   EXPECT_EQ(options.max_queue_delay,
             absl::Milliseconds(batching.max_queue_delay_ms()));
   EXPECT_EQ(options.max_queued_requests, batching.max_queued_requests());
+}
+
+TEST(ServerConfigTest, ZeroCudaGraphsStaysOff) {
+  v1::ServerConfig config;
+  config.add_models()->mutable_generation()->set_cuda_graphs(0);
+  config.mutable_models(0)->set_model_dir("m");
+  ASSERT_TRUE(ResolveServerConfig(&config).ok());
+  EXPECT_EQ(config.models(0).generation().cuda_graphs(), 0);
 }
 
 TEST(ServerConfigTest, UnsetMaxSeqLenIsTheModelMaximumCappedAt4096) {
