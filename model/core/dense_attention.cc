@@ -30,14 +30,6 @@ at::Tensor Gather(const at::Tensor& cache, const at::Tensor& narrow_cache,
       .permute({0, 2, 1, 3});
 }
 
-// [B, t, L] bool: which keys each query of the chunk sees.
-at::Tensor Visible(const at::Tensor& positions, const at::Tensor& row_len,
-                   int64_t kv_len) {
-  const int64_t rows = positions.size(0);
-  at::Tensor j = at::arange(kv_len, positions.options()).view({1, 1, kv_len});
-  return (j <= positions.unsqueeze(2)) & (j < row_len.view({rows, 1, 1}));
-}
-
 // One chunk: q [B, KV, G, t, D] against keys/values [B, KV, L, D].
 at::Tensor ChunkAttention(const at::Tensor& q, const at::Tensor& keys,
                           const at::Tensor& values, const at::Tensor& visible,
@@ -46,13 +38,17 @@ at::Tensor ChunkAttention(const at::Tensor& q, const at::Tensor& keys,
   const int64_t width = q.size(3), d = q.size(4), kv_len = keys.size(2);
 #if TORCH_VERSION_MAJOR >= 2
   // Grouped heads share their KV head: fold the group into the query axis
-  // so that keys and values are read as they are, without repeat_kv.
+  // so that keys and values are read as they are, without repeat_kv. With
+  // one query per row (decode) its mask broadcasts over the group as it is;
+  // with more, each query's mask is repeated for the group's heads.
+  const at::Tensor mask = width == 1
+                              ? visible.view({rows, 1, 1, kv_len})
+                              : visible.unsqueeze(1)
+                                    .unsqueeze(2)
+                                    .expand({rows, 1, group, width, kv_len})
+                                    .reshape({rows, 1, group * width, kv_len});
   at::Tensor out = at::scaled_dot_product_attention(
-      q.reshape({rows, kv_heads, group * width, d}), keys, values,
-      visible.unsqueeze(1)
-          .unsqueeze(2)
-          .expand({rows, 1, group, width, kv_len})
-          .reshape({rows, 1, group * width, kv_len}),
+      q.reshape({rows, kv_heads, group * width, d}), keys, values, mask,
       /*dropout_p=*/0.0, /*is_causal=*/false, scale);
   return out.view({rows, kv_heads, group, width, d});
 #else
@@ -70,6 +66,13 @@ at::Tensor ChunkAttention(const at::Tensor& q, const at::Tensor& keys,
 }
 
 }  // namespace
+
+at::Tensor DenseVisible(const at::Tensor& positions, const at::Tensor& row_len,
+                        int64_t kv_len) {
+  const int64_t rows = positions.size(0);
+  at::Tensor j = at::arange(kv_len, positions.options()).view({1, 1, kv_len});
+  return (j <= positions.unsqueeze(2)) & (j < row_len.view({rows, 1, 1}));
+}
 
 at::Tensor DenseAttention(const DenseAttentionInputs& in) {
   const int64_t rows = in.queries.size(0), width = in.queries.size(1);
@@ -92,7 +95,9 @@ at::Tensor DenseAttention(const DenseAttentionInputs& in) {
     const int64_t t = std::min(chunk, width - t0);
     at::Tensor attn = ChunkAttention(
         q.narrow(3, t0, t), keys, values,
-        Visible(in.positions.narrow(1, t0, t), in.row_len, in.kv_len),
+        in.visible.defined() ? in.visible.narrow(1, t0, t)
+                             : DenseVisible(in.positions.narrow(1, t0, t),
+                                            in.row_len, in.kv_len),
         in.scale);  // [B, KV, G, t, D]
     out.narrow(1, t0, t).copy_(
         attn.permute({0, 3, 1, 2, 4}).reshape({rows, t, heads, d}));

@@ -30,6 +30,10 @@ struct DenseAttentionInputs {
   at::Tensor positions;    // [B, T] int64: key j visible iff j <= position
   at::Tensor row_len;      // [B] int64: and j < row_len
   int64_t kv_len = 0;      // keys the longest row reads (host value)
+  // DenseVisible(positions, row_len, kv_len) when the caller keeps it for
+  // several calls (the layers of one step); undefined: computed here, a
+  // chunk at a time.
+  at::Tensor visible;
   double scale = 1.0;
   // Upper bound in bytes for one chunk's scores and mask (> 0).
   int64_t workspace_bytes = int64_t{256} << 20;
@@ -41,6 +45,11 @@ struct DenseAttentionInputs {
 // possible step: then the bound is B * H * kv_len * 4 bytes).
 int64_t DenseAttentionQueryChunk(int64_t rows, int64_t heads, int64_t width,
                                  int64_t kv_len, int64_t workspace_bytes);
+
+// [B, T, kv_len] bool: which keys each query sees (j <= its position and
+// j < its row's length).
+at::Tensor DenseVisible(const at::Tensor& positions, const at::Tensor& row_len,
+                        int64_t kv_len);
 
 // Returns [B, T, H, D]: head h attends with KV head h / (H / KV).
 at::Tensor DenseAttention(const DenseAttentionInputs& in);

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -249,6 +250,15 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
                        config_.rms_norm_eps)
         .view(x.sizes());
   }
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  // One fused kernel on CUDA instead of eight: it scales in float32 and
+  // rounds once, where the official code rounds x * rsqrt to the model's
+  // dtype before the weight (a last-bit difference in bfloat16).
+  if (x.is_cuda() && weight.scalar_type() == x.scalar_type()) {
+    return at::rms_norm(x, {x.size(-1)}, weight, config_.rms_norm_eps);
+  }
+#endif
   at::Tensor h = x.to(at::kFloat);
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(variance + config_.rms_norm_eps);
@@ -335,21 +345,20 @@ std::vector<at::Tensor> LlamaModel::RunLayers(const DecoderBatch& batch,
   const at::Tensor ids =
       token_ids.reshape({-1}).index_select(0, step.token_flat);
 
-  std::vector<at::Tensor> counts, gates_per_layer;
+  std::vector<at::Tensor> gates, gates_per_layer;
   // [N, C]; a bf16 or int8 embedding (tied to such linear weights) widened.
   at::Tensor h = EmbeddingRows(embed_tokens_, ids,
                                at::typeMetaToScalarType(options_.dtype()));
   for (int64_t l = 0; l < num_layers; ++l) {
     const Layer& layer = layers_[l];
-    at::Tensor gates;  // [N, H]
-    h = h +
-        Attention(l, layer, RmsNorm(h, layer.input_norm), step, cache, &gates);
+    gates.emplace_back();  // [N, H]
+    h = h + Attention(l, layer, RmsNorm(h, layer.input_norm), step, cache,
+                      &gates.back());
     at::Tensor x = RmsNorm(h, layer.post_norm);
     h = h + Linear(Mlp(x, layer), layer.down_proj);
-    counts.push_back(HeadCounts(gates, step, rows));
     if (batch.record_gates) {
       gates_per_layer.push_back(
-          Padded(gates.to(at::kFloat), step.token_flat, rows, width));
+          Padded(gates.back().to(at::kFloat), step.token_flat, rows, width));
     }
   }
   at::Tensor logits;
@@ -363,8 +372,7 @@ std::vector<at::Tensor> LlamaModel::RunLayers(const DecoderBatch& batch,
     logits = batch.logits_tail > 0 ? logits.view({rows, tail, -1})
                                    : logits.view({rows, -1});
   }
-  std::vector<at::Tensor> results = {logits,
-                                     at::stack(counts, 1)};  // [B, L, H]
+  std::vector<at::Tensor> results = {logits, HeadCounts(gates, step, rows)};
   results.insert(results.end(), gates_per_layer.begin(), gates_per_layer.end());
   return results;
 }
@@ -376,25 +384,37 @@ at::Tensor LlamaModel::Mlp(const at::Tensor& x, const Layer& layer) const {
   return at::silu_(gate).mul_(Linear(x, layer.up_proj));
 }
 
-at::Tensor LlamaModel::HeadCounts(const at::Tensor& gates, const Step& step,
-                                  int64_t rows) const {
+at::Tensor LlamaModel::HeadCounts(const std::vector<at::Tensor>& gates,
+                                  const Step& step, int64_t rows) const {
   const int64_t heads = config_.num_heads;
-  if (PlainLoops(gates) && gates.is_contiguous() && step.token_row.is_cpu() &&
-      step.token_row.scalar_type() == at::kLong &&
-      step.token_row.is_contiguous()) {
-    at::Tensor counts = at::zeros({rows, heads}, at::kLong);
+  const int64_t layers = static_cast<int64_t>(gates.size());
+  const bool loops = std::all_of(gates.begin(), gates.end(),
+                                 [](const at::Tensor& g) {
+                                   return PlainLoops(g) && g.is_contiguous();
+                                 }) &&
+                     step.token_row.is_cpu() &&
+                     step.token_row.scalar_type() == at::kLong &&
+                     step.token_row.is_contiguous();
+  if (loops) {
+    at::Tensor counts = at::zeros({rows, layers, heads}, at::kLong);
     int64_t* c = counts.data_ptr<int64_t>();
-    const float* g = gates.data_ptr<float>();
     const int64_t* row = step.token_row.data_ptr<int64_t>();
-    for (int64_t t = 0; t < gates.size(0); ++t) {
-      for (int64_t h = 0; h < heads; ++h) {
-        c[row[t] * heads + h] += g[t * heads + h] != 0.0f;
+    for (int64_t l = 0; l < layers; ++l) {
+      const float* g = gates[l].data_ptr<float>();
+      for (int64_t t = 0; t < gates[l].size(0); ++t) {
+        int64_t* out = c + (row[t] * layers + l) * heads;
+        for (int64_t h = 0; h < heads; ++h) {
+          out[h] += g[t * heads + h] != 0.0f;
+        }
       }
     }
     return counts;
   }
-  return at::zeros({rows, heads}, step.token_row.options())
-      .index_add_(0, step.token_row, (gates != 0).to(at::kLong));
+  // Every layer at once: a handful of kernels per step, not per layer.
+  return at::zeros({layers, rows, heads}, step.token_row.options())
+      .index_add_(1, step.token_row, (at::stack(gates) != 0).to(at::kLong))
+      .permute({1, 0, 2})
+      .contiguous();
 }
 
 at::Tensor LlamaModel::Rotate(const at::Tensor& x,
@@ -416,15 +436,37 @@ at::Tensor LlamaModel::Rotate(const at::Tensor& x,
                       repeat, rope_cos_, rope_sin_)
         .view(x.sizes());
   }
+  // The tables are in the model's dtype (as the official code rounds them).
+  // Positions expanded over heads ([n, H], stride 0) gather one row per
+  // token, which broadcasts over the heads.
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  at::Tensor where = positions;
+  if (where.dim() == 2 && where.stride(1) == 0) {
+    where = where.select(1, 0);
+    shape.back() = 1;
+  }
   shape.push_back(config_.head_dim);
-  at::Tensor cos = rope_cos_.index_select(0, positions.flatten())
-                       .view(shape)
-                       .to(x.scalar_type());
-  at::Tensor sin = rope_sin_.index_select(0, positions.flatten())
-                       .view(shape)
-                       .to(x.scalar_type());
-  return x * cos + RotateHalf(x) * sin;
+  const at::Tensor flat = where.reshape({-1});
+  const at::Tensor cos = rope_cos_.index_select(0, flat).view(shape);
+  const at::Tensor sin = rope_sin_.index_select(0, flat).view(shape);
+  return x * cos.to(x.scalar_type()) + RotateHalf(x) * sin.to(x.scalar_type());
+}
+
+at::Tensor LlamaModel::RotateTokens(const at::Tensor& x,
+                                    const Step& step) const {
+  if (PlainLoops(x) && PlainLoops(rope_cos_)) {
+    return Rotate(x,
+                  step.token_pos.unsqueeze(1).expand({x.size(0), x.size(1)}));
+  }
+  if (!step.rope_cos.defined()) {  // [N, 1, D]: broadcast over the heads
+    step.rope_cos = rope_cos_.index_select(0, step.token_pos)
+                        .unsqueeze(1)
+                        .to(x.scalar_type());
+    step.rope_sin = rope_sin_.index_select(0, step.token_pos)
+                        .unsqueeze(1)
+                        .to(x.scalar_type());
+  }
+  return x * step.rope_cos + RotateHalf(x) * step.rope_sin;
 }
 
 at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
@@ -481,10 +523,13 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   // (padding queries are zeros at a valid position; their results are
   // dropped).
   const int64_t rows = step.rows, width = step.width;
+  // Every row full (decode, a lone prompt): the ragged tokens are the
+  // padded layout already.
+  const bool full = n == rows * width;
   DenseAttentionInputs dense;
-  dense.queries =
-      Padded(Rotate(q, step.token_pos.unsqueeze(1).expand({n, heads})),
-             step.token_flat, rows, width);
+  const at::Tensor rotated = RotateTokens(q, step);
+  dense.queries = full ? rotated.view({rows, width, heads, d})
+                       : Padded(rotated, step.token_flat, rows, width);
   dense.key_cache = key_cache;
   dense.value_cache = value_cache;
   dense.block_table = step.block_table;
@@ -494,10 +539,17 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   dense.kv_len = step.kv_len;
   dense.scale = scale;
   dense.workspace_bytes = attention_workspace_bytes_;
-  at::Tensor attn = DenseAttention(dense)
-                        .view({rows * width, heads, d})
-                        .index_select(0, step.token_flat) *
-                    gates->unsqueeze(-1);
+  // The mask is the same in every layer: made once per step when one chunk
+  // takes every query (else chunk by chunk, within the workspace bound).
+  if (!step.visible.defined() &&
+      DenseAttentionQueryChunk(rows, heads, width, step.kv_len,
+                               attention_workspace_bytes_) >= width) {
+    step.visible = DenseVisible(step.positions, step.row_len, step.kv_len);
+  }
+  dense.visible = step.visible;
+  at::Tensor attn = DenseAttention(dense).view({rows * width, heads, d});
+  if (!full) attn = attn.index_select(0, step.token_flat);
+  attn = attn * gates->unsqueeze(-1);
   return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
 }
 

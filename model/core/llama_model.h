@@ -259,12 +259,20 @@ class LlamaModel {
     // int64); no narrow row: narrow.kv_heads 0 and both undefined.
     NarrowRows narrow;
     at::Tensor narrow_tokens, wide_tokens;
+    // Dense attention's mask (DenseVisible), made by the first layer that
+    // needs it whole and read by the others; the RoPE tables' rows of the
+    // tokens' positions ([N, 1, D], RotateTokens' ATen path), likewise.
+    mutable at::Tensor visible, rope_cos, rope_sin;
   };
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
+  // x [N, heads, D] of the step's tokens rotated at their positions (q, and
+  // k of every token), the tables' rows gathered once per step.
+  at::Tensor RotateTokens(const at::Tensor& x, const Step& step) const;
   // silu(x W_gate^T) * x W_up^T: the MLP before its down projection.
   at::Tensor Mlp(const at::Tensor& x, const Layer& layer) const;
-  // Tokens each head served in this layer, per row: [B, H] int64.
-  at::Tensor HeadCounts(const at::Tensor& gates, const Step& step,
+  // Tokens each head served per row and layer, from each layer's gates
+  // ([N, H]): [B, L, H] int64.
+  at::Tensor HeadCounts(const std::vector<at::Tensor>& gates, const Step& step,
                         int64_t rows) const;
   // Rotates this layer's keys and values of the step's tokens and writes
   // them into the cache: all KV heads for wide rows, the narrow width only

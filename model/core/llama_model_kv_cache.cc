@@ -94,8 +94,10 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
     };
     at::Tensor k =
         Linear(inputs, weight_rows(layer.k_proj), rows(layer.k_bias));
-    k = Rotate(k.view({n, heads, d}),
-               positions.unsqueeze(1).expand({n, heads}));
+    k = positions.is_same(step.token_pos)
+            ? RotateTokens(k.view({n, heads, d}), step)
+            : Rotate(k.view({n, heads, d}),
+                     positions.unsqueeze(1).expand({n, heads}));
     const std::initializer_list<at::indexing::TensorIndex> where = {block,
                                                                     offset};
     // Rounded to the cache's type (a no-op when it is the model's).

@@ -133,8 +133,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
   at::Tensor t = at::arange(config.max_position_embeddings, f32);
   at::Tensor freqs = at::outer(t, inv_freq);
   at::Tensor emb = at::cat({freqs, freqs}, -1);
-  model->rope_cos_ = emb.cos().to(options.device());
-  model->rope_sin_ = emb.sin().to(options.device());
+  // In the model's dtype, as the official code rounds them before use
+  // (float32 for the CPU's loops).
+  model->rope_cos_ = emb.cos().to(options);
+  model->rope_sin_ = emb.sin().to(options);
   return model;
 }
 

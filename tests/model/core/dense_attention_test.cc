@@ -85,6 +85,31 @@ TEST(DenseAttentionTest, ChunkedEqualsOneSoftmax) {
   }
 }
 
+// One query per row (decode: the mask broadcasts over each KV group), with
+// the mask made here or passed in as a step keeps it for its layers.
+TEST(DenseAttentionTest, DecodeRowsWithAndWithoutAKeptMask) {
+  at::manual_seed(8);
+  DenseAttentionInputs in;
+  const int64_t rows = 3, heads = 6, kv_heads = 2, d = 8;
+  in.queries = at::randn({rows, 1, heads, d});
+  in.key_cache = at::randn({4, 40, kv_heads, d});
+  in.value_cache = at::randn({4, 40, kv_heads, d});
+  in.block_table = at::tensor(std::vector<int64_t>{1, 3, 0}).view({3, 1});
+  in.positions = at::tensor(std::vector<int64_t>{4, 30, 17}).view({rows, 1});
+  in.row_len = at::tensor(std::vector<int64_t>{5, 31, 18});
+  in.kv_len = 32;  // beyond the longest row (31), as a recorded step reads
+  in.scale = 0.3;
+  const at::Tensor expected = Reference(in);
+  for (bool kept : {false, true}) {
+    if (kept) in.visible = DenseVisible(in.positions, in.row_len, in.kv_len);
+    const at::Tensor got = DenseAttention(in);
+    ASSERT_EQ(got.sizes(), expected.sizes());
+    EXPECT_FALSE(at::isnan(got).any().item<bool>());
+    EXPECT_LE((got - expected).abs().max().item<double>(), 1e-5)
+        << (kept ? "kept mask" : "own mask");
+  }
+}
+
 // Through the model: a 150-token prompt in chunks beside a decoding row gives
 // the same logits with a 4 KiB workspace (one query a chunk) as with the
 // default one.

@@ -387,6 +387,44 @@ TEST(LlamaDtypeTest, BFloat16StaysCloseToFloat32) {
   EXPECT_LE((logits[1] - logits[0]).abs().max().item<double>(), 0.1 * scale);
 }
 
+// The ATen path CUDA runs (bfloat16, dense attention; here on the CPU)
+// over prefill rows of different widths, then decode steps (rows without
+// padding): it routes as float32 does (llama_qnorm's top-k margins are
+// far above bf16 rounding) and its logits stay within 5%.
+TEST(LlamaDtypeTest, BFloat16DenseStepsFollowFloat32) {
+  auto bf16 = LlamaModel::Load(kFixtures + "/llama_qnorm",
+                               DeviceOptions{"cpu", "bfloat16"});
+  auto fp32 = LlamaModel::Load(kFixtures + "/llama_qnorm",
+                               DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  (*bf16)->set_attention_mode(AttentionMode::kDense);
+  KvCache bf16_cache = (*bf16)->CreateKvCache(3, 16);
+  KvCache fp32_cache = (*fp32)->CreateKvCache(3, 16);
+  at::manual_seed(4);
+  DecoderBatch batch;
+  batch.token_ids = at::randint(300, {3, 6}, at::kLong);
+  batch.num_tokens = {6, 3, 1};
+  batch.slots = {2, 0, 1};
+  batch.start_positions = {0, 0, 0};
+  batch.ratios = {0.5f, 1.0f, 0.75f};
+  for (int step = 0; step < 6; ++step) {
+    auto a = (*bf16)->Forward(batch, bf16_cache);
+    auto b = (*fp32)->Forward(batch, fp32_cache);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    const std::string what = "step " + std::to_string(step);
+    EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts)) << what;
+    ASSERT_FALSE(at::isnan(a->logits).any().item<bool>()) << what;
+    const double scale = b->logits.abs().max().item<double>();
+    EXPECT_LE((a->logits - b->logits).abs().max().item<double>(), 0.05 * scale)
+        << what;
+    for (int r = 0; r < 3; ++r) batch.start_positions[r] += batch.num_tokens[r];
+    batch.token_ids = at::randint(300, {3, 1}, at::kLong);
+    batch.num_tokens = {1, 1, 1};
+  }
+}
+
 TEST(DeviceOptionsTest, RejectsUnknownDevicesAndDtypes) {
   auto fp16 = ResolveTensorOptions(DeviceOptions{"cpu", "float16"});
   ASSERT_FALSE(fp16.ok());
