@@ -477,6 +477,14 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   const int64_t d = config_.head_dim;
   const bool sparse = UseHeadSparse(attention_mode_, layer.router,
                                     step.min_top_k[layer_index], options_);
+  // Dense attention with every row at K = 0 in this layer: only the shared
+  // heads have gates, and when they fill whole KV groups only those groups
+  // are read (on the 8B layout at ratio <= 0.5, half the KV bytes).
+  const int64_t shared = SharedOnlyHeads(layer, step.max_top_k[layer_index]);
+  if (!sparse && shared > 0) {
+    return SharedHeadsAttention(layer_index, layer, x, step, cache, shared,
+                                gates);
+  }
   // The query-norm router reads every query; the learned one only x.
   at::Tensor q;
   if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
@@ -522,6 +530,66 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   // Dense attention reads rows: the queries go to their padded places
   // (padding queries are zeros at a valid position; their results are
   // dropped).
+  at::Tensor attn = DenseHeads(q, key_cache, value_cache, narrow, step)
+                        .mul_(gates->unsqueeze(-1));
+  return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
+}
+
+int64_t LlamaModel::SharedOnlyHeads(const Layer& layer,
+                                    int64_t max_top_k) const {
+  const MohLayerConfig& moh = layer.router.layer();
+  const int64_t group = config_.num_heads / config_.num_kv_heads;
+  if (max_top_k != 0 || layer.router.kind() == RouterKind::kDense ||
+      moh.routed_heads() <= 0 || moh.shared_heads <= 0 ||
+      moh.shared_heads % group != 0) {
+    return 0;
+  }
+  return moh.shared_heads;
+}
+
+at::Tensor LlamaModel::SharedHeadsAttention(
+    int64_t layer_index, const Layer& layer, const at::Tensor& x,
+    const Step& step, KvCache& cache, int64_t shared, at::Tensor* gates) const {
+  const int64_t n = x.size(0);
+  const int64_t heads = config_.num_heads, d = config_.head_dim;
+  const int64_t kv = shared / (heads / config_.num_kv_heads);  // KV read
+  if (layer.router.kind() == RouterKind::kQueryNorm) {
+    // Its gates at K = 0: 1 for the shared heads, 0 for the routed ones
+    // (MohRouter::QueryNormGates), whatever the queries.
+    *gates = at::zeros({n, heads}, x.options());
+    gates->narrow(1, 0, shared).fill_(1);
+  } else {
+    *gates = layer.router.Gates(x, at::Tensor(), step.top_k[layer_index], 0);
+  }
+  // Every KV head is still stored: a later step may read them.
+  WriteKeysValues(layer_index, layer, x, step, cache);
+  NarrowRows narrow = step.narrow;
+  if (narrow.any()) {
+    narrow.key_cache =
+        NarrowView(cache.keys(layer_index), narrow.kv_heads).narrow(2, 0, kv);
+    narrow.value_cache =
+        NarrowView(cache.values(layer_index), narrow.kv_heads).narrow(2, 0, kv);
+  }
+  const at::Tensor q =
+      Linear(x, layer.q_proj.Rows(0, shared * d),
+             layer.q_bias.defined() ? layer.q_bias.narrow(0, 0, shared * d)
+                                    : at::Tensor())
+          .view({n, shared, d});
+  at::Tensor attn =
+      DenseHeads(q, cache.keys(layer_index).narrow(2, 0, kv),
+                 cache.values(layer_index).narrow(2, 0, kv), narrow, step)
+          .mul_(gates->narrow(1, 0, shared).unsqueeze(-1));
+  // The routed heads' outputs are 0: only the shared heads' columns of W_o.
+  return Linear(attn.reshape({n, shared * d}),
+                layer.o_proj.Columns(0, shared * d), layer.o_bias);
+}
+
+at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
+                                  const at::Tensor& key_cache,
+                                  const at::Tensor& value_cache,
+                                  const NarrowRows& narrow,
+                                  const Step& step) const {
+  const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t rows = step.rows, width = step.width;
   // Every row full (decode, a lone prompt): the ragged tokens are the
   // padded layout already.
@@ -533,24 +601,22 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   dense.key_cache = key_cache;
   dense.value_cache = value_cache;
   dense.block_table = step.block_table;
-  dense.narrow = std::move(narrow);
+  dense.narrow = narrow;
   dense.positions = step.positions;
   dense.row_len = step.row_len;
   dense.kv_len = step.kv_len;
-  dense.scale = scale;
+  dense.scale = 1.0 / std::sqrt(static_cast<double>(d));
   dense.workspace_bytes = attention_workspace_bytes_;
   // The mask is the same in every layer: made once per step when one chunk
   // takes every query (else chunk by chunk, within the workspace bound).
   if (!step.visible.defined() &&
-      DenseAttentionQueryChunk(rows, heads, width, step.kv_len,
+      DenseAttentionQueryChunk(rows, config_.num_heads, width, step.kv_len,
                                attention_workspace_bytes_) >= width) {
     step.visible = DenseVisible(step.positions, step.row_len, step.kv_len);
   }
   dense.visible = step.visible;
   at::Tensor attn = DenseAttention(dense).view({rows * width, heads, d});
-  if (!full) attn = attn.index_select(0, step.token_flat);
-  attn = attn * gates->unsqueeze(-1);
-  return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
+  return full ? attn : attn.index_select(0, step.token_flat);
 }
 
 }  // namespace moh

@@ -283,6 +283,21 @@ class LlamaModel {
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
                        const at::Tensor& x, const Step& step, KvCache& cache,
                        at::Tensor* gates) const;
+  // The shared heads S when every row of the step is at K = 0 in `layer`
+  // (max_top_k) and S fills whole KV groups: then only those heads have
+  // gates and only their groups need reading. 0 otherwise.
+  int64_t SharedOnlyHeads(const Layer& layer, int64_t max_top_k) const;
+  // Attention() of such a layer on the dense path: the shared heads' queries,
+  // KV groups and W_o columns only (every KV head is still stored).
+  at::Tensor SharedHeadsAttention(int64_t layer_index, const Layer& layer,
+                                  const at::Tensor& x, const Step& step,
+                                  KvCache& cache, int64_t shared,
+                                  at::Tensor* gates) const;
+  // Dense attention of the step's queries q [N, h, D] (unrotated) over
+  // caches of h / G KV heads: [N, h, D], ungated.
+  at::Tensor DenseHeads(const at::Tensor& q, const at::Tensor& key_cache,
+                        const at::Tensor& value_cache, const NarrowRows& narrow,
+                        const Step& step) const;
 
   LlamaConfig config_;
   at::TensorOptions options_;

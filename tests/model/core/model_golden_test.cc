@@ -425,6 +425,68 @@ TEST(LlamaDtypeTest, BFloat16DenseStepsFollowFloat32) {
   }
 }
 
+// Dense attention (CUDA's path) with every row at K = 0 reads only the KV
+// groups of the shared heads: the routed groups' cache entries, NaN here,
+// never reach the logits, which equal the pair kernel's (which reads only
+// the selected heads' groups) over a prefill of ragged rows and decode steps.
+TEST(DenseSharedHeadsTest, KZeroReadsOnlyTheSharedKvGroups) {
+  for (const std::string fixture : {"llama_qnorm", "llama_learned"}) {
+    auto dense = LlamaModel::Load(kFixtures + "/" + fixture,
+                                  DeviceOptions{"cpu", "float32"});
+    auto pairs = LlamaModel::Load(kFixtures + "/" + fixture,
+                                  DeviceOptions{"cpu", "float32"});
+    ASSERT_TRUE(dense.ok()) << dense.status();
+    ASSERT_TRUE(pairs.ok()) << pairs.status();
+    (*dense)->set_attention_mode(AttentionMode::kDense);
+    const LlamaConfig& config = (*dense)->config();
+    const int64_t group = config.num_heads / config.num_kv_heads;
+    const int64_t shared_kv = config.moh.layers[0].shared_heads / group;
+    ASSERT_GT(shared_kv, 0) << fixture;
+    ASSERT_LT(shared_kv, config.num_kv_heads) << fixture;
+    KvCache caches[2] = {(*dense)->CreateKvCache(3, 32),
+                         (*pairs)->CreateKvCache(3, 32)};
+    at::manual_seed(6);
+    DecoderBatch batch;
+    batch.token_ids = at::randint(300, {3, 5}, at::kLong);
+    batch.num_tokens = {5, 3, 1};
+    batch.slots = {1, 2, 0};
+    batch.start_positions = {0, 0, 0};
+    batch.ratios = {0.1f, 0.1f, 0.1f};  // K = 0 in every layer
+    for (int step = 0; step < 4; ++step) {
+      const std::string what = fixture + " step " + std::to_string(step);
+      if (step > 0) {  // the routed KV groups of what is cached: NaN
+        for (KvCache& cache : caches) {
+          for (int64_t l = 0; l < config.num_layers; ++l) {
+            cache.keys(l)
+                .narrow(2, shared_kv, config.num_kv_heads - shared_kv)
+                .fill_(std::numeric_limits<float>::quiet_NaN());
+            cache.values(l)
+                .narrow(2, shared_kv, config.num_kv_heads - shared_kv)
+                .fill_(std::numeric_limits<float>::quiet_NaN());
+          }
+        }
+      }
+      auto a = (*dense)->Forward(batch, caches[0]);
+      auto b = (*pairs)->Forward(batch, caches[1]);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_FALSE(at::isnan(a->logits).any().item<bool>()) << what;
+      ASSERT_FALSE(at::isnan(b->logits).any().item<bool>()) << what;
+      const double scale = std::max(1.0, b->logits.abs().max().item<double>());
+      EXPECT_LE((a->logits - b->logits).abs().max().item<double>(),
+                1e-4 * scale)
+          << what;
+      EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts))
+          << what;
+      for (int r = 0; r < 3; ++r) {
+        batch.start_positions[r] += batch.num_tokens[r];
+      }
+      batch.token_ids = at::randint(300, {3, 1}, at::kLong);
+      batch.num_tokens = {1, 1, 1};
+    }
+  }
+}
+
 TEST(DeviceOptionsTest, RejectsUnknownDevicesAndDtypes) {
   auto fp16 = ResolveTensorOptions(DeviceOptions{"cpu", "float16"});
   ASSERT_FALSE(fp16.ok());
