@@ -387,6 +387,34 @@ TEST(LlamaDtypeTest, BFloat16StaysCloseToFloat32) {
   EXPECT_LE((logits[1] - logits[0]).abs().max().item<double>(), 0.1 * scale);
 }
 
+// A prefill of rows of `num_tokens` random ids (right-padded) into `slots`,
+// at `ratios`.
+DecoderBatch RaggedPrefill(std::vector<int32_t> num_tokens,
+                           std::vector<int32_t> slots,
+                           std::vector<float> ratios) {
+  const int64_t rows = static_cast<int64_t>(num_tokens.size());
+  DecoderBatch batch;
+  batch.token_ids = at::randint(
+      300, {rows, *std::max_element(num_tokens.begin(), num_tokens.end())},
+      at::kLong);
+  batch.num_tokens = std::move(num_tokens);
+  batch.slots = std::move(slots);
+  batch.start_positions.assign(rows, 0);
+  batch.ratios = std::move(ratios);
+  return batch;
+}
+
+// `batch` made the next decode step: one random token per row after what
+// it ran.
+void NextDecodeStep(DecoderBatch& batch) {
+  const int64_t rows = batch.token_ids.size(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    batch.start_positions[r] += batch.num_tokens[r];
+  }
+  batch.token_ids = at::randint(300, {rows, 1}, at::kLong);
+  batch.num_tokens.assign(rows, 1);
+}
+
 // The ATen path CUDA runs (bfloat16, dense attention; here on the CPU)
 // over prefill rows of different widths, then decode steps (rows without
 // padding): it routes as float32 does (llama_qnorm's top-k margins are
@@ -402,12 +430,7 @@ TEST(LlamaDtypeTest, BFloat16DenseStepsFollowFloat32) {
   KvCache bf16_cache = (*bf16)->CreateKvCache(3, 16);
   KvCache fp32_cache = (*fp32)->CreateKvCache(3, 16);
   at::manual_seed(4);
-  DecoderBatch batch;
-  batch.token_ids = at::randint(300, {3, 6}, at::kLong);
-  batch.num_tokens = {6, 3, 1};
-  batch.slots = {2, 0, 1};
-  batch.start_positions = {0, 0, 0};
-  batch.ratios = {0.5f, 1.0f, 0.75f};
+  DecoderBatch batch = RaggedPrefill({6, 3, 1}, {2, 0, 1}, {0.5f, 1.0f, 0.75f});
   for (int step = 0; step < 6; ++step) {
     auto a = (*bf16)->Forward(batch, bf16_cache);
     auto b = (*fp32)->Forward(batch, fp32_cache);
@@ -419,9 +442,7 @@ TEST(LlamaDtypeTest, BFloat16DenseStepsFollowFloat32) {
     const double scale = b->logits.abs().max().item<double>();
     EXPECT_LE((a->logits - b->logits).abs().max().item<double>(), 0.05 * scale)
         << what;
-    for (int r = 0; r < 3; ++r) batch.start_positions[r] += batch.num_tokens[r];
-    batch.token_ids = at::randint(300, {3, 1}, at::kLong);
-    batch.num_tokens = {1, 1, 1};
+    NextDecodeStep(batch);
   }
 }
 
@@ -446,12 +467,9 @@ TEST(DenseSharedHeadsTest, KZeroReadsOnlyTheSharedKvGroups) {
     KvCache caches[2] = {(*dense)->CreateKvCache(3, 32),
                          (*pairs)->CreateKvCache(3, 32)};
     at::manual_seed(6);
-    DecoderBatch batch;
-    batch.token_ids = at::randint(300, {3, 5}, at::kLong);
-    batch.num_tokens = {5, 3, 1};
-    batch.slots = {1, 2, 0};
-    batch.start_positions = {0, 0, 0};
-    batch.ratios = {0.1f, 0.1f, 0.1f};  // K = 0 in every layer
+    // K = 0 in every layer.
+    DecoderBatch batch =
+        RaggedPrefill({5, 3, 1}, {1, 2, 0}, {0.1f, 0.1f, 0.1f});
     for (int step = 0; step < 4; ++step) {
       const std::string what = fixture + " step " + std::to_string(step);
       if (step > 0) {  // the routed KV groups of what is cached: NaN
@@ -478,11 +496,7 @@ TEST(DenseSharedHeadsTest, KZeroReadsOnlyTheSharedKvGroups) {
           << what;
       EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts))
           << what;
-      for (int r = 0; r < 3; ++r) {
-        batch.start_positions[r] += batch.num_tokens[r];
-      }
-      batch.token_ids = at::randint(300, {3, 1}, at::kLong);
-      batch.num_tokens = {1, 1, 1};
+      NextDecodeStep(batch);
     }
   }
 }
