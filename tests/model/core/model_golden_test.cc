@@ -1,6 +1,11 @@
 // Compares the C++ models with the independent Python reference
 // (tests/reference/moh_reference.py, a transcription of the official MoH code)
 // on the tiny checkpoints that tests/reference/make_fixtures.py generates.
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/core/llama_model.h"
