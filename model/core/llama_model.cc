@@ -267,7 +267,9 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
 
 absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     const DecoderBatch& batch, KvCache& cache) const {
-  // The model's device and stream (CUDA) for everything below.
+  // The model's device and stream (CUDA) for everything below, one step at
+  // a time on CUDA.
+  const std::unique_lock<std::mutex> lock = LockDevice();
   const std::unique_ptr<DeviceContext::Scope> scope = context_->Enter();
   const int64_t rows = batch.token_ids.size(0);
   const int64_t num_layers = static_cast<int64_t>(layers_.size());
@@ -346,6 +348,7 @@ std::vector<at::Tensor> LlamaModel::RunLayers(const DecoderBatch& batch,
       token_ids.reshape({-1}).index_select(0, step.token_flat);
 
   std::vector<at::Tensor> gates, gates_per_layer;
+  gates.reserve(num_layers);
   // [N, C]; a bf16 or int8 embedding (tied to such linear weights) widened.
   at::Tensor h = EmbeddingRows(embed_tokens_, ids,
                                at::typeMetaToScalarType(options_.dtype()));

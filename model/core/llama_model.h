@@ -14,13 +14,15 @@
 //
 // Thread-compatibility: a loaded model is immutable; Forward() may run
 // concurrently on different KvCache objects (or disjoint slots is NOT enough:
-// one KvCache has one user at a time).
+// one KvCache has one user at a time). On CUDA concurrent calls take turns
+// (their kernels share the model's stream anyway).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -218,6 +220,10 @@ class LlamaModel {
   struct StepIndices;
   // The recorded decode steps (llama_model_graphs.cc).
   struct StepGraphs;
+  // On CUDA, the model's steps one at a time (Forward holds it): a graph's
+  // recording must see no other thread's launches on the model's stream.
+  // Unlocked on CPU.
+  std::unique_lock<std::mutex> LockDevice() const;
   // Whether `batch` may run as a graph: CUDA, decode rows only, dense
   // attention, no narrow row, no recorded gates, last logits only.
   bool GraphEligible(const DecoderBatch& batch) const;
@@ -233,7 +239,7 @@ class LlamaModel {
   // The step's results through a recorded graph: replayed when its shape
   // was recorded, recorded now (and replayed) at the shape's second step;
   // nullopt when it runs eagerly (first sight, the limit reached, or a
-  // failed recording).
+  // failed recording). Called with LockDevice() held.
   std::optional<std::vector<at::Tensor>> RunGraph(const DecoderBatch& batch,
                                                   const StepIndices& indices,
                                                   KvCache& cache) const;

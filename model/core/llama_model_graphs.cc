@@ -30,8 +30,9 @@ struct LlamaModel::StepGraphs {
     std::vector<at::Tensor> outputs;  // what it writes
     std::unique_ptr<DeviceContext::Graph> graph;
   };
-  // One graph step at a time: a recording records everything the model's
-  // stream runs, and the graphs share their scratch memory.
+  // Held through every CUDA step (LockDevice): a recording records
+  // everything the model's stream runs, so no other step may launch on it
+  // meanwhile, and the graphs share their scratch memory.
   std::mutex mutex;
   std::map<std::vector<int64_t>, Entry> entries;
   int64_t recorded = 0;
@@ -46,6 +47,11 @@ LlamaModel::LlamaModel(LlamaConfig config, at::TensorOptions options)
       graphs_(std::make_unique<StepGraphs>()) {}
 
 LlamaModel::~LlamaModel() = default;
+
+std::unique_lock<std::mutex> LlamaModel::LockDevice() const {
+  if (!options_.device().is_cuda()) return {};
+  return std::unique_lock<std::mutex>(graphs_->mutex);
+}
 
 int64_t LlamaModel::graph_replays() const {
   std::lock_guard<std::mutex> lock(graphs_->mutex);
@@ -89,7 +95,6 @@ std::optional<std::vector<at::Tensor>> LlamaModel::RunGraph(
     key.push_back(reinterpret_cast<intptr_t>(cache.values(l).data_ptr()));
   }
 
-  std::lock_guard<std::mutex> lock(graphs_->mutex);
   StepGraphs::Entry& entry = graphs_->entries[key];
   ++entry.seen;
   if (entry.failed) return std::nullopt;
