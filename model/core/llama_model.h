@@ -90,8 +90,9 @@ struct DecoderOutput {
 int64_t NarrowKvHeads(const LlamaConfig& config);
 
 // Keys a graph-recorded decode step reads when its longest row has `kv_len`:
-// rounded up to 1/16 of its octave (at least 64), so that one graph serves
-// that many consecutive steps; keys beyond a row's length are masked.
+// rounded up to a multiple of the smallest power of two of at least
+// kv_len / 16 (and 64), i.e. less than kv_len / 8 more, so that one graph
+// serves that many consecutive steps; keys beyond a row's length are masked.
 int64_t GraphKvLen(int64_t kv_len);
 
 // Graphs a model keeps by default (LlamaModel::set_cuda_graphs).
