@@ -67,6 +67,10 @@ class DeviceContext {
   // nothing changes) conversion. Call inside a scope.
   at::Tensor Upload(const at::Tensor& host) const;
 
+  // Upload() into an existing tensor of the device (same shape), with no
+  // second copy there: what a recorded graph reads is refreshed so.
+  void UploadInto(const at::Tensor& host, at::Tensor& device) const;
+
   // Copies `tensors` to host memory (pinned on CUDA) asynchronously and waits
   // once for the model's stream: the one sync a step needs to read its
   // results on the host. Call inside a scope.

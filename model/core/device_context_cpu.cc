@@ -32,6 +32,11 @@ at::Tensor DeviceContext::Upload(const at::Tensor& host) const {
   return host.to(device_);
 }
 
+void DeviceContext::UploadInto(const at::Tensor& host,
+                               at::Tensor& device) const {
+  device.copy_(host);
+}
+
 std::vector<at::Tensor> DeviceContext::Download(
     const std::vector<at::Tensor>& tensors) const {
   return tensors;  // already on the host

@@ -94,6 +94,15 @@ at::Tensor DeviceContext::Upload(const at::Tensor& host) const {
   return host.pin_memory().to(device_, /*non_blocking=*/true);
 }
 
+void DeviceContext::UploadInto(const at::Tensor& host,
+                               at::Tensor& device) const {
+  if (!device_.is_cuda() || !host.is_cpu()) {
+    device.copy_(host);
+    return;
+  }
+  device.copy_(host.pin_memory(), /*non_blocking=*/true);
+}
+
 std::vector<at::Tensor> DeviceContext::Download(
     const std::vector<at::Tensor>& tensors) const {
   std::vector<at::Tensor> host;

@@ -9,8 +9,6 @@
 // router's top-k) and the cache's tensors. What changes from step to step
 // (token ids, positions, block tables, row lengths, per-token K) is copied
 // into the recording's input tensors before each replay.
-#include <c10/core/InferenceMode.h>
-
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -126,10 +124,11 @@ std::optional<std::vector<at::Tensor>> LlamaModel::RunGraph(
   // This step's inputs into the recording's, then the recorded kernels, on
   // the model's stream in that order.
   const std::vector<int64_t>& host = indices.host;
-  entry.ints.copy_(context_->Upload(
+  context_->UploadInto(
       at::from_blob(const_cast<int64_t*>(host.data()),
-                    {static_cast<int64_t>(host.size())}, at::kLong)));
-  entry.token_ids.copy_(context_->Upload(batch.token_ids));
+                    {static_cast<int64_t>(host.size())}, at::kLong),
+      entry.ints);
+  context_->UploadInto(batch.token_ids, entry.token_ids);
   entry.graph->Replay();
   ++graphs_->replays;
   // Read before the next replay of any graph reuses the pool.
