@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "model/kernels/cpu_linear.h"
@@ -62,6 +63,35 @@ struct LinearWeight {
     return (values.to(at::kFloat) * scale.unsqueeze(1)).to(dtype);
   }
 };
+
+// Weights of one input stacked by rows into one W, so that one product
+// (one pass over x, one parallel region, one launch) yields what they
+// yielded one by one; each part becomes a view of its rows of it (no memory
+// beyond the stack). Undefined, parts untouched, when their formats differ
+// (one stored pre-quantized, the other not) and they cannot stack.
+inline LinearWeight StackRows(std::initializer_list<LinearWeight*> parts) {
+  const LinearWeight& first = **parts.begin();
+  std::vector<at::Tensor> values, scales;
+  for (const LinearWeight* part : parts) {
+    if (!part->defined() || part->quantized() != first.quantized() ||
+        part->values.scalar_type() != first.values.scalar_type() ||
+        part->values.device() != first.values.device() ||
+        part->values.dim() != 2 || part->size(1) != first.size(1)) {
+      return {};
+    }
+    values.push_back(part->values);
+    if (part->quantized()) scales.push_back(part->scale);
+  }
+  LinearWeight stacked(at::cat(values, 0));
+  if (first.quantized()) stacked.scale = at::cat(scales, 0);
+  int64_t row = 0;
+  for (LinearWeight* part : parts) {
+    const int64_t rows = part->size(0);
+    *part = stacked.Rows(row, rows);
+    row += rows;
+  }
+  return stacked;
+}
 
 // Rows `ids` of an embedding table held as a LinearWeight (tied to the
 // lm_head's weight), widened to `dtype`: a looked-up row of an int8 table

@@ -14,6 +14,7 @@
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
 #include "model/core/llama_model_step.h"
+#include "model/kernels/cpu_softmax.h"
 
 namespace moh {
 namespace {
@@ -87,19 +88,25 @@ float SumOfSquares(const float* x, int64_t c) {
 }
 
 // RMSNorm of x [n, C] (contiguous) with weight [C], rows split on the
-// intra-op pool when there are many.
+// intra-op pool when there are many; with `residual` (x's shape,
+// contiguous), x += residual first, in place, row by row (one pass: the
+// residual stream's add and the next norm).
 at::Tensor RmsNormLoop(const at::Tensor& x, const at::Tensor& weight,
-                       double eps) {
+                       double eps, const at::Tensor& residual = {}) {
   const int64_t n = x.size(0), c = x.size(1);
-  at::Tensor out = at::empty_like(x);
-  const float* in = x.data_ptr<float>();
+  at::Tensor out = at::empty({n, c}, x.options());
+  float* in = x.data_ptr<float>();
+  const float* add = residual.defined() ? residual.data_ptr<float>() : nullptr;
   const float* w = weight.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(
       0, n, RowsPerTask(c), [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
-          const float* xi = in + i * c;
+          float* xi = in + i * c;
           float* oi = o + i * c;
+          if (add != nullptr) {
+            for (int64_t j = 0; j < c; ++j) xi[j] += add[i * c + j];
+          }
           const float scale =
               1.0f / std::sqrt(SumOfSquares(xi, c) / static_cast<float>(c) +
                                static_cast<float>(eps));
@@ -120,6 +127,19 @@ at::Tensor Padded(const at::Tensor& ragged, const at::Tensor& flat,
   shape[0] = width;
   shape.insert(shape.begin(), rows);
   return padded.view(shape);
+}
+
+// The step's narrow rows over one layer's caches, of whose KV heads
+// attention reads the first `kv_read` (all of a narrow row's when more).
+NarrowRows LayerNarrow(const NarrowRows& step_rows, const at::Tensor& keys,
+                       const at::Tensor& values, int64_t kv_read) {
+  NarrowRows narrow = step_rows;
+  if (narrow.any()) {
+    const int64_t read = std::min(kv_read, narrow.kv_heads);
+    narrow.key_cache = NarrowView(keys, narrow.kv_heads).narrow(2, 0, read);
+    narrow.value_cache = NarrowView(values, narrow.kv_heads).narrow(2, 0, read);
+  }
+  return narrow;
 }
 
 }  // namespace
@@ -242,8 +262,23 @@ absl::StatusOr<DecoderOutput> LlamaModel::Forward(const DecoderBatch& batch,
                           [&]() { return ForwardUnchecked(batch, cache); });
 }
 
+at::Tensor LlamaModel::AddRmsNorm(at::Tensor& h, const at::Tensor& residual,
+                                  const at::Tensor& weight) const {
+  if (PlainLoops(h) && PlainLoops(residual) && PlainLoops(weight) &&
+      h.dim() == 2 && h.is_contiguous() && residual.is_contiguous() &&
+      residual.sizes() == h.sizes() && weight.is_contiguous()) {
+    return RmsNormLoop(h, weight, config_.rms_norm_eps, residual);
+  }
+  h.add_(residual);
+  return RmsNorm(h, weight);
+}
+
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
                                const at::Tensor& weight) const {
+  if (PlainLoops(x) && PlainLoops(weight) && x.dim() == 2 &&
+      x.is_contiguous() && weight.is_contiguous()) {
+    return RmsNormLoop(x, weight, config_.rms_norm_eps);  // no views
+  }
   if (PlainLoops(x) && PlainLoops(weight)) {
     const int64_t c = x.size(-1);
     return RmsNormLoop(x.reshape({-1, c}).contiguous(), weight.contiguous(),
@@ -352,13 +387,20 @@ std::vector<at::Tensor> LlamaModel::RunLayers(const DecoderBatch& batch,
   // [N, C]; a bf16 or int8 embedding (tied to such linear weights) widened.
   at::Tensor h = EmbeddingRows(embed_tokens_, ids,
                                at::typeMetaToScalarType(options_.dtype()));
+  // The residual stream h takes each block's output in place, in the same
+  // pass as the norm that reads it next.
+  at::Tensor x = num_layers > 0 ? RmsNorm(h, layers_[0].input_norm) : h;
   for (int64_t l = 0; l < num_layers; ++l) {
     const Layer& layer = layers_[l];
     gates.emplace_back();  // [N, H]
-    h = h + Attention(l, layer, RmsNorm(h, layer.input_norm), step, cache,
-                      &gates.back());
-    at::Tensor x = RmsNorm(h, layer.post_norm);
-    h = h + Linear(Mlp(x, layer), layer.down_proj);
+    x = AddRmsNorm(h, Attention(l, layer, x, step, cache, &gates.back()),
+                   layer.post_norm);
+    const at::Tensor mlp = Linear(Mlp(x, layer), layer.down_proj);
+    if (l + 1 < num_layers) {
+      x = AddRmsNorm(h, mlp, layers_[l + 1].input_norm);
+    } else {
+      h.add_(mlp);
+    }
     if (batch.record_gates) {
       gates_per_layer.push_back(
           Padded(gates.back().to(at::kFloat), step.token_flat, rows, width));
@@ -381,6 +423,19 @@ std::vector<at::Tensor> LlamaModel::RunLayers(const DecoderBatch& batch,
 }
 
 at::Tensor LlamaModel::Mlp(const at::Tensor& x, const Layer& layer) const {
+  if (layer.gate_up_proj.defined()) {  // gate and up in one product
+    const int64_t inter = layer.gate_proj.size(0);
+    const at::Tensor both = Linear(x, layer.gate_up_proj);  // [N, 2I]
+    if (PlainLoops(both) && both.dim() == 2 && both.is_contiguous()) {
+      at::Tensor out = at::empty({both.size(0), inter}, both.options());
+      if (SiluMulRows(both.data_ptr<float>(), 2 * inter, both.size(0), inter,
+                      out.data_ptr<float>())) {
+        return out;
+      }
+    }
+    at::Tensor gate = both.narrow(-1, 0, inter);
+    return at::silu_(gate).mul_(both.narrow(-1, inter, inter));
+  }
   // In place on the gate's fresh product: two dispatches, no allocation
   // (ATen's silu is vectorized; a scalar loop's exp cost more than that).
   at::Tensor gate = Linear(x, layer.gate_proj);
@@ -499,11 +554,8 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   WriteKeysValues(layer_index, layer, x, step, cache);
   at::Tensor& key_cache = cache.keys(layer_index);
   at::Tensor& value_cache = cache.values(layer_index);
-  NarrowRows narrow = step.narrow;
-  if (narrow.any()) {
-    narrow.key_cache = NarrowView(key_cache, narrow.kv_heads);
-    narrow.value_cache = NarrowView(value_cache, narrow.kv_heads);
-  }
+  NarrowRows narrow =
+      LayerNarrow(step.narrow, key_cache, value_cache, config_.num_kv_heads);
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   if (sparse) {
@@ -566,13 +618,8 @@ at::Tensor LlamaModel::SharedHeadsAttention(
   }
   // Every KV head is still stored: a later step may read them.
   WriteKeysValues(layer_index, layer, x, step, cache);
-  NarrowRows narrow = step.narrow;
-  if (narrow.any()) {
-    narrow.key_cache =
-        NarrowView(cache.keys(layer_index), narrow.kv_heads).narrow(2, 0, kv);
-    narrow.value_cache =
-        NarrowView(cache.values(layer_index), narrow.kv_heads).narrow(2, 0, kv);
-  }
+  const NarrowRows narrow = LayerNarrow(step.narrow, cache.keys(layer_index),
+                                        cache.values(layer_index), kv);
   const at::Tensor q =
       Linear(x, layer.q_proj.Rows(0, shared * d),
              layer.q_bias.defined() ? layer.q_bias.narrow(0, 0, shared * d)

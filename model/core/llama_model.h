@@ -204,6 +204,11 @@ class LlamaModel {
     LinearWeight q_proj, k_proj, v_proj, o_proj;  // [out, in]
     at::Tensor q_bias, k_bias, v_bias, o_bias;    // when attention_bias
     LinearWeight gate_proj, up_proj, down_proj;
+    // k_proj over v_proj and gate_proj over up_proj as one W each (StackRows:
+    // the four are views of these), one product each; undefined when their
+    // formats differ. kv_bias likewise, when attention_bias.
+    LinearWeight kv_proj, gate_up_proj;
+    at::Tensor kv_bias;
     MohRouter router;
   };
 
@@ -245,6 +250,9 @@ class LlamaModel {
                                                   const StepIndices& indices,
                                                   KvCache& cache) const;
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  // h += residual in place, then RmsNorm(h, weight): one pass on the CPU.
+  at::Tensor AddRmsNorm(at::Tensor& h, const at::Tensor& residual,
+                        const at::Tensor& weight) const;
   // What every layer of one Forward shares. The step's N tokens are ragged:
   // row after row, valid tokens only.
   struct Step {

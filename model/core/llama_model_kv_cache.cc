@@ -2,6 +2,7 @@
 // it fits the device's memory beside the weights, and how a step's keys and
 // values are written into it (at full width, or narrow: the ratio ceiling).
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -52,6 +53,75 @@ bool WriteCacheLoop(at::Tensor& cache, const at::Tensor& block,
   return true;
 }
 
+// Stores `n` tokens' keys and values, the rows of `kv` [n, 2 * KV * D]
+// (float32, rows contiguous: k_proj's outputs, then v_proj's), at
+// (block[i], offset[i]) of `keys` and `values` [blocks, block_size, KV, D]
+// (contiguous, float32 or bfloat16), each key head rotated on the way (RoPE
+// at positions[i], tables [P, D]: RotateLoop's arithmetic): one pass over
+// the product, no temporaries, no dispatches. False (nothing written) for
+// other layouts.
+bool StoreRotatedLoop(const at::Tensor& kv, const at::Tensor& positions,
+                      const at::Tensor& block, const at::Tensor& offset,
+                      const at::Tensor& cos, const at::Tensor& sin,
+                      at::Tensor& keys, at::Tensor& values) {
+  auto plain_index = [](const at::Tensor& t) {
+    return t.is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous();
+  };
+  auto plain_cache = [&](const at::Tensor& t) {
+    return t.is_cpu() && t.is_contiguous() &&
+           (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+  };
+  if (!PlainLoops(kv) || kv.dim() != 2 || kv.stride(1) != 1 ||
+      !PlainLoops(cos) || !PlainLoops(sin) || !cos.is_contiguous() ||
+      !sin.is_contiguous() || !plain_index(positions) || !plain_index(block) ||
+      !plain_index(offset) || !plain_cache(keys) || !plain_cache(values) ||
+      keys.scalar_type() != values.scalar_type()) {
+    return false;
+  }
+  const int64_t n = kv.size(0), ld = kv.stride(0);
+  const int64_t heads = keys.size(2), d = keys.size(3), half = d / 2;
+  const int64_t width = heads * d, block_size = keys.size(1);
+  const float* rows = kv.data_ptr<float>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* blocks = block.data_ptr<int64_t>();
+  const int64_t* offsets = offset.data_ptr<int64_t>();
+  const float* cos_table = cos.data_ptr<float>();
+  const float* sin_table = sin.data_ptr<float>();
+  const bool wide = keys.scalar_type() == at::kFloat;
+  float* wide_keys = wide ? keys.data_ptr<float>() : nullptr;
+  float* wide_values = wide ? values.data_ptr<float>() : nullptr;
+  at::BFloat16* half_keys = wide ? nullptr : keys.data_ptr<at::BFloat16>();
+  at::BFloat16* half_values = wide ? nullptr : values.data_ptr<at::BFloat16>();
+  std::vector<float> rotated(static_cast<size_t>(width));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* k = rows + i * ld;
+    const float* c = cos_table + pos[i] * d;
+    const float* s = sin_table + pos[i] * d;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* kh = k + h * d;
+      float* out = rotated.data() + h * d;
+      for (int64_t j = 0; j < half; ++j) {
+        out[j] = kh[j] * c[j] + -kh[j + half] * s[j];
+      }
+      for (int64_t j = half; j < d; ++j) {
+        out[j] = kh[j] * c[j] + kh[j - half] * s[j];
+      }
+    }
+    const float* v = k + width;
+    const int64_t at = (blocks[i] * block_size + offsets[i]) * width;
+    if (wide) {
+      std::copy(rotated.begin(), rotated.end(), wide_keys + at);
+      std::copy(v, v + width, wide_values + at);
+      continue;
+    }
+    for (int64_t j = 0; j < width; ++j) {
+      half_keys[at + j] = at::BFloat16(rotated[j]);
+      half_values[at + j] = at::BFloat16(v[j]);
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int64_t NarrowKvHeads(const LlamaConfig& config) {
@@ -92,8 +162,20 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
     auto weight_rows = [&](const LinearWeight& w) {
       return heads == kv_heads ? w : w.Rows(0, heads * d);
     };
-    at::Tensor k =
-        Linear(inputs, weight_rows(layer.k_proj), rows(layer.k_bias));
+    at::Tensor k, v;
+    if (heads == kv_heads && layer.kv_proj.defined()) {
+      // Every KV head: keys and values in one product.
+      const at::Tensor kv = Linear(inputs, layer.kv_proj, layer.kv_bias);
+      if (StoreRotatedLoop(kv, positions, block, offset, rope_cos_, rope_sin_,
+                           keys, values)) {
+        return;
+      }
+      k = kv.narrow(1, 0, heads * d);
+      v = kv.narrow(1, heads * d, heads * d);
+    } else {
+      k = Linear(inputs, weight_rows(layer.k_proj), rows(layer.k_bias));
+      v = Linear(inputs, weight_rows(layer.v_proj), rows(layer.v_bias));
+    }
     k = positions.is_same(step.token_pos)
             ? RotateTokens(k.view({n, heads, d}), step)
             : Rotate(k.view({n, heads, d}),
@@ -104,8 +186,7 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
     if (!WriteCacheLoop(keys, block, offset, k)) {
       keys.index_put_(where, k.to(keys.scalar_type()));
     }
-    at::Tensor v = Linear(inputs, weight_rows(layer.v_proj), rows(layer.v_bias))
-                       .view({n, heads, d});
+    v = v.view({n, heads, d});
     if (!WriteCacheLoop(values, block, offset, v)) {
       values.index_put_(where, v.to(values.scalar_type()));
     }

@@ -116,6 +116,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
                          take_linear(p + "mlp.up_proj.weight", {inter, c}));
     MOH_ASSIGN_OR_RETURN(layer.down_proj,
                          take_linear(p + "mlp.down_proj.weight", {c, inter}));
+    layer.kv_proj = StackRows({&layer.k_proj, &layer.v_proj});
+    if (layer.kv_proj.defined() && config.attention_bias) {
+      layer.kv_bias = at::cat({layer.k_bias, layer.v_bias});
+      layer.k_bias = layer.kv_bias.narrow(0, 0, kv_dim);
+      layer.v_bias = layer.kv_bias.narrow(0, kv_dim, kv_dim);
+    }
+    layer.gate_up_proj = StackRows({&layer.gate_proj, &layer.up_proj});
     MOH_ASSIGN_OR_RETURN(
         layer.router, MohRouter::Load(config.moh.router, config.moh.layers[l],
                                       c, p + "self_attn.", store, options));

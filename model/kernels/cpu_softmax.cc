@@ -1,17 +1,20 @@
 #include "model/kernels/cpu_softmax.h"
 
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
 
 #include "model/kernels/cpu_isa.h"
 #include "model/kernels/cpu_kernels_avx2.h"
+#include "model/kernels/cpu_streamed_rows.h"
 
 namespace moh {
 namespace {
 
 using kernels_internal::Head8;
 using kernels_internal::HorizontalSum8;
+using kernels_internal::LaneMask16;
 using kernels_internal::LoadHead8;
 using kernels_internal::StoreHead8;
 
@@ -43,23 +46,19 @@ __attribute__((target("avx512f"))) inline __m512 ExpNonPositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-__mmask16 Head(int64_t count) {
-  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-}
-
 // One row of SoftmaxRows.
 __attribute__((target("avx512f"))) void SoftmaxRow(const float *s, float *p,
                                                    int64_t n, int64_t cols,
                                                    float *inverse_sum) {
   __m512 max = _mm512_set1_ps(-__builtin_inff());
   for (int64_t j = 0; j < n; j += 16) {
-    max = _mm512_mask_max_ps(max, Head(n - j), max,
-                             _mm512_maskz_loadu_ps(Head(n - j), s + j));
+    max = _mm512_mask_max_ps(max, LaneMask16(n - j), max,
+                             _mm512_maskz_loadu_ps(LaneMask16(n - j), s + j));
   }
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 mask = Head(n - j);
+    const __mmask16 mask = LaneMask16(n - j);
     const __m512 e =
         ExpNonPositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + j), top));
     sum = _mm512_mask_add_ps(sum, mask, sum, e);
@@ -124,7 +123,72 @@ __attribute__((target("avx2,fma"))) void SoftmaxRowAvx2(const float *s,
   std::fill(p + n, p + cols, 0.0f);
 }
 
+// silu(g) * u over one row: t = e^-|g| (in (0, 1]), sigmoid(g) = 1 / (1 + t)
+// for g >= 0 and t / (1 + t) below, so e^x is only ever taken of x <= 0.
+__attribute__((target("avx512f"))) void SiluMulRow(const float *g,
+                                                   const float *u, int64_t n,
+                                                   float *out) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 mask = LaneMask16(n - j);
+    const __m512 x = _mm512_maskz_loadu_ps(mask, g + j);
+    const __m512 t = ExpNonPositive(
+        _mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));  // e^-|x|
+    const __mmask16 negative =
+        _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 top = _mm512_mask_blend_ps(negative, one, t);
+    const __m512 silu =
+        _mm512_div_ps(_mm512_mul_ps(x, top), _mm512_add_ps(one, t));
+    _mm512_mask_storeu_ps(
+        out + j, mask, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(mask, u + j)));
+  }
+}
+
+__attribute__((target("avx2,fma"))) __m256 SiluAvx2(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);  // |x|
+  const __m256 t =
+      ExpNonPositive(_mm256_sub_ps(_mm256_setzero_ps(), magnitude));
+  const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 top = _mm256_blendv_ps(one, t, negative);
+  return _mm256_div_ps(_mm256_mul_ps(x, top), _mm256_add_ps(one, t));
+}
+
+__attribute__((target("avx2,fma"))) void SiluMulRowAvx2(const float *g,
+                                                        const float *u,
+                                                        int64_t n, float *out) {
+  const int64_t whole = n / 8 * 8;
+  for (int64_t j = 0; j < whole; j += 8) {
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(SiluAvx2(_mm256_loadu_ps(g + j)),
+                                            _mm256_loadu_ps(u + j)));
+  }
+  if (whole < n) {
+    StoreHead8(out + whole,
+               _mm256_mul_ps(SiluAvx2(LoadHead8(g + whole, n - whole)),
+                             LoadHead8(u + whole, n - whole)),
+               n - whole);
+  }
+}
+
 }  // namespace
+
+bool SiluMulRows(const float *x, int64_t ldx, int64_t rows, int64_t n,
+                 float *out) {
+  const CpuIsa isa = ActiveIsa();
+  if (isa == CpuIsa::kPortable) return false;
+  at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / n),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i) {
+                       const float *g = x + i * ldx;
+                       if (isa == CpuIsa::kAvx512) {
+                         SiluMulRow(g, g + n, n, out + i * n);
+                       } else {
+                         SiluMulRowAvx2(g, g + n, n, out + i * n);
+                       }
+                     }
+                   });
+  return true;
+}
 
 bool SoftmaxRows(const float *scores, float *probs, int64_t rows, int64_t cols,
                  const int64_t *visible, float *inverse_sums) {

@@ -90,6 +90,7 @@ TEST(KernelIsaTest, RequestedInstructionSetIsTheOneThatRuns) {
   EXPECT_FALSE(Bfloat16Scores(x, 1, 16, 1.0f, half_rows, 1, y, 1));
   EXPECT_FALSE(Bfloat16Values(x, 1, 1, half_rows, 1, 16, y, 16));
   EXPECT_FALSE(SoftmaxRows(x, y, 1, 16, &visible, &inverse_sum));
+  EXPECT_FALSE(SiluMulRows(x, 16, 1, 8, y));
   for (float v : y) EXPECT_EQ(v, 0.0f);
 }
 
@@ -247,6 +248,35 @@ TEST(SoftmaxRowsTest, EqualsSoftmaxOverEachRowsVisibleScores) {
       EXPECT_EQ(probs[i].narrow(0, n, cols - n).abs().sum().item<float>(), 0.0f)
           << "row " << i;
     }
+  }
+}
+
+// The MLP's SwiGLU over [gate | up] rows (a wider row stride): silu(g) * u
+// within float rounding of ATen's, at widths around the 16- and 8-float
+// vectors, with g far below and above zero (e^-|g| underflows), infinities
+// and NaN passed on.
+TEST(SiluMulRowsTest, EqualsSiluOfGateTimesUp) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  at::manual_seed(5);
+  for (int64_t n : {1, 7, 8, 9, 16, 17, 33, 1376}) {
+    const int64_t rows = 5, ld = 2 * n + 3;
+    at::Tensor x = at::randn({rows, ld}) * 6;
+    x[1][0] = -200.0f;
+    x[2][0] = 200.0f;
+    x[3][n - 1] = std::numeric_limits<float>::infinity();
+    x[4][0] = std::nanf("");
+    at::Tensor out = at::full({rows, n}, std::nanf(""));
+    ASSERT_TRUE(
+        SiluMulRows(x.data_ptr<float>(), ld, rows, n, out.data_ptr<float>()));
+    const at::Tensor gate = x.narrow(1, 0, n), up = x.narrow(1, n, n);
+    const at::Tensor want = at::silu(gate) * up;
+    EXPECT_TRUE(at::allclose(out, want, 1e-5, 1e-6, /*equal_nan=*/true))
+        << "n " << n << " max error "
+        << (out - want).abs().nan_to_num(0, 0, 0).max().item<float>();
+    EXPECT_TRUE(std::isnan(out[4][0].item<float>()));
+    // silu(-200) is 0 in float; the exp's clamp leaves under 1e-35.
+    EXPECT_NEAR(out[1][0].item<float>(), 0.0f, 1e-30);
+    EXPECT_EQ(out[2][0].item<float>(), 200.0f * up[2][0].item<float>());
   }
 }
 
