@@ -54,6 +54,10 @@ struct HeadSparseAttentionInputs {
   at::Tensor q_full;
   // Rotates queries [n, D] at positions [n] (RoPE); empty = none.
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> rotate;
+  // `rotate`'s tables [P, D] (float32, contiguous) when the CPU kernel may
+  // rotate the queries it projected in place instead (RotateInPlace, no
+  // ATen op); undefined: it calls `rotate`.
+  at::Tensor rope_cos, rope_sin;
   // [blocks, block_size, KV, D] keys and values (a KV cache, kv_cache.h,
   // or [B, L, KV, D] computed for this batch); the last dimension
   // contiguous. Row b reads its positions p from block

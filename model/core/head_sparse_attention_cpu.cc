@@ -22,6 +22,7 @@
 #include "model/core/linear.h"
 #include "model/core/paged_attention_cpu.h"
 #include "model/core/parallel_pull.h"
+#include "model/core/rope.h"
 #include "model/kernels/cpu_linear.h"
 #include "model/kernels/cpu_lowp_linear.h"
 
@@ -130,6 +131,30 @@ void HeadQueries(const HeadSparseAttentionInputs &in, int64_t h, int64_t d,
              out);
 }
 
+// Rotates `count` query vectors in place, the i-th (at q + i * ld, `heads`
+// heads of d) at the position of token tokens[i] (or i when null), with
+// in's tables; false (nothing done) when `in` has none or its positions
+// are not plain int64.
+bool RotateQueriesInPlace(const HeadSparseAttentionInputs &in, float *q,
+                          int64_t ld, int64_t count, int64_t heads, int64_t d,
+                          const int64_t *tokens) {
+  const at::Tensor &pos = in.token_pos;
+  if (!in.rope_cos.defined() || !in.rope_sin.defined() || !pos.is_cpu() ||
+      pos.scalar_type() != at::kLong || !pos.is_contiguous()) {
+    return false;
+  }
+  const int64_t *where = pos.data_ptr<int64_t>();
+  const float *cos = in.rope_cos.data_ptr<float>();
+  const float *sin = in.rope_sin.data_ptr<float>();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t p = where[tokens == nullptr ? i : tokens[i]];
+    for (int64_t h = 0; h < heads; ++h) {
+      RotateInPlace(q + i * ld + h * d, cos + p * d, sin + p * d, d);
+    }
+  }
+  return true;
+}
+
 // The layer's output before any product: zeros [N, C].
 at::Tensor ZeroOutput(const HeadSparseAttentionInputs &in) {
   return at::zeros({in.x.size(0), in.o_weight.size(0)}, in.x.options());
@@ -194,6 +219,17 @@ at::Tensor FullQueries(const HeadSparseAttentionInputs &in,
     at::Tensor x =
         routing.all_active ? in.x : in.x.index_select(0, routing.active_index);
     q_full = FullHeadQueries(x, in.q_weight, in.q_bias, routing.full, d);
+    // A fresh [A, F * D] product: rotated where it lies.
+    if (q_full.is_contiguous() &&
+        RotateQueriesInPlace(
+            in, q_full.data_ptr<float>(), f * d, num_active, f, d,
+            routing.all_active ? nullptr : routing.active.data())) {
+      for (int64_t i = 0; i < f; ++i) {
+        rows_of[routing.full[i]] = {q_full.data_ptr<float>() + i * d, f * d,
+                                    routing.active.data(), num_active};
+      }
+      return q_full;
+    }
   }
   q_full = q_full.view({num_active, f, d});
   if (in.rotate) {
@@ -250,7 +286,9 @@ RoutedPairs RoutedQueries(const HeadSparseAttentionInputs &in,
                  HeadQueries(in, h, d, pairs.pair_token.data() + first, count,
                              pairs.queries.data_ptr<float>() + first * d);
                });
-  if (in.rotate && num_pairs > 0) {
+  if (in.rotate && num_pairs > 0 &&
+      !RotateQueriesInPlace(in, pairs.queries.data_ptr<float>(), d, num_pairs,
+                            1, d, pairs.pair_token.data())) {
     pairs.queries.copy_(in.rotate(
         pairs.queries, in.token_pos.index_select(0, pairs.pair_index)));
   }

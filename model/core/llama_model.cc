@@ -14,6 +14,7 @@
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
 #include "model/core/llama_model_step.h"
+#include "model/core/rope.h"
 #include "model/kernels/cpu_softmax.h"
 
 namespace moh {
@@ -46,26 +47,18 @@ int64_t RowsPerTask(int64_t width) {
 at::Tensor RotateLoop(const at::Tensor& x, const at::Tensor& positions,
                       int64_t repeat, const at::Tensor& cos,
                       const at::Tensor& sin) {
-  const int64_t n = x.size(0), d = x.size(1), half = d / 2;
-  at::Tensor out = at::empty_like(x);
+  const int64_t n = x.size(0), d = x.size(1);
+  at::Tensor out = at::empty({n, d}, x.options());
   const float* in = x.data_ptr<float>();
   const int64_t* where = positions.data_ptr<int64_t>();
   const float* cos_table = cos.data_ptr<float>();
   const float* sin_table = sin.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, n, RowsPerTask(d), [&](int64_t begin, int64_t end) {
+    std::copy(in + begin * d, in + end * d, o + begin * d);
     for (int64_t i = begin; i < end; ++i) {
-      const float* xi = in + i * d;
       const int64_t pos = where[i / repeat];
-      const float* c = cos_table + pos * d;
-      const float* s = sin_table + pos * d;
-      float* oi = o + i * d;
-      for (int64_t j = 0; j < half; ++j) {
-        oi[j] = xi[j] * c[j] + -xi[j + half] * s[j];
-      }
-      for (int64_t j = half; j < d; ++j) {
-        oi[j] = xi[j] * c[j] + xi[j - half] * s[j];
-      }
+      RotateInPlace(o + i * d, cos_table + pos * d, sin_table + pos * d, d);
     }
   });
   return out;
@@ -568,6 +561,10 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
     in.rotate = [this](const at::Tensor& queries, const at::Tensor& positions) {
       return Rotate(queries, positions);
     };
+    if (PlainLoops(x) && PlainLoops(rope_cos_)) {
+      in.rope_cos = rope_cos_;
+      in.rope_sin = rope_sin_;
+    }
     in.key_cache = key_cache;
     in.value_cache = value_cache;
     in.block_table = step.block_table;

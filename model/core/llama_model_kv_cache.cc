@@ -9,6 +9,7 @@
 #include "base/status_macros.h"
 #include "model/core/linear.h"
 #include "model/core/llama_model.h"
+#include "model/core/rope.h"
 
 namespace moh {
 namespace {
@@ -79,7 +80,7 @@ bool StoreRotatedLoop(const at::Tensor& kv, const at::Tensor& positions,
     return false;
   }
   const int64_t n = kv.size(0), ld = kv.stride(0);
-  const int64_t heads = keys.size(2), d = keys.size(3), half = d / 2;
+  const int64_t heads = keys.size(2), d = keys.size(3);
   const int64_t width = heads * d, block_size = keys.size(1);
   const float* rows = kv.data_ptr<float>();
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -92,25 +93,19 @@ bool StoreRotatedLoop(const at::Tensor& kv, const at::Tensor& positions,
   float* wide_values = wide ? values.data_ptr<float>() : nullptr;
   at::BFloat16* half_keys = wide ? nullptr : keys.data_ptr<at::BFloat16>();
   at::BFloat16* half_values = wide ? nullptr : values.data_ptr<at::BFloat16>();
-  std::vector<float> rotated(static_cast<size_t>(width));
+  std::vector<float> rotated(wide ? 0 : static_cast<size_t>(width));
   for (int64_t i = 0; i < n; ++i) {
     const float* k = rows + i * ld;
-    const float* c = cos_table + pos[i] * d;
-    const float* s = sin_table + pos[i] * d;
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* kh = k + h * d;
-      float* out = rotated.data() + h * d;
-      for (int64_t j = 0; j < half; ++j) {
-        out[j] = kh[j] * c[j] + -kh[j + half] * s[j];
-      }
-      for (int64_t j = half; j < d; ++j) {
-        out[j] = kh[j] * c[j] + kh[j - half] * s[j];
-      }
-    }
     const float* v = k + width;
     const int64_t at = (blocks[i] * block_size + offsets[i]) * width;
+    // Rotated where they are stored (float32), or on the way to bfloat16.
+    float* key = wide ? wide_keys + at : rotated.data();
+    std::copy(k, k + width, key);
+    for (int64_t h = 0; h < heads; ++h) {
+      RotateInPlace(key + h * d, cos_table + pos[i] * d, sin_table + pos[i] * d,
+                    d);
+    }
     if (wide) {
-      std::copy(rotated.begin(), rotated.end(), wide_keys + at);
       std::copy(v, v + width, wide_values + at);
       continue;
     }
