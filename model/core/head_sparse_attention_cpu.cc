@@ -32,6 +32,11 @@ namespace {
 using head_sparse_internal::AsType;
 using head_sparse_internal::HeadRows;
 
+// Whether `t` is a contiguous float32 CPU tensor: rows a pointer walks.
+bool PlainRows(const at::Tensor &t) {
+  return t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+}
+
 // Contiguous [first, last] ranges of sorted `heads`, as (first, count).
 std::vector<std::pair<int64_t, int64_t>> Runs(
     const std::vector<int64_t> &heads) {
@@ -53,8 +58,30 @@ std::vector<std::pair<int64_t, int64_t>> Runs(
 at::Tensor FullHeadQueries(const at::Tensor &x, const LinearWeight &weight,
                            const at::Tensor &bias,
                            const std::vector<int64_t> &heads, int64_t d) {
+  const std::vector<std::pair<int64_t, int64_t>> runs = Runs(heads);
+  // From pointers, each run's product written at its columns, where its
+  // rows of the result are contiguous there: one row (a batch-1 step), or
+  // one run.
+  const int64_t m = x.size(0), c = x.size(1);
+  const int64_t width = static_cast<int64_t>(heads.size()) * d;
+  if ((m == 1 || runs.size() == 1) && PlainRows(x) &&
+      (!bias.defined() || PlainRows(bias))) {
+    at::Tensor out = at::empty({m, width}, x.options());
+    float *y = out.data_ptr<float>();
+    bool done = true;
+    int64_t column = 0;
+    for (const auto &[first, count] : runs) {
+      done = done &&
+             LinearBlockInto(
+                 x.data_ptr<float>(), m, c, weight, first * d, count * d, 0,
+                 bias.defined() ? bias.data_ptr<float>() + first * d : nullptr,
+                 y + column);
+      column += count * d;
+    }
+    if (done) return out;
+  }
   std::vector<at::Tensor> parts;
-  for (const auto &[first, count] : Runs(heads)) {
+  for (const auto &[first, count] : runs) {
     parts.push_back(Linear(
         x, weight.Rows(first * d, count * d),
         bias.defined() ? bias.narrow(0, first * d, count * d) : at::Tensor()));
@@ -67,9 +94,31 @@ at::Tensor FullHeadQueries(const at::Tensor &x, const LinearWeight &weight,
 // each reading its columns in place.
 at::Tensor FullHeadOutputs(const at::Tensor &a, const LinearWeight &weight,
                            const std::vector<int64_t> &heads, int64_t d) {
+  const std::vector<std::pair<int64_t, int64_t>> runs = Runs(heads);
+  // From pointers where each run's columns of `a` are contiguous rows: one
+  // row (a batch-1 step), or one run; the runs after the first summed in.
+  const int64_t m = a.size(0), out_cols = weight.size(0);
+  if ((m == 1 || runs.size() == 1) && PlainRows(a)) {
+    at::Tensor y = at::empty({m, out_cols}, a.options());
+    std::vector<float> part(runs.size() > 1 ? out_cols : 0);
+    float *sum = y.data_ptr<float>();
+    bool done = true;
+    int64_t column = 0;
+    for (size_t r = 0; r < runs.size() && done; ++r) {
+      const auto &[first, count] = runs[r];
+      float *into = r == 0 ? sum : part.data();
+      done = LinearBlockInto(a.data_ptr<float>() + column, m, count * d, weight,
+                             0, out_cols, first * d, nullptr, into);
+      if (r > 0) {
+        for (int64_t j = 0; j < out_cols; ++j) sum[j] += part[j];
+      }
+      column += count * d;
+    }
+    if (done) return y;
+  }
   at::Tensor y;
   int64_t column = 0;
-  for (const auto &[first, count] : Runs(heads)) {
+  for (const auto &[first, count] : runs) {
     at::Tensor part = Linear(a.narrow(1, column, count * d),
                              weight.Columns(first * d, count * d));
     column += count * d;

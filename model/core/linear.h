@@ -221,28 +221,65 @@ inline bool RunLowPrecisionKernel(const at::Tensor& x,
          RunBf16Kernel(x, weight.values, bias, y);
 }
 
+// x [rows, k] (contiguous) W^T (+ bias) into y [rows, n] for a float32 W
+// [n, k] (row stride ldw) on the kernel the row count picks; false when
+// this CPU has none for it.
+inline bool OwnKernelRows(const float* x, int64_t rows, int64_t k,
+                          const float* w, int64_t ldw, int64_t n,
+                          const float* bias, float* y) {
+  if (rows == 1) return RowLinear(x, k, w, ldw, n, bias, y);
+  if (rows < kMinStreamedRows) {
+    return SkinnyLinear(x, rows, k, w, ldw, n, bias, y);
+  }
+  if (rows <= kMaxStreamedRows) {
+    return StreamedLinear(x, rows, k, w, ldw, n, bias, y) ||
+           (rows <= kMaxSkinnyRows &&
+            SkinnyLinear(x, rows, k, w, ldw, n, bias, y));
+  }
+  return BlockedLinear(x, rows, k, w, ldw, n, bias, y);
+}
+
 // x W^T (+ bias) into y (x's rows by W's rows) on the kernel the row count
 // picks, when OwnKernelTakes them; false when this CPU has none for it.
 inline bool RunOwnKernel(const at::Tensor& x, const at::Tensor& weight,
                          const at::Tensor& bias, float* y) {
   const at::Tensor in = x.contiguous();
-  const int64_t rows = in.numel() / in.size(-1);
-  auto run = [&](auto* product) {
-    return product(in.data_ptr<float>(), rows, in.size(-1),
-                   weight.data_ptr<float>(), weight.stride(0), weight.size(0),
-                   bias.defined() ? bias.data_ptr<float>() : nullptr, y);
-  };
-  if (rows == 1) {
-    return RowLinear(in.data_ptr<float>(), in.size(-1),
-                     weight.data_ptr<float>(), weight.stride(0), weight.size(0),
-                     bias.defined() ? bias.data_ptr<float>() : nullptr, y);
+  return OwnKernelRows(in.data_ptr<float>(), in.numel() / in.size(-1),
+                       in.size(-1), weight.data_ptr<float>(), weight.stride(0),
+                       weight.size(0),
+                       bias.defined() ? bias.data_ptr<float>() : nullptr, y);
+}
+
+// x [m, k] (contiguous, float32) times a block of a CPU W: its rows
+// [row0, row0 + n) and columns [col0, col0 + k), (+ bias [n]) into y [m, n]
+// (contiguous), straight from pointers into W (float32, bfloat16 or int8
+// with its scales): what Linear(x, W.Rows(..).Columns(..)) computes, with no
+// ATen view, allocation or dispatch. False (nothing written) where no
+// kernel here takes W (another type or device, kPortable).
+inline bool LinearBlockInto(const float* x, int64_t m, int64_t k,
+                            const LinearWeight& weight, int64_t row0, int64_t n,
+                            int64_t col0, const float* bias, float* y) {
+  const at::Tensor& w = weight.values;
+  if (m < 1 || n < 1 || k < 1 || !w.is_cpu() || w.dim() != 2 ||
+      w.stride(1) != 1 || row0 + n > w.size(0) || col0 + k > w.size(1)) {
+    return false;
   }
-  if (rows < kMinStreamedRows) return run(&SkinnyLinear);
-  if (rows <= kMaxStreamedRows) {
-    return run(&StreamedLinear) ||
-           (rows <= kMaxSkinnyRows && run(&SkinnyLinear));
+  const int64_t ldw = w.stride(0), at = row0 * ldw + col0;
+  if (weight.quantized()) {
+    return w.scalar_type() == at::kChar &&
+           weight.scale.scalar_type() == at::kFloat &&
+           weight.scale.is_contiguous() &&
+           Int8Linear(x, m, k, w.data_ptr<int8_t>() + at, ldw, n,
+                      weight.scale.data_ptr<float>() + row0, bias, y);
   }
-  return run(&BlockedLinear);
+  if (w.scalar_type() == at::kBFloat16) {
+    return Bf16Linear(
+        x, m, k,
+        reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()) + at, ldw,
+        n, bias, y);
+  }
+  return w.scalar_type() == at::kFloat &&
+         OwnKernelRows(x, m, k, w.data_ptr<float>() + at, ldw, n, bias, y);
 }
 
 // out = x W^T (+ bias) into `out` (contiguous, x's rows by W's rows): as

@@ -25,7 +25,9 @@
 
 #include "model/checkpoint/safetensors_reader.h"
 #include "model/checkpoint/safetensors_writer.h"
+#include "model/core/linear.h"
 #include "model/core/llama_model.h"
+#include "model/kernels/cpu_isa.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/core/llama_test_util.h"
 #include "tests/model/core/lowp_weights_test_util.h"
@@ -369,6 +371,79 @@ TEST(PrequantizedTest, MalformedCheckpointsFailNamingTheFieldOrTensor) {
                     t.erase(q + "_zero_point");
                   })
                   .ok());
+}
+
+// A block of W (rows [row0, row0 + n), columns [col0, col0 + k)) from
+// pointers, in each format, at the row counts that pick each kernel: the
+// same sums as Linear over that block's views (the same kernels), and near
+// a float32 product over the widened block.
+TEST(LinearBlockTest, EqualsLinearOverTheBlock) {
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({96, 80});
+  const at::Tensor bias = at::randn({96});
+  const int64_t row0 = 17, n = 40, col0 = 9, k = 48;
+  const std::vector<LinearWeight> formats = {LinearWeight(w),
+                                             LinearWeight(w.to(at::kBFloat16)),
+                                             QuantizedLinearWeight(w)};
+  for (const LinearWeight& weight : formats) {
+    const LinearWeight block = weight.Rows(row0, n).Columns(col0, k);
+    const at::Tensor dense = block.Dense(at::kFloat);
+    for (int64_t m : {1, 3, 12, 150}) {
+      const at::Tensor x = at::randn({m, k});
+      const at::Tensor b = bias.narrow(0, row0, n);
+      at::Tensor y = at::full({m, n}, std::nanf(""));
+      if (!LinearBlockInto(x.data_ptr<float>(), m, k, weight, row0, n, col0,
+                           b.data_ptr<float>(), y.data_ptr<float>())) {
+        EXPECT_EQ(ActiveIsa(), CpuIsa::kPortable) << "m " << m;
+        EXPECT_TRUE(at::isnan(y).all().item<bool>());
+        continue;
+      }
+      EXPECT_TRUE(at::equal(y, Linear(x, block, b)))
+          << "m " << m << " " << weight.values.scalar_type();
+      const at::Tensor want = at::linear(x, dense, b);
+      EXPECT_LT((y - want).abs().max().item<float>(),
+                0.02 * want.abs().max().item<float>())
+          << "m " << m << " " << weight.values.scalar_type();
+    }
+  }
+  // A block beyond W, or W on a type no kernel here reads: nothing written.
+  float y = 0;
+  const float x[48] = {};
+  EXPECT_FALSE(LinearBlockInto(x, 1, k, formats[0], 90, n, col0, nullptr, &y));
+  EXPECT_FALSE(LinearBlockInto(x, 1, k, LinearWeight(w.to(at::kHalf)), row0, 1,
+                               col0, nullptr, &y));
+}
+
+// Stacked weights: one W whose row blocks are the parts (each part now a
+// view of it), in every format; mixed formats refuse and leave the parts.
+TEST(StackRowsTest, PartsBecomeViewsOfOneWeight) {
+  at::manual_seed(4);
+  const at::Tensor a = at::randn({24, 32}), b = at::randn({40, 32});
+  for (int format = 0; format < 3; ++format) {
+    auto make = [&](const at::Tensor& t) {
+      if (format == 1) return LinearWeight(t.to(at::kBFloat16));
+      return format == 2 ? QuantizedLinearWeight(t) : LinearWeight(t);
+    };
+    LinearWeight first = make(a), second = make(b);
+    const LinearWeight first_copy = first, second_copy = second;
+    const LinearWeight stacked = StackRows({&first, &second});
+    ASSERT_TRUE(stacked.defined());
+    EXPECT_EQ(stacked.size(0), 64);
+    EXPECT_EQ(first.values.data_ptr(), stacked.values.data_ptr());
+    EXPECT_TRUE(
+        at::equal(first.Dense(at::kFloat), first_copy.Dense(at::kFloat)));
+    EXPECT_TRUE(
+        at::equal(second.Dense(at::kFloat), second_copy.Dense(at::kFloat)));
+    const at::Tensor x = at::randn({5, 32});
+    EXPECT_TRUE(
+        at::equal(Linear(x, stacked).narrow(1, 24, 40), Linear(x, second_copy)))
+        << "format " << format;
+  }
+  LinearWeight plain(a), quantized = QuantizedLinearWeight(b);
+  EXPECT_FALSE(StackRows({&plain, &quantized}).defined());
+  EXPECT_FALSE(plain.quantized());
+  EXPECT_TRUE(quantized.quantized());
+  EXPECT_EQ(quantized.size(0), 40);
 }
 
 }  // namespace
