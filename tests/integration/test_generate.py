@@ -345,7 +345,10 @@ def test_prompt_logprobs_beside_other_requests(api, stub):
     got = [e for m in together[0] for e in m.logprobs]
     want = [e for m in alone for e in m.logprobs]
     assert [e.token_id for e in got] == [e.token_id for e in want]
+    # Alone its decode steps are batch-1 products (RowLinear), beside the
+    # others 2-4-row ones (SkinnyLinear), whose sums round in another order:
+    # measured up to 1.2e-5 apart, as the batches happen to form.
     assert [e.logprob for e in got] == pytest.approx(
-        [e.logprob for e in want], abs=1e-5)
+        [e.logprob for e in want], abs=5e-5)
     assert ([(e.token_id, e.rank) for e in together[0][0].prompt_logprobs] ==
             [(e.token_id, e.rank) for e in alone[0].prompt_logprobs])
