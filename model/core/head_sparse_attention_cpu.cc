@@ -33,9 +33,7 @@ using head_sparse_internal::AsType;
 using head_sparse_internal::HeadRows;
 
 // Whether `t` is a contiguous float32 CPU tensor: rows a pointer walks.
-bool PlainRows(const at::Tensor &t) {
-  return t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
-}
+bool PlainRows(const at::Tensor &t) { return CpuFloat(t) && t.is_contiguous(); }
 
 // Contiguous [first, last] ranges of sorted `heads`, as (first, count).
 std::vector<std::pair<int64_t, int64_t>> Runs(
@@ -130,8 +128,7 @@ at::Tensor FullHeadOutputs(const at::Tensor &a, const LinearWeight &weight,
 // Whether IndexedLinear can read `t`'s rows in place (float32 on the CPU,
 // each row contiguous).
 bool RowsInPlace(const at::Tensor &t) {
-  return t.is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 2 &&
-         t.stride(1) == 1;
+  return CpuFloat(t) && t.dim() == 2 && t.stride(1) == 1;
 }
 
 // Head h's queries over its tokens (`count` rows of x, `tokens`) into q
@@ -257,6 +254,7 @@ at::Tensor FullQueries(const HeadSparseAttentionInputs &in,
   const int64_t num_active = static_cast<int64_t>(routing.active.size());
   const int64_t f = static_cast<int64_t>(routing.full.size());
   at::Tensor q_full;
+  bool rotated = false;
   if (in.q_full.defined()) {
     const at::Tensor full_index =
         at::from_blob(const_cast<int64_t *>(routing.full.data()), {f},
@@ -269,25 +267,22 @@ at::Tensor FullQueries(const HeadSparseAttentionInputs &in,
         routing.all_active ? in.x : in.x.index_select(0, routing.active_index);
     q_full = FullHeadQueries(x, in.q_weight, in.q_bias, routing.full, d);
     // A fresh [A, F * D] product: rotated where it lies.
-    if (q_full.is_contiguous() &&
-        RotateQueriesInPlace(
-            in, q_full.data_ptr<float>(), f * d, num_active, f, d,
-            routing.all_active ? nullptr : routing.active.data())) {
-      for (int64_t i = 0; i < f; ++i) {
-        rows_of[routing.full[i]] = {q_full.data_ptr<float>() + i * d, f * d,
-                                    routing.active.data(), num_active};
-      }
-      return q_full;
+    rotated = q_full.is_contiguous() &&
+              RotateQueriesInPlace(
+                  in, q_full.data_ptr<float>(), f * d, num_active, f, d,
+                  routing.all_active ? nullptr : routing.active.data());
+  }
+  if (!rotated) {
+    q_full = q_full.view({num_active, f, d});
+    if (in.rotate) {
+      const at::Tensor active_pos =
+          routing.all_active
+              ? in.token_pos
+              : in.token_pos.index_select(0, routing.active_index);
+      q_full = in.rotate(q_full, active_pos.unsqueeze(1).expand({-1, f}));
     }
+    q_full = q_full.reshape({num_active, f * d}).contiguous();
   }
-  q_full = q_full.view({num_active, f, d});
-  if (in.rotate) {
-    const at::Tensor active_pos =
-        routing.all_active ? in.token_pos
-                           : in.token_pos.index_select(0, routing.active_index);
-    q_full = in.rotate(q_full, active_pos.unsqueeze(1).expand({-1, f}));
-  }
-  q_full = q_full.reshape({num_active, f * d}).contiguous();
   for (int64_t i = 0; i < f; ++i) {
     rows_of[routing.full[i]] = {q_full.data_ptr<float>() + i * d, f * d,
                                 routing.active.data(), num_active};

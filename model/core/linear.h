@@ -29,6 +29,13 @@
 
 namespace moh {
 
+// Whether `t` is a float32 CPU tensor: what the plain loops of the CPU paths
+// (norms, RoPE, cache writes, the pair kernel) read by pointer, with the
+// strides they check themselves.
+inline bool CpuFloat(const at::Tensor& t) {
+  return t.is_cpu() && t.scalar_type() == at::kFloat;
+}
+
 // A linear layer's weight W [out, in] as a model holds it: a floating
 // tensor (float32, bfloat16, float16), or weight-only int8: int8 `values`
 // and a float32 `scale` per output row, W[j, :] = values[j, :] * scale[j]

@@ -25,14 +25,10 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// The small per-token operations of a layer as plain loops, for float32 on
-// CPU: as ATen ops they are several dispatches, allocations and passes each,
-// which at decode (a few tokens per step) cost more than the arithmetic.
-bool PlainLoops(const at::Tensor& x) {
-  return x.device().is_cpu() && x.scalar_type() == at::kFloat;
-}
-
-// Rows of `width` floats per task of the row loops below (RoPE, RMSNorm):
+// The small per-token operations of a layer run as plain loops on CpuFloat
+// tensors: as ATen ops they are several dispatches, allocations and passes
+// each, which at decode (a few tokens per step) cost more than the
+// arithmetic. Rows of `width` floats per task of those loops (RoPE, RMSNorm):
 // below 2^16 floats a loop runs on one thread, since waking the pool costs
 // microseconds.
 int64_t RowsPerTask(int64_t width) {
@@ -257,8 +253,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::Forward(const DecoderBatch& batch,
 
 at::Tensor LlamaModel::AddRmsNorm(at::Tensor& h, const at::Tensor& residual,
                                   const at::Tensor& weight) const {
-  if (PlainLoops(h) && PlainLoops(residual) && PlainLoops(weight) &&
-      h.dim() == 2 && h.is_contiguous() && residual.is_contiguous() &&
+  if (CpuFloat(h) && CpuFloat(residual) && CpuFloat(weight) && h.dim() == 2 &&
+      h.is_contiguous() && residual.is_contiguous() &&
       residual.sizes() == h.sizes() && weight.is_contiguous()) {
     return RmsNormLoop(h, weight, config_.rms_norm_eps, residual);
   }
@@ -268,11 +264,11 @@ at::Tensor LlamaModel::AddRmsNorm(at::Tensor& h, const at::Tensor& residual,
 
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
                                const at::Tensor& weight) const {
-  if (PlainLoops(x) && PlainLoops(weight) && x.dim() == 2 &&
-      x.is_contiguous() && weight.is_contiguous()) {
+  if (CpuFloat(x) && CpuFloat(weight) && x.dim() == 2 && x.is_contiguous() &&
+      weight.is_contiguous()) {
     return RmsNormLoop(x, weight, config_.rms_norm_eps);  // no views
   }
-  if (PlainLoops(x) && PlainLoops(weight)) {
+  if (CpuFloat(x) && CpuFloat(weight)) {
     const int64_t c = x.size(-1);
     return RmsNormLoop(x.reshape({-1, c}).contiguous(), weight.contiguous(),
                        config_.rms_norm_eps)
@@ -419,7 +415,7 @@ at::Tensor LlamaModel::Mlp(const at::Tensor& x, const Layer& layer) const {
   if (layer.gate_up_proj.defined()) {  // gate and up in one product
     const int64_t inter = layer.gate_proj.size(0);
     const at::Tensor both = Linear(x, layer.gate_up_proj);  // [N, 2I]
-    if (PlainLoops(both) && both.dim() == 2 && both.is_contiguous()) {
+    if (CpuFloat(both) && both.dim() == 2 && both.is_contiguous()) {
       at::Tensor out = at::empty({both.size(0), inter}, both.options());
       if (SiluMulRows(both.data_ptr<float>(), 2 * inter, both.size(0), inter,
                       out.data_ptr<float>())) {
@@ -441,7 +437,7 @@ at::Tensor LlamaModel::HeadCounts(const std::vector<at::Tensor>& gates,
   const int64_t layers = static_cast<int64_t>(gates.size());
   const bool loops = std::all_of(gates.begin(), gates.end(),
                                  [](const at::Tensor& g) {
-                                   return PlainLoops(g) && g.is_contiguous();
+                                   return CpuFloat(g) && g.is_contiguous();
                                  }) &&
                      step.token_row.is_cpu() &&
                      step.token_row.scalar_type() == at::kLong &&
@@ -471,7 +467,7 @@ at::Tensor LlamaModel::HeadCounts(const std::vector<at::Tensor>& gates,
 at::Tensor LlamaModel::Rotate(const at::Tensor& x,
                               const at::Tensor& positions) const {
   // x [..., D] at positions [...] (one position per vector).
-  if (PlainLoops(x) && PlainLoops(rope_cos_)) {
+  if (CpuFloat(x) && CpuFloat(rope_cos_)) {
     const int64_t d = config_.head_dim;
     // Positions expanded over heads ([n, H], stride 0) are read once per
     // token instead of copied out H times.
@@ -505,7 +501,7 @@ at::Tensor LlamaModel::Rotate(const at::Tensor& x,
 
 at::Tensor LlamaModel::RotateTokens(const at::Tensor& x,
                                     const Step& step) const {
-  if (PlainLoops(x) && PlainLoops(rope_cos_)) {
+  if (CpuFloat(x) && CpuFloat(rope_cos_)) {
     return Rotate(x,
                   step.token_pos.unsqueeze(1).expand({x.size(0), x.size(1)}));
   }
@@ -561,7 +557,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
     in.rotate = [this](const at::Tensor& queries, const at::Tensor& positions) {
       return Rotate(queries, positions);
     };
-    if (PlainLoops(x) && PlainLoops(rope_cos_)) {
+    if (CpuFloat(x) && CpuFloat(rope_cos_)) {
       in.rope_cos = rope_cos_;
       in.rope_sin = rope_sin_;
     }

@@ -14,22 +14,44 @@
 namespace moh {
 namespace {
 
-bool PlainLoops(const at::Tensor& x) {
-  return x.device().is_cpu() && x.scalar_type() == at::kFloat;
+bool PlainIndex(const at::Tensor& t) {
+  return t.is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous();
 }
 
+bool PlainCache(const at::Tensor& t) {
+  return t.is_cpu() && t.is_contiguous() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+}
+
+// A cache tensor's storage (float32 or bfloat16, PlainCache) as rows the
+// loops below write: float32 copied, bfloat16 rounded as .to() rounds.
+struct CacheRows {
+  explicit CacheRows(at::Tensor& cache)
+      : wide(cache.scalar_type() == at::kFloat ? cache.data_ptr<float>()
+                                               : nullptr),
+        half(wide == nullptr ? cache.data_ptr<at::BFloat16>() : nullptr) {}
+
+  // Writes `width` floats from `src` at element `at`.
+  void Store(int64_t at, const float* src, int64_t width) const {
+    if (wide != nullptr) {
+      std::copy(src, src + width, wide + at);
+      return;
+    }
+    for (int64_t j = 0; j < width; ++j) half[at + j] = at::BFloat16(src[j]);
+  }
+
+  float* const wide;
+  at::BFloat16* const half;
+};
+
 // Writes rows [N, KV, D] (float32, contiguous) at (block[i], offset[i]) of
-// `cache` [blocks, block_size, KV, D] (contiguous, float32 or bfloat16,
-// rounded as .to() rounds): what index_put_ does, without its dispatches,
-// index tensors and temporaries. False (nothing written) for other layouts.
+// `cache` [blocks, block_size, KV, D] (PlainCache): what index_put_ does,
+// without its dispatches, index tensors and temporaries. False (nothing
+// written) for other layouts.
 bool WriteCacheLoop(at::Tensor& cache, const at::Tensor& block,
                     const at::Tensor& offset, const at::Tensor& rows) {
-  if (!PlainLoops(rows) || !rows.is_contiguous() || !cache.is_cpu() ||
-      !cache.is_contiguous() || block.scalar_type() != at::kLong ||
-      offset.scalar_type() != at::kLong || !block.is_contiguous() ||
-      !offset.is_contiguous() ||
-      (cache.scalar_type() != at::kFloat &&
-       cache.scalar_type() != at::kBFloat16)) {
+  if (!CpuFloat(rows) || !rows.is_contiguous() || !PlainCache(cache) ||
+      !PlainIndex(block) || !PlainIndex(offset)) {
     return false;
   }
   const int64_t n = block.numel();
@@ -38,18 +60,10 @@ bool WriteCacheLoop(at::Tensor& cache, const at::Tensor& block,
   const int64_t* blocks = block.data_ptr<int64_t>();
   const int64_t* offsets = offset.data_ptr<int64_t>();
   const float* from = rows.data_ptr<float>();
-  float* wide =
-      cache.scalar_type() == at::kFloat ? cache.data_ptr<float>() : nullptr;
-  at::BFloat16* half =
-      wide == nullptr ? cache.data_ptr<at::BFloat16>() : nullptr;
+  const CacheRows out(cache);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t at = (blocks[i] * block_size + offsets[i]) * width;
-    const float* src = from + i * width;
-    if (wide != nullptr) {
-      std::copy(src, src + width, wide + at);
-    } else {
-      for (int64_t j = 0; j < width; ++j) half[at + j] = at::BFloat16(src[j]);
-    }
+    out.Store((blocks[i] * block_size + offsets[i]) * width, from + i * width,
+              width);
   }
   return true;
 }
@@ -57,25 +71,18 @@ bool WriteCacheLoop(at::Tensor& cache, const at::Tensor& block,
 // Stores `n` tokens' keys and values, the rows of `kv` [n, 2 * KV * D]
 // (float32, rows contiguous: k_proj's outputs, then v_proj's), at
 // (block[i], offset[i]) of `keys` and `values` [blocks, block_size, KV, D]
-// (contiguous, float32 or bfloat16), each key head rotated on the way (RoPE
-// at positions[i], tables [P, D]: RotateLoop's arithmetic): one pass over
-// the product, no temporaries, no dispatches. False (nothing written) for
-// other layouts.
+// (PlainCache, one type), each key head rotated on the way (RoPE at
+// positions[i], tables [P, D]: RotateLoop's arithmetic): one pass over the
+// product, no temporaries, no dispatches. False (nothing written) for other
+// layouts.
 bool StoreRotatedLoop(const at::Tensor& kv, const at::Tensor& positions,
                       const at::Tensor& block, const at::Tensor& offset,
                       const at::Tensor& cos, const at::Tensor& sin,
                       at::Tensor& keys, at::Tensor& values) {
-  auto plain_index = [](const at::Tensor& t) {
-    return t.is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous();
-  };
-  auto plain_cache = [&](const at::Tensor& t) {
-    return t.is_cpu() && t.is_contiguous() &&
-           (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
-  };
-  if (!PlainLoops(kv) || kv.dim() != 2 || kv.stride(1) != 1 ||
-      !PlainLoops(cos) || !PlainLoops(sin) || !cos.is_contiguous() ||
-      !sin.is_contiguous() || !plain_index(positions) || !plain_index(block) ||
-      !plain_index(offset) || !plain_cache(keys) || !plain_cache(values) ||
+  if (!CpuFloat(kv) || kv.dim() != 2 || kv.stride(1) != 1 || !CpuFloat(cos) ||
+      !CpuFloat(sin) || !cos.is_contiguous() || !sin.is_contiguous() ||
+      !PlainIndex(positions) || !PlainIndex(block) || !PlainIndex(offset) ||
+      !PlainCache(keys) || !PlainCache(values) ||
       keys.scalar_type() != values.scalar_type()) {
     return false;
   }
@@ -88,31 +95,21 @@ bool StoreRotatedLoop(const at::Tensor& kv, const at::Tensor& positions,
   const int64_t* offsets = offset.data_ptr<int64_t>();
   const float* cos_table = cos.data_ptr<float>();
   const float* sin_table = sin.data_ptr<float>();
-  const bool wide = keys.scalar_type() == at::kFloat;
-  float* wide_keys = wide ? keys.data_ptr<float>() : nullptr;
-  float* wide_values = wide ? values.data_ptr<float>() : nullptr;
-  at::BFloat16* half_keys = wide ? nullptr : keys.data_ptr<at::BFloat16>();
-  at::BFloat16* half_values = wide ? nullptr : values.data_ptr<at::BFloat16>();
-  std::vector<float> rotated(wide ? 0 : static_cast<size_t>(width));
+  const CacheRows key_out(keys), value_out(values);
+  std::vector<float> rotated(
+      key_out.wide != nullptr ? 0 : static_cast<size_t>(width));
   for (int64_t i = 0; i < n; ++i) {
     const float* k = rows + i * ld;
-    const float* v = k + width;
     const int64_t at = (blocks[i] * block_size + offsets[i]) * width;
     // Rotated where they are stored (float32), or on the way to bfloat16.
-    float* key = wide ? wide_keys + at : rotated.data();
+    float* key = key_out.wide != nullptr ? key_out.wide + at : rotated.data();
     std::copy(k, k + width, key);
     for (int64_t h = 0; h < heads; ++h) {
       RotateInPlace(key + h * d, cos_table + pos[i] * d, sin_table + pos[i] * d,
                     d);
     }
-    if (wide) {
-      std::copy(v, v + width, wide_values + at);
-      continue;
-    }
-    for (int64_t j = 0; j < width; ++j) {
-      half_keys[at + j] = at::BFloat16(rotated[j]);
-      half_values[at + j] = at::BFloat16(v[j]);
-    }
+    if (key_out.wide == nullptr) key_out.Store(at, key, width);
+    value_out.Store(at, k + width, width);
   }
   return true;
 }
