@@ -13,8 +13,10 @@
 // is single-threaded; the full heads' products run outside it, threaded by
 // the kernels or the BLAS themselves.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -49,6 +51,33 @@ std::vector<std::pair<int64_t, int64_t>> Runs(
   return runs;
 }
 
+// Output rows of one token's product per task of OneRowBlocks: 16 (a whole
+// number of every kernel's row tiles), at least 2^15 multiply-adds a task.
+constexpr int64_t kBlockRowUnit = 16;
+int64_t BlockRowGrain(int64_t depth) {
+  constexpr int64_t kMinTaskMacs = 1 << 15;
+  return std::max<int64_t>(
+      1, kMinTaskMacs / (kBlockRowUnit * std::max<int64_t>(depth, 1)));
+}
+
+// One token's product over several blocks of W, in one parallel region
+// (one region a product, where a region a block cost a wake-up and two
+// barriers each): block(row0, rows) for the output rows [row0, row0 +
+// rows) of [0, n), split in tasks of whole kBlockRowUnit rows. The kernels
+// it calls run inline inside the region. False when a block was not
+// computed (LinearBlockInto had no kernel for W).
+template <typename Block>
+bool OneRowBlocks(int64_t n, int64_t depth, const Block &block) {
+  std::atomic<bool> done{true};
+  const int64_t units = (n + kBlockRowUnit - 1) / kBlockRowUnit;
+  at::parallel_for(0, units, BlockRowGrain(depth), [&](int64_t u0, int64_t u1) {
+    const int64_t row0 = u0 * kBlockRowUnit;
+    const int64_t rows = std::min(n, u1 * kBlockRowUnit) - row0;
+    if (!block(row0, rows)) done = false;
+  });
+  return done;
+}
+
 // The full heads' queries, x [A, C] -> [A, F * D]: one product per run of
 // consecutive heads over its rows of q_weight [H * D, C], read in place
 // (gathering the rows of heads that are not consecutive would copy that
@@ -58,25 +87,36 @@ at::Tensor FullHeadQueries(const at::Tensor &x, const LinearWeight &weight,
                            const std::vector<int64_t> &heads, int64_t d) {
   const std::vector<std::pair<int64_t, int64_t>> runs = Runs(heads);
   // From pointers, each run's product written at its columns, where its
-  // rows of the result are contiguous there: one row (a batch-1 step), or
-  // one run.
+  // rows of the result are contiguous there: one row (a batch-1 step: every
+  // run in one parallel region), or one run.
   const int64_t m = x.size(0), c = x.size(1);
   const int64_t width = static_cast<int64_t>(heads.size()) * d;
   if ((m == 1 || runs.size() == 1) && PlainRows(x) &&
       (!bias.defined() || PlainRows(bias))) {
     at::Tensor out = at::empty({m, width}, x.options());
     float *y = out.data_ptr<float>();
-    bool done = true;
-    int64_t column = 0;
-    for (const auto &[first, count] : runs) {
-      done = done &&
-             LinearBlockInto(
-                 x.data_ptr<float>(), m, c, weight, first * d, count * d, 0,
-                 bias.defined() ? bias.data_ptr<float>() + first * d : nullptr,
-                 y + column);
-      column += count * d;
+    const float *b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    // Columns [begin, begin + count) of the result: rows of W run by run.
+    auto columns = [&](int64_t begin, int64_t count) {
+      int64_t column = 0;
+      for (const auto &[first, heads_in_run] : runs) {
+        const int64_t from = std::max(begin, column);
+        const int64_t to = std::min(begin + count, column + heads_in_run * d);
+        if (from < to) {
+          const int64_t row = first * d + from - column;
+          if (!LinearBlockInto(x.data_ptr<float>(), m, c, weight, row,
+                               to - from, 0, b != nullptr ? b + row : nullptr,
+                               y + from)) {
+            return false;
+          }
+        }
+        column += heads_in_run * d;
+      }
+      return true;
+    };
+    if (m == 1 ? OneRowBlocks(width, c, columns) : columns(0, width)) {
+      return out;
     }
-    if (done) return out;
   }
   std::vector<at::Tensor> parts;
   for (const auto &[first, count] : runs) {
@@ -93,26 +133,42 @@ at::Tensor FullHeadQueries(const at::Tensor &x, const LinearWeight &weight,
 at::Tensor FullHeadOutputs(const at::Tensor &a, const LinearWeight &weight,
                            const std::vector<int64_t> &heads, int64_t d) {
   const std::vector<std::pair<int64_t, int64_t>> runs = Runs(heads);
-  // From pointers where each run's columns of `a` are contiguous rows: one
-  // row (a batch-1 step), or one run; the runs after the first summed in.
   const int64_t m = a.size(0), out_cols = weight.size(0);
+  // From pointers where each run's columns of `a` are contiguous rows: one
+  // row (a batch-1 step: every run in one parallel region, each task's
+  // output rows summed over the runs), or one run.
   if ((m == 1 || runs.size() == 1) && PlainRows(a)) {
     at::Tensor y = at::empty({m, out_cols}, a.options());
-    std::vector<float> part(runs.size() > 1 ? out_cols : 0);
     float *sum = y.data_ptr<float>();
-    bool done = true;
-    int64_t column = 0;
-    for (size_t r = 0; r < runs.size() && done; ++r) {
-      const auto &[first, count] = runs[r];
-      float *into = r == 0 ? sum : part.data();
-      done = LinearBlockInto(a.data_ptr<float>() + column, m, count * d, weight,
-                             0, out_cols, first * d, nullptr, into);
-      if (r > 0) {
-        for (int64_t j = 0; j < out_cols; ++j) sum[j] += part[j];
+    if (runs.size() == 1) {
+      if (LinearBlockInto(a.data_ptr<float>(), m, runs[0].second * d, weight, 0,
+                          out_cols, runs[0].first * d, nullptr, sum)) {
+        return y;
       }
-      column += count * d;
+    } else if (OneRowBlocks(out_cols, static_cast<int64_t>(heads.size()) * d,
+                            [&](int64_t row0, int64_t rows) {
+                              std::vector<float> part(rows);
+                              int64_t column = 0;
+                              for (size_t r = 0; r < runs.size(); ++r) {
+                                const auto &[first, count] = runs[r];
+                                float *into = r == 0 ? sum + row0 : part.data();
+                                if (!LinearBlockInto(
+                                        a.data_ptr<float>() + column, 1,
+                                        count * d, weight, row0, rows,
+                                        first * d, nullptr, into)) {
+                                  return false;
+                                }
+                                if (r > 0) {
+                                  for (int64_t j = 0; j < rows; ++j) {
+                                    sum[row0 + j] += part[j];
+                                  }
+                                }
+                                column += count * d;
+                              }
+                              return true;
+                            })) {
+      return y;
     }
-    if (done) return y;
   }
   at::Tensor y;
   int64_t column = 0;
