@@ -10,7 +10,8 @@
 // weights with a scale per row as llm-compressor and bitsandbytes save
 // them) load as they are stored, equal to what `weights: "int8"` makes of
 // the float32 fixture, widen where int8 cannot run, and a malformed one
-// fails naming the field or tensor.
+// fails naming the field or tensor. A step longer than the MLP's row chunk
+// gives each of its prompts the logits it gets alone, in every format.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -115,6 +116,47 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<WeightsPrecision>& info) {
       return info.param.weights;
     });
+
+// A step longer than the MLP's row chunk on CPU (LlamaModel::MlpDown: 1,024
+// rows): six 200-token prompts in one step give each prompt the logits it
+// gets alone (200 rows, one chunk), in every weight format. Each row's sums
+// are the same in any chunk, so the bound is float32 rounding's.
+TEST(LongStepTest, MlpInRowChunksEqualsEachPromptAlone) {
+  constexpr int64_t kRows = 6, kTokens = 200;
+  for (const std::string weights : {"", "bfloat16", "int8"}) {
+    std::unique_ptr<LlamaModel> model = Load(weights);
+    ASSERT_TRUE(model);
+    at::manual_seed(5);
+    const at::Tensor prompts = at::randint(300, {kRows, kTokens}, at::kLong);
+    auto run = [&](int64_t first, int64_t rows) {
+      KvCache cache = model->CreateKvCache(rows, kTokens);
+      DecoderBatch batch;
+      batch.all_logits = true;
+      batch.token_ids = prompts.narrow(0, first, rows).clone();
+      for (int64_t r = 0; r < rows; ++r) {
+        batch.num_tokens.push_back(kTokens);
+        batch.slots.push_back(static_cast<int32_t>(r));
+        batch.start_positions.push_back(0);
+        batch.ratios.push_back(r % 2 == 0 ? 1.0f : 0.5f);
+      }
+      auto out = model->Forward(batch, cache);
+      EXPECT_TRUE(out.ok()) << out.status();
+      return out.ok() ? out->logits : at::Tensor();
+    };
+    const at::Tensor together = run(0, kRows);  // [rows, tokens, vocab]
+    ASSERT_TRUE(together.defined());
+    for (int64_t r = 0; r < kRows; ++r) {
+      // Alone, at the ratio it had in the step (even rows 1.0, odd 0.5).
+      const at::Tensor alone = run(r - r % 2, 2);
+      ASSERT_TRUE(alone.defined());
+      const at::Tensor want = alone[r % 2];
+      const double scale = std::max(1.0, want.abs().max().item<double>());
+      const double error = (together[r] - want).abs().max().item<double>();
+      EXPECT_FALSE(std::isnan(error)) << weights << " row " << r;
+      EXPECT_LE(error, 1e-5 * scale) << weights << " row " << r;
+    }
+  }
+}
 
 TEST(LowpWeightsRefusalTest, RefusalsNameTheField) {
   ExpectWeightsRefusalsNameTheField<LlamaModel>(kFixtures + "/llama_learned");
