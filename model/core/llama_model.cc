@@ -436,16 +436,18 @@ at::Tensor LlamaModel::MlpDown(const at::Tensor& x, const Layer& layer) const {
   // chunks of rows: the intermediate [rows, 2 * I] of the whole step (90 MB
   // for 8,192 tokens of the bench model) is past glibc's largest mmap
   // threshold (32 MiB), so each layer mapped it afresh and faulted it in
-  // page by page; a chunk's stays in the heap and in the cache. Each row's
-  // sums are the same in any chunk.
-  constexpr int64_t kMlpChunkRows = 1024;
+  // page by page; a chunk's (at most 16 MiB of float32, and 1,024 rows) stays
+  // in the heap and in the cache. Each row's sums are the same in any chunk.
+  const int64_t width = 2 * layer.down_proj.size(1);  // gate and up: 2 * I
+  const int64_t chunk = std::clamp<int64_t>(
+      (int64_t{16} << 20) / (width * int64_t{sizeof(float)}), 128, 1024);
   const int64_t rows = x.dim() == 2 ? x.size(0) : 0;
-  if (!x.is_cpu() || rows <= kMlpChunkRows || !x.is_contiguous()) {
+  if (!x.is_cpu() || rows <= chunk || !x.is_contiguous()) {
     return Linear(Mlp(x, layer), layer.down_proj);
   }
   at::Tensor out = at::empty({rows, layer.down_proj.size(0)}, x.options());
-  for (int64_t r = 0; r < rows; r += kMlpChunkRows) {
-    const int64_t count = std::min(kMlpChunkRows, rows - r);
+  for (int64_t r = 0; r < rows; r += chunk) {
+    const int64_t count = std::min(chunk, rows - r);
     at::Tensor part = out.narrow(0, r, count);
     LinearInto(Mlp(x.narrow(0, r, count), layer), layer.down_proj, {}, part);
   }

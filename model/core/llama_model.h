@@ -286,7 +286,7 @@ class LlamaModel {
   // silu(x W_gate^T) * x W_up^T: the MLP before its down projection.
   at::Tensor Mlp(const at::Tensor& x, const Layer& layer) const;
   // The whole MLP, Mlp then down_proj; on CPU, a long step's rows in
-  // chunks (MlpChunkRows).
+  // chunks.
   at::Tensor MlpDown(const at::Tensor& x, const Layer& layer) const;
   // Tokens each head served per row and layer, from each layer's gates
   // ([N, H]): [B, L, H] int64.
