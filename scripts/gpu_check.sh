@@ -4,7 +4,8 @@
 # moh-server) and the GPU benchmark (bench/gpu_bench.py), and leaves a log,
 # the test report and the benchmark's JSON under $OUT.
 #
-#   scripts/gpu_check.sh [--bundle DIR] [--layouts 1b,8b | --no_bench]
+#   scripts/gpu_check.sh [--bundle DIR] [--layouts 1b,8b | --no_bench |
+#                         --profile 8b]
 #
 # Two ways to get the binaries:
 #   --bundle DIR  binaries packed by scripts/gpu_bundle.sh on a build machine
@@ -21,18 +22,26 @@
 # minutes); the benchmark keeps what it measured before an overrun. $MOH_GPU_PYTHON is the
 # Python with torch (default python3). Exit status: 0 when every GPU test
 # passed (none skipped) and the benchmark ran every step.
+# --profile LAYOUTS runs, in place of the benchmark, moh-generate
+# --profile_dir on each layout's decode (batch 1 at 4k context and 64
+# sequences at 2k, ratios 1.0 and 0.5, after a warm-up that records the CUDA
+# graphs) and leaves each trace, gzipped, and bench/trace_summary.py's tables
+# (profile.md) under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 bundle=""
 [ -d .gpu-bundle ] && bundle=.gpu-bundle
 layouts=1b,8b
+profile=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle="$2"; shift 2 ;;
     --layouts) layouts="$2"; shift 2 ;;
     --no_bench) layouts=""; shift ;;
-    *) echo "usage: $0 [--bundle DIR] [--layouts 1b,8b | --no_bench]" >&2; exit 2 ;;
+    --profile) profile="$2"; layouts=""; shift 2 ;;
+    *) echo "usage: $0 [--bundle DIR] [--layouts 1b,8b | --no_bench | --profile 8b]" >&2
+       exit 2 ;;
   esac
 done
 out="${OUT:-$root/gpu-check-out}"
@@ -128,6 +137,42 @@ if [ -n "$layouts" ]; then
   timeout -k 10 "$left" "$python" bench/gpu_bench.py --build "$build" \
     --work "${TMPDIR:-/tmp}/moh-gpu-bench" --out "$out" --layouts "$layouts" ||
     fail "bench/gpu_bench.py (exit $?)"
+fi
+
+# One traced moh-generate run: NAME, the decode steps it traces, then its
+# flags; each ratio's trace summarised into profile.md and gzipped.
+profile_run() {
+  local name="$1" steps="$2"; shift 2
+  local dir="${TMPDIR:-/tmp}/moh-gpu-profile/$name"
+  rm -rf "$dir" && mkdir -p "$dir"
+  local budget=$(( left - SECONDS + start ))
+  [ "$budget" -gt 0 ] || { fail "profile $name: out of time"; return; }
+  timeout -k 10 "$budget" "$build/tools/moh-generate" \
+    --device=cuda --dtype=bfloat16 --temperature=0 --warmup=1 --ratios=1,0.5 \
+    --profile_dir="$dir" "$@" 2>&1 | grep -E "ratio=|replays|Error|error" ||
+    fail "profile $name"
+  for trace in "$dir"/decode-ratio-*.json; do
+    [ -f "$trace" ] || continue
+    { echo; echo "### $name, $(basename "$trace" .json)"; echo
+      "$python" bench/trace_summary.py "$trace" --steps "$steps" --top 30
+    } >>"$out/profile.md" || fail "trace_summary $trace"
+    gzip -c "$trace" >"$out/$name-$(basename "$trace").gz"
+  done
+}
+if [ -n "$profile" ]; then
+  start=$SECONDS
+  : >"$out/profile.md"
+  for layout in ${profile//,/ }; do
+    step "profile $layout (at most $(( left - SECONDS + start ))s)"
+    model="${TMPDIR:-/tmp}/moh-gpu-bench/llama3-$layout"
+    "$python" bench/make_bench_lm.py --layout="llama3-$layout" --out="$model" \
+      >/dev/null || { fail "make_bench_lm $layout"; continue; }
+    profile_run "$layout-b1" 23 --model_dir="$model" --batch=1 \
+      --prompt_tokens=4096 --max_new_tokens=24
+    profile_run "$layout-b64" 7 --model_dir="$model" --batch=64 \
+      --prompt_tokens=2048 --max_new_tokens=8
+  done
+  cat "$out/profile.md"
 fi
 
 step "summary"

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
+#include <set>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -23,6 +25,7 @@
 #include "model/core/runtime.h"
 #include "model/generation/generator.h"
 #include "model/generation/language_model.h"
+#include "torch/csrc/autograd/profiler_kineto.h"
 
 ABSL_FLAG(std::string, model_dir, "",
           "Model directory (config.json, weights, tokenizer.json)");
@@ -64,6 +67,12 @@ ABSL_FLAG(int32_t, prompt_tokens, 0,
           "Benchmark prompt of exactly this many token ids (--prompt's ids "
           "repeated); 0 = --prompt as it is");
 ABSL_FLAG(int32_t, warmup, 0, "Untimed generations before the timed ones");
+ABSL_FLAG(std::string, profile_dir, "",
+          "Trace the decode steps of each ratio's first timed generation "
+          "with LibTorch's profiler (host operators and, on CUDA, every "
+          "kernel, graph-replayed ones too) to DIR/decode-ratio-R.json, a "
+          "Chrome trace (bench/trace_summary.py, Perfetto); the profiled "
+          "figures include the profiler's overhead");
 ABSL_FLAG(bool, print_token_ids, false,
           "Print the prompt's and the first sequence's generated token ids");
 
@@ -146,6 +155,66 @@ absl::StatusOr<moh::LanguageModel> LoadModel(double* load_s) {
   return lm;
 }
 
+// --profile_dir: LibTorch's profiler (kineto) over a window of one
+// generation, saved as a Chrome trace. Prepare() sets the profiler up
+// outside the window (CUPTI's start is slow), Start() opens the window at
+// most once, Save() closes it.
+class DecodeTrace {
+ public:
+  DecodeTrace(std::string path, bool cuda)
+      : path_(std::move(path)),
+        config_(torch::profiler::impl::ProfilerState::KINETO),
+        activities_{torch::profiler::impl::ActivityType::CPU} {
+    if (cuda) activities_.insert(torch::profiler::impl::ActivityType::CUDA);
+  }
+
+  absl::Status Prepare() {
+    return Guard("prepare", [&] {
+      torch::autograd::profiler::prepareProfiler(config_, activities_);
+    });
+  }
+
+  void Start() {
+    if (started_) return;
+    started_ = true;
+    start_status_ = Guard("start", [&] {
+      torch::autograd::profiler::enableProfiler(config_, activities_);
+    });
+  }
+
+  absl::Status Save() {
+    MOH_RETURN_IF_ERROR(start_status_);
+    if (!started_) return absl::OkStatus();
+    return Guard("save", [&] {
+      torch::autograd::profiler::disableProfiler()->save(path_);
+    });
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  // Runs `step`, turning LibTorch's exception into a status that names it.
+  template <typename F>
+  absl::Status Guard(absl::string_view what, F step) {
+    try {
+      step();
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      // LibTorch's message, without the stack trace it appends.
+      const absl::string_view message = e.what();
+      return absl::FailedPreconditionError(
+          absl::StrCat("--profile_dir: LibTorch's profiler could not ", what,
+                       " (", message.substr(0, message.find('\n')), ")"));
+    }
+  }
+
+  std::string path_;
+  torch::profiler::impl::ProfilerConfig config_;
+  std::set<torch::profiler::impl::ActivityType> activities_;
+  bool started_ = false;
+  absl::Status start_status_;
+};
+
 // One ratio's timed generations.
 struct Measured {
   int64_t total_tokens = 0;
@@ -157,14 +226,18 @@ struct Measured {
 };
 
 // --warmup untimed generations of `batch` copies of `request`, then --repeat
-// timed ones; with `print`, streams row 0 of the first to stdout.
+// timed ones; with `print`, streams row 0 of the first to stdout. With
+// `trace`, the first timed generation's decode (from its first chunk to its
+// end) is traced.
 absl::StatusOr<Measured> Measure(const moh::Generator& generator,
                                  const moh::GenerationRequest& request,
-                                 int32_t batch, int32_t repeat, bool print) {
+                                 int32_t batch, int32_t repeat, bool print,
+                                 DecodeTrace* trace) {
   const std::vector<moh::GenerationRequest> requests(batch, request);
   for (int32_t i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
     if (!generator.Generate(requests, nullptr).ok()) break;
   }
+  if (trace != nullptr) MOH_RETURN_IF_ERROR(trace->Prepare());
   Measured measured;
   const Clock::time_point start = Clock::now();
   for (int32_t i = 0; i < repeat; ++i) {
@@ -177,6 +250,7 @@ absl::StatusOr<Measured> Measure(const moh::Generator& generator,
                              if (first) {
                                first = false;
                                measured.prefill_s += SecondsSince(repeat_start);
+                               if (trace != nullptr && i == 0) trace->Start();
                              }
                              if (print && i == 0 && row == 0)
                                std::cout << chunk.text << std::flush;
@@ -184,7 +258,10 @@ absl::StatusOr<Measured> Measure(const moh::Generator& generator,
     for (const moh::GenerationResult& r : results) {
       measured.total_tokens += r.token_ids.size();
     }
-    if (i == 0) measured.first = std::move(results);
+    if (i == 0) {
+      measured.first = std::move(results);
+      if (trace != nullptr) MOH_RETURN_IF_ERROR(trace->Save());
+    }
   }
   measured.seconds = SecondsSince(start);
   return measured;
@@ -293,10 +370,17 @@ int main(int argc, char** argv) {
                           ratios->size() > 1;
   std::cout << absl::GetFlag(FLAGS_prompt) << std::flush;
   Measured first;
+  const std::string profile_dir = absl::GetFlag(FLAGS_profile_dir);
   for (size_t k = 0; k < ratios->size(); ++k) {
     request.ratio = (*ratios)[k];
-    absl::StatusOr<Measured> measured =
-        Measure(generator, request, batch, repeat, k == 0);
+    std::optional<DecodeTrace> trace;
+    if (!profile_dir.empty()) {
+      trace.emplace(absl::StrFormat("%s/decode-ratio-%.2f.json", profile_dir,
+                                    request.ratio),
+                    lm->model->options().device().is_cuda());
+    }
+    absl::StatusOr<Measured> measured = Measure(
+        generator, request, batch, repeat, k == 0, trace ? &*trace : nullptr);
     if (!measured.ok()) {
       std::cout << "\n";
       return Fail(1, measured.status().message());
@@ -306,6 +390,8 @@ int main(int argc, char** argv) {
       PrintThroughput(*measured, batch, repeat, request.ratio,
                       request.prompt_ids.size());
     }
+    if (trace)
+      std::fprintf(stderr, "profile_trace=%s\n", trace->path().c_str());
     if (k == 0) first = *std::move(measured);
   }
   PrintFirst(first.first[0], request.prompt_ids, first.seconds, repeat);

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Summarises a Chrome trace that `moh-generate --profile_dir` wrote (LibTorch's
+profiler, kineto) as a Markdown table, per decode step.
+
+    trace_summary.py TRACE.json [--steps N] [--top 25] [--json OUT]
+
+--steps is how many decode steps the trace holds (moh-generate traces the
+first timed generation from its first token on: --max_new_tokens - 1).
+On CUDA the table lists kernels (graph-replayed ones too) by their total
+device time: launches and microseconds per step, the mean, and the share of
+all kernel time; above it, the window's wall time per step against the time
+the device was busy (kernels, copies and fills, overlaps counted once). On a
+CPU trace (no kernels) it lists the host operators at the top of their
+stacks the same way.
+"""
+
+import argparse
+import collections
+import gzip
+import json
+import sys
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def busy_us(intervals):
+    """The length of the union of [start, end) intervals."""
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def top_level(ops):
+    """The host operators not inside another one on the same thread."""
+    out = []
+    by_thread = collections.defaultdict(list)
+    for e in ops:
+        by_thread[e["tid"]].append(e)
+    for events in by_thread.values():
+        events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_until = None
+        for e in events:
+            if open_until is None or e["ts"] >= open_until:
+                out.append(e)
+                open_until = e["ts"] + e["dur"]
+    return out
+
+
+def short(name, width=96):
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def summarise(events, steps, top):
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    device = [e for e in complete
+              if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    kernels = [e for e in device if e["cat"] == "kernel"]
+    cpu_ops = [e for e in complete if e.get("cat") == "cpu_op"]
+    launches = collections.Counter(
+        e["name"] for e in complete if e.get("cat") == "cuda_runtime")
+    summary = {"steps": steps}
+    rows = kernels if kernels else top_level(cpu_ops)
+    if not rows:
+        raise SystemExit("trace_summary: no kernels and no host operators")
+    window = device if kernels else rows
+    start = min(e["ts"] for e in window)
+    end = max(e["ts"] + e["dur"] for e in window)
+    summary["kind"] = "kernels" if kernels else "host operators"
+    summary["wall_us_per_step"] = (end - start) / steps
+    summary["busy_us_per_step"] = busy_us(
+        (e["ts"], e["ts"] + e["dur"]) for e in window) / steps
+    if kernels:
+        summary["kernels_per_step"] = len(kernels) / steps
+        for cat in ("gpu_memcpy", "gpu_memset"):
+            these = [e for e in device if e["cat"] == cat]
+            summary[cat + "_per_step"] = len(these) / steps
+            summary[cat + "_us_per_step"] = sum(e["dur"] for e in these) / steps
+        summary["graph_launches_per_step"] = launches["cudaGraphLaunch"] / steps
+        summary["kernel_launches_per_step"] = (
+            launches["cudaLaunchKernel"] + launches["cudaLaunchKernelExC"]) / steps
+    total = collections.defaultdict(float)
+    count = collections.Counter()
+    for e in rows:
+        total[e["name"]] += e["dur"]
+        count[e["name"]] += 1
+    all_us = sum(total.values())
+    table = []
+    for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
+        table.append({"name": name, "per_step": count[name] / steps,
+                      "us_per_step": us / steps, "mean_us": us / count[name],
+                      "share": us / all_us})
+    summary["rows"] = table
+    summary["row_us_per_step"] = all_us / steps
+    return summary
+
+
+def markdown(s):
+    lines = [f"{s['steps']} decode steps: {s['wall_us_per_step']:.0f} µs a step "
+             f"(first to last {s['kind']}), busy {s['busy_us_per_step']:.0f} µs "
+             f"({s['busy_us_per_step'] / s['wall_us_per_step']:.0%})"]
+    if s["kind"] == "kernels":
+        lines.append(
+            f"per step: {s['kernels_per_step']:.0f} kernels "
+            f"({s['row_us_per_step']:.0f} µs), "
+            f"{s['gpu_memcpy_per_step']:.1f} copies "
+            f"({s['gpu_memcpy_us_per_step']:.0f} µs), "
+            f"{s['gpu_memset_per_step']:.1f} fills, "
+            f"{s['graph_launches_per_step']:.1f} graph launches, "
+            f"{s['kernel_launches_per_step']:.1f} eager kernel launches")
+    lines += ["", f"| {s['kind'][:-1]} | per step | µs per step | mean µs | share |",
+              "|---|---|---|---|---|"]
+    for r in s["rows"]:
+        lines.append(f"| `{short(r['name'])}` | {r['per_step']:.1f} | "
+                     f"{r['us_per_step']:.1f} | {r['mean_us']:.2f} | "
+                     f"{r['share']:.1%} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace")
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json", help="also write the summary here")
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+    s = summarise(load(args.trace), args.steps, args.top)
+    s["trace"] = args.trace
+    print(markdown(s))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(s, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
