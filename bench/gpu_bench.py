@@ -184,6 +184,23 @@ def layout_section(args, layout, bandwidth, results):
         "decode_tokens_per_s": f["decode_tokens_per_s"],
         "decode_tokens_per_s_runs": [x["decode_tokens_per_s"] for x in f["runs"]],
         "of_bound": f["decode_tokens_per_s"] / bound} for r, f in eager.items()}
+    # Decode attention through the gathered copy of each row's context and
+    # SDPA (the path before the paged kernel), graphs on, in the same run:
+    # what attending over the paged cache in place buys, batch 1 at ratio
+    # 1.0, and 64 x 2k at ratios 1.0 and 0.5.
+    gathered = generate(args, model_dir, sizes["batch1"], args.step_timeout,
+                        ratios=[1.0, 1.0], extra=["--cuda_paged_decode=false"])
+    gathered.pop("graph_replays")
+    entry["batch1_gathered"] = {str(r): {
+        "decode_tokens_per_s": f["decode_tokens_per_s"],
+        "of_bound": f["decode_tokens_per_s"] / bound}
+        for r, f in gathered.items()}
+    gathered = generate(args, model_dir, sizes["batched"], args.step_timeout,
+                        ratios=[1.0, 0.5], extra=["--cuda_paged_decode=false"])
+    gathered.pop("graph_replays")
+    entry["batch64_2k_gathered"] = {
+        str(r): {"decode_tokens_per_s": f["decode_tokens_per_s"]}
+        for r, f in gathered.items()}
     batched = generate(args, model_dir, sizes["batched"], args.step_timeout)
     entry["batch64_2k_graph_replays"] = batched.pop("graph_replays")
     entry["sizes"] = sizes
@@ -346,7 +363,17 @@ def table(results):
                     layout, eager["decode_tokens_per_s"], eager["of_bound"],
                     "%.2f" % (graphs["decode_tokens_per_s"] /
                               eager["decode_tokens_per_s"]) if graphs else "-"))
+        gathered = entry.get("batch1_gathered", {}).get("1.0")
+        if gathered:
+            lines.append(
+                "| %s | decode b1 @4k, gathered KV + SDPA (of bound) | %.1f (%.2f) "
+                "| | | paged / gathered at 1.0: %s |" % (
+                    layout, gathered["decode_tokens_per_s"], gathered["of_bound"],
+                    "%.2f" % (graphs["decode_tokens_per_s"] /
+                              gathered["decode_tokens_per_s"]) if graphs else "-"))
         row("decode 64 x 2k, tokens/s", "batch64_2k", "decode_tokens_per_s", "%.0f")
+        row("decode 64 x 2k, gathered KV + SDPA", "batch64_2k_gathered",
+            "decode_tokens_per_s", "%.0f")
         lines.append("| %s | decode steps replayed as CUDA graphs (b1 / 64 x 2k) "
                      "| %s / %s | | | |" % (
                          layout, entry.get("batch1", {}).get("graph_replays", "-"),

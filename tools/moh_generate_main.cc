@@ -58,6 +58,9 @@ ABSL_FLAG(
 ABSL_FLAG(int64_t, cuda_graphs, moh::kDefaultCudaGraphs,
           "On CUDA: decode-step shapes recorded as CUDA graphs (see "
           "LlamaModel::set_cuda_graphs); 0 = every step eagerly");
+ABSL_FLAG(bool, cuda_paged_decode, true,
+          "On CUDA: decode attention over the paged cache in place (see "
+          "LlamaModel::set_cuda_paged_decode); false = the gathered copy");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
 ABSL_FLAG(int32_t, batch, 1,
           "Generate this many copies of the request in one batch (throughput "
@@ -353,6 +356,7 @@ int main(int argc, char** argv) {
     return Fail(2, "--cuda_graphs must be >= 0");
   }
   lm->model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
+  lm->model->set_cuda_paged_decode(absl::GetFlag(FLAGS_cuda_paged_decode));
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "

@@ -14,6 +14,7 @@
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
 #include "model/core/llama_model_step.h"
+#include "model/core/paged_decode_attention.h"
 #include "model/core/rope.h"
 #include "model/kernels/cpu_softmax.h"
 
@@ -660,8 +661,20 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
   // Every row full (decode, a lone prompt): the ragged tokens are the
   // padded layout already.
   const bool full = n == rows * width;
-  DenseAttentionInputs dense;
   const at::Tensor rotated = RotateTokens(q, step);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  if (cuda_paged_decode_ && full && width == 1 && !narrow.any()) {
+    const PagedDecodeInputs paged{rotated.view({rows, heads, d}),
+                                  key_cache,
+                                  value_cache,
+                                  step.block_table,
+                                  step.positions,
+                                  step.row_len,
+                                  step.kv_len,
+                                  scale};
+    if (PagedDecodeServes(paged)) return PagedDecode(paged);
+  }
+  DenseAttentionInputs dense;
   dense.queries = full ? rotated.view({rows, width, heads, d})
                        : Padded(rotated, step.token_flat, rows, width);
   dense.key_cache = key_cache;
@@ -671,7 +684,7 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
   dense.positions = step.positions;
   dense.row_len = step.row_len;
   dense.kv_len = step.kv_len;
-  dense.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  dense.scale = scale;
   dense.workspace_bytes = attention_workspace_bytes_;
   // The mask is the same in every layer: made once per step when one chunk
   // takes every query (else chunk by chunk, within the workspace bound).

@@ -177,6 +177,11 @@ class LlamaModel {
   // set_attention_mode.
   void set_cuda_graphs(int64_t max_graphs) { max_cuda_graphs_ = max_graphs; }
   int64_t cuda_graphs() const { return max_cuda_graphs_; }
+  // On CUDA, decode steps (one query per row, no narrow row) attend over the
+  // paged cache in place (paged_decode_attention.h) where the kernel takes
+  // the shape; false: through the dense path's gathered copy (DenseAttention).
+  // Same contract as set_attention_mode.
+  void set_cuda_paged_decode(bool on) { cuda_paged_decode_ = on; }
   // Decode steps that ran as a recorded graph (replays), for tests and logs.
   int64_t graph_replays() const;
   // The element type of the caches CreateKvCache makes (and CheckMemoryFits
@@ -331,6 +336,7 @@ class LlamaModel {
   WeightFormat linear_weights_ = WeightFormat::kAsLoaded;
   int64_t narrow_kv_heads_ = 0;
   int64_t max_cuda_graphs_ = kDefaultCudaGraphs;
+  bool cuda_paged_decode_ = true;
   std::unique_ptr<StepGraphs> graphs_;
 };
 

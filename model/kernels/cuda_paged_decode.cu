@@ -1,0 +1,290 @@
+// Flash-decoding over the paged KV cache (see cuda_paged_decode.h).
+//
+// Kernel 1, a thread block per (row, KV head, split of kPagedDecodeSplit
+// keys):
+//   1. the group's G queries, scaled, into shared memory (float), and each
+//      key's place in the caches through the block table;
+//   2. scores: each thread takes whole keys, reads a key's head_dim elements
+//      16 bytes at a time and accumulates the G dot products;
+//   3. per query head (a warp each): the split's max, exp(score - max) in
+//      place and their sum;
+//   4. values: head_dim / 8 threads per key read 16 bytes each, the thread
+//      block's 128 / (head_dim / 8) key lanes take every lane-th key and
+//      accumulate p * v for the G heads; the lanes are summed in shared
+//      memory.
+//   It writes the split's unnormalised output, max and sum.
+// Kernel 2, a thread block per (row, head), a thread per dimension: the
+// splits combined, out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "model/kernels/cuda_paged_decode.h"
+
+namespace moh {
+namespace {
+
+constexpr int kSplit = kPagedDecodeSplit;
+constexpr int kThreads = 128;
+
+// Eight consecutive elements as float; p is 16-byte aligned (32 for float).
+__device__ inline void Load8(const float* p, float* x) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+  x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ inline void Load8(const __nv_bfloat16* p, float* x) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    x[2 * i] = f.x, x[2 * i + 1] = f.y;
+  }
+}
+__device__ inline void Load8(const __half* p, float* x) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    x[2 * i] = f.x, x[2 * i + 1] = f.y;
+  }
+}
+
+__device__ inline float ToFloat(float v) { return v; }
+__device__ inline float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float ToFloat(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ inline T FromFloat(float v);
+template <>
+__device__ inline float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+template <>
+__device__ inline __half FromFloat<__half>(float v) {
+  return __float2half(v);
+}
+
+__device__ inline float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o));
+  return v;
+}
+__device__ inline float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+  return v;
+}
+
+// Keys row `row` reads.
+__device__ inline int64_t RowKeys(const PagedDecodeArgs& a, int row) {
+  return max(int64_t{0}, min(a.positions[row] + 1, a.row_len[row]));
+}
+
+template <typename T, int G>
+__global__ void __launch_bounds__(kThreads)
+    PagedDecodeSplitKernel(PagedDecodeArgs a) {
+  const int row = blockIdx.x, kv = blockIdx.y, split = blockIdx.z;
+  const int d_n = a.head_dim, tid = threadIdx.x;
+  extern __shared__ float shared[];
+  float* q = shared;                  // [G][D]
+  float* p = q + G * d_n;             // [G][kSplit]
+  float* lanes = p + G * kSplit;      // [key lanes][D], one head at a time
+  __shared__ int64_t offset[kSplit];  // each key's place in the caches
+  __shared__ float split_max[G], split_sum[G];
+
+  const int64_t begin = int64_t{split} * kSplit;
+  const int n = static_cast<int>(
+      max(int64_t{0}, min(int64_t{kSplit}, RowKeys(a, row) - begin)));
+  const int64_t head0 = int64_t{row} * a.heads + int64_t{kv} * G;
+  const int64_t partial0 = head0 * a.splits + split;  // (row, head0, split)
+  if (n == 0) {  // nothing of this row here: an empty split
+    for (int i = tid; i < G * d_n; i += kThreads) {
+      const int g = i / d_n;
+      a.partial_out[(partial0 + int64_t{g} * a.splits) * d_n + i % d_n] = 0.f;
+    }
+    if (tid < G) {
+      a.partial_max_sum[(partial0 + int64_t{tid} * a.splits) * 2] = -FLT_MAX;
+      a.partial_max_sum[(partial0 + int64_t{tid} * a.splits) * 2 + 1] = 0.f;
+    }
+    return;
+  }
+  const T* queries = static_cast<const T*>(a.queries) + head0 * d_n;
+  for (int i = tid; i < G * d_n; i += kThreads) {
+    q[i] = ToFloat(queries[i]) * a.scale;
+  }
+  const int64_t* table = a.block_table + int64_t{row} * a.table_stride;
+  const int64_t head_offset = int64_t{kv} * a.stride_head;
+  for (int j = tid; j < n; j += kThreads) {
+    const int64_t key = begin + j;
+    offset[j] = table[key / a.block_size] * a.stride_block +
+                (key % a.block_size) * a.stride_position + head_offset;
+  }
+  __syncthreads();
+
+  const T* keys = static_cast<const T*>(a.key_cache);
+  const T* values = static_cast<const T*>(a.value_cache);
+  for (int j = tid; j < n; j += kThreads) {
+    const T* k = keys + offset[j];
+    float dot[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) dot[g] = 0.f;
+    for (int d = 0; d < d_n; d += 8) {
+      float x[8];
+      Load8(k + d, x);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot[g] += q[g * d_n + d + e] * x[e];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) p[g * kSplit + j] = dot[g];
+  }
+  __syncthreads();
+
+  const int warp = tid / 32, lane = tid % 32;
+  for (int g = warp; g < G; g += kThreads / 32) {
+    float m = -FLT_MAX;
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, p[g * kSplit + j]);
+    m = WarpMax(m);
+    float l = 0.f;
+    for (int j = lane; j < n; j += 32) {
+      const float e = __expf(p[g * kSplit + j] - m);
+      p[g * kSplit + j] = e;
+      l += e;
+    }
+    l = WarpSum(l);
+    if (lane == 0) split_max[g] = m, split_sum[g] = l;
+  }
+  __syncthreads();
+
+  // Values: head_dim / 8 threads per key, 8 dimensions each (16-byte
+  // loads); the thread block's key lanes take every key_lanes-th key.
+  const int per_key = d_n / 8, key_lanes = kThreads / per_key;
+  const int d0 = (tid % per_key) * 8, key_lane = tid / per_key;
+  float acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+  }
+#pragma unroll 4
+  for (int j = key_lane; j < n; j += key_lanes) {
+    float v[8];
+    Load8(values + offset[j] + d0, v);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float w = p[g * kSplit + j];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] += w * v[e];
+    }
+  }
+  // The key lanes summed, one head at a time (kThreads * 8 floats).
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) lanes[key_lane * d_n + d0 + e] = acc[g][e];
+    __syncthreads();
+    for (int d = tid; d < d_n; d += kThreads) {
+      float sum = 0.f;
+      for (int l = 0; l < key_lanes; ++l) sum += lanes[l * d_n + d];
+      a.partial_out[(partial0 + int64_t{g} * a.splits) * d_n + d] = sum;
+    }
+    __syncthreads();
+  }
+  if (tid < G) {
+    a.partial_max_sum[(partial0 + int64_t{tid} * a.splits) * 2] =
+        split_max[tid];
+    a.partial_max_sum[(partial0 + int64_t{tid} * a.splits) * 2 + 1] =
+        split_sum[tid];
+  }
+}
+
+template <typename T>
+__global__ void PagedDecodeCombineKernel(PagedDecodeArgs a) {
+  const int64_t head = blockIdx.x;  // row * heads + h
+  const int d = threadIdx.x;
+  const float* ms = a.partial_max_sum + head * a.splits * 2;
+  float m = -FLT_MAX;
+  for (int s = 0; s < a.splits; ++s) {
+    if (ms[2 * s + 1] > 0.f) m = fmaxf(m, ms[2 * s]);
+  }
+  float sum = 0.f, out = 0.f;
+  for (int s = 0; s < a.splits; ++s) {
+    if (ms[2 * s + 1] <= 0.f) continue;
+    const float w = __expf(ms[2 * s] - m);
+    sum += w * ms[2 * s + 1];
+    out += w * a.partial_out[(head * a.splits + s) * a.head_dim + d];
+  }
+  static_cast<T*>(a.out)[head * a.head_dim + d] =
+      FromFloat<T>(sum > 0.f ? out / sum : 0.f);
+}
+
+template <typename T, int G>
+cudaError_t Launch(const PagedDecodeArgs& a) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+  const size_t shared =
+      sizeof(float) * (G * a.head_dim + G * kSplit + kThreads * 8);
+  PagedDecodeSplitKernel<T, G>
+      <<<dim3(a.rows, a.kv_heads, a.splits), kThreads, shared, stream>>>(a);
+  PagedDecodeCombineKernel<T><<<a.rows * a.heads, a.head_dim, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchType(const PagedDecodeArgs& a) {
+  switch (a.heads / a.kv_heads) {
+    case 1:
+      return Launch<T, 1>(a);
+    case 2:
+      return Launch<T, 2>(a);
+    case 4:
+      return Launch<T, 4>(a);
+    default:
+      return Launch<T, 8>(a);
+  }
+}
+
+}  // namespace
+
+bool PagedDecodeShapeSupported(int heads, int kv_heads, int head_dim) {
+  if (kv_heads <= 0 || heads % kv_heads != 0) return false;
+  const int group = heads / kv_heads;
+  // Whole 8-element loads, and key lanes of head_dim / 8 threads that
+  // fill the thread block.
+  const bool dims = head_dim == 8 || head_dim == 16 || head_dim == 32 ||
+                    head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return (group == 1 || group == 2 || group == 4 || group == 8) && dims;
+}
+
+const char* LaunchPagedDecode(const PagedDecodeArgs& args) {
+  if (!PagedDecodeShapeSupported(args.heads, args.kv_heads, args.head_dim)) {
+    return "paged decode: unsupported heads / kv_heads / head_dim";
+  }
+  if (args.rows == 0) return nullptr;
+  cudaError_t error = cudaSuccess;
+  switch (args.type) {
+    case PagedDecodeType::kFloat32:
+      error = LaunchType<float>(args);
+      break;
+    case PagedDecodeType::kBFloat16:
+      error = LaunchType<__nv_bfloat16>(args);
+      break;
+    case PagedDecodeType::kFloat16:
+      error = LaunchType<__half>(args);
+      break;
+  }
+  return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+}
+
+}  // namespace moh
