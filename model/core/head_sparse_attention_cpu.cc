@@ -140,33 +140,32 @@ at::Tensor FullHeadOutputs(const at::Tensor &a, const LinearWeight &weight,
   if ((m == 1 || runs.size() == 1) && PlainRows(a)) {
     at::Tensor y = at::empty({m, out_cols}, a.options());
     float *sum = y.data_ptr<float>();
+    // Output rows [row0, row0 + rows) of the one row: the first run's
+    // product written there, each later run's added to it.
+    auto sum_runs = [&](int64_t row0, int64_t rows) {
+      std::vector<float> part(rows);
+      int64_t column = 0;
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const auto &[first, count] = runs[r];
+        float *into = r == 0 ? sum + row0 : part.data();
+        if (!LinearBlockInto(a.data_ptr<float>() + column, 1, count * d, weight,
+                             row0, rows, first * d, nullptr, into)) {
+          return false;
+        }
+        if (r > 0) {
+          for (int64_t j = 0; j < rows; ++j) sum[row0 + j] += part[j];
+        }
+        column += count * d;
+      }
+      return true;
+    };
     if (runs.size() == 1) {
       if (LinearBlockInto(a.data_ptr<float>(), m, runs[0].second * d, weight, 0,
                           out_cols, runs[0].first * d, nullptr, sum)) {
         return y;
       }
     } else if (OneRowBlocks(out_cols, static_cast<int64_t>(heads.size()) * d,
-                            [&](int64_t row0, int64_t rows) {
-                              std::vector<float> part(rows);
-                              int64_t column = 0;
-                              for (size_t r = 0; r < runs.size(); ++r) {
-                                const auto &[first, count] = runs[r];
-                                float *into = r == 0 ? sum + row0 : part.data();
-                                if (!LinearBlockInto(
-                                        a.data_ptr<float>() + column, 1,
-                                        count * d, weight, row0, rows,
-                                        first * d, nullptr, into)) {
-                                  return false;
-                                }
-                                if (r > 0) {
-                                  for (int64_t j = 0; j < rows; ++j) {
-                                    sum[row0 + j] += part[j];
-                                  }
-                                }
-                                column += count * d;
-                              }
-                              return true;
-                            })) {
+                            sum_runs)) {
       return y;
     }
   }
