@@ -437,8 +437,11 @@ at::Tensor LlamaModel::MlpDown(const at::Tensor& x, const Layer& layer) const {
   // chunks of rows: the intermediate [rows, 2 * I] of the whole step (90 MB
   // for 8,192 tokens of the bench model) is past glibc's largest mmap
   // threshold (32 MiB), so each layer mapped it afresh and faulted it in
-  // page by page; a chunk's (at most 16 MiB of float32, and 1,024 rows) stays
-  // in the heap and in the cache. Each row's sums are the same in any chunk.
+  // page by page; a chunk's stays in the heap and in the cache. The chunk is
+  // sized by that [rows, 2 * I] product alone (at most 16 MiB of float32,
+  // and 1,024 rows); Mlp's SwiGLU output [rows, I] beside it makes the
+  // chunk's working set 1.5 times that (at most 24 MiB). Each row's sums are
+  // the same in any chunk.
   const int64_t width = 2 * layer.down_proj.size(1);  // gate and up: 2 * I
   const int64_t chunk = std::clamp<int64_t>(
       (int64_t{16} << 20) / (width * int64_t{sizeof(float)}), 128, 1024);
