@@ -1,9 +1,12 @@
 """bench/make_bench_lm.py writes a model moh-generate loads and that always
 generates exactly the tokens asked for (its end-of-sequence token never wins);
-moh-generate --ratios; bench/gpu_bench.py rehearsed on the CPU.
+moh-generate --ratios and --profile_dir with bench/trace_summary.py;
+bench/gpu_bench.py rehearsed on the CPU.
 
 Environment (CTest sets them): MOH_GENERATE (path of moh-generate),
-MOH_SOURCE_DIR (the repository). Run with /usr/bin/python3 -m pytest.
+MOH_SOURCE_DIR (the repository), MOH_TORCH_CUDA (ON when moh-generate links
+the torch wheel's LibTorch, which has the kineto profiler). Run with
+/usr/bin/python3 -m pytest.
 """
 import json
 import os
@@ -53,6 +56,48 @@ def test_generate_measures_several_ratios_with_one_load(tmp_path):
     bad = subprocess.run([GENERATE, "--model_dir=%s" % lm, "--ratios=0.5,1.5"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--ratios" in bad.stderr and "[0, 1]" in bad.stderr
+
+
+def test_generate_profile_dir_traces_each_ratio(tmp_path):
+    """moh-generate --profile_dir: with the wheel's LibTorch, a Chrome trace
+    of each ratio's decode, which bench/trace_summary.py tabulates per step;
+    with Debian's (no kineto), exit 1 naming the flag and the cause."""
+    lm = os.path.join(SOURCE, "models", "demo-lm")
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    result = subprocess.run(
+        [GENERATE, "--model_dir=%s" % lm, "--prompt=In the beginning",
+         "--max_new_tokens=6", "--temperature=0", "--ratios=1,0.5",
+         "--profile_dir=%s" % traces], capture_output=True, text=True,
+        timeout=120)
+    if os.environ.get("MOH_TORCH_CUDA") != "ON":
+        assert result.returncode == 1, result.stderr
+        assert "--profile_dir" in result.stderr and "Kineto" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in traces.iterdir())
+    assert names == ["decode-ratio-0.50.json", "decode-ratio-1.00.json"], names
+    assert "profile_trace=%s" % (traces / "decode-ratio-0.50.json") in result.stderr
+    summary = tmp_path / "summary.json"
+    table = subprocess.run(
+        [sys.executable, os.path.join(SOURCE, "bench", "trace_summary.py"),
+         str(traces / "decode-ratio-1.00.json"), "--steps=5", "--top=5",
+         "--json=%s" % summary], capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.startswith("5 decode steps: "), table.stdout
+    assert "| host operator | per step |" in table.stdout
+    with open(summary) as f:
+        s = json.load(f)
+    # Host operators of the decode steps (a CPU trace has no kernels), each
+    # step's operators counted once.
+    assert s["kind"] == "host operators" and 0 < len(s["rows"]) <= 5
+    assert s["wall_us_per_step"] >= s["busy_us_per_step"] > 0
+    assert all(r["per_step"] > 0 for r in s["rows"])
+    bad = subprocess.run(
+        [sys.executable, os.path.join(SOURCE, "bench", "trace_summary.py"),
+         str(traces / "decode-ratio-1.00.json"), "--steps=0"],
+        capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--steps" in bad.stderr
 
 
 def test_gpu_bench_rehearsal_on_cpu(tmp_path):
