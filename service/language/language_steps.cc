@@ -24,7 +24,8 @@ class LanguageSteps : public StepExecutor<Sequence> {
         metrics_(metrics),
         num_head_counters_(static_cast<size_t>(model_.config().num_layers) *
                            model_.config().num_heads),
-        cache_(model_.CreateKvCache(kv_blocks, kv_block_size)) {}
+        cache_(model_.CreateKvCache(kv_blocks, kv_block_size)),
+        graph_replays_(model_.graph_replays()) {}
 
   void Admit(Sequence& seq, const AdmittedRequest& admitted) override {
     if (admitted.lowered) {
@@ -99,6 +100,10 @@ class LanguageSteps : public StepExecutor<Sequence> {
     DecoderBatch batch = BuildBatch(rows, seqs);
     batch.all_logits = all_logits;
     MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
+    const int64_t replays = model_.graph_replays();
+    if (metrics_ != nullptr)
+      metrics_->CudaGraphReplays(replays - graph_replays_);
+    graph_replays_ = replays;
     const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
     const at::Tensor counts =
         out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
@@ -212,6 +217,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
   ModelMetrics* const metrics_;
   const size_t num_head_counters_;
   KvCache cache_;
+  int64_t graph_replays_;  // the model's count after the last step
 };
 
 }  // namespace

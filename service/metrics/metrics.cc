@@ -175,7 +175,12 @@ struct Metrics::Families {
             "Times adaptive mode lowered the activation ratio.", r)),
         load_seconds(Register(prometheus::BuildGauge(),
                               "moh_model_load_seconds",
-                              "Seconds it took to load the model.", r)) {}
+                              "Seconds it took to load the model.", r)),
+        cuda_graph_replays(Register(
+            prometheus::BuildCounter(), "moh_cuda_graph_replays_total",
+            "Language-model steps replayed as a recorded CUDA graph (0 on "
+            "CPU).",
+            r)) {}
 
   Family<Counter>& requests;
   Family<Histogram>& request_duration;
@@ -200,6 +205,7 @@ struct Metrics::Families {
   Family<Counter>& head_tokens;
   Family<Counter>& ratio_lowered;
   Family<Gauge>& load_seconds;
+  Family<Counter>& cuda_graph_replays;
 };
 
 struct ModelMetrics::Impl {
@@ -231,6 +237,7 @@ struct ModelMetrics::Impl {
   std::atomic<bool> head_size_mismatch_logged{false};
   Counter* ratio_lowered = nullptr;
   Gauge* load_seconds = nullptr;
+  Counter* cuda_graph_replays = nullptr;
 
   Counter* RequestCounter(int rpc, int code) {
     Counter* c = requests[rpc][code].load(std::memory_order_acquire);
@@ -277,6 +284,10 @@ void ModelMetrics::PromptTokens(int64_t n) {
 
 void ModelMetrics::GeneratedTokens(int64_t n) {
   if (n > 0) impl_->generated_tokens->Increment(static_cast<double>(n));
+}
+
+void ModelMetrics::CudaGraphReplays(int64_t n) {
+  if (n > 0) impl_->cuda_graph_replays->Increment(static_cast<double>(n));
 }
 
 void ModelMetrics::ImageGenerated(absl::Duration total) {
@@ -412,6 +423,7 @@ ModelMetrics* Metrics::ForModel(const std::string& name,
   impl->itl = &f.itl.Add(model, ItlBuckets());
   impl->prompt_tokens = &f.prompt_tokens.Add(model);
   impl->generated_tokens = &f.generated_tokens.Add(model);
+  impl->cuda_graph_replays = &f.cuda_graph_replays.Add(model);
   impl->images = &f.images.Add(model);
   // Time per image: the tiny demo's tens of milliseconds to a large model's
   // minutes on a CPU.

@@ -71,6 +71,9 @@ class ModelMetrics {
   // moh_prompt_tokens_total{model}, moh_generated_tokens_total{model}.
   void PromptTokens(int64_t n);
   void GeneratedTokens(int64_t n);
+  // moh_cuda_graph_replays_total{model} += n: language-model steps that ran
+  // as a recorded CUDA graph (LlamaModel::graph_replays).
+  void CudaGraphReplays(int64_t n);
   // moh_images_generated_total{model}, moh_image_seconds{model} (submission
   // to the finished PNG) of one generated image.
   void ImageGenerated(absl::Duration total);

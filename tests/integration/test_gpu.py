@@ -79,3 +79,24 @@ def test_gpu_memory_metric(gpu_server, api):
     samples = gpu_server.samples()
     used = lib.metric_value(samples, "moh_gpu_memory_bytes", device="cuda:0")
     assert used is not None and used > 0
+
+
+def test_cuda_graph_replays_metric(gpu_server, api):
+    """A single stream's decode steps share one shape: after the first (eager)
+    and the second (recorded), they replay as a CUDA graph, which
+    moh_cuda_graph_replays_total counts per model; the CPU model never
+    replays."""
+    stub = api.grpc.InferenceStub(gpu_server.channel())
+    def replays(samples, model):
+        return [v for _, v in lib.metric_series(
+            samples, "moh_cuda_graph_replays_total", model=model)]
+
+    before = replays(gpu_server.samples(), "lm-cuda")
+    lib.run_generate(stub, lib.generate_request(
+        api.pb, token_ids=[7, 8, 9], model="lm-cuda", ratio=1.0,
+        max_new_tokens=12))
+    samples = gpu_server.samples()
+    after = replays(samples, "lm-cuda")
+    assert len(before) == 1 and len(after) == 1
+    assert after[0] > before[0]
+    assert replays(samples, "lm-cpu") == [0]

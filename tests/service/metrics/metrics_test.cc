@@ -178,6 +178,7 @@ TEST_F(MetricsTest, EveryFamilyPresentWithHelpAndType) {
       {"moh_head_tokens_total", MetricType::Counter},
       {"moh_activation_ratio_lowered_total", MetricType::Counter},
       {"moh_model_load_seconds", MetricType::Gauge},
+      {"moh_cuda_graph_replays_total", MetricType::Counter},
       {"process_cpu_seconds_total", MetricType::Counter},
       {"process_resident_memory_bytes", MetricType::Gauge},
       {"process_virtual_memory_bytes", MetricType::Gauge},
@@ -327,6 +328,10 @@ TEST_F(MetricsTest, TokenCountersIgnoreNonPositive) {
   m->GeneratedTokens(0);
   EXPECT_EQ(CounterValue("moh_prompt_tokens_total", {{"model", "m"}}), 15);
   EXPECT_EQ(CounterValue("moh_generated_tokens_total", {{"model", "m"}}), 7);
+  m->CudaGraphReplays(3);
+  m->CudaGraphReplays(0);
+  m->CudaGraphReplays(-1);
+  EXPECT_EQ(CounterValue("moh_cuda_graph_replays_total", {{"model", "m"}}), 3);
 }
 
 TEST_F(MetricsTest, BatchSizeByKindWithPowerOfTwoBuckets) {
