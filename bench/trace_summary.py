@@ -2,10 +2,11 @@
 """Summarises a Chrome trace that `moh-generate --profile_dir` wrote (LibTorch's
 profiler, kineto) as a Markdown table, per decode step.
 
-    trace_summary.py TRACE.json [--steps N] [--top 25] [--json OUT]
+    trace_summary.py TRACE.json [--steps N] [--label L] [--top 25] [--json OUT]
 
---steps is how many decode steps the trace holds (moh-generate traces the
-first timed generation from its first token on: --max_new_tokens - 1).
+--steps is how many steps the trace holds: a decode trace of moh-generate
+(the first timed generation from its first token on) holds
+--max_new_tokens - 1; a prefill trace is read as one (--label prefill).
 On CUDA the table lists kernels (graph-replayed ones too) by their total
 device time: launches and microseconds per step, the mean, and the share of
 all kernel time; above it, the window's wall time per step against the time
@@ -105,7 +106,7 @@ def summarise(events, steps, top):
 
 
 def markdown(s):
-    lines = [f"{s['steps']} decode steps: {s['wall_us_per_step']:.0f} µs a step "
+    lines = [f"{s['steps']} {s['label']}: {s['wall_us_per_step']:.0f} µs a step "
              f"(first to last {s['kind']}), busy {s['busy_us_per_step']:.0f} µs "
              f"({s['busy_us_per_step'] / s['wall_us_per_step']:.0%})"]
     if s["kind"] == "kernels":
@@ -130,6 +131,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--label", default="decode steps",
+                        help="what a step is, for the table's first line")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", help="also write the summary here")
     args = parser.parse_args()
@@ -137,6 +140,7 @@ def main():
         parser.error("--steps must be >= 1")
     s = summarise(load(args.trace), args.steps, args.top)
     s["trace"] = args.trace
+    s["label"] = args.label
     print(markdown(s))
     if args.json:
         with open(args.json, "w") as f:

@@ -23,10 +23,10 @@
 # Python with torch (default python3). Exit status: 0 when every GPU test
 # passed (none skipped) and the benchmark ran every step.
 # --profile LAYOUTS runs, in place of the benchmark, moh-generate
-# --profile_dir on each layout's decode (batch 1 at 4k context and 64
-# sequences at 2k, ratios 1.0 and 0.5, after a warm-up that records the CUDA
-# graphs) and leaves each trace, gzipped, and bench/trace_summary.py's tables
-# (profile.md) under $OUT.
+# --profile_dir on each layout (batch 1 with a 4k prompt and 64 sequences of
+# 2k, ratios 1.0 and 0.5, after a warm-up that records the CUDA graphs) and
+# leaves bench/trace_summary.py's tables of each prefill and decode
+# (profile.md) and the traces, gzipped, in traces.tar under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -140,7 +140,9 @@ if [ -n "$layouts" ]; then
 fi
 
 # One traced moh-generate run: NAME, the decode steps it traces, then its
-# flags; each ratio's trace summarised into profile.md and gzipped.
+# flags; each ratio's prefill and decode traces summarised into profile.md
+# and gzipped into the traces folder (packed as traces.tar: $OUT returns at
+# most 8 files).
 profile_run() {
   local name="$1" steps="$2"; shift 2
   local dir="${TMPDIR:-/tmp}/moh-gpu-profile/$name"
@@ -151,16 +153,21 @@ profile_run() {
     --device=cuda --dtype=bfloat16 --temperature=0 --warmup=1 --ratios=1,0.5 \
     --profile_dir="$dir" "$@" 2>&1 | grep -E "ratio=|replays|Error|error" ||
     fail "profile $name"
-  for trace in "$dir"/decode-ratio-*.json; do
+  for trace in "$dir"/prefill-ratio-*.json "$dir"/decode-ratio-*.json; do
     [ -f "$trace" ] || continue
-    { echo; echo "### $name, $(basename "$trace" .json)"; echo
-      "$python" bench/trace_summary.py "$trace" --steps "$steps" --top 30
+    local phase; phase="$(basename "$trace" .json)"
+    local args=(--steps "$steps")
+    [[ "$phase" == prefill-* ]] && args=(--steps 1 --label prefill)
+    { echo; echo "### $name, $phase"; echo
+      "$python" bench/trace_summary.py "$trace" "${args[@]}" --top 30
     } >>"$out/profile.md" || fail "trace_summary $trace"
-    gzip -c "$trace" >"$out/$name-$(basename "$trace").gz"
+    gzip -c "$trace" >"$traces/$name-$phase.json.gz"
   done
 }
 if [ -n "$profile" ]; then
   start=$SECONDS
+  traces="${TMPDIR:-/tmp}/moh-gpu-traces"
+  rm -rf "$traces" && mkdir -p "$traces"
   : >"$out/profile.md"
   for layout in ${profile//,/ }; do
     step "profile $layout (at most $(( left - SECONDS + start ))s)"
@@ -172,6 +179,7 @@ if [ -n "$profile" ]; then
     profile_run "$layout-b64" 7 --model_dir="$model" --batch=64 \
       --prompt_tokens=2048 --max_new_tokens=8
   done
+  tar -cf "$out/traces.tar" -C "$traces" . || fail "packing the traces"
   cat "$out/profile.md"
 fi
 

@@ -53,15 +53,25 @@ def test_generate_measures_several_ratios_with_one_load(tmp_path):
     assert [(float(r), int(n)) for r, n in ratios] == [(0.5, 8), (1.0, 8), (0.75, 8)]
     effective = re.search(r"effective_ratio=([0-9.]+)", result.stderr)
     assert effective and float(effective.group(1)) == 0.5, result.stderr
+    prefill = subprocess.run(
+        [sys.executable, os.path.join(SOURCE, "bench", "trace_summary.py"),
+         str(traces / "prefill-ratio-0.50.json"), "--label=prefill"],
+        capture_output=True, text=True, timeout=120)
+    assert prefill.returncode == 0, prefill.stderr
+    assert prefill.stdout.startswith("1 prefill: "), prefill.stdout
+    # The prompt's forward pass is in it: its embedding lookup among the
+    # operators.
+    assert "aten::embedding" in prefill.stdout
     bad = subprocess.run([GENERATE, "--model_dir=%s" % lm, "--ratios=0.5,1.5"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--ratios" in bad.stderr and "[0, 1]" in bad.stderr
 
 
 def test_generate_profile_dir_traces_each_ratio(tmp_path):
-    """moh-generate --profile_dir: with the wheel's LibTorch, a Chrome trace
-    of each ratio's decode, which bench/trace_summary.py tabulates per step;
-    with Debian's (no kineto), exit 1 naming the flag and the cause."""
+    """moh-generate --profile_dir: with the wheel's LibTorch, Chrome traces
+    of each ratio's prefill and decode, which bench/trace_summary.py
+    tabulates per step; with Debian's (no kineto), exit 1 naming the flag
+    and the cause."""
     lm = os.path.join(SOURCE, "models", "demo-lm")
     traces = tmp_path / "traces"
     traces.mkdir()
@@ -76,8 +86,10 @@ def test_generate_profile_dir_traces_each_ratio(tmp_path):
         return
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in traces.iterdir())
-    assert names == ["decode-ratio-0.50.json", "decode-ratio-1.00.json"], names
-    assert "profile_trace=%s" % (traces / "decode-ratio-0.50.json") in result.stderr
+    assert names == ["decode-ratio-0.50.json", "decode-ratio-1.00.json",
+                     "prefill-ratio-0.50.json", "prefill-ratio-1.00.json"], names
+    for name in names:
+        assert "profile_trace=%s" % (traces / name) in result.stderr
     summary = tmp_path / "summary.json"
     table = subprocess.run(
         [sys.executable, os.path.join(SOURCE, "bench", "trace_summary.py"),
@@ -93,6 +105,15 @@ def test_generate_profile_dir_traces_each_ratio(tmp_path):
     assert s["kind"] == "host operators" and 0 < len(s["rows"]) <= 5
     assert s["wall_us_per_step"] >= s["busy_us_per_step"] > 0
     assert all(r["per_step"] > 0 for r in s["rows"])
+    prefill = subprocess.run(
+        [sys.executable, os.path.join(SOURCE, "bench", "trace_summary.py"),
+         str(traces / "prefill-ratio-0.50.json"), "--label=prefill"],
+        capture_output=True, text=True, timeout=120)
+    assert prefill.returncode == 0, prefill.stderr
+    assert prefill.stdout.startswith("1 prefill: "), prefill.stdout
+    # The prompt's forward pass is in it: its embedding lookup among the
+    # operators.
+    assert "aten::embedding" in prefill.stdout
     bad = subprocess.run(
         [sys.executable, os.path.join(SOURCE, "bench", "trace_summary.py"),
          str(traces / "decode-ratio-1.00.json"), "--steps=0"],

@@ -71,11 +71,12 @@ ABSL_FLAG(int32_t, prompt_tokens, 0,
           "repeated); 0 = --prompt as it is");
 ABSL_FLAG(int32_t, warmup, 0, "Untimed generations before the timed ones");
 ABSL_FLAG(std::string, profile_dir, "",
-          "Trace the decode steps of each ratio's first timed generation "
-          "with LibTorch's profiler (host operators and, on CUDA, every "
-          "kernel, graph-replayed ones too) to DIR/decode-ratio-R.json, a "
-          "Chrome trace (bench/trace_summary.py, Perfetto); the profiled "
-          "figures include the profiler's overhead");
+          "Trace each ratio's first timed generation with LibTorch's profiler "
+          "(host operators and, on CUDA, every kernel, graph-replayed ones "
+          "too): its prefill (to the first token) to "
+          "DIR/prefill-ratio-R.json and its decode to "
+          "DIR/decode-ratio-R.json, Chrome traces (bench/trace_summary.py, "
+          "Perfetto); the profiled figures include the profiler's overhead");
 ABSL_FLAG(bool, print_token_ids, false,
           "Print the prompt's and the first sequence's generated token ids");
 
@@ -158,42 +159,42 @@ absl::StatusOr<moh::LanguageModel> LoadModel(double* load_s) {
   return lm;
 }
 
-// --profile_dir: LibTorch's profiler (kineto) over a window of one
-// generation, saved as a Chrome trace. Prepare() sets the profiler up
-// outside the window (CUPTI's start is slow), Start() opens the window at
-// most once, Save() closes it.
-class DecodeTrace {
+// --profile_dir: LibTorch's profiler (kineto) over the phases of one
+// generation, each saved as a Chrome trace DIR/PHASE-ratio-R.json. Open()
+// starts a phase's window, Close() ends it and saves it; the first error
+// is kept (status()) and stops further windows.
+class PhaseTrace {
  public:
-  DecodeTrace(std::string path, bool cuda)
-      : path_(std::move(path)),
+  PhaseTrace(std::string dir, float ratio, bool cuda)
+      : dir_(std::move(dir)),
+        ratio_(ratio),
         config_(torch::profiler::impl::ProfilerState::KINETO),
         activities_{torch::profiler::impl::ActivityType::CPU} {
     if (cuda) activities_.insert(torch::profiler::impl::ActivityType::CUDA);
   }
 
-  absl::Status Prepare() {
-    return Guard("prepare", [&] {
+  void Open(absl::string_view phase) {
+    if (!status_.ok() || open_) return;
+    status_ = Guard("start", [&] {
       torch::autograd::profiler::prepareProfiler(config_, activities_);
-    });
-  }
-
-  void Start() {
-    if (started_) return;
-    started_ = true;
-    start_status_ = Guard("start", [&] {
       torch::autograd::profiler::enableProfiler(config_, activities_);
     });
+    if (!status_.ok()) return;
+    open_ = true;
+    path_ = absl::StrFormat("%s/%s-ratio-%.2f.json", dir_, phase, ratio_);
   }
 
-  absl::Status Save() {
-    MOH_RETURN_IF_ERROR(start_status_);
-    if (!started_) return absl::OkStatus();
-    return Guard("save", [&] {
+  void Close() {
+    if (!open_) return;
+    open_ = false;
+    status_ = Guard("save", [&] {
       torch::autograd::profiler::disableProfiler()->save(path_);
     });
+    if (status_.ok()) paths_.push_back(path_);
   }
 
-  const std::string& path() const { return path_; }
+  const absl::Status& status() const { return status_; }
+  const std::vector<std::string>& paths() const { return paths_; }
 
  private:
   // Runs `step`, turning LibTorch's exception into a status that names it.
@@ -211,11 +212,14 @@ class DecodeTrace {
     }
   }
 
-  std::string path_;
+  std::string dir_;
+  float ratio_;
   torch::profiler::impl::ProfilerConfig config_;
   std::set<torch::profiler::impl::ActivityType> activities_;
-  bool started_ = false;
-  absl::Status start_status_;
+  bool open_ = false;
+  std::string path_;
+  std::vector<std::string> paths_;
+  absl::Status status_;
 };
 
 // One ratio's timed generations.
@@ -230,20 +234,22 @@ struct Measured {
 
 // --warmup untimed generations of `batch` copies of `request`, then --repeat
 // timed ones; with `print`, streams row 0 of the first to stdout. With
-// `trace`, the first timed generation's decode (from its first chunk to its
-// end) is traced.
+// `trace`, the first timed generation is traced in two phases: "prefill"
+// (from its start to its first chunk: the prompts' forward pass and the
+// first token) and "decode" (the rest).
 absl::StatusOr<Measured> Measure(const moh::Generator& generator,
                                  const moh::GenerationRequest& request,
                                  int32_t batch, int32_t repeat, bool print,
-                                 DecodeTrace* trace) {
+                                 PhaseTrace* trace) {
   const std::vector<moh::GenerationRequest> requests(batch, request);
   for (int32_t i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
     if (!generator.Generate(requests, nullptr).ok()) break;
   }
-  if (trace != nullptr) MOH_RETURN_IF_ERROR(trace->Prepare());
   Measured measured;
   const Clock::time_point start = Clock::now();
   for (int32_t i = 0; i < repeat; ++i) {
+    const bool traced = trace != nullptr && i == 0;
+    if (traced) trace->Open("prefill");
     const Clock::time_point repeat_start = Clock::now();
     bool first = true;
     MOH_ASSIGN_OR_RETURN(
@@ -253,7 +259,10 @@ absl::StatusOr<Measured> Measure(const moh::Generator& generator,
                              if (first) {
                                first = false;
                                measured.prefill_s += SecondsSince(repeat_start);
-                               if (trace != nullptr && i == 0) trace->Start();
+                               if (traced) {
+                                 trace->Close();
+                                 trace->Open("decode");
+                               }
                              }
                              if (print && i == 0 && row == 0)
                                std::cout << chunk.text << std::flush;
@@ -263,7 +272,10 @@ absl::StatusOr<Measured> Measure(const moh::Generator& generator,
     }
     if (i == 0) {
       measured.first = std::move(results);
-      if (trace != nullptr) MOH_RETURN_IF_ERROR(trace->Save());
+      if (traced) {
+        trace->Close();
+        MOH_RETURN_IF_ERROR(trace->status());
+      }
     }
   }
   measured.seconds = SecondsSince(start);
@@ -377,10 +389,9 @@ int main(int argc, char** argv) {
   const std::string profile_dir = absl::GetFlag(FLAGS_profile_dir);
   for (size_t k = 0; k < ratios->size(); ++k) {
     request.ratio = (*ratios)[k];
-    std::optional<DecodeTrace> trace;
+    std::optional<PhaseTrace> trace;
     if (!profile_dir.empty()) {
-      trace.emplace(absl::StrFormat("%s/decode-ratio-%.2f.json", profile_dir,
-                                    request.ratio),
+      trace.emplace(profile_dir, request.ratio,
                     lm->model->options().device().is_cuda());
     }
     absl::StatusOr<Measured> measured = Measure(
@@ -394,8 +405,11 @@ int main(int argc, char** argv) {
       PrintThroughput(*measured, batch, repeat, request.ratio,
                       request.prompt_ids.size());
     }
-    if (trace)
-      std::fprintf(stderr, "profile_trace=%s\n", trace->path().c_str());
+    if (trace) {
+      for (const std::string& path : trace->paths()) {
+        std::fprintf(stderr, "profile_trace=%s\n", path.c_str());
+      }
+    }
     if (k == 0) first = *std::move(measured);
   }
   PrintFirst(first.first[0], request.prompt_ids, first.seconds, repeat);
