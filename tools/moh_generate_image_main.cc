@@ -49,6 +49,9 @@ ABSL_FLAG(std::string, attention, "auto",
           "the official code computes it)");
 ABSL_FLAG(std::string, device, "auto", "auto, cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "auto", "auto, float32, bfloat16 or float16");
+ABSL_FLAG(std::string, weights, "",
+          "Linear weights' precision under float32 activations on the CPU: "
+          "empty (as --dtype), bfloat16 or int8, converted as they load");
 ABSL_FLAG(
     int32_t, threads, 0,
     "LibTorch intra-op threads; 0 = the default (see model/core/runtime.h)");
@@ -177,7 +180,8 @@ int main(int argc, char** argv) {
   moh::ConfigureCpuThreads(absl::GetFlag(FLAGS_threads));
   const Clock::time_point load_start = Clock::now();
   auto model = moh::DitModel::Load(
-      dir, {absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_dtype)});
+      dir, {absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_dtype),
+            absl::GetFlag(FLAGS_weights)});
   if (!model.ok()) return Fail(model.status());
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d blocks, %d tokens, default ratio %.3f", dir,

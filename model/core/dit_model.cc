@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/core/image_model_parts.h"
+#include "model/core/linear_weight_format.h"
 
 namespace moh {
 namespace {
@@ -47,18 +48,33 @@ absl::StatusOr<std::unique_ptr<DitModel>> DitModel::Load(
                        LoadModelConfig(dir, ModelFamily::kDit));
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options,
                        ResolveTensorOptions(device_options));
+  // Before the checkpoint is read: a wrong setting fails fast.
+  MOH_ASSIGN_OR_RETURN(WeightFormat weights,
+                       ResolveWeightFormat(device_options.weights, options));
   CheckpointOptions checkpoint;
   checkpoint.container_keys = {"ema", "model"};
   MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir, checkpoint));
-  return FromStore(store, config.dit, options);
+  return FromStore(store, config.dit, options, weights);
 }
 
 absl::StatusOr<std::unique_ptr<DitModel>> DitModel::FromStore(
     TensorStore& store, const DitConfig& config,
-    const at::TensorOptions& options) {
+    const at::TensorOptions& options, WeightFormat weights) {
+  if (weights != WeightFormat::kAsLoaded) {
+    // The caller's options may not have been checked against the format.
+    MOH_RETURN_IF_ERROR(
+        ResolveWeightFormat(WeightFormatName(weights), options).status());
+  }
   std::unique_ptr<DitModel> model(new DitModel(config, options));
+  model->linear_weights_ = weights;
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
     return store.Take(name, shape, options);
+  };
+  auto take_linear =
+      [&](const std::string& name,
+          std::vector<int64_t> shape) -> absl::StatusOr<LinearWeight> {
+    MOH_ASSIGN_OR_RETURN(at::Tensor weight, take(name, std::move(shape)));
+    return ConvertedLinearWeight(std::move(weight), weights);
   };
   const int64_t c = config.hidden_size, p = config.patch_size;
   MOH_ASSIGN_OR_RETURN(model->patch_w_, take("x_embedder.proj.weight",
@@ -66,10 +82,11 @@ absl::StatusOr<std::unique_ptr<DitModel>> DitModel::FromStore(
   MOH_ASSIGN_OR_RETURN(model->patch_b_, take("x_embedder.proj.bias", {c}));
   MOH_ASSIGN_OR_RETURN(model->pos_embed_,
                        take("pos_embed", {1, config.tokens(), c}));
-  MOH_ASSIGN_OR_RETURN(model->t_w0_,
-                       take("t_embedder.mlp.0.weight", {c, kFrequencies}));
+  MOH_ASSIGN_OR_RETURN(
+      model->t_w0_, take_linear("t_embedder.mlp.0.weight", {c, kFrequencies}));
   MOH_ASSIGN_OR_RETURN(model->t_b0_, take("t_embedder.mlp.0.bias", {c}));
-  MOH_ASSIGN_OR_RETURN(model->t_w2_, take("t_embedder.mlp.2.weight", {c, c}));
+  MOH_ASSIGN_OR_RETURN(model->t_w2_,
+                       take_linear("t_embedder.mlp.2.weight", {c, c}));
   MOH_ASSIGN_OR_RETURN(model->t_b2_, take("t_embedder.mlp.2.bias", {c}));
   MOH_ASSIGN_OR_RETURN(
       model->class_table_,
@@ -79,36 +96,39 @@ absl::StatusOr<std::unique_ptr<DitModel>> DitModel::FromStore(
     const std::string pre = absl::StrCat("blocks.", l, ".");
     const int64_t width = int64_t{config.num_heads[l]} * config.head_dim[l];
     Block b;
-    MOH_ASSIGN_OR_RETURN(b.ada_w,
-                         take(pre + "adaLN_modulation.1.weight", {6 * c, c}));
+    MOH_ASSIGN_OR_RETURN(
+        b.ada_w, take_linear(pre + "adaLN_modulation.1.weight", {6 * c, c}));
     MOH_ASSIGN_OR_RETURN(b.ada_b,
                          take(pre + "adaLN_modulation.1.bias", {6 * c}));
     MOH_ASSIGN_OR_RETURN(b.attn.qkv_w,
-                         take(pre + "attn.qkv.weight", {3 * width, c}));
+                         take_linear(pre + "attn.qkv.weight", {3 * width, c}));
     MOH_ASSIGN_OR_RETURN(b.attn.qkv_b,
                          take(pre + "attn.qkv.bias", {3 * width}));
     MOH_ASSIGN_OR_RETURN(b.attn.proj_w,
-                         take(pre + "attn.proj.weight", {c, width}));
+                         take_linear(pre + "attn.proj.weight", {c, width}));
     MOH_ASSIGN_OR_RETURN(b.attn.proj_b, take(pre + "attn.proj.bias", {c}));
     MOH_ASSIGN_OR_RETURN(
         b.router, MohRouter::Load(RouterKind::kLearned, config.moh.layers[l], c,
                                   pre + "attn.", store, options));
-    MOH_ASSIGN_OR_RETURN(b.fc1_w, take(pre + "mlp.fc1.weight", {mlp, c}));
+    MOH_ASSIGN_OR_RETURN(b.fc1_w,
+                         take_linear(pre + "mlp.fc1.weight", {mlp, c}));
     MOH_ASSIGN_OR_RETURN(b.fc1_b, take(pre + "mlp.fc1.bias", {mlp}));
-    MOH_ASSIGN_OR_RETURN(b.fc2_w, take(pre + "mlp.fc2.weight", {c, mlp}));
+    MOH_ASSIGN_OR_RETURN(b.fc2_w,
+                         take_linear(pre + "mlp.fc2.weight", {c, mlp}));
     MOH_ASSIGN_OR_RETURN(b.fc2_b, take(pre + "mlp.fc2.bias", {c}));
     model->blocks_.push_back(std::move(b));
   }
   MOH_ASSIGN_OR_RETURN(
       model->final_ada_w_,
-      take("final_layer.adaLN_modulation.1.weight", {2 * c, c}));
+      take_linear("final_layer.adaLN_modulation.1.weight", {2 * c, c}));
   MOH_ASSIGN_OR_RETURN(model->final_ada_b_,
                        take("final_layer.adaLN_modulation.1.bias", {2 * c}));
   const int64_t out = p * p * config.out_channels();
   MOH_ASSIGN_OR_RETURN(model->final_w_,
-                       take("final_layer.linear.weight", {out, c}));
+                       take_linear("final_layer.linear.weight", {out, c}));
   MOH_ASSIGN_OR_RETURN(model->final_b_, take("final_layer.linear.bias", {out}));
   MOH_RETURN_IF_ERROR(store.CheckAllTaken());
+  ReleaseConversionHeap(weights);
   return model;
 }
 
@@ -156,7 +176,7 @@ absl::StatusOr<DitOutput> DitModel::Forward(
         x = x.flatten(2).transpose(1, 2) + pos_embed_;  // [B, N, C]
         at::Tensor t = TimestepFrequencies(context_->Upload(timesteps))
                            .to(options_.dtype());
-        t = at::linear(at::silu(at::linear(t, t_w0_, t_b0_)), t_w2_, t_b2_);
+        t = Linear(at::silu(Linear(t, t_w0_, t_b0_)), t_w2_, t_b2_);
         at::Tensor cond = t + class_table_.index_select(
                                   0, context_->Upload(classes).to(at::kLong));
         at::Tensor cond_act = at::silu(cond);
@@ -167,7 +187,7 @@ absl::StatusOr<DitOutput> DitModel::Forward(
         for (size_t l = 0; l < blocks_.size(); ++l) {
           const Block& block = blocks_[l];
           std::vector<at::Tensor> mod =
-              at::linear(cond_act, block.ada_w, block.ada_b).chunk(6, 1);
+              Linear(cond_act, block.ada_w, block.ada_b).chunk(6, 1);
           at::Tensor gates;
           at::Tensor h = NormModulate(x, mod[0], mod[1]);
           x = x + mod[2].unsqueeze(1) *
@@ -175,16 +195,15 @@ absl::StatusOr<DitOutput> DitModel::Forward(
                                              top_k.layer(l), top_k.bounds(l),
                                              attention_mode_, &gates);
           h = NormModulate(x, mod[3], mod[4]);
-          h = at::linear(
-              at::gelu(at::linear(h, block.fc1_w, block.fc1_b), "tanh"),
-              block.fc2_w, block.fc2_b);
+          h = Linear(at::gelu(Linear(h, block.fc1_w, block.fc1_b), "tanh"),
+                     block.fc2_w, block.fc2_b);
           x = x + mod[5].unsqueeze(1) * h;
           counts.push_back(PaddedHeadTokenCounts(gates, valid, max_heads));
         }
         std::vector<at::Tensor> final_mod =
-            at::linear(cond_act, final_ada_w_, final_ada_b_).chunk(2, 1);
-        x = at::linear(NormModulate(x, final_mod[0], final_mod[1]), final_w_,
-                       final_b_);  // [B, N, p * p * out]
+            Linear(cond_act, final_ada_w_, final_ada_b_).chunk(2, 1);
+        x = Linear(NormModulate(x, final_mod[0], final_mod[1]), final_w_,
+                   final_b_);  // [B, N, p * p * out]
         // Unpatchify: [B, h, w, p, p, out] -> [B, out, h * p, w * p].
         const int64_t g = config_.grid(), out = config_.out_channels();
         x = x.reshape({rows, g, g, p, p, out})

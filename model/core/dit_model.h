@@ -6,6 +6,12 @@
 // (the router reads the modulated, normalized token), tanh-GELU MLP, the
 // final adaLN layer and unpatchify. Heads and head_dim are per block.
 //
+// Its linear weights (timestep MLP, adaLN modulations, qkv, proj, fc1, fc2,
+// the final layer) are held as DeviceOptions::weights asks (LinearWeight: as
+// loaded, bfloat16 or int8 with a scale per row, under float32 activations
+// on the CPU) and multiplied through Linear; the patch embedding, the class
+// table and the routers stay as loaded.
+//
 // Rows are independent: each has its own timestep, class and routed K, so
 // requests at different steps and ratios share one forward. Classifier-free
 // guidance is the caller's (the sampler pairs a conditional and a null-class
@@ -26,6 +32,7 @@
 #include "model/core/activation.h"
 #include "model/core/bidirectional_attention.h"
 #include "model/core/device_context.h"
+#include "model/core/linear.h"
 #include "model/core/model_config.h"
 #include "model/core/moh_router.h"
 #include "model/core/runtime.h"
@@ -46,9 +53,12 @@ class DitModel {
   // are served, as the official download code does.
   static absl::StatusOr<std::unique_ptr<DitModel>> Load(
       const std::string& dir, const DeviceOptions& device_options);
+  // `weights`: how the linear weights are held (kAsLoaded, or a format
+  // ResolveWeightFormat accepts for `options`).
   static absl::StatusOr<std::unique_ptr<DitModel>> FromStore(
       TensorStore& store, const DitConfig& config,
-      const at::TensorOptions& options);
+      const at::TensorOptions& options,
+      WeightFormat weights = WeightFormat::kAsLoaded);
 
   // x: [B, C, S, S] noisy inputs; timesteps: [B] (the original diffusion
   // timesteps, float); classes: [B] int64 in [0, num_classes] (num_classes:
@@ -60,15 +70,19 @@ class DitModel {
 
   const DitConfig& config() const { return config_; }
   const at::TensorOptions& options() const { return options_; }
+  // How the linear weights are held.
+  WeightFormat linear_weights() const { return linear_weights_; }
   // See AttentionMode (head_sparse_attention.h). Set before use.
   void set_attention_mode(AttentionMode mode) { attention_mode_ = mode; }
 
  private:
   struct Block {
-    at::Tensor ada_w, ada_b;  // [6C, C], [6C]
+    LinearWeight ada_w;  // [6C, C]
+    at::Tensor ada_b;    // [6C]
     BidirectionalAttentionWeights attn;
     MohRouter router;
-    at::Tensor fc1_w, fc1_b, fc2_w, fc2_b;
+    LinearWeight fc1_w, fc2_w;
+    at::Tensor fc1_b, fc2_b;
   };
 
   DitModel(DitConfig config, at::TensorOptions options)
@@ -82,9 +96,12 @@ class DitModel {
   at::TensorOptions options_;
   std::unique_ptr<DeviceContext> context_;
   at::Tensor patch_w_, patch_b_, pos_embed_;
-  at::Tensor t_w0_, t_b0_, t_w2_, t_b2_, class_table_;
+  LinearWeight t_w0_, t_w2_;
+  at::Tensor t_b0_, t_b2_, class_table_;
   std::vector<Block> blocks_;
-  at::Tensor final_ada_w_, final_ada_b_, final_w_, final_b_;
+  LinearWeight final_ada_w_, final_w_;
+  at::Tensor final_ada_b_, final_b_;
+  WeightFormat linear_weights_ = WeightFormat::kAsLoaded;
   AttentionMode attention_mode_ = AttentionMode::kAuto;
 };
 

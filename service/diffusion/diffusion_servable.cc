@@ -60,6 +60,7 @@ absl::Status DiffusionServable::Warmup() const {
 
 void DiffusionServable::Describe(v1::ModelInfo* info) const {
   info->set_max_seq_len(model_->config().tokens());
+  info->set_weights(WeightFormatName(model_->linear_weights()));
   for (const std::string& label : model_->config().labels) {
     info->add_labels(label);
   }

@@ -42,21 +42,6 @@ absl::StatusOr<std::unique_ptr<Servable>> LoadServable(
   return absl::InvalidArgumentError("unknown model family");
 }
 
-// The name of a family whose linear weights are only ever held as loaded
-// (ModelConfig.weights is refused), or nullptr where the family's Load
-// converts them.
-const char* WeightsRefusingFamily(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::kLlama:
-    case ModelFamily::kVit:
-    case ModelFamily::kTransNext:
-      return nullptr;
-    case ModelFamily::kDit:
-      return "MoH-DiT";
-  }
-  return "of an unknown family";
-}
-
 }  // namespace
 
 HostedModel::HostedModel(v1::ModelConfig config, Metrics* metrics,
@@ -98,15 +83,6 @@ absl::Status HostedModel::LoadUnchecked() {
                        LoadModelConfig(config_.model_dir()));
   const DeviceOptions device{config_.device(), config_.dtype(),
                              config_.weights()};
-  const char* refusing = WeightsRefusingFamily(model_config.family);
-  if (refusing != nullptr &&
-      !(device.weights.empty() || device.weights == "auto")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weights: \"", Abbreviate(device.weights),
-        "\" applies to language models and image classifiers only (this "
-        "model is ",
-        refusing, "): leave it empty"));
-  }
   MOH_ASSIGN_OR_RETURN(at::TensorOptions options, ResolveTensorOptions(device));
   device_ = options.device().str();
   dtype_ = DtypeName(at::typeMetaToScalarType(options.dtype()));
