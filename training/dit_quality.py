@@ -18,7 +18,9 @@ Generation source (pluggable: an object with `name`, `config` (the model's md.Di
   server      GenerateImage over gRPC (the PNG of each request's last message): `--serve`
               starts build/service/moh-server on models/ (demo-dit is served by default),
               `--server HOST:PORT` uses a running one. The README's grid and quality table
-              are made this way.
+              are made this way. With `--serve --weights float32,bfloat16,int8` it serves
+              demo-dit once per precision of its linear weights (ModelConfig.weights:
+              demo-dit, demo-dit-bf16, demo-dit-int8) and measures each.
 
 Ratios 0.5 .. 1.0 and 0 (the trained K); ratios that give the same K in every block (0.625 is
 the trained K of demo-dit) are generated once.  `--grid PNG` also writes the README's grid:
@@ -28,7 +30,8 @@ upscaled with nearest neighbour.
 Usage: /usr/bin/python3 training/dit_quality.py [--model models/demo-dit]
            [--classifier models/demo-vit] [--per-class 100] [--steps N] [--guidance G]
            [--ratios 0.5,1.0] [--grid PNG] [--json OUT]
-           [--serve [--moh_server BINARY] [--threads N] | --server HOST:PORT [--served_as NAME]]
+           [--serve [--moh_server BINARY] [--threads N] [--weights float32,bfloat16,int8]
+            | --server HOST:PORT [--served_as NAME]]
 """
 import os
 
@@ -180,12 +183,20 @@ def grid_png(source, path, ratios=GRID_RATIOS, seed=GRID_SEED):
                         ("scale", s), ("source", source.name)])
 
 
-def print_table(q, trained):
-    print("| ratio | effective ratio | digits classified as asked (demo-vit, %d per class) |" % q["per_class"])
-    print("|---|---|---|")
-    for r, v in q["by_ratio"].items():
-        name = "trained (%s)" % trained if float(r) == 0 else r
-        print("| %s | %.3f | %.1f%% |" % (name, v["effective_ratio"], 100 * v["accuracy"]))
+def print_table(by_weights, trained):
+    """by_weights: {weights: measure()'s result}; a weights column when more than one."""
+    several = len(by_weights) > 1
+    per_class = next(iter(by_weights.values()))["per_class"]
+    print("| ratio |%s effective ratio | digits classified as asked (demo-vit, %d per class) |"
+          % (" weights |" if several else "", per_class))
+    print("|---|---|---|" + ("---|" if several else ""))
+    ratios = next(iter(by_weights.values()))["by_ratio"].keys()
+    for r in ratios:
+        for w, q in by_weights.items():
+            v = q["by_ratio"][r]
+            name = "trained (%s)" % trained if float(r) == 0 else r
+            print("| %s |%s %.3f | %.1f%% |" % (name, " %s |" % w if several else "",
+                                              v["effective_ratio"], 100 * v["accuracy"]))
 
 
 def main():
@@ -207,39 +218,58 @@ def main():
                                                             "moh-server"))
     parser.add_argument("--models", default=os.path.join(dc.REPO, "models"))
     parser.add_argument("--threads", type=int, default=2, help="the started server's threads")
+    parser.add_argument("--weights", default="float32",
+                        help="with --serve: precisions of demo-dit's linear weights, of "
+                        "float32, bfloat16, int8 (one served model each)")
     args = parser.parse_args()
+    weights = args.weights.split(",")
+    if weights != ["float32"] and not args.serve:
+        parser.error("--weights needs --serve")
     dc.setup(0, threads=1)
     proc = None
+    sources = OrderedDict()
     if args.serve or args.server:
         sys.path.insert(0, os.path.join(dc.REPO, "client", "python"))
         import moh_client
         import quality_vs_ratio as qr
 
+        for w in weights:
+            if w not in qr.WEIGHTS:
+                parser.error("--weights: %r is none of %s" % (w, ", ".join(qr.WEIGHTS)))
         target, log_path = args.server, None
         if args.serve:
-            proc, target, log_path = qr.start_server(args.moh_server, args.models, args.threads)
+            proc, target, log_path = qr.start_server(
+                args.moh_server, args.models, args.threads,
+                None if weights == ["float32"] else weights, names=("demo-dit",))
         client = moh_client.MohClient(target, timeout=120)
         qr.wait_ready(client, proc, log_path)
-        source = ServerSource(args.model, client.channel, client.pb, args.served_as)
+        for w in weights:
+            served_as = args.served_as if args.server else "demo-dit" + qr.WEIGHTS[w]
+            sources[w] = ServerSource(args.model, client.channel, client.pb, served_as)
     else:
-        source = ReferenceSource(args.model)
+        sources["float32"] = ReferenceSource(args.model)
     classifier = DigitsClassifier(args.classifier)
+    by_weights = OrderedDict()
     try:
-        t0 = time.time()
-        q = measure(source, classifier, [float(r) for r in args.ratios.split(",")],
-                    args.per_class, args.steps, args.guidance)
-        q["seconds"] = round(time.time() - t0)
-        if args.grid:
-            q["grid"] = grid_png(source, args.grid)
+        for w, source in sources.items():
+            t0 = time.time()
+            q = measure(source, classifier, [float(r) for r in args.ratios.split(",")],
+                        args.per_class, args.steps, args.guidance)
+            q["weights"] = w
+            q["seconds"] = round(time.time() - t0)
+            if args.grid and w == weights[0]:
+                q["grid"] = grid_png(source, args.grid)
+            by_weights[w] = q
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=60)
     if args.json:
-        dc.write_json(args.json, q)
-    trained = "%.4g" % effective_ratio(source.config, 0.0)
-    print_table(q, trained)
-    print("\n%s sampler, %d steps, guidance %g; %.0f s." % (q["source"], q["steps"], q["guidance"], q["seconds"]))
+        dc.write_json(args.json, by_weights if len(by_weights) > 1 else q)
+    trained = "%.4g" % effective_ratio(next(iter(sources.values())).config, 0.0)
+    print_table(by_weights, trained)
+    print("\n%s sampler, %d steps, guidance %g; %.0f s." % (
+        q["source"], q["steps"], q["guidance"], sum(v["seconds"] for v in by_weights.values())))
 
 
 if __name__ == "__main__":

@@ -41,12 +41,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def variants_config(models, weights):
-    """A ServerConfig textproto serving demo-lm and demo-vit of `models` once per
+def variants_config(models, weights, names=("demo-lm", "demo-vit")):
+    """A ServerConfig textproto serving the demo models `names` of `models` once per
     precision in `weights` (WEIGHTS' keys), named with its suffix."""
     entries = []
     for w in weights:
-        for model in ("demo-lm", "demo-vit"):
+        for model in names:
             field = "" if w == "float32" else ' weights: "%s"' % w
             entries.append('models { name: "%s%s" model_dir: "%s"%s }'
                            % (model, WEIGHTS[w], os.path.join(os.path.abspath(models), model),
@@ -54,8 +54,8 @@ def variants_config(models, weights):
     return "\n".join(entries) + "\n"
 
 
-def start_server(binary, models, threads, weights=None):
-    """moh-server on the demo models (--demo_dir), or on demo-lm and demo-vit once per
+def start_server(binary, models, threads, weights=None, names=("demo-lm", "demo-vit")):
+    """moh-server on the demo models (--demo_dir), or on the demo models `names` once per
     precision in `weights` (variants_config)."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="moh_quality_", suffix=".log", delete=False)
@@ -64,7 +64,7 @@ def start_server(binary, models, threads, weights=None):
     else:
         config = tempfile.NamedTemporaryFile("w", prefix="moh_quality_", suffix=".textproto",
                                              delete=False)
-        config.write(variants_config(models, weights))
+        config.write(variants_config(models, weights, names))
         config.close()
         served = ["--config=" + config.name]
     proc = subprocess.Popen([binary] + served + ["--port=%d" % port,
