@@ -7,6 +7,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -159,6 +161,63 @@ void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
   }
 }
 
+namespace {
+
+// Bf16Linear's panel path: W widened to float32 block by block into the
+// float32 kernels, x kept float32.
+bool WidenedBf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                       int64_t ldw, int64_t n, const float *bias, float *y) {
+  return kernels_internal::PanelLinear(
+      x, m, k, n, bias,
+      [&](int64_t j, int64_t rows, float *out) {
+        WidenBf16Rows(w + j * ldw, ldw, rows, k, out);
+      },
+      y);
+}
+
+// Times Bf16DotLinear against WidenedBf16Linear on one prefill-sized
+// product (x [256, 1024], W [512, 1024]: about 2 ms each), each path's best
+// of 3 runs interleaved after a first untimed one.
+bool MeasureBf16DotPrefill() {
+  constexpr int64_t kRows = 256, kDepth = 1024, kCols = 512;
+  std::vector<float> x(kRows * kDepth), y(kRows * kCols);
+  std::vector<uint16_t> w(kCols * kDepth);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = 0.25f * static_cast<float>(i % 7);
+  // bfloat16 0.5, 0.75 and -1: the upper half of their float32 bits.
+  const uint16_t values[3] = {0x3F00, 0x3F40, 0xBF80};
+  for (size_t i = 0; i < w.size(); ++i) w[i] = values[i % 3];
+  double best[2] = {1e30, 1e30};
+  for (int run = 0; run < 4; ++run) {
+    for (int dot = 0; dot < 2; ++dot) {
+      const auto start = std::chrono::steady_clock::now();
+      if (dot) {
+        Bf16DotLinear(x.data(), kRows, kDepth, w.data(), kDepth, kCols, nullptr,
+                      y.data());
+      } else {
+        WidenedBf16Linear(x.data(), kRows, kDepth, w.data(), kDepth, kCols,
+                          nullptr, y.data());
+      }
+      const std::chrono::duration<double> took =
+          std::chrono::steady_clock::now() - start;
+      if (run > 0) best[dot] = std::min(best[dot], took.count());
+    }
+  }
+  return best[1] < best[0];
+}
+
+}  // namespace
+
+bool Bf16DotPrefillPays() {
+  if (!ActiveExtension(CpuExtension::kAvx512Bf16)) return false;
+  if (const char *force = std::getenv("MOH_BF16_DOT_PREFILL")) {
+    if (std::strcmp(force, "1") == 0) return true;
+    if (std::strcmp(force, "0") == 0) return false;
+  }
+  static const bool pays = MeasureBf16DotPrefill();
+  return pays;
+}
+
 bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                 int64_t ldw, int64_t n, const float *bias, float *y) {
   const CpuIsa isa = ActiveIsa();
@@ -178,17 +237,14 @@ bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
   // On AVX512_BF16 x is rounded to bfloat16 and multiplied in pairs, as
   // llama.cpp does at every batch size: decode batches with W streamed in
   // place (widening it to float32 cost nearly as much as the product), a
-  // prefill in packed blocks. The few-row path above keeps float32 x.
+  // prefill in packed blocks where that is the faster path on this CPU
+  // (Bf16DotPrefillPays). The few-row path above keeps float32 x.
   if (m <= kMaxStreamedRows ? Bf16DotRowsLinear(x, m, k, w, ldw, n, bias, y)
-                            : Bf16DotLinear(x, m, k, w, ldw, n, bias, y)) {
+                            : Bf16DotPrefillPays() &&
+                                  Bf16DotLinear(x, m, k, w, ldw, n, bias, y)) {
     return true;
   }
-  return kernels_internal::PanelLinear(
-      x, m, k, n, bias,
-      [&](int64_t j, int64_t rows, float *out) {
-        WidenBf16Rows(w + j * ldw, ldw, rows, k, out);
-      },
-      y);
+  return WidenedBf16Linear(x, m, k, w, ldw, n, bias, y);
 }
 
 }  // namespace moh

@@ -24,7 +24,8 @@ namespace moh {
 // 32 rows of W at a time into its buffer and streams them against float32 x
 // (StreamedLinear's tiles). Beyond (a prefill), the CPU's dot-product
 // extensions multiply in low precision as llama.cpp does: a bf16 W on
-// AVX512_BF16 with x rounded to bfloat16 (Bf16DotLinear), an int8 W on
+// AVX512_BF16 with x rounded to bfloat16 (Bf16DotLinear) where that is
+// faster than widening W (Bf16DotPrefillPays), an int8 W on
 // AVX512_VNNI with x quantized per 32 values of a row as Q8_0 does
 // (Int8DotLinear, cpu_int8_dot.h), the products summed in float32 (int32
 // within a block); without them, W is widened panel by panel (8 MiB) into
@@ -41,6 +42,15 @@ inline constexpr int64_t kMaxBf16StreamRows = 8;
 // pool.
 bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                 int64_t ldw, int64_t n, const float *bias, float *y);
+
+// Whether Bf16Linear's prefills (more than kMaxStreamedRows rows) take
+// Bf16DotLinear: AVX512_BF16 is active and, measured once per process on
+// one product, vdpbf16ps beats widening W into the float32 kernels. It does
+// not everywhere: 2.2x the widening path on an AMD EPYC (Zen 4), 0.6-0.7x
+// on a Sapphire Rapids VM, whose FMA units do as many multiply-adds a cycle
+// (bench/RESULTS.md section 20). MOH_BF16_DOT_PREFILL=1 or 0 decides instead
+// (read at every call: the tests run both paths).
+bool Bf16DotPrefillPays();
 
 // W [n, k] (row stride ldw) widened to float32 into out [n, k] (contiguous):
 // the panel path's and the head-sparse kernel's per-head slices.

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,9 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor w = wide.narrow(1, 0, k);
   const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
   // What the kernel multiplies: x itself, or on the dot path x's bfloat16s.
-  const bool dot =
-      m > kMaxBf16StreamRows && ActiveExtension(CpuExtension::kAvx512Bf16);
+  const bool dot = m > kMaxBf16StreamRows &&
+                   ActiveExtension(CpuExtension::kAvx512Bf16) &&
+                   (m <= kMaxStreamedRows || Bf16DotPrefillPays());
   ExpectKernelEqualsLinear(
       dot ? x.to(at::kBFloat16).to(at::kFloat) : x, w.to(at::kFloat), b,
       "ldw " + std::to_string(w.stride(0)), [&](float *y) {
@@ -143,6 +145,34 @@ void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias,
   MOH_SKIP_UNLESS_KERNELS_RUN();                   \
   if (!ActiveExtension(CpuExtension::kAvx512Bf16)) \
   GTEST_SKIP() << "no AVX512_BF16 under " << ActiveIsaLabel()
+
+// A prefill takes the path MOH_BF16_DOT_PREFILL forces, each exact to its
+// own reference (x rounded to bfloat16 on the dot path), and the two differ.
+TEST(Bf16LinearTest, PrefillTakesThePathForced) {
+  MOH_SKIP_UNLESS_BF16_DOT_RUNS();
+  const char *before = std::getenv("MOH_BF16_DOT_PREFILL");
+  const std::string saved = before ? before : "";
+  const int64_t m = kMaxStreamedRows + 72, k = 300, n = 90;
+  const at::Tensor x = at::randn({m, k});
+  const at::Tensor w = at::randn({n, k}).to(at::kBFloat16);
+  std::vector<at::Tensor> y;
+  for (const char *force : {"1", "0"}) {
+    setenv("MOH_BF16_DOT_PREFILL", force, 1);
+    EXPECT_EQ(Bf16DotPrefillPays(), force[0] == '1');
+    ForPanelPath(kMaxStreamedRows + 1, ExpectMatchesLinear);
+    y.push_back(at::empty({m, n}));
+    ASSERT_TRUE(Bf16Linear(
+        x.data_ptr<float>(), m, k,
+        reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()), k, n,
+        nullptr, y.back().data_ptr<float>()));
+  }
+  if (before) {
+    setenv("MOH_BF16_DOT_PREFILL", saved.c_str(), 1);
+  } else {
+    unsetenv("MOH_BF16_DOT_PREFILL");
+  }
+  EXPECT_FALSE(at::equal(y[0], y[1])) << "x was not rounded on the dot path";
+}
 
 TEST(Bf16DotLinearTest, EqualsDoubleReferenceOverRemainders) {
   MOH_SKIP_UNLESS_BF16_DOT_RUNS();
