@@ -276,8 +276,8 @@ void BM_LowpLinearColdWeights(benchmark::State& state) {
       const float* sd = scales[next].data_ptr<float>();
       kernels_internal::PanelLinear(
           x.data_ptr<float>(), rows, k, n, nullptr,
-          [&](int64_t j, int64_t count, float* out) {
-            WidenInt8Rows(q + j * k, k, count, k, sd + j, out);
+          [&](int64_t j, int64_t count, int64_t p0, int64_t depth, float* out) {
+            WidenInt8Rows(q + j * k + p0, k, count, depth, sd + j, out);
           },
           y.data_ptr<float>());
     }
@@ -298,7 +298,7 @@ BENCHMARK(BM_LowpLinearColdWeights)
 
 // y = x W^T for a prefill's 512 rows (k 2048) with W [n, 2048] hot in
 // cache as far as it fits, by path: 0 float32 BlockedLinear over W widened
-// beforehand (the float32 model's product), 1 bf16 W widened panel by panel
+// beforehand (the float32 model's product), 1 bf16 W widened block by block
 // into BlockedLinear (Bf16Linear's prefill without AVX512_BF16), 2
 // Bf16DotLinear (x rounded to bf16; skipped without AVX512_BF16).
 void BM_Bf16PrefillProduct(benchmark::State& state) {
@@ -321,8 +321,8 @@ void BM_Bf16PrefillProduct(benchmark::State& state) {
     } else if (path == 1) {
       kernels_internal::PanelLinear(
           x.data_ptr<float>(), rows, k, n, nullptr,
-          [&](int64_t j, int64_t count, float* out) {
-            WidenBf16Rows(bits + j * k, k, count, k, out);
+          [&](int64_t j, int64_t count, int64_t p0, int64_t depth, float* out) {
+            WidenBf16Rows(bits + j * k + p0, k, count, depth, out);
           },
           y.data_ptr<float>());
     } else {
@@ -361,7 +361,7 @@ BENCHMARK(BM_QuantizeInt8Rows)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // A prefill's product with a 1 B layout's projections (x [512, 2048] times
 // W [n, 2048]^T, n 2048 or 8192) three ways ("path"): 0 float32 W through
-// BlockedLinear; 1 int8 W widened panel by panel into it (PanelLinear, what
+// BlockedLinear; 1 int8 W widened block by block into it (PanelLinear, what
 // Int8Linear runs without VNNI); 2 Int8DotLinear, x quantized per 32
 // values into integer dot products. LibTorch's threads set to "threads"
 // (MOH_BENCH_THREADS aside). GFLOP/s on an AMD EPYC (avx512+bf16+vnni),
@@ -388,8 +388,8 @@ void BM_Int8Prefill(benchmark::State& state) {
     } else if (path == 1) {
       ran = kernels_internal::PanelLinear(
           x.data_ptr<float>(), m, k, n, nullptr,
-          [&](int64_t j, int64_t rows, float* out) {
-            WidenInt8Rows(qd + j * k, k, rows, k, sd + j, out);
+          [&](int64_t j, int64_t rows, int64_t p0, int64_t depth, float* out) {
+            WidenInt8Rows(qd + j * k + p0, k, rows, depth, sd + j, out);
           },
           y.data_ptr<float>());
     } else {

@@ -93,8 +93,8 @@ bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
   }
   return kernels_internal::PanelLinear(
       x, m, k, n, bias,
-      [&](int64_t j, int64_t rows, float *out) {
-        WidenInt8Rows(w + j * ldw, ldw, rows, k, scale + j, out);
+      [&](int64_t j, int64_t rows, int64_t p0, int64_t depth, float *out) {
+        WidenInt8Rows(w + j * ldw + p0, ldw, rows, depth, scale + j, out);
       },
       y);
 }

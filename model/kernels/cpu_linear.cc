@@ -265,17 +265,26 @@ Passes CutDepth(int64_t k) {
 template <typename Blocks>
 void BlockedColumns(const float *xp, const InputRows *direct, int64_t m0,
                     int64_t m1, int64_t padded_m, int64_t k, const float *w,
-                    int64_t ldw, int64_t n0, int64_t n1, const OutputRows &y) {
-  thread_local AlignedBuffer w_buffer;
+                    int64_t ldw, const WidenBlockFn *widen, int64_t n0,
+                    int64_t n1, const OutputRows &y) {
+  thread_local AlignedBuffer w_buffer, wide_buffer;
   const Passes passes = CutDepth(k);
   const int64_t cols = n1 - n0;
   float *wp = w_buffer.Get(kChunkN * passes.depth);
+  float *wide =
+      widen != nullptr ? wide_buffer.Get(Blocks::kN * passes.depth) : nullptr;
   for (int64_t pass = 0; pass < passes.count; ++pass) {
     const int64_t p0 = pass * passes.depth;
     const int64_t depth = std::min(passes.depth, k - p0);
     for (int64_t j = 0; j < cols; j += Blocks::kN) {
-      PackPanel({w + (n0 + j) * ldw + p0, ldw}, std::min(Blocks::kN, cols - j),
-                depth, Blocks::kN, wp + j * depth);
+      const int64_t rows = std::min(Blocks::kN, cols - j);
+      if (widen != nullptr) {
+        (*widen)(n0 + j, rows, p0, depth, wide);
+        PackPanel({wide, depth}, rows, depth, Blocks::kN, wp + j * depth);
+      } else {
+        PackPanel({w + (n0 + j) * ldw + p0, ldw}, rows, depth, Blocks::kN,
+                  wp + j * depth);
+      }
     }
     const float *x_pass = direct != nullptr ? nullptr : xp + p0 * padded_m;
     for (int64_t i = m0; i < m1; i += Blocks::kM) {
@@ -310,9 +319,12 @@ void BlockedColumns(const float *xp, const InputRows *direct, int64_t m0,
 // most kMaxDirectColumns rows, x is not packed: each panel of it would be
 // read by so few tiles that packing (a read and a write of x) costs more
 // than the kernel's strided reads of it.
+// W is either `w` (row stride ldw) or, when `widen` is given, widened by
+// it block by block as BlockedColumns packs it.
 template <typename Blocks>
 void BlockedProductOn(const InputRows &x, int64_t m, int64_t k, const float *w,
-                      int64_t ldw, int64_t n, const OutputRows &y) {
+                      int64_t ldw, const WidenBlockFn *widen, int64_t n,
+                      const OutputRows &y) {
   constexpr int64_t kM = Blocks::kM;
   const Passes passes = CutDepth(k);
   const int64_t panels = (m + kM - 1) / kM;
@@ -342,7 +354,7 @@ void BlockedProductOn(const InputRows &x, int64_t m, int64_t k, const float *w,
       const int64_t m0 = group * panels / row_groups * kM;
       const int64_t m1 = std::min(m, (group + 1) * panels / row_groups * kM);
       BlockedColumns<Blocks>(xp, direct ? &x : nullptr, m0, m1, padded_m, k, w,
-                             ldw, column * kChunkN,
+                             ldw, widen, column * kChunkN,
                              std::min(n, (column + 1) * kChunkN), y);
     }
   };
@@ -351,11 +363,12 @@ void BlockedProductOn(const InputRows &x, int64_t m, int64_t k, const float *w,
 }
 
 void BlockedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,
-                    int64_t ldw, int64_t n, const OutputRows &y) {
+                    int64_t ldw, int64_t n, const OutputRows &y,
+                    const WidenBlockFn *widen = nullptr) {
   if (UseAvx512()) {
-    BlockedProductOn<Avx512Blocks>(x, m, k, w, ldw, n, y);
+    BlockedProductOn<Avx512Blocks>(x, m, k, w, ldw, widen, n, y);
   } else {
-    BlockedProductOn<Avx2Blocks>(x, m, k, w, ldw, n, y);
+    BlockedProductOn<Avx2Blocks>(x, m, k, w, ldw, widen, n, y);
   }
 }
 
@@ -391,6 +404,15 @@ bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const float *bias, float *y) {
   if (!UseAvx2() || m < 1 || k < 1 || n < 1) return false;
   BlockedProduct({x, k}, m, k, w, ldw, n, {y, n});
+  AddBias(bias, m, n, y);
+  return true;
+}
+
+bool BlockedLinearWidened(const float *x, int64_t m, int64_t k, int64_t n,
+                          const WidenBlockFn &widen, const float *bias,
+                          float *y) {
+  if (!UseAvx2() || m < 1 || k < 1 || n < 1) return false;
+  BlockedProduct({x, k}, m, k, nullptr, 0, n, {y, n}, &widen);
   AddBias(bias, m, n, y);
   return true;
 }

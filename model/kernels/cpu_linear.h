@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace moh {
 
@@ -92,6 +93,19 @@ bool StreamedLinear(const float *x, int64_t m, int64_t k, const float *w,
 // pool. The bench model's prefill of 512 tokens in process: 1.39x OpenBLAS.
 bool BlockedLinear(const float *x, int64_t m, int64_t k, const float *w,
                    int64_t ldw, int64_t n, const float *bias, float *y);
+
+// Writes W's rows [j, j + rows), columns [p0, p0 + depth) widened to
+// float32 into out [rows, depth] (contiguous): a W held in another format.
+using WidenBlockFn = std::function<void(int64_t j, int64_t rows, int64_t p0,
+                                        int64_t depth, float *out)>;
+
+// BlockedLinear over a W [n, k] held in another format: each task widens
+// the block of W it is about to pack (32 of W's rows, or 16 with AVX2, by
+// one pass of at most 512 of k) into a buffer in its cache and packs it from
+// there, so W is never widened whole, nor y copied from a panel's result.
+bool BlockedLinearWidened(const float *x, int64_t m, int64_t k, int64_t n,
+                          const WidenBlockFn &widen, const float *bias,
+                          float *y);
 
 // y [m, n] = (or +=) x [m, k] W^T, W as SkinnyLinear's, for any m, with x's
 // rows gathered and y's scattered by index: a head-sparse layer's per-head

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <functional>
 
+#include "model/kernels/cpu_linear.h"
+
 namespace moh {
 
 // Row counts up to this (bf16 and int8 alike) stream W once, each group of
@@ -28,10 +30,10 @@ namespace moh {
 // faster than widening W (Bf16DotPrefillPays), an int8 W on
 // AVX512_VNNI with x quantized per 32 values of a row as Q8_0 does
 // (Int8DotLinear, cpu_int8_dot.h), the products summed in float32 (int32
-// within a block); without them, W is widened panel by panel (8 MiB) into
-// BlockedLinear: a prefill pays the widening once per panel against many
-// rows. (At 16 rows the few-row kernel, two passes over W, measured no
-// faster than the widened blocks.)
+// within a block); without them, W is widened into BlockedLinear's loop
+// nest block by block as its tasks pack it (BlockedLinearWidened): a prefill
+// pays the widening once per block against many rows. (At 16 rows the few-row
+// kernel, two passes over W, measured no faster than the widened blocks.)
 inline constexpr int64_t kMaxBf16StreamRows = 8;
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) for row-major contiguous x and y and
@@ -112,15 +114,13 @@ void Int8RowsAvx2(const float *x, int64_t m, int64_t k, const int8_t *w,
 void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
                      const float *scale, const float *bias, float *y);
 
-// Writes W's rows [j, j + rows) widened to float32 into out [rows, k].
-using WidenRowsFn = std::function<void(int64_t j, int64_t rows, float *out)>;
-
-// The panel path (m > kMaxBf16StreamRows) of Bf16Linear and Int8Linear:
-// y [m, n] = x [m, k] W^T (+ bias) with W widened by `widen` block by
-// block (on the intra-op pool) into the float32 kernels. False only under
+// The widening path (m > kMaxBf16StreamRows) of Bf16Linear and Int8Linear:
+// y [m, n] = x [m, k] W^T (+ bias) with W widened by `widen` (cpu_linear.h)
+// block by block into the float32 kernels: StreamedLinear's tiles for a
+// decode batch, BlockedLinearWidened beyond. False only under
 // CpuIsa::kPortable.
 bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
-                 const float *bias, const WidenRowsFn &widen, float *y);
+                 const float *bias, const WidenBlockFn &widen, float *y);
 
 // One row of WidenBf16Rows, QuantizeInt8Rows and WidenInt8Rows in AVX2
 // (the caller checks that ActiveIsa() is not kPortable).
