@@ -142,8 +142,8 @@ void WidenBf16Rows(const uint16_t *w, int64_t ldw, int64_t n, int64_t k,
 
 namespace {
 
-// Bf16Linear's panel path: W widened to float32 block by block into the
-// float32 kernels, x kept float32.
+// Bf16Linear's widening path (PanelLinear): W widened to float32 block by
+// block into the float32 kernels, x kept float32.
 bool WidenedBf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                        int64_t ldw, int64_t n, const float *bias, float *y) {
   return kernels_internal::PanelLinear(

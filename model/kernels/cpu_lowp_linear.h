@@ -40,7 +40,8 @@ inline constexpr int64_t kMaxBf16StreamRows = 8;
 // a row-major bfloat16 W [n, k] (bits as uint16) with row stride ldw >= k.
 // Runs ActiveIsa()'s instruction set; returns false, doing nothing, under
 // CpuIsa::kPortable. Past kMaxBf16StreamRows rows with AVX512_BF16 active,
-// x is rounded to bfloat16 (above). Threads split W's rows on the intra-op
+// x is rounded to bfloat16 (above): up to kMaxStreamedRows always, beyond
+// only where Bf16DotPrefillPays. Threads split W's rows on the intra-op
 // pool.
 bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                 int64_t ldw, int64_t n, const float *bias, float *y);

@@ -4,9 +4,10 @@ scores stay close to the same model's float32 weights; the ViT classifies
 close to its float32 weights, the TransNeXt loads, and the demo MoH-DiT's
 images stay within a few grey levels of its float32 weights'; ListModels
 and moh-client report how each holds them; an unknown value fails that
-model only, naming the field. The fixture LM pre-quantized (quantization_config: int8 weights
-with their scales as llm-compressor and bitsandbytes save them) serves as
-int8 and answers as `weights: "int8"` does on the float32 LM."""
+model only, naming the field. The fixture LM pre-quantized
+(quantization_config: int8 weights with their scales as llm-compressor and
+bitsandbytes save them) serves as int8 and answers as `weights: "int8"`
+does on the float32 LM."""
 import io
 import json
 import os
