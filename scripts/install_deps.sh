@@ -83,7 +83,8 @@ main() {
     prometheus-cpp-dev libmicrohttpd-dev libgnutls28-dev libcurl4-openssl-dev
     libgtest-dev libgmock-dev libbenchmark-dev
     python3 python3-torch python3-numpy python3-pil
-    python3-grpcio python3-protobuf python3-pytest python3-yaml python3-jinja2
+    python3-grpcio python3-protobuf python3-pytest python3-pytest-xdist
+    python3-yaml python3-jinja2
     python3-jsonschema
     prometheus curl zlib1g-dev openssl
     clang libclang-rt-14-dev

@@ -60,21 +60,14 @@ absl::StatusOr<std::unique_ptr<DitModel>> DitModel::Load(
 absl::StatusOr<std::unique_ptr<DitModel>> DitModel::FromStore(
     TensorStore& store, const DitConfig& config,
     const at::TensorOptions& options, WeightFormat weights) {
-  if (weights != WeightFormat::kAsLoaded) {
-    // The caller's options may not have been checked against the format.
-    MOH_RETURN_IF_ERROR(
-        ResolveWeightFormat(WeightFormatName(weights), options).status());
-  }
+  MOH_RETURN_IF_ERROR(CheckWeightFormat(weights, options));
   std::unique_ptr<DitModel> model(new DitModel(config, options));
   model->linear_weights_ = weights;
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
     return store.Take(name, shape, options);
   };
-  auto take_linear =
-      [&](const std::string& name,
-          std::vector<int64_t> shape) -> absl::StatusOr<LinearWeight> {
-    MOH_ASSIGN_OR_RETURN(at::Tensor weight, take(name, std::move(shape)));
-    return ConvertedLinearWeight(std::move(weight), weights);
+  auto take_linear = [&](const std::string& name, std::vector<int64_t> shape) {
+    return TakeConvertedLinear(store, name, std::move(shape), options, weights);
   };
   const int64_t c = config.hidden_size, p = config.patch_size;
   MOH_ASSIGN_OR_RETURN(model->patch_w_, take("x_embedder.proj.weight",

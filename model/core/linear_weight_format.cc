@@ -1,8 +1,10 @@
-// TakePrequantizedLinear (linear_weight_format.h): a pre-quantized
-// checkpoint's int8 linear weight and its scales, in the two layouts
-// quantization_config names (model_config.h's PrequantizedLayout).
+// linear_weight_format.h: the loaders' format check and converted take, and
+// TakePrequantizedLinear: a pre-quantized checkpoint's int8 linear weight and
+// its scales, in the two layouts quantization_config names (model_config.h's
+// PrequantizedLayout).
 #include "model/core/linear_weight_format.h"
 
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -11,6 +13,20 @@
 #include "base/status_macros.h"
 
 namespace moh {
+
+absl::Status CheckWeightFormat(WeightFormat format,
+                               const at::TensorOptions& options) {
+  if (format == WeightFormat::kAsLoaded) return absl::OkStatus();
+  return ResolveWeightFormat(WeightFormatName(format), options).status();
+}
+
+absl::StatusOr<LinearWeight> TakeConvertedLinear(
+    TensorStore& store, const std::string& name, std::vector<int64_t> shape,
+    const at::TensorOptions& options, WeightFormat format) {
+  MOH_ASSIGN_OR_RETURN(at::Tensor weight,
+                       store.Take(name, std::move(shape), options));
+  return ConvertedLinearWeight(std::move(weight), format);
+}
 
 absl::Status TensorError(const TensorStore& store, const std::string& name,
                          const std::string& what) {

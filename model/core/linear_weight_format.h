@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint/checkpoint.h"
@@ -35,6 +36,18 @@ inline LinearWeight ConvertedLinearWeight(at::Tensor weight,
   }
   return weight;
 }
+
+// OK for kAsLoaded, else ResolveWeightFormat's verdict on `format` with
+// `options`: what a loader checks first, as its caller may not have resolved
+// the format against the options it passes.
+absl::Status CheckWeightFormat(WeightFormat format,
+                               const at::TensorOptions& options);
+
+// The linear weight `name` of `shape` taken from `store` in `options`, then
+// ConvertedLinearWeight(…, format).
+absl::StatusOr<LinearWeight> TakeConvertedLinear(
+    TensorStore& store, const std::string& name, std::vector<int64_t> shape,
+    const at::TensorOptions& options, WeightFormat format);
 
 // INVALID_ARGUMENT "<file>: tensor '<name>' <what>", the checkpoint
 // readers' error style (the store's description when no file holds `name`).

@@ -38,11 +38,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
     const LlamaConfig& config, TensorStore& store,
     const at::TensorOptions& options, WeightFormat weights) {
-  if (weights != WeightFormat::kAsLoaded) {
-    // The caller's options may not have been checked against the format.
-    MOH_RETURN_IF_ERROR(
-        ResolveWeightFormat(WeightFormatName(weights), options).status());
-  }
+  MOH_RETURN_IF_ERROR(CheckWeightFormat(weights, options));
   std::unique_ptr<LlamaModel> model(new LlamaModel(config, options));
   model->linear_weights_ = weights;
   const int64_t c = config.hidden_size;
@@ -69,8 +65,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
       return TakePrequantizedLinear(store, name, shape, config.prequantized,
                                     options, weights);
     }
-    MOH_ASSIGN_OR_RETURN(at::Tensor weight, store.Take(name, shape, options));
-    return ConvertedLinearWeight(std::move(weight), weights);
+    return TakeConvertedLinear(store, name, std::move(shape), options, weights);
   };
   if (config.tie_word_embeddings) {
     MOH_ASSIGN_OR_RETURN(

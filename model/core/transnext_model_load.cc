@@ -95,11 +95,7 @@ absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::Load(
 absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::FromStore(
     TensorStore& store, const TransNextConfig& config,
     const at::TensorOptions& options, WeightFormat weights) {
-  if (weights != WeightFormat::kAsLoaded) {
-    // The caller's options may not have been checked against the format.
-    MOH_RETURN_IF_ERROR(
-        ResolveWeightFormat(WeightFormatName(weights), options).status());
-  }
+  MOH_RETURN_IF_ERROR(CheckWeightFormat(weights, options));
   std::unique_ptr<TransNextModel> model(new TransNextModel(config, options));
   model->linear_weights_ = weights;
   return CatchTorchErrors(
@@ -124,9 +120,8 @@ absl::StatusOr<std::unique_ptr<TransNextModel>> TransNextModel::FromStore(
 absl::StatusOr<LinearWeight> TransNextModel::TakeLinear(
     TensorStore& store, const std::string& name,
     std::vector<int64_t> shape) const {
-  MOH_ASSIGN_OR_RETURN(at::Tensor weight,
-                       store.Take(name, std::move(shape), options()));
-  return ConvertedLinearWeight(std::move(weight), linear_weights_);
+  return TakeConvertedLinear(store, name, std::move(shape), options(),
+                             linear_weights_);
 }
 
 absl::Status TransNextModel::LoadStage(TensorStore& store, int s) {

@@ -27,11 +27,7 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
 absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
     const std::string& dir, const VitConfig& config,
     const at::TensorOptions& options, WeightFormat weights) {
-  if (weights != WeightFormat::kAsLoaded) {
-    // The caller's options may not have been checked against the format.
-    MOH_RETURN_IF_ERROR(
-        ResolveWeightFormat(WeightFormatName(weights), options).status());
-  }
+  MOH_RETURN_IF_ERROR(CheckWeightFormat(weights, options));
   MOH_ASSIGN_OR_RETURN(TensorStore store, LoadCheckpoint(dir));
   std::unique_ptr<VitModel> model(new VitModel(config, options));
   model->linear_weights_ = weights;
@@ -40,11 +36,8 @@ absl::StatusOr<std::unique_ptr<VitModel>> VitModel::Load(
   auto take = [&](const std::string& name, std::vector<int64_t> shape) {
     return store.Take(name, shape, options);
   };
-  auto take_linear =
-      [&](const std::string& name,
-          std::vector<int64_t> shape) -> absl::StatusOr<LinearWeight> {
-    MOH_ASSIGN_OR_RETURN(at::Tensor weight, take(name, std::move(shape)));
-    return ConvertedLinearWeight(std::move(weight), weights);
+  auto take_linear = [&](const std::string& name, std::vector<int64_t> shape) {
+    return TakeConvertedLinear(store, name, std::move(shape), options, weights);
   };
   const int64_t p = config.patch_size;
   MOH_ASSIGN_OR_RETURN(model->patch_w_, take("patch_embed.proj.weight",
