@@ -74,6 +74,31 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
   std::optional<absl::Span<const uint32_t>> allowed;
   if (matcher_) allowed = matcher_->AllowedTokens();
   const int32_t token = sampler_.Sample(scores, history_, generated_, allowed);
+  return Emit(token, streamable);
+}
+
+at::Tensor GreedyTokens(const at::Tensor& logits, int64_t limit) {
+  at::Tensor x = logits.narrow(-1, 0, limit);
+  x = x.masked_fill(x.isnan(), -std::numeric_limits<float>::infinity());
+  return x.argmax(-1);  // the first of equal maxima
+}
+
+std::optional<int64_t> SequenceOutput::ArgmaxLimit(int64_t vocab) const {
+  const SamplingParams& p = sampler_.params();
+  const bool argmax = p.temperature == 0.0f && p.repetition_penalty == 1.0f &&
+                      p.presence_penalty == 0.0f &&
+                      p.frequency_penalty == 0.0f && !matcher_ &&
+                      logprobs_ < 0 && generated_ >= min_tokens_;
+  if (!argmax) return std::nullopt;
+  return vocab_limit_ > 0 ? std::min<int64_t>(vocab, vocab_limit_) : vocab;
+}
+
+absl::StatusOr<GenerationChunk> SequenceOutput::NextArgmax(int32_t token) {
+  return Emit(token, at::Tensor());
+}
+
+absl::StatusOr<GenerationChunk> SequenceOutput::Emit(
+    int32_t token, const at::Tensor& streamable) {
   if (matcher_) MOH_RETURN_IF_ERROR(matcher_->Accept(token));
   GenerationChunk chunk;
   if (logprobs_ >= 0) {

@@ -67,6 +67,12 @@ struct GenerationResult {
 // One sequence's output as its tokens are sampled: the sampler (own seeded
 // RNG), EOS, stop strings, max_new_tokens and UTF-8-safe incremental text.
 // Generator and the server's scheduler drive one per sequence. Not thread-safe.
+// The argmax of each row of `logits` ([n, V], any device and floating
+// dtype) over its first `limit` entries, as the Sampler's greedy draw
+// chooses: NaN counts as -inf, ties go to the lowest id (0 when every entry
+// is -inf). int64 [n], on the logits' device.
+at::Tensor GreedyTokens(const at::Tensor& logits, int64_t limit);
+
 class SequenceOutput {
  public:
   // `tokenizer` may be null (no text, no stop strings). `grammar`, when set
@@ -83,6 +89,17 @@ class SequenceOutput {
   // the stream: its id, and the text that is now safe to emit (a stop string
   // and anything after it never is). Sets finish_reason() on the last token.
   absl::StatusOr<GenerationChunk> Next(const at::Tensor& logits);
+
+  // When the next token is the argmax of logits [0, limit) as they come
+  // from the model (a greedy draw with no penalty, grammar, log-probabilities
+  // or end token held back by min_tokens), that `limit` for logits of
+  // `vocab` entries; nullopt when the draw needs the whole row on the host.
+  // The caller may then take the argmax where the logits lie (a device:
+  // GreedyTokens) and pass it to NextArgmax: a step downloads an id, not
+  // the row.
+  std::optional<int64_t> ArgmaxLimit(int64_t vocab) const;
+  // Next() for a token found as ArgmaxLimit says.
+  absl::StatusOr<GenerationChunk> NextArgmax(int32_t token);
 
   // Set once the sequence has ended.
   const std::optional<FinishReason>& finish_reason() const { return finish_; }
@@ -101,6 +118,11 @@ class SequenceOutput {
   // Ids the tokenizer can decode: [0, vocab_limit_); 0 = no tokenizer.
   const int32_t vocab_limit_;
   const std::vector<int32_t> eos_ids_;
+  // The rest of Next() once `token` is chosen; `streamable` (the logits of
+  // the ids it may stream) is read for the log-probabilities only.
+  absl::StatusOr<GenerationChunk> Emit(int32_t token,
+                                       const at::Tensor& streamable);
+
   Sampler sampler_;
   StopStringMatcher stop_matcher_;
   std::optional<IncrementalDecoder> decoder_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -104,7 +106,8 @@ class LanguageSteps : public StepExecutor<Sequence> {
     if (metrics_ != nullptr)
       metrics_->CudaGraphReplays(replays - graph_replays_);
     graph_replays_ = replays;
-    const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
+    const StepLogits step = TakeLogits(out.logits, rows, seqs, all_logits);
+    const at::Tensor& logits = step.host;
     const at::Tensor counts =
         out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
     const int64_t* count_data = counts.data_ptr<int64_t>();
@@ -122,8 +125,14 @@ class LanguageSteps : public StepExecutor<Sequence> {
       if (all_logits) AddPromptLogprobs(rows[b], logits[b], seq);
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
-      outcome.error = SampleAndEmit(
-          seq, all_logits ? logits[b][rows[b].num_tokens - 1] : logits[b]);
+      if (step.argmax[b] >= 0) {
+        outcome.error = Emit(seq, seq.output->NextArgmax(step.argmax[b]));
+      } else {
+        const at::Tensor row = logits[step.host_row[b]];
+        outcome.error = Emit(
+            seq,
+            seq.output->Next(all_logits ? row[rows[b].num_tokens - 1] : row));
+      }
       if (outcome.error.ok()) outcome.token = seq.output->history().back();
       outcome.finished = seq.output->finish_reason().has_value();
     }
@@ -167,10 +176,64 @@ class LanguageSteps : public StepExecutor<Sequence> {
     }
   }
 
-  // Samples the next token of `seq` from its logits and streams it.
-  absl::Status SampleAndEmit(Sequence& seq, const at::Tensor& logits) {
-    const bool first = seq.output->generated() == 0;
-    MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, seq.output->Next(logits));
+  // A step's logits where the tokens are chosen: argmax[b] >= 0, the token
+  // of row b found on the logits' device (SequenceOutput::ArgmaxLimit);
+  // otherwise host[host_row[b]], that row's logits as float32 on the host
+  // ([V], or [T, V] for all_logits).
+  struct StepLogits {
+    std::vector<int32_t> argmax;
+    std::vector<int64_t> host_row;
+    at::Tensor host;
+  };
+
+  // Greedy rows are reduced where the logits lie, so that a GPU step
+  // downloads their ids rather than their [V] rows; the rest (and every row
+  // when all_logits: the prompt's log-probabilities read them) are copied.
+  static StepLogits TakeLogits(const at::Tensor& logits,
+                               const std::vector<PlannedRow>& rows,
+                               const std::vector<Sequence*>& seqs,
+                               bool all_logits) {
+    const int64_t n = static_cast<int64_t>(rows.size());
+    StepLogits step;
+    step.argmax.assign(n, -1);
+    step.host_row.assign(n, -1);
+    // Rows to reduce, by the number of leading logits their argmax reads.
+    std::map<int64_t, std::vector<int64_t>> by_limit;
+    for (int64_t b = 0; b < n && !all_logits; ++b) {
+      const std::optional<int64_t> limit =
+          rows[b].emits ? seqs[b]->output->ArgmaxLimit(logits.size(-1))
+                        : std::nullopt;
+      if (limit) by_limit[*limit].push_back(b);
+    }
+    auto rows_of = [&](const std::vector<int64_t>& which) {
+      if (static_cast<int64_t>(which.size()) == n) return logits;
+      const at::Tensor index = at::tensor(which, at::kLong).to(logits.device());
+      return logits.index_select(0, index);
+    };
+    for (const auto& [limit, which] : by_limit) {
+      const at::Tensor ids =
+          GreedyTokens(rows_of(which), limit).to(at::kCPU).contiguous();
+      const int64_t* id = ids.data_ptr<int64_t>();
+      for (size_t i = 0; i < which.size(); ++i) {
+        step.argmax[which[i]] = static_cast<int32_t>(id[i]);
+      }
+    }
+    std::vector<int64_t> rest;
+    for (int64_t b = 0; b < n; ++b) {
+      if (step.argmax[b] < 0) {
+        step.host_row[b] = static_cast<int64_t>(rest.size());
+        rest.push_back(b);
+      }
+    }
+    if (!rest.empty()) step.host = rows_of(rest).to(at::kCPU, at::kFloat);
+    return step;
+  }
+
+  // Streams `next`, the chunk of the token seq.output has just taken (or
+  // its error).
+  absl::Status Emit(Sequence& seq, absl::StatusOr<GenerationChunk> next) {
+    const bool first = seq.output->generated() == 1;  // the first token
+    MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, std::move(next));
     if (first && seq.job.sampling.prompt_logprobs) {
       chunk.prompt_logprobs = std::move(seq.prompt_logprobs);
       chunk.prompt_token_ids = seq.job.prompt_ids;

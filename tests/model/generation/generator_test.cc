@@ -2,6 +2,8 @@
 #include "model/generation/generator.h"
 
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 #include "gmock/gmock.h"
@@ -317,6 +319,69 @@ TEST_F(GeneratorTest, LabelScoringInGroupsOfOneSequenceMatchesOneBatch) {
   ASSERT_FALSE(too_long.ok());
   EXPECT_THAT(std::string(too_long.status().message()),
               HasSubstr("text + label must fit in 5 tokens, got 6"));
+}
+
+// Greedy rows reduced where the logits lie (language_steps.cc): ArgmaxLimit
+// says when the argmax is the draw, and GreedyTokens + NextArgmax stream
+// what Next would from the whole row, NaN, ties and -inf rows included.
+TEST_F(GeneratorTest, ArgmaxOnTheLogitsDeviceStreamsWhatNextWould) {
+  const int64_t vocab = lm_->tokenizer->vocab_size();
+  const int64_t padded = vocab + 5;  // rows past the tokenizer: never drawn
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  SamplingParams greedy;
+  greedy.max_new_tokens = 6;
+  SequenceOutput full(greedy, prompt, lm_->tokenizer.get(), {}),
+      reduced(greedy, prompt, lm_->tokenizer.get(), {});
+  EXPECT_EQ(SequenceOutput(greedy, prompt, nullptr, {}).ArgmaxLimit(padded),
+            padded);
+  at::manual_seed(5);
+  at::Tensor logits = at::randn({6, padded});
+  logits[0][padded - 1] = 100.0f;       // past the tokenizer
+  logits[1][7] = logits[1][3] = 50.0f;  // a tie: the lower id
+  logits[2][0] = std::numeric_limits<float>::quiet_NaN();
+  logits[2][9] = 50.0f;
+  logits[3].fill_(-std::numeric_limits<float>::infinity());  // token 0
+  logits[4][vocab - 1] = std::numeric_limits<float>::infinity();
+  const at::Tensor ids = GreedyTokens(logits, vocab);
+  ASSERT_EQ(ids.size(0), 6);
+  EXPECT_EQ(ids[1].item<int64_t>(), 3);
+  EXPECT_EQ(ids[2].item<int64_t>(), 9);
+  EXPECT_EQ(ids[3].item<int64_t>(), 0);
+  EXPECT_EQ(ids[4].item<int64_t>(), vocab - 1);
+  for (int64_t step = 0; step < 6; ++step) {
+    ASSERT_EQ(reduced.ArgmaxLimit(padded), vocab);
+    auto want = full.Next(logits[step]);
+    auto got = reduced.NextArgmax(ids[step].item<int64_t>());
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    EXPECT_EQ(got->token_ids, want->token_ids) << "step " << step;
+    EXPECT_EQ(got->text, want->text) << "step " << step;
+  }
+  EXPECT_EQ(reduced.history(), full.history());
+  EXPECT_EQ(reduced.finish_reason(), full.finish_reason());
+
+  // Draws the argmax is not.
+  auto limit = [&](void (*set)(SamplingParams&)) {
+    SamplingParams p = greedy;
+    set(p);
+    return SequenceOutput(p, prompt, lm_->tokenizer.get(), {})
+        .ArgmaxLimit(padded);
+  };
+  EXPECT_EQ(limit([](SamplingParams& p) { p.temperature = 0.7f; }),
+            std::nullopt);
+  EXPECT_EQ(limit([](SamplingParams& p) { p.repetition_penalty = 1.1f; }),
+            std::nullopt);
+  EXPECT_EQ(limit([](SamplingParams& p) { p.presence_penalty = 0.5f; }),
+            std::nullopt);
+  EXPECT_EQ(limit([](SamplingParams& p) { p.frequency_penalty = 0.5f; }),
+            std::nullopt);
+  EXPECT_EQ(limit([](SamplingParams& p) { p.logprobs = 0; }), std::nullopt);
+  // min_tokens holds the end tokens back until it is reached.
+  SamplingParams early = greedy;
+  early.min_tokens = 1;
+  SequenceOutput held(early, prompt, lm_->tokenizer.get(), {2});
+  EXPECT_EQ(held.ArgmaxLimit(padded), std::nullopt);
+  ASSERT_TRUE(held.Next(logits[0]).ok());
+  EXPECT_EQ(held.ArgmaxLimit(padded), vocab);
 }
 
 }  // namespace
