@@ -83,18 +83,61 @@ at::Tensor GreedyTokens(const at::Tensor& logits, int64_t limit) {
   return x.argmax(-1);  // the first of equal maxima
 }
 
-std::optional<int64_t> SequenceOutput::ArgmaxLimit(int64_t vocab) const {
+bool TopLogitsDecide(const at::Tensor& values) {
+  const int64_t count = values.numel();
+  if (count < 2) return false;
+  const float* v = values.data_ptr<float>();
+  return v[count - 1] < v[count - 2];
+}
+
+bool SequenceOutput::DrawsFromRawLogits() const {
   const SamplingParams& p = sampler_.params();
-  const bool argmax = p.temperature == 0.0f && p.repetition_penalty == 1.0f &&
-                      p.presence_penalty == 0.0f &&
-                      p.frequency_penalty == 0.0f && !matcher_ &&
-                      logprobs_ < 0 && generated_ >= min_tokens_;
-  if (!argmax) return std::nullopt;
+  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && !matcher_ && logprobs_ < 0 &&
+         generated_ >= min_tokens_;
+}
+
+std::optional<int64_t> SequenceOutput::ArgmaxLimit(int64_t vocab) const {
+  if (sampler_.params().temperature != 0.0f || !DrawsFromRawLogits()) {
+    return std::nullopt;
+  }
   return vocab_limit_ > 0 ? std::min<int64_t>(vocab, vocab_limit_) : vocab;
 }
 
 absl::StatusOr<GenerationChunk> SequenceOutput::NextArgmax(int32_t token) {
   return Emit(token, at::Tensor());
+}
+
+std::optional<SequenceOutput::TopLogits> SequenceOutput::TopLogitsNeeded(
+    int64_t vocab) const {
+  const SamplingParams& p = sampler_.params();
+  if (p.temperature == 0.0f || p.top_k < 1 || !DrawsFromRawLogits()) {
+    return std::nullopt;
+  }
+  const int64_t limit =
+      vocab_limit_ > 0 ? std::min<int64_t>(vocab, vocab_limit_) : vocab;
+  // The Sampler cuts to top_k only below the vocabulary's size.
+  if (p.top_k + 1 > limit) return std::nullopt;
+  return TopLogits{limit, p.top_k + 1};
+}
+
+absl::StatusOr<GenerationChunk> SequenceOutput::NextFromTop(
+    const at::Tensor& values, absl::Span<const int64_t> ids) {
+  // The Sampler over these alone, best first and equal values by id, draws
+  // what it would over the row: its top_k cut keeps the same ids in the same
+  // order, and min_p, top_p and the weights read only those and the best.
+  const int64_t count = values.numel();
+  const float* v = values.data_ptr<float>();
+  std::vector<int64_t> order(count);
+  for (int64_t i = 0; i < count; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return v[a] > v[b] || (v[a] == v[b] && ids[a] < ids[b]);
+  });
+  at::Tensor sorted = at::empty({count}, at::kFloat);
+  float* out = sorted.data_ptr<float>();
+  for (int64_t i = 0; i < count; ++i) out[i] = v[order[i]];
+  const int32_t pick = sampler_.Sample(sorted, {});
+  return Emit(static_cast<int32_t>(ids[order[pick]]), at::Tensor());
 }
 
 absl::StatusOr<GenerationChunk> SequenceOutput::Emit(

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "model/core/activation.h"
 #include "model/core/llama_model.h"
 #include "model/generation/grammar.h"
@@ -67,6 +68,11 @@ struct GenerationResult {
 // One sequence's output as its tokens are sampled: the sampler (own seeded
 // RNG), EOS, stop strings, max_new_tokens and UTF-8-safe incremental text.
 // Generator and the server's scheduler drive one per sequence. Not thread-safe.
+// Whether the best `values` (float32 [count], best first) of a row decide
+// a top-(count - 1) draw: the last is below the one before, so no id left
+// out ties with one kept.
+bool TopLogitsDecide(const at::Tensor& values);
+
 // The argmax of each row of `logits` ([n, V], any device and floating
 // dtype) over its first `limit` entries, as the Sampler's greedy draw
 // chooses: NaN counts as -inf, ties go to the lowest id (0 when every entry
@@ -101,6 +107,23 @@ class SequenceOutput {
   // Next() for a token found as ArgmaxLimit says.
   absl::StatusOr<GenerationChunk> NextArgmax(int32_t token);
 
+  // The same for a sampled draw with top-k (temperature > 0, top_k >= 1,
+  // the rest as ArgmaxLimit asks): the best `count` (top_k + 1) of logits
+  // [0, limit) decide it, whatever the others are, when the last of them is
+  // below the one before (TopLogitsDecide). The caller may take them where
+  // the logits lie (at::topk after NaN became -inf) and pass them to
+  // NextFromTop: a step downloads top_k + 1 values and ids, not the row.
+  struct TopLogits {
+    int64_t limit = 0;
+    int64_t count = 0;
+  };
+  std::optional<TopLogits> TopLogitsNeeded(int64_t vocab) const;
+  // Next() from the row's `count` best logits as TopLogitsNeeded says:
+  // `values` (float32 [count] on the host, NaN as -inf, best first) and
+  // their `ids`, in any order among equal values.
+  absl::StatusOr<GenerationChunk> NextFromTop(const at::Tensor& values,
+                                              absl::Span<const int64_t> ids);
+
   // Set once the sequence has ended.
   const std::optional<FinishReason>& finish_reason() const { return finish_; }
   const std::vector<int32_t>& history() const {
@@ -118,6 +141,10 @@ class SequenceOutput {
   // Ids the tokenizer can decode: [0, vocab_limit_); 0 = no tokenizer.
   const int32_t vocab_limit_;
   const std::vector<int32_t> eos_ids_;
+  // A draw from the logits as the model made them: no penalty, grammar,
+  // log-probabilities or end token held back (what ArgmaxLimit and
+  // TopLogitsNeeded ask first).
+  bool DrawsFromRawLogits() const;
   // The rest of Next() once `token` is chosen; `streamable` (the logits of
   // the ids it may stream) is read for the log-probabilities only.
   absl::StatusOr<GenerationChunk> Emit(int32_t token,

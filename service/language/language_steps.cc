@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -127,6 +128,13 @@ class LanguageSteps : public StepExecutor<Sequence> {
       // A row that cannot sample or decode fails alone; its batch goes on.
       if (step.argmax[b] >= 0) {
         outcome.error = Emit(seq, seq.output->NextArgmax(step.argmax[b]));
+      } else if (step.top_values[b].defined()) {
+        const at::Tensor& ids = step.top_ids[b];
+        outcome.error = Emit(
+            seq,
+            seq.output->NextFromTop(
+                step.top_values[b],
+                absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel())));
       } else {
         const at::Tensor row = logits[step.host_row[b]];
         outcome.error = Emit(
@@ -176,51 +184,77 @@ class LanguageSteps : public StepExecutor<Sequence> {
     }
   }
 
-  // A step's logits where the tokens are chosen: argmax[b] >= 0, the token
-  // of row b found on the logits' device (SequenceOutput::ArgmaxLimit);
-  // otherwise host[host_row[b]], that row's logits as float32 on the host
-  // ([V], or [T, V] for all_logits).
+  // A step's logits where the tokens are chosen. Row b's token is
+  // argmax[b] when that is >= 0 (found where the logits lie: ArgmaxLimit);
+  // else drawn from top_values[b] and top_ids[b] when those are defined (its
+  // best logits, taken where the logits lie: TopLogitsNeeded); else from
+  // host[host_row[b]], its logits as float32 on the host ([V], or [T, V]
+  // for all_logits).
   struct StepLogits {
     std::vector<int32_t> argmax;
+    std::vector<at::Tensor> top_values, top_ids;
     std::vector<int64_t> host_row;
     at::Tensor host;
   };
 
-  // Greedy rows are reduced where the logits lie, so that a GPU step
-  // downloads their ids rather than their [V] rows; the rest (and every row
-  // when all_logits: the prompt's log-probabilities read them) are copied.
+  // Greedy and top-k rows are reduced where the logits lie, so that a GPU
+  // step downloads an id or top_k + 1 values and ids per row rather than
+  // [V] floats; the rest (and every row when all_logits: the prompt's
+  // log-probabilities read them) are copied whole.
   static StepLogits TakeLogits(const at::Tensor& logits,
                                const std::vector<PlannedRow>& rows,
                                const std::vector<Sequence*>& seqs,
                                bool all_logits) {
     const int64_t n = static_cast<int64_t>(rows.size());
+    const int64_t vocab = logits.size(-1);
     StepLogits step;
     step.argmax.assign(n, -1);
+    step.top_values.resize(n);
+    step.top_ids.resize(n);
     step.host_row.assign(n, -1);
-    // Rows to reduce, by the number of leading logits their argmax reads.
-    std::map<int64_t, std::vector<int64_t>> by_limit;
+    // Rows to reduce, by the leading logits they read (and how many best
+    // ones: 0 for the argmax).
+    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> groups;
     for (int64_t b = 0; b < n && !all_logits; ++b) {
-      const std::optional<int64_t> limit =
-          rows[b].emits ? seqs[b]->output->ArgmaxLimit(logits.size(-1))
-                        : std::nullopt;
-      if (limit) by_limit[*limit].push_back(b);
+      if (!rows[b].emits) continue;
+      const SequenceOutput& output = *seqs[b]->output;
+      if (const std::optional<int64_t> limit = output.ArgmaxLimit(vocab)) {
+        groups[{*limit, 0}].push_back(b);
+      } else if (const auto top = output.TopLogitsNeeded(vocab)) {
+        groups[{top->limit, top->count}].push_back(b);
+      }
     }
     auto rows_of = [&](const std::vector<int64_t>& which) {
       if (static_cast<int64_t>(which.size()) == n) return logits;
       const at::Tensor index = at::tensor(which, at::kLong).to(logits.device());
       return logits.index_select(0, index);
     };
-    for (const auto& [limit, which] : by_limit) {
-      const at::Tensor ids =
-          GreedyTokens(rows_of(which), limit).to(at::kCPU).contiguous();
-      const int64_t* id = ids.data_ptr<int64_t>();
+    for (const auto& [key, which] : groups) {
+      const auto [limit, count] = key;
+      if (count == 0) {
+        const at::Tensor ids =
+            GreedyTokens(rows_of(which), limit).to(at::kCPU).contiguous();
+        const int64_t* id = ids.data_ptr<int64_t>();
+        for (size_t i = 0; i < which.size(); ++i) {
+          step.argmax[which[i]] = static_cast<int32_t>(id[i]);
+        }
+        continue;
+      }
+      at::Tensor x = rows_of(which).narrow(-1, 0, limit);
+      x = x.masked_fill(x.isnan(), -std::numeric_limits<float>::infinity());
+      auto [values, ids] = x.topk(count, -1, /*largest=*/true, /*sorted=*/true);
+      values = values.to(at::kCPU, at::kFloat).contiguous();
+      ids = ids.to(at::kCPU).contiguous();
       for (size_t i = 0; i < which.size(); ++i) {
-        step.argmax[which[i]] = static_cast<int32_t>(id[i]);
+        // A tie across the cut: the row decides which ids are kept.
+        if (!TopLogitsDecide(values[i])) continue;
+        step.top_values[which[i]] = values[i];
+        step.top_ids[which[i]] = ids[i];
       }
     }
     std::vector<int64_t> rest;
     for (int64_t b = 0; b < n; ++b) {
-      if (step.argmax[b] < 0) {
+      if (step.argmax[b] < 0 && !step.top_values[b].defined()) {
         step.host_row[b] = static_cast<int64_t>(rest.size());
         rest.push_back(b);
       }

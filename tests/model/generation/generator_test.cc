@@ -384,5 +384,67 @@ TEST_F(GeneratorTest, ArgmaxOnTheLogitsDeviceStreamsWhatNextWould) {
   EXPECT_EQ(held.ArgmaxLimit(padded), vocab);
 }
 
+// Top-k rows reduced where the logits lie: the best top_k + 1 logits and
+// NextFromTop draw what Next draws from the whole row, with the same seed,
+// under temperature, min_p and top_p, NaN and equal values inside the cut.
+TEST_F(GeneratorTest, TopLogitsOnTheLogitsDeviceDrawWhatNextWould) {
+  const int64_t vocab = lm_->tokenizer->vocab_size();
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  SamplingParams sampled;
+  sampled.max_new_tokens = 40;
+  sampled.temperature = 0.9f;
+  sampled.top_k = 6;
+  sampled.top_p = 0.9f;
+  sampled.min_p = 0.02f;
+  sampled.seed = 77;
+  SequenceOutput full(sampled, prompt, lm_->tokenizer.get(), {}),
+      reduced(sampled, prompt, lm_->tokenizer.get(), {});
+  at::manual_seed(9);
+  const at::Tensor logits = at::randn({40, vocab + 3}) * 2;
+  logits.select(1, 11).fill_(std::numeric_limits<float>::quiet_NaN());
+  for (int64_t step = 0; step < 40; step += 3) {
+    logits[step][4] = logits[step][20] = logits[step][9] = 6.0f;  // equal
+  }
+  int64_t differing = 0;
+  for (int64_t step = 0; step < 40; ++step) {
+    const auto top = reduced.TopLogitsNeeded(vocab + 3);
+    ASSERT_TRUE(top.has_value());
+    EXPECT_EQ(top->limit, vocab);
+    ASSERT_EQ(top->count, 7);
+    at::Tensor x = logits[step].narrow(0, 0, top->limit);
+    x = x.masked_fill(x.isnan(), -std::numeric_limits<float>::infinity());
+    auto [values, ids] = x.topk(top->count);
+    values = values.contiguous();
+    ids = ids.contiguous();
+    ASSERT_TRUE(TopLogitsDecide(values)) << "step " << step;
+    auto want = full.Next(logits[step]);
+    auto got = reduced.NextFromTop(
+        values, absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel()));
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    ASSERT_EQ(got->token_ids, want->token_ids) << "step " << step;
+    differing += got->token_ids[0] != ids[0].item<int64_t>();
+  }
+  EXPECT_GT(differing, 0) << "every draw was the argmax: nothing sampled";
+
+  // A tie across the cut leaves the row to the host.
+  EXPECT_FALSE(TopLogitsDecide(at::tensor({3.0f, 2.0f, 2.0f})));
+  EXPECT_TRUE(TopLogitsDecide(at::tensor({3.0f, 3.0f, 2.0f})));
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(TopLogitsDecide(at::tensor({1.0f, -inf, -inf})));
+  // Draws the best few do not decide.
+  auto needed = [&](void (*set)(SamplingParams&)) {
+    SamplingParams p = sampled;
+    set(p);
+    return SequenceOutput(p, prompt, lm_->tokenizer.get(), {})
+        .TopLogitsNeeded(vocab)
+        .has_value();
+  };
+  EXPECT_FALSE(needed([](SamplingParams& p) { p.top_k = 0; }));
+  EXPECT_FALSE(needed([](SamplingParams& p) { p.temperature = 0.0f; }));
+  EXPECT_FALSE(needed([](SamplingParams& p) { p.repetition_penalty = 1.3f; }));
+  EXPECT_FALSE(needed([](SamplingParams& p) { p.logprobs = 2; }));
+  EXPECT_FALSE(needed([](SamplingParams& p) { p.top_k = 1 << 20; }));
+}
+
 }  // namespace
 }  // namespace moh

@@ -765,6 +765,50 @@ TEST_F(LanguageExecutorTest, SeededSamplingIgnoresBatchMates) {
   for (auto& m : mates) ASSERT_TRUE(m->WaitDone());
 }
 
+// One batch mixing the rows reduced where the logits lie (greedy; top-k,
+// with min_p and top_p) with those copied whole (top-p alone, log-
+// probabilities, a penalty): each streams what the Generator, which samples
+// every row from the whole of it, makes alone.
+TEST_F(LanguageExecutorTest, RowsReducedOnTheDeviceDrawLikeTheGenerator) {
+  auto scheduler = MakeScheduler();
+  ASSERT_NE(scheduler, nullptr);
+  Generator generator(*lm_->model, lm_->tokenizer.get(), lm_->eos_ids);
+  std::vector<GenerationJob> jobs;
+  for (size_t i = 0; i < 6; ++i) {
+    GenerationJob job = Job(cases_[i].prompt, 16, cases_[i].ratio);
+    job.sampling.ignore_eos = true;
+    job.sampling.seed = 40 + i;
+    if (i > 0) job.sampling.temperature = 1.0f;
+    if (i == 1 || i == 2 || i == 4) job.sampling.top_k = 2 + i;
+    if (i == 2) job.sampling.min_p = 0.05f;
+    if (i == 2 || i == 3) job.sampling.top_p = 0.8f;
+    if (i == 4) job.sampling.logprobs = 2;
+    if (i == 5) job.sampling.presence_penalty = 0.5f;
+    jobs.push_back(job);
+  }
+  std::vector<std::shared_ptr<Recorder>> recorders;
+  for (const GenerationJob& job : jobs)
+    recorders.push_back(Run(*scheduler, job));
+  int sampled = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(recorders[i]->WaitDone());
+    ASSERT_TRUE(recorders[i]->status().ok()) << recorders[i]->status();
+    GenerationRequest request;
+    request.prompt_ids = jobs[i].prompt_ids;
+    request.sampling = jobs[i].sampling;
+    request.ratio = jobs[i].ratio;
+    auto reference = generator.Generate({request});
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    EXPECT_EQ(recorders[i]->ids(), (*reference)[0].token_ids) << "job " << i;
+    ASSERT_EQ(recorders[i]->ids().size(), 16u);
+    request.sampling.temperature = 0.0f;
+    auto greedy = generator.Generate({request});
+    ASSERT_TRUE(greedy.ok()) << greedy.status();
+    sampled += recorders[i]->ids() != (*greedy)[0].token_ids;
+  }
+  EXPECT_GE(sampled, 3) << "the sampled jobs drew their argmax throughout";
+}
+
 TEST_F(LanguageExecutorTest, DestructorFailsJobsInFlight) {
   std::vector<std::shared_ptr<Recorder>> recorders;
   {
