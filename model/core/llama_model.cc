@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status_macros.h"
+#include "model/core/best_logits.h"
 #include "model/core/dense_attention.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
@@ -319,10 +320,33 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
                             const_cast<int64_t*>(host.data()),
                             {static_cast<int64_t>(host.size())}, at::kLong)),
                         context_->Upload(batch.token_ids), cache);
-    // One copy to the host and one wait for the whole step's results.
-    results = context_->Download(*results);
   }
+  const bool top = batch.top_logits > 0 && !batch.all_logits;
+  if (top) {
+    // The best logits, and the rows wanted whole, in place of every row.
+    at::Tensor& logits = (*results)[0];
+    auto [values, ids] =
+        BestLogits(logits, batch.top_logits_limit, batch.top_logits);
+    std::vector<int64_t> whole;
+    for (size_t b = 0; b < batch.whole_logits.size(); ++b) {
+      if (batch.whole_logits[b]) whole.push_back(static_cast<int64_t>(b));
+    }
+    logits = whole.size() == static_cast<size_t>(rows)
+                 ? logits
+                 : logits.index_select(
+                       0, context_->Upload(at::tensor(whole, at::kLong)));
+    results->push_back(values);
+    results->push_back(ids);
+  }
+  // One copy to the host and one wait for the whole step's results.
+  results = context_->Download(*results);
   DecoderOutput out;
+  if (top) {
+    out.top_ids = results->back();
+    results->pop_back();
+    out.top_values = results->back();
+    results->pop_back();
+  }
   out.logits = (*results)[0];
   out.head_token_counts = (*results)[1];
   out.gates.assign(results->begin() + 2, results->end());

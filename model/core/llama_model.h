@@ -75,6 +75,16 @@ struct DecoderBatch {
   // first position at the front).
   int32_t logits_tail = 0;
   bool record_gates = false;  // also return the gates of every layer
+  // With !all_logits, logits_tail <= 1 and top_logits > 0: the step keeps
+  // the logits where they lie and returns each row's top_logits best of its
+  // logits [0, top_logits_limit) (BestLogits: value, then lower id) as
+  // DecoderOutput::top_values / top_ids, and whole rows only for the rows
+  // whole_logits flags (empty: none), as DecoderOutput::logits [R, V] in
+  // row order. A GPU step then copies B * top_logits values and ids to the
+  // host, not B * V logits.
+  int64_t top_logits = 0;
+  int64_t top_logits_limit = 0;
+  std::vector<bool> whole_logits;
 };
 
 struct DecoderOutput {
@@ -84,6 +94,9 @@ struct DecoderOutput {
   at::Tensor head_token_counts;  // int64 CPU [B, L, H]: tokens each head served
   std::vector<at::Tensor>
       gates;  // when recorded: per layer float32 CPU [B, T, H]
+  // With DecoderBatch::top_logits: float32 and int64 CPU [B, top_logits].
+  at::Tensor top_values;
+  at::Tensor top_ids;
 };
 
 // The narrow width of a model of `config` (LlamaModel::narrow_kv_heads).
@@ -247,7 +260,8 @@ class LlamaModel {
                                     const at::Tensor& ints,
                                     const at::Tensor& token_ids,
                                     KvCache& cache) const;
-  // The step's results through a recorded graph: replayed when its shape
+  // The step's results through a recorded graph, on the device (the
+  // graphs' pool: read them before the next replay): replayed when its shape
   // was recorded, recorded now (and replayed) at the shape's second step;
   // nullopt when it runs eagerly (first sight, the limit reached, or a
   // failed recording). Called with LockDevice() held.

@@ -131,8 +131,9 @@ std::optional<std::vector<at::Tensor>> LlamaModel::RunGraph(
   context_->UploadInto(batch.token_ids, entry.token_ids);
   entry.graph->Replay();
   ++graphs_->replays;
-  // Read before the next replay of any graph reuses the pool.
-  return context_->Download(entry.outputs);
+  // Read (downloaded by Forward) before the next replay of any graph
+  // reuses the pool.
+  return entry.outputs;
 }
 
 }  // namespace moh

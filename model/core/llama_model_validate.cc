@@ -67,6 +67,28 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
     return absl::InvalidArgumentError(absl::StrCat(
         "logits_tail must be in [0, ", width, "], got ", batch.logits_tail));
   }
+  if (batch.top_logits != 0 && !batch.all_logits) {
+    const int64_t vocab = config_.vocab_size;
+    if (batch.logits_tail > 1) {
+      return absl::InvalidArgumentError(
+          "top_logits needs one position's logits per row (logits_tail <= 1)");
+    }
+    if (batch.top_logits_limit < 1 || batch.top_logits_limit > vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("top_logits_limit must be in [1, ", vocab, "], got ",
+                       batch.top_logits_limit));
+    }
+    if (batch.top_logits < 0 || batch.top_logits > batch.top_logits_limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("top_logits must be in [0, ", batch.top_logits_limit,
+                       "], got ", batch.top_logits));
+    }
+    if (!batch.whole_logits.empty() && batch.whole_logits.size() != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("whole_logits must have ", rows, " entries, got ",
+                       batch.whole_logits.size()));
+    }
+  }
   const int64_t block_size = cache.block_size();
   std::set<int32_t> seen_slots;
   std::map<int32_t, size_t> writer;  // block -> the row writing it

@@ -77,19 +77,6 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
   return Emit(token, streamable);
 }
 
-at::Tensor GreedyTokens(const at::Tensor& logits, int64_t limit) {
-  at::Tensor x = logits.narrow(-1, 0, limit);
-  x = x.masked_fill(x.isnan(), -std::numeric_limits<float>::infinity());
-  return x.argmax(-1);  // the first of equal maxima
-}
-
-bool TopLogitsDecide(const at::Tensor& values) {
-  const int64_t count = values.numel();
-  if (count < 2) return false;
-  const float* v = values.data_ptr<float>();
-  return v[count - 1] < v[count - 2];
-}
-
 bool SequenceOutput::DrawsFromRawLogits() const {
   const SamplingParams& p = sampler_.params();
   return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
@@ -123,21 +110,17 @@ std::optional<SequenceOutput::TopLogits> SequenceOutput::TopLogitsNeeded(
 
 absl::StatusOr<GenerationChunk> SequenceOutput::NextFromTop(
     const at::Tensor& values, absl::Span<const int64_t> ids) {
-  // The Sampler over these alone, best first and equal values by id, draws
-  // what it would over the row: its top_k cut keeps the same ids in the same
-  // order, and min_p, top_p and the weights read only those and the best.
-  const int64_t count = values.numel();
-  const float* v = values.data_ptr<float>();
-  std::vector<int64_t> order(count);
-  for (int64_t i = 0; i < count; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && ids[a] < ids[b]);
-  });
-  at::Tensor sorted = at::empty({count}, at::kFloat);
-  float* out = sorted.data_ptr<float>();
-  for (int64_t i = 0; i < count; ++i) out[i] = v[order[i]];
-  const int32_t pick = sampler_.Sample(sorted, {});
-  return Emit(static_cast<int32_t>(ids[order[pick]]), at::Tensor());
+  // The Sampler over the best top_k + 1 alone, in the order it prefers,
+  // draws what it would over the row: its top_k cut keeps the same ids in
+  // the same order, and min_p, top_p and the weights read only those and
+  // the best. (The one past the cut only keeps top_k below the count.)
+  const int64_t count = sampler_.params().top_k + 1;
+  TORCH_CHECK(
+      values.numel() >= count && ids.size() >= static_cast<size_t>(count),
+      "NextFromTop: ", count, " best logits needed, got ", values.numel());
+  const int32_t pick =
+      sampler_.Sample(values.narrow(0, 0, count), absl::Span<const int32_t>());
+  return Emit(static_cast<int32_t>(ids[pick]), at::Tensor());
 }
 
 absl::StatusOr<GenerationChunk> SequenceOutput::Emit(

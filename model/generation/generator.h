@@ -68,17 +68,6 @@ struct GenerationResult {
 // One sequence's output as its tokens are sampled: the sampler (own seeded
 // RNG), EOS, stop strings, max_new_tokens and UTF-8-safe incremental text.
 // Generator and the server's scheduler drive one per sequence. Not thread-safe.
-// Whether the best `values` (float32 [count], best first) of a row decide
-// a top-(count - 1) draw: the last is below the one before, so no id left
-// out ties with one kept.
-bool TopLogitsDecide(const at::Tensor& values);
-
-// The argmax of each row of `logits` ([n, V], any device and floating
-// dtype) over its first `limit` entries, as the Sampler's greedy draw
-// chooses: NaN counts as -inf, ties go to the lowest id (0 when every entry
-// is -inf). int64 [n], on the logits' device.
-at::Tensor GreedyTokens(const at::Tensor& logits, int64_t limit);
-
 class SequenceOutput {
  public:
   // `tokenizer` may be null (no text, no stop strings). `grammar`, when set
@@ -100,27 +89,26 @@ class SequenceOutput {
   // from the model (a greedy draw with no penalty, grammar, log-probabilities
   // or end token held back by min_tokens), that `limit` for logits of
   // `vocab` entries; nullopt when the draw needs the whole row on the host.
-  // The caller may then take the argmax where the logits lie (a device:
-  // GreedyTokens) and pass it to NextArgmax: a step downloads an id, not
-  // the row.
+  // The caller may then take the best logit where the logits lie
+  // (BestLogits, best_logits.h) and pass its id to NextArgmax: a step
+  // downloads an id, not the row.
   std::optional<int64_t> ArgmaxLimit(int64_t vocab) const;
   // Next() for a token found as ArgmaxLimit says.
   absl::StatusOr<GenerationChunk> NextArgmax(int32_t token);
 
   // The same for a sampled draw with top-k (temperature > 0, top_k >= 1,
-  // the rest as ArgmaxLimit asks): the best `count` (top_k + 1) of logits
-  // [0, limit) decide it, whatever the others are, when the last of them is
-  // below the one before (TopLogitsDecide). The caller may take them where
-  // the logits lie (at::topk after NaN became -inf) and pass them to
-  // NextFromTop: a step downloads top_k + 1 values and ids, not the row.
+  // the rest as ArgmaxLimit asks): the row's best `count` (top_k + 1) logits
+  // [0, limit) decide it, whatever the others are. The caller may take them
+  // where the logits lie (BestLogits) and pass them to NextFromTop: a step
+  // downloads top_k + 1 values and ids, not the row.
   struct TopLogits {
     int64_t limit = 0;
     int64_t count = 0;
   };
   std::optional<TopLogits> TopLogitsNeeded(int64_t vocab) const;
-  // Next() from the row's `count` best logits as TopLogitsNeeded says:
-  // `values` (float32 [count] on the host, NaN as -inf, best first) and
-  // their `ids`, in any order among equal values.
+  // Next() from the row's best logits (float32 `values` on the host, NaN as
+  // -inf, at least TopLogitsNeeded's count of them) and their `ids`, in
+  // BestLogits' order: higher value, then lower id, first.
   absl::StatusOr<GenerationChunk> NextFromTop(const at::Tensor& values,
                                               absl::Span<const int64_t> ids);
 

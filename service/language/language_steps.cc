@@ -1,10 +1,10 @@
 #include "service/language/language_steps.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
-#include <limits>
-#include <map>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +13,11 @@
 
 namespace moh {
 namespace {
+
+bool ReduceLogitsOnCpu() {
+  const char* value = std::getenv("MOH_REDUCE_LOGITS");
+  return value != nullptr && std::string_view(value) == "1";
+}
 
 // The language family's steps: one LlamaModel::Forward over the planned rows,
 // then sampling and streaming for each row that emits.
@@ -28,7 +33,9 @@ class LanguageSteps : public StepExecutor<Sequence> {
         num_head_counters_(static_cast<size_t>(model_.config().num_layers) *
                            model_.config().num_heads),
         cache_(model_.CreateKvCache(kv_blocks, kv_block_size)),
-        graph_replays_(model_.graph_replays()) {}
+        graph_replays_(model_.graph_replays()),
+        reduce_logits_(!model_.options().device().is_cpu() ||
+                       ReduceLogitsOnCpu()) {}
 
   void Admit(Sequence& seq, const AdmittedRequest& admitted) override {
     if (admitted.lowered) {
@@ -102,13 +109,18 @@ class LanguageSteps : public StepExecutor<Sequence> {
     }
     DecoderBatch batch = BuildBatch(rows, seqs);
     batch.all_logits = all_logits;
+    // How each row's token is chosen: from its best logits (`best[b]` of
+    // them, 1 for the argmax) reduced where the logits lie, or (0) from its
+    // whole row.
+    std::vector<int64_t> best(rows.size(), 0);
+    if (!all_logits && reduce_logits_) PlanBestLogits(rows, seqs, batch, best);
     MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
     const int64_t replays = model_.graph_replays();
     if (metrics_ != nullptr)
       metrics_->CudaGraphReplays(replays - graph_replays_);
     graph_replays_ = replays;
-    const StepLogits step = TakeLogits(out.logits, rows, seqs, all_logits);
-    const at::Tensor& logits = step.host;
+    const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
+    int64_t whole_row = 0;  // rows of `logits` so far
     const at::Tensor counts =
         out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
     const int64_t* count_data = counts.data_ptr<int64_t>();
@@ -123,23 +135,25 @@ class LanguageSteps : public StepExecutor<Sequence> {
       if (rows[b].prefill && metrics_ != nullptr) {
         metrics_->PromptTokens(rows[b].num_tokens);
       }
-      if (all_logits) AddPromptLogprobs(rows[b], logits[b], seq);
+      const int64_t row = best[b] > 0 ? -1 : whole_row++;
+      if (all_logits) AddPromptLogprobs(rows[b], logits[row], seq);
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
-      if (step.argmax[b] >= 0) {
-        outcome.error = Emit(seq, seq.output->NextArgmax(step.argmax[b]));
-      } else if (step.top_values[b].defined()) {
-        const at::Tensor& ids = step.top_ids[b];
+      if (best[b] == 1) {
+        const int64_t token = out.top_ids[b][0].item<int64_t>();
+        outcome.error = Emit(seq, seq.output->NextArgmax(token));
+      } else if (best[b] > 1) {
+        const at::Tensor ids = out.top_ids[b].contiguous();
         outcome.error = Emit(
             seq,
             seq.output->NextFromTop(
-                step.top_values[b],
+                out.top_values[b],
                 absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel())));
       } else {
-        const at::Tensor row = logits[step.host_row[b]];
-        outcome.error = Emit(
-            seq,
-            seq.output->Next(all_logits ? row[rows[b].num_tokens - 1] : row));
+        outcome.error =
+            Emit(seq, seq.output->Next(all_logits
+                                           ? logits[row][rows[b].num_tokens - 1]
+                                           : logits[row]));
       }
       if (outcome.error.ok()) outcome.token = seq.output->history().back();
       outcome.finished = seq.output->finish_reason().has_value();
@@ -184,83 +198,39 @@ class LanguageSteps : public StepExecutor<Sequence> {
     }
   }
 
-  // A step's logits where the tokens are chosen. Row b's token is
-  // argmax[b] when that is >= 0 (found where the logits lie: ArgmaxLimit);
-  // else drawn from top_values[b] and top_ids[b] when those are defined (its
-  // best logits, taken where the logits lie: TopLogitsNeeded); else from
-  // host[host_row[b]], its logits as float32 on the host ([V], or [T, V]
-  // for all_logits).
-  struct StepLogits {
-    std::vector<int32_t> argmax;
-    std::vector<at::Tensor> top_values, top_ids;
-    std::vector<int64_t> host_row;
-    at::Tensor host;
-  };
-
-  // Greedy and top-k rows are reduced where the logits lie, so that a GPU
-  // step downloads an id or top_k + 1 values and ids per row rather than
-  // [V] floats; the rest (and every row when all_logits: the prompt's
-  // log-probabilities read them) are copied whole.
-  static StepLogits TakeLogits(const at::Tensor& logits,
-                               const std::vector<PlannedRow>& rows,
-                               const std::vector<Sequence*>& seqs,
-                               bool all_logits) {
-    const int64_t n = static_cast<int64_t>(rows.size());
-    const int64_t vocab = logits.size(-1);
-    StepLogits step;
-    step.argmax.assign(n, -1);
-    step.top_values.resize(n);
-    step.top_ids.resize(n);
-    step.host_row.assign(n, -1);
-    // Rows to reduce, by the leading logits they read (and how many best
-    // ones: 0 for the argmax).
-    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> groups;
-    for (int64_t b = 0; b < n && !all_logits; ++b) {
+  // Sets best[b] for the rows whose token their best logits decide (1 for
+  // a greedy draw, top_k + 1 for a top-k one: SequenceOutput::ArgmaxLimit,
+  // TopLogitsNeeded), and `batch` to reduce the logits to as many where they
+  // lie and return whole rows for the others only: a GPU step then
+  // downloads an id or top_k + 1 values and ids per such row, not [V]
+  // floats. Leaves `batch` as it is when no row qualifies.
+  void PlanBestLogits(const std::vector<PlannedRow>& rows,
+                      const std::vector<Sequence*>& seqs, DecoderBatch& batch,
+                      std::vector<int64_t>& best) const {
+    const int64_t vocab = model_.config().vocab_size;
+    int64_t limit = 0;  // the leading logits read: one for every row
+    for (size_t b = 0; b < rows.size(); ++b) {
       if (!rows[b].emits) continue;
       const SequenceOutput& output = *seqs[b]->output;
-      if (const std::optional<int64_t> limit = output.ArgmaxLimit(vocab)) {
-        groups[{*limit, 0}].push_back(b);
+      int64_t count = 0, row_limit = 0;
+      if (const std::optional<int64_t> argmax = output.ArgmaxLimit(vocab)) {
+        count = 1;
+        row_limit = *argmax;
       } else if (const auto top = output.TopLogitsNeeded(vocab)) {
-        groups[{top->limit, top->count}].push_back(b);
+        count = top->count;
+        row_limit = top->limit;
       }
+      if (count == 0 || (limit != 0 && row_limit != limit)) continue;
+      limit = row_limit;
+      best[b] = count;
     }
-    auto rows_of = [&](const std::vector<int64_t>& which) {
-      if (static_cast<int64_t>(which.size()) == n) return logits;
-      const at::Tensor index = at::tensor(which, at::kLong).to(logits.device());
-      return logits.index_select(0, index);
-    };
-    for (const auto& [key, which] : groups) {
-      const auto [limit, count] = key;
-      if (count == 0) {
-        const at::Tensor ids =
-            GreedyTokens(rows_of(which), limit).to(at::kCPU).contiguous();
-        const int64_t* id = ids.data_ptr<int64_t>();
-        for (size_t i = 0; i < which.size(); ++i) {
-          step.argmax[which[i]] = static_cast<int32_t>(id[i]);
-        }
-        continue;
-      }
-      at::Tensor x = rows_of(which).narrow(-1, 0, limit);
-      x = x.masked_fill(x.isnan(), -std::numeric_limits<float>::infinity());
-      auto [values, ids] = x.topk(count, -1, /*largest=*/true, /*sorted=*/true);
-      values = values.to(at::kCPU, at::kFloat).contiguous();
-      ids = ids.to(at::kCPU).contiguous();
-      for (size_t i = 0; i < which.size(); ++i) {
-        // A tie across the cut: the row decides which ids are kept.
-        if (!TopLogitsDecide(values[i])) continue;
-        step.top_values[which[i]] = values[i];
-        step.top_ids[which[i]] = ids[i];
-      }
+    if (limit == 0) return;
+    batch.top_logits_limit = limit;
+    batch.top_logits = *std::max_element(best.begin(), best.end());
+    batch.whole_logits.resize(rows.size());
+    for (size_t b = 0; b < rows.size(); ++b) {
+      batch.whole_logits[b] = best[b] == 0;
     }
-    std::vector<int64_t> rest;
-    for (int64_t b = 0; b < n; ++b) {
-      if (step.argmax[b] < 0 && !step.top_values[b].defined()) {
-        step.host_row[b] = static_cast<int64_t>(rest.size());
-        rest.push_back(b);
-      }
-    }
-    if (!rest.empty()) step.host = rows_of(rest).to(at::kCPU, at::kFloat);
-    return step;
   }
 
   // Streams `next`, the chunk of the token seq.output has just taken (or
@@ -315,6 +285,10 @@ class LanguageSteps : public StepExecutor<Sequence> {
   const size_t num_head_counters_;
   KvCache cache_;
   int64_t graph_replays_;  // the model's count after the last step
+  // Greedy and top-k rows take their best logits where the logits lie
+  // (PlanBestLogits): on a GPU, and on the CPU when MOH_REDUCE_LOGITS=1
+  // (tests; there it would only add passes over the logits).
+  const bool reduce_logits_;
 };
 
 }  // namespace

@@ -186,6 +186,31 @@ def test_seeded_sampling_is_reproducible(api, stub):
     assert any(o != first for o in others), "the seed has no effect"
 
 
+def test_rows_reduced_where_the_logits_lie_stream_the_same(api, stub, server_factory,
+                                                           monkeypatch):
+    # MOH_REDUCE_LOGITS=1: the CPU server takes greedy and top-k rows' tokens from
+    # their best logits as a GPU step does (DecoderBatch::top_logits), in one batch
+    # with rows copied whole (top-p alone, a penalty); every stream equals the
+    # main server's, which samples every row from the whole of it.
+    monkeypatch.setenv("MOH_REDUCE_LOGITS", "1")
+    reduced = server_factory("reduced", [("demo-lm", lib.LM_DIR,
+                                          "generation { max_running: 8 }")])
+    monkeypatch.delenv("MOH_REDUCE_LOGITS")
+    samplings = [dict(temperature=0.0),
+                 dict(temperature=2.0, top_k=5, seed=3),
+                 dict(temperature=2.0, top_k=40, top_p=0.95, min_p=0.01, seed=4),
+                 dict(temperature=2.0, top_p=0.95, seed=5),
+                 dict(temperature=2.0, top_k=8, presence_penalty=0.5, seed=6)]
+    requests = [lib.generate_request(api.pb, prompt="Once upon a time", max_new_tokens=24,
+                                     ignore_eos=True, **sampling)
+                for sampling in samplings]
+    want = [lib.token_ids_of(m) for m in lib.generate_together(stub, requests)]
+    reduced_stub = api.grpc.InferenceStub(reduced.channel())
+    got = [lib.token_ids_of(m) for m in lib.generate_together(reduced_stub, requests)]
+    assert got == want
+    assert len(set(map(tuple, want))) == len(want), "the samplings made the same tokens"
+
+
 def test_default_model_is_used_when_model_is_empty(api, stub):
     # Two models are served; Generate with model "" goes to the only LM.
     case = CASES[0]

@@ -1,6 +1,8 @@
 // In-process generation and label scoring on the reference fixtures.
 #include "model/generation/generator.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -8,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/core/best_logits.h"
 #include "model/generation/language_model.h"
 #include "nlohmann/json.hpp"
 
@@ -321,9 +324,50 @@ TEST_F(GeneratorTest, LabelScoringInGroupsOfOneSequenceMatchesOneBatch) {
               HasSubstr("text + label must fit in 5 tokens, got 6"));
 }
 
+// The best logits where the logits lie (best_logits.h): the Sampler's order
+// (value, then the lower id), NaN as -inf, -0 as +0, within the limit.
+TEST(BestLogitsTest, TheSamplersOrderExactlyWhateverTheTies) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor logits =
+      at::tensor({1.0f,  3.0f,  nan,   3.0f,  -0.0f, 0.0f, 3.0f, 2.0f, 9.0f,  //
+                  -inf,  -inf,  -inf,  -inf,  -inf,  -inf, -inf, -inf, -inf,  //
+                  -2.0f, -1.0f, -0.0f, -3.0f, 0.0f,  inf,  -inf, inf,  5.0f})
+          .view({3, 9});
+  auto [values, ids] = BestLogits(logits, 8, 5);  // entry 8 is past the limit
+  ASSERT_EQ(ids.sizes(), (at::IntArrayRef{3, 5}));
+  const std::vector<int64_t> want = {1, 3, 6, 7, 0,   //
+                                     0, 1, 2, 3, 4,   //
+                                     5, 7, 2, 4, 1};  // 5.0 past 8 ignored
+  EXPECT_EQ(std::vector<int64_t>(ids.data_ptr<int64_t>(),
+                                 ids.data_ptr<int64_t>() + 15),
+            want);
+  EXPECT_EQ(values[0][0].item<float>(), 3.0f);
+  EXPECT_EQ(values[1][0].item<float>(), -inf);
+  EXPECT_EQ(values[2][0].item<float>(), inf);
+  EXPECT_EQ(values[2][2].item<float>(), 0.0f);
+  EXPECT_FALSE(std::signbit(values[2][2].item<float>()));
+  // Random rows: the same as a stable sort of the values.
+  at::manual_seed(3);
+  const at::Tensor x = at::randint(-4, 4, {6, 300}).to(at::kFloat) * 0.5;
+  auto [v, i] = BestLogits(x, 300, 40);
+  for (int64_t r = 0; r < 6; ++r) {
+    std::vector<int64_t> order(300);
+    for (int64_t k = 0; k < 300; ++k) order[k] = k;
+    const float* row = x[r].data_ptr<float>();
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    order.resize(40);
+    EXPECT_EQ(std::vector<int64_t>(i[r].data_ptr<int64_t>(),
+                                   i[r].data_ptr<int64_t>() + 40),
+              order)
+        << "row " << r;
+  }
+}
+
 // Greedy rows reduced where the logits lie (language_steps.cc): ArgmaxLimit
-// says when the argmax is the draw, and GreedyTokens + NextArgmax stream
-// what Next would from the whole row, NaN, ties and -inf rows included.
+// says when the argmax is the draw, and BestLogits + NextArgmax stream what
+// Next would from the whole row, NaN, ties and -inf rows included.
 TEST_F(GeneratorTest, ArgmaxOnTheLogitsDeviceStreamsWhatNextWould) {
   const int64_t vocab = lm_->tokenizer->vocab_size();
   const int64_t padded = vocab + 5;  // rows past the tokenizer: never drawn
@@ -342,7 +386,7 @@ TEST_F(GeneratorTest, ArgmaxOnTheLogitsDeviceStreamsWhatNextWould) {
   logits[2][9] = 50.0f;
   logits[3].fill_(-std::numeric_limits<float>::infinity());  // token 0
   logits[4][vocab - 1] = std::numeric_limits<float>::infinity();
-  const at::Tensor ids = GreedyTokens(logits, vocab);
+  const at::Tensor ids = BestLogits(logits, vocab, 1).second.select(1, 0);
   ASSERT_EQ(ids.size(0), 6);
   EXPECT_EQ(ids[1].item<int64_t>(), 3);
   EXPECT_EQ(ids[2].item<int64_t>(), 9);
@@ -386,7 +430,7 @@ TEST_F(GeneratorTest, ArgmaxOnTheLogitsDeviceStreamsWhatNextWould) {
 
 // Top-k rows reduced where the logits lie: the best top_k + 1 logits and
 // NextFromTop draw what Next draws from the whole row, with the same seed,
-// under temperature, min_p and top_p, NaN and equal values inside the cut.
+// under temperature, min_p and top_p, NaN and equal values.
 TEST_F(GeneratorTest, TopLogitsOnTheLogitsDeviceDrawWhatNextWould) {
   const int64_t vocab = lm_->tokenizer->vocab_size();
   const std::vector<int32_t> prompt = {1, 2, 3};
@@ -400,23 +444,19 @@ TEST_F(GeneratorTest, TopLogitsOnTheLogitsDeviceDrawWhatNextWould) {
   SequenceOutput full(sampled, prompt, lm_->tokenizer.get(), {}),
       reduced(sampled, prompt, lm_->tokenizer.get(), {});
   at::manual_seed(9);
-  const at::Tensor logits = at::randn({40, vocab + 3}) * 2;
+  // Values on a coarse grid: many equal, also across the top-k cut.
+  const at::Tensor logits = at::round(at::randn({40, vocab + 3}) * 2) * 0.5;
   logits.select(1, 11).fill_(std::numeric_limits<float>::quiet_NaN());
-  for (int64_t step = 0; step < 40; step += 3) {
-    logits[step][4] = logits[step][20] = logits[step][9] = 6.0f;  // equal
-  }
   int64_t differing = 0;
   for (int64_t step = 0; step < 40; ++step) {
     const auto top = reduced.TopLogitsNeeded(vocab + 3);
     ASSERT_TRUE(top.has_value());
     EXPECT_EQ(top->limit, vocab);
     ASSERT_EQ(top->count, 7);
-    at::Tensor x = logits[step].narrow(0, 0, top->limit);
-    x = x.masked_fill(x.isnan(), -std::numeric_limits<float>::infinity());
-    auto [values, ids] = x.topk(top->count);
-    values = values.contiguous();
-    ids = ids.contiguous();
-    ASSERT_TRUE(TopLogitsDecide(values)) << "step " << step;
+    auto [values, ids] = BestLogits(logits.narrow(0, step, 1), top->limit,
+                                    top->count + 2);  // more than needed
+    values = values[0].contiguous();
+    ids = ids[0].contiguous();
     auto want = full.Next(logits[step]);
     auto got = reduced.NextFromTop(
         values, absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel()));
@@ -426,11 +466,6 @@ TEST_F(GeneratorTest, TopLogitsOnTheLogitsDeviceDrawWhatNextWould) {
   }
   EXPECT_GT(differing, 0) << "every draw was the argmax: nothing sampled";
 
-  // A tie across the cut leaves the row to the host.
-  EXPECT_FALSE(TopLogitsDecide(at::tensor({3.0f, 2.0f, 2.0f})));
-  EXPECT_TRUE(TopLogitsDecide(at::tensor({3.0f, 3.0f, 2.0f})));
-  const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_FALSE(TopLogitsDecide(at::tensor({1.0f, -inf, -inf})));
   // Draws the best few do not decide.
   auto needed = [&](void (*set)(SamplingParams&)) {
     SamplingParams p = sampled;

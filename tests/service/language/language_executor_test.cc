@@ -766,11 +766,14 @@ TEST_F(LanguageExecutorTest, SeededSamplingIgnoresBatchMates) {
 }
 
 // One batch mixing the rows reduced where the logits lie (greedy; top-k,
-// with min_p and top_p) with those copied whole (top-p alone, log-
-// probabilities, a penalty): each streams what the Generator, which samples
-// every row from the whole of it, makes alone.
+// with min_p and top_p: DecoderBatch::top_logits) with those copied whole
+// (top-p alone, log- probabilities, a penalty): each streams what the
+// Generator, which samples every row from the whole of it, makes alone.
 TEST_F(LanguageExecutorTest, RowsReducedOnTheDeviceDrawLikeTheGenerator) {
+  // What a GPU step does, on the CPU (read as the scheduler is made).
+  setenv("MOH_REDUCE_LOGITS", "1", 1);
   auto scheduler = MakeScheduler();
+  unsetenv("MOH_REDUCE_LOGITS");
   ASSERT_NE(scheduler, nullptr);
   Generator generator(*lm_->model, lm_->tokenizer.get(), lm_->eos_ids);
   std::vector<GenerationJob> jobs;
