@@ -187,6 +187,14 @@ class LanguageExecutorTest : public ::testing::Test {
   static GenerationJob Job(const GoldenCase& c) {
     return Job(c.prompt, c.greedy.size(), c.ratio);
   }
+  // The Generator's request for what `job` asks.
+  static GenerationRequest RequestOf(const GenerationJob& job) {
+    GenerationRequest request;
+    request.prompt_ids = job.prompt_ids;
+    request.sampling = job.sampling;
+    request.ratio = job.ratio;
+    return request;
+  }
 
   // Submits and returns the recorder (fails the test if Submit fails).
   std::shared_ptr<Recorder> Run(LanguageExecutor& scheduler, GenerationJob job,
@@ -354,11 +362,7 @@ TEST_F(LanguageExecutorTest, ChunkedPrefillMatchesUnchunked) {
   for (size_t i = 0; i < jobs.size(); ++i) {
     EXPECT_EQ(outputs[0][i], outputs[1][i]) << "job " << i;
     EXPECT_NEAR(ratios_out[0][i], ratios_out[1][i], 1e-9);
-    GenerationRequest request;
-    request.prompt_ids = jobs[i].prompt_ids;
-    request.sampling = jobs[i].sampling;
-    request.ratio = jobs[i].ratio;
-    auto reference = generator.Generate({request});
+    auto reference = generator.Generate({RequestOf(jobs[i])});
     ASSERT_TRUE(reference.ok()) << reference.status();
     EXPECT_EQ(outputs[0][i], (*reference)[0].token_ids) << "job " << i;
     EXPECT_NEAR(ratios_out[0][i], (*reference)[0].effective_ratio, 1e-9);
@@ -710,11 +714,7 @@ TEST_F(LanguageExecutorTest, EosAndStopStringsEndLikeTheGenerator) {
     auto recorder = Run(*scheduler, job);
     ASSERT_TRUE(recorder->WaitDone());
     ASSERT_TRUE(recorder->status().ok()) << recorder->status();
-    GenerationRequest request;
-    request.prompt_ids = job.prompt_ids;
-    request.sampling = job.sampling;
-    request.ratio = job.ratio;
-    auto reference = generator.Generate({request});
+    auto reference = generator.Generate({RequestOf(job)});
     ASSERT_TRUE(reference.ok()) << reference.status();
     const GenerationResult& expected = (*reference)[0];
     EXPECT_EQ(recorder->ids(), expected.token_ids);
@@ -796,10 +796,7 @@ TEST_F(LanguageExecutorTest, RowsReducedOnTheDeviceDrawLikeTheGenerator) {
   for (size_t i = 0; i < jobs.size(); ++i) {
     ASSERT_TRUE(recorders[i]->WaitDone());
     ASSERT_TRUE(recorders[i]->status().ok()) << recorders[i]->status();
-    GenerationRequest request;
-    request.prompt_ids = jobs[i].prompt_ids;
-    request.sampling = jobs[i].sampling;
-    request.ratio = jobs[i].ratio;
+    GenerationRequest request = RequestOf(jobs[i]);
     auto reference = generator.Generate({request});
     ASSERT_TRUE(reference.ok()) << reference.status();
     EXPECT_EQ(recorders[i]->ids(), (*reference)[0].token_ids) << "job " << i;
