@@ -111,7 +111,8 @@ class LanguageSteps : public StepExecutor<Sequence> {
     batch.all_logits = all_logits;
     // How each row's token is chosen: from its best logits (`best[b]` of
     // them, 1 for the argmax) reduced where the logits lie, or (0) from its
-    // whole row.
+    // whole row, which the step returns unless batch.whole_logits leaves it
+    // out.
     std::vector<int64_t> best(rows.size(), 0);
     if (!all_logits && reduce_logits_) PlanBestLogits(rows, seqs, batch, best);
     MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
@@ -135,7 +136,8 @@ class LanguageSteps : public StepExecutor<Sequence> {
       if (rows[b].prefill && metrics_ != nullptr) {
         metrics_->PromptTokens(rows[b].num_tokens);
       }
-      const int64_t row = best[b] > 0 ? -1 : whole_row++;
+      const bool whole = batch.top_logits == 0 || batch.whole_logits[b];
+      const int64_t row = whole ? whole_row++ : -1;
       if (all_logits) AddPromptLogprobs(rows[b], logits[row], seq);
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
@@ -227,9 +229,10 @@ class LanguageSteps : public StepExecutor<Sequence> {
     if (limit == 0) return;
     batch.top_logits_limit = limit;
     batch.top_logits = *std::max_element(best.begin(), best.end());
+    // Rows in the middle of their prompt read no logits.
     batch.whole_logits.resize(rows.size());
     for (size_t b = 0; b < rows.size(); ++b) {
-      batch.whole_logits[b] = best[b] == 0;
+      batch.whole_logits[b] = best[b] == 0 && rows[b].emits;
     }
   }
 

@@ -770,9 +770,12 @@ TEST_F(LanguageExecutorTest, SeededSamplingIgnoresBatchMates) {
 // (top-p alone, log- probabilities, a penalty): each streams what the
 // Generator, which samples every row from the whole of it, makes alone.
 TEST_F(LanguageExecutorTest, RowsReducedOnTheDeviceDrawLikeTheGenerator) {
-  // What a GPU step does, on the CPU (read as the scheduler is made).
+  // What a GPU step does, on the CPU (read as the scheduler is made); short
+  // prompt chunks put rows mid-prompt (no logits) beside the others.
   setenv("MOH_REDUCE_LOGITS", "1", 1);
-  auto scheduler = MakeScheduler();
+  LanguageExecutor::Options options;
+  options.prefill_token_budget = 4;
+  auto scheduler = MakeScheduler(options);
   unsetenv("MOH_REDUCE_LOGITS");
   ASSERT_NE(scheduler, nullptr);
   Generator generator(*lm_->model, lm_->tokenizer.get(), lm_->eos_ids);
