@@ -125,6 +125,12 @@ class LanguageSteps : public StepExecutor<Sequence> {
     const at::Tensor counts =
         out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
     const int64_t* count_data = counts.data_ptr<int64_t>();
+    // The reduced rows' best ids, [B, K] on the host when the step reduced.
+    const at::Tensor top_ids = batch.top_logits > 0
+                                   ? out.top_ids.to(at::kCPU).contiguous()
+                                   : at::Tensor();
+    const int64_t* top_id_data =
+        top_ids.defined() ? top_ids.data_ptr<int64_t>() : nullptr;
     for (size_t b = 0; b < rows.size(); ++b) {
       Sequence& seq = *seqs[b];
       RowOutcome& outcome = (*outcomes)[which[b]];
@@ -141,16 +147,14 @@ class LanguageSteps : public StepExecutor<Sequence> {
       if (all_logits) AddPromptLogprobs(rows[b], logits[row], seq);
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
-      if (best[b] == 1) {
-        const int64_t token = out.top_ids[b][0].item<int64_t>();
-        outcome.error = Emit(seq, seq.output->NextArgmax(token));
-      } else if (best[b] > 1) {
-        const at::Tensor ids = out.top_ids[b].contiguous();
-        outcome.error = Emit(
-            seq,
-            seq.output->NextFromTop(
-                out.top_values[b],
-                absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel())));
+      if (best[b] > 0) {
+        const int64_t* ids = top_id_data + b * batch.top_logits;
+        outcome.error =
+            Emit(seq, best[b] == 1
+                          ? seq.output->NextArgmax(static_cast<int32_t>(ids[0]))
+                          : seq.output->NextFromTop(
+                                out.top_values[b],
+                                absl::MakeConstSpan(ids, batch.top_logits)));
       } else {
         outcome.error =
             Emit(seq, seq.output->Next(all_logits
