@@ -15,8 +15,9 @@
 //                  and int8 (Int8Linear) weights.
 //   BM_Bf16PrefillProduct: a 1 B layout's prefill product (x [512, 2048],
 //                  W [2048, 2048] and [8192, 2048] in bf16): float32
-//                  BlockedLinear, the float32-widening panel path, and
-//                  Bf16DotLinear (vdpbf16ps) side by side, in GFLOP/s.
+//                  BlockedLinear, the float32-widening panel path,
+//                  Bf16DotLinear (vdpbf16ps) and Bf16AmxLinear (AMX tiles)
+//                  side by side, in GFLOP/s.
 //   BM_QuantizeInt8Rows: a model load's per-row int8 quantization.
 //   BM_Int8Prefill: a prefill's product with int8 weights: float32
 //                  BlockedLinear, the widening panel path and Int8DotLinear
@@ -300,12 +301,17 @@ BENCHMARK(BM_LowpLinearColdWeights)
 // cache as far as it fits, by path: 0 float32 BlockedLinear over W widened
 // beforehand (the float32 model's product), 1 bf16 W widened block by block
 // into BlockedLinear (Bf16Linear's prefill without AVX512_BF16), 2
-// Bf16DotLinear (x rounded to bf16; skipped without AVX512_BF16).
+// Bf16DotLinear (x rounded to bf16; skipped without AVX512_BF16), 3
+// Bf16AmxLinear (the same numerics in AMX tiles; skipped without AMX-BF16).
 void BM_Bf16PrefillProduct(benchmark::State& state) {
   const int64_t rows = 512, k = 2048, n = state.range(0);
   const int64_t path = state.range(1);
   if (path == 2 && !ActiveExtension(CpuExtension::kAvx512Bf16)) {
     state.SkipWithError("no AVX512_BF16");
+    return;
+  }
+  if (path == 3 && !ActiveExtension(CpuExtension::kAmxBf16)) {
+    state.SkipWithError("no AMX-BF16");
     return;
   }
   const at::Tensor x = at::randn({rows, k});
@@ -325,8 +331,11 @@ void BM_Bf16PrefillProduct(benchmark::State& state) {
             WidenBf16Rows(bits + j * k + p0, k, count, depth, out);
           },
           y.data_ptr<float>());
-    } else {
+    } else if (path == 2) {
       Bf16DotLinear(x.data_ptr<float>(), rows, k, bits, k, n, nullptr,
+                    y.data_ptr<float>());
+    } else {
+      Bf16AmxLinear(x.data_ptr<float>(), rows, k, bits, k, n, nullptr,
                     y.data_ptr<float>());
     }
     benchmark::ClobberMemory();
@@ -337,7 +346,7 @@ void BM_Bf16PrefillProduct(benchmark::State& state) {
 }
 BENCHMARK(BM_Bf16PrefillProduct)
     ->ArgNames({"n", "path"})
-    ->ArgsProduct({{2048, 8192}, {0, 1, 2}})
+    ->ArgsProduct({{2048, 8192}, {0, 1, 2, 3}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -34,7 +34,33 @@ bool Bf16DotLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
 bool Bf16DotRowsLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                        int64_t ldw, int64_t n, const float *bias, float *y);
 
+// Bf16DotLinear's numerics (x rounded to bfloat16, products summed in
+// float32) on AMX-BF16: tdpbf16ps multiplies a 16 x 32 bfloat16 tile of x by
+// a 32 x 16 tile of W into a 16 x 16 float32 tile of y, 8,192 multiply-adds
+// an instruction (vdpbf16ps: 32). x is rounded once into [rows][pairs of k],
+// zero-padded to whole tiles; each task packs its 64 columns of W once into
+// pairs ([pairs][32 columns] panels, PackWeightPairs) and runs blocks of
+// 32 x 32 outputs (four accumulator tiles) over 128 rows of x at a time, so
+// that those rows stay in L2 across the panels. Same contract as
+// Bf16DotLinear; returns false, doing nothing, unless
+// ActiveExtension(CpuExtension::kAmxBf16) or when a dimension is < 1. Threads
+// split y's columns (and its rows, when the columns are fewer than threads).
+bool Bf16AmxLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
+                   int64_t ldw, int64_t n, const float *bias, float *y);
+
 namespace kernels_internal {
+// Columns of y (rows of W) in one packed panel of W's pairs.
+inline constexpr int64_t kPairPanelWidth = 32;
+
+// W's rows [0, cols) (cols <= kPairPanelWidth) and pairs [q0, q0 + pairs)
+// of k (q0 + pairs <= (k + 1) / 2) into out [pairs][kPairPanelWidth]: each
+// 32-bit element [q][c] holds W[c][2 (q0 + q)] in its low half and
+// W[c][2 (q0 + q) + 1] (zero past k) in its high half; columns from cols on
+// are zero. AMX's layout of a tile of W, and vdpbf16ps' operand. W's values
+// are moved as they are (AVX-512F transposes where they are 32-bit aligned).
+void PackWeightPairs(const uint16_t *w, int64_t ldw, int64_t cols, int64_t k,
+                     int64_t q0, int64_t pairs, float *out);
+
 // x [rows, k] (row stride k) rounded to bfloat16 (nearest, ties to even)
 // into out [rows][k_pairs] (row stride k_pairs): each 32-bit element holds
 // values 2 q (low half) and 2 q + 1 of a row; an odd k's last pair has a

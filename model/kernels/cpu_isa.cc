@@ -1,5 +1,9 @@
 #include "model/kernels/cpu_isa.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +39,27 @@ bool ExtensionAllowed(bool has) {
          std::strcmp(IsaCap(), "avx512f") != 0;
 }
 
+// AMX-BF16 usable: the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX
+// bits 24 and 22; GCC 12's __builtin_cpu_supports does not report them), the
+// OS saves the tile state (XCR0 bits 17 and 18), the kernel grants this
+// process the tile data (arch_prctl; it refuses without it), the
+// extensions are allowed, and MOH_CPU_AMX is not 0.
+bool ReadAmxBf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (((edx >> 24) & 1) == 0 || ((edx >> 22) & 1) == 0) return false;
+  if (((ecx >> 27) & 1) == 0) return false;  // OSXSAVE: xgetbv is there
+  unsigned xcr0_low = 0, xcr0_high = 0;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  if (((xcr0_low >> 17) & 3) != 3) return false;
+  if (!ExtensionAllowed(true)) return false;
+  const char *amx = std::getenv("MOH_CPU_AMX");
+  if (amx != nullptr && std::strcmp(amx, "0") == 0) return false;
+  constexpr long kReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
+  constexpr long kXtileData = 18;         // XFEATURE_XTILEDATA
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+}
+
 }  // namespace
 
 CpuIsa BestCpuIsa() {
@@ -56,17 +81,28 @@ bool ActiveExtension(CpuExtension ext) {
       ExtensionAllowed(__builtin_cpu_supports("avx512bf16"));
   static const bool vnni =
       ExtensionAllowed(__builtin_cpu_supports("avx512vnni"));
-  return ext == CpuExtension::kAvx512Bf16 ? bf16 : vnni;
+  static const bool amx = ReadAmxBf16();
+  switch (ext) {
+    case CpuExtension::kAvx512Bf16:
+      return bf16;
+    case CpuExtension::kAvx512Vnni:
+      return vnni;
+    case CpuExtension::kAmxBf16:
+      return amx;
+  }
+  return false;
 }
 
 const char *ActiveIsaLabel() {
   if (ActiveIsa() != CpuIsa::kAvx512) return IsaName(ActiveIsa());
   const bool bf16 = ActiveExtension(CpuExtension::kAvx512Bf16);
   const bool vnni = ActiveExtension(CpuExtension::kAvx512Vnni);
-  return bf16 && vnni ? "avx512+bf16+vnni"
-         : bf16       ? "avx512+bf16"
-         : vnni       ? "avx512+vnni"
-                      : "avx512";
+  const bool amx = ActiveExtension(CpuExtension::kAmxBf16);
+  return bf16 && vnni && amx ? "avx512+bf16+vnni+amx"
+         : bf16 && vnni      ? "avx512+bf16+vnni"
+         : bf16              ? "avx512+bf16"
+         : vnni              ? "avx512+vnni"
+                             : "avx512";
 }
 
 const char *IsaName(CpuIsa isa) {

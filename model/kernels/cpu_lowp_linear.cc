@@ -218,9 +218,12 @@ bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
   // place (widening it to float32 cost nearly as much as the product), a
   // prefill in packed blocks where that is the faster path on this CPU
   // (Bf16DotPrefillPays). The few-row path above keeps float32 x.
-  if (m <= kMaxStreamedRows ? Bf16DotRowsLinear(x, m, k, w, ldw, n, bias, y)
-                            : Bf16DotPrefillPays() &&
-                                  Bf16DotLinear(x, m, k, w, ldw, n, bias, y)) {
+  // On AMX, a prefill's tiles take it first (AMX_PLACEHOLDER).
+  if (m <= kMaxStreamedRows
+          ? Bf16DotRowsLinear(x, m, k, w, ldw, n, bias, y)
+          : Bf16AmxLinear(x, m, k, w, ldw, n, bias, y) ||
+                (Bf16DotPrefillPays() &&
+                 Bf16DotLinear(x, m, k, w, ldw, n, bias, y))) {
     return true;
   }
   return WidenedBf16Linear(x, m, k, w, ldw, n, bias, y);

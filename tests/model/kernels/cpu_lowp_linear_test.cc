@@ -34,9 +34,10 @@ void ExpectMatchesLinear(int64_t m, int64_t k, int64_t n, bool bias,
   const at::Tensor w = wide.narrow(1, 0, k);
   const at::Tensor b = bias ? at::randn({n}) : at::Tensor();
   // What the kernel multiplies: x itself, or on the dot path x's bfloat16s.
-  const bool dot = m > kMaxBf16StreamRows &&
-                   ActiveExtension(CpuExtension::kAvx512Bf16) &&
-                   (m <= kMaxStreamedRows || Bf16DotPrefillPays());
+  const bool dot =
+      m > kMaxBf16StreamRows && ActiveExtension(CpuExtension::kAvx512Bf16) &&
+      (m <= kMaxStreamedRows || ActiveExtension(CpuExtension::kAmxBf16) ||
+       Bf16DotPrefillPays());
   ExpectKernelEqualsLinear(
       dot ? x.to(at::kBFloat16).to(at::kFloat) : x, w.to(at::kFloat), b,
       "ldw " + std::to_string(w.stride(0)), [&](float *y) {
@@ -109,9 +110,12 @@ TEST(Bf16LinearTest, WidenIsExact) {
 // |bias|, added in float32 too). Row,
 // depth (odd ones padded with a zero) and column remainders of its 14 x 32
 // tiles, 512-pair passes, and row strides odd and even.
-// `rows` picks Bf16DotRowsLinear (decode batches) instead.
+// `product` is the kernel: Bf16DotLinear, Bf16DotRowsLinear (decode
+// batches) or Bf16AmxLinear.
+using Bf16Product = bool (*)(const float *, int64_t, int64_t, const uint16_t *,
+                             int64_t, int64_t, const float *, float *);
 void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias,
-                               bool rows = false) {
+                               Bf16Product product = Bf16DotLinear) {
   const int64_t extra_columns = n % 3;
   at::manual_seed(m * 7919 + k * 31 + n);
   const at::Tensor x = at::randn({m, k});
@@ -128,11 +132,11 @@ void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias,
   }
   bound *= 1e-5;
   at::Tensor y = at::full({m, n}, std::nanf(""));
-  ASSERT_TRUE((rows ? Bf16DotRowsLinear : Bf16DotLinear)(
-      x.data_ptr<float>(), m, k,
-      reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()),
-      w.stride(0), n, bias ? b.data_ptr<float>() : nullptr,
-      y.data_ptr<float>()));
+  ASSERT_TRUE(
+      product(x.data_ptr<float>(), m, k,
+              reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>()),
+              w.stride(0), n, bias ? b.data_ptr<float>() : nullptr,
+              y.data_ptr<float>()));
   // NaN (an element left unwritten) fails the comparison.
   const at::Tensor error = (y.to(at::kDouble) - want).abs();
   EXPECT_TRUE(at::all(error <= bound).item<bool>())
@@ -148,8 +152,12 @@ void ExpectDotMatchesReference(int64_t m, int64_t k, int64_t n, bool bias,
 
 // A prefill takes the path MOH_BF16_DOT_PREFILL forces, each exact to its
 // own reference (x rounded to bfloat16 on the dot path), and the two differ.
+// With AMX, every prefill takes its tiles instead (the test below).
 TEST(Bf16LinearTest, PrefillTakesThePathForced) {
   MOH_SKIP_UNLESS_BF16_DOT_RUNS();
+  if (ActiveExtension(CpuExtension::kAmxBf16)) {
+    GTEST_SKIP() << "AMX takes the prefills under " << ActiveIsaLabel();
+  }
   const char *before = std::getenv("MOH_BF16_DOT_PREFILL");
   const std::string saved = before ? before : "";
   const int64_t m = kMaxStreamedRows + 72, k = 300, n = 90;
@@ -203,11 +211,59 @@ TEST(Bf16DotRowsLinearTest, EqualsDoubleReferenceOverRemainders) {
   for (int64_t m : {9, 15, 16, 17, 31, 32, 33, 64, 100, 128}) {
     for (int64_t k : {1, 2, 3, 31, 64, 95, 513, 2048}) {
       for (int64_t n : {1, 13, 14, 15, 29, 100, 1000}) {
-        ExpectDotMatchesReference(m, k, n, false, true);
-        ExpectDotMatchesReference(m, k, n, true, true);
+        ExpectDotMatchesReference(m, k, n, false, Bf16DotRowsLinear);
+        ExpectDotMatchesReference(m, k, n, true, Bf16DotRowsLinear);
       }
     }
   }
+}
+
+#define MOH_SKIP_UNLESS_BF16_AMX_RUNS()         \
+  MOH_SKIP_UNLESS_BF16_DOT_RUNS();              \
+  if (!ActiveExtension(CpuExtension::kAmxBf16)) \
+  GTEST_SKIP() << "no AMX-BF16 under " << ActiveIsaLabel()
+
+// The AMX kernel: rows around its 32-row blocks and 128-row chunks (row
+// groups split for the threads where columns are few), k around its 32-value
+// steps (odd: a zero in the last pair's high half; the padding zero), columns
+// around its 32-column panels and 64-column tasks, row strides odd and even.
+TEST(Bf16AmxLinearTest, EqualsDoubleReferenceOverRemainders) {
+  MOH_SKIP_UNLESS_BF16_AMX_RUNS();
+  for (int64_t m : {1, 16, 31, 32, 33, 129, 300}) {
+    for (int64_t k : {1, 2, 3, 31, 32, 33, 95, 513, 2048}) {
+      for (int64_t n : {1, 17, 32, 33, 64, 65, 200}) {
+        ExpectDotMatchesReference(m, k, n, (m + k + n) % 2, Bf16AmxLinear);
+      }
+    }
+  }
+}
+
+// Bf16Linear's prefills take the tiles: the same bits as Bf16AmxLinear.
+TEST(Bf16AmxLinearTest, PrefillsOfBf16LinearTakeIt) {
+  MOH_SKIP_UNLESS_BF16_AMX_RUNS();
+  const int64_t m = kMaxStreamedRows + 40, k = 200, n = 70;
+  const at::Tensor x = at::randn({m, k});
+  const at::Tensor w = at::randn({n, k}).to(at::kBFloat16);
+  const at::Tensor b = at::randn({n});
+  const auto *bits =
+      reinterpret_cast<const uint16_t *>(w.data_ptr<at::BFloat16>());
+  at::Tensor tiles = at::full({m, n}, std::nanf(""));
+  at::Tensor linear = at::full({m, n}, std::nanf(""));
+  ASSERT_TRUE(Bf16AmxLinear(x.data_ptr<float>(), m, k, bits, k, n,
+                            b.data_ptr<float>(), tiles.data_ptr<float>()));
+  ASSERT_TRUE(Bf16Linear(x.data_ptr<float>(), m, k, bits, k, n,
+                         b.data_ptr<float>(), linear.data_ptr<float>()));
+  EXPECT_TRUE(at::equal(tiles, linear));
+}
+
+TEST(Bf16AmxLinearTest, RefusesWithoutAmx) {
+  if (ActiveExtension(CpuExtension::kAmxBf16)) {
+    GTEST_SKIP() << "AMX-BF16 runs";
+  }
+  float x = 1, y = 0;
+  const uint16_t w = 0x3f80;  // 1.0
+  EXPECT_FALSE(Bf16AmxLinear(&x, 1, 1, &w, 1, 1, nullptr, &y));
+  EXPECT_EQ(y, 0.0f);
 }
 
 TEST(Bf16DotRowsLinearTest, RefusesPastStreamedRows) {
