@@ -45,6 +45,7 @@ bool Bf16DotRowsLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
 // Bf16DotLinear; returns false, doing nothing, unless
 // ActiveExtension(CpuExtension::kAmxBf16) or when a dimension is < 1. Threads
 // split y's columns (and its rows, when the columns are fewer than threads).
+// Bf16Linear takes it past kMaxBf16StreamRows rows (cpu_lowp_linear.h).
 bool Bf16AmxLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                    int64_t ldw, int64_t n, const float *bias, float *y);
 

@@ -17,7 +17,10 @@ namespace moh {
 
 // Row counts up to this (bf16 and int8 alike) stream W once, each group of
 // W's rows widened in registers against every row of x (a decode step), x
-// kept float32. Up to kMaxStreamedRows (a decode batch), a bf16 W on
+// kept float32. Beyond, a bf16 W on AMX-BF16 multiplies in tiles against x
+// rounded to bfloat16 (Bf16AmxLinear, cpu_bf16_dot.h: 1.3-4.5x the
+// AVX512_BF16 paths below at 9-128 rows, 2.4-3.9x the float32 paths at
+// prefill). Otherwise, up to kMaxStreamedRows (a decode batch), a bf16 W on
 // AVX512_BF16 is read in place against x rounded to bfloat16
 // (Bf16DotRowsLinear, cpu_bf16_dot.h: decode 1.8-2.1x the widening path's
 // on the 24 M bench model at batches 16 and 32), an int8 W on AVX512_VNNI
@@ -40,9 +43,9 @@ inline constexpr int64_t kMaxBf16StreamRows = 8;
 // a row-major bfloat16 W [n, k] (bits as uint16) with row stride ldw >= k.
 // Runs ActiveIsa()'s instruction set; returns false, doing nothing, under
 // CpuIsa::kPortable. Past kMaxBf16StreamRows rows with AVX512_BF16 active,
-// x is rounded to bfloat16 (above): up to kMaxStreamedRows always, beyond
-// only where Bf16DotPrefillPays. Threads split W's rows on the intra-op
-// pool.
+// x is rounded to bfloat16 (above): with AMX-BF16 or up to kMaxStreamedRows
+// always, beyond only where Bf16DotPrefillPays. Threads split W's rows on the
+// intra-op pool.
 bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                 int64_t ldw, int64_t n, const float *bias, float *y);
 

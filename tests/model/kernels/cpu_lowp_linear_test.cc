@@ -238,10 +238,10 @@ TEST(Bf16AmxLinearTest, EqualsDoubleReferenceOverRemainders) {
   }
 }
 
-// Bf16Linear's prefills take the tiles: the same bits as Bf16AmxLinear.
-TEST(Bf16AmxLinearTest, PrefillsOfBf16LinearTakeIt) {
-  MOH_SKIP_UNLESS_BF16_AMX_RUNS();
-  const int64_t m = kMaxStreamedRows + 40, k = 200, n = 70;
+// Bf16Linear's decode batches and prefills take the tiles: the same bits as
+// Bf16AmxLinear.
+void ExpectBf16LinearTakesAmx(int64_t m) {
+  const int64_t k = 200, n = 70;
   const at::Tensor x = at::randn({m, k});
   const at::Tensor w = at::randn({n, k}).to(at::kBFloat16);
   const at::Tensor b = at::randn({n});
@@ -253,7 +253,33 @@ TEST(Bf16AmxLinearTest, PrefillsOfBf16LinearTakeIt) {
                             b.data_ptr<float>(), tiles.data_ptr<float>()));
   ASSERT_TRUE(Bf16Linear(x.data_ptr<float>(), m, k, bits, k, n,
                          b.data_ptr<float>(), linear.data_ptr<float>()));
-  EXPECT_TRUE(at::equal(tiles, linear));
+  EXPECT_TRUE(at::equal(tiles, linear)) << m << " rows";
+}
+
+TEST(Bf16AmxLinearTest, Bf16LinearTakesItPastTheFewRowPath) {
+  MOH_SKIP_UNLESS_BF16_AMX_RUNS();
+  for (int64_t m :
+       {kMaxBf16StreamRows + 1, kMaxStreamedRows, kMaxStreamedRows + 40}) {
+    ExpectBf16LinearTakesAmx(m);
+  }
+}
+
+// The padding of k and of the rows is zero whatever the buffers held: a
+// product of NaNs (rows of 64 values, no padding) leaves them in this
+// thread's buffer where the next product's padding lies (k 33: 17 pairs,
+// padded to 32). Both are too small to share out: one thread, one buffer.
+TEST(Bf16AmxLinearTest, PaddingIsZeroAfterNonFiniteInputs) {
+  MOH_SKIP_UNLESS_BF16_AMX_RUNS();
+  const int64_t m = 40, n = 8;
+  const at::Tensor nan_x = at::full({m, 64}, std::nanf(""));
+  const at::Tensor nan_w = at::ones({n, 64}).to(at::kBFloat16);
+  at::Tensor y = at::empty({m, n});
+  ASSERT_TRUE(Bf16AmxLinear(
+      nan_x.data_ptr<float>(), m, 64,
+      reinterpret_cast<const uint16_t *>(nan_w.data_ptr<at::BFloat16>()), 64, n,
+      nullptr, y.data_ptr<float>()));
+  EXPECT_TRUE(at::isnan(y).all().item<bool>());
+  ExpectDotMatchesReference(m - 8, 33, n, false, Bf16AmxLinear);
 }
 
 TEST(Bf16AmxLinearTest, RefusesWithoutAmx) {
