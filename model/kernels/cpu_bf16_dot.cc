@@ -30,7 +30,7 @@ using kernels_internal::RunTasks;
 // registers, as BlockedLinear's, with each step taking a pair of k instead
 // of one value.
 constexpr int64_t kBlockM = 14;
-constexpr int64_t kBlockN = kernels_internal::kPairPanelWidth;
+constexpr int64_t kBlockN = 32;
 // Longest pass over k, in pairs: a packed x micro-panel, 14 x 512 x 4
 // bytes (28 KiB), stays in L1 while the W block under it, 512 pairs of
 // kChunkN columns (256 KiB), streams from L2. The same bytes as
@@ -135,11 +135,14 @@ void RoundRowsBf16(const float *x, int64_t rows, int64_t k, int64_t k_pairs,
 #pragma GCC pop_options
 
 namespace moh {
-namespace kernels_internal {
+namespace {
 
-// Declared in the header.
-void PackWeightPairs(const uint16_t *w, int64_t ldw, int64_t cols, int64_t k,
-                     int64_t q0, int64_t pairs, float *out) {
+// W's rows [0, cols) (cols <= kBlockN), pairs [q0, q0 + pairs) of k, into
+// out [pairs][kBlockN]: element [q][c] holds W[c][2 (q0 + q)] in its low
+// half and W[c][2 (q0 + q) + 1] (zero past k) in its high half; columns
+// from cols on are zero.
+void PackWeights(const uint16_t *w, int64_t ldw, int64_t cols, int64_t k,
+                 int64_t q0, int64_t pairs, float *out) {
   // Pairs inside k, and of those the ones PackPanel moves as float32 (whole
   // blocks of its 16 x 16 transposes), when W's pairs are 32-bit aligned.
   const int64_t whole = std::min(pairs, k / 2 - q0);
@@ -147,24 +150,20 @@ void PackWeightPairs(const uint16_t *w, int64_t ldw, int64_t cols, int64_t k,
   const int64_t moved = aligned ? whole / 16 * 16 : 0;
   if (moved > 0) {
     PackPanel({reinterpret_cast<const float *>(w + 2 * q0), ldw / 2}, cols,
-              moved, kPairPanelWidth, out);
+              moved, kBlockN, out);
   }
   for (int64_t q = moved; q < pairs; ++q) {
     const int64_t p = 2 * (q0 + q);
-    float *to = out + q * kPairPanelWidth;
+    float *to = out + q * kBlockN;
     for (int64_t c = 0; c < cols; ++c) {
       const uint16_t *from = w + c * ldw + p;
       const uint32_t bits =
           from[0] | (p + 1 < k ? uint32_t{from[1]} << 16 : uint32_t{0});
       std::memcpy(to + c, &bits, sizeof bits);
     }
-    for (int64_t c = cols; c < kPairPanelWidth; ++c) to[c] = 0.0f;
+    for (int64_t c = cols; c < kBlockN; ++c) to[c] = 0.0f;
   }
 }
-
-}  // namespace kernels_internal
-
-namespace {
 
 // What the tasks of one Bf16DotLinear share.
 struct DotProblem {
@@ -188,9 +187,8 @@ void DotColumns(const DotProblem &d, int64_t m0, int64_t m1, int64_t n0,
     const int64_t q0 = pass * d.passes.pairs;
     const int64_t pairs = std::min(d.passes.pairs, d.k_pairs - q0);
     for (int64_t j = 0; j < cols; j += kBlockN) {
-      kernels_internal::PackWeightPairs(d.w + (n0 + j) * d.ldw, d.ldw,
-                                        std::min(kBlockN, cols - j), d.k, q0,
-                                        pairs, wp + j * pairs);
+      PackWeights(d.w + (n0 + j) * d.ldw, d.ldw, std::min(kBlockN, cols - j),
+                  d.k, q0, pairs, wp + j * pairs);
     }
     const float *x_pass = d.xp + q0 * d.padded_m;
     const bool last = pass + 1 == d.passes.count;

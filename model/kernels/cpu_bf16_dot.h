@@ -50,18 +50,6 @@ bool Bf16AmxLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                    int64_t ldw, int64_t n, const float *bias, float *y);
 
 namespace kernels_internal {
-// Columns of y (rows of W) in one packed panel of W's pairs.
-inline constexpr int64_t kPairPanelWidth = 32;
-
-// W's rows [0, cols) (cols <= kPairPanelWidth) and pairs [q0, q0 + pairs)
-// of k (q0 + pairs <= (k + 1) / 2) into out [pairs][kPairPanelWidth]: each
-// 32-bit element [q][c] holds W[c][2 (q0 + q)] in its low half and
-// W[c][2 (q0 + q) + 1] (zero past k) in its high half; columns from cols on
-// are zero. AMX's layout of a tile of W, and vdpbf16ps' operand. W's values
-// are moved as they are (AVX-512F transposes where they are 32-bit aligned).
-void PackWeightPairs(const uint16_t *w, int64_t ldw, int64_t cols, int64_t k,
-                     int64_t q0, int64_t pairs, float *out);
-
 // x [rows, k] (row stride k) rounded to bfloat16 (nearest, ties to even)
 // into out [rows][k_pairs] (row stride k_pairs): each 32-bit element holds
 // values 2 q (low half) and 2 q + 1 of a row; an odd k's last pair has a

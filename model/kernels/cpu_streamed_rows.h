@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -33,6 +34,39 @@ inline bool UseAvx2() { return ActiveIsa() >= CpuIsa::kAvx2; }
 inline uint16_t LaneMask16(int64_t count) {
   if (count <= 0) return 0;
   return count >= 16 ? uint16_t{0xFFFF} : uint16_t((1u << count) - 1);
+}
+
+// t[q] = column q of the 16 x 16 matrix whose rows are a[0..15]: four
+// rounds of in-register shuffles.
+__attribute__((target("avx512f"))) inline void Transpose16x16(
+    const __m512 (&a)[16], __m512 (&t)[16]) {
+  __m512 u[16];
+  // Pairs of rows interleaved, then pairs of pairs: u[4 g + c] holds, in
+  // 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    const __m512 *r = a + 4 * g;
+    const __m512d lo01 = _mm512_castps_pd(_mm512_unpacklo_ps(r[0], r[1]));
+    const __m512d hi01 = _mm512_castps_pd(_mm512_unpackhi_ps(r[0], r[1]));
+    const __m512d lo23 = _mm512_castps_pd(_mm512_unpacklo_ps(r[2], r[3]));
+    const __m512d hi23 = _mm512_castps_pd(_mm512_unpackhi_ps(r[2], r[3]));
+    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo01, lo23));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo01, lo23));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi01, hi23));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi01, hi23));
+  }
+  // Lane L of the four groups' u[., c] side by side: column 4 L + c.
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v_lo = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+    const __m512 v_hi = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 w_lo = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 w_hi = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    t[0 + c] = _mm512_shuffle_f32x4(v_lo, w_lo, 0x88);
+    t[4 + c] = _mm512_shuffle_f32x4(v_lo, w_lo, 0xDD);
+    t[8 + c] = _mm512_shuffle_f32x4(v_hi, w_hi, 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(v_hi, w_hi, 0xDD);
+  }
 }
 
 // Multiply-adds below which one thread does a whole product: waking the

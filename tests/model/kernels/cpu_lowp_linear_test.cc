@@ -12,9 +12,12 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -223,15 +226,16 @@ TEST(Bf16DotRowsLinearTest, EqualsDoubleReferenceOverRemainders) {
   if (!ActiveExtension(CpuExtension::kAmxBf16)) \
   GTEST_SKIP() << "no AMX-BF16 under " << ActiveIsaLabel()
 
-// The AMX kernel: rows around its 32-row blocks and 128-row chunks (row
-// groups split for the threads where columns are few), k around its 32-value
-// steps (odd: a zero in the last pair's high half; the padding zero), columns
-// around its 32-column panels and 64-column tasks, row strides odd and even.
+// The AMX kernel: rows of x around its 32-row panels (panels split for the
+// threads where W's rows are few), k around its 32-value steps (the tail
+// read from a copy; odd: a zero in the last pair's high half), W's rows
+// around its 32-row blocks (the last partial one copied) and 256-row tasks,
+// row strides odd and even.
 TEST(Bf16AmxLinearTest, EqualsDoubleReferenceOverRemainders) {
   MOH_SKIP_UNLESS_BF16_AMX_RUNS();
   for (int64_t m : {1, 16, 31, 32, 33, 129, 300}) {
     for (int64_t k : {1, 2, 3, 31, 32, 33, 95, 513, 2048}) {
-      for (int64_t n : {1, 17, 32, 33, 64, 65, 200}) {
+      for (int64_t n : {1, 17, 32, 33, 64, 65, 200, 256, 300}) {
         ExpectDotMatchesReference(m, k, n, (m + k + n) % 2, Bf16AmxLinear);
       }
     }
@@ -280,6 +284,37 @@ TEST(Bf16AmxLinearTest, PaddingIsZeroAfterNonFiniteInputs) {
       nullptr, y.data_ptr<float>()));
   EXPECT_TRUE(at::isnan(y).all().item<bool>());
   ExpectDotMatchesReference(m - 8, 33, n, false, Bf16AmxLinear);
+}
+
+// W's rows are tiles' rows read in place, 64 bytes at a time: nothing past
+// W is read, neither past k on its last row nor past its last row, when W
+// ends where an inaccessible page begins (a read there is a SIGSEGV).
+TEST(Bf16AmxLinearTest, ReadsNothingPastW) {
+  MOH_SKIP_UNLESS_BF16_AMX_RUNS();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (const auto [n, k] :
+       {std::pair<int64_t, int64_t>{33, 64}, {32, 33}, {33, 33}, {1, 1}}) {
+    const size_t bytes = static_cast<size_t>(n * k) * sizeof(uint16_t);
+    const size_t pages = (bytes + page - 1) / page;
+    void *region = mmap(nullptr, (pages + 1) * page, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(region, MAP_FAILED);
+    char *guard = static_cast<char *>(region) + pages * page;
+    ASSERT_EQ(mprotect(guard, page, PROT_NONE), 0);
+    auto *w = reinterpret_cast<uint16_t *>(guard - bytes);
+    const at::Tensor wt = at::randn({n, k}).to(at::kBFloat16);
+    std::memcpy(w, wt.data_ptr<at::BFloat16>(), bytes);
+    const int64_t m = 20;
+    const at::Tensor x = at::randn({m, k});
+    at::Tensor y = at::full({m, n}, std::nanf(""));
+    ASSERT_TRUE(Bf16AmxLinear(x.data_ptr<float>(), m, k, w, k, n, nullptr,
+                              y.data_ptr<float>()));
+    const at::Tensor want =
+        at::matmul(x.to(at::kBFloat16).to(at::kDouble), wt.to(at::kDouble).t());
+    EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, 1e-4, 1e-4))
+        << "n " << n << " k " << k;
+    munmap(region, (pages + 1) * page);
+  }
 }
 
 TEST(Bf16AmxLinearTest, RefusesWithoutAmx) {
