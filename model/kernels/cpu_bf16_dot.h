@@ -35,17 +35,18 @@ bool Bf16DotRowsLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                        int64_t ldw, int64_t n, const float *bias, float *y);
 
 // Bf16DotLinear's numerics (x rounded to bfloat16, products summed in
-// float32) on AMX-BF16: tdpbf16ps multiplies a 16 x 32 bfloat16 tile of x by
-// a 32 x 16 tile of W into a 16 x 16 float32 tile of y, 8,192 multiply-adds
-// an instruction (vdpbf16ps: 32). x is rounded once into [rows][pairs of k],
-// zero-padded to whole tiles; each task packs its 64 columns of W once into
-// pairs ([pairs][32 columns] panels, PackWeightPairs) and runs blocks of
-// 32 x 32 outputs (four accumulator tiles) over 128 rows of x at a time, so
-// that those rows stay in L2 across the panels. Same contract as
-// Bf16DotLinear; returns false, doing nothing, unless
-// ActiveExtension(CpuExtension::kAmxBf16) or when a dimension is < 1. Threads
-// split y's columns (and its rows, when the columns are fewer than threads).
-// Bf16Linear takes it past kMaxBf16StreamRows rows (cpu_lowp_linear.h).
+// float32) on AMX-BF16: tdpbf16ps multiplies a 16 x 32 bfloat16 tile by a
+// 32 x 16 one into a 16 x 16 float32 tile, 8,192 multiply-adds an
+// instruction (vdpbf16ps: 32). It computes y^T = W x^T: W's rows, read in
+// place with stride ldw, are the left tiles (never packed), and x, rounded
+// and transposed once into 32-row panels of pairs of k, the right ones.
+// Blocks of 32 x 32 outputs in four accumulator tiles; each task takes 256
+// rows of W against its panels of x. Same contract as Bf16DotLinear, and
+// reads nothing of W outside its n rows of k values; returns false, doing
+// nothing, unless ActiveExtension(CpuExtension::kAmxBf16) or when a dimension
+// is < 1. Threads split W's rows (and x's panels, when W's 256-row chunks are
+// fewer than threads). Bf16Linear takes it past kMaxBf16StreamRows rows
+// (cpu_lowp_linear.h).
 bool Bf16AmxLinear(const float *x, int64_t m, int64_t k, const uint16_t *w,
                    int64_t ldw, int64_t n, const float *bias, float *y);
 

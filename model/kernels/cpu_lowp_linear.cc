@@ -214,10 +214,10 @@ bool Bf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
     return true;
   }
   // On AVX512_BF16 x is rounded to bfloat16 and multiplied in pairs, as
-  // llama.cpp does at every batch size. With AMX, in tiles: W [2048-8192,
-  // 2048], Sapphire Rapids VM, 2 threads, against Bf16DotRowsLinear: 1.3-2x
-  // at 9-16 rows, 3x at 32, 4.5x at 64-128; against the float32 paths at
-  // 512 rows 2.4-3.1x (3.3-3.9x on one thread). Without it, decode batches
+  // llama.cpp does at every batch size. With AMX, in tiles (Sapphire Rapids
+  // VM, bench/RESULTS.md section 21): against Bf16DotRowsLinear 2.5-5x at
+  // 16-128 rows (2 threads), against the float32 product 4.9-6.1x at 512
+  // rows (one thread). Without it, decode batches
   // with W streamed in place (widening it to float32 cost nearly as much as
   // the product), a prefill in packed blocks where that is the faster path
   // on this CPU (Bf16DotPrefillPays). The few-row path above keeps float32 x.

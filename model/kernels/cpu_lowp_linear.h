@@ -18,8 +18,8 @@ namespace moh {
 // Row counts up to this (bf16 and int8 alike) stream W once, each group of
 // W's rows widened in registers against every row of x (a decode step), x
 // kept float32. Beyond, a bf16 W on AMX-BF16 multiplies in tiles against x
-// rounded to bfloat16 (Bf16AmxLinear, cpu_bf16_dot.h: 1.3-4.5x the
-// AVX512_BF16 paths below at 9-128 rows, 2.4-3.9x the float32 paths at
+// rounded to bfloat16 (Bf16AmxLinear, cpu_bf16_dot.h: 2.5-5x the
+// AVX512_BF16 path below at 16-128 rows, 4.9-6.1x the float32 product at
 // prefill). Otherwise, up to kMaxStreamedRows (a decode batch), a bf16 W on
 // AVX512_BF16 is read in place against x rounded to bfloat16
 // (Bf16DotRowsLinear, cpu_bf16_dot.h: decode 1.8-2.1x the widening path's
