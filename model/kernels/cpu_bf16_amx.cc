@@ -90,37 +90,37 @@ void ConfigureTiles() {
 
 void ReleaseTiles() { _tile_release(); }
 
+// The four accumulator tiles += 32 rows of W (two tiles of 16 rows at
+// `w`, row stride `w_stride` bytes) times 32 rows of x (a panel's step:
+// 16 pairs of k by 32 rows at `x`).
+inline void AmxStep(const uint16_t *w, int64_t w_rows_apart, int64_t w_stride,
+                    const float *x) {
+  constexpr int64_t kPanelStride = kBlock * sizeof(float);
+  _tile_loadd(4, w, w_stride);
+  _tile_loadd(5, w + w_rows_apart, w_stride);
+  _tile_loadd(6, x, kPanelStride);
+  _tile_loadd(7, x + kTileRows, kPanelStride);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
 // sums [32][32] (W row, x row) = W's 32 rows times a panel of x, over
 // `steps` whole steps and the tail when there is one.
 void AmxBlock(const WRows &w, int64_t steps, const float *panel, float *sums) {
-  const int64_t w_stride = w.ld * static_cast<int64_t>(sizeof(uint16_t));
-  constexpr int64_t kPanelStride = kBlock * sizeof(float);
-  constexpr int64_t kTailStride = kStep * sizeof(uint16_t);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
-    const float *x = panel + s * kStepPairs * kBlock;
-    _tile_loadd(4, w.rows + s * kStep, w_stride);
-    _tile_loadd(5, w.rows + kTileRows * w.ld + s * kStep, w_stride);
-    _tile_loadd(6, x, kPanelStride);
-    _tile_loadd(7, x + kTileRows, kPanelStride);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    AmxStep(w.rows + s * kStep, kTileRows * w.ld,
+            w.ld * static_cast<int64_t>(sizeof(uint16_t)),
+            panel + s * kStepPairs * kBlock);
   }
   if (w.tail != nullptr) {
-    const float *x = panel + steps * kStepPairs * kBlock;
-    _tile_loadd(4, w.tail, kTailStride);
-    _tile_loadd(5, w.tail + kTileRows * kStep, kTailStride);
-    _tile_loadd(6, x, kPanelStride);
-    _tile_loadd(7, x + kTileRows, kPanelStride);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    AmxStep(w.tail, kTileRows * kStep, kStep * sizeof(uint16_t),
+            panel + steps * kStepPairs * kBlock);
   }
   constexpr int64_t kSumsStride = kBlock * sizeof(float);
   _tile_stored(0, sums, kSumsStride);
