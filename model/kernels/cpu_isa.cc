@@ -39,20 +39,20 @@ bool ExtensionAllowed(bool has) {
          std::strcmp(IsaCap(), "avx512f") != 0;
 }
 
-// AMX-BF16 usable: the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX
-// bits 24 and 22; GCC 12's __builtin_cpu_supports does not report them), the
-// OS saves the tile state (XCR0 bits 17 and 18), the kernel grants this
-// process the tile data (arch_prctl; it refuses without it), the
-// extensions are allowed, and MOH_CPU_AMX is not 0.
+// AMX-BF16 usable: the extensions are allowed (AVX-512 active, which GCC
+// reports only where the OS saves its state, so xgetbv is there), the CPU
+// has AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22; GCC 12's
+// __builtin_cpu_supports does not report them), the OS saves the tile state
+// (XCR0 bits 17 and 18), the kernel grants this process the tile data
+// (arch_prctl; it refuses without it), and MOH_CPU_AMX is not 0.
 bool ReadAmxBf16() {
+  if (!ExtensionAllowed(true)) return false;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   if (((edx >> 24) & 1) == 0 || ((edx >> 22) & 1) == 0) return false;
-  if (((ecx >> 27) & 1) == 0) return false;  // OSXSAVE: xgetbv is there
   unsigned xcr0_low = 0, xcr0_high = 0;
   __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
   if (((xcr0_low >> 17) & 3) != 3) return false;
-  if (!ExtensionAllowed(true)) return false;
   const char *amx = std::getenv("MOH_CPU_AMX");
   if (amx != nullptr && std::strcmp(amx, "0") == 0) return false;
   constexpr long kReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
