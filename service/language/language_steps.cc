@@ -125,10 +125,10 @@ class LanguageSteps : public StepExecutor<Sequence> {
     const at::Tensor counts =
         out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
     const int64_t* count_data = counts.data_ptr<int64_t>();
-    // The reduced rows' best ids, [B, K] on the host when the step reduced.
-    const at::Tensor top_ids = batch.top_logits > 0
-                                   ? out.top_ids.to(at::kCPU).contiguous()
-                                   : at::Tensor();
+    // The reduced rows' best ids, [B, K] (on the host, DecoderOutput) when
+    // the step reduced.
+    const at::Tensor top_ids =
+        batch.top_logits > 0 ? out.top_ids.contiguous() : at::Tensor();
     const int64_t* top_id_data =
         top_ids.defined() ? top_ids.data_ptr<int64_t>() : nullptr;
     for (size_t b = 0; b < rows.size(); ++b) {
