@@ -401,9 +401,12 @@ void BM_Int8Prefill(benchmark::State& state) {
             WidenInt8Rows(qd + j * k + p0, k, rows, depth, sd + j, out);
           },
           y.data_ptr<float>());
-    } else {
+    } else if (path == 2) {
       ran = Int8DotLinear(x.data_ptr<float>(), m, k, qd, k, n, sd, nullptr,
                           y.data_ptr<float>());
+    } else {
+      ran = Int8MaddLinear(x.data_ptr<float>(), m, k, qd, k, n, sd, nullptr,
+                           y.data_ptr<float>());
     }
     benchmark::ClobberMemory();
   }
@@ -415,7 +418,7 @@ void BM_Int8Prefill(benchmark::State& state) {
 }
 BENCHMARK(BM_Int8Prefill)
     ->ArgNames({"path", "n", "threads"})
-    ->ArgsProduct({{0, 1, 2}, {2048, 8192}, {1, 2}})
+    ->ArgsProduct({{0, 1, 2, 3}, {2048, 8192}, {1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

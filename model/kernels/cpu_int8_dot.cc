@@ -285,26 +285,13 @@ bool Int8DotLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
   });
   const int64_t count = (blocks + kMaxPassBlocks - 1) / kMaxPassBlocks;
   const Passes passes{count, (blocks + count - 1) / count};
-  // As BlockedLinear: tasks own kChunkCols columns of y and, when those are
-  // fewer than the threads, groups of x's panels (each group packs its own
-  // copy of W's columns).
-  const int64_t column_tasks = (n + kChunkCols - 1) / kChunkCols;
-  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  const int64_t row_groups = std::min(
-      panels,
-      std::max<int64_t>(1, (threads + column_tasks - 1) / column_tasks));
+  // As BlockedLinear's tasks (RunBlockTasks).
   const PackedX packed{xq, xd, blocks};
-  at::parallel_for(
-      0, column_tasks * row_groups, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          const int64_t group = t / column_tasks, column = t % column_tasks;
-          const int64_t i0 = group * panels / row_groups * kRows;
-          const int64_t i1 =
-              std::min(m, (group + 1) * panels / row_groups * kRows);
-          DotColumns(packed, passes, k, w, ldw, n, scale, bias, i0, i1,
-                     column * kChunkCols,
-                     std::min(n, (column + 1) * kChunkCols), y);
-        }
+  kernels_internal::RunBlockTasks(
+      m, kRows, n, kChunkCols, true,
+      [&](int64_t i0, int64_t i1, int64_t n0, int64_t n1) {
+        DotColumns(packed, passes, k, w, ldw, n, scale, bias, i0, i1, n0, n1,
+                   y);
       });
   return true;
 }

@@ -51,6 +51,16 @@ bool Int8MaddRowsLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
                         int64_t ldw, int64_t n, const float *scale,
                         const float *bias, float *y);
 
+// Int8MaddRowsLinear's arithmetic for any m (a prefill): BlockedLinear's
+// loop nest, W's columns packed a pass at a time into int16 pairs, a 4 x 16
+// tile of y in int32 accumulators per block, x's pairs broadcast against
+// them (cpu_int8_madd_avx2.cc). Same contract as Int8DotLinear, on AVX2 +
+// FMA: false, doing nothing, only under CpuIsa::kPortable. Threads split
+// y's columns (and, for few of them, x's rows) on the intra-op pool.
+bool Int8MaddLinear(const float *x, int64_t m, int64_t k, const int8_t *w,
+                    int64_t ldw, int64_t n, const float *scale,
+                    const float *bias, float *y);
+
 namespace kernels_internal {
 // Rows [0, rows) of x [., k] (row stride k; rows <= width) quantized as
 // Int8DotLinear documents into one panel of `width` lanes: block b at

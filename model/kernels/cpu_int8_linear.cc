@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "model/kernels/cpu_int8_dot.h"
 #include "model/kernels/cpu_isa.h"
@@ -55,6 +56,57 @@ void QuantizeInt8Rows(const float *w, int64_t ldw, int64_t n, int64_t k,
   });
 }
 
+namespace {
+
+// Int8Linear's widening path (PanelLinear): W widened to float32 block by
+// block into the float32 kernels, x kept float32.
+bool WidenedInt8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
+                       int64_t ldw, int64_t n, const float *scale,
+                       const float *bias, float *y) {
+  return kernels_internal::PanelLinear(
+      x, m, k, n, bias,
+      [&](int64_t j, int64_t rows, int64_t p0, int64_t depth, float *out) {
+        WidenInt8Rows(w + j * ldw + p0, ldw, rows, depth, scale + j, out);
+      },
+      y);
+}
+
+// Int8MaddLinear against WidenedInt8Linear, timed by FasterThan on x
+// [256, 1024] and W [512, 1024].
+bool MeasureInt8MaddPrefill() {
+  constexpr int64_t kRows = 256, kDepth = 1024, kCols = 512;
+  std::vector<float> x(kRows * kDepth), y(kRows * kCols), scale(kCols, 0.01f);
+  std::vector<int8_t> w(kCols * kDepth);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = 0.25f * static_cast<float>(i % 7);
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = static_cast<int8_t>(static_cast<int>(i % 255) - 127);
+  return kernels_internal::FasterThan(
+      [&] {
+        Int8MaddLinear(x.data(), kRows, kDepth, w.data(), kDepth, kCols,
+                       scale.data(), nullptr, y.data());
+      },
+      [&] {
+        WidenedInt8Linear(x.data(), kRows, kDepth, w.data(), kDepth, kCols,
+                          scale.data(), nullptr, y.data());
+      });
+}
+
+}  // namespace
+
+bool Int8MaddPrefillPays() {
+  if (ActiveIsa() == CpuIsa::kPortable ||
+      ActiveExtension(CpuExtension::kAvx512Vnni)) {
+    return false;
+  }
+  if (const auto forced =
+          kernels_internal::ForcedChoice("MOH_INT8_MADD_PREFILL")) {
+    return *forced;
+  }
+  static const bool pays = MeasureInt8MaddPrefill();
+  return pays;
+}
+
 bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
                 int64_t ldw, int64_t n, const float *scale, const float *bias,
                 float *y) {
@@ -87,16 +139,15 @@ bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
   // 1.04-1.16x the widening below at 16 rows, 1.0-1.12x at 32; the bench
   // model's batch-16 decode 1.15x. At 8 rows and fewer the two were level
   // (W's reads decide), and the few-row path above keeps x in float32.
-  if (isa == CpuIsa::kAvx2 &&
-      Int8MaddRowsLinear(x, m, k, w, ldw, n, scale, bias, y)) {
+  // Prefills too (Int8MaddLinear) where that measured faster on this CPU.
+  if (m <= kMaxStreamedRows
+          ? isa == CpuIsa::kAvx2 &&
+                Int8MaddRowsLinear(x, m, k, w, ldw, n, scale, bias, y)
+          : Int8MaddPrefillPays() &&
+                Int8MaddLinear(x, m, k, w, ldw, n, scale, bias, y)) {
     return true;
   }
-  return kernels_internal::PanelLinear(
-      x, m, k, n, bias,
-      [&](int64_t j, int64_t rows, int64_t p0, int64_t depth, float *out) {
-        WidenInt8Rows(w + j * ldw + p0, ldw, rows, depth, scale + j, out);
-      },
-      y);
+  return WidenedInt8Linear(x, m, k, w, ldw, n, scale, bias, y);
 }
 
 }  // namespace moh

@@ -69,6 +69,31 @@ __attribute__((target("avx2,fma"))) inline float HorizontalSum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
 }
 
+// t[q] = column q of the 8 x 8 matrix whose rows are a[0..7].
+__attribute__((target("avx2,fma"))) inline void Transpose8x8(
+    const __m256 (&a)[8], __m256 (&t)[8]) {
+  // Pairs of rows interleaved, then pairs of pairs: s[4 g + c] holds, in
+  // 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
+  __m256 s[8];
+#pragma GCC unroll 2
+  for (int g = 0; g < 2; ++g) {
+    const __m256 *r = a + 4 * g;
+    const __m256 lo01 = _mm256_unpacklo_ps(r[0], r[1]);
+    const __m256 hi01 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 lo23 = _mm256_unpacklo_ps(r[2], r[3]);
+    const __m256 hi23 = _mm256_unpackhi_ps(r[2], r[3]);
+    s[4 * g + 0] = _mm256_shuffle_ps(lo01, lo23, 0x44);
+    s[4 * g + 1] = _mm256_shuffle_ps(lo01, lo23, 0xEE);
+    s[4 * g + 2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
+    s[4 * g + 3] = _mm256_shuffle_ps(hi01, hi23, 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x20);
+    t[4 + c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x31);
+  }
+}
+
 // RowLinear's dot products: y[j] = W[j] . x for W rows [first, last), eight
 // rows at a time, one accumulator each (eight FMA chains and eight weight
 // streams in flight), the remainder four and one at a time.

@@ -22,6 +22,7 @@ using kernels_internal::PackPanel;
 using kernels_internal::PackTransposed;
 using kernels_internal::RowAgainstRowsAvx2;
 using kernels_internal::RowAt;
+using kernels_internal::RunBlockTasks;
 using kernels_internal::RunTasks;
 using kernels_internal::Skip;
 using kernels_internal::StreamRows;
@@ -45,12 +46,6 @@ void AddBias(const float *bias, int64_t m, int64_t n, float *y) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) y[i * n + j] += bias[j];
   }
-}
-
-// Threads a parallel region would have here: 1 inside one already (where
-// at::parallel_for runs inline).
-int64_t AvailableThreads() {
-  return at::in_parallel_region() ? 1 : at::get_num_threads();
 }
 
 // y[i][j] for i < M rows of x, j < N rows of W (M <= kTileM, N <= kTileN).
@@ -343,23 +338,12 @@ void BlockedProductOn(const InputRows &x, int64_t m, int64_t k, const float *w,
                 xp + p0 * padded_m + i * depth);
     }
   };
-  const int64_t column_tasks = (n + kChunkN - 1) / kChunkN;
-  const int64_t threads = large ? AvailableThreads() : 1;
-  const int64_t row_groups = std::min(
-      panels,
-      std::max<int64_t>(1, (threads + column_tasks - 1) / column_tasks));
-  auto multiply = [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t group = t / column_tasks, column = t % column_tasks;
-      const int64_t m0 = group * panels / row_groups * kM;
-      const int64_t m1 = std::min(m, (group + 1) * panels / row_groups * kM);
-      BlockedColumns<Blocks>(xp, direct ? &x : nullptr, m0, m1, padded_m, k, w,
-                             ldw, widen, column * kChunkN,
-                             std::min(n, (column + 1) * kChunkN), y);
-    }
+  auto multiply = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    BlockedColumns<Blocks>(xp, direct ? &x : nullptr, m0, m1, padded_m, k, w,
+                           ldw, widen, n0, n1, y);
   };
   if (!direct) RunTasks(passes.count * panels, large, pack);
-  RunTasks(column_tasks * row_groups, large, multiply);
+  RunBlockTasks(m, kM, n, kChunkN, large, multiply);
 }
 
 void BlockedProduct(const InputRows &x, int64_t m, int64_t k, const float *w,

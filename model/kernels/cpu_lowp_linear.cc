@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "model/kernels/cpu_bf16_dot.h"
@@ -154,9 +155,8 @@ bool WidenedBf16Linear(const float *x, int64_t m, int64_t k, const uint16_t *w,
       y);
 }
 
-// Times Bf16DotLinear against WidenedBf16Linear on one prefill-sized
-// product (x [256, 1024], W [512, 1024]: about 2 ms each), each path's best
-// of 3 runs interleaved after a first untimed one.
+// Bf16DotLinear against WidenedBf16Linear, timed by PrefillPathPays on x
+// [256, 1024] and W [512, 1024] (about 2 ms each).
 bool MeasureBf16DotPrefill() {
   constexpr int64_t kRows = 256, kDepth = 1024, kCols = 512;
   std::vector<float> x(kRows * kDepth), y(kRows * kCols);
@@ -166,32 +166,51 @@ bool MeasureBf16DotPrefill() {
   // bfloat16 0.5, 0.75 and -1: the upper half of their float32 bits.
   const uint16_t values[3] = {0x3F00, 0x3F40, 0xBF80};
   for (size_t i = 0; i < w.size(); ++i) w[i] = values[i % 3];
-  double best[2] = {1e30, 1e30};
-  for (int run = 0; run < 4; ++run) {
-    for (int dot = 0; dot < 2; ++dot) {
-      const auto start = std::chrono::steady_clock::now();
-      if (dot) {
+  return kernels_internal::FasterThan(
+      [&] {
         Bf16DotLinear(x.data(), kRows, kDepth, w.data(), kDepth, kCols, nullptr,
                       y.data());
-      } else {
+      },
+      [&] {
         WidenedBf16Linear(x.data(), kRows, kDepth, w.data(), kDepth, kCols,
                           nullptr, y.data());
-      }
-      const std::chrono::duration<double> took =
-          std::chrono::steady_clock::now() - start;
-      if (run > 0) best[dot] = std::min(best[dot], took.count());
-    }
-  }
-  return best[1] < best[0];
+      });
 }
 
 }  // namespace
 
-bool Bf16DotPrefillPays() {
-  if (!ActiveExtension(CpuExtension::kAvx512Bf16)) return false;
-  if (const char *force = std::getenv("MOH_BF16_DOT_PREFILL")) {
+namespace kernels_internal {
+
+bool FasterThan(const std::function<void()> &candidate,
+                const std::function<void()> &baseline) {
+  double best[2] = {1e30, 1e30};
+  for (int run = 0; run < 4; ++run) {
+    for (int which = 0; which < 2; ++which) {
+      const auto start = std::chrono::steady_clock::now();
+      (which == 0 ? candidate : baseline)();
+      const std::chrono::duration<double> took =
+          std::chrono::steady_clock::now() - start;
+      if (run > 0) best[which] = std::min(best[which], took.count());
+    }
+  }
+  return best[0] < best[1];
+}
+
+std::optional<bool> ForcedChoice(const char *variable) {
+  if (const char *force = std::getenv(variable)) {
     if (std::strcmp(force, "1") == 0) return true;
     if (std::strcmp(force, "0") == 0) return false;
+  }
+  return std::nullopt;
+}
+
+}  // namespace kernels_internal
+
+bool Bf16DotPrefillPays() {
+  if (!ActiveExtension(CpuExtension::kAvx512Bf16)) return false;
+  if (const auto forced =
+          kernels_internal::ForcedChoice("MOH_BF16_DOT_PREFILL")) {
+    return *forced;
   }
   static const bool pays = MeasureBf16DotPrefill();
   return pays;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include "model/kernels/cpu_linear.h"
 
@@ -75,6 +76,14 @@ bool Int8Linear(const float *x, int64_t m, int64_t k, const int8_t *w,
                 int64_t ldw, int64_t n, const float *scale, const float *bias,
                 float *y);
 
+// Whether Int8Linear's prefills (more than kMaxStreamedRows rows) take
+// Int8MaddLinear (cpu_int8_dot.h) on a CPU without AVX512_VNNI: vpmaddwd's
+// 16 multiply-adds an instruction beat widening W into the float32 kernels,
+// measured once per process on one product as Bf16DotPrefillPays is
+// (bench/RESULTS.md section 22). MOH_INT8_MADD_PREFILL=1 or 0 decides
+// instead. False under CpuIsa::kPortable and where VNNI runs the prefills.
+bool Int8MaddPrefillPays();
+
 // W [n, k] (row stride ldw) times its rows' scales into out [n, k]
 // (contiguous float32): the panel path's and the head-sparse kernel's slices.
 void WidenInt8Rows(const int8_t *w, int64_t ldw, int64_t n, int64_t k,
@@ -117,6 +126,16 @@ void Int8RowsAvx2(const float *x, int64_t m, int64_t k, const int8_t *w,
 // scale or bias is left out. The few-row kernels' last step.
 void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
                      const float *scale, const float *bias, float *y);
+
+// Whether `candidate` ran faster than `baseline`: each one's best of 3
+// runs, interleaved, after an untimed first one. How Bf16DotPrefillPays and
+// Int8MaddPrefillPays choose a prefill's path, once per process.
+bool FasterThan(const std::function<void()> &candidate,
+                const std::function<void()> &baseline);
+
+// The choice an environment variable forces: "1" true, "0" false, else
+// none (read at every call, so that tests can run both paths).
+std::optional<bool> ForcedChoice(const char *variable);
 
 // The widening path (m > kMaxBf16StreamRows) of Bf16Linear and Int8Linear:
 // y [m, n] = x [m, k] W^T (+ bias) with W widened by `widen` (cpu_linear.h)

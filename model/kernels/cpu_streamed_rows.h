@@ -85,6 +85,33 @@ void RunTasks(int64_t count, bool parallel, const Fn &run) {
   }
 }
 
+// run(i0, i1, n0, n1) over the tasks of BlockedLinear's loop nest (and of
+// the int8 products built like it): y's columns in chunks of `chunk` and,
+// when those are fewer than the threads, x's rows (whole panels of `panel`
+// rows) in as many groups as make up the difference; each group packs its
+// own copy of W's columns. As RunTasks, on the intra-op pool when
+// `parallel`.
+template <typename Fn>
+void RunBlockTasks(int64_t m, int64_t panel, int64_t n, int64_t chunk,
+                   bool parallel, const Fn &run) {
+  const int64_t panels = (m + panel - 1) / panel;
+  const int64_t column_tasks = (n + chunk - 1) / chunk;
+  const int64_t threads =
+      parallel && !at::in_parallel_region() ? at::get_num_threads() : 1;
+  const int64_t row_groups = std::min(
+      panels,
+      std::max<int64_t>(1, (threads + column_tasks - 1) / column_tasks));
+  RunTasks(
+      column_tasks * row_groups, parallel, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t group = t / column_tasks, column = t % column_tasks;
+          run(group * panels / row_groups * panel,
+              std::min(m, (group + 1) * panels / row_groups * panel),
+              column * chunk, std::min(n, (column + 1) * chunk));
+        }
+      });
+}
+
 // W rows [first, last) in tiles: tile(TileRows<R>{}, j, another) for rows
 // [j, j + R), R = kTile while whole tiles last (`another`: a whole tile
 // follows, whose rows this one may prefetch), then kSmall (none when 1),

@@ -5,18 +5,20 @@
 // bias, and several panels; QuantizeInt8Rows' error bound, zero rows and
 // round trip through WidenInt8Rows. Int8DotLinear (cpu_int8_dot.h), which
 // Int8Linear's prefill runs on VNNI CPUs, and Int8DotRowsLinear, its
-// decode batches there, and Int8MaddRowsLinear, the decode batches' on
-// AVX2, against a double-precision reference of their quantized
-// arithmetic, and Int8Linear where it quantizes x within the bound of x's
-// quantization. Registered once per instruction set
-// (kernel_isa_test_util.h).
+// decode batches there, and Int8MaddRowsLinear and Int8MaddLinear, the
+// decode batches' and prefills' on AVX2, against a double-precision
+// reference of their quantized arithmetic, and Int8Linear where it
+// quantizes x within the bound of x's quantization. Registered once per
+// instruction set (kernel_isa_test_util.h).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/kernels/cpu_int8_dot.h"
@@ -31,11 +33,13 @@ namespace {
 bool DotPathRuns() { return ActiveExtension(CpuExtension::kAvx512Vnni); }
 
 // Whether Int8Linear quantizes x at m rows: past the few-row path, on VNNI
-// CPUs always, on AVX2 for decode batches (Int8MaddRowsLinear).
+// CPUs always, on AVX2 for decode batches (Int8MaddRowsLinear), and for
+// prefills where Int8MaddLinear pays.
 bool QuantizesX(int64_t m) {
   if (m <= kMaxBf16StreamRows) return false;
-  return DotPathRuns() ||
-         (ActiveIsa() == CpuIsa::kAvx2 && m <= kMaxStreamedRows);
+  if (DotPathRuns()) return true;
+  return m <= kMaxStreamedRows ? ActiveIsa() == CpuIsa::kAvx2
+                               : Int8MaddPrefillPays();
 }
 
 #define MOH_SKIP_UNLESS_DOT_PATH_RUNS() \
@@ -162,12 +166,12 @@ using Int8DotProduct = bool (*)(const float *, int64_t, int64_t, const int8_t *,
                                 int64_t, int64_t, const float *, const float *,
                                 float *);
 
-// Int8DotLinear, Int8DotRowsLinear or Int8MaddRowsLinear against the
-// double-precision sum of its quantized products: the integer sums are
-// exact, so the only difference is float32's rounding of the per-block
-// scaling and accumulation, however the kernel splits a block's products
-// across lanes: at most one rounding per block, three for the lanes' sum
-// and three for the scale, the bias and the conversion, each of a partial
+// Int8DotLinear, Int8DotRowsLinear, Int8MaddRowsLinear or Int8MaddLinear
+// against the double-precision sum of its quantized products: the integer
+// sums are exact, so the only difference is float32's rounding of the
+// per-block scaling and accumulation, however the kernel splits a block's
+// products across lanes: at most one rounding per block, three for the lanes'
+// sum and three for the scale, the bias and the conversion, each of a partial
 // sum that sum_b d_b sum_p |qx_p w_p| bounds. x's rows have different
 // magnitudes, row 5 (where there is one) is zeros; W spans all of int8
 // (-128 too). The output starts as NaN, so a value left unwritten fails.
@@ -294,6 +298,84 @@ TEST(Int8MaddRowsLinearTest, RefusesPastDecodeBatchesAndUnderPortable) {
       Int8MaddRowsLinear(x.data(), 1, 2, w, 2, 1, &scale, nullptr, y.data()),
       ActiveIsa() != CpuIsa::kPortable);
   EXPECT_NEAR(y[0], ActiveIsa() != CpuIsa::kPortable ? 2.0f : 0.0f, 1e-5);
+}
+
+// The AVX2 prefill path, on every instruction set but portable: x's rows
+// through tiles of 4 and every remainder (several row groups of a task when
+// W has few rows), short last blocks, y's columns through 16-column panels
+// and their remainders, several 128-column tasks.
+TEST(Int8MaddLinearTest, EqualsQuantizedReferenceWithRemainders) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  for (int64_t m : {1, 3, 4, 5, 129, 202, 525}) {
+    for (int64_t k : {1, 3, 31, 32, 33, 64, 95, 513, 2048}) {
+      for (int64_t n : {1, 7, 16, 17, 100, 300}) {
+        ExpectDotMatchesReference(Int8MaddLinear, m, k, n, n % 2 == 1);
+      }
+    }
+  }
+}
+
+// k past one pass over W (1024 values): later passes add to y, with and
+// without a bias, in one and in several row groups.
+TEST(Int8MaddLinearTest, SeveralPassesOverK) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  ExpectDotMatchesReference(Int8MaddLinear, 131, 4100, 70, true);
+  ExpectDotMatchesReference(Int8MaddLinear, 137, 1025, 260, false);
+}
+
+// Nothing past W is read, neither past k on its last row (a short last
+// block) nor past its last row, when W ends where an inaccessible page
+// begins (a read there is a SIGSEGV).
+TEST(Int8MaddLinearTest, ReadsNothingPastW) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  for (const auto [n, k] :
+       {std::pair<int64_t, int64_t>{17, 64}, {16, 33}, {17, 33}, {1, 1}}) {
+    const at::Tensor wt = at::randint(-128, 128, {n, k}).to(at::kChar);
+    const GuardedBytes w(wt.data_ptr<int8_t>(), static_cast<size_t>(n * k));
+    const int64_t m = 200;
+    const at::Tensor x = at::randn({m, k});
+    const at::Tensor scale = at::ones({n});
+    at::Tensor y = at::full({m, n}, std::nanf(""));
+    ASSERT_TRUE(Int8MaddLinear(x.data_ptr<float>(), m, k, w.As<int8_t>(), k, n,
+                               scale.data_ptr<float>(), nullptr,
+                               y.data_ptr<float>()));
+    const QuantizedX qx = QuantizeBlocksOf32(x);
+    const int64_t blocks = qx.d.size(1);
+    const at::Tensor want = (qx.q.reshape({m, blocks, 32}) * qx.d.unsqueeze(2))
+                                .reshape({m, -1})
+                                .matmul(PaddedWeights(wt).t());
+    EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, 1e-5, 1e-3))
+        << "n " << n << " k " << k;
+  }
+}
+
+TEST(Int8MaddLinearTest, RefusesUnderPortable) {
+  float x = 1, y = 0, scale = 1;
+  const int8_t w = 2;
+  const bool runs = ActiveIsa() != CpuIsa::kPortable;
+  EXPECT_EQ(Int8MaddLinear(&x, 1, 1, &w, 1, 1, &scale, nullptr, &y), runs);
+  EXPECT_EQ(y, runs ? 2.0f : 0.0f);
+}
+
+// A prefill without VNNI takes the path MOH_INT8_MADD_PREFILL forces: x
+// quantized (Int8MaddLinear, within x's quantization bound), or W widened
+// (float32 x, within float32's summation error).
+TEST(Int8LinearTest, PrefillTakesThePathForced) {
+  MOH_SKIP_UNLESS_KERNELS_RUN();
+  if (DotPathRuns()) GTEST_SKIP() << "AVX512_VNNI takes the prefills";
+  const char *before = std::getenv("MOH_INT8_MADD_PREFILL");
+  const std::string saved = before != nullptr ? before : "";
+  for (const char *force : {"1", "0"}) {
+    setenv("MOH_INT8_MADD_PREFILL", force, 1);
+    EXPECT_EQ(Int8MaddPrefillPays(), force[0] == '1');
+    EXPECT_EQ(QuantizesX(kMaxStreamedRows + 1), force[0] == '1');
+    ExpectMatchesLinear(kMaxStreamedRows + 1, 300, 40, true, 3);
+  }
+  if (before != nullptr) {
+    setenv("MOH_INT8_MADD_PREFILL", saved.c_str(), 1);
+  } else {
+    unsetenv("MOH_INT8_MADD_PREFILL");
+  }
 }
 
 TEST(Int8DotLinearTest, RefusesWithoutVnni) {

@@ -12,8 +12,6 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -291,29 +289,20 @@ TEST(Bf16AmxLinearTest, PaddingIsZeroAfterNonFiniteInputs) {
 // ends where an inaccessible page begins (a read there is a SIGSEGV).
 TEST(Bf16AmxLinearTest, ReadsNothingPastW) {
   MOH_SKIP_UNLESS_BF16_AMX_RUNS();
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   for (const auto [n, k] :
        {std::pair<int64_t, int64_t>{33, 64}, {32, 33}, {33, 33}, {1, 1}}) {
-    const size_t bytes = static_cast<size_t>(n * k) * sizeof(uint16_t);
-    const size_t pages = (bytes + page - 1) / page;
-    void *region = mmap(nullptr, (pages + 1) * page, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    ASSERT_NE(region, MAP_FAILED);
-    char *guard = static_cast<char *>(region) + pages * page;
-    ASSERT_EQ(mprotect(guard, page, PROT_NONE), 0);
-    auto *w = reinterpret_cast<uint16_t *>(guard - bytes);
     const at::Tensor wt = at::randn({n, k}).to(at::kBFloat16);
-    std::memcpy(w, wt.data_ptr<at::BFloat16>(), bytes);
+    const GuardedBytes w(wt.data_ptr<at::BFloat16>(),
+                         static_cast<size_t>(n * k) * sizeof(uint16_t));
     const int64_t m = 20;
     const at::Tensor x = at::randn({m, k});
     at::Tensor y = at::full({m, n}, std::nanf(""));
-    ASSERT_TRUE(Bf16AmxLinear(x.data_ptr<float>(), m, k, w, k, n, nullptr,
-                              y.data_ptr<float>()));
+    ASSERT_TRUE(Bf16AmxLinear(x.data_ptr<float>(), m, k, w.As<uint16_t>(), k, n,
+                              nullptr, y.data_ptr<float>()));
     const at::Tensor want =
         at::matmul(x.to(at::kBFloat16).to(at::kDouble), wt.to(at::kDouble).t());
     EXPECT_TRUE(at::allclose(y.to(at::kDouble), want, 1e-4, 1e-4))
         << "n " << n << " k " << k;
-    munmap(region, (pages + 1) * page);
   }
 }
 

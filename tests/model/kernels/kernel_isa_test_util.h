@@ -8,9 +8,12 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "model/kernels/cpu_isa.h"
@@ -86,5 +89,42 @@ void ForPanelPath(int64_t first_rows, const Expect &expect) {
     expect(m, 33, 70, false, 3);
   }
 }
+
+// `bytes` of memory that end where an inaccessible page begins, holding a
+// copy of `from`: a kernel that reads past them dies of SIGSEGV.
+class GuardedBytes {
+ public:
+  GuardedBytes(const void *from, size_t bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t pages = (bytes + page - 1) / page;
+    size_ = (pages + 1) * page;
+    region_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (region_ == MAP_FAILED) {
+      ADD_FAILURE() << "mmap of " << size_ << " bytes failed";
+      region_ = nullptr;
+      return;
+    }
+    char *guard = static_cast<char *>(region_) + pages * page;
+    EXPECT_EQ(mprotect(guard, page, PROT_NONE), 0);
+    data_ = guard - bytes;
+    std::memcpy(data_, from, bytes);
+  }
+  ~GuardedBytes() {
+    if (region_ != nullptr) munmap(region_, size_);
+  }
+  GuardedBytes(const GuardedBytes &) = delete;
+  GuardedBytes &operator=(const GuardedBytes &) = delete;
+
+  template <typename T>
+  const T *As() const {
+    return reinterpret_cast<const T *>(data_);
+  }
+
+ private:
+  void *region_ = nullptr;
+  size_t size_ = 0;
+  char *data_ = nullptr;
+};
 
 }  // namespace moh
