@@ -34,10 +34,24 @@ at::Tensor TopKMask(const at::Tensor& scores, const at::Tensor& top_k,
 // the logits come from one matrix product and the rows split on the pool.
 constexpr int64_t kMaxLoopRows = 16;
 
-// out[r] = W[r] . x for W [rows, c] (contiguous), accumulated in double.
+// out[r] = W[r] . x for W [rows, c] (contiguous), accumulated in double in
+// order of j. Four rows at a time: four independent chains of adds, where
+// one row's chain waited on each add (1.8% of a batch-1 decode token of the
+// bench model).
 void Project(const at::Tensor& w, const float* x, int64_t c, float* out) {
   const float* rows = w.data_ptr<float>();
-  for (int64_t r = 0; r < w.size(0); ++r) {
+  const int64_t n = w.size(0);
+  int64_t r = 0;
+  for (; r + 4 <= n; r += 4) {
+    const float* w0 = rows + r * c;
+    double sum[4] = {};
+    for (int64_t j = 0; j < c; ++j) {
+      const double xj = x[j];
+      for (int64_t i = 0; i < 4; ++i) sum[i] += double{w0[i * c + j]} * xj;
+    }
+    for (int64_t i = 0; i < 4; ++i) out[r + i] = static_cast<float>(sum[i]);
+  }
+  for (; r < n; ++r) {
     double sum = 0.0;
     for (int64_t j = 0; j < c; ++j) sum += double{rows[r * c + j]} * x[j];
     out[r] = static_cast<float>(sum);

@@ -74,18 +74,6 @@ void Int8RowsAvx512(const float *x, int64_t m, int64_t k, const int8_t *w,
 namespace moh {
 namespace kernels_internal {
 
-void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
-                     const float *scale, const float *bias, float *y) {
-  if (scale == nullptr && bias == nullptr) return;
-  for (int64_t i = 0; i < m; ++i) {
-    float *yi = y + i * n;
-    for (int64_t j = j0; j < j1; ++j) {
-      yi[j] = (scale != nullptr ? yi[j] * scale[j] : yi[j]) +
-              (bias != nullptr ? bias[j] : 0.0f);
-    }
-  }
-}
-
 bool PanelLinear(const float *x, int64_t m, int64_t k, int64_t n,
                  const float *bias, const WidenBlockFn &widen, float *y) {
   if (m <= kMaxStreamedRows) {

@@ -122,11 +122,6 @@ void Int8RowsAvx2(const float *x, int64_t m, int64_t k, const int8_t *w,
                   int64_t ldw, int64_t n, int64_t j0, int64_t j1,
                   const float *scale, const float *bias, float *y);
 
-// y [i, j] = y [i, j] * scale[j] + bias[j] for i < m, j0 <= j < j1; a null
-// scale or bias is left out. The few-row kernels' last step.
-void ScaleAndAddBias(int64_t m, int64_t n, int64_t j0, int64_t j1,
-                     const float *scale, const float *bias, float *y);
-
 // Whether `candidate` ran faster than `baseline`: each one's best of 3
 // runs, interleaved, after an untimed first one. How Bf16DotPrefillPays and
 // Int8MaddPrefillPays choose a prefill's path, once per process.

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "model/kernels/cpu_lowp_linear.h"
 
@@ -50,7 +51,7 @@ __attribute__((always_inline)) inline void LowpStep(
 // into L1, 249 us into L2. k's remainder in scalar code.
 template <typename V, int R, int M, typename T>
 void LowpBlock(const float *x, int64_t k, const T *w, int64_t ldw, int64_t n,
-               float *y) {
+               const float *scale, const float *bias, float *y) {
   constexpr int64_t kLine = 64 / sizeof(T);
   typename V::Reg acc[M][R];
 #pragma GCC unroll 8
@@ -77,24 +78,29 @@ void LowpBlock(const float *x, int64_t k, const T *w, int64_t ldw, int64_t n,
       float s = V::Sum(acc[i][r]);
       for (int64_t q = body; q < k; ++q)
         s += LowpToFloat(w[r * ldw + q]) * x[i * k + q];
-      y[i * n + r] = s;
+      if (scale != nullptr) s *= scale[r];
+      y[i * n + r] = bias != nullptr ? s + bias[r] : s;
     }
   }
 }
 
 template <typename V, int M, typename T>
 void LowpRows(const float *x, int64_t k, const T *w, int64_t ldw, int64_t n,
-              int64_t j0, int64_t j1, float *y) {
+              int64_t j0, int64_t j1, const float *scale, const float *bias,
+              float *y) {
   constexpr int R = V::RowsOfW(M);
+  auto block = [&](auto rows, int64_t j) {
+    LowpBlock<V, decltype(rows)::value, M>(
+        x, k, w + j * ldw, ldw, n, scale != nullptr ? scale + j : nullptr,
+        bias != nullptr ? bias + j : nullptr, y + j);
+  };
   int64_t j = j0;
-  for (; j + R <= j1; j += R) {
-    LowpBlock<V, R, M>(x, k, w + j * ldw, ldw, n, y + j);
-  }
-  for (; j < j1; ++j) LowpBlock<V, 1, M>(x, k, w + j * ldw, ldw, n, y + j);
+  for (; j + R <= j1; j += R) block(std::integral_constant<int, R>{}, j);
+  for (; j < j1; ++j) block(std::integral_constant<int, 1>{}, j);
 }
 
 // Rows [j0, j1) of y: x's rows in passes of V::kMaxRowsOfX, 4, 2 and 1,
-// then the scale and the bias.
+// each row's sum times its scale plus its bias as it is stored.
 template <typename V, typename T>
 void LowpFewRows(const float *x, int64_t m, int64_t k, const T *w, int64_t ldw,
                  int64_t n, int64_t j0, int64_t j1, const float *scale,
@@ -105,23 +111,22 @@ void LowpFewRows(const float *x, int64_t m, int64_t k, const T *w, int64_t ldw,
     float *yi = y + i * n;
     if constexpr (V::kMaxRowsOfX >= 8) {
       if (left >= 8) {
-        LowpRows<V, 8>(xi, k, w, ldw, n, j0, j1, yi);
+        LowpRows<V, 8>(xi, k, w, ldw, n, j0, j1, scale, bias, yi);
         i += 8;
         continue;
       }
     }
     if (left >= 4) {
-      LowpRows<V, 4>(xi, k, w, ldw, n, j0, j1, yi);
+      LowpRows<V, 4>(xi, k, w, ldw, n, j0, j1, scale, bias, yi);
       i += 4;
     } else if (left >= 2) {
-      LowpRows<V, 2>(xi, k, w, ldw, n, j0, j1, yi);
+      LowpRows<V, 2>(xi, k, w, ldw, n, j0, j1, scale, bias, yi);
       i += 2;
     } else {
-      LowpRows<V, 1>(xi, k, w, ldw, n, j0, j1, yi);
+      LowpRows<V, 1>(xi, k, w, ldw, n, j0, j1, scale, bias, yi);
       i += 1;
     }
   }
-  ScaleAndAddBias(m, n, j0, j1, scale, bias, y);
 }
 
 }  // namespace
