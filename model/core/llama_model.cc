@@ -322,30 +322,42 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
                         context_->Upload(batch.token_ids), cache);
   }
   const bool top = batch.top_logits > 0 && !batch.all_logits;
+  const bool stats = top && !batch.row_reductions.empty();
+  DecoderOutput out;
   if (top) {
-    // The best logits, and the rows wanted whole, in place of every row.
-    at::Tensor& logits = (*results)[0];
+    // The best logits, the rows' stats and the rows wanted whole, in place
+    // of every row.
+    const at::Tensor logits = (*results)[0];
+    out.resident_logits = logits;
     auto [values, ids] =
         BestLogits(logits, batch.top_logits_limit, batch.top_logits);
+    if (stats) {
+      results->push_back(
+          RowStats(logits, batch.top_logits_limit,
+                   context_->Upload(RowReductionParams(batch.row_reductions))));
+    }
     std::vector<int64_t> whole;
     for (size_t b = 0; b < batch.whole_logits.size(); ++b) {
       if (batch.whole_logits[b]) whole.push_back(static_cast<int64_t>(b));
     }
-    logits = whole.size() == static_cast<size_t>(rows)
-                 ? logits
-                 : logits.index_select(
-                       0, context_->Upload(at::tensor(whole, at::kLong)));
+    if (whole.size() != static_cast<size_t>(rows)) {
+      (*results)[0] = logits.index_select(
+          0, context_->Upload(at::tensor(whole, at::kLong)));
+    }
     results->push_back(values);
     results->push_back(ids);
   }
   // One copy to the host and one wait for the whole step's results.
   results = context_->Download(*results);
-  DecoderOutput out;
   if (top) {
     out.top_ids = results->back();
     results->pop_back();
     out.top_values = results->back();
     results->pop_back();
+    if (stats) {
+      out.row_stats = results->back();
+      results->pop_back();
+    }
   }
   out.logits = (*results)[0];
   out.head_token_counts = (*results)[1];

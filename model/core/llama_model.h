@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/core/activation.h"
+#include "model/core/best_logits.h"
 #include "model/core/device_context.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/kv_cache.h"
@@ -85,6 +86,10 @@ struct DecoderBatch {
   int64_t top_logits = 0;
   int64_t top_logits_limit = 0;
   std::vector<bool> whole_logits;
+  // With top_logits, per row (empty: none): the step also returns RowStats
+  // of logits [0, top_logits_limit) under these (best_logits.h), as
+  // DecoderOutput::row_stats, for draws that need sums over the whole row.
+  std::vector<RowReduction> row_reductions;
 };
 
 struct DecoderOutput {
@@ -97,6 +102,13 @@ struct DecoderOutput {
   // With DecoderBatch::top_logits: float32 and int64 CPU [B, top_logits].
   at::Tensor top_values;
   at::Tensor top_ids;
+  // With DecoderBatch::row_reductions: float64 CPU [B, kRowStats].
+  at::Tensor row_stats;
+  // With DecoderBatch::top_logits: every row's logits [B, V] where they lie
+  // (the model's device), for a row whose reduction does not decide its
+  // draw after all (SequenceOutput::NextFromReduced); valid until the next
+  // Forward of the model.
+  at::Tensor resident_logits;
 };
 
 // The narrow width of a model of `config` (LlamaModel::narrow_kv_heads).

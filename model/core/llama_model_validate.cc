@@ -1,6 +1,7 @@
 // LlamaModel::Validate: a step's batch checked against the config and the
 // KV cache before Forward runs it.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <vector>
@@ -87,6 +88,29 @@ absl::Status LlamaModel::Validate(const DecoderBatch& batch,
       return absl::InvalidArgumentError(
           absl::StrCat("whole_logits must have ", rows, " entries, got ",
                        batch.whole_logits.size()));
+    }
+    if (!batch.row_reductions.empty() && batch.row_reductions.size() != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row_reductions must have ", rows, " entries, got ",
+                       batch.row_reductions.size()));
+    }
+    for (size_t b = 0; b < batch.row_reductions.size(); ++b) {
+      const RowReduction& r = batch.row_reductions[b];
+      if (!(r.temperature > 0.0f) || std::isinf(r.temperature)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "row_reductions[", b, "].temperature must be finite and > 0, got ",
+            r.temperature));
+      }
+      if (std::isnan(r.min_p_offset) || r.min_p_offset > 0.0f) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "row_reductions[", b,
+            "].min_p_offset must be <= 0 (-inf: none), got ", r.min_p_offset));
+      }
+      if (!(r.uniform < 1.0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "row_reductions[", b, "].uniform must be < 1 (< 0: no draw), got ",
+            r.uniform));
+      }
     }
   }
   const int64_t block_size = cache.block_size();

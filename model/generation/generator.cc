@@ -80,56 +80,115 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
 bool SequenceOutput::DrawsFromRawLogits() const {
   const SamplingParams& p = sampler_.params();
   return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && !matcher_ && logprobs_ < 0 &&
-         generated_ >= min_tokens_;
+         p.frequency_penalty == 0.0f && !matcher_ && generated_ >= min_tokens_;
 }
 
-std::optional<int64_t> SequenceOutput::ArgmaxLimit(int64_t vocab) const {
-  if (sampler_.params().temperature != 0.0f || !DrawsFromRawLogits()) {
-    return std::nullopt;
-  }
-  return vocab_limit_ > 0 ? std::min<int64_t>(vocab, vocab_limit_) : vocab;
-}
+namespace {
+// The Sampler's top-p path reads its row's best 256 logits (sampler.cc).
+constexpr int64_t kNucleusBest = 256;
+}  // namespace
 
-absl::StatusOr<GenerationChunk> SequenceOutput::NextArgmax(int32_t token) {
-  return Emit(token, at::Tensor());
-}
-
-std::optional<SequenceOutput::TopLogits> SequenceOutput::TopLogitsNeeded(
-    int64_t vocab) const {
+std::optional<SequenceOutput::Reduction> SequenceOutput::PlanReduction(
+    int64_t vocab) {
+  if (!DrawsFromRawLogits()) return std::nullopt;
   const SamplingParams& p = sampler_.params();
-  if (p.temperature == 0.0f || p.top_k < 1 || !DrawsFromRawLogits()) {
-    return std::nullopt;
-  }
-  const int64_t limit =
+  Reduction plan;
+  plan.limit =
       vocab_limit_ > 0 ? std::min<int64_t>(vocab, vocab_limit_) : vocab;
   // The Sampler cuts to top_k only below the vocabulary's size.
-  if (p.top_k + 1 > limit) return std::nullopt;
-  return TopLogits{limit, p.top_k + 1};
+  const bool top_k = p.top_k > 0 && p.top_k < plan.limit;
+  using Draw = Reduction::Draw;
+  if (p.temperature == 0.0f) {
+    plan.best = 1;
+  } else if (top_k) {
+    plan.draw = Draw::kTopK;
+    plan.best = p.top_k + 1;
+  } else {
+    plan.stats = true;
+    plan.row.temperature = p.temperature;
+    plan.row.min_p_offset = sampler_.MinPOffset();
+    if (p.top_p < 1.0f) {
+      plan.draw = Draw::kNucleus;
+      plan.best = std::min(kNucleusBest, plan.limit);
+    } else {
+      plan.draw = Draw::kOnDevice;
+      plan.best = 1;
+      plan.row.uniform = sampler_.PeekUniform();
+    }
+  }
+  if (logprobs_ >= 0) {
+    plan.stats = true;
+    plan.best =
+        std::max<int64_t>(plan.best, std::min<int64_t>(logprobs_, plan.limit));
+  }
+  return plan;
 }
 
-absl::StatusOr<GenerationChunk> SequenceOutput::NextFromTop(
-    const at::Tensor& values, absl::Span<const int64_t> ids) {
-  // The Sampler over the best top_k + 1 alone, in the order it prefers,
-  // draws what it would over the row: its top_k cut keeps the same ids in
-  // the same order, and min_p, top_p and the weights read only those and
-  // the best. (The one past the cut only keeps top_k below the count.)
-  const int64_t count = sampler_.params().top_k + 1;
-  TORCH_CHECK(
-      values.numel() >= count && ids.size() >= static_cast<size_t>(count),
-      "NextFromTop: ", count, " best logits needed, got ", values.numel());
-  const int32_t pick =
-      sampler_.Sample(values.narrow(0, 0, count), absl::Span<const int32_t>());
-  return Emit(static_cast<int32_t>(ids[pick]), at::Tensor());
+absl::StatusOr<std::optional<GenerationChunk>> SequenceOutput::NextFromReduced(
+    const Reduction& plan, const at::Tensor& values,
+    absl::Span<const int64_t> ids, absl::Span<const double> stats) {
+  const int64_t count = values.numel();
+  TORCH_CHECK(values.dim() == 1 && values.scalar_type() == at::kFloat &&
+                  values.is_contiguous() && count >= plan.best &&
+                  ids.size() >= static_cast<size_t>(count) &&
+                  (!plan.stats || stats.size() == kRowStats),
+              "NextFromReduced: ", plan.best,
+              " float32 best values, their ids and the stats needed, got ",
+              values.sizes(), " ", values.scalar_type(), ", ", ids.size(),
+              " ids and ", stats.size(), " stats");
+  const auto best = absl::MakeConstSpan(values.data_ptr<float>(), count);
+  // The index in `best` of the token, or -1 for the device's draw.
+  int64_t pick = 0;
+  switch (plan.draw) {
+    case Reduction::Draw::kArgmax:
+      break;
+    case Reduction::Draw::kTopK:
+      // The Sampler over the best top_k + 1 alone, in the order it prefers,
+      // draws what it would over the row: its top_k cut keeps the same ids
+      // in the same order, and min_p, top_p and the weights read only those
+      // and the best. (The one past the cut only keeps top_k below the
+      // count.)
+      pick = sampler_.Sample(values.narrow(0, 0, sampler_.params().top_k + 1),
+                             absl::Span<const int32_t>());
+      break;
+    case Reduction::Draw::kNucleus: {
+      const std::optional<int32_t> drawn = sampler_.DrawNucleusFromBest(
+          best.first(std::min<int64_t>(count, kNucleusBest)),
+          stats[kWeightSum]);
+      if (!drawn) return std::nullopt;
+      pick = *drawn;
+      break;
+    }
+    case Reduction::Draw::kOnDevice:
+      if (std::isinf(best.front())) break;  // the Sampler's best id, no draw
+      if (!sampler_.TakeRowDraw(best.front(), stats)) return std::nullopt;
+      pick = -1;
+      break;
+  }
+  const auto token = static_cast<int32_t>(
+      pick >= 0 ? ids[pick] : static_cast<int64_t>(stats[kDrawId]));
+  std::optional<LogprobEntry> logprobs;
+  if (logprobs_ >= 0) {
+    logprobs = LogprobsFromBest(
+        best, ids, stats[kLogPartition], token,
+        pick >= 0 ? best[pick] : static_cast<float>(stats[kDrawLogit]),
+        pick >= 0 ? static_cast<int32_t>(pick + 1)
+                  : static_cast<int32_t>(stats[kDrawRank]),
+        logprobs_);
+  }
+  return Emit(token, at::Tensor(), std::move(logprobs));
 }
 
 absl::StatusOr<GenerationChunk> SequenceOutput::Emit(
-    int32_t token, const at::Tensor& streamable) {
+    int32_t token, const at::Tensor& streamable,
+    std::optional<LogprobEntry> logprobs) {
   if (matcher_) MOH_RETURN_IF_ERROR(matcher_->Accept(token));
   GenerationChunk chunk;
   if (logprobs_ >= 0) {
     // The model's distribution over the tokens it may stream.
-    chunk.logprobs.push_back(ComputeLogprobs(streamable, token, logprobs_));
+    chunk.logprobs.push_back(
+        logprobs ? std::move(*logprobs)
+                 : ComputeLogprobs(streamable, token, logprobs_));
   }
   history_.push_back(token);
   ++generated_;

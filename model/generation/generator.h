@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "model/core/activation.h"
+#include "model/core/best_logits.h"
 #include "model/core/llama_model.h"
 #include "model/generation/grammar.h"
 #include "model/generation/sampler.h"
@@ -85,32 +86,34 @@ class SequenceOutput {
   // and anything after it never is). Sets finish_reason() on the last token.
   absl::StatusOr<GenerationChunk> Next(const at::Tensor& logits);
 
-  // When the next token is the argmax of logits [0, limit) as they come
-  // from the model (a greedy draw with no penalty, grammar, log-probabilities
-  // or end token held back by min_tokens), that `limit` for logits of
-  // `vocab` entries; nullopt when the draw needs the whole row on the host.
-  // The caller may then take the best logit where the logits lie
-  // (BestLogits, best_logits.h) and pass its id to NextArgmax: a step
-  // downloads an id, not the row.
-  std::optional<int64_t> ArgmaxLimit(int64_t vocab) const;
-  // Next() for a token found as ArgmaxLimit says.
-  absl::StatusOr<GenerationChunk> NextArgmax(int32_t token);
-
-  // The same for a sampled draw with top-k (temperature > 0, top_k >= 1,
-  // the rest as ArgmaxLimit asks): the row's best `count` (top_k + 1) logits
-  // [0, limit) decide it, whatever the others are. The caller may take them
-  // where the logits lie (BestLogits) and pass them to NextFromTop: a step
-  // downloads top_k + 1 values and ids, not the row.
-  struct TopLogits {
+  // How a step may reduce this row's logits where they lie (the model's
+  // device: BestLogits and RowStats, best_logits.h) instead of returning
+  // the whole row, when its draw reads the logits as the model made them
+  // (no penalty, grammar, or end token held back by min_tokens): from
+  // logits [0, limit), the `best` best and, when `stats`, RowStats under
+  // `row`. Greedy: the best (and log-probabilities' alternatives); top-k:
+  // top_k + 1; top-p alone: 256; temperature alone: a draw on the device at
+  // the Sampler's next uniform (peeked now). Log-probabilities add the log
+  // partition. nullopt: the draw needs the whole row.
+  struct Reduction {
+    // How the best logits and the stats decide the draw.
+    enum class Draw { kArgmax, kTopK, kNucleus, kOnDevice };
+    Draw draw = Draw::kArgmax;
     int64_t limit = 0;
-    int64_t count = 0;
+    int64_t best = 0;
+    bool stats = false;
+    RowReduction row;
   };
-  std::optional<TopLogits> TopLogitsNeeded(int64_t vocab) const;
-  // Next() from the row's best logits (float32 `values` on the host, NaN as
-  // -inf, at least TopLogitsNeeded's count of them) and their `ids`, in
-  // BestLogits' order: higher value, then lower id, first.
-  absl::StatusOr<GenerationChunk> NextFromTop(const at::Tensor& values,
-                                              absl::Span<const int64_t> ids);
+  std::optional<Reduction> PlanReduction(int64_t vocab);
+  // Next() from what the step reduced as `plan` (PlanReduction's) asked: the
+  // row's best logits (float32 `values` on the host, at least `best` of them,
+  // in BestLogits' order) and their `ids`, and RowStats' `stats` (kRowStats;
+  // empty without). nullopt, having drawn nothing, when they do not decide
+  // the draw after all (a top-p nucleus past them, or a sum too close to a
+  // decision's edge to tell): pass the whole row to Next() then.
+  absl::StatusOr<std::optional<GenerationChunk>> NextFromReduced(
+      const Reduction& plan, const at::Tensor& values,
+      absl::Span<const int64_t> ids, absl::Span<const double> stats);
 
   // Set once the sequence has ended.
   const std::optional<FinishReason>& finish_reason() const { return finish_; }
@@ -129,14 +132,15 @@ class SequenceOutput {
   // Ids the tokenizer can decode: [0, vocab_limit_); 0 = no tokenizer.
   const int32_t vocab_limit_;
   const std::vector<int32_t> eos_ids_;
-  // A draw from the logits as the model made them: no penalty, grammar,
-  // log-probabilities or end token held back (what ArgmaxLimit and
-  // TopLogitsNeeded ask first).
+  // A draw from the logits as the model made them: no penalty, grammar or
+  // end token held back (what PlanReduction asks first).
   bool DrawsFromRawLogits() const;
-  // The rest of Next() once `token` is chosen; `streamable` (the logits of
-  // the ids it may stream) is read for the log-probabilities only.
-  absl::StatusOr<GenerationChunk> Emit(int32_t token,
-                                       const at::Tensor& streamable);
+  // The rest of Next() once `token` is chosen; its log-probabilities are
+  // `logprobs` if given, else read from `streamable` (the logits of the ids
+  // it may stream).
+  absl::StatusOr<GenerationChunk> Emit(
+      int32_t token, const at::Tensor& streamable,
+      std::optional<LogprobEntry> logprobs = std::nullopt);
 
   Sampler sampler_;
   StopStringMatcher stop_matcher_;

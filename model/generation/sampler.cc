@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/field_error.h"
+#include "model/core/best_logits.h"
 
 namespace moh {
 namespace {
@@ -57,6 +58,17 @@ uint64_t RandomSeed() {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
   z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
   return z ^ (z >> 31);
+}
+
+// log softmax of a logit `x` of a row whose largest is `max_logit` and log
+// partition `log_z` (used when `max_logit` is finite).
+float LogProbability(float x, float max_logit, double log_z) {
+  if (std::isinf(max_logit)) {
+    // +inf holds all the probability; if every logit is -inf, nothing has
+    // any.
+    return max_logit > 0 && x == max_logit ? 0.0f : kNegInf;
+  }
+  return static_cast<float>(x - log_z);
 }
 
 }  // namespace
@@ -221,8 +233,24 @@ void Sampler::SelectTop(size_t n) {
   std::sort_heap(top_.begin(), top_.end(), Better);
 }
 
+double Sampler::PeekUniform() {
+  if (!next_uniform_) next_uniform_ = Uniform01(rng_);
+  return *next_uniform_;
+}
+
+double Sampler::NextUniform() {
+  const double u = PeekUniform();
+  next_uniform_.reset();
+  return u;
+}
+
+float Sampler::MinPOffset() const {
+  return params_.min_p > 0.0f ? params_.temperature * std::log(params_.min_p)
+                              : kNegInf;
+}
+
 int32_t Sampler::Draw(absl::Span<const Candidate> pool, double total) {
-  const double u = Uniform01(rng_) * total;
+  const double u = NextUniform() * total;
   double cumulative = 0.0;
   int32_t last_positive = pool.front().id;
   for (const Candidate& c : pool) {
@@ -284,7 +312,7 @@ int32_t Sampler::Sample(const at::Tensor& logits,
   const float temperature = params_.temperature;
   if (params_.min_p > 0.0f) {
     // p / p_max >= min_p  <=>  (x - max) / T >= log(min_p).
-    const float cutoff = max_logit + temperature * std::log(params_.min_p);
+    const float cutoff = max_logit + MinPOffset();
     for (float& x : logits_) {
       if (x < cutoff) x = kNegInf;
     }
@@ -343,6 +371,50 @@ int32_t Sampler::Sample(const at::Tensor& logits,
   return DrawNucleus(lo, hi, before, threshold);
 }
 
+std::optional<int32_t> Sampler::DrawNucleusFromBest(
+    absl::Span<const float> best, double weight_sum) {
+  // Sample's top-p path: its best logit's id when it is not finite, else
+  // the smallest prefix of its best 256 whose weight reaches top_p times the
+  // whole row's (its threshold). The same weights in the same order make
+  // the same prefix sums here; only the threshold is known to within
+  // kRowSumTolerance, so the prefix is certain when both ends of that
+  // interval give the same one.
+  const float max_logit = best.front();
+  if (std::isinf(max_logit)) return 0;
+  const float temperature = params_.temperature;
+  const float cutoff = max_logit + MinPOffset();
+  top_.clear();
+  for (size_t i = 0; i < best.size(); ++i) {
+    const float x = best[i] < cutoff ? kNegInf : best[i];
+    top_.push_back(
+        {x, std::exp((x - max_logit) / temperature), static_cast<int32_t>(i)});
+  }
+  const double threshold = params_.top_p * weight_sum;
+  const double low = threshold * (1.0 - kRowSumTolerance);
+  const double high = threshold * (1.0 + kRowSumTolerance);
+  double mass = 0.0;
+  size_t n = 0;
+  while (n < top_.size() && mass < low) mass += top_[n++].weight;
+  if (mass < high) return std::nullopt;  // past them, or the edge uncertain
+  return Draw(absl::MakeConstSpan(top_.data(), n), mass);
+}
+
+bool Sampler::TakeRowDraw(float max_logit, absl::Span<const double> stats) {
+  // Sample's draw without top-k and top-p: the first id in id order whose
+  // cumulative weight exceeds u times their sum. RowStats' cumulative sums
+  // and target lie within kRowSumTolerance of Sample's, so its id is the
+  // draw when the target clears both of that id's bounds by that much.
+  if (std::isinf(max_logit)) return false;  // Sample takes the best id
+  const double target = stats[kDrawTarget];
+  const double margin = kRowSumTolerance;
+  if (!(stats[kDrawBelow] * (1.0 + margin) < target * (1.0 - margin) &&
+        stats[kDrawUpTo] * (1.0 - margin) > target * (1.0 + margin))) {
+    return false;
+  }
+  NextUniform();
+  return true;
+}
+
 LogprobEntry ComputeLogprobs(const at::Tensor& logits, int32_t token,
                              int32_t top_n) {
   TORCH_CHECK(logits.dim() == 1 && logits.numel() > 0 &&
@@ -368,13 +440,8 @@ LogprobEntry ComputeLogprobs(const at::Tensor& logits, int32_t token,
   const double log_z = std::isfinite(max_logit)
                            ? max_logit + std::log(sum)
                            : static_cast<double>(max_logit);
-  auto logprob = [&](int64_t id) -> float {
-    if (std::isinf(max_logit)) {
-      // +inf holds all the probability; if every logit is -inf, nothing has
-      // any.
-      return max_logit > 0 && x[id] == max_logit ? 0.0f : kNegInf;
-    }
-    return static_cast<float>(x[id] - log_z);
+  auto logprob = [&](int64_t id) {
+    return LogProbability(x[id], max_logit, log_z);
   };
   auto better = [&](int32_t a, int32_t b) {
     return x[a] > x[b] || (x[a] == x[b] && a < b);
@@ -391,6 +458,22 @@ LogprobEntry ComputeLogprobs(const at::Tensor& logits, int32_t token,
   std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), better);
   for (int64_t i = 0; i < n; ++i) {
     entry.top.push_back({ids[i], logprob(ids[i])});
+  }
+  return entry;
+}
+
+LogprobEntry LogprobsFromBest(absl::Span<const float> values,
+                              absl::Span<const int64_t> ids,
+                              double log_partition, int32_t token,
+                              float token_logit, int32_t rank, int32_t top_n) {
+  const float max_logit = values.front();
+  LogprobEntry entry;
+  entry.token = {token, LogProbability(token_logit, max_logit, log_partition)};
+  entry.rank = rank;
+  const size_t n = std::min<size_t>(std::max(top_n, 0), values.size());
+  for (size_t i = 0; i < n; ++i) {
+    entry.top.push_back({static_cast<int32_t>(ids[i]),
+                         LogProbability(values[i], max_logit, log_partition)});
   }
   return entry;
 }

@@ -101,6 +101,15 @@ struct LogprobEntry {
 LogprobEntry ComputeLogprobs(const at::Tensor& logits, int32_t token,
                              int32_t top_n);
 
+// ComputeLogprobs' entry from a row's best logits alone (float32 `values`
+// and `ids` in BestLogits' order, best_logits.h: min(top_n, vocab) of them
+// or more) and its log partition (RowStats' kLogPartition): `token` has
+// logit `token_logit` and rank `rank`.
+LogprobEntry LogprobsFromBest(absl::Span<const float> values,
+                              absl::Span<const int64_t> ids,
+                              double log_partition, int32_t token,
+                              float token_logit, int32_t rank, int32_t top_n);
+
 // Returns OK, or INVALID_ARGUMENT naming the first bad field and its allowed
 // range, e.g. "sampling.top_p must be in (0, 1], got 1.5". NaN is rejected
 // everywhere a float is checked.
@@ -136,6 +145,32 @@ class Sampler {
                  size_t generated = 0,
                  std::optional<absl::Span<const uint32_t>> allowed = {});
 
+  // The uniform the next draw uses (a draw by inverse CDF at it times the
+  // weights' sum), drawn now from the RNG if no draw has taken it yet: a
+  // step that draws on the device takes it ahead (RowReduction::uniform).
+  // The RNG's sequence is unchanged: a draw that follows uses it.
+  double PeekUniform();
+
+  // The draw from a row's best logits and the sums RowStats (best_logits.h)
+  // took of the whole row, where they decide what Sample would draw from
+  // the whole row (no penalty or mask), with kRowSumTolerance's certainty;
+  // nullopt otherwise, having drawn nothing (Sample on the whole row then
+  // draws as it would have).
+  // - Top-p alone (top_p < 1, top_k off): `best` are the row's best
+  //   min(256, vocab) logits or more (float32, BestLogits' order and
+  //   cleaning), `weight_sum` the weights' sum (RowStat kWeightSum); returns
+  //   the index in `best` of the token drawn.
+  std::optional<int32_t> DrawNucleusFromBest(absl::Span<const float> best,
+                                             double weight_sum);
+  // - Neither (temperature alone, maybe min_p): whether RowStats' draw at
+  //   PeekUniform() (`stats`, kRowStats of them) is the draw; then the draw
+  //   takes that uniform and the id is stats[kDrawId]. `max_logit`: the
+  //   row's best.
+  bool TakeRowDraw(float max_logit, absl::Span<const double> stats);
+  // temperature * log(min_p): the min-p cut lies this far below the best
+  // logit (-inf without min_p).
+  float MinPOffset() const;
+
   const SamplingParams& params() const { return params_; }
   // The seed in use: params().seed, or the one drawn when it was unset, so
   // that a nondeterministic request can be reported and replayed.
@@ -162,6 +197,8 @@ class Sampler {
   // Sets top_ to the n best tokens (all if n >= vocab), best first. Weights
   // are left unset.
   void SelectTop(size_t n);
+  // PeekUniform()'s value, which it then forgets, or the RNG's next.
+  double NextUniform();
   // Inverse-CDF draw from `pool`, in its order; `total` is the sum of its
   // weights.
   int32_t Draw(absl::Span<const Candidate> pool, double total);
@@ -173,6 +210,7 @@ class Sampler {
   SamplingParams params_;
   uint64_t seed_;
   std::mt19937_64 rng_;
+  std::optional<double> next_uniform_;  // PeekUniform's, not yet drawn
   // Scratch buffers reused across calls.
   std::vector<float> logits_;       // by token id
   std::vector<Candidate> top_;      // the tokens a draw chooses from

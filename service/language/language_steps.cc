@@ -109,12 +109,11 @@ class LanguageSteps : public StepExecutor<Sequence> {
     }
     DecoderBatch batch = BuildBatch(rows, seqs);
     batch.all_logits = all_logits;
-    // How each row's token is chosen: from its best logits (`best[b]` of
-    // them, 1 for the argmax) reduced where the logits lie, or (0) from its
-    // whole row, which the step returns unless batch.whole_logits leaves it
-    // out.
-    std::vector<int64_t> best(rows.size(), 0);
-    if (!all_logits && reduce_logits_) PlanBestLogits(rows, seqs, batch, best);
+    // How each row's token is chosen: from what its logits are reduced to
+    // where they lie (`plans[b]`), or (none) from its whole row, which the
+    // step returns unless batch.whole_logits leaves it out.
+    std::vector<std::optional<SequenceOutput::Reduction>> plans(rows.size());
+    if (!all_logits && reduce_logits_) PlanReductions(rows, seqs, batch, plans);
     MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
     const int64_t replays = model_.graph_replays();
     if (metrics_ != nullptr)
@@ -131,6 +130,11 @@ class LanguageSteps : public StepExecutor<Sequence> {
         batch.top_logits > 0 ? out.top_ids.contiguous() : at::Tensor();
     const int64_t* top_id_data =
         top_ids.defined() ? top_ids.data_ptr<int64_t>() : nullptr;
+    const at::Tensor row_stats = batch.row_reductions.empty()
+                                     ? at::Tensor()
+                                     : out.row_stats.contiguous();
+    const double* stats_data =
+        row_stats.defined() ? row_stats.data_ptr<double>() : nullptr;
     for (size_t b = 0; b < rows.size(); ++b) {
       Sequence& seq = *seqs[b];
       RowOutcome& outcome = (*outcomes)[which[b]];
@@ -147,14 +151,24 @@ class LanguageSteps : public StepExecutor<Sequence> {
       if (all_logits) AddPromptLogprobs(rows[b], logits[row], seq);
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
-      if (best[b] > 0) {
+      if (plans[b]) {
         const int64_t* ids = top_id_data + b * batch.top_logits;
-        outcome.error =
-            Emit(seq, best[b] == 1
-                          ? seq.output->NextArgmax(static_cast<int32_t>(ids[0]))
-                          : seq.output->NextFromTop(
-                                out.top_values[b],
-                                absl::MakeConstSpan(ids, batch.top_logits)));
+        absl::StatusOr<std::optional<GenerationChunk>> reduced =
+            seq.output->NextFromReduced(
+                *plans[b], out.top_values[b],
+                absl::MakeConstSpan(ids, batch.top_logits),
+                plans[b]->stats
+                    ? absl::MakeConstSpan(stats_data + b * kRowStats, kRowStats)
+                    : absl::Span<const double>());
+        if (!reduced.ok()) {
+          outcome.error = Emit(seq, reduced.status());
+        } else if (reduced->has_value()) {
+          outcome.error = Emit(seq, std::move(**reduced));
+        } else {
+          // Not decided by what was reduced: the row whole, where it lies.
+          outcome.error = Emit(seq, seq.output->Next(out.resident_logits[b].to(
+                                        at::kCPU, at::kFloat)));
+        }
       } else {
         outcome.error =
             Emit(seq, seq.output->Next(all_logits
@@ -204,39 +218,39 @@ class LanguageSteps : public StepExecutor<Sequence> {
     }
   }
 
-  // Sets best[b] for the rows whose token their best logits decide (1 for
-  // a greedy draw, top_k + 1 for a top-k one: SequenceOutput::ArgmaxLimit,
-  // TopLogitsNeeded), and `batch` to reduce the logits to as many where they
-  // lie and return whole rows for the others only: a GPU step then
-  // downloads an id or top_k + 1 values and ids per such row, not [V]
-  // floats. Leaves `batch` as it is when no row qualifies.
-  void PlanBestLogits(const std::vector<PlannedRow>& rows,
-                      const std::vector<Sequence*>& seqs, DecoderBatch& batch,
-                      std::vector<int64_t>& best) const {
+  // Sets plans[b] for the rows whose draw what their logits reduce to where
+  // they lie decides (SequenceOutput::PlanReduction: the best logits, and
+  // RowStats' sums for top-p alone, temperature alone and
+  // log-probabilities), and `batch` to reduce the logits so and return
+  // whole rows for the others only: a GPU step then downloads at most 256
+  // values and ids and a few sums per such row, not [V] floats. Leaves
+  // `batch` as it is when no row qualifies.
+  void PlanReductions(
+      const std::vector<PlannedRow>& rows, const std::vector<Sequence*>& seqs,
+      DecoderBatch& batch,
+      std::vector<std::optional<SequenceOutput::Reduction>>& plans) const {
     const int64_t vocab = model_.config().vocab_size;
     int64_t limit = 0;  // the leading logits read: one for every row
+    bool stats = false;
     for (size_t b = 0; b < rows.size(); ++b) {
       if (!rows[b].emits) continue;
-      const SequenceOutput& output = *seqs[b]->output;
-      int64_t count = 0, row_limit = 0;
-      if (const std::optional<int64_t> argmax = output.ArgmaxLimit(vocab)) {
-        count = 1;
-        row_limit = *argmax;
-      } else if (const auto top = output.TopLogitsNeeded(vocab)) {
-        count = top->count;
-        row_limit = top->limit;
-      }
-      if (count == 0 || (limit != 0 && row_limit != limit)) continue;
-      limit = row_limit;
-      best[b] = count;
+      std::optional<SequenceOutput::Reduction> plan =
+          seqs[b]->output->PlanReduction(vocab);
+      if (!plan || (limit != 0 && plan->limit != limit)) continue;
+      limit = plan->limit;
+      stats |= plan->stats;
+      plans[b] = std::move(plan);
     }
     if (limit == 0) return;
     batch.top_logits_limit = limit;
-    batch.top_logits = *std::max_element(best.begin(), best.end());
     // Rows in the middle of their prompt read no logits.
     batch.whole_logits.resize(rows.size());
+    if (stats) batch.row_reductions.resize(rows.size());
     for (size_t b = 0; b < rows.size(); ++b) {
-      batch.whole_logits[b] = best[b] == 0 && rows[b].emits;
+      batch.whole_logits[b] = !plans[b] && rows[b].emits;
+      if (!plans[b]) continue;
+      batch.top_logits = std::max(batch.top_logits, plans[b]->best);
+      if (plans[b]->stats) batch.row_reductions[b] = plans[b]->row;
     }
   }
 
@@ -293,7 +307,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
   KvCache cache_;
   int64_t graph_replays_;  // the model's count after the last step
   // Greedy and top-k rows take their best logits where the logits lie
-  // (PlanBestLogits): on a GPU, and on the CPU when MOH_REDUCE_LOGITS=1
+  // (PlanReductions): on a GPU, and on the CPU when MOH_REDUCE_LOGITS=1
   // (tests; there it would only add passes over the logits).
   const bool reduce_logits_;
 };

@@ -188,27 +188,40 @@ def test_seeded_sampling_is_reproducible(api, stub):
 
 def test_rows_reduced_where_the_logits_lie_stream_the_same(api, stub, server_factory,
                                                            monkeypatch):
-    # MOH_REDUCE_LOGITS=1: the CPU server takes greedy and top-k rows' tokens from
-    # their best logits as a GPU step does (DecoderBatch::top_logits), in one batch
-    # with rows copied whole (top-p alone, a penalty); every stream equals the
-    # main server's, which samples every row from the whole of it.
+    # MOH_REDUCE_LOGITS=1: the CPU server takes rows' tokens from what their logits
+    # reduce to where they lie, as a GPU step does (DecoderBatch::top_logits and
+    # row_reductions): greedy, top-k, top-p alone, temperature alone (drawn on the
+    # device), log-probabilities; in one batch with a row copied whole (a penalty).
+    # Every stream equals the main server's, which samples every row from the whole
+    # of it.
     monkeypatch.setenv("MOH_REDUCE_LOGITS", "1")
     reduced = server_factory("reduced", [("demo-lm", lib.LM_DIR,
                                           "generation { max_running: 8 }")])
     monkeypatch.delenv("MOH_REDUCE_LOGITS")
-    samplings = [dict(temperature=0.0),
+    samplings = [dict(temperature=0.0, logprobs=3),
                  dict(temperature=2.0, top_k=5, seed=3),
                  dict(temperature=2.0, top_k=40, top_p=0.95, min_p=0.01, seed=4),
-                 dict(temperature=2.0, top_p=0.95, seed=5),
-                 dict(temperature=2.0, top_k=8, presence_penalty=0.5, seed=6)]
+                 dict(temperature=2.0, top_p=0.95, seed=5, logprobs=1),
+                 dict(temperature=2.0, top_k=8, presence_penalty=0.5, seed=6),
+                 dict(temperature=1.5, seed=7),
+                 dict(temperature=1.0, min_p=0.02, seed=8, logprobs=2)]
     requests = [lib.generate_request(api.pb, prompt="Once upon a time", max_new_tokens=24,
                                      ignore_eos=True, **sampling)
                 for sampling in samplings]
-    want = [lib.token_ids_of(m) for m in lib.generate_together(stub, requests)]
+    want = lib.generate_together(stub, requests)
     reduced_stub = api.grpc.InferenceStub(reduced.channel())
-    got = [lib.token_ids_of(m) for m in lib.generate_together(reduced_stub, requests)]
-    assert got == want
-    assert len(set(map(tuple, want))) == len(want), "the samplings made the same tokens"
+    got = lib.generate_together(reduced_stub, requests)
+    assert [lib.token_ids_of(m) for m in got] == [lib.token_ids_of(m) for m in want]
+    assert len(set(tuple(lib.token_ids_of(m)) for m in want)) == len(want), \
+        "the samplings made the same tokens"
+    for sampling, got_messages, want_messages in zip(samplings, got, want):
+        got_logprobs = [e for m in got_messages for e in m.logprobs]
+        want_logprobs = [e for m in want_messages for e in m.logprobs]
+        assert len(got_logprobs) == len(want_logprobs) == (24 if "logprobs" in sampling else 0)
+        for g, w in zip(got_logprobs, want_logprobs):
+            assert (g.token_id, g.rank) == (w.token_id, w.rank)
+            assert g.logprob == pytest.approx(w.logprob, rel=1e-5, abs=1e-5)
+            assert [t.token_id for t in g.top_logprobs] == [t.token_id for t in w.top_logprobs]
 
 
 def test_default_model_is_used_when_model_is_empty(api, stub):

@@ -15,6 +15,7 @@
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -336,6 +337,48 @@ TEST(GpuSamplingTest, BestLogitsOnCudaMatchCpu) {
     EXPECT_TRUE(at::equal(values.cpu(), want_values)) << dtype;
     EXPECT_EQ(want_ids[1][0].item<int64_t>(), 50);
     EXPECT_EQ(want_ids[3][1].item<int64_t>(), 1);
+  }
+}
+
+// RowStats (best_logits.h, what DecoderBatch::row_reductions returns): on
+// CUDA within kRowSumTolerance of the CPU's sums, the same draw where the
+// CPU's is clear of its edges by that much, at Llama 3's vocabulary.
+TEST(GpuSamplingTest, RowStatsOnCudaMatchCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(19);
+  const int64_t vocab = 128256;
+  const at::Tensor logits = at::randn({6, vocab}) * 4;
+  std::vector<RowReduction> reductions(6);
+  for (int64_t r = 0; r < 6; ++r) {
+    reductions[r].temperature = 0.5f + 0.3f * r;
+    reductions[r].uniform = 0.15 * r + 0.05;
+  }
+  reductions[2].min_p_offset = reductions[2].temperature * std::log(0.01f);
+  const at::Tensor params = RowReductionParams(reductions);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor cpu = logits.to(dtype);
+    const at::Tensor want = RowStats(cpu, vocab - 56, params).contiguous();
+    const at::Tensor got =
+        RowStats(cpu.to(at::kCUDA), vocab - 56, params.to(at::kCUDA))
+            .cpu()
+            .contiguous();
+    ASSERT_FALSE(got.isnan().any().item<bool>()) << dtype;
+    for (int64_t r = 0; r < 6; ++r) {
+      const double* w = want[r].data_ptr<double>();
+      const double* g = got[r].data_ptr<double>();
+      EXPECT_NEAR(g[kLogPartition], w[kLogPartition], 1e-9) << dtype;
+      for (int64_t k : {kWeightSum, kDrawTarget, kDrawBelow, kDrawUpTo}) {
+        EXPECT_NEAR(g[k], w[k], kRowSumTolerance * w[kWeightSum])
+            << dtype << " row " << r << " stat " << k;
+      }
+      const double edge = kRowSumTolerance * 4 * w[kWeightSum];
+      if (w[kDrawTarget] - w[kDrawBelow] > edge &&
+          w[kDrawUpTo] - w[kDrawTarget] > edge) {
+        EXPECT_EQ(g[kDrawId], w[kDrawId]) << dtype << " row " << r;
+        EXPECT_EQ(g[kDrawLogit], w[kDrawLogit]) << dtype << " row " << r;
+        EXPECT_EQ(g[kDrawRank], w[kDrawRank]) << dtype << " row " << r;
+      }
+    }
   }
 }
 

@@ -365,9 +365,63 @@ TEST(BestLogitsTest, TheSamplersOrderExactlyWhateverTheTies) {
   }
 }
 
-// Greedy rows reduced where the logits lie (language_steps.cc): ArgmaxLimit
-// says when the argmax is the draw, and BestLogits + NextArgmax stream what
-// Next would from the whole row, NaN, ties and -inf rows included.
+// One step of a row reduced where its logits lie as a step does
+// (language_steps.cc): BestLogits and RowStats of `logits` ([V]) for `plan`,
+// then NextFromReduced, or Next on the whole row when those do not decide.
+// Counts the latter in `*whole`.
+absl::StatusOr<GenerationChunk> ReducedStep(
+    SequenceOutput& output, const SequenceOutput::Reduction& plan,
+    const at::Tensor& logits, int* whole, int64_t extra_best = 0) {
+  const at::Tensor row = logits.unsqueeze(0);
+  auto [values, ids] = BestLogits(row, plan.limit, plan.best + extra_best);
+  values = values[0].contiguous();
+  ids = ids[0].contiguous();
+  at::Tensor stats;
+  if (plan.stats) {
+    stats = RowStats(row, plan.limit, RowReductionParams({plan.row}))[0]
+                .contiguous();
+  }
+  auto reduced = output.NextFromReduced(
+      plan, values, absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel()),
+      stats.defined()
+          ? absl::MakeConstSpan(stats.data_ptr<double>(), stats.numel())
+          : absl::Span<const double>());
+  if (!reduced.ok()) return reduced.status();
+  if (reduced->has_value()) return std::move(**reduced);
+  ++*whole;
+  return output.Next(logits);
+}
+
+// The log partition is summed in another order: a last-bit difference.
+void ExpectSameLogprob(const TokenLogprob& got, const TokenLogprob& want,
+                       int64_t step) {
+  EXPECT_EQ(got.id, want.id) << "step " << step;
+  if (std::isfinite(want.logprob)) {
+    EXPECT_NEAR(got.logprob, want.logprob, 1e-6 * (1 + std::fabs(want.logprob)))
+        << "step " << step;
+  } else {
+    EXPECT_EQ(got.logprob, want.logprob) << "step " << step;
+  }
+}
+
+void ExpectSameLogprobs(const GenerationChunk& got, const GenerationChunk& want,
+                        int64_t step) {
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << "step " << step;
+  for (size_t i = 0; i < want.logprobs.size(); ++i) {
+    const LogprobEntry& g = got.logprobs[i];
+    const LogprobEntry& w = want.logprobs[i];
+    ExpectSameLogprob(g.token, w.token, step);
+    EXPECT_EQ(g.rank, w.rank) << "step " << step;
+    ASSERT_EQ(g.top.size(), w.top.size()) << "step " << step;
+    for (size_t k = 0; k < w.top.size(); ++k) {
+      ExpectSameLogprob(g.top[k], w.top[k], step);
+    }
+  }
+}
+
+// Greedy rows reduced where the logits lie: PlanReduction asks for the
+// best logit, and it streams what Next would from the whole row, NaN, ties
+// and -inf rows included.
 TEST_F(GeneratorTest, ArgmaxOnTheLogitsDeviceStreamsWhatNextWould) {
   const int64_t vocab = lm_->tokenizer->vocab_size();
   const int64_t padded = vocab + 5;  // rows past the tokenizer: never drawn
@@ -376,8 +430,9 @@ TEST_F(GeneratorTest, ArgmaxOnTheLogitsDeviceStreamsWhatNextWould) {
   greedy.max_new_tokens = 6;
   SequenceOutput full(greedy, prompt, lm_->tokenizer.get(), {}),
       reduced(greedy, prompt, lm_->tokenizer.get(), {});
-  EXPECT_EQ(SequenceOutput(greedy, prompt, nullptr, {}).ArgmaxLimit(padded),
-            padded);
+  EXPECT_EQ(
+      SequenceOutput(greedy, prompt, nullptr, {}).PlanReduction(padded)->limit,
+      padded);
   at::manual_seed(5);
   at::Tensor logits = at::randn({6, padded});
   logits[0][padded - 1] = 100.0f;       // past the tokenizer
@@ -392,45 +447,46 @@ TEST_F(GeneratorTest, ArgmaxOnTheLogitsDeviceStreamsWhatNextWould) {
   EXPECT_EQ(ids[2].item<int64_t>(), 9);
   EXPECT_EQ(ids[3].item<int64_t>(), 0);
   EXPECT_EQ(ids[4].item<int64_t>(), vocab - 1);
+  int whole = 0;
   for (int64_t step = 0; step < 6; ++step) {
-    ASSERT_EQ(reduced.ArgmaxLimit(padded), vocab);
+    const auto plan = reduced.PlanReduction(padded);
+    ASSERT_TRUE(plan.has_value());
+    EXPECT_EQ(plan->limit, vocab);
+    EXPECT_EQ(plan->best, 1);
+    EXPECT_FALSE(plan->stats);
     auto want = full.Next(logits[step]);
-    auto got = reduced.NextArgmax(ids[step].item<int64_t>());
+    auto got = ReducedStep(reduced, *plan, logits[step], &whole);
     ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
     EXPECT_EQ(got->token_ids, want->token_ids) << "step " << step;
     EXPECT_EQ(got->text, want->text) << "step " << step;
   }
+  EXPECT_EQ(whole, 0);
   EXPECT_EQ(reduced.history(), full.history());
   EXPECT_EQ(reduced.finish_reason(), full.finish_reason());
 
-  // Draws the argmax is not.
-  auto limit = [&](void (*set)(SamplingParams&)) {
+  // Draws that need the whole row.
+  auto planned = [&](void (*set)(SamplingParams&)) {
     SamplingParams p = greedy;
     set(p);
     return SequenceOutput(p, prompt, lm_->tokenizer.get(), {})
-        .ArgmaxLimit(padded);
+        .PlanReduction(padded)
+        .has_value();
   };
-  EXPECT_EQ(limit([](SamplingParams& p) { p.temperature = 0.7f; }),
-            std::nullopt);
-  EXPECT_EQ(limit([](SamplingParams& p) { p.repetition_penalty = 1.1f; }),
-            std::nullopt);
-  EXPECT_EQ(limit([](SamplingParams& p) { p.presence_penalty = 0.5f; }),
-            std::nullopt);
-  EXPECT_EQ(limit([](SamplingParams& p) { p.frequency_penalty = 0.5f; }),
-            std::nullopt);
-  EXPECT_EQ(limit([](SamplingParams& p) { p.logprobs = 0; }), std::nullopt);
+  EXPECT_FALSE(planned([](SamplingParams& p) { p.repetition_penalty = 1.1f; }));
+  EXPECT_FALSE(planned([](SamplingParams& p) { p.presence_penalty = 0.5f; }));
+  EXPECT_FALSE(planned([](SamplingParams& p) { p.frequency_penalty = 0.5f; }));
   // min_tokens holds the end tokens back until it is reached.
   SamplingParams early = greedy;
   early.min_tokens = 1;
   SequenceOutput held(early, prompt, lm_->tokenizer.get(), {2});
-  EXPECT_EQ(held.ArgmaxLimit(padded), std::nullopt);
+  EXPECT_FALSE(held.PlanReduction(padded).has_value());
   ASSERT_TRUE(held.Next(logits[0]).ok());
-  EXPECT_EQ(held.ArgmaxLimit(padded), vocab);
+  EXPECT_TRUE(held.PlanReduction(padded).has_value());
 }
 
-// Top-k rows reduced where the logits lie: the best top_k + 1 logits and
-// NextFromTop draw what Next draws from the whole row, with the same seed,
-// under temperature, min_p and top_p, NaN and equal values.
+// Top-k rows reduced where the logits lie: the best top_k + 1 logits draw
+// what Next draws from the whole row, with the same seed, under
+// temperature, min_p and top_p, NaN and equal values.
 TEST_F(GeneratorTest, TopLogitsOnTheLogitsDeviceDrawWhatNextWould) {
   const int64_t vocab = lm_->tokenizer->vocab_size();
   const std::vector<int32_t> prompt = {1, 2, 3};
@@ -448,37 +504,179 @@ TEST_F(GeneratorTest, TopLogitsOnTheLogitsDeviceDrawWhatNextWould) {
   const at::Tensor logits = at::round(at::randn({40, vocab + 3}) * 2) * 0.5;
   logits.select(1, 11).fill_(std::numeric_limits<float>::quiet_NaN());
   int64_t differing = 0;
+  int whole = 0;
   for (int64_t step = 0; step < 40; ++step) {
-    const auto top = reduced.TopLogitsNeeded(vocab + 3);
-    ASSERT_TRUE(top.has_value());
-    EXPECT_EQ(top->limit, vocab);
-    ASSERT_EQ(top->count, 7);
-    auto [values, ids] = BestLogits(logits.narrow(0, step, 1), top->limit,
-                                    top->count + 2);  // more than needed
-    values = values[0].contiguous();
-    ids = ids[0].contiguous();
+    const auto plan = reduced.PlanReduction(vocab + 3);
+    ASSERT_TRUE(plan.has_value());
+    EXPECT_EQ(plan->limit, vocab);
+    ASSERT_EQ(plan->best, 7);
+    EXPECT_EQ(plan->draw, SequenceOutput::Reduction::Draw::kTopK);
     auto want = full.Next(logits[step]);
-    auto got = reduced.NextFromTop(
-        values, absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel()));
+    // More than needed, as a batch with other rows reduces.
+    auto got = ReducedStep(reduced, *plan, logits[step], &whole, 2);
     ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
     ASSERT_EQ(got->token_ids, want->token_ids) << "step " << step;
-    differing += got->token_ids[0] != ids[0].item<int64_t>();
+    differing +=
+        got->token_ids[0] !=
+        BestLogits(logits[step].unsqueeze(0), vocab, 1).second.item<int64_t>();
   }
+  EXPECT_EQ(whole, 0);
   EXPECT_GT(differing, 0) << "every draw was the argmax: nothing sampled";
+}
 
-  // Draws the best few do not decide.
-  auto needed = [&](void (*set)(SamplingParams&)) {
-    SamplingParams p = sampled;
-    set(p);
-    return SequenceOutput(p, prompt, lm_->tokenizer.get(), {})
-        .TopLogitsNeeded(vocab)
-        .has_value();
+// RowStats (best_logits.h) against the Sampler's own arithmetic in double:
+// the log partition, the tempered weights' sum under a min-p cut, the draw
+// by inverse CDF in id order at a given uniform, its logit and rank.
+TEST(RowStatsTest, TheSamplersSumsAndDraw) {
+  const float inf = std::numeric_limits<float>::infinity();
+  at::manual_seed(21);
+  const int64_t vocab = 500;
+  at::Tensor logits = at::randn({4, vocab + 7}) * 3;
+  logits[1][17] = std::numeric_limits<float>::quiet_NaN();
+  logits[2].narrow(0, 0, 300).fill_(-inf);
+  std::vector<RowReduction> reductions(4);
+  reductions[0] = {1.0f, -inf, 0.5};
+  reductions[1] = {0.7f, 0.7f * std::log(0.05f), 0.99};
+  reductions[2] = {2.5f, -inf, 0.0};
+  reductions[3] = {1.3f, 1.3f * std::log(0.3f), 0.25};
+  const at::Tensor stats =
+      RowStats(logits, vocab, RowReductionParams(reductions)).contiguous();
+  ASSERT_EQ(stats.sizes(), (at::IntArrayRef{4, kRowStats}));
+  const at::Tensor keys_ids = BestLogits(logits, vocab, vocab).second;
+  for (int64_t r = 0; r < 4; ++r) {
+    const RowReduction& red = reductions[r];
+    std::vector<float> x(vocab);
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float v = logits[r][i].item<float>();
+      x[i] = std::isnan(v) ? -inf : v;
+    }
+    const float max = *std::max_element(x.begin(), x.end());
+    double z = 0.0;
+    for (float v : x) z += std::exp(static_cast<double>(v) - max);
+    std::vector<double> cumulative(vocab);
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float w = x[i] < max + red.min_p_offset
+                          ? 0.0f
+                          : std::exp((x[i] - max) / red.temperature);
+      cumulative[i] = sum += w;
+    }
+    const double target = red.uniform * sum;
+    const int64_t id =
+        std::upper_bound(cumulative.begin(), cumulative.end(), target) -
+        cumulative.begin();
+    const double* got = stats[r].data_ptr<double>();
+    EXPECT_NEAR(got[kLogPartition], max + std::log(z), 1e-9) << "row " << r;
+    EXPECT_NEAR(got[kWeightSum], sum, kRowSumTolerance * sum) << "row " << r;
+    EXPECT_NEAR(got[kDrawTarget], target, kRowSumTolerance * sum);
+    ASSERT_EQ(got[kDrawId], id) << "row " << r;
+    EXPECT_NEAR(got[kDrawUpTo], cumulative[id], kRowSumTolerance * sum);
+    EXPECT_NEAR(got[kDrawBelow], id > 0 ? cumulative[id - 1] : 0.0,
+                kRowSumTolerance * sum);
+    EXPECT_EQ(got[kDrawLogit], x[id]);
+    const int64_t* order = keys_ids[r].data_ptr<int64_t>();
+    EXPECT_EQ(got[kDrawRank], std::find(order, order + vocab, id) - order + 1)
+        << "row " << r;
+  }
+}
+
+// Top-p alone, temperature alone (with min_p) and log-probabilities, each
+// reduced where the logits lie: the draws and entries Next makes from the
+// whole row, with the same seed. A nucleus past the best 256 (a flat row)
+// is left to the whole row, drawing the same.
+TEST_F(GeneratorTest, SumsOnTheLogitsDeviceDrawWhatNextWould) {
+  const int64_t vocab = lm_->tokenizer->vocab_size();
+  ASSERT_GT(vocab, 256) << "a nucleus past the best 256 needs more";
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  using Draw = SequenceOutput::Reduction::Draw;
+  struct Case {
+    float temperature, top_p, min_p;
+    int32_t logprobs;
+    Draw draw;
   };
-  EXPECT_FALSE(needed([](SamplingParams& p) { p.top_k = 0; }));
-  EXPECT_FALSE(needed([](SamplingParams& p) { p.temperature = 0.0f; }));
-  EXPECT_FALSE(needed([](SamplingParams& p) { p.repetition_penalty = 1.3f; }));
-  EXPECT_FALSE(needed([](SamplingParams& p) { p.logprobs = 2; }));
-  EXPECT_FALSE(needed([](SamplingParams& p) { p.top_k = 1 << 20; }));
+  const std::vector<Case> cases = {
+      {0.8f, 0.9f, 0.0f, -1, Draw::kNucleus},
+      {1.5f, 0.999f, 0.2f, 3, Draw::kNucleus},  // min_p cuts the nucleus
+      {1.0f, 1.0f, 0.0f, -1, Draw::kOnDevice},
+      {0.6f, 1.0f, 0.05f, 2, Draw::kOnDevice},
+      {0.0f, 1.0f, 0.0f, 5, Draw::kArgmax},
+  };
+  at::manual_seed(12);
+  const int64_t steps = 60;
+  at::Tensor logits = at::randn({steps, vocab + 3}) * 2.5;
+  logits.select(1, 13).fill_(std::numeric_limits<float>::quiet_NaN());
+  logits[7].fill_(0.25f);  // flat: a nucleus of nearly every id
+  logits[8].fill_(-std::numeric_limits<float>::infinity());
+  logits[9][4] = std::numeric_limits<float>::infinity();
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SamplingParams p;
+    p.max_new_tokens = steps;
+    p.temperature = cases[c].temperature;
+    p.top_p = cases[c].top_p;
+    p.min_p = cases[c].min_p;
+    if (cases[c].logprobs >= 0) p.logprobs = cases[c].logprobs;
+    p.seed = 300 + c;
+    SequenceOutput full(p, prompt, lm_->tokenizer.get(), {}),
+        reduced(p, prompt, lm_->tokenizer.get(), {});
+    int whole = 0;
+    int64_t differing = 0;
+    for (int64_t step = 0; step < steps; ++step) {
+      const auto plan = reduced.PlanReduction(vocab + 3);
+      ASSERT_TRUE(plan.has_value()) << "case " << c;
+      EXPECT_EQ(plan->draw, cases[c].draw) << "case " << c;
+      auto want = full.Next(logits[step]);
+      auto got = ReducedStep(reduced, *plan, logits[step], &whole);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+      ASSERT_EQ(got->token_ids, want->token_ids)
+          << "case " << c << " step " << step;
+      ExpectSameLogprobs(*got, *want, step);
+      differing +=
+          got->token_ids[0] != BestLogits(logits[step].unsqueeze(0), vocab, 1)
+                                   .second.item<int64_t>();
+    }
+    if (cases[c].draw == Draw::kNucleus) {
+      EXPECT_GE(whole, 1) << "case " << c << ": the flat row's nucleus";
+    }
+    EXPECT_LE(whole, 3) << "case " << c;
+    if (cases[c].temperature > 0) EXPECT_GT(differing, 5) << "case " << c;
+  }
+}
+
+// The certificates: a sum within kRowSumTolerance of a decision's edge
+// leaves the draw to the whole row, drawing nothing (the RNG's sequence is
+// the same as if the row had been whole throughout).
+TEST(SamplerTest, ReducedDrawsNearAnEdgeAreLeftToTheWholeRow) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 5;
+  Sampler sampler(p), twin(p);
+  const double u = sampler.PeekUniform();
+  EXPECT_EQ(sampler.PeekUniform(), u);
+  std::vector<double> stats(kRowStats, 0.0);
+  stats[kWeightSum] = 10.0;
+  stats[kDrawTarget] = u * 10.0;
+  stats[kDrawBelow] = stats[kDrawTarget] * (1 - 1e-7);  // too close
+  stats[kDrawUpTo] = stats[kDrawTarget] + 1.0;
+  EXPECT_FALSE(sampler.TakeRowDraw(0.0f, stats));
+  stats[kDrawBelow] = stats[kDrawTarget] * (1 - 1e-5);
+  EXPECT_TRUE(sampler.TakeRowDraw(0.0f, stats));
+  EXPECT_FALSE(sampler.TakeRowDraw(std::numeric_limits<float>::infinity(),
+                                   stats));  // +inf: no draw
+  // The draw took u: the next is the RNG's second.
+  const at::Tensor flat = at::zeros({4});
+  EXPECT_EQ(twin.Sample(flat, {}), static_cast<int32_t>(u * 4));
+  EXPECT_EQ(sampler.PeekUniform(), twin.PeekUniform());
+
+  // Top-p: the nucleus's edge within the tolerance of the threshold.
+  p.top_p = 0.5f;
+  Sampler nucleus(p);
+  const std::vector<float> best = {0.0f, 0.0f, 0.0f, 0.0f};  // weights 1
+  EXPECT_EQ(nucleus.DrawNucleusFromBest(best, 4.0 * (1 + 1e-7)),
+            std::nullopt);  // 2 of 4 is the edge
+  EXPECT_EQ(nucleus.DrawNucleusFromBest(best, 20.0), std::nullopt);  // past
+  const std::optional<int32_t> drawn = nucleus.DrawNucleusFromBest(best, 5.0);
+  ASSERT_TRUE(drawn.has_value());
+  EXPECT_LT(*drawn, 3);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "service/language/language_executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -52,6 +53,8 @@ class Recorder : public GenerationObserver {
       ++chunks_;
       text_ += chunk.text;
       ids_.insert(ids_.end(), chunk.token_ids.begin(), chunk.token_ids.end());
+      logprobs_.insert(logprobs_.end(), chunk.logprobs.begin(),
+                       chunk.logprobs.end());
       if (chunk.token_ids.empty()) ++chunks_without_ids_;
       if (terminal_calls_ > 0) ++calls_after_end_;
     }
@@ -102,6 +105,10 @@ class Recorder : public GenerationObserver {
     absl::MutexLock lock(&mu_);
     return text_;
   }
+  std::vector<LogprobEntry> logprobs() const {
+    absl::MutexLock lock(&mu_);
+    return logprobs_;
+  }
   int chunks() const {
     absl::MutexLock lock(&mu_);
     return chunks_;
@@ -128,6 +135,7 @@ class Recorder : public GenerationObserver {
   int calls_after_end_ ABSL_GUARDED_BY(mu_) = 0;
   std::string text_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<LogprobEntry> logprobs_ ABSL_GUARDED_BY(mu_);
   GenerationSummary summary_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
@@ -766,8 +774,10 @@ TEST_F(LanguageExecutorTest, SeededSamplingIgnoresBatchMates) {
 }
 
 // One batch mixing the rows reduced where the logits lie (greedy; top-k,
-// with min_p and top_p: DecoderBatch::top_logits) with those copied whole
-// (top-p alone, log- probabilities, a penalty): each streams what the
+// with min_p and top_p; top-p alone; temperature alone, drawn on the
+// device; log-probabilities: DecoderBatch::top_logits and row_reductions)
+// with a row copied whole (a penalty) and one whose nucleus lies past the
+// best 256 (read whole after the reduction): each streams what the
 // Generator, which samples every row from the whole of it, makes alone.
 TEST_F(LanguageExecutorTest, RowsReducedOnTheDeviceDrawLikeTheGenerator) {
   // What a GPU step does, on the CPU (read as the scheduler is made); short
@@ -780,16 +790,22 @@ TEST_F(LanguageExecutorTest, RowsReducedOnTheDeviceDrawLikeTheGenerator) {
   ASSERT_NE(scheduler, nullptr);
   Generator generator(*lm_->model, lm_->tokenizer.get(), lm_->eos_ids);
   std::vector<GenerationJob> jobs;
-  for (size_t i = 0; i < 6; ++i) {
-    GenerationJob job = Job(cases_[i].prompt, 16, cases_[i].ratio);
+  for (size_t i = 0; i < 9; ++i) {
+    const GoldenCase& c = cases_[i % cases_.size()];
+    GenerationJob job = Job(c.prompt, 16, c.ratio);
     job.sampling.ignore_eos = true;
     job.sampling.seed = 40 + i;
     if (i > 0) job.sampling.temperature = 1.0f;
     if (i == 1 || i == 2 || i == 4) job.sampling.top_k = 2 + i;
-    if (i == 2) job.sampling.min_p = 0.05f;
+    if (i == 2 || i == 7) job.sampling.min_p = 0.05f;
     if (i == 2 || i == 3) job.sampling.top_p = 0.8f;
-    if (i == 4) job.sampling.logprobs = 2;
+    if (i == 4 || i == 7) job.sampling.logprobs = 2;
     if (i == 5) job.sampling.presence_penalty = 0.5f;
+    if (i == 8) {
+      job.sampling.temperature = 50.0f;  // flat: a nucleus of nearly all
+      job.sampling.top_p = 0.99f;
+      job.sampling.logprobs = 0;
+    }
     jobs.push_back(job);
   }
   std::vector<std::shared_ptr<Recorder>> recorders;
@@ -804,12 +820,25 @@ TEST_F(LanguageExecutorTest, RowsReducedOnTheDeviceDrawLikeTheGenerator) {
     ASSERT_TRUE(reference.ok()) << reference.status();
     EXPECT_EQ(recorders[i]->ids(), (*reference)[0].token_ids) << "job " << i;
     ASSERT_EQ(recorders[i]->ids().size(), 16u);
+    const std::vector<LogprobEntry> logprobs = recorders[i]->logprobs();
+    ASSERT_EQ(logprobs.size(), (*reference)[0].logprobs.size()) << "job " << i;
+    for (size_t t = 0; t < logprobs.size(); ++t) {
+      const LogprobEntry& want = (*reference)[0].logprobs[t];
+      EXPECT_EQ(logprobs[t].rank, want.rank) << "job " << i << " token " << t;
+      EXPECT_NEAR(logprobs[t].token.logprob, want.token.logprob,
+                  1e-5 * (1 + std::fabs(want.token.logprob)))
+          << "job " << i << " token " << t;
+      ASSERT_EQ(logprobs[t].top.size(), want.top.size());
+      for (size_t k = 0; k < want.top.size(); ++k) {
+        EXPECT_EQ(logprobs[t].top[k].id, want.top[k].id);
+      }
+    }
     request.sampling.temperature = 0.0f;
     auto greedy = generator.Generate({request});
     ASSERT_TRUE(greedy.ok()) << greedy.status();
     sampled += recorders[i]->ids() != (*greedy)[0].token_ids;
   }
-  EXPECT_GE(sampled, 3) << "the sampled jobs drew their argmax throughout";
+  EXPECT_GE(sampled, 6) << "the sampled jobs drew their argmax throughout";
 }
 
 TEST_F(LanguageExecutorTest, DestructorFailsJobsInFlight) {
