@@ -702,10 +702,19 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
   const bool full = n == rows * width;
   const at::Tensor rotated = RotateTokens(q, step);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  if (cuda_paged_decode_ && full && width == 1 && !narrow.any()) {
+  // Every row narrow: their blocks read through the narrow view, whose
+  // KV heads keep the model's grouping (SharedHeadsAttention's queries).
+  const bool all_narrow =
+      narrow.any() &&
+      std::all_of(narrow.is_narrow.begin(), narrow.is_narrow.end(),
+                  [](uint8_t is) { return is != 0; });
+  const bool grouped =
+      all_narrow && heads * config_.num_kv_heads ==
+                        narrow.key_cache.size(2) * config_.num_heads;
+  if (cuda_paged_decode_ && full && width == 1 && (!narrow.any() || grouped)) {
     const PagedDecodeInputs paged{rotated.view({rows, heads, d}),
-                                  key_cache,
-                                  value_cache,
+                                  grouped ? narrow.key_cache : key_cache,
+                                  grouped ? narrow.value_cache : value_cache,
                                   step.block_table,
                                   step.positions,
                                   step.row_len,

@@ -67,8 +67,14 @@ bool LlamaModel::GraphEligible(const DecoderBatch& batch) const {
       batch.token_ids.size(1) != 1) {
     return false;
   }
-  if (std::any_of(batch.narrow.begin(), batch.narrow.end(),
-                  [](bool narrow) { return narrow; })) {
+  // Narrow rows: a step of them alone, whose attention reads their blocks
+  // in place (DenseHeads' paged kernel over the narrow view); one beside
+  // wide rows gathers, splitting the step by rows.
+  const auto narrow_rows =
+      std::count(batch.narrow.begin(), batch.narrow.end(), true);
+  if (narrow_rows > 0 &&
+      (!cuda_paged_decode_ ||
+       narrow_rows != static_cast<int64_t>(batch.token_ids.size(0)))) {
     return false;
   }
   return std::all_of(batch.num_tokens.begin(), batch.num_tokens.end(),
@@ -85,7 +91,8 @@ std::optional<std::vector<at::Tensor>> LlamaModel::RunGraph(
                               batch.logits_tail,
                               static_cast<int64_t>(indices.host.size()),
                               cache.num_blocks(),
-                              cache.block_size()};
+                              cache.block_size(),
+                              indices.narrow_rows};
   key.insert(key.end(), indices.max_top_k.begin(), indices.max_top_k.end());
   key.insert(key.end(), indices.min_top_k.begin(), indices.min_top_k.end());
   for (int64_t l = 0; l < num_layers; ++l) {  // the cache the graph writes

@@ -13,92 +13,21 @@
 
 #include "model/checkpoint/checkpoint.h"
 #include "model/core/llama_model.h"
+#include "tests/model/core/llama_test_util.h"
 
 namespace moh {
 namespace {
 
-LlamaConfig Config(int32_t heads, int32_t kv_heads,
-                   std::vector<int32_t> shared) {
-  LlamaConfig config;
-  config.vocab_size = 64;
-  config.hidden_size = 128;
-  config.intermediate_size = 96;
-  config.num_layers = static_cast<int32_t>(shared.size());
-  config.num_heads = heads;
-  config.num_kv_heads = kv_heads;
-  config.head_dim = config.hidden_size / heads;
-  config.max_position_embeddings = 256;
-  config.tie_word_embeddings = true;
-  config.attention_bias = true;  // the narrowed projections keep their bias
-  config.moh.router = RouterKind::kLearned;
-  for (int32_t s : shared) {
-    MohLayerConfig layer;
-    layer.num_heads = heads;
-    layer.shared_heads = s;
-    layer.top_k = (heads - s) / 2;
-    config.moh.layers.push_back(layer);
-  }
-  return config;
-}
-
-// Random weights (seeded); `poison_routed_kv`: the k/v projection rows of
-// KV heads >= narrow width are NaN, so a row that computed them would fail.
-std::unique_ptr<LlamaModel> RandomModel(const LlamaConfig& config,
-                                        bool poison_routed_kv = false) {
-  at::manual_seed(5);
-  TensorStore store("random");
-  const int64_t c = config.hidden_size, d = config.head_dim;
-  const int64_t q = config.num_heads * d, kv = config.num_kv_heads * d;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape,
-                 double scale, double offset = 0.0) {
-    EXPECT_TRUE(
-        store.Insert(name, at::randn(shape) * scale + offset, "random").ok());
-  };
-  add("model.embed_tokens.weight", {config.vocab_size, c}, 1.0);
-  add("model.norm.weight", {c}, 0.1, 1.0);
-  const int64_t width = NarrowKvHeads(config);
-  for (int32_t l = 0; l < config.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const MohLayerConfig& moh = config.moh.layers[l];
-    add(p + "input_layernorm.weight", {c}, 0.1, 1.0);
-    add(p + "post_attention_layernorm.weight", {c}, 0.1, 1.0);
-    add(p + "self_attn.q_proj.weight", {q, c}, 0.15);
-    add(p + "self_attn.o_proj.weight", {c, q}, 0.1);
-    add(p + "self_attn.q_proj.bias", {q}, 0.1);
-    add(p + "self_attn.o_proj.bias", {c}, 0.1);
-    for (const char* name : {"k_proj", "v_proj"}) {
-      at::Tensor w = at::randn({kv, c}) * 0.15;
-      at::Tensor b = at::randn({kv}) * 0.1;
-      if (poison_routed_kv) {
-        w.narrow(0, width * d, kv - width * d).fill_(NAN);
-        b.narrow(0, width * d, kv - width * d).fill_(NAN);
-      }
-      EXPECT_TRUE(
-          store.Insert(p + "self_attn." + name + ".weight", w, "r").ok());
-      EXPECT_TRUE(store.Insert(p + "self_attn." + name + ".bias", b, "r").ok());
-    }
-    add(p + "mlp.gate_proj.weight", {config.intermediate_size, c}, 0.1);
-    add(p + "mlp.up_proj.weight", {config.intermediate_size, c}, 0.1);
-    add(p + "mlp.down_proj.weight", {c, config.intermediate_size}, 0.1);
-    add(p + "self_attn.wg.weight", {moh.routed_heads(), c}, 0.3);
-    add(p + "self_attn.wg_0.weight", {2, c}, 0.3);
-    add(p + "self_attn.wg_1.weight", {moh.shared_heads, c}, 0.3);
-  }
-  auto model = LlamaModel::FromTensors(config, store, at::kFloat);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
-
 TEST(NarrowKvHeadsTest, SharedHeadsAlignedToKvGroups) {
-  EXPECT_EQ(NarrowKvHeads(Config(8, 4, {4, 4})), 2);  // w = 2, fold 2
-  EXPECT_EQ(NarrowKvHeads(Config(8, 4, {2, 2})), 1);  // fold 4
-  EXPECT_EQ(NarrowKvHeads(Config(32, 8, {16})), 4);   // MoH-LLaMA3-8B
-  EXPECT_EQ(NarrowKvHeads(Config(8, 8, {4, 4})), 4);  // no GQA
-  EXPECT_EQ(NarrowKvHeads(Config(8, 4, {2, 4})), 2);  // the widest layer
-  EXPECT_EQ(NarrowKvHeads(Config(8, 4, {3, 3})), 0);  // inside a group
-  EXPECT_EQ(NarrowKvHeads(Config(8, 4, {6, 6})), 0);  // 4 % 3 != 0
-  EXPECT_EQ(NarrowKvHeads(Config(8, 4, {4, 8})), 0);  // a dense layer
-  LlamaConfig dense = Config(8, 4, {4, 4});
+  EXPECT_EQ(NarrowKvHeads(NarrowConfig(8, 4, {4, 4})), 2);  // w = 2, fold 2
+  EXPECT_EQ(NarrowKvHeads(NarrowConfig(8, 4, {2, 2})), 1);  // fold 4
+  EXPECT_EQ(NarrowKvHeads(NarrowConfig(32, 8, {16})), 4);   // MoH-LLaMA3-8B
+  EXPECT_EQ(NarrowKvHeads(NarrowConfig(8, 8, {4, 4})), 4);  // no GQA
+  EXPECT_EQ(NarrowKvHeads(NarrowConfig(8, 4, {2, 4})), 2);  // the widest layer
+  EXPECT_EQ(NarrowKvHeads(NarrowConfig(8, 4, {3, 3})), 0);  // inside a group
+  EXPECT_EQ(NarrowKvHeads(NarrowConfig(8, 4, {6, 6})), 0);  // 4 % 3 != 0
+  EXPECT_EQ(NarrowKvHeads(NarrowConfig(8, 4, {4, 8})), 0);  // a dense layer
+  LlamaConfig dense = NarrowConfig(8, 4, {4, 4});
   dense.moh.layers.clear();
   EXPECT_EQ(NarrowKvHeads(dense), 0);
 }
@@ -211,7 +140,8 @@ class NarrowRowsTest : public testing::TestWithParam<ModeCase> {};
 TEST_P(NarrowRowsTest, EqualTheSameRowsStoredWide) {
   for (const std::vector<int32_t>& shared :
        {std::vector<int32_t>{4, 4}, std::vector<int32_t>{2, 2}}) {
-    std::unique_ptr<LlamaModel> model = RandomModel(Config(8, 4, shared));
+    std::unique_ptr<LlamaModel> model =
+        NarrowRandomModel(NarrowConfig(8, 4, shared));
     ASSERT_NE(model, nullptr);
     ASSERT_GT(model->narrow_kv_heads(), 0);
     const std::vector<at::Tensor> wide =
@@ -241,9 +171,9 @@ INSTANTIATE_TEST_SUITE_P(
 // finite logits equal to the clean model's: those rows are never computed
 // for them (nor read).
 TEST(NarrowKvTest, NeverComputeTheRoutedKvProjections) {
-  const LlamaConfig config = Config(8, 4, {4, 4});
-  std::unique_ptr<LlamaModel> clean = RandomModel(config);
-  std::unique_ptr<LlamaModel> poisoned = RandomModel(config, true);
+  const LlamaConfig config = NarrowConfig(8, 4, {4, 4});
+  std::unique_ptr<LlamaModel> clean = NarrowRandomModel(config);
+  std::unique_ptr<LlamaModel> poisoned = NarrowRandomModel(config, true);
   ASSERT_NE(clean, nullptr);
   ASSERT_NE(poisoned, nullptr);
   // Every row narrow but B, which reads every head: B leaves out.
@@ -266,7 +196,8 @@ TEST(NarrowKvTest, NeverComputeTheRoutedKvProjections) {
 }
 
 TEST(NarrowKvTest, ValidationNamesTheProblem) {
-  std::unique_ptr<LlamaModel> model = RandomModel(Config(8, 4, {4, 4}));
+  std::unique_ptr<LlamaModel> model =
+      NarrowRandomModel(NarrowConfig(8, 4, {4, 4}));
   ASSERT_NE(model, nullptr);
   KvCache cache = model->CreateKvCache(8, 4);
   DecoderBatch batch;
@@ -287,7 +218,8 @@ TEST(NarrowKvTest, ValidationNamesTheProblem) {
               absl::StatusCode::kInvalidArgument);
   batch.start_positions = {6};
   EXPECT_TRUE(model->Forward(batch, cache).ok());
-  std::unique_ptr<LlamaModel> unaligned = RandomModel(Config(8, 4, {3, 3}));
+  std::unique_ptr<LlamaModel> unaligned =
+      NarrowRandomModel(NarrowConfig(8, 4, {3, 3}));
   ASSERT_NE(unaligned, nullptr);
   KvCache other = unaligned->CreateKvCache(8, 4);
   batch.start_positions = {0};

@@ -3,9 +3,14 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "model/checkpoint/checkpoint.h"
 #include "model/core/llama_model.h"
 
 namespace moh {
@@ -38,6 +43,83 @@ inline absl::StatusOr<std::vector<at::Tensor>> ChunkedPromptBesideDecode(
     start[1] += row1;
   }
   return logits;
+}
+
+// A model whose shared heads fill whole KV groups in every layer (`shared`
+// heads per layer, learned router, routed K half the rest; the ratio
+// ceiling's narrow rows apply), small: 64 tokens, width 128.
+inline LlamaConfig NarrowConfig(int32_t heads, int32_t kv_heads,
+                                std::vector<int32_t> shared) {
+  LlamaConfig config;
+  config.vocab_size = 64;
+  config.hidden_size = 128;
+  config.intermediate_size = 96;
+  config.num_layers = static_cast<int32_t>(shared.size());
+  config.num_heads = heads;
+  config.num_kv_heads = kv_heads;
+  config.head_dim = config.hidden_size / heads;
+  config.max_position_embeddings = 256;
+  config.tie_word_embeddings = true;
+  config.attention_bias = true;  // the narrowed projections keep their bias
+  config.moh.router = RouterKind::kLearned;
+  for (int32_t s : shared) {
+    MohLayerConfig layer;
+    layer.num_heads = heads;
+    layer.shared_heads = s;
+    layer.top_k = (heads - s) / 2;
+    config.moh.layers.push_back(layer);
+  }
+  return config;
+}
+
+// Random weights (seeded) for `config`, in `options` (float32 on the CPU by
+// default); `poison_routed_kv`: the k/v projection rows of KV heads >=
+// narrow width are NaN, so a row that computed them would fail.
+inline std::unique_ptr<LlamaModel> NarrowRandomModel(
+    const LlamaConfig& config, bool poison_routed_kv = false,
+    const at::TensorOptions& options = at::kFloat) {
+  at::manual_seed(5);
+  TensorStore store("random");
+  const int64_t c = config.hidden_size, d = config.head_dim;
+  const int64_t q = config.num_heads * d, kv = config.num_kv_heads * d;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape,
+                 double scale, double offset = 0.0) {
+    EXPECT_TRUE(
+        store.Insert(name, at::randn(shape) * scale + offset, "random").ok());
+  };
+  add("model.embed_tokens.weight", {config.vocab_size, c}, 1.0);
+  add("model.norm.weight", {c}, 0.1, 1.0);
+  const int64_t width = NarrowKvHeads(config);
+  for (int32_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const MohLayerConfig& moh = config.moh.layers[l];
+    add(p + "input_layernorm.weight", {c}, 0.1, 1.0);
+    add(p + "post_attention_layernorm.weight", {c}, 0.1, 1.0);
+    add(p + "self_attn.q_proj.weight", {q, c}, 0.15);
+    add(p + "self_attn.o_proj.weight", {c, q}, 0.1);
+    add(p + "self_attn.q_proj.bias", {q}, 0.1);
+    add(p + "self_attn.o_proj.bias", {c}, 0.1);
+    for (const char* name : {"k_proj", "v_proj"}) {
+      at::Tensor w = at::randn({kv, c}) * 0.15;
+      at::Tensor b = at::randn({kv}) * 0.1;
+      if (poison_routed_kv) {
+        w.narrow(0, width * d, kv - width * d).fill_(NAN);
+        b.narrow(0, width * d, kv - width * d).fill_(NAN);
+      }
+      EXPECT_TRUE(
+          store.Insert(p + "self_attn." + name + ".weight", w, "r").ok());
+      EXPECT_TRUE(store.Insert(p + "self_attn." + name + ".bias", b, "r").ok());
+    }
+    add(p + "mlp.gate_proj.weight", {config.intermediate_size, c}, 0.1);
+    add(p + "mlp.up_proj.weight", {config.intermediate_size, c}, 0.1);
+    add(p + "mlp.down_proj.weight", {c, config.intermediate_size}, 0.1);
+    add(p + "self_attn.wg.weight", {moh.routed_heads(), c}, 0.3);
+    add(p + "self_attn.wg_0.weight", {2, c}, 0.3);
+    add(p + "self_attn.wg_1.weight", {moh.shared_heads, c}, 0.3);
+  }
+  auto model = LlamaModel::FromTensors(config, store, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
 }
 
 }  // namespace moh
