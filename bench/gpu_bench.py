@@ -19,7 +19,8 @@ Everything is measured side by side in one run, on one device:
   3. serving overhead (the first layout): moh-server over gRPC, driven by
      moh-bench with 16 concurrent streams, against moh-generate --batch 16 in
      process: the same requests, greedy, 64 new tokens; medians of 3
-     interleaved rounds;
+     interleaved rounds; and the server at ratio 0.5 in the same rounds (the
+     released layout's rows then narrow: the ratio ceiling);
 
   gpu_bench.py --build build-cuda --work DIR --out DIR [--layouts a,b]
 
@@ -229,7 +230,7 @@ def serving_overhead(args, model_dir, results, rounds=3):
         server = subprocess.Popen(
             [os.path.join(args.build, "service", "moh-server"),
              "--config=" + config], stdout=logf, stderr=subprocess.STDOUT)
-    local, served = [], []
+    local, served, served_half = [], [], []
     try:
         client = os.path.join(args.build, "client", "moh-client")
         deadline = time.time() + 180
@@ -264,6 +265,19 @@ def serving_overhead(args, model_dir, results, rounds=3):
                        "--warmup_requests=%d" % concurrency],
                       args.step_timeout).stdout
             served.append(json.loads(out)["throughput"]["tokens_per_s"])
+            # The same through the server at ratio 0.5: on the released layout
+            # its rows are narrow (the ratio ceiling: half-width KV blocks,
+            # decode over their narrow view, graphs of their own).
+            out = run([os.path.join(args.build, "client", "moh-bench"),
+                       "--server=127.0.0.1:%d" % port, "--quiet", "--json",
+                       "--rpc=generate", "--model=lm", "--temperature=0",
+                       "--ratios=0.5", "--prompt=Once upon a time",
+                       "--max_new_tokens=%d" % new_tokens,
+                       "--concurrency=%d" % concurrency,
+                       "--requests=%d" % (concurrency * waves),
+                       "--warmup_requests=%d" % concurrency],
+                      args.step_timeout).stdout
+            served_half.append(json.loads(out)["throughput"]["tokens_per_s"])
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -275,7 +289,10 @@ def serving_overhead(args, model_dir, results, rounds=3):
         "concurrency": concurrency, "new_tokens": new_tokens,
         "in_process_tokens_per_s": in_process, "server_tokens_per_s": server_rate,
         "in_process_runs": local, "server_runs": served,
-        "server_over_in_process": server_rate / in_process}
+        "server_over_in_process": server_rate / in_process,
+        "server_ratio_0_5_tokens_per_s": statistics.median(served_half),
+        "server_ratio_0_5_runs": served_half,
+        "server_ratio_0_5_over_1_0": statistics.median(served_half) / server_rate}
 
 
 def hf_peer(model_dir, device, sizes):
@@ -408,7 +425,10 @@ def table(results):
                   "(target 0.95)"
                   % (so.get("layout", "?"), so["concurrency"], so["new_tokens"],
                      so["in_process_tokens_per_s"], so["server_tokens_per_s"],
-                     so["server_over_in_process"])]
+                     so["server_over_in_process"]),
+                  "moh-server at ratio 0.5 (narrow rows): %.0f tokens/s, %.2f of ratio 1.0"
+                  % (so["server_ratio_0_5_tokens_per_s"],
+                     so["server_ratio_0_5_over_1_0"])]
     for name, error in results.get("errors", {}).items():
         lines.append("ERROR in %s: %s" % (name, error.splitlines()[0] if error else ""))
     return "\n".join(lines)

@@ -161,4 +161,11 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
     overhead = results["serving_overhead"]
     assert len(overhead["server_runs"]) == 3
     assert overhead["server_tokens_per_s"] > 0
+    assert len(overhead["server_ratio_0_5_runs"]) == 3
+    assert overhead["server_ratio_0_5_tokens_per_s"] > 0
+    assert "moh-server at ratio 0.5 (narrow rows)" in result.stdout
+    # The released layout's shared heads fill whole KV groups: ratio 0.5's rows
+    # were narrow.
+    with open(out / "gpu-bench-server.log") as f:
+        assert "narrow KV width 4 of 8" in f.read()
     assert "| tiny | decode b1 @4k, tokens/s |" in result.stdout
