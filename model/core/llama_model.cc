@@ -690,6 +690,62 @@ at::Tensor LlamaModel::SharedHeadsAttention(
                 layer.o_proj.Columns(0, shared * d), layer.o_bias);
 }
 
+at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
+                                       const at::Tensor& key_cache,
+                                       const at::Tensor& value_cache,
+                                       const NarrowRows& narrow,
+                                       const Step& step) const {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(queries.size(2)));
+  auto inputs = [&](const at::Tensor& q, const at::Tensor& keys,
+                    const at::Tensor& values, const at::Tensor& rows) {
+    auto pick = [&](const at::Tensor& t) {
+      return rows.defined() ? t.index_select(0, rows) : t;
+    };
+    return PagedDecodeInputs{pick(q),
+                             keys,
+                             values,
+                             pick(step.block_table),
+                             pick(step.positions),
+                             pick(step.row_len),
+                             step.kv_len,
+                             scale};
+  };
+  if (!narrow.any()) {
+    const PagedDecodeInputs all =
+        inputs(queries, key_cache, value_cache, at::Tensor());
+    return PagedDecodeServes(all) ? PagedDecode(all) : at::Tensor();
+  }
+  // Narrow rows read their blocks through the narrow view: its KV heads
+  // keep the model's grouping, so its queries are the first read * G heads
+  // (the shared ones); their other heads' outputs are 0 (gated out).
+  const int64_t heads = queries.size(1);
+  const int64_t read = narrow.key_cache.size(2);
+  const int64_t narrow_heads =
+      read * (config_.num_heads / config_.num_kv_heads);
+  if (narrow_heads > heads ||
+      heads * config_.num_kv_heads != key_cache.size(2) * config_.num_heads) {
+    return at::Tensor();
+  }
+  // A decode step's token t is row t: the narrow and wide tokens are rows.
+  const bool all_narrow = step.wide_tokens.numel() == 0;
+  const PagedDecodeInputs thin =
+      inputs(queries.narrow(1, 0, narrow_heads), narrow.key_cache,
+             narrow.value_cache, all_narrow ? at::Tensor() : narrow.rows);
+  if (!PagedDecodeServes(thin)) return at::Tensor();
+  if (all_narrow && narrow_heads == heads) return PagedDecode(thin);
+  at::Tensor out = at::zeros_like(queries);
+  if (all_narrow) {
+    out.narrow(1, 0, narrow_heads).copy_(PagedDecode(thin));
+    return out;
+  }
+  const PagedDecodeInputs wide =
+      inputs(queries, key_cache, value_cache, step.wide_tokens);
+  if (!PagedDecodeServes(wide)) return at::Tensor();
+  out.index_copy_(0, step.wide_tokens, PagedDecode(wide));
+  out.narrow(1, 0, narrow_heads).index_copy_(0, narrow.rows, PagedDecode(thin));
+  return out;
+}
+
 at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
                                   const at::Tensor& key_cache,
                                   const at::Tensor& value_cache,
@@ -702,25 +758,10 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
   const bool full = n == rows * width;
   const at::Tensor rotated = RotateTokens(q, step);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  // Every row narrow: their blocks read through the narrow view, whose
-  // KV heads keep the model's grouping (SharedHeadsAttention's queries).
-  const bool all_narrow =
-      narrow.any() &&
-      std::all_of(narrow.is_narrow.begin(), narrow.is_narrow.end(),
-                  [](uint8_t is) { return is != 0; });
-  const bool grouped =
-      all_narrow && heads * config_.num_kv_heads ==
-                        narrow.key_cache.size(2) * config_.num_heads;
-  if (cuda_paged_decode_ && full && width == 1 && (!narrow.any() || grouped)) {
-    const PagedDecodeInputs paged{rotated.view({rows, heads, d}),
-                                  grouped ? narrow.key_cache : key_cache,
-                                  grouped ? narrow.value_cache : value_cache,
-                                  step.block_table,
-                                  step.positions,
-                                  step.row_len,
-                                  step.kv_len,
-                                  scale};
-    if (PagedDecodeServes(paged)) return PagedDecode(paged);
+  if (cuda_paged_decode_ && full && width == 1) {
+    const at::Tensor out = PagedDecodeRows(
+        rotated.view({rows, heads, d}), key_cache, value_cache, narrow, step);
+    if (out.defined()) return out;
   }
   DenseAttentionInputs dense;
   dense.queries = full ? rotated.view({rows, width, heads, d})

@@ -342,6 +342,14 @@ class LlamaModel {
                                   const at::Tensor& x, const Step& step,
                                   KvCache& cache, int64_t shared,
                                   at::Tensor* gates) const;
+  // A decode step's attention through the paged kernel (CUDA), rows stored
+  // narrow through their view (NarrowView) and wide ones through the
+  // caches, queries [B, h, D] rotated: [B, h, D], ungated; undefined where
+  // the kernel does not serve them (PagedDecodeServes).
+  at::Tensor PagedDecodeRows(const at::Tensor& queries,
+                             const at::Tensor& key_cache,
+                             const at::Tensor& value_cache,
+                             const NarrowRows& narrow, const Step& step) const;
   // Dense attention of the step's queries q [N, h, D] (unrotated) over
   // caches of h / G KV heads: [N, h, D], ungated.
   at::Tensor DenseHeads(const at::Tensor& q, const at::Tensor& key_cache,

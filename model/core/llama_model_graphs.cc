@@ -67,14 +67,11 @@ bool LlamaModel::GraphEligible(const DecoderBatch& batch) const {
       batch.token_ids.size(1) != 1) {
     return false;
   }
-  // Narrow rows: a step of them alone, whose attention reads their blocks
-  // in place (DenseHeads' paged kernel over the narrow view); one beside
-  // wide rows gathers, splitting the step by rows.
-  const auto narrow_rows =
-      std::count(batch.narrow.begin(), batch.narrow.end(), true);
-  if (narrow_rows > 0 &&
-      (!cuda_paged_decode_ ||
-       narrow_rows != static_cast<int64_t>(batch.token_ids.size(0)))) {
+  // Narrow rows are read in place by the paged kernel (PagedDecodeRows),
+  // beside wide ones or alone; the gathering path is not recorded with them.
+  if (!cuda_paged_decode_ &&
+      std::any_of(batch.narrow.begin(), batch.narrow.end(),
+                  [](bool narrow) { return narrow; })) {
     return false;
   }
   return std::all_of(batch.num_tokens.begin(), batch.num_tokens.end(),

@@ -301,62 +301,68 @@ TEST(GpuPagedDecodeModelTest, PagedAndGatheredDecodeAgree) {
 }
 
 // Rows stored narrow (the ratio ceiling: KV heads [0, w) in blocks of
-// narrow_fold() times their positions), a step of them alone: decode reads
-// their blocks in place through the narrow view (the paged kernel) and
-// records CUDA graphs, giving the gathered path's logits and the CPU's, with
-// a block two rows read and tables that grow.
+// narrow_fold() times their positions), alone and beside a wide row at
+// ratio 1.0: decode reads their blocks in place through the narrow view
+// (the paged kernel) and records CUDA graphs, giving the gathered path's
+// logits and the CPU's, with a block two rows read and tables that grow.
 TEST(GpuPagedDecodeModelTest, NarrowRowsReadTheirBlocksInPlace) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const LlamaConfig config = NarrowConfig(8, 4, {4, 4});
   const at::TensorOptions cuda =
       at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
-  std::unique_ptr<LlamaModel> paged = NarrowRandomModel(config, false, cuda);
-  std::unique_ptr<LlamaModel> gathered = NarrowRandomModel(config, false, cuda);
-  std::unique_ptr<LlamaModel> cpu = NarrowRandomModel(config);
-  ASSERT_TRUE(paged && gathered && cpu);
-  ASSERT_EQ(paged->narrow_fold(), 2);
-  gathered->set_cuda_paged_decode(false);
-  const std::vector<LlamaModel*> models = {paged.get(), gathered.get(),
-                                           cpu.get()};
-  constexpr int kBlock = 8, kBlocks = 24;
-  const int span = kBlock * 2;  // a narrow block's positions
-  std::vector<KvCache> caches;
-  for (LlamaModel* model : models) {
-    caches.push_back(model->CreateKvCache(kBlocks, kBlock));
-  }
-  at::manual_seed(13);
-  // Row 2 continues row 0's first block (positions 0-15, read only).
-  DecoderBatch batch;
-  batch.token_ids = at::randint(64, {3, 20}, at::kLong);
-  batch.num_tokens = {20, 5, 3};
-  batch.start_positions = {0, 0, 16};
-  batch.block_tables = {{0, 1}, {2}, {0, 3}};
-  batch.ratios = {0.5f, 0.5f, 0.5f};  // routed K 0 in every layer
-  batch.narrow = {true, true, true};
-  int32_t next_block = 4;
-  for (int step = 0; step < 40; ++step) {
-    std::vector<DecoderOutput> out;
-    for (size_t m = 0; m < models.size(); ++m) {
-      auto result = models[m]->Forward(batch, caches[m]);
-      ASSERT_TRUE(result.ok()) << result.status();
-      out.push_back(*std::move(result));
+  for (const bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "row 1 wide" : "every row narrow");
+    std::unique_ptr<LlamaModel> paged = NarrowRandomModel(config, false, cuda);
+    std::unique_ptr<LlamaModel> gathered =
+        NarrowRandomModel(config, false, cuda);
+    std::unique_ptr<LlamaModel> cpu = NarrowRandomModel(config);
+    ASSERT_TRUE(paged && gathered && cpu);
+    ASSERT_EQ(paged->narrow_fold(), 2);
+    gathered->set_cuda_paged_decode(false);
+    const std::vector<LlamaModel*> models = {paged.get(), gathered.get(),
+                                             cpu.get()};
+    constexpr int kBlock = 8, kBlocks = 32;
+    std::vector<KvCache> caches;
+    for (LlamaModel* model : models) {
+      caches.push_back(model->CreateKvCache(kBlocks, kBlock));
     }
-    const std::string what = "step " + std::to_string(step);
-    ExpectClose(out[0].logits, out[1].logits, 1e-4, what + " paged/gathered");
-    ExpectClose(out[0].logits, out[2].logits, kFp32Tolerance,
-                what + " paged/cpu");
-    for (int r = 0; r < 3; ++r) {
-      batch.start_positions[r] += batch.num_tokens[r];
-      if (batch.start_positions[r] / span >=
-          static_cast<int>(batch.block_tables[r].size())) {
-        ASSERT_LT(next_block, kBlocks);
-        batch.block_tables[r].push_back(next_block++);
+    at::manual_seed(13);
+    // Row 2 continues row 0's first block (positions 0-15, read only).
+    DecoderBatch batch;
+    batch.token_ids = at::randint(64, {3, 20}, at::kLong);
+    batch.num_tokens = {20, 5, 3};
+    batch.start_positions = {0, 0, 16};
+    batch.block_tables = {{0, 1}, {2}, {0, 3}};
+    batch.narrow = {true, !mixed, true};
+    // Routed K 0 in every layer for the narrow rows; every head for row 1
+    // beside them.
+    batch.ratios = {0.5f, mixed ? 1.0f : 0.5f, 0.5f};
+    int32_t next_block = 4;
+    for (int step = 0; step < 40; ++step) {
+      std::vector<DecoderOutput> out;
+      for (size_t m = 0; m < models.size(); ++m) {
+        auto result = models[m]->Forward(batch, caches[m]);
+        ASSERT_TRUE(result.ok()) << result.status();
+        out.push_back(*std::move(result));
       }
+      const std::string what = "step " + std::to_string(step);
+      ExpectClose(out[0].logits, out[1].logits, 1e-4, what + " paged/gathered");
+      ExpectClose(out[0].logits, out[2].logits, kFp32Tolerance,
+                  what + " paged/cpu");
+      for (int r = 0; r < 3; ++r) {
+        const int span = batch.narrow[r] ? kBlock * 2 : kBlock;
+        batch.start_positions[r] += batch.num_tokens[r];
+        if (batch.start_positions[r] / span >=
+            static_cast<int>(batch.block_tables[r].size())) {
+          ASSERT_LT(next_block, kBlocks);
+          batch.block_tables[r].push_back(next_block++);
+        }
+      }
+      batch.token_ids = at::randint(64, {3, 1}, at::kLong);
+      batch.num_tokens = {1, 1, 1};
     }
-    batch.token_ids = at::randint(64, {3, 1}, at::kLong);
-    batch.num_tokens = {1, 1, 1};
+    EXPECT_GE(paged->graph_replays(), 20);
   }
-  EXPECT_GE(paged->graph_replays(), 20);
 }
 
 TEST(GpuVitTest, Fp32OnCudaMatchesFp32OnCpu) {
