@@ -641,9 +641,23 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   // Dense attention reads rows: the queries go to their padded places
   // (padding queries are zeros at a valid position; their results are
   // dropped).
-  at::Tensor attn = DenseHeads(q, key_cache, value_cache, narrow, step)
-                        .mul_(gates->unsqueeze(-1));
+  // The work list: a decode step on CUDA leaves out the KV groups none of
+  // a row's heads routes to, where this layer's routing can leave a whole
+  // group out.
+  const at::Tensor work_gates =
+      GroupsMayIdle(layer, step.max_top_k[layer_index]) ? *gates : at::Tensor();
+  at::Tensor attn =
+      DenseHeads(q, key_cache, value_cache, narrow, step, work_gates)
+          .mul_(gates->unsqueeze(-1));
   return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
+}
+
+bool LlamaModel::GroupsMayIdle(const Layer& layer, int64_t max_top_k) const {
+  const MohLayerConfig& moh = layer.router.layer();
+  const int64_t group = config_.num_heads / config_.num_kv_heads;
+  return layer.router.kind() != RouterKind::kDense && moh.routed_heads() > 0 &&
+         moh.shared_heads % group == 0 &&
+         moh.routed_heads() - max_top_k >= group;
 }
 
 int64_t LlamaModel::SharedOnlyHeads(const Layer& layer,
@@ -694,7 +708,8 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
                                        const at::Tensor& key_cache,
                                        const at::Tensor& value_cache,
                                        const NarrowRows& narrow,
-                                       const Step& step) const {
+                                       const Step& step,
+                                       const at::Tensor& work_gates) const {
   const double scale = 1.0 / std::sqrt(static_cast<double>(queries.size(2)));
   auto inputs = [&](const at::Tensor& q, const at::Tensor& keys,
                     const at::Tensor& values, const at::Tensor& rows) {
@@ -710,10 +725,19 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
                              step.kv_len,
                              scale};
   };
+  // The wide rows' work list (`rows` of work_gates, all when undefined).
+  auto work_list = [&](PagedDecodeInputs& in, const at::Tensor& rows) {
+    if (!work_gates.defined()) return;
+    in.active_groups = ActiveKvGroups(
+        rows.defined() ? work_gates.index_select(0, rows) : work_gates,
+        key_cache.size(2));
+  };
   if (!narrow.any()) {
-    const PagedDecodeInputs all =
+    PagedDecodeInputs all =
         inputs(queries, key_cache, value_cache, at::Tensor());
-    return PagedDecodeServes(all) ? PagedDecode(all) : at::Tensor();
+    if (!PagedDecodeServes(all)) return at::Tensor();
+    work_list(all, at::Tensor());
+    return PagedDecode(all);
   }
   // Narrow rows read their blocks through the narrow view: its KV heads
   // keep the model's grouping, so its queries are the first read * G heads
@@ -738,9 +762,10 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
     out.narrow(1, 0, narrow_heads).copy_(PagedDecode(thin));
     return out;
   }
-  const PagedDecodeInputs wide =
+  PagedDecodeInputs wide =
       inputs(queries, key_cache, value_cache, step.wide_tokens);
   if (!PagedDecodeServes(wide)) return at::Tensor();
+  work_list(wide, step.wide_tokens);
   out.index_copy_(0, step.wide_tokens, PagedDecode(wide));
   out.narrow(1, 0, narrow_heads).index_copy_(0, narrow.rows, PagedDecode(thin));
   return out;
@@ -749,8 +774,8 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
 at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
                                   const at::Tensor& key_cache,
                                   const at::Tensor& value_cache,
-                                  const NarrowRows& narrow,
-                                  const Step& step) const {
+                                  const NarrowRows& narrow, const Step& step,
+                                  const at::Tensor& work_gates) const {
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t rows = step.rows, width = step.width;
   // Every row full (decode, a lone prompt): the ragged tokens are the
@@ -759,8 +784,9 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
   const at::Tensor rotated = RotateTokens(q, step);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   if (cuda_paged_decode_ && full && width == 1) {
-    const at::Tensor out = PagedDecodeRows(
-        rotated.view({rows, heads, d}), key_cache, value_cache, narrow, step);
+    const at::Tensor out =
+        PagedDecodeRows(rotated.view({rows, heads, d}), key_cache, value_cache,
+                        narrow, step, work_gates);
     if (out.defined()) return out;
   }
   DenseAttentionInputs dense;

@@ -346,15 +346,23 @@ class LlamaModel {
   // narrow through their view (NarrowView) and wide ones through the
   // caches, queries [B, h, D] rotated: [B, h, D], ungated; undefined where
   // the kernel does not serve them (PagedDecodeServes).
+  // `work_gates` ([B, h], or undefined): the wide rows' gates, whose KV
+  // groups with no routed head are left out (ActiveKvGroups).
   at::Tensor PagedDecodeRows(const at::Tensor& queries,
                              const at::Tensor& key_cache,
                              const at::Tensor& value_cache,
-                             const NarrowRows& narrow, const Step& step) const;
+                             const NarrowRows& narrow, const Step& step,
+                             const at::Tensor& work_gates) const;
+  // Whether a token of this layer can route to no head of a whole KV group
+  // (its routed heads fill whole groups, and at least a group's worth of
+  // them go unrouted at `max_top_k`).
+  bool GroupsMayIdle(const Layer& layer, int64_t max_top_k) const;
   // Dense attention of the step's queries q [N, h, D] (unrotated) over
   // caches of h / G KV heads: [N, h, D], ungated.
   at::Tensor DenseHeads(const at::Tensor& q, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, const NarrowRows& narrow,
-                        const Step& step) const;
+                        const Step& step,
+                        const at::Tensor& work_gates = at::Tensor()) const;
 
   LlamaConfig config_;
   at::TensorOptions options_;

@@ -11,6 +11,10 @@
 
 namespace moh {
 
+at::Tensor ActiveKvGroups(const at::Tensor& gates, int64_t kv_heads) {
+  return gates.reshape({gates.size(0), kv_heads, -1}).ne(0).any(-1);
+}
+
 #ifdef MOH_CUDA_KERNELS
 
 namespace {
@@ -78,6 +82,16 @@ at::Tensor PagedDecode(const PagedDecodeInputs& in) {
   a.splits =
       static_cast<int>((in.kv_len + kPagedDecodeSplit - 1) / kPagedDecodeSplit);
   a.scale = static_cast<float>(in.scale);
+  const at::Tensor active = in.active_groups.defined()
+                                ? in.active_groups.to(at::kBool).contiguous()
+                                : at::Tensor();
+  if (active.defined()) {
+    TORCH_CHECK(active.sizes() == at::IntArrayRef({rows, a.kv_heads}) &&
+                    active.is_cuda(),
+                "PagedDecode: active_groups must be [", rows, ", ", a.kv_heads,
+                "] on CUDA, got ", active.sizes());
+    a.active_groups = reinterpret_cast<const uint8_t*>(active.data_ptr<bool>());
+  }
   const at::TensorOptions f32 = queries.options().dtype(at::kFloat);
   const at::Tensor partial_out = at::empty({rows, heads, a.splits, d}, f32);
   const at::Tensor partial_max_sum = at::empty({rows, heads, a.splits, 2}, f32);

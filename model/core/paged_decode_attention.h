@@ -20,7 +20,15 @@ struct PagedDecodeInputs {
   at::Tensor row_len;      // [B] int64: and j < row_len
   int64_t kv_len = 0;      // keys the longest row reads (host value)
   double scale = 1.0;
+  // [B, KV] bool, or undefined (all): the (row, KV group) pairs attended
+  // (ActiveKvGroups); the heads of the others are 0.
+  at::Tensor active_groups;
 };
+
+// The work list of a decode step, on gates' device: which KV groups of each
+// row any head of its token routes to (a nonzero gate), from gates [B, H]
+// of a model with `kv_heads` KV heads: [B, kv_heads] bool.
+at::Tensor ActiveKvGroups(const at::Tensor& gates, int64_t kv_heads);
 
 // Whether PagedDecode takes these inputs: a CUDA build, queries on CUDA in
 // the caches' type (float32, bfloat16 or float16), a supported shape

@@ -12,7 +12,9 @@
 //      block's 128 / (head_dim / 8) key lanes take every lane-th key and
 //      accumulate p * v for the G heads; the lanes are summed in shared
 //      memory.
-//   It writes the split's unnormalised output, max and sum.
+//   It writes the split's unnormalised output, max and sum. A (row, KV
+//   group) the work list leaves out (args.active_groups) writes an empty
+//   split at once, so the combined output of its heads is 0.
 // Kernel 2, a thread block per (row, head), a thread per dimension: the
 // splits combined, out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
 #include <cuda_bf16.h>
@@ -107,7 +109,9 @@ __global__ void __launch_bounds__(kThreads)
       max(int64_t{0}, min(int64_t{kSplit}, RowKeys(a, row) - begin)));
   const int64_t head0 = int64_t{row} * a.heads + int64_t{kv} * G;
   const int64_t partial0 = head0 * a.splits + split;  // (row, head0, split)
-  if (n == 0) {  // nothing of this row here: an empty split
+  const bool active = a.active_groups == nullptr ||
+                      a.active_groups[int64_t{row} * a.kv_heads + kv] != 0;
+  if (n == 0 || !active) {  // nothing of this row here: an empty split
     for (int i = tid; i < G * d_n; i += kThreads) {
       const int g = i / d_n;
       a.partial_out[(partial0 + int64_t{g} * a.splits) * d_n + i % d_n] = 0.f;

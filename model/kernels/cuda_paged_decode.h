@@ -38,6 +38,10 @@ struct PagedDecodeArgs {
   const int64_t* positions = nullptr;
   const int64_t* row_len = nullptr;
   int rows = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  // [rows, kv_heads] bytes, or nullptr (all active): the (row, KV group)
+  // pairs attended. An inactive pair's heads read no key and output 0 (a
+  // group none of whose heads the row's token routes to: MoH's work list).
+  const uint8_t* active_groups = nullptr;
   // Splits per row: ceil(max keys any row reads / kPagedDecodeSplit).
   int splits = 0;
   float scale = 1.0f;

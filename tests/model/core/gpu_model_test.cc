@@ -101,6 +101,40 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelTest,
                                   std::get<1>(info.param);
                          });
 
+// Decode below every routed head (ratios 0.5-0.75, learned router, KV
+// groups of 2 with 6 routed heads): the paged kernel leaves out the groups
+// none of a row's heads routes to (the work list), eager and recorded, and
+// the logits stay the CPU's.
+TEST(GpuWorkListTest, DecodeAtLowRatiosMatchesCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = kFixtures + "/llama_learned";
+  auto cuda = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
+  auto cpu = LlamaModel::Load(dir, DeviceOptions{"cpu", "float32"});
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  KvCache cuda_cache = (*cuda)->CreateKvCache(16, 8);
+  KvCache cpu_cache = (*cpu)->CreateKvCache(16, 8);
+  at::manual_seed(23);
+  DecoderBatch batch;
+  batch.token_ids = at::randint(300, {4, 6}, at::kLong);
+  batch.num_tokens = {6, 2, 4, 1};
+  batch.start_positions = {0, 0, 0, 0};
+  batch.block_tables = {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 10, 11}};
+  batch.ratios = {0.5f, 0.6f, 0.75f, 0.6f};
+  for (int step = 0; step < 16; ++step) {
+    auto a = (*cuda)->Forward(batch, cuda_cache);
+    auto b = (*cpu)->Forward(batch, cpu_cache);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ExpectClose(a->logits, b->logits, kFp32Tolerance,
+                "step " + std::to_string(step));
+    for (int r = 0; r < 4; ++r) batch.start_positions[r] += batch.num_tokens[r];
+    batch.token_ids = at::randint(300, {4, 1}, at::kLong);
+    batch.num_tokens = {1, 1, 1, 1};
+  }
+  EXPECT_GE((*cuda)->graph_replays(), 5);
+}
+
 // Decode steps recorded as CUDA graphs and replayed (LlamaModel::
 // set_cuda_graphs) against the same steps run eagerly on CUDA and on the
 // CPU: a paged cache with a block two rows read, rows at different lengths
@@ -242,6 +276,24 @@ TEST_P(GpuPagedDecodeTest, MatchesDenseAttentionOnCpu) {
   ASSERT_FALSE(at::isnan(got).any().item<bool>());
   const double bound = c.tolerance * expected.abs().max().item<double>();
   EXPECT_LE((got - expected).abs().max().item<double>(), bound);
+  // A work list leaving (row, KV group) pairs out: their heads are 0, the
+  // others unchanged.
+  {
+    PagedDecodeInputs listed = paged;
+    const at::Tensor active = at::rand({rows, c.kv_heads}) < 0.6;
+    active[0].fill_(false);  // a row with no group at all
+    listed.active_groups = active.to(cuda);
+    const at::Tensor out = PagedDecode(listed).to(at::kFloat).cpu();
+    ASSERT_FALSE(at::isnan(out).any().item<bool>());
+    const at::Tensor head_active =
+        active.repeat_interleave(c.heads / c.kv_heads, 1).unsqueeze(-1);
+    const at::Tensor want =
+        at::where(head_active, expected, at::zeros_like(expected));
+    EXPECT_LE((out - want).abs().max().item<double>(), bound);
+    EXPECT_EQ(
+        out.masked_select(head_active.logical_not()).abs().max().item<float>(),
+        0.0f);
+  }
   // One row at a time agrees too (no row reads another's keys).
   for (int64_t r = 0; r < rows; ++r) {
     PagedDecodeInputs one = paged;
