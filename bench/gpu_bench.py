@@ -231,6 +231,20 @@ def serving_overhead(args, model_dir, results, rounds=3):
             [os.path.join(args.build, "service", "moh-server"),
              "--config=" + config], stdout=logf, stderr=subprocess.STDOUT)
     local, served, served_half = [], [], []
+
+    def served_rate(extra):
+        """moh-bench's tokens/s through the server (flags `extra` added)."""
+        out = run([os.path.join(args.build, "client", "moh-bench"),
+                   "--server=127.0.0.1:%d" % port, "--quiet", "--json",
+                   "--rpc=generate", "--model=lm", "--temperature=0",
+                   "--prompt=Once upon a time",
+                   "--max_new_tokens=%d" % new_tokens,
+                   "--concurrency=%d" % concurrency,
+                   "--requests=%d" % (concurrency * waves),
+                   "--warmup_requests=%d" % concurrency] + extra,
+                  args.step_timeout).stdout
+        return json.loads(out)["throughput"]["tokens_per_s"]
+
     try:
         client = os.path.join(args.build, "client", "moh-client")
         deadline = time.time() + 180
@@ -255,29 +269,11 @@ def serving_overhead(args, model_dir, results, rounds=3):
                         if "tokens_per_s=" in l and "batch=" in l)
             local.append(float(dict(kv.split("=") for kv in line.split())
                                ["tokens_per_s"]))
-            out = run([os.path.join(args.build, "client", "moh-bench"),
-                       "--server=127.0.0.1:%d" % port, "--quiet", "--json",
-                       "--rpc=generate", "--model=lm", "--temperature=0",
-                       "--prompt=Once upon a time",
-                       "--max_new_tokens=%d" % new_tokens,
-                       "--concurrency=%d" % concurrency,
-                       "--requests=%d" % (concurrency * waves),
-                       "--warmup_requests=%d" % concurrency],
-                      args.step_timeout).stdout
-            served.append(json.loads(out)["throughput"]["tokens_per_s"])
+            served.append(served_rate([]))
             # The same through the server at ratio 0.5: on the released layout
             # its rows are narrow (the ratio ceiling: half-width KV blocks,
             # decode over their narrow view, graphs of their own).
-            out = run([os.path.join(args.build, "client", "moh-bench"),
-                       "--server=127.0.0.1:%d" % port, "--quiet", "--json",
-                       "--rpc=generate", "--model=lm", "--temperature=0",
-                       "--ratios=0.5", "--prompt=Once upon a time",
-                       "--max_new_tokens=%d" % new_tokens,
-                       "--concurrency=%d" % concurrency,
-                       "--requests=%d" % (concurrency * waves),
-                       "--warmup_requests=%d" % concurrency],
-                      args.step_timeout).stdout
-            served_half.append(json.loads(out)["throughput"]["tokens_per_s"])
+            served_half.append(served_rate(["--ratios=0.5"]))
     finally:
         server.send_signal(signal.SIGTERM)
         try:

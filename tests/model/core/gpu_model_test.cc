@@ -44,6 +44,40 @@ void ExpectClose(const at::Tensor& cuda, const at::Tensor& cpu,
   EXPECT_LE((got - cpu).abs().max().item<double>(), tolerance * scale) << what;
 }
 
+// One step of `batch` on each model, in its own cache.
+std::vector<DecoderOutput> ForwardEach(
+    const std::vector<const LlamaModel*>& models, std::vector<KvCache>& caches,
+    const DecoderBatch& batch) {
+  std::vector<DecoderOutput> out;
+  for (size_t m = 0; m < models.size(); ++m) {
+    auto result = models[m]->Forward(batch, caches[m]);
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return {};
+    out.push_back(*std::move(result));
+  }
+  return out;
+}
+
+// The next decode step of `batch`: one new token (of `vocab`) per row, a
+// new block (`next_block`, below `blocks`) where a row's last is full, at
+// `span(r)` positions per block of row r. False when blocks ran out.
+template <typename Span>
+bool NextDecodeStep(DecoderBatch& batch, Span span, int32_t& next_block,
+                    int32_t blocks, int64_t vocab) {
+  const int64_t rows = batch.token_ids.size(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    batch.start_positions[r] += batch.num_tokens[r];
+    if (batch.start_positions[r] / span(r) >=
+        static_cast<int>(batch.block_tables[r].size())) {
+      if (next_block >= blocks) return false;
+      batch.block_tables[r].push_back(next_block++);
+    }
+  }
+  batch.token_ids = at::randint(vocab, {rows, 1}, at::kLong);
+  batch.num_tokens.assign(rows, 1);
+  return true;
+}
+
 // (fixture, CUDA dtype): bfloat16 only where bf16 resolves the routing.
 using Case = std::tuple<std::string, std::string>;
 
@@ -170,29 +204,16 @@ TEST(GpuGraphTest, RecordedDecodeStepsMatchEagerAndCpu) {
   batch.ratios = {0.5f, 1.0f, 0.75f};
   int32_t next_block = 4;
   for (int step = 0; step < 70; ++step) {
-    std::vector<DecoderOutput> out;
-    for (size_t m = 0; m < models.size(); ++m) {
-      auto result = models[m]->Forward(batch, caches[m]);
-      ASSERT_TRUE(result.ok()) << result.status();
-      out.push_back(*std::move(result));
-    }
+    const std::vector<DecoderOutput> out = ForwardEach(models, caches, batch);
+    ASSERT_EQ(out.size(), models.size());
     const std::string what = "step " + std::to_string(step);
     ExpectClose(out[0].logits, out[1].logits, 1e-4, what + " graph/eager");
     ExpectClose(out[0].logits, out[2].logits, kFp32Tolerance,
                 what + " graph/cpu");
     EXPECT_TRUE(at::equal(out[0].head_token_counts, out[2].head_token_counts))
         << what;
-    // Next: one new token per row, a new block where a row's last is full.
-    for (int r = 0; r < 3; ++r) {
-      batch.start_positions[r] += batch.num_tokens[r];
-      if (batch.start_positions[r] / kBlock >=
-          static_cast<int>(batch.block_tables[r].size())) {
-        ASSERT_LT(next_block, kBlocks);
-        batch.block_tables[r].push_back(next_block++);
-      }
-    }
-    batch.token_ids = at::randint(300, {3, 1}, at::kLong);
-    batch.num_tokens = {1, 1, 1};
+    ASSERT_TRUE(NextDecodeStep(
+        batch, [&](int64_t) { return kBlock; }, next_block, kBlocks, 300));
   }
   // Keys from 13 to 82: buckets of 64 and 128 keys, each recorded at its
   // second step and replayed after (less the block tables' growth, which
@@ -371,11 +392,11 @@ TEST(GpuPagedDecodeModelTest, NarrowRowsReadTheirBlocksInPlace) {
     ASSERT_TRUE(paged && gathered && cpu);
     ASSERT_EQ(paged->narrow_fold(), 2);
     gathered->set_cuda_paged_decode(false);
-    const std::vector<LlamaModel*> models = {paged.get(), gathered.get(),
-                                             cpu.get()};
+    const std::vector<const LlamaModel*> models = {paged.get(), gathered.get(),
+                                                   cpu.get()};
     constexpr int kBlock = 8, kBlocks = 32;
     std::vector<KvCache> caches;
-    for (LlamaModel* model : models) {
+    for (const LlamaModel* model : models) {
       caches.push_back(model->CreateKvCache(kBlocks, kBlock));
     }
     at::manual_seed(13);
@@ -391,27 +412,16 @@ TEST(GpuPagedDecodeModelTest, NarrowRowsReadTheirBlocksInPlace) {
     batch.ratios = {0.5f, mixed ? 1.0f : 0.5f, 0.5f};
     int32_t next_block = 4;
     for (int step = 0; step < 40; ++step) {
-      std::vector<DecoderOutput> out;
-      for (size_t m = 0; m < models.size(); ++m) {
-        auto result = models[m]->Forward(batch, caches[m]);
-        ASSERT_TRUE(result.ok()) << result.status();
-        out.push_back(*std::move(result));
-      }
+      const std::vector<DecoderOutput> out = ForwardEach(models, caches, batch);
+      ASSERT_EQ(out.size(), models.size());
       const std::string what = "step " + std::to_string(step);
       ExpectClose(out[0].logits, out[1].logits, 1e-4, what + " paged/gathered");
       ExpectClose(out[0].logits, out[2].logits, kFp32Tolerance,
                   what + " paged/cpu");
-      for (int r = 0; r < 3; ++r) {
-        const int span = batch.narrow[r] ? kBlock * 2 : kBlock;
-        batch.start_positions[r] += batch.num_tokens[r];
-        if (batch.start_positions[r] / span >=
-            static_cast<int>(batch.block_tables[r].size())) {
-          ASSERT_LT(next_block, kBlocks);
-          batch.block_tables[r].push_back(next_block++);
-        }
-      }
-      batch.token_ids = at::randint(64, {3, 1}, at::kLong);
-      batch.num_tokens = {1, 1, 1};
+      ASSERT_TRUE(NextDecodeStep(
+          batch,
+          [&](int64_t r) { return batch.narrow[r] ? kBlock * 2 : kBlock; },
+          next_block, kBlocks, 64));
     }
     EXPECT_GE(paged->graph_replays(), 20);
   }
