@@ -1,6 +1,7 @@
 #include "service/language/language_steps.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <exception>
 #include <optional>
@@ -135,6 +136,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
                                      : out.row_stats.contiguous();
     const double* stats_data =
         row_stats.defined() ? row_stats.data_ptr<double>() : nullptr;
+    std::array<int64_t, 3> sampled{};  // tokens by SampledFrom
     for (size_t b = 0; b < rows.size(); ++b) {
       Sequence& seq = *seqs[b];
       RowOutcome& outcome = (*outcomes)[which[b]];
@@ -163,13 +165,16 @@ class LanguageSteps : public StepExecutor<Sequence> {
         if (!reduced.ok()) {
           outcome.error = Emit(seq, reduced.status());
         } else if (reduced->has_value()) {
+          ++sampled[static_cast<int>(SampledFrom::kReduced)];
           outcome.error = Emit(seq, std::move(**reduced));
         } else {
           // Not decided by what was reduced: the row whole, where it lies.
+          ++sampled[static_cast<int>(SampledFrom::kReducedThenWhole)];
           outcome.error = Emit(seq, seq.output->Next(out.resident_logits[b].to(
                                         at::kCPU, at::kFloat)));
         }
       } else {
+        ++sampled[static_cast<int>(SampledFrom::kWhole)];
         outcome.error =
             Emit(seq, seq.output->Next(all_logits
                                            ? logits[row][rows[b].num_tokens - 1]
@@ -177,6 +182,12 @@ class LanguageSteps : public StepExecutor<Sequence> {
       }
       if (outcome.error.ok()) outcome.token = seq.output->history().back();
       outcome.finished = seq.output->finish_reason().has_value();
+    }
+    if (metrics_ != nullptr) {
+      for (const SampledFrom from : {SampledFrom::kReduced, SampledFrom::kWhole,
+                                     SampledFrom::kReducedThenWhole}) {
+        metrics_->SampledTokens(from, sampled[static_cast<int>(from)]);
+      }
     }
     return absl::OkStatus();
   }

@@ -180,6 +180,12 @@ struct Metrics::Families {
             prometheus::BuildCounter(), "moh_cuda_graph_replays_total",
             "Language-model steps replayed as a recorded CUDA graph (0 on "
             "CPU).",
+            r)),
+        sampled_tokens(Register(
+            prometheus::BuildCounter(), "moh_sampled_tokens_total",
+            "Generated tokens by what they were drawn from: logits reduced "
+            "where they lie (reduced), the whole row (whole), or reduced "
+            "without deciding, then whole (reduced_then_whole).",
             r)) {}
 
   Family<Counter>& requests;
@@ -206,6 +212,7 @@ struct Metrics::Families {
   Family<Counter>& ratio_lowered;
   Family<Gauge>& load_seconds;
   Family<Counter>& cuda_graph_replays;
+  Family<Counter>& sampled_tokens;
 };
 
 struct ModelMetrics::Impl {
@@ -238,6 +245,7 @@ struct ModelMetrics::Impl {
   Counter* ratio_lowered = nullptr;
   Gauge* load_seconds = nullptr;
   Counter* cuda_graph_replays = nullptr;
+  std::array<Counter*, 3> sampled_tokens{};  // by SampledFrom
 
   Counter* RequestCounter(int rpc, int code) {
     Counter* c = requests[rpc][code].load(std::memory_order_acquire);
@@ -288,6 +296,13 @@ void ModelMetrics::GeneratedTokens(int64_t n) {
 
 void ModelMetrics::CudaGraphReplays(int64_t n) {
   if (n > 0) impl_->cuda_graph_replays->Increment(static_cast<double>(n));
+}
+
+void ModelMetrics::SampledTokens(SampledFrom from, int64_t n) {
+  if (n > 0) {
+    impl_->sampled_tokens[static_cast<int>(from)]->Increment(
+        static_cast<double>(n));
+  }
 }
 
 void ModelMetrics::ImageGenerated(absl::Duration total) {
@@ -424,6 +439,13 @@ ModelMetrics* Metrics::ForModel(const std::string& name,
   impl->prompt_tokens = &f.prompt_tokens.Add(model);
   impl->generated_tokens = &f.generated_tokens.Add(model);
   impl->cuda_graph_replays = &f.cuda_graph_replays.Add(model);
+  for (const SampledFrom from : {SampledFrom::kReduced, SampledFrom::kWhole,
+                                 SampledFrom::kReducedThenWhole}) {
+    static constexpr const char* kNames[] = {"reduced", "whole",
+                                             "reduced_then_whole"};
+    impl->sampled_tokens[static_cast<int>(from)] =
+        &f.sampled_tokens.Add(with("logits", kNames[static_cast<int>(from)]));
+  }
   impl->images = &f.images.Add(model);
   // Time per image: the tiny demo's tens of milliseconds to a large model's
   // minutes on a CPU.

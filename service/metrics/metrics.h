@@ -45,6 +45,10 @@ enum class Rpc {
   kMessages
 };
 enum class BatchKind { kPrefill, kDecode, kClassify, kImageStep };
+// Where a generated token was drawn from: the logits reduced where they lie
+// (the model's device: best_logits.h), the whole row downloaded, or reduced
+// without deciding the draw and then whole.
+enum class SampledFrom { kReduced, kWhole, kReducedThenWhole };
 
 // "Generate", "Classify", "GenerateImage", "Completions" (POST
 // /v1/completions), "ChatCompletions" (POST /v1/chat/completions),
@@ -74,6 +78,9 @@ class ModelMetrics {
   // moh_cuda_graph_replays_total{model} += n: language-model steps that ran
   // as a recorded CUDA graph (LlamaModel::graph_replays).
   void CudaGraphReplays(int64_t n);
+  // moh_sampled_tokens_total{model,logits} += n, logits "reduced", "whole"
+  // or "reduced_then_whole" (SampledFrom).
+  void SampledTokens(SampledFrom from, int64_t n);
   // moh_images_generated_total{model}, moh_image_seconds{model} (submission
   // to the finished PNG) of one generated image.
   void ImageGenerated(absl::Duration total);

@@ -186,8 +186,8 @@ def test_seeded_sampling_is_reproducible(api, stub):
     assert any(o != first for o in others), "the seed has no effect"
 
 
-def test_rows_reduced_where_the_logits_lie_stream_the_same(api, stub, server_factory,
-                                                           monkeypatch):
+def test_rows_reduced_where_the_logits_lie_stream_the_same(api, stub, main_server,
+                                                           server_factory, monkeypatch):
     # MOH_REDUCE_LOGITS=1: the CPU server takes rows' tokens from what their logits
     # reduce to where they lie, as a GPU step does (DecoderBatch::top_logits and
     # row_reductions): greedy, top-k, top-p alone, temperature alone (drawn on the
@@ -204,7 +204,9 @@ def test_rows_reduced_where_the_logits_lie_stream_the_same(api, stub, server_fac
                  dict(temperature=2.0, top_p=0.95, seed=5, logprobs=1),
                  dict(temperature=2.0, top_k=8, presence_penalty=0.5, seed=6),
                  dict(temperature=1.5, seed=7),
-                 dict(temperature=1.0, min_p=0.02, seed=8, logprobs=2)]
+                 dict(temperature=1.0, min_p=0.02, seed=8, logprobs=2),
+                 # Flat: its nucleus passes the best 256, so the row goes whole.
+                 dict(temperature=50.0, top_p=0.99, seed=9)]
     requests = [lib.generate_request(api.pb, prompt="Once upon a time", max_new_tokens=24,
                                      ignore_eos=True, **sampling)
                 for sampling in samplings]
@@ -222,6 +224,15 @@ def test_rows_reduced_where_the_logits_lie_stream_the_same(api, stub, server_fac
             assert (g.token_id, g.rank) == (w.token_id, w.rank)
             assert g.logprob == pytest.approx(w.logprob, rel=1e-5, abs=1e-5)
             assert [t.token_id for t in g.top_logprobs] == [t.token_id for t in w.top_logprobs]
+    # moh_sampled_tokens_total: what each server drew its tokens from.
+    def sampled(server):
+        return {ls["logits"]: v for ls, v in lib.metric_series(
+            server.samples(), "moh_sampled_tokens_total", model="demo-lm")}
+    counts = sampled(reduced)
+    assert counts["whole"] >= 24  # the penalty row (and any warm-up)
+    assert counts["reduced_then_whole"] >= 24  # the flat row (and any edge)
+    assert counts["reduced"] >= 24 * (len(samplings) - 3)
+    assert sampled(main_server)["reduced"] == 0  # a CPU server samples whole rows
 
 
 def test_default_model_is_used_when_model_is_empty(api, stub):

@@ -179,6 +179,7 @@ TEST_F(MetricsTest, EveryFamilyPresentWithHelpAndType) {
       {"moh_activation_ratio_lowered_total", MetricType::Counter},
       {"moh_model_load_seconds", MetricType::Gauge},
       {"moh_cuda_graph_replays_total", MetricType::Counter},
+      {"moh_sampled_tokens_total", MetricType::Counter},
       {"process_cpu_seconds_total", MetricType::Counter},
       {"process_resident_memory_bytes", MetricType::Gauge},
       {"process_virtual_memory_bytes", MetricType::Gauge},
@@ -332,6 +333,18 @@ TEST_F(MetricsTest, TokenCountersIgnoreNonPositive) {
   m->CudaGraphReplays(0);
   m->CudaGraphReplays(-1);
   EXPECT_EQ(CounterValue("moh_cuda_graph_replays_total", {{"model", "m"}}), 3);
+  m->SampledTokens(SampledFrom::kReduced, 4);
+  m->SampledTokens(SampledFrom::kReducedThenWhole, 1);
+  m->SampledTokens(SampledFrom::kWhole, 0);
+  EXPECT_EQ(CounterValue("moh_sampled_tokens_total",
+                         {{"model", "m"}, {"logits", "reduced"}}),
+            4);
+  EXPECT_EQ(CounterValue("moh_sampled_tokens_total",
+                         {{"model", "m"}, {"logits", "reduced_then_whole"}}),
+            1);
+  EXPECT_EQ(CounterValue("moh_sampled_tokens_total",
+                         {{"model", "m"}, {"logits", "whole"}}),
+            0);
 }
 
 TEST_F(MetricsTest, BatchSizeByKindWithPowerOfTwoBuckets) {
