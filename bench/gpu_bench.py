@@ -188,7 +188,7 @@ def layout_section(args, layout, bandwidth, results):
     # Decode attention through the gathered copy of each row's context and
     # SDPA (the path before the paged kernel), graphs on, in the same run:
     # what attending over the paged cache in place buys, batch 1 at ratio
-    # 1.0, and 64 x 2k at ratios 1.0 and 0.5.
+    # 1.0 (64 x 2k through it: runs 5 and 6, bench/GPU_RESULTS.md).
     gathered = generate(args, model_dir, sizes["batch1"], args.step_timeout,
                         ratios=[1.0, 1.0], extra=["--cuda_paged_decode=false"])
     gathered.pop("graph_replays")
@@ -196,12 +196,15 @@ def layout_section(args, layout, bandwidth, results):
         "decode_tokens_per_s": f["decode_tokens_per_s"],
         "of_bound": f["decode_tokens_per_s"] / bound}
         for r, f in gathered.items()}
-    gathered = generate(args, model_dir, sizes["batched"], args.step_timeout,
-                        ratios=[1.0, 0.5], extra=["--cuda_paged_decode=false"])
-    gathered.pop("graph_replays")
-    entry["batch64_2k_gathered"] = {
-        str(r): {"decode_tokens_per_s": f["decode_tokens_per_s"]}
-        for r, f in gathered.items()}
+    # A layer's small ops as chains of ATen kernels (--cuda_fused_ops=false),
+    # graphs and the paged kernel on: what the fused kernels buy at batch 1.
+    chained = generate(args, model_dir, sizes["batch1"], args.step_timeout,
+                       ratios=[1.0, 1.0], extra=["--cuda_fused_ops=false"])
+    chained.pop("graph_replays")
+    entry["batch1_chained"] = {str(r): {
+        "decode_tokens_per_s": f["decode_tokens_per_s"],
+        "of_bound": f["decode_tokens_per_s"] / bound}
+        for r, f in chained.items()}
     batched = generate(args, model_dir, sizes["batched"], args.step_timeout)
     entry["batch64_2k_graph_replays"] = batched.pop("graph_replays")
     entry["sizes"] = sizes
@@ -385,9 +388,9 @@ def table(results):
 
         side_by_side("batch1_eager", "no CUDA graphs", "graphs / none")
         side_by_side("batch1_gathered", "gathered KV + SDPA", "paged / gathered")
+        side_by_side("batch1_chained", "small ops as ATen chains",
+                     "fused / chains")
         row("decode 64 x 2k, tokens/s", "batch64_2k", "decode_tokens_per_s", "%.0f")
-        row("decode 64 x 2k, gathered KV + SDPA", "batch64_2k_gathered",
-            "decode_tokens_per_s", "%.0f")
         lines.append("| %s | decode steps replayed as CUDA graphs (b1 / 64 x 2k) "
                      "| %s / %s | | | |" % (
                          layout, entry.get("batch1", {}).get("graph_replays", "-"),

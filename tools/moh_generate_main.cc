@@ -61,6 +61,10 @@ ABSL_FLAG(int64_t, cuda_graphs, moh::kDefaultCudaGraphs,
 ABSL_FLAG(bool, cuda_paged_decode, true,
           "On CUDA: decode attention over the paged cache in place (see "
           "LlamaModel::set_cuda_paged_decode); false = the gathered copy");
+ABSL_FLAG(bool, cuda_fused_ops, true,
+          "On CUDA: a layer's norms, RoPE, KV store, SwiGLU and query-norm "
+          "gates as one kernel each (see LlamaModel::set_cuda_fused_ops); "
+          "false = chains of ATen ops");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
 ABSL_FLAG(int32_t, batch, 1,
           "Generate this many copies of the request in one batch (throughput "
@@ -369,6 +373,7 @@ int main(int argc, char** argv) {
   }
   lm->model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   lm->model->set_cuda_paged_decode(absl::GetFlag(FLAGS_cuda_paged_decode));
+  lm->model->set_cuda_fused_ops(absl::GetFlag(FLAGS_cuda_fused_ops));
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "

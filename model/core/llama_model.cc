@@ -12,6 +12,7 @@
 #include "base/status_macros.h"
 #include "model/core/best_logits.h"
 #include "model/core/dense_attention.h"
+#include "model/core/fused_layer_ops.h"
 #include "model/core/head_sparse_attention.h"
 #include "model/core/linear.h"
 #include "model/core/llama_model_step.h"
@@ -260,6 +261,10 @@ at::Tensor LlamaModel::AddRmsNorm(at::Tensor& h, const at::Tensor& residual,
       residual.sizes() == h.sizes() && weight.is_contiguous()) {
     return RmsNormLoop(h, weight, config_.rms_norm_eps, residual);
   }
+  if (cuda_fused_ops_) {
+    at::Tensor out = FusedAddRmsNorm(h, residual, weight, config_.rms_norm_eps);
+    if (out.defined()) return out;
+  }
   h.add_(residual);
   return RmsNorm(h, weight);
 }
@@ -452,6 +457,10 @@ at::Tensor LlamaModel::Mlp(const at::Tensor& x, const Layer& layer) const {
   if (layer.gate_up_proj.defined()) {  // gate and up in one product
     const int64_t inter = layer.gate_proj.size(0);
     const at::Tensor both = Linear(x, layer.gate_up_proj);  // [N, 2I]
+    if (cuda_fused_ops_) {
+      at::Tensor out = FusedSiluMul(both);
+      if (out.defined()) return out;
+    }
     if (CpuFloat(both) && both.dim() == 2 && both.is_contiguous()) {
       at::Tensor out = at::empty({both.size(0), inter}, both.options());
       if (SiluMulRows(both.data_ptr<float>(), 2 * inter, both.size(0), inter,
@@ -568,6 +577,10 @@ at::Tensor LlamaModel::RotateTokens(const at::Tensor& x,
     return Rotate(x,
                   step.token_pos.unsqueeze(1).expand({x.size(0), x.size(1)}));
   }
+  if (cuda_fused_ops_) {
+    at::Tensor out = FusedRope(x, step.token_pos, rope_cos_, rope_sin_);
+    if (out.defined()) return out;
+  }
   if (!step.rope_cos.defined()) {  // [N, 1, D]: broadcast over the heads
     step.rope_cos = rope_cos_.index_select(0, step.token_pos)
                         .unsqueeze(1)
@@ -600,8 +613,8 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
     q = Linear(x, layer.q_proj, layer.q_bias).view({n, heads, d});
   }
-  *gates = layer.router.Gates(x, q, step.top_k[layer_index],
-                              step.max_top_k[layer_index]);  // [N, H]
+  *gates = RouterGates(layer, x, q, step.top_k[layer_index],
+                       step.max_top_k[layer_index]);  // [N, H]
 
   WriteKeysValues(layer_index, layer, x, step, cache);
   at::Tensor& key_cache = cache.keys(layer_index);
@@ -650,6 +663,19 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
       DenseHeads(q, key_cache, value_cache, narrow, step, work_gates)
           .mul_(gates->unsqueeze(-1));
   return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
+}
+
+at::Tensor LlamaModel::RouterGates(const Layer& layer, const at::Tensor& x,
+                                   const at::Tensor& q, const at::Tensor& top_k,
+                                   int64_t max_top_k) const {
+  const MohLayerConfig& moh = layer.router.layer();
+  if (cuda_fused_ops_ && layer.router.kind() == RouterKind::kQueryNorm &&
+      q.defined() && moh.routed_heads() > 0) {
+    at::Tensor gates =
+        FusedQueryNormGates(q, top_k, moh.shared_heads, moh.routed_heads());
+    if (gates.defined()) return gates;
+  }
+  return layer.router.Gates(x, q, top_k, max_top_k);
 }
 
 bool LlamaModel::GroupsMayIdle(const Layer& layer, int64_t max_top_k) const {

@@ -202,11 +202,17 @@ class LlamaModel {
   // set_attention_mode.
   void set_cuda_graphs(int64_t max_graphs) { max_cuda_graphs_ = max_graphs; }
   int64_t cuda_graphs() const { return max_cuda_graphs_; }
-  // On CUDA, decode steps (one query per row, no narrow row) attend over the
-  // paged cache in place (paged_decode_attention.h) where the kernel takes
-  // the shape; false: through the dense path's gathered copy (DenseAttention).
-  // Same contract as set_attention_mode.
+  // On CUDA, decode steps (one query per row) attend over the paged cache in
+  // place (paged_decode_attention.h) where the kernel takes the shape;
+  // false: through the dense path's gathered copy (DenseAttention). Same
+  // contract as set_attention_mode.
   void set_cuda_paged_decode(bool on) { cuda_paged_decode_ = on; }
+  // On CUDA, a layer's small per-token operations (the residual add and
+  // RMSNorm, RoPE, the keys' and values' store, SwiGLU, the query-norm
+  // router's gates) run as one kernel each (fused_layer_ops.h) where the
+  // kernels take the tensors; false: as chains of ATen ops. Same contract
+  // as set_attention_mode.
+  void set_cuda_fused_ops(bool on) { cuda_fused_ops_ = on; }
   // Decode steps that ran as a recorded graph (replays), for tests and logs.
   int64_t graph_replays() const;
   // The element type of the caches CreateKvCache makes (and CheckMemoryFits
@@ -310,6 +316,12 @@ class LlamaModel {
     // tokens' positions ([N, 1, D], RotateTokens' ATen path), likewise.
     mutable at::Tensor visible, rope_cos, rope_sin;
   };
+  // The layer's gates [N, H] for x [N, C] (queries q [N, H, D] before RoPE,
+  // where projected): one kernel for the query-norm router on CUDA
+  // (cuda_fused_ops_), else MohRouter::Gates.
+  at::Tensor RouterGates(const Layer& layer, const at::Tensor& x,
+                         const at::Tensor& q, const at::Tensor& top_k,
+                         int64_t max_top_k) const;
   at::Tensor Rotate(const at::Tensor& x, const at::Tensor& positions) const;
   // x [N, heads, D] of the step's tokens rotated at their positions (q, and
   // k of every token), the tables' rows gathered once per step.
@@ -379,6 +391,7 @@ class LlamaModel {
   int64_t narrow_kv_heads_ = 0;
   int64_t max_cuda_graphs_ = kDefaultCudaGraphs;
   bool cuda_paged_decode_ = true;
+  bool cuda_fused_ops_ = true;
   std::unique_ptr<StepGraphs> graphs_;
 };
 

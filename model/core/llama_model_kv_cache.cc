@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "model/core/fused_layer_ops.h"
 #include "model/core/linear.h"
 #include "model/core/llama_model.h"
 #include "model/core/rope.h"
@@ -167,6 +168,13 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
     } else {
       k = Linear(inputs, weight_rows(layer.k_proj), rows(layer.k_bias));
       v = Linear(inputs, weight_rows(layer.v_proj), rows(layer.v_bias));
+    }
+    // On CUDA, rotated and stored by one kernel.
+    if (cuda_fused_ops_ &&
+        FusedRopeStoreKv(k.view({n, heads, d}), v.view({n, heads, d}),
+                         positions, rope_cos_, rope_sin_, block, offset, keys,
+                         values)) {
+      return;
     }
     k = positions.is_same(step.token_pos)
             ? RotateTokens(k.view({n, heads, d}), step)

@@ -6,6 +6,7 @@
 #ifdef MOH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 
+#include "model/core/cuda_element_of.h"
 #include "model/kernels/cuda_paged_decode.h"
 #endif
 
@@ -17,32 +18,12 @@ at::Tensor ActiveKvGroups(const at::Tensor& gates, int64_t kv_heads) {
 
 #ifdef MOH_CUDA_KERNELS
 
-namespace {
-
-bool KernelType(at::ScalarType type, PagedDecodeType* out) {
-  switch (type) {
-    case at::kFloat:
-      *out = PagedDecodeType::kFloat32;
-      return true;
-    case at::kBFloat16:
-      *out = PagedDecodeType::kBFloat16;
-      return true;
-    case at::kHalf:
-      *out = PagedDecodeType::kFloat16;
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
 bool PagedDecodeServes(const PagedDecodeInputs& in) {
-  PagedDecodeType type;
+  CudaElement type;
   const at::Tensor& k = in.key_cache;
   const at::Tensor& v = in.value_cache;
   return in.queries.is_cuda() && in.queries.dim() == 3 &&
-         KernelType(in.queries.scalar_type(), &type) &&
+         CudaElementOf(in.queries.scalar_type(), &type) &&
          k.scalar_type() == in.queries.scalar_type() &&
          v.scalar_type() == k.scalar_type() && k.dim() == 4 &&
          k.sizes() == v.sizes() && k.strides() == v.strides() &&
@@ -63,7 +44,7 @@ at::Tensor PagedDecode(const PagedDecodeInputs& in) {
   const int64_t rows = queries.size(0), heads = queries.size(1);
   const int64_t d = queries.size(2);
   PagedDecodeArgs a;
-  KernelType(queries.scalar_type(), &a.type);
+  CudaElementOf(queries.scalar_type(), &a.type);
   a.queries = queries.data_ptr();
   a.key_cache = in.key_cache.data_ptr();
   a.value_cache = in.value_cache.data_ptr();

@@ -17,75 +17,22 @@
 //   split at once, so the combined output of its heads is 0.
 // Kernel 2, a thread block per (row, head), a thread per dimension: the
 // splits combined, out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <cfloat>
 
+#include "model/kernels/cuda_element.cuh"
 #include "model/kernels/cuda_paged_decode.h"
 
 namespace moh {
 namespace {
 
+using cuda::FromFloat;
+using cuda::Load8;
+using cuda::ToFloat;
+using cuda::WarpMax;
+using cuda::WarpSum;
+
 constexpr int kSplit = kPagedDecodeSplit;
 constexpr int kThreads = 128;
-
-// Eight consecutive elements as float; p is 16-byte aligned (32 for float).
-__device__ inline void Load8(const float* p, float* x) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
-  x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-}
-__device__ inline void Load8(const __nv_bfloat16* p, float* x) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    x[2 * i] = f.x, x[2 * i + 1] = f.y;
-  }
-}
-__device__ inline void Load8(const __half* p, float* x) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    x[2 * i] = f.x, x[2 * i + 1] = f.y;
-  }
-}
-
-__device__ inline float ToFloat(float v) { return v; }
-__device__ inline float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ inline float ToFloat(__half v) { return __half2float(v); }
-
-template <typename T>
-__device__ inline T FromFloat(float v);
-template <>
-__device__ inline float FromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
-}
-template <>
-__device__ inline __half FromFloat<__half>(float v) {
-  return __float2half(v);
-}
-
-__device__ inline float WarpMax(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o));
-  return v;
-}
-__device__ inline float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
-  return v;
-}
 
 // Keys row `row` reads.
 __device__ inline int64_t RowKeys(const PagedDecodeArgs& a, int row) {
@@ -278,13 +225,13 @@ const char* LaunchPagedDecode(const PagedDecodeArgs& args) {
   if (args.rows == 0) return nullptr;
   cudaError_t error = cudaSuccess;
   switch (args.type) {
-    case PagedDecodeType::kFloat32:
+    case CudaElement::kFloat32:
       error = LaunchType<float>(args);
       break;
-    case PagedDecodeType::kBFloat16:
+    case CudaElement::kBFloat16:
       error = LaunchType<__nv_bfloat16>(args);
       break;
-    case PagedDecodeType::kFloat16:
+    case CudaElement::kFloat16:
       error = LaunchType<__half>(args);
       break;
   }

@@ -13,15 +13,15 @@
 
 #include <cstdint>
 
-namespace moh {
+#include "model/kernels/cuda_element.h"
 
-enum class PagedDecodeType { kFloat32, kBFloat16, kFloat16 };
+namespace moh {
 
 // Keys one thread block reads.
 inline constexpr int kPagedDecodeSplit = 256;
 
 struct PagedDecodeArgs {
-  PagedDecodeType type = PagedDecodeType::kFloat32;
+  CudaElement type = CudaElement::kFloat32;
   // [rows, heads, head_dim] contiguous, the rotated queries.
   const void* queries = nullptr;
   // [blocks, block_size, kv_heads (or more), head_dim] with the last

@@ -1,0 +1,50 @@
+// A decoder layer's small per-token operations as one CUDA kernel each
+// (model/kernels/cuda_layer_ops.cu), for LlamaModel on CUDA: each replaces
+// a chain of ATen ops and returns what that chain returns, rounded where it
+// rounds. Each returns an undefined tensor (false) where it does not take
+// its inputs: a CPU tensor, a type other than float32, bfloat16 or float16,
+// mixed types, a last dimension that is not contiguous, or a build against
+// a CPU LibTorch (no kernels); the caller then runs the ATen chain.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace moh {
+
+// hidden.add_(residual) in place, and returns rms_norm(hidden) * weight
+// (float32 inside, rounded once, as at::rms_norm). hidden and residual
+// [N, C], weight [C]. Undefined, and hidden untouched, where not served.
+at::Tensor FusedAddRmsNorm(at::Tensor& hidden, const at::Tensor& residual,
+                           const at::Tensor& weight, double eps);
+
+// Rotary embedding of x [N, H, D] at positions [N] (int64) with the tables
+// cos and sin [P, D] in x's type: x * cos + rotate_half(x) * sin, [N, H, D]
+// contiguous.
+at::Tensor FusedRope(const at::Tensor& x, const at::Tensor& positions,
+                     const at::Tensor& cos, const at::Tensor& sin);
+
+// Keys [N, W, D] rotated (as FusedRope) and values [N, W, D] (rows of one
+// product: the last dimension contiguous, heads D apart) stored at
+// (block[t], offset[t]) of the caches [blocks, block positions, W (or
+// more), D] (views of the layer's cache, keys' type). False where not
+// served, and nothing written.
+bool FusedRopeStoreKv(const at::Tensor& keys, const at::Tensor& values,
+                      const at::Tensor& positions, const at::Tensor& cos,
+                      const at::Tensor& sin, const at::Tensor& block,
+                      const at::Tensor& offset, const at::Tensor& key_cache,
+                      const at::Tensor& value_cache);
+
+// SwiGLU over the [gate | up] product both [N, 2I]: silu(gate) * up, [N, I].
+at::Tensor FusedSiluMul(const at::Tensor& both);
+
+// The query-norm router's gates [N, shared + routed] from the queries
+// [N, H, D] (before RoPE) and each token's routed K (int64 [N]): 1 for the
+// shared heads, 1 for the K routed heads of the largest
+// softmax(norm / std(norms)), 0 for the rest (MohRouter::QueryNormGates).
+at::Tensor FusedQueryNormGates(const at::Tensor& queries,
+                               const at::Tensor& top_k, int64_t shared,
+                               int64_t routed);
+
+}  // namespace moh

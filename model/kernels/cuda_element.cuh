@@ -1,0 +1,93 @@
+// Device helpers the CUDA kernels share: loads and conversions between the
+// model's element types (float32, bfloat16, float16) and float, and warp
+// reductions. Device code only (included by .cu files).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "model/kernels/cuda_element.h"
+
+namespace moh {
+namespace cuda {
+
+// Eight consecutive elements as float; p is 16-byte aligned (32 for float).
+__device__ inline void Load8(const float* p, float* x) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+  x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ inline void Load8(const __nv_bfloat16* p, float* x) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    x[2 * i] = f.x, x[2 * i + 1] = f.y;
+  }
+}
+__device__ inline void Load8(const __half* p, float* x) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    x[2 * i] = f.x, x[2 * i + 1] = f.y;
+  }
+}
+
+__device__ inline float ToFloat(float v) { return v; }
+__device__ inline float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float ToFloat(__half v) { return __half2float(v); }
+
+// Rounded to nearest even, as ATen rounds an op's float result.
+template <typename T>
+__device__ inline T FromFloat(float v);
+template <>
+__device__ inline float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+template <>
+__device__ inline __half FromFloat<__half>(float v) {
+  return __float2half(v);
+}
+
+// v rounded to T and back: the value an ATen op of type T leaves.
+template <typename T>
+__device__ inline float Round(float v) {
+  return ToFloat(FromFloat<T>(v));
+}
+
+__device__ inline float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o));
+  return v;
+}
+__device__ inline float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+  return v;
+}
+
+// fn(T{}) for the element type `type` names: a launch for each type.
+template <typename Fn>
+cudaError_t ByElement(CudaElement type, Fn&& fn) {
+  switch (type) {
+    case CudaElement::kFloat32:
+      return fn(float{});
+    case CudaElement::kBFloat16:
+      return fn(__nv_bfloat16{});
+    case CudaElement::kFloat16:
+      return fn(__half{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace cuda
+}  // namespace moh

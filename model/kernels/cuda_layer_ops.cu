@@ -1,0 +1,267 @@
+// A layer's small per-token operations, one kernel each (see
+// cuda_layer_ops.h). Every product and sum that is an op of its own in the
+// ATen chain is rounded (__fmul_rn, __fadd_rn: no multiply-add contracted
+// across them) and then rounded to the tensor's type, as that op's result.
+#include <cmath>
+
+#include "model/kernels/cuda_element.cuh"
+#include "model/kernels/cuda_layer_ops.h"
+
+namespace moh {
+namespace {
+
+using cuda::ByElement;
+using cuda::FromFloat;
+using cuda::Round;
+using cuda::ToFloat;
+using cuda::WarpSum;
+
+constexpr int kNormThreads = 256;
+constexpr int kElementThreads = 256;
+constexpr int kRouterThreads = 128;
+
+int Blocks(int64_t items) {
+  return static_cast<int>((items + kElementThreads - 1) / kElementThreads);
+}
+
+// A thread block per row: hidden += residual (rounded, as add_), then
+// out = hidden * rsqrt(mean(hidden^2) + eps) * weight in float, rounded once
+// (as at::rms_norm). Each thread reads back only what it wrote.
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads)
+    AddRmsNormKernel(AddRmsNormArgs a) {
+  const int64_t row = blockIdx.x;
+  T* h = static_cast<T*>(a.hidden.data) + row * a.hidden.row_stride;
+  const T* r =
+      static_cast<const T*>(a.residual.data) + row * a.residual.row_stride;
+  const T* w = static_cast<const T*>(a.weight);
+  T* out = static_cast<T*>(a.out.data) + row * a.out.row_stride;
+  float squares = 0.f;
+  for (int i = threadIdx.x; i < a.width; i += kNormThreads) {
+    const T sum = FromFloat<T>(__fadd_rn(ToFloat(h[i]), ToFloat(r[i])));
+    h[i] = sum;
+    const float s = ToFloat(sum);
+    squares += s * s;
+  }
+  __shared__ float warp_sums[kNormThreads / 32];
+  squares = WarpSum(squares);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = squares;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNormThreads / 32; ++i) total += warp_sums[i];
+  const float scale = rsqrtf(total / static_cast<float>(a.width) + a.eps);
+  for (int i = threadIdx.x; i < a.width; i += kNormThreads) {
+    out[i] = FromFloat<T>(ToFloat(h[i]) * scale * ToFloat(w[i]));
+  }
+}
+
+// x's pair (j, j + half) rotated at `position`: x * cos + rotate_half(x) *
+// sin, each product and the sum rounded to T as the ATen chain's ops.
+template <typename T>
+__device__ inline void RotatePair(const T* x, int64_t position,
+                                  const RopeTables& tables, int j, int half,
+                                  T* lo, T* hi) {
+  if (position < 0 || position >= tables.positions) {  // never: validated
+    *lo = *hi = FromFloat<T>(NAN);
+    return;
+  }
+  const T* cos = static_cast<const T*>(tables.cos) + position * 2 * half;
+  const T* sin = static_cast<const T*>(tables.sin) + position * 2 * half;
+  const float x1 = ToFloat(x[j]), x2 = ToFloat(x[j + half]);
+  *lo = FromFloat<T>(__fadd_rn(Round<T>(__fmul_rn(x1, ToFloat(cos[j]))),
+                               Round<T>(__fmul_rn(-x2, ToFloat(sin[j])))));
+  *hi =
+      FromFloat<T>(__fadd_rn(Round<T>(__fmul_rn(x2, ToFloat(cos[j + half]))),
+                             Round<T>(__fmul_rn(x1, ToFloat(sin[j + half])))));
+}
+
+// A thread per (token, head, pair).
+template <typename T>
+__global__ void RopeKernel(RopeArgs a) {
+  const int half = a.head_dim / 2;
+  const int64_t i = int64_t{blockIdx.x} * kElementThreads + threadIdx.x;
+  if (i >= int64_t{a.tokens} * a.heads * half) return;
+  const int j = static_cast<int>(i % half);
+  const int64_t vector = i / half;  // token * heads + head
+  const int64_t t = vector / a.heads, head = vector % a.heads;
+  const T* x =
+      static_cast<const T*>(a.x) + t * a.token_stride + head * a.head_stride;
+  T* out = static_cast<T*>(a.out) + vector * a.head_dim;
+  RotatePair(x, a.positions[t], a.tables, j, half, out + j, out + j + half);
+}
+
+// A thread per (token, head, pair): the key's pair rotated and the value's
+// copied into the token's place in the caches.
+template <typename T>
+__global__ void RopeStoreKvKernel(RopeStoreKvArgs a) {
+  const int half = a.head_dim / 2;
+  const int64_t i = int64_t{blockIdx.x} * kElementThreads + threadIdx.x;
+  if (i >= int64_t{a.tokens} * a.heads * half) return;
+  const int j = static_cast<int>(i % half);
+  const int64_t vector = i / half;
+  const int64_t t = vector / a.heads, head = vector % a.heads;
+  const int64_t from = t * a.token_stride + head * a.head_dim;
+  const int64_t to = a.block[t] * a.stride_block +
+                     a.offset[t] * a.stride_position + head * a.stride_head;
+  T* key = static_cast<T*>(a.key_cache) + to;
+  RotatePair(static_cast<const T*>(a.keys) + from, a.positions[t], a.tables, j,
+             half, key + j, key + j + half);
+  const T* value = static_cast<const T*>(a.values) + from;
+  T* stored = static_cast<T*>(a.value_cache) + to;
+  stored[j] = value[j];
+  stored[j + half] = value[j + half];
+}
+
+// silu_(gate) rounded, then times up rounded (ATen's two ops; its silu is
+// x / (1 + exp(-x)) in float).
+template <typename T>
+__global__ void SiluMulKernel(SiluMulArgs a) {
+  const int64_t i = int64_t{blockIdx.x} * kElementThreads + threadIdx.x;
+  if (i >= a.rows * a.inter) return;
+  const int64_t row = i / a.inter, c = i % a.inter;
+  const T* both = static_cast<const T*>(a.both) + row * 2 * a.inter;
+  const float g = ToFloat(both[c]);
+  const float silu = Round<T>(__fdiv_rn(g, __fadd_rn(1.f, expf(-g))));
+  static_cast<T*>(a.out)[i] =
+      FromFloat<T>(__fmul_rn(silu, ToFloat(both[a.inter + c])));
+}
+
+// Whether routed head j's gate ranks before head r's: the larger first,
+// NaN above every number, equal gates the lower head first.
+__device__ inline bool RanksBefore(float gate_j, int j, float gate_r, int r) {
+  if (isnan(gate_j)) return !isnan(gate_r) || j < r;
+  if (isnan(gate_r)) return false;
+  return gate_j > gate_r || (gate_j == gate_r && j < r);
+}
+
+// A thread block per token. The routed heads' query norms (a warp each),
+// then on one thread their std, quotients and softmax, each rounded as its
+// ATen op (linalg_vector_norm, std, div, softmax); then each head's rank
+// among the gates: kept when below the token's K.
+template <typename T>
+__global__ void __launch_bounds__(kRouterThreads)
+    QueryNormGatesKernel(QueryNormGatesArgs a) {
+  __shared__ float gate[kQueryNormMaxRouted];
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const T* q = static_cast<const T*>(a.queries) + t * a.token_stride;
+  for (int r = warp; r < a.routed; r += kRouterThreads / 32) {
+    const T* head = q + int64_t{a.shared + r} * a.head_stride;
+    float squares = 0.f;
+    for (int d = lane; d < a.head_dim; d += 32) {
+      const float v = ToFloat(head[d]);
+      squares += v * v;
+    }
+    squares = WarpSum(squares);
+    if (lane == 0) gate[r] = Round<T>(sqrtf(squares));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int n = a.routed;
+    float mean = 0.f;
+    for (int r = 0; r < n; ++r) mean += gate[r];
+    mean /= static_cast<float>(n);
+    float deviations = 0.f;
+    for (int r = 0; r < n; ++r) {
+      const float d = gate[r] - mean;
+      deviations += d * d;
+    }
+    // Unbiased: one routed head gives 0 / 0, NaN, as at::std.
+    const float std = Round<T>(sqrtf(deviations / static_cast<float>(n - 1)));
+    float most = -INFINITY;
+    for (int r = 0; r < n; ++r) {
+      gate[r] = Round<T>(__fdiv_rn(gate[r], std));
+      most = fmaxf(most, gate[r]);
+    }
+    float sum = 0.f;
+    for (int r = 0; r < n; ++r) {
+      gate[r] = expf(gate[r] - most);
+      sum += gate[r];
+    }
+    for (int r = 0; r < n; ++r) gate[r] = Round<T>(__fdiv_rn(gate[r], sum));
+  }
+  __syncthreads();
+  const int64_t k = a.top_k[t];
+  const int width = a.shared + a.routed;
+  T* out = static_cast<T*>(a.gates) + t * width;
+  for (int h = threadIdx.x; h < width; h += kRouterThreads) {
+    if (h < a.shared) {
+      out[h] = FromFloat<T>(1.f);
+      continue;
+    }
+    const int r = h - a.shared;
+    int rank = 0;
+    for (int j = 0; j < a.routed; ++j)
+      rank += RanksBefore(gate[j], j, gate[r], r);
+    out[h] = FromFloat<T>(rank < k ? 1.f : 0.f);
+  }
+}
+
+const char* Result(cudaError_t error) {
+  return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+}
+
+cudaStream_t Stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+}  // namespace
+
+const char* LaunchAddRmsNorm(const AddRmsNormArgs& args) {
+  if (args.rows <= 0 || args.width <= 0) return nullptr;
+  return Result(ByElement(args.type, [&](auto element) {
+    using T = decltype(element);
+    AddRmsNormKernel<T>
+        <<<args.rows, kNormThreads, 0, Stream(args.stream)>>>(args);
+    return cudaGetLastError();
+  }));
+}
+
+const char* LaunchRope(const RopeArgs& args) {
+  if (args.head_dim % 2 != 0) return "rope: odd head_dim";
+  const int64_t items = int64_t{args.tokens} * args.heads * (args.head_dim / 2);
+  if (items == 0) return nullptr;
+  return Result(ByElement(args.type, [&](auto element) {
+    using T = decltype(element);
+    RopeKernel<T>
+        <<<Blocks(items), kElementThreads, 0, Stream(args.stream)>>>(args);
+    return cudaGetLastError();
+  }));
+}
+
+const char* LaunchRopeStoreKv(const RopeStoreKvArgs& args) {
+  if (args.head_dim % 2 != 0) return "rope store: odd head_dim";
+  const int64_t items = int64_t{args.tokens} * args.heads * (args.head_dim / 2);
+  if (items == 0) return nullptr;
+  return Result(ByElement(args.type, [&](auto element) {
+    using T = decltype(element);
+    RopeStoreKvKernel<T>
+        <<<Blocks(items), kElementThreads, 0, Stream(args.stream)>>>(args);
+    return cudaGetLastError();
+  }));
+}
+
+const char* LaunchSiluMul(const SiluMulArgs& args) {
+  const int64_t items = args.rows * args.inter;
+  if (items == 0) return nullptr;
+  return Result(ByElement(args.type, [&](auto element) {
+    using T = decltype(element);
+    SiluMulKernel<T>
+        <<<Blocks(items), kElementThreads, 0, Stream(args.stream)>>>(args);
+    return cudaGetLastError();
+  }));
+}
+
+const char* LaunchQueryNormGates(const QueryNormGatesArgs& args) {
+  if (args.routed <= 0 || args.routed > kQueryNormMaxRouted) {
+    return "query-norm gates: routed heads out of [1, 256]";
+  }
+  if (args.tokens == 0) return nullptr;
+  return Result(ByElement(args.type, [&](auto element) {
+    using T = decltype(element);
+    QueryNormGatesKernel<T>
+        <<<args.tokens, kRouterThreads, 0, Stream(args.stream)>>>(args);
+    return cudaGetLastError();
+  }));
+}
+
+}  // namespace moh
