@@ -1,6 +1,7 @@
 #include "model/core/best_logits.h"
 
 #include <limits>
+#include <tuple>
 
 namespace moh {
 namespace {
@@ -28,20 +29,18 @@ at::Tensor OrderKeys(const at::Tensor& x) {
   return order.to(at::kLong) * kIdSpan + ((kIdSpan - 1) - ids);
 }
 
-}  // namespace
-
-std::pair<at::Tensor, at::Tensor> BestLogits(const at::Tensor& logits,
-                                             int64_t limit, int64_t k) {
-  const at::Tensor x = Cleaned(logits, limit);
+// The best k of x (Cleaned) by keys (OrderKeys(x)).
+std::pair<at::Tensor, at::Tensor> Best(const at::Tensor& x,
+                                       const at::Tensor& keys, int64_t k) {
   const at::Tensor top =
-      std::get<0>(OrderKeys(x).topk(k, -1, /*largest=*/true, /*sorted=*/true));
+      std::get<0>(keys.topk(k, -1, /*largest=*/true, /*sorted=*/true));
   const at::Tensor ids = (kIdSpan - 1) - at::remainder(top, kIdSpan);
   return {x.gather(-1, ids), ids};
 }
 
-at::Tensor RowStats(const at::Tensor& logits, int64_t limit,
-                    const at::Tensor& params) {
-  const at::Tensor x = Cleaned(logits, limit);
+// RowStats of x (Cleaned, its first `limit` entries) and its keys.
+at::Tensor Stats(const at::Tensor& x, const at::Tensor& keys, int64_t limit,
+                 const at::Tensor& params) {
   const at::Tensor max = std::get<0>(x.max(-1, /*keepdim=*/true));
   const at::Tensor finite = max.isfinite();
   // Where the max is not finite the Sampler draws nothing (its best id);
@@ -72,12 +71,35 @@ at::Tensor RowStats(const at::Tensor& logits, int64_t limit,
   const at::Tensor below =
       at::where(id > 0, cumulative.gather(-1, (id - 1).clamp_min(0)),
                 at::zeros_like(up_to));
-  const at::Tensor keys = OrderKeys(x);
   const at::Tensor rank =
       (keys > keys.gather(-1, id)).sum(-1, true).to(at::kDouble) + 1.0;
   return at::cat({log_z, sum, id.to(at::kDouble), target, below, up_to,
                   x.gather(-1, id).to(at::kDouble), rank},
                  1);
+}
+
+}  // namespace
+
+ReducedLogits ReduceLogits(const at::Tensor& logits, int64_t limit, int64_t k,
+                           const at::Tensor& params) {
+  const at::Tensor x = Cleaned(logits, limit);
+  const at::Tensor keys = OrderKeys(x);
+  ReducedLogits out;
+  std::tie(out.values, out.ids) = Best(x, keys, k);
+  if (params.defined()) out.stats = Stats(x, keys, limit, params);
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> BestLogits(const at::Tensor& logits,
+                                             int64_t limit, int64_t k) {
+  ReducedLogits reduced = ReduceLogits(logits, limit, k, at::Tensor());
+  return {reduced.values, reduced.ids};
+}
+
+at::Tensor RowStats(const at::Tensor& logits, int64_t limit,
+                    const at::Tensor& params) {
+  const at::Tensor x = Cleaned(logits, limit);
+  return Stats(x, OrderKeys(x), limit, params);
 }
 
 at::Tensor RowReductionParams(const std::vector<RowReduction>& reductions) {

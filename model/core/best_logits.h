@@ -62,6 +62,16 @@ enum RowStat : int64_t {
 at::Tensor RowStats(const at::Tensor& logits, int64_t limit,
                     const at::Tensor& params);
 
+// BestLogits and, where `params` is defined, RowStats of the same logits,
+// cleaning them and building their order once (what a step that needs both
+// asks for).
+struct ReducedLogits {
+  at::Tensor values, ids;  // BestLogits'
+  at::Tensor stats;        // RowStats', or undefined
+};
+ReducedLogits ReduceLogits(const at::Tensor& logits, int64_t limit, int64_t k,
+                           const at::Tensor& params);
+
 // `reductions` as RowStats' params (CPU).
 at::Tensor RowReductionParams(const std::vector<RowReduction>& reductions);
 

@@ -334,13 +334,11 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     // of every row.
     const at::Tensor logits = (*results)[0];
     out.resident_logits = logits;
-    auto [values, ids] =
-        BestLogits(logits, batch.top_logits_limit, batch.top_logits);
-    if (stats) {
-      results->push_back(
-          RowStats(logits, batch.top_logits_limit,
-                   context_->Upload(RowReductionParams(batch.row_reductions))));
-    }
+    ReducedLogits reduced = ReduceLogits(
+        logits, batch.top_logits_limit, batch.top_logits,
+        stats ? context_->Upload(RowReductionParams(batch.row_reductions))
+              : at::Tensor());
+    if (stats) results->push_back(reduced.stats);
     std::vector<int64_t> whole;
     for (size_t b = 0; b < batch.whole_logits.size(); ++b) {
       if (batch.whole_logits[b]) whole.push_back(static_cast<int64_t>(b));
@@ -349,8 +347,8 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
       (*results)[0] = logits.index_select(
           0, context_->Upload(at::tensor(whole, at::kLong)));
     }
-    results->push_back(values);
-    results->push_back(ids);
+    results->push_back(reduced.values);
+    results->push_back(reduced.ids);
   }
   // One copy to the host and one wait for the whole step's results.
   results = context_->Download(*results);

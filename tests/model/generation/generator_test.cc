@@ -580,6 +580,25 @@ TEST(RowStatsTest, TheSamplersSumsAndDraw) {
   }
 }
 
+// One pass for both (what a step asks for): BestLogits' and RowStats'
+// results exactly, and no stats without params.
+TEST(RowStatsTest, ReduceLogitsIsBestLogitsAndRowStats) {
+  at::manual_seed(22);
+  at::Tensor logits = at::randn({3, 300}) * 2;
+  logits[0][5] = std::numeric_limits<float>::quiet_NaN();
+  logits[1][7] = -0.0f;
+  const at::Tensor params = RowReductionParams(
+      {{1.0f, -std::numeric_limits<float>::infinity(), 0.3},
+       {0.5f, 0.5f * std::log(0.1f), 0.9},
+       {2.0f, -std::numeric_limits<float>::infinity(), -1.0}});
+  const ReducedLogits both = ReduceLogits(logits, 290, 7, params);
+  const auto [values, ids] = BestLogits(logits, 290, 7);
+  EXPECT_TRUE(at::equal(both.values, values));
+  EXPECT_TRUE(at::equal(both.ids, ids));
+  EXPECT_TRUE(at::equal(both.stats, RowStats(logits, 290, params)));
+  EXPECT_FALSE(ReduceLogits(logits, 290, 7, at::Tensor()).stats.defined());
+}
+
 // Top-p alone, temperature alone (with min_p) and log-probabilities, each
 // reduced where the logits lie: the draws and entries Next makes from the
 // whole row, with the same seed. A nucleus past the best 256 (a flat row)
