@@ -8,6 +8,7 @@
 #include <string>
 
 #include "model/core/cuda_element_of.h"
+#include "model/core/fused_layer_ops_args.h"
 #include "model/kernels/cuda_layer_ops.h"
 #endif
 
@@ -17,13 +18,12 @@ namespace moh {
 
 namespace {
 
-// Whether the kernels take these tensors: on one CUDA device, in one type
-// they take (*type), each with its last dimension contiguous.
+// Whether the kernels take these tensors: on one device, in one type they
+// take (*type), each with its last dimension contiguous.
 bool Served(std::initializer_list<const at::Tensor*> tensors,
             CudaElement* type) {
   const at::Tensor& first = **tensors.begin();
-  if (!first.defined() || !first.is_cuda() ||
-      !CudaElementOf(first.scalar_type(), type)) {
+  if (!first.defined() || !CudaElementOf(first.scalar_type(), type)) {
     return false;
   }
   for (const at::Tensor* t : tensors) {
@@ -36,11 +36,11 @@ bool Served(std::initializer_list<const at::Tensor*> tensors,
   return true;
 }
 
-// An int64 index vector of n on `like`'s device.
+// A contiguous int64 index vector of n on `like`'s device.
 bool IndexServed(const at::Tensor& index, int64_t n, const at::Tensor& like) {
   return index.defined() && index.device() == like.device() &&
          index.scalar_type() == at::kLong && index.dim() == 1 &&
-         index.size(0) == n;
+         index.size(0) == n && index.is_contiguous();
 }
 
 bool RopeTablesServed(const at::Tensor& x, const at::Tensor& cos,
@@ -64,22 +64,124 @@ void Check(const char* error, const char* what) {
 
 }  // namespace
 
-at::Tensor FusedAddRmsNorm(at::Tensor& hidden, const at::Tensor& residual,
-                           const at::Tensor& weight, double eps) {
-  AddRmsNormArgs a;
-  if (!Served({&hidden, &residual, &weight}, &a.type) || hidden.dim() != 2 ||
+bool AddRmsNormArgsFor(at::Tensor& hidden, const at::Tensor& residual,
+                       const at::Tensor& weight, double eps, at::Tensor* out,
+                       AddRmsNormArgs* a) {
+  if (!Served({&hidden, &residual, &weight}, &a->type) || hidden.dim() != 2 ||
       residual.sizes() != hidden.sizes() || weight.dim() != 1 ||
       weight.size(0) != hidden.size(1)) {
+    return false;
+  }
+  *out = at::empty(hidden.sizes(), hidden.options());
+  a->hidden = CudaRows{hidden.data_ptr(), hidden.stride(0)};
+  a->residual = CudaRows{residual.data_ptr(), residual.stride(0)};
+  a->weight = weight.data_ptr();
+  a->out = CudaRows{out->data_ptr(), out->stride(0)};
+  a->rows = static_cast<int>(hidden.size(0));
+  a->width = static_cast<int>(hidden.size(1));
+  a->eps = static_cast<float>(eps);
+  return true;
+}
+
+bool RopeArgsFor(const at::Tensor& x, const at::Tensor& positions,
+                 const at::Tensor& cos, const at::Tensor& sin, at::Tensor* out,
+                 RopeArgs* a) {
+  if (!Served({&x, &cos, &sin}, &a->type) || x.dim() != 3 ||
+      !RopeTablesServed(x, cos, sin) || !IndexServed(positions, x.size(0), x)) {
+    return false;
+  }
+  *out = at::empty(x.sizes(), x.options());
+  a->x = x.data_ptr();
+  a->token_stride = x.stride(0);
+  a->head_stride = x.stride(1);
+  a->positions = positions.data_ptr<int64_t>();
+  a->tables = Tables(cos, sin);
+  a->out = out->data_ptr();
+  a->tokens = static_cast<int>(x.size(0));
+  a->heads = static_cast<int>(x.size(1));
+  a->head_dim = static_cast<int>(x.size(2));
+  return true;
+}
+
+bool RopeStoreKvArgsFor(const at::Tensor& keys, const at::Tensor& values,
+                        const at::Tensor& positions, const at::Tensor& cos,
+                        const at::Tensor& sin, const at::Tensor& block,
+                        const at::Tensor& offset, const at::Tensor& key_cache,
+                        const at::Tensor& value_cache, RopeStoreKvArgs* a) {
+  const int64_t n = keys.dim() == 3 ? keys.size(0) : -1;
+  if (!Served({&keys, &values, &cos, &sin, &key_cache, &value_cache},
+              &a->type) ||
+      keys.dim() != 3 || values.sizes() != keys.sizes() ||
+      values.strides() != keys.strides() || keys.stride(1) != keys.size(2) ||
+      !RopeTablesServed(keys, cos, sin) || key_cache.dim() != 4 ||
+      key_cache.sizes() != value_cache.sizes() ||
+      key_cache.strides() != value_cache.strides() ||
+      key_cache.size(2) < keys.size(1) || key_cache.size(3) != keys.size(2) ||
+      !IndexServed(positions, n, keys) || !IndexServed(block, n, keys) ||
+      !IndexServed(offset, n, keys)) {
+    return false;
+  }
+  a->keys = keys.data_ptr();
+  a->values = values.data_ptr();
+  a->token_stride = keys.stride(0);
+  a->positions = positions.data_ptr<int64_t>();
+  a->tables = Tables(cos, sin);
+  a->block = block.data_ptr<int64_t>();
+  a->offset = offset.data_ptr<int64_t>();
+  a->key_cache = key_cache.data_ptr();
+  a->value_cache = value_cache.data_ptr();
+  a->stride_block = key_cache.stride(0);
+  a->stride_position = key_cache.stride(1);
+  a->stride_head = key_cache.stride(2);
+  a->tokens = static_cast<int>(n);
+  a->heads = static_cast<int>(keys.size(1));
+  a->head_dim = static_cast<int>(keys.size(2));
+  return true;
+}
+
+bool SiluMulArgsFor(const at::Tensor& both, at::Tensor* out, SiluMulArgs* a) {
+  if (!Served({&both}, &a->type) || both.dim() != 2 || !both.is_contiguous() ||
+      both.size(1) % 2 != 0) {
+    return false;
+  }
+  a->rows = both.size(0);
+  a->inter = both.size(1) / 2;
+  *out = at::empty({a->rows, a->inter}, both.options());
+  a->both = both.data_ptr();
+  a->out = out->data_ptr();
+  return true;
+}
+
+bool QueryNormGatesArgsFor(const at::Tensor& queries, const at::Tensor& top_k,
+                           int64_t shared, int64_t routed, at::Tensor* out,
+                           QueryNormGatesArgs* a) {
+  if (!Served({&queries}, &a->type) || queries.dim() != 3 || shared < 0 ||
+      routed <= 0 || routed > kQueryNormMaxRouted ||
+      queries.size(1) != shared + routed ||
+      !IndexServed(top_k, queries.size(0), queries)) {
+    return false;
+  }
+  *out = at::empty({queries.size(0), shared + routed}, queries.options());
+  a->queries = queries.data_ptr();
+  a->token_stride = queries.stride(0);
+  a->head_stride = queries.stride(1);
+  a->top_k = top_k.data_ptr<int64_t>();
+  a->gates = out->data_ptr();
+  a->tokens = static_cast<int>(queries.size(0));
+  a->shared = static_cast<int>(shared);
+  a->routed = static_cast<int>(routed);
+  a->head_dim = static_cast<int>(queries.size(2));
+  return true;
+}
+
+at::Tensor FusedAddRmsNorm(at::Tensor& hidden, const at::Tensor& residual,
+                           const at::Tensor& weight, double eps) {
+  at::Tensor out;
+  AddRmsNormArgs a;
+  if (!hidden.is_cuda() ||
+      !AddRmsNormArgsFor(hidden, residual, weight, eps, &out, &a)) {
     return at::Tensor();
   }
-  at::Tensor out = at::empty_like(hidden, at::MemoryFormat::Contiguous);
-  a.hidden = CudaRows{hidden.data_ptr(), hidden.stride(0)};
-  a.residual = CudaRows{residual.data_ptr(), residual.stride(0)};
-  a.weight = weight.data_ptr();
-  a.out = CudaRows{out.data_ptr(), out.stride(0)};
-  a.rows = static_cast<int>(hidden.size(0));
-  a.width = static_cast<int>(hidden.size(1));
-  a.eps = static_cast<float>(eps);
   a.stream = CurrentStream();
   Check(LaunchAddRmsNorm(a), "FusedAddRmsNorm");
   return out;
@@ -87,22 +189,11 @@ at::Tensor FusedAddRmsNorm(at::Tensor& hidden, const at::Tensor& residual,
 
 at::Tensor FusedRope(const at::Tensor& x, const at::Tensor& positions,
                      const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor out;
   RopeArgs a;
-  if (!Served({&x, &cos, &sin}, &a.type) || x.dim() != 3 ||
-      !RopeTablesServed(x, cos, sin) || !IndexServed(positions, x.size(0), x)) {
+  if (!x.is_cuda() || !RopeArgsFor(x, positions, cos, sin, &out, &a)) {
     return at::Tensor();
   }
-  const at::Tensor where = positions.contiguous();
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  a.x = x.data_ptr();
-  a.token_stride = x.stride(0);
-  a.head_stride = x.stride(1);
-  a.positions = where.data_ptr<int64_t>();
-  a.tables = Tables(cos, sin);
-  a.out = out.data_ptr();
-  a.tokens = static_cast<int>(x.size(0));
-  a.heads = static_cast<int>(x.size(1));
-  a.head_dim = static_cast<int>(x.size(2));
   a.stream = CurrentStream();
   Check(LaunchRope(a), "FusedRope");
   return out;
@@ -114,53 +205,20 @@ bool FusedRopeStoreKv(const at::Tensor& keys, const at::Tensor& values,
                       const at::Tensor& offset, const at::Tensor& key_cache,
                       const at::Tensor& value_cache) {
   RopeStoreKvArgs a;
-  const int64_t n = keys.dim() == 3 ? keys.size(0) : -1;
-  if (!Served({&keys, &values, &cos, &sin, &key_cache, &value_cache},
-              &a.type) ||
-      keys.dim() != 3 || values.sizes() != keys.sizes() ||
-      values.strides() != keys.strides() || keys.stride(1) != keys.size(2) ||
-      !RopeTablesServed(keys, cos, sin) || key_cache.dim() != 4 ||
-      key_cache.sizes() != value_cache.sizes() ||
-      key_cache.strides() != value_cache.strides() ||
-      key_cache.size(2) < keys.size(1) || key_cache.size(3) != keys.size(2) ||
-      !IndexServed(positions, n, keys) || !IndexServed(block, n, keys) ||
-      !IndexServed(offset, n, keys)) {
+  if (!keys.is_cuda() ||
+      !RopeStoreKvArgsFor(keys, values, positions, cos, sin, block, offset,
+                          key_cache, value_cache, &a)) {
     return false;
   }
-  const at::Tensor where = positions.contiguous();
-  const at::Tensor blocks = block.contiguous();
-  const at::Tensor offsets = offset.contiguous();
-  a.keys = keys.data_ptr();
-  a.values = values.data_ptr();
-  a.token_stride = keys.stride(0);
-  a.positions = where.data_ptr<int64_t>();
-  a.tables = Tables(cos, sin);
-  a.block = blocks.data_ptr<int64_t>();
-  a.offset = offsets.data_ptr<int64_t>();
-  a.key_cache = key_cache.data_ptr();
-  a.value_cache = value_cache.data_ptr();
-  a.stride_block = key_cache.stride(0);
-  a.stride_position = key_cache.stride(1);
-  a.stride_head = key_cache.stride(2);
-  a.tokens = static_cast<int>(n);
-  a.heads = static_cast<int>(keys.size(1));
-  a.head_dim = static_cast<int>(keys.size(2));
   a.stream = CurrentStream();
   Check(LaunchRopeStoreKv(a), "FusedRopeStoreKv");
   return true;
 }
 
 at::Tensor FusedSiluMul(const at::Tensor& both) {
+  at::Tensor out;
   SiluMulArgs a;
-  if (!Served({&both}, &a.type) || both.dim() != 2 || !both.is_contiguous() ||
-      both.size(1) % 2 != 0) {
-    return at::Tensor();
-  }
-  a.rows = both.size(0);
-  a.inter = both.size(1) / 2;
-  at::Tensor out = at::empty({a.rows, a.inter}, both.options());
-  a.both = both.data_ptr();
-  a.out = out.data_ptr();
+  if (!both.is_cuda() || !SiluMulArgsFor(both, &out, &a)) return at::Tensor();
   a.stream = CurrentStream();
   Check(LaunchSiluMul(a), "FusedSiluMul");
   return out;
@@ -169,28 +227,15 @@ at::Tensor FusedSiluMul(const at::Tensor& both) {
 at::Tensor FusedQueryNormGates(const at::Tensor& queries,
                                const at::Tensor& top_k, int64_t shared,
                                int64_t routed) {
+  at::Tensor out;
   QueryNormGatesArgs a;
-  if (!Served({&queries}, &a.type) || queries.dim() != 3 || shared < 0 ||
-      routed <= 0 || routed > kQueryNormMaxRouted ||
-      queries.size(1) != shared + routed ||
-      !IndexServed(top_k, queries.size(0), queries)) {
+  if (!queries.is_cuda() ||
+      !QueryNormGatesArgsFor(queries, top_k, shared, routed, &out, &a)) {
     return at::Tensor();
   }
-  const at::Tensor k = top_k.contiguous();
-  at::Tensor gates =
-      at::empty({queries.size(0), shared + routed}, queries.options());
-  a.queries = queries.data_ptr();
-  a.token_stride = queries.stride(0);
-  a.head_stride = queries.stride(1);
-  a.top_k = k.data_ptr<int64_t>();
-  a.gates = gates.data_ptr();
-  a.tokens = static_cast<int>(queries.size(0));
-  a.shared = static_cast<int>(shared);
-  a.routed = static_cast<int>(routed);
-  a.head_dim = static_cast<int>(queries.size(2));
   a.stream = CurrentStream();
   Check(LaunchQueryNormGates(a), "FusedQueryNormGates");
-  return gates;
+  return out;
 }
 
 #else  // a CPU LibTorch: no kernels, the ATen chains run

@@ -3,8 +3,10 @@
 // a chain of ATen ops and returns what that chain returns, rounded where it
 // rounds. Each returns an undefined tensor (false) where it does not take
 // its inputs: a CPU tensor, a type other than float32, bfloat16 or float16,
-// mixed types, a last dimension that is not contiguous, or a build against
-// a CPU LibTorch (no kernels); the caller then runs the ATen chain.
+// mixed types, a last dimension that is not contiguous, an index tensor
+// that is not contiguous, or a build against a CPU LibTorch (no kernels);
+// the caller then runs the ATen chain. (fused_layer_ops_args.h: the
+// kernels' arguments for given tensors, for tests.)
 #pragma once
 
 #include <ATen/ATen.h>

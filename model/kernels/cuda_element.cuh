@@ -9,6 +9,14 @@
 
 #include "model/kernels/cuda_element.h"
 
+// kernel<<<grid, block, 0, stream>>>(args...), then the launch's error. A
+// test may define it first to run the kernels elsewhere
+// (tests/model/kernels/cuda_host_emulation.h: on the CPU).
+#ifndef MOH_CUDA_LAUNCH
+#define MOH_CUDA_LAUNCH(kernel, grid, block, stream, ...) \
+  (kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__), cudaGetLastError())
+#endif
+
 namespace moh {
 namespace cuda {
 

@@ -210,9 +210,8 @@ const char* LaunchAddRmsNorm(const AddRmsNormArgs& args) {
   if (args.rows <= 0 || args.width <= 0) return nullptr;
   return Result(ByElement(args.type, [&](auto element) {
     using T = decltype(element);
-    AddRmsNormKernel<T>
-        <<<args.rows, kNormThreads, 0, Stream(args.stream)>>>(args);
-    return cudaGetLastError();
+    return MOH_CUDA_LAUNCH(AddRmsNormKernel<T>, args.rows, kNormThreads,
+                           Stream(args.stream), args);
   }));
 }
 
@@ -222,9 +221,8 @@ const char* LaunchRope(const RopeArgs& args) {
   if (items == 0) return nullptr;
   return Result(ByElement(args.type, [&](auto element) {
     using T = decltype(element);
-    RopeKernel<T>
-        <<<Blocks(items), kElementThreads, 0, Stream(args.stream)>>>(args);
-    return cudaGetLastError();
+    return MOH_CUDA_LAUNCH(RopeKernel<T>, Blocks(items), kElementThreads,
+                           Stream(args.stream), args);
   }));
 }
 
@@ -234,9 +232,8 @@ const char* LaunchRopeStoreKv(const RopeStoreKvArgs& args) {
   if (items == 0) return nullptr;
   return Result(ByElement(args.type, [&](auto element) {
     using T = decltype(element);
-    RopeStoreKvKernel<T>
-        <<<Blocks(items), kElementThreads, 0, Stream(args.stream)>>>(args);
-    return cudaGetLastError();
+    return MOH_CUDA_LAUNCH(RopeStoreKvKernel<T>, Blocks(items), kElementThreads,
+                           Stream(args.stream), args);
   }));
 }
 
@@ -245,9 +242,8 @@ const char* LaunchSiluMul(const SiluMulArgs& args) {
   if (items == 0) return nullptr;
   return Result(ByElement(args.type, [&](auto element) {
     using T = decltype(element);
-    SiluMulKernel<T>
-        <<<Blocks(items), kElementThreads, 0, Stream(args.stream)>>>(args);
-    return cudaGetLastError();
+    return MOH_CUDA_LAUNCH(SiluMulKernel<T>, Blocks(items), kElementThreads,
+                           Stream(args.stream), args);
   }));
 }
 
@@ -258,9 +254,8 @@ const char* LaunchQueryNormGates(const QueryNormGatesArgs& args) {
   if (args.tokens == 0) return nullptr;
   return Result(ByElement(args.type, [&](auto element) {
     using T = decltype(element);
-    QueryNormGatesKernel<T>
-        <<<args.tokens, kRouterThreads, 0, Stream(args.stream)>>>(args);
-    return cudaGetLastError();
+    return MOH_CUDA_LAUNCH(QueryNormGatesKernel<T>, args.tokens, kRouterThreads,
+                           Stream(args.stream), args);
   }));
 }
 

@@ -1,0 +1,36 @@
+// The fused layer kernels' arguments for given tensors (fused_layer_ops.h's
+// side of each launch, before the stream): on any device, so that a test can
+// run the kernels' host emulation (tests/model/kernels/) over the same
+// arguments as a CUDA launch. Only in builds with the kernels (a CUDA
+// LibTorch: MOH_CUDA_KERNELS).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "model/kernels/cuda_layer_ops.h"
+
+namespace moh {
+
+// Each fills *args (and allocates *out where the kernel writes a new
+// tensor) and returns true, or returns false where the kernel does not take
+// the tensors (fused_layer_ops.h says which; index tensors must be
+// contiguous). args->stream is left null.
+bool AddRmsNormArgsFor(at::Tensor& hidden, const at::Tensor& residual,
+                       const at::Tensor& weight, double eps, at::Tensor* out,
+                       AddRmsNormArgs* args);
+bool RopeArgsFor(const at::Tensor& x, const at::Tensor& positions,
+                 const at::Tensor& cos, const at::Tensor& sin, at::Tensor* out,
+                 RopeArgs* args);
+bool RopeStoreKvArgsFor(const at::Tensor& keys, const at::Tensor& values,
+                        const at::Tensor& positions, const at::Tensor& cos,
+                        const at::Tensor& sin, const at::Tensor& block,
+                        const at::Tensor& offset, const at::Tensor& key_cache,
+                        const at::Tensor& value_cache, RopeStoreKvArgs* args);
+bool SiluMulArgsFor(const at::Tensor& both, at::Tensor* out, SiluMulArgs* args);
+bool QueryNormGatesArgsFor(const at::Tensor& queries, const at::Tensor& top_k,
+                           int64_t shared, int64_t routed, at::Tensor* out,
+                           QueryNormGatesArgs* args);
+
+}  // namespace moh

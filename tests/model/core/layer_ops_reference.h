@@ -1,0 +1,285 @@
+// The fused CUDA layer kernels' checks (model/kernels/cuda_layer_ops.cu):
+// each against the ATen chain it replaces (LlamaModel's and MohRouter's ops,
+// written out), on fresh random inputs with the output poisoned first, for
+// gpu_fused_ops_test.cc (on CUDA, through fused_layer_ops.h) and
+// cuda_layer_ops_emulated_test.cc (the same kernels run on the CPU).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/checkpoint/checkpoint.h"
+#include "model/core/kv_cache.h"
+#include "model/core/moh_router.h"
+
+namespace moh::layer_ops_reference {
+
+// Elementwise |got - want| <= tolerance * max(1, |want|), NaN never passing.
+inline void ExpectNear(const at::Tensor& got, const at::Tensor& want,
+                       double tolerance, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const at::Tensor g = got.to(at::kFloat).cpu();
+  const at::Tensor w = want.to(at::kFloat).cpu();
+  ASSERT_FALSE(at::isnan(g).any().item<bool>()) << what;
+  const at::Tensor excess =
+      (g - w).abs() - tolerance * at::clamp_min(w.abs(), 1.0);
+  EXPECT_LE(excess.max().item<double>(), 0.0)
+      << what << ": largest difference " << (g - w).abs().max().item<double>();
+}
+
+// One rounding of the type: float32 results differ by a reduction's order.
+inline double Tolerance(at::ScalarType type) {
+  return type == at::kFloat ? 1e-5 : 8e-3;
+}
+
+// hidden (after the residual add) * rsqrt(mean(hidden^2) + eps) * weight in
+// float32, rounded once (at::rms_norm).
+inline at::Tensor RmsNormChain(const at::Tensor& hidden,
+                               const at::Tensor& weight, double eps) {
+  const at::Tensor h = hidden.to(at::kFloat);
+  return (h * at::rsqrt(h.pow(2).mean(-1, true) + eps) * weight.to(at::kFloat))
+      .to(hidden.scalar_type());
+}
+
+inline at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// x [N, H, D] * cos + rotate_half(x) * sin at positions [N], every op in
+// x's type.
+inline at::Tensor RopeChain(const at::Tensor& x, const at::Tensor& positions,
+                            const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos.index_select(0, positions).unsqueeze(1) +
+         RotateHalf(x) * sin.index_select(0, positions).unsqueeze(1);
+}
+
+struct RopeTables {
+  at::Tensor cos, sin;
+};
+
+// Tables as the model builds them: [positions, D] in `options`' type.
+inline RopeTables MakeRopeTables(int64_t positions, int64_t d,
+                                 const at::TensorOptions& options) {
+  const at::Tensor inv = at::pow(
+      10000.0, -at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
+  const at::Tensor freqs = at::outer(at::arange(positions, at::kDouble), inv);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(options), emb.sin().to(options)};
+}
+
+inline at::Tensor SiluMulChain(const at::Tensor& both) {
+  const int64_t inter = both.size(1) / 2;
+  return at::silu(both.narrow(1, 0, inter)).mul(both.narrow(1, inter, inter));
+}
+
+// The query-norm router's gates over the routed heads before top-K:
+// softmax(norm / std(norm)) in the queries' type ([N, routed], float32 on
+// the CPU).
+inline at::Tensor QueryNormChainGates(const at::Tensor& q, int64_t shared,
+                                      int64_t routed) {
+  const at::Tensor norms = at::linalg_vector_norm(q.narrow(1, shared, routed),
+                                                  2, {-1}, false, c10::nullopt);
+  const at::Tensor std = at::std(norms, {1}, true, true);
+  return at::softmax(norms / std, 1).to(at::kFloat).cpu();
+}
+
+// The routed part of gates [N, shared + routed] keeps top_k[t] heads, each
+// of which ranks at or above every head it leaves out by `chain`
+// (QueryNormChainGates); the shared heads are 1.
+inline void ExpectTopKOf(const at::Tensor& gates, const at::Tensor& chain,
+                         const at::Tensor& top_k, int64_t shared,
+                         int64_t routed, const std::string& what) {
+  const at::Tensor g = gates.to(at::kFloat).cpu();
+  ASSERT_FALSE(at::isnan(g).any().item<bool>()) << what;
+  const int64_t n = g.size(0);
+  if (shared > 0) {
+    EXPECT_TRUE(at::equal(g.narrow(1, 0, shared), at::ones({n, shared})))
+        << what;
+  }
+  const at::Tensor kept = g.narrow(1, shared, routed);
+  EXPECT_TRUE(((kept == 0) | (kept == 1)).all().item<bool>()) << what;
+  EXPECT_TRUE(at::equal(kept.sum(1).to(at::kLong), top_k.cpu())) << what;
+  const at::Tensor in = kept.to(at::kBool);
+  const at::Tensor lowest_kept =
+      at::where(in, chain, at::full_like(chain, INFINITY)).amin(1);
+  const at::Tensor highest_left =
+      at::where(in, at::full_like(chain, -INFINITY), chain).amax(1);
+  EXPECT_TRUE((lowest_kept >= highest_left).all().item<bool>()) << what;
+}
+
+// The kernels as fused_layer_ops.h declares them (on CUDA, or emulated).
+struct LayerKernels {
+  std::function<at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           double)>
+      add_rms_norm;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, const at::Tensor&)>
+      rope;
+  std::function<bool(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                     const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                     const at::Tensor&, const at::Tensor&, const at::Tensor&)>
+      rope_store_kv;
+  std::function<at::Tensor(const at::Tensor&)> silu_mul;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
+                           int64_t)>
+      query_norm_gates;
+};
+
+// A freed block goes back to the next allocation of its size (the CUDA
+// caching allocator; often glibc too): a kernel that leaves an element
+// unwritten shows NaN there, not a value an earlier reference computed.
+inline void PoisonNext(int64_t numel, const at::TensorOptions& options) {
+  at::full({numel}, std::numeric_limits<float>::quiet_NaN(), options);
+}
+
+inline std::string Name(const at::TensorOptions& options) {
+  return c10::toString(at::typeMetaToScalarType(options.dtype()));
+}
+
+inline void CheckAddRmsNorm(const LayerKernels& kernels,
+                            const at::TensorOptions& options) {
+  const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
+  for (const auto& [rows, width] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 4096}, {5, 1000}, {64, 256}, {3, 7}}) {
+    const std::string what = Name(options) + " " + std::to_string(rows) + "x" +
+                             std::to_string(width);
+    at::Tensor hidden = at::randn({rows, width}, options);
+    // A residual whose rows lie apart (a view of a wider product).
+    const at::Tensor residual =
+        at::randn({rows, width + 8}, options).narrow(1, 0, width);
+    const at::Tensor weight = 1 + 0.1 * at::randn({width}, options);
+    at::Tensor expected_hidden = hidden.clone();
+    PoisonNext(rows * width, options);
+    const at::Tensor got = kernels.add_rms_norm(hidden, residual, weight, 1e-5);
+    ASSERT_TRUE(got.defined()) << what;
+    expected_hidden.add_(residual);
+    EXPECT_TRUE(at::equal(hidden, expected_hidden)) << what;
+    ExpectNear(got, RmsNormChain(expected_hidden, weight, 1e-5),
+               Tolerance(type), what);
+  }
+}
+
+inline void CheckRope(const LayerKernels& kernels,
+                      const at::TensorOptions& options) {
+  const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
+  for (const int64_t d : {8, 64, 128}) {
+    const std::string what = Name(options) + " D=" + std::to_string(d);
+    const int64_t tokens = 9, heads = 6;
+    const RopeTables tables = MakeRopeTables(300, d, options);
+    // Queries as a view of a wider product: tokens lie 2 * H * D apart.
+    const at::Tensor x = at::randn({tokens, 2 * heads * d}, options)
+                             .narrow(1, 0, heads * d)
+                             .view({tokens, heads, d});
+    const at::Tensor positions =
+        at::randint(300, {tokens}, options.dtype(at::kLong));
+    PoisonNext(tokens * heads * d, options);
+    const at::Tensor got = kernels.rope(x, positions, tables.cos, tables.sin);
+    ASSERT_TRUE(got.defined()) << what;
+    ExpectNear(got, RopeChain(x, positions, tables.cos, tables.sin),
+               Tolerance(type), what);
+  }
+}
+
+// Into the whole cache, and into the narrow view of its first 2 KV heads
+// (a block of twice the positions): the rotated keys and the values at
+// their places, the sentinel everywhere else.
+inline void CheckRopeStoreKv(const LayerKernels& kernels,
+                             const at::TensorOptions& options) {
+  const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
+  constexpr int64_t kBlocks = 6, kBlock = 4, kKv = 4, kD = 32, kTokens = 7;
+  const RopeTables tables = MakeRopeTables(64, kD, options);
+  const at::TensorOptions ints = options.dtype(at::kLong);
+  for (const int64_t width : {kKv, int64_t{2}}) {
+    const std::string what = Name(options) + " width " + std::to_string(width);
+    const at::Tensor sentinel =
+        at::full({kBlocks, kBlock, kKv, kD}, 7.0, options);
+    auto view = [&](const at::Tensor& cache) {
+      return width == kKv ? cache : NarrowView(cache, width);
+    };
+    const at::Tensor keys = sentinel.clone(), values = sentinel.clone();
+    const int64_t span = view(keys).size(1);
+    // Distinct (block, offset) places, in no order.
+    const at::Tensor place =
+        at::randperm(kBlocks * span, ints).narrow(0, 0, kTokens);
+    const at::Tensor block = place.div(span, "floor");
+    const at::Tensor offset = place.remainder(span);
+    const at::Tensor positions = at::randint(64, {kTokens}, ints);
+    const at::Tensor kv = at::randn({kTokens, 2 * width * kD}, options);
+    const at::Tensor k = kv.narrow(1, 0, width * kD).view({kTokens, width, kD});
+    const at::Tensor v =
+        kv.narrow(1, width * kD, width * kD).view({kTokens, width, kD});
+    ASSERT_TRUE(kernels.rope_store_kv(k, v, positions, tables.cos, tables.sin,
+                                      block, offset, view(keys), view(values)))
+        << what;
+    const at::Tensor want_keys = sentinel.clone();
+    const at::Tensor want_values = sentinel.clone();
+    view(want_keys).index_put_({block, offset},
+                               RopeChain(k, positions, tables.cos, tables.sin));
+    view(want_values).index_put_({block, offset}, v);
+    ExpectNear(keys, want_keys, Tolerance(type), what + " keys");
+    EXPECT_TRUE(at::equal(values, want_values)) << what << " values";
+  }
+}
+
+inline void CheckSiluMul(const LayerKernels& kernels,
+                         const at::TensorOptions& options) {
+  const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
+  for (const auto& [rows, inter] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 14336}, {3, 100}, {70, 33}}) {
+    const std::string what = Name(options) + " " + std::to_string(rows) + "x" +
+                             std::to_string(inter);
+    const at::Tensor both = 3 * at::randn({rows, 2 * inter}, options);
+    PoisonNext(rows * inter, options);
+    const at::Tensor got = kernels.silu_mul(both);
+    ASSERT_TRUE(got.defined()) << what;
+    ExpectNear(got, SiluMulChain(both), Tolerance(type), what);
+  }
+}
+
+// Against MohRouter's ATen chain: equal in float32; in bfloat16, whose
+// rounded softmax ties heads, a valid top-K of the chain's own rounded
+// gates (ExpectTopKOf).
+inline void CheckQueryNormGates(const LayerKernels& kernels,
+                                const at::TensorOptions& options) {
+  const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
+  constexpr int64_t kTokens = 50, kD = 64;
+  for (const auto& [shared, routed] :
+       std::vector<std::pair<int32_t, int32_t>>{{16, 16}, {0, 12}, {2, 3}}) {
+    const std::string what = Name(options) + " S=" + std::to_string(shared) +
+                             " R=" + std::to_string(routed);
+    MohLayerConfig layer;
+    layer.num_heads = shared + routed;
+    layer.shared_heads = shared;
+    layer.top_k = routed / 2;
+    TensorStore store;
+    auto router =
+        MohRouter::Load(RouterKind::kQueryNorm, layer, kD, "", store, options);
+    ASSERT_TRUE(router.ok()) << router.status();
+    // Queries as a view of a wider product.
+    const at::Tensor q = at::randn({kTokens, 2 * layer.num_heads * kD}, options)
+                             .narrow(1, 0, layer.num_heads * kD)
+                             .view({kTokens, layer.num_heads, kD});
+    const at::Tensor top_k =
+        at::randint(routed + 1, {kTokens}, options.dtype(at::kLong));
+    PoisonNext(kTokens * layer.num_heads, options);
+    const at::Tensor got = kernels.query_norm_gates(q, top_k, shared, routed);
+    ASSERT_TRUE(got.defined()) << what;
+    ExpectTopKOf(got, QueryNormChainGates(q, shared, routed), top_k, shared,
+                 routed, what);
+    if (type == at::kFloat) {
+      const at::Tensor want =
+          router->Gates(at::Tensor(), q, top_k, top_k.max().item<int64_t>());
+      EXPECT_TRUE(at::equal(got.cpu(), want.cpu())) << what;
+    }
+  }
+}
+
+}  // namespace moh::layer_ops_reference

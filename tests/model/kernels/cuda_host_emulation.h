@@ -1,0 +1,142 @@
+// Runs this project's CUDA kernels on the CPU, for tests on machines
+// without a GPU: a .cu file included after this header, compiled by the
+// host compiler (CUDA's headers declare the element types and their
+// conversions for the host too), launches each kernel through
+// MOH_CUDA_LAUNCH (model/kernels/cuda_element.cuh), which here runs the
+// grid's thread blocks one after another on blockDim threads (std::thread)
+// that meet at __syncthreads and exchange warp shuffles through a barrier
+// of their warp's 32 threads. `__shared__` variables are
+// function statics: shared by a block's threads, and a block's alone since
+// blocks run in turn. Dynamic shared memory and atomics are not emulated.
+//
+// What it checks: a kernel's indexing, its synchronization (a thread that
+// reads another's value before a barrier sees stale data here, as on a
+// GPU), its reductions and its rounding (float32 as IEEE operations,
+// -ffp-contract=off, and the element types through CUDA's own host
+// conversions). Not its speed, nor anything of the device's memory model
+// beyond barriers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+// The builtins a kernel reads, per emulated thread.
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+
+namespace moh::emulation {
+
+// A reusable barrier of `count` threads.
+class Barrier {
+ public:
+  explicit Barrier(int count) : count_(count) {}
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t generation = generation_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++generation_;
+      done_.notify_all();
+      return;
+    }
+    done_.wait(lock, [&] { return generation_ != generation; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  const int count_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+struct Warp {
+  Barrier barrier{32};
+  float values[32] = {};
+};
+
+struct Block {
+  explicit Block(int threads) : barrier(threads), warps(threads / 32) {}
+  Barrier barrier;
+  std::vector<Warp> warps;
+};
+
+inline thread_local Block* current_block = nullptr;
+
+// Runs kernel(args...) over grid x block threads; cudaSuccess, or
+// cudaErrorInvalidConfiguration for a block that is not whole warps. One
+// std::thread per thread of a block, which runs the grid's blocks in turn,
+// all of a block's threads done before any starts the next.
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block,
+                   Args&&... args) {
+  const int threads = static_cast<int>(block.x * block.y * block.z);
+  if (threads <= 0 || threads % 32 != 0 || block.y != 1 || block.z != 1) {
+    return cudaErrorInvalidConfiguration;
+  }
+  Block shared(threads);
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      threadIdx = uint3{static_cast<unsigned>(t), 0, 0};
+      blockDim = block;
+      gridDim = grid;
+      current_block = &shared;
+      for (unsigned z = 0; z < grid.z; ++z) {
+        for (unsigned y = 0; y < grid.y; ++y) {
+          for (unsigned x = 0; x < grid.x; ++x) {
+            blockIdx = uint3{x, y, z};
+            kernel(args...);
+            shared.barrier.Wait();  // the block's shared memory is free
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& thread : pool) thread.join();
+  return cudaSuccess;
+}
+
+}  // namespace moh::emulation
+
+inline void __syncthreads() { moh::emulation::current_block->barrier.Wait(); }
+
+// Lane `lane ^ offset`'s v, once all 32 lanes of the warp have given theirs.
+inline float __shfl_xor_sync(unsigned, float v, int offset) {
+  moh::emulation::Warp& warp =
+      moh::emulation::current_block->warps[threadIdx.x / 32];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  warp.values[lane] = v;
+  warp.barrier.Wait();
+  const float other = warp.values[lane ^ offset];
+  warp.barrier.Wait();
+  return other;
+}
+
+// IEEE operations, rounded to nearest (the test target compiles with
+// -ffp-contract=off, so none is fused with another).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+using std::isnan;
+
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __shared__
+#define __shared__ static
+#define MOH_CUDA_LAUNCH(kernel, grid, block, stream, ...) \
+  ((void)(stream), moh::emulation::Launch(kernel, grid, block, __VA_ARGS__))
