@@ -8,7 +8,7 @@
 #include <string>
 
 #include "model/core/cuda_element_of.h"
-#include "model/core/fused_layer_ops_args.h"
+#include "model/core/cuda_kernel_args.h"
 #include "model/kernels/cuda_layer_ops.h"
 #endif
 

@@ -5,7 +5,7 @@
 // its inputs: a CPU tensor, a type other than float32, bfloat16 or float16,
 // mixed types, a last dimension that is not contiguous, an index tensor
 // that is not contiguous, or a build against a CPU LibTorch (no kernels);
-// the caller then runs the ATen chain. (fused_layer_ops_args.h: the
+// the caller then runs the ATen chain. (cuda_kernel_args.h: the
 // kernels' arguments for given tensors, for tests.)
 #pragma once
 

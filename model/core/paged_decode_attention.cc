@@ -7,6 +7,7 @@
 #include <ATen/cuda/CUDAContext.h>
 
 #include "model/core/cuda_element_of.h"
+#include "model/core/cuda_kernel_args.h"
 #include "model/kernels/cuda_paged_decode.h"
 #endif
 
@@ -18,11 +19,14 @@ at::Tensor ActiveKvGroups(const at::Tensor& gates, int64_t kv_heads) {
 
 #ifdef MOH_CUDA_KERNELS
 
-bool PagedDecodeServes(const PagedDecodeInputs& in) {
+namespace {
+
+// PagedDecodeServes' conditions but the device.
+bool ArgumentsServed(const PagedDecodeInputs& in) {
   CudaElement type;
   const at::Tensor& k = in.key_cache;
   const at::Tensor& v = in.value_cache;
-  return in.queries.is_cuda() && in.queries.dim() == 3 &&
+  return in.queries.dim() == 3 &&
          CudaElementOf(in.queries.scalar_type(), &type) &&
          k.scalar_type() == in.queries.scalar_type() &&
          v.scalar_type() == k.scalar_type() && k.dim() == 4 &&
@@ -36,14 +40,22 @@ bool PagedDecodeServes(const PagedDecodeInputs& in) {
                                    static_cast<int>(k.size(3)));
 }
 
-at::Tensor PagedDecode(const PagedDecodeInputs& in) {
+}  // namespace
+
+bool PagedDecodeServes(const PagedDecodeInputs& in) {
+  return in.queries.is_cuda() && ArgumentsServed(in);
+}
+
+bool PagedDecodeArgsFor(const PagedDecodeInputs& in,
+                        PagedDecodeLaunch* launch) {
+  if (!ArgumentsServed(in)) return false;
   const at::Tensor queries = in.queries.contiguous();
   const at::Tensor table = in.block_table.contiguous();
   const at::Tensor positions = in.positions.reshape({-1}).contiguous();
   const at::Tensor row_len = in.row_len.contiguous();
   const int64_t rows = queries.size(0), heads = queries.size(1);
   const int64_t d = queries.size(2);
-  PagedDecodeArgs a;
+  PagedDecodeArgs& a = launch->args;
   CudaElementOf(queries.scalar_type(), &a.type);
   a.queries = queries.data_ptr();
   a.key_cache = in.key_cache.data_ptr();
@@ -68,9 +80,9 @@ at::Tensor PagedDecode(const PagedDecodeInputs& in) {
                                 : at::Tensor();
   if (active.defined()) {
     TORCH_CHECK(active.sizes() == at::IntArrayRef({rows, a.kv_heads}) &&
-                    active.is_cuda(),
+                    active.device() == queries.device(),
                 "PagedDecode: active_groups must be [", rows, ", ", a.kv_heads,
-                "] on CUDA, got ", active.sizes());
+                "] on the queries' device, got ", active.sizes());
     a.active_groups = reinterpret_cast<const uint8_t*>(active.data_ptr<bool>());
   }
   const at::TensorOptions f32 = queries.options().dtype(at::kFloat);
@@ -78,13 +90,23 @@ at::Tensor PagedDecode(const PagedDecodeInputs& in) {
   const at::Tensor partial_max_sum = at::empty({rows, heads, a.splits, 2}, f32);
   a.partial_out = partial_out.data_ptr<float>();
   a.partial_max_sum = partial_max_sum.data_ptr<float>();
-  at::Tensor out = at::empty_like(queries);
-  a.out = out.data_ptr();
-  a.stream = at::cuda::getCurrentCUDAStream().stream();
-  if (const char* error = LaunchPagedDecode(a)) {
+  launch->out = at::empty_like(queries);
+  a.out = launch->out.data_ptr();
+  launch->held = {queries, table,       positions,      row_len,
+                  active,  partial_out, partial_max_sum};
+  return true;
+}
+
+at::Tensor PagedDecode(const PagedDecodeInputs& in) {
+  PagedDecodeLaunch launch;
+  TORCH_CHECK(
+      in.queries.is_cuda() && PagedDecodeArgsFor(in, &launch),
+      "PagedDecode: inputs the kernel does not take (PagedDecodeServes)");
+  launch.args.stream = at::cuda::getCurrentCUDAStream().stream();
+  if (const char* error = LaunchPagedDecode(launch.args)) {
     throw std::runtime_error(std::string("PagedDecode: ") + error);
   }
-  return out;
+  return launch.out;
 }
 
 #else  // a CPU LibTorch: no kernel

@@ -10,11 +10,17 @@
 #include "model/kernels/cuda_element.h"
 
 // kernel<<<grid, block, 0, stream>>>(args...), then the launch's error. A
-// test may define it first to run the kernels elsewhere
+// test may define these three first to run the kernels elsewhere
 // (tests/model/kernels/cuda_host_emulation.h: on the CPU).
 #ifndef MOH_CUDA_LAUNCH
 #define MOH_CUDA_LAUNCH(kernel, grid, block, stream, ...) \
   (kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__), cudaGetLastError())
+// The same with `bytes` of dynamic shared memory, which the kernel names
+// with MOH_DYNAMIC_SHARED(name) (float name[]).
+#define MOH_CUDA_LAUNCH_SHARED(kernel, grid, block, bytes, stream, ...) \
+  (kernel<<<(grid), (block), (bytes), (stream)>>>(__VA_ARGS__),         \
+   cudaGetLastError())
+#define MOH_DYNAMIC_SHARED(name) extern __shared__ float name[]
 #endif
 
 namespace moh {

@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads)
     PagedDecodeSplitKernel(PagedDecodeArgs a) {
   const int row = blockIdx.x, kv = blockIdx.y, split = blockIdx.z;
   const int d_n = a.head_dim, tid = threadIdx.x;
-  extern __shared__ float shared[];
+  MOH_DYNAMIC_SHARED(shared);
   float* q = shared;                  // [G][D]
   float* p = q + G * d_n;             // [G][kSplit]
   float* lanes = p + G * kSplit;      // [key lanes][D], one head at a time
@@ -186,10 +186,13 @@ cudaError_t Launch(const PagedDecodeArgs& a) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   const size_t shared =
       sizeof(float) * (G * a.head_dim + G * kSplit + kThreads * 8);
-  PagedDecodeSplitKernel<T, G>
-      <<<dim3(a.rows, a.kv_heads, a.splits), kThreads, shared, stream>>>(a);
-  PagedDecodeCombineKernel<T><<<a.rows * a.heads, a.head_dim, 0, stream>>>(a);
-  return cudaGetLastError();
+  auto* const split_kernel = &PagedDecodeSplitKernel<T, G>;
+  const cudaError_t split =
+      MOH_CUDA_LAUNCH_SHARED(split_kernel, dim3(a.rows, a.kv_heads, a.splits),
+                             kThreads, shared, stream, a);
+  if (split != cudaSuccess) return split;
+  return MOH_CUDA_LAUNCH(PagedDecodeCombineKernel<T>, a.rows * a.heads,
+                         a.head_dim, stream, a);
 }
 
 template <typename T>

@@ -1,7 +1,7 @@
 // GPU suite (part of gpu_model_test): the fused layer kernels
 // (fused_layer_ops.h, model/kernels/cuda_layer_ops.cu) on CUDA against the
 // ATen chains they replace, in float32 and bfloat16 (layer_ops_reference.h:
-// the checks cuda_layer_ops_emulated_test runs on the CPU); and a model's
+// the checks cuda_kernels_emulated_test runs on the CPU); and a model's
 // steps with and without them. Skipped when LibTorch sees no CUDA device.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -28,6 +28,7 @@
 #include "model/core/paged_decode_attention.h"
 #include "model/core/vit_model.h"
 #include "tests/model/core/llama_test_util.h"
+#include "tests/model/core/paged_decode_reference.h"
 
 namespace moh {
 namespace {
@@ -229,12 +230,6 @@ TEST(GpuGraphTest, RecordedDecodeStepsMatchEagerAndCpu) {
 // cache (the shared heads' groups, SharedHeadsAttention). The reference
 // reads the same rounded inputs, so the bound covers the output's rounding
 // and the order of the sums.
-struct PagedCase {
-  int64_t heads, kv_heads, head_dim, cache_kv_heads;
-  at::ScalarType type;
-  double tolerance;
-};
-
 class GpuPagedDecodeTest : public ::testing::TestWithParam<PagedCase> {
  protected:
   void SetUp() override {
@@ -243,90 +238,13 @@ class GpuPagedDecodeTest : public ::testing::TestWithParam<PagedCase> {
 };
 
 TEST_P(GpuPagedDecodeTest, MatchesDenseAttentionOnCpu) {
-  const PagedCase c = GetParam();
-  constexpr int64_t kBlock = 16, kBlocks = 160;
-  const std::vector<int64_t> lengths = {1, 17, 300, 700, 513, 256};
-  const int64_t rows = static_cast<int64_t>(lengths.size());
-  at::manual_seed(c.heads * 131 + c.head_dim);
-  const at::Tensor full_keys =
-      at::randn({kBlocks, kBlock, c.cache_kv_heads, c.head_dim}).to(c.type);
-  const at::Tensor full_values = at::randn_like(full_keys);
-  const at::Tensor keys = full_keys.narrow(2, 0, c.kv_heads);
-  const at::Tensor values = full_values.narrow(2, 0, c.kv_heads);
-  // Each row's blocks from a shuffled pool; row 4 starts with row 3's first
-  // 16 blocks (a shared prefix).
-  const at::Tensor pool = at::randperm(kBlocks, at::kLong);
-  const int64_t per_row = 700 / kBlock + 1;
-  at::Tensor table = at::zeros({rows, per_row}, at::kLong);
-  int64_t next = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < per_row; ++b) {
-      table[r][b] = (r == 4 && b < 16) ? table[3][b].item<int64_t>()
-                                       : pool[next++ % kBlocks].item<int64_t>();
-    }
-  }
-  at::Tensor row_len = at::tensor(lengths, at::kLong);
-  at::Tensor positions = row_len - 1;
-  positions[2] = 297;  // reads 298 of its 300 keys
-  const at::Tensor queries = at::randn({rows, c.heads, c.head_dim}).to(c.type);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-
-  DenseAttentionInputs dense;
-  dense.queries = queries.to(at::kFloat).unsqueeze(1);
-  dense.key_cache = keys.to(at::kFloat);
-  dense.value_cache = values.to(at::kFloat);
-  dense.block_table = table;
-  dense.positions = positions.unsqueeze(1);
-  dense.row_len = row_len;
-  dense.kv_len = 700;
-  dense.scale = scale;
-  const at::Tensor expected = DenseAttention(dense).squeeze(1);
-
-  const at::Device cuda(at::kCUDA);
-  const PagedDecodeInputs paged{queries.to(cuda),
-                                keys.to(cuda),
-                                values.to(cuda),
-                                table.to(cuda),
-                                positions.to(cuda),
-                                row_len.to(cuda),
-                                700,
-                                scale};
-  ASSERT_TRUE(PagedDecodeServes(paged));
-  const at::Tensor got = PagedDecode(paged).to(at::kFloat).cpu();
-  ASSERT_EQ(got.sizes(), expected.sizes());
-  ASSERT_FALSE(at::isnan(got).any().item<bool>());
-  const double bound = c.tolerance * expected.abs().max().item<double>();
-  EXPECT_LE((got - expected).abs().max().item<double>(), bound);
-  // A work list leaving (row, KV group) pairs out: their heads are 0, the
-  // others unchanged.
-  {
-    PagedDecodeInputs listed = paged;
-    const at::Tensor active = at::rand({rows, c.kv_heads}) < 0.6;
-    active[0].fill_(false);  // a row with no group at all
-    listed.active_groups = active.to(cuda);
-    const at::Tensor out = PagedDecode(listed).to(at::kFloat).cpu();
-    ASSERT_FALSE(at::isnan(out).any().item<bool>());
-    const at::Tensor head_active =
-        active.repeat_interleave(c.heads / c.kv_heads, 1).unsqueeze(-1);
-    const at::Tensor want =
-        at::where(head_active, expected, at::zeros_like(expected));
-    EXPECT_LE((out - want).abs().max().item<double>(), bound);
-    EXPECT_EQ(
-        out.masked_select(head_active.logical_not()).abs().max().item<float>(),
-        0.0f);
-  }
-  // One row at a time agrees too (no row reads another's keys).
-  for (int64_t r = 0; r < rows; ++r) {
-    PagedDecodeInputs one = paged;
-    one.queries = paged.queries.narrow(0, r, 1);
-    one.block_table = paged.block_table.narrow(0, r, 1);
-    one.positions = paged.positions.narrow(0, r, 1);
-    one.row_len = paged.row_len.narrow(0, r, 1);
-    const at::Tensor alone = PagedDecode(one).to(at::kFloat).cpu();
-    EXPECT_LE((alone - expected.narrow(0, r, 1)).abs().max().item<double>(),
-              bound)
-        << "row " << r;
-  }
+  CheckPagedDecode(
+      GetParam(),
+      [](const PagedDecodeInputs& in) {
+        EXPECT_TRUE(PagedDecodeServes(in));
+        return PagedDecode(in);
+      },
+      at::kCUDA);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -2,7 +2,7 @@
 // each against the ATen chain it replaces (LlamaModel's and MohRouter's ops,
 // written out), on fresh random inputs with the output poisoned first, for
 // gpu_fused_ops_test.cc (on CUDA, through fused_layer_ops.h) and
-// cuda_layer_ops_emulated_test.cc (the same kernels run on the CPU).
+// cuda_kernels_emulated_test.cc (the same kernels run on the CPU).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -7,7 +7,8 @@
 // that meet at __syncthreads and exchange warp shuffles through a barrier
 // of their warp's 32 threads. `__shared__` variables are
 // function statics: shared by a block's threads, and a block's alone since
-// blocks run in turn. Dynamic shared memory and atomics are not emulated.
+// blocks run in turn; dynamic shared memory (MOH_DYNAMIC_SHARED) is a
+// buffer of the block's. Atomics are not emulated.
 //
 // What it checks: a kernel's indexing, its synchronization (a thread that
 // reads another's value before a barrier sees stale data here, as on a
@@ -21,6 +22,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -62,30 +64,38 @@ class Barrier {
 };
 
 struct Warp {
-  Barrier barrier{32};
+  explicit Warp(int lanes) : barrier(lanes) {}
+  Barrier barrier;
   float values[32] = {};
 };
 
 struct Block {
-  explicit Block(int threads) : barrier(threads), warps(threads / 32) {}
+  Block(int threads, size_t dynamic_bytes)
+      : barrier(threads), dynamic((dynamic_bytes + 3) / 4) {
+    for (int first = 0; first < threads; first += 32) {
+      warps.push_back(std::make_unique<Warp>(std::min(32, threads - first)));
+    }
+  }
   Barrier barrier;
-  std::vector<Warp> warps;
+  std::vector<std::unique_ptr<Warp>> warps;
+  std::vector<float> dynamic;  // the launch's dynamic shared memory
 };
 
 inline thread_local Block* current_block = nullptr;
 
-// Runs kernel(args...) over grid x block threads; cudaSuccess, or
-// cudaErrorInvalidConfiguration for a block that is not whole warps. One
-// std::thread per thread of a block, which runs the grid's blocks in turn,
-// all of a block's threads done before any starts the next.
+// Runs kernel(args...) over grid x block threads with `dynamic_bytes` of
+// dynamic shared memory; cudaSuccess, or cudaErrorInvalidConfiguration for
+// an empty or a 2-D or 3-D block. One std::thread per thread of a block,
+// which runs the grid's blocks in turn, all of a block's threads done
+// before any starts the next.
 template <typename... Params, typename... Args>
 cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block,
-                   Args&&... args) {
-  const int threads = static_cast<int>(block.x * block.y * block.z);
-  if (threads <= 0 || threads % 32 != 0 || block.y != 1 || block.z != 1) {
+                   size_t dynamic_bytes, Args&&... args) {
+  const int threads = static_cast<int>(block.x);
+  if (threads <= 0 || block.y != 1 || block.z != 1) {
     return cudaErrorInvalidConfiguration;
   }
-  Block shared(threads);
+  Block shared(threads, dynamic_bytes);
   std::vector<std::thread> pool;
   pool.reserve(threads);
   for (int t = 0; t < threads; ++t) {
@@ -116,7 +126,7 @@ inline void __syncthreads() { moh::emulation::current_block->barrier.Wait(); }
 // Lane `lane ^ offset`'s v, once all 32 lanes of the warp have given theirs.
 inline float __shfl_xor_sync(unsigned, float v, int offset) {
   moh::emulation::Warp& warp =
-      moh::emulation::current_block->warps[threadIdx.x / 32];
+      *moh::emulation::current_block->warps[threadIdx.x / 32];
   const int lane = static_cast<int>(threadIdx.x % 32);
   warp.values[lane] = v;
   warp.barrier.Wait();
@@ -133,10 +143,17 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 using std::isnan;
+using std::max;
+using std::min;
 
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #undef __shared__
 #define __shared__ static
 #define MOH_CUDA_LAUNCH(kernel, grid, block, stream, ...) \
-  ((void)(stream), moh::emulation::Launch(kernel, grid, block, __VA_ARGS__))
+  ((void)(stream), moh::emulation::Launch(kernel, grid, block, 0, __VA_ARGS__))
+#define MOH_CUDA_LAUNCH_SHARED(kernel, grid, block, bytes, stream, ...) \
+  ((void)(stream),                                                      \
+   moh::emulation::Launch(kernel, grid, block, bytes, __VA_ARGS__))
+#define MOH_DYNAMIC_SHARED(name) \
+  float* const name = moh::emulation::current_block->dynamic.data()

@@ -1,15 +1,19 @@
-// The fused layer kernels' arguments for given tensors (fused_layer_ops.h's
-// side of each launch, before the stream): on any device, so that a test can
-// run the kernels' host emulation (tests/model/kernels/) over the same
-// arguments as a CUDA launch. Only in builds with the kernels (a CUDA
-// LibTorch: MOH_CUDA_KERNELS).
+// The CUDA kernels' arguments for given tensors (the ATen wrappers' side of
+// each launch, before the stream: fused_layer_ops.cc,
+// paged_decode_attention.cc) on any device, so that a test can run the kernels'
+// host emulation (tests/model/kernels/cuda_host_emulation.h) over the same
+// arguments as a CUDA launch. Only in builds with the kernels (a CUDA LibTorch:
+// MOH_CUDA_KERNELS).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <vector>
 
+#include "model/core/paged_decode_attention.h"
 #include "model/kernels/cuda_layer_ops.h"
+#include "model/kernels/cuda_paged_decode.h"
 
 namespace moh {
 
@@ -32,5 +36,16 @@ bool SiluMulArgsFor(const at::Tensor& both, at::Tensor* out, SiluMulArgs* args);
 bool QueryNormGatesArgsFor(const at::Tensor& queries, const at::Tensor& top_k,
                            int64_t shared, int64_t routed, at::Tensor* out,
                            QueryNormGatesArgs* args);
+
+// PagedDecode's launch: its arguments, the output and workspace they point
+// into, and the contiguous copies of its inputs they read, held until the
+// launch has run.
+struct PagedDecodeLaunch {
+  PagedDecodeArgs args;
+  at::Tensor out;
+  std::vector<at::Tensor> held;
+};
+// False where PagedDecodeServes is (the device aside).
+bool PagedDecodeArgsFor(const PagedDecodeInputs& in, PagedDecodeLaunch* launch);
 
 }  // namespace moh

@@ -1,21 +1,26 @@
-// The fused layer kernels (model/kernels/cuda_layer_ops.cu) run on the CPU
-// through cuda_host_emulation.h, over the arguments fused_layer_ops.cc
-// builds for a launch (fused_layer_ops_args.h), against the ATen chains
-// they replace: layer_ops_reference.h's checks, which GpuFusedOpsTest makes
-// on CUDA. Built with a CUDA LibTorch (CUDA's headers), run on any machine:
-// the kernels' indexing, barriers, reductions and rounding are tested in CI,
-// not only when a GPU is lent.
+// The CUDA kernels run on the CPU through cuda_host_emulation.h, over the
+// arguments the ATen wrappers build for a launch (cuda_kernel_args.h),
+// making the checks the GPU suite makes on CUDA: the fused layer kernels
+// (model/kernels/cuda_layer_ops.cu) against the ATen chains they replace
+// (layer_ops_reference.h, GpuFusedOpsTest's) and the paged decode kernel
+// (model/kernels/cuda_paged_decode.cu) against DenseAttention
+// (paged_decode_reference.h, GpuPagedDecodeTest's). Built with a CUDA
+// LibTorch (CUDA's headers), run on any machine: the kernels' indexing,
+// barriers, reductions and rounding are tested in CI, not only when a GPU
+// is lent.
 #include "tests/model/kernels/cuda_host_emulation.h"
 // An emulated launch's error without the CUDA runtime.
 #define cudaGetErrorString(error) "emulated launch failed"
 #include "model/kernels/cuda_layer_ops.cu"
+#include "model/kernels/cuda_paged_decode.cu"
 #undef cudaGetErrorString
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "model/core/fused_layer_ops_args.h"
+#include "model/core/cuda_kernel_args.h"
 #include "tests/model/core/layer_ops_reference.h"
+#include "tests/model/core/paged_decode_reference.h"
 
 namespace moh {
 namespace {
@@ -107,12 +112,42 @@ TEST_P(CudaLayerOpsEmulatedTest, QueryNormGatesKeepTheRoutersHeads) {
 INSTANTIATE_TEST_SUITE_P(Types, CudaLayerOpsEmulatedTest,
                          ::testing::Values(at::kFloat, at::kBFloat16));
 
-// The emulation itself: a launch that is not whole warps is refused (a
-// block's warps exchange shuffles), and the kernels' own errors come back.
-TEST(CudaHostEmulationTest, RefusesBlocksOfPartWarpsAndReportsKernelErrors) {
+// PagedDecode's launch, emulated.
+at::Tensor EmulatedPagedDecode(const PagedDecodeInputs& in) {
+  PagedDecodeLaunch launch;
+  if (!PagedDecodeArgsFor(in, &launch)) {
+    ADD_FAILURE() << "PagedDecodeArgsFor refused the inputs";
+    return at::Tensor();
+  }
+  return Ran(LaunchPagedDecode(launch.args), launch.out);
+}
+
+class PagedDecodeEmulatedTest : public ::testing::TestWithParam<PagedCase> {};
+
+TEST_P(PagedDecodeEmulatedTest, MatchesDenseAttention) {
+  CheckPagedDecode(GetParam(), EmulatedPagedDecode, at::kCPU);
+}
+
+// GpuPagedDecodeTest's shapes, fewer (an emulated launch runs its blocks'
+// threads on two cores: seconds each): every type, one, two and four heads
+// per KV group, head dims 8 to 128, a KV-head view of a wider cache.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PagedDecodeEmulatedTest,
+    ::testing::Values(PagedCase{8, 8, 64, 8, at::kFloat, 1e-5},
+                      PagedCase{16, 4, 128, 8, at::kBFloat16, 1e-2},
+                      PagedCase{4, 4, 32, 4, at::kHalf, 2e-3},
+                      PagedCase{8, 2, 8, 2, at::kFloat, 1e-5}));
+
+// The emulation itself: it takes 1-D blocks only, and the kernels' own
+// errors come back.
+TEST(CudaHostEmulationTest, RefusesBlocksItCannotRunAndReportsKernelErrors) {
   AddRmsNormArgs none;
-  EXPECT_EQ(emulation::Launch(AddRmsNormKernel<float>, dim3(1), dim3(48), none),
-            cudaErrorInvalidConfiguration);
+  EXPECT_EQ(
+      emulation::Launch(AddRmsNormKernel<float>, dim3(1), dim3(32, 2), 0, none),
+      cudaErrorInvalidConfiguration);
+  EXPECT_EQ(
+      emulation::Launch(AddRmsNormKernel<float>, dim3(1), dim3(0), 0, none),
+      cudaErrorInvalidConfiguration);
   QueryNormGatesArgs too_many;
   too_many.routed = kQueryNormMaxRouted + 1;
   EXPECT_NE(LaunchQueryNormGates(too_many), nullptr);
