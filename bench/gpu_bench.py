@@ -176,35 +176,29 @@ def layout_section(args, layout, bandwidth, results):
     # With its own warm-up too: on the H100 the first batched decode at ratio
     # 1.0 without one ran at 0.19-0.48 of the same decode measured later in
     # the process (the caching allocator growing, kernels loading).
-    # The same batch-1 decode with every step launched eagerly (no CUDA
-    # graphs), ratio 1.0, in the same run: what the graphs buy.
-    eager = generate(args, model_dir, sizes["batch1"], args.step_timeout,
-                     ratios=[1.0, 1.0], extra=["--cuda_graphs=0"])
-    eager.pop("graph_replays")
-    entry["batch1_eager"] = {str(r): {
-        "decode_tokens_per_s": f["decode_tokens_per_s"],
-        "decode_tokens_per_s_runs": [x["decode_tokens_per_s"] for x in f["runs"]],
-        "of_bound": f["decode_tokens_per_s"] / bound} for r, f in eager.items()}
+    def batch1_with(extra):
+        """The batch-1 decode at ratio 1.0 (twice) with `extra` flags, in the
+        same run, against the same bound."""
+        other = generate(args, model_dir, sizes["batch1"], args.step_timeout,
+                         ratios=[1.0, 1.0], extra=extra)
+        other.pop("graph_replays")
+        return {str(r): {
+            "decode_tokens_per_s": f["decode_tokens_per_s"],
+            "decode_tokens_per_s_runs": [x["decode_tokens_per_s"]
+                                         for x in f["runs"]],
+            "of_bound": f["decode_tokens_per_s"] / bound}
+            for r, f in other.items()}
+
+    # Every step launched eagerly (no CUDA graphs): what the graphs buy.
+    entry["batch1_eager"] = batch1_with(["--cuda_graphs=0"])
     # Decode attention through the gathered copy of each row's context and
-    # SDPA (the path before the paged kernel), graphs on, in the same run:
-    # what attending over the paged cache in place buys, batch 1 at ratio
-    # 1.0 (64 x 2k through it: runs 5 and 6, bench/GPU_RESULTS.md).
-    gathered = generate(args, model_dir, sizes["batch1"], args.step_timeout,
-                        ratios=[1.0, 1.0], extra=["--cuda_paged_decode=false"])
-    gathered.pop("graph_replays")
-    entry["batch1_gathered"] = {str(r): {
-        "decode_tokens_per_s": f["decode_tokens_per_s"],
-        "of_bound": f["decode_tokens_per_s"] / bound}
-        for r, f in gathered.items()}
-    # A layer's small ops as chains of ATen kernels (--cuda_fused_ops=false),
-    # graphs and the paged kernel on: what the fused kernels buy at batch 1.
-    chained = generate(args, model_dir, sizes["batch1"], args.step_timeout,
-                       ratios=[1.0, 1.0], extra=["--cuda_fused_ops=false"])
-    chained.pop("graph_replays")
-    entry["batch1_chained"] = {str(r): {
-        "decode_tokens_per_s": f["decode_tokens_per_s"],
-        "of_bound": f["decode_tokens_per_s"] / bound}
-        for r, f in chained.items()}
+    # SDPA (the path before the paged kernel), graphs on: what attending over
+    # the paged cache in place buys (64 x 2k through it: runs 5 and 6,
+    # bench/GPU_RESULTS.md).
+    entry["batch1_gathered"] = batch1_with(["--cuda_paged_decode=false"])
+    # A layer's small ops as chains of ATen kernels, graphs and the paged
+    # kernel on: what the fused layer kernels buy.
+    entry["batch1_chained"] = batch1_with(["--cuda_fused_ops=false"])
     batched = generate(args, model_dir, sizes["batched"], args.step_timeout)
     entry["batch64_2k_graph_replays"] = batched.pop("graph_replays")
     entry["sizes"] = sizes
