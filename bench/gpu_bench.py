@@ -173,9 +173,6 @@ def layout_section(args, layout, bandwidth, results):
                                          for r in f["runs"]],
             "of_bound": f["decode_tokens_per_s"] / bound,
         }
-    # With its own warm-up too: on the H100 the first batched decode at ratio
-    # 1.0 without one ran at 0.19-0.48 of the same decode measured later in
-    # the process (the caching allocator growing, kernels loading).
     def batch1_with(extra):
         """The batch-1 decode at ratio 1.0 (twice) with `extra` flags, in the
         same run, against the same bound."""
@@ -199,6 +196,9 @@ def layout_section(args, layout, bandwidth, results):
     # A layer's small ops as chains of ATen kernels, graphs and the paged
     # kernel on: what the fused layer kernels buy.
     entry["batch1_chained"] = batch1_with(["--cuda_fused_ops=false"])
+    # With its own warm-up too: on the H100 the first batched decode at ratio
+    # 1.0 without one ran at 0.19-0.48 of the same decode measured later in
+    # the process (the caching allocator growing, kernels loading).
     batched = generate(args, model_dir, sizes["batched"], args.step_timeout)
     entry["batch64_2k_graph_replays"] = batched.pop("graph_replays")
     entry["sizes"] = sizes
