@@ -652,14 +652,8 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   // Dense attention reads rows: the queries go to their padded places
   // (padding queries are zeros at a valid position; their results are
   // dropped).
-  // The work list: a decode step on CUDA leaves out the KV groups none of
-  // a row's heads routes to, where this layer's routing can leave a whole
-  // group out.
-  const at::Tensor work_gates =
-      GroupsMayIdle(layer, step.max_top_k[layer_index]) ? *gates : at::Tensor();
-  at::Tensor attn =
-      DenseHeads(q, key_cache, value_cache, narrow, step, work_gates)
-          .mul_(gates->unsqueeze(-1));
+  const at::Tensor attn =
+      DenseHeads(q, key_cache, value_cache, narrow, step, *gates);
   return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
 }
 
@@ -674,14 +668,6 @@ at::Tensor LlamaModel::RouterGates(const Layer& layer, const at::Tensor& x,
     if (gates.defined()) return gates;
   }
   return layer.router.Gates(x, q, top_k, max_top_k);
-}
-
-bool LlamaModel::GroupsMayIdle(const Layer& layer, int64_t max_top_k) const {
-  const MohLayerConfig& moh = layer.router.layer();
-  const int64_t group = config_.num_heads / config_.num_kv_heads;
-  return layer.router.kind() != RouterKind::kDense && moh.routed_heads() > 0 &&
-         moh.shared_heads % group == 0 &&
-         moh.routed_heads() - max_top_k >= group;
 }
 
 int64_t LlamaModel::SharedOnlyHeads(const Layer& layer,
@@ -719,10 +705,10 @@ at::Tensor LlamaModel::SharedHeadsAttention(
              layer.q_bias.defined() ? layer.q_bias.narrow(0, 0, shared * d)
                                     : at::Tensor())
           .view({n, shared, d});
-  at::Tensor attn =
+  const at::Tensor attn =
       DenseHeads(q, cache.keys(layer_index).narrow(2, 0, kv),
-                 cache.values(layer_index).narrow(2, 0, kv), narrow, step)
-          .mul_(gates->narrow(1, 0, shared).unsqueeze(-1));
+                 cache.values(layer_index).narrow(2, 0, kv), narrow, step,
+                 gates->narrow(1, 0, shared));
   // The routed heads' outputs are 0: only the shared heads' columns of W_o.
   return Linear(attn.reshape({n, shared * d}),
                 layer.o_proj.Columns(0, shared * d), layer.o_bias);
@@ -733,10 +719,11 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
                                        const at::Tensor& value_cache,
                                        const NarrowRows& narrow,
                                        const Step& step,
-                                       const at::Tensor& work_gates) const {
+                                       const at::Tensor& gates) const {
   const double scale = 1.0 / std::sqrt(static_cast<double>(queries.size(2)));
   auto inputs = [&](const at::Tensor& q, const at::Tensor& keys,
-                    const at::Tensor& values, const at::Tensor& rows) {
+                    const at::Tensor& values, const at::Tensor& rows,
+                    int64_t heads) {
     auto pick = [&](const at::Tensor& t) {
       return rows.defined() ? t.index_select(0, rows) : t;
     };
@@ -747,26 +734,18 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
                              pick(step.positions),
                              pick(step.row_len),
                              step.kv_len,
-                             scale};
+                             scale,
+                             pick(gates).narrow(1, 0, heads)};
   };
-  // The wide rows' work list (`rows` of work_gates, all when undefined).
-  auto work_list = [&](PagedDecodeInputs& in, const at::Tensor& rows) {
-    if (!work_gates.defined()) return;
-    in.active_groups = ActiveKvGroups(
-        rows.defined() ? work_gates.index_select(0, rows) : work_gates,
-        key_cache.size(2));
-  };
+  const int64_t heads = queries.size(1);
   if (!narrow.any()) {
-    PagedDecodeInputs all =
-        inputs(queries, key_cache, value_cache, at::Tensor());
-    if (!PagedDecodeServes(all)) return at::Tensor();
-    work_list(all, at::Tensor());
-    return PagedDecode(all);
+    const PagedDecodeInputs all =
+        inputs(queries, key_cache, value_cache, at::Tensor(), heads);
+    return PagedDecodeServes(all) ? PagedDecode(all) : at::Tensor();
   }
   // Narrow rows read their blocks through the narrow view: its KV heads
   // keep the model's grouping, so its queries are the first read * G heads
   // (the shared ones); their other heads' outputs are 0 (gated out).
-  const int64_t heads = queries.size(1);
   const int64_t read = narrow.key_cache.size(2);
   const int64_t narrow_heads =
       read * (config_.num_heads / config_.num_kv_heads);
@@ -776,9 +755,9 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
   }
   // A decode step's token t is row t: the narrow and wide tokens are rows.
   const bool all_narrow = step.wide_tokens.numel() == 0;
-  const PagedDecodeInputs thin =
-      inputs(queries.narrow(1, 0, narrow_heads), narrow.key_cache,
-             narrow.value_cache, all_narrow ? at::Tensor() : narrow.rows);
+  const PagedDecodeInputs thin = inputs(
+      queries.narrow(1, 0, narrow_heads), narrow.key_cache, narrow.value_cache,
+      all_narrow ? at::Tensor() : narrow.rows, narrow_heads);
   if (!PagedDecodeServes(thin)) return at::Tensor();
   if (all_narrow && narrow_heads == heads) return PagedDecode(thin);
   at::Tensor out = at::zeros_like(queries);
@@ -786,10 +765,9 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
     out.narrow(1, 0, narrow_heads).copy_(PagedDecode(thin));
     return out;
   }
-  PagedDecodeInputs wide =
-      inputs(queries, key_cache, value_cache, step.wide_tokens);
+  const PagedDecodeInputs wide =
+      inputs(queries, key_cache, value_cache, step.wide_tokens, heads);
   if (!PagedDecodeServes(wide)) return at::Tensor();
-  work_list(wide, step.wide_tokens);
   out.index_copy_(0, step.wide_tokens, PagedDecode(wide));
   out.narrow(1, 0, narrow_heads).index_copy_(0, narrow.rows, PagedDecode(thin));
   return out;
@@ -799,7 +777,7 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
                                   const at::Tensor& key_cache,
                                   const at::Tensor& value_cache,
                                   const NarrowRows& narrow, const Step& step,
-                                  const at::Tensor& work_gates) const {
+                                  const at::Tensor& gates) const {
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t rows = step.rows, width = step.width;
   // Every row full (decode, a lone prompt): the ragged tokens are the
@@ -810,8 +788,8 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
   if (cuda_paged_decode_ && full && width == 1) {
     const at::Tensor out =
         PagedDecodeRows(rotated.view({rows, heads, d}), key_cache, value_cache,
-                        narrow, step, work_gates);
-    if (out.defined()) return out;
+                        narrow, step, gates);
+    if (out.defined()) return out;  // gated
   }
   DenseAttentionInputs dense;
   dense.queries = full ? rotated.view({rows, width, heads, d})
@@ -834,7 +812,8 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
   }
   dense.visible = step.visible;
   at::Tensor attn = DenseAttention(dense).view({rows * width, heads, d});
-  return full ? attn : attn.index_select(0, step.token_flat);
+  return (full ? attn : attn.index_select(0, step.token_flat))
+      .mul_(gates.unsqueeze(-1));
 }
 
 }  // namespace moh

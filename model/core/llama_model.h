@@ -356,25 +356,20 @@ class LlamaModel {
                                   at::Tensor* gates) const;
   // A decode step's attention through the paged kernel (CUDA), rows stored
   // narrow through their view (NarrowView) and wide ones through the
-  // caches, queries [B, h, D] rotated: [B, h, D], ungated; undefined where
-  // the kernel does not serve them (PagedDecodeServes).
-  // `work_gates` ([B, h], or undefined): the wide rows' gates, whose KV
-  // groups with no routed head are left out (ActiveKvGroups).
+  // caches, queries [B, h, D] rotated, gates [B, h]: [B, h, D], gated (the
+  // kernel leaves out the KV groups of a row whose gates are all 0);
+  // undefined where the kernel does not serve them (PagedDecodeServes).
   at::Tensor PagedDecodeRows(const at::Tensor& queries,
                              const at::Tensor& key_cache,
                              const at::Tensor& value_cache,
                              const NarrowRows& narrow, const Step& step,
-                             const at::Tensor& work_gates) const;
-  // Whether a token of this layer can route to no head of a whole KV group
-  // (its routed heads fill whole groups, and at least a group's worth of
-  // them go unrouted at `max_top_k`).
-  bool GroupsMayIdle(const Layer& layer, int64_t max_top_k) const;
+                             const at::Tensor& gates) const;
   // Dense attention of the step's queries q [N, h, D] (unrotated) over
-  // caches of h / G KV heads: [N, h, D], ungated.
+  // caches of h / G KV heads, each head's output times its gate (gates
+  // [N, h]): [N, h, D].
   at::Tensor DenseHeads(const at::Tensor& q, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, const NarrowRows& narrow,
-                        const Step& step,
-                        const at::Tensor& work_gates = at::Tensor()) const;
+                        const Step& step, const at::Tensor& gates) const;
 
   LlamaConfig config_;
   at::TensorOptions options_;

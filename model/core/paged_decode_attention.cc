@@ -13,10 +13,6 @@
 
 namespace moh {
 
-at::Tensor ActiveKvGroups(const at::Tensor& gates, int64_t kv_heads) {
-  return gates.reshape({gates.size(0), kv_heads, -1}).ne(0).any(-1);
-}
-
 #ifdef MOH_CUDA_KERNELS
 
 namespace {
@@ -35,6 +31,12 @@ bool ArgumentsServed(const PagedDecodeInputs& in) {
          in.block_table.scalar_type() == at::kLong &&
          in.positions.scalar_type() == at::kLong &&
          in.row_len.scalar_type() == at::kLong && in.kv_len > 0 &&
+         (!in.gates.defined() ||
+          (in.gates.scalar_type() == in.queries.scalar_type() &&
+           in.gates.device() == in.queries.device() && in.gates.dim() == 2 &&
+           in.gates.size(0) == in.queries.size(0) &&
+           in.gates.size(1) == in.queries.size(1) &&
+           in.gates.stride(1) == 1)) &&
          PagedDecodeShapeSupported(static_cast<int>(in.queries.size(1)),
                                    static_cast<int>(k.size(2)),
                                    static_cast<int>(k.size(3)));
@@ -75,15 +77,9 @@ bool PagedDecodeArgsFor(const PagedDecodeInputs& in,
   a.splits =
       static_cast<int>((in.kv_len + kPagedDecodeSplit - 1) / kPagedDecodeSplit);
   a.scale = static_cast<float>(in.scale);
-  const at::Tensor active = in.active_groups.defined()
-                                ? in.active_groups.to(at::kBool).contiguous()
-                                : at::Tensor();
-  if (active.defined()) {
-    TORCH_CHECK(active.sizes() == at::IntArrayRef({rows, a.kv_heads}) &&
-                    active.device() == queries.device(),
-                "PagedDecode: active_groups must be [", rows, ", ", a.kv_heads,
-                "] on the queries' device, got ", active.sizes());
-    a.active_groups = reinterpret_cast<const uint8_t*>(active.data_ptr<bool>());
+  if (in.gates.defined()) {
+    a.gates = in.gates.data_ptr();
+    a.gate_stride = in.gates.stride(0);
   }
   const at::TensorOptions f32 = queries.options().dtype(at::kFloat);
   const at::Tensor partial_out = at::empty({rows, heads, a.splits, d}, f32);
@@ -92,8 +88,8 @@ bool PagedDecodeArgsFor(const PagedDecodeInputs& in,
   a.partial_max_sum = partial_max_sum.data_ptr<float>();
   launch->out = at::empty_like(queries);
   a.out = launch->out.data_ptr();
-  launch->held = {queries, table,       positions,      row_len,
-                  active,  partial_out, partial_max_sum};
+  launch->held = {queries, table,       positions,
+                  row_len, partial_out, partial_max_sum};
   return true;
 }
 

@@ -20,23 +20,23 @@ struct PagedDecodeInputs {
   at::Tensor row_len;      // [B] int64: and j < row_len
   int64_t kv_len = 0;      // keys the longest row reads (host value)
   double scale = 1.0;
-  // [B, KV] bool, or undefined (all): the (row, KV group) pairs attended
-  // (ActiveKvGroups); the heads of the others are 0.
-  at::Tensor active_groups;
+  // [B, H] in the queries' type (the last dimension contiguous), or
+  // undefined: MoH's gates, which PagedDecode applies (each head's output
+  // times its gate); a (row, KV group) whose gates are all 0 reads no key
+  // (the work list).
+  at::Tensor gates;
 };
-
-// The work list of a decode step, on gates' device: which KV groups of each
-// row any head of its token routes to (a nonzero gate), from gates [B, H]
-// of a model with `kv_heads` KV heads: [B, kv_heads] bool.
-at::Tensor ActiveKvGroups(const at::Tensor& gates, int64_t kv_heads);
 
 // Whether PagedDecode takes these inputs: a CUDA build, queries on CUDA in
 // the caches' type (float32, bfloat16 or float16), a supported shape
-// (PagedDecodeShapeSupported) and caches whose last dimension is contiguous.
+// (PagedDecodeShapeSupported), caches whose last dimension is contiguous,
+// and gates (if given) [B, H] in that type with the last dimension
+// contiguous.
 bool PagedDecodeServes(const PagedDecodeInputs& in);
 
 // [B, H, D]: head h attends with KV head h / (H / KV) to the first
-// min(position + 1, row_len) keys of its row.
+// min(position + 1, row_len) keys of its row (times its gate where gates
+// are given).
 at::Tensor PagedDecode(const PagedDecodeInputs& in);
 
 }  // namespace moh

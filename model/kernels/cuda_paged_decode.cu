@@ -13,10 +13,11 @@
 //      accumulate p * v for the G heads; the lanes are summed in shared
 //      memory.
 //   It writes the split's unnormalised output, max and sum. A (row, KV
-//   group) the work list leaves out (args.active_groups) writes an empty
-//   split at once, so the combined output of its heads is 0.
+//   group) whose heads' gates are all 0 (args.gates: MoH's work list) writes
+//   an empty split at once, so the combined output of its heads is 0.
 // Kernel 2, a thread block per (row, head), a thread per dimension: the
-// splits combined, out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+// splits combined, out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s,
+// times the head's gate.
 #include <cfloat>
 
 #include "model/kernels/cuda_element.cuh"
@@ -27,6 +28,7 @@ namespace {
 
 using cuda::FromFloat;
 using cuda::Load8;
+using cuda::Round;
 using cuda::ToFloat;
 using cuda::WarpMax;
 using cuda::WarpSum;
@@ -56,8 +58,13 @@ __global__ void __launch_bounds__(kThreads)
       max(int64_t{0}, min(int64_t{kSplit}, RowKeys(a, row) - begin)));
   const int64_t head0 = int64_t{row} * a.heads + int64_t{kv} * G;
   const int64_t partial0 = head0 * a.splits + split;  // (row, head0, split)
-  const bool active = a.active_groups == nullptr ||
-                      a.active_groups[int64_t{row} * a.kv_heads + kv] != 0;
+  bool active = a.gates == nullptr;
+  if (!active) {
+    const T* gates =
+        static_cast<const T*>(a.gates) + int64_t{row} * a.gate_stride + kv * G;
+#pragma unroll
+    for (int g = 0; g < G; ++g) active = active || ToFloat(gates[g]) != 0.f;
+  }
   if (n == 0 || !active) {  // nothing of this row here: an empty split
     for (int i = tid; i < G * d_n; i += kThreads) {
       const int g = i / d_n;
@@ -177,8 +184,13 @@ __global__ void PagedDecodeCombineKernel(PagedDecodeArgs a) {
     sum += w * ms[2 * s + 1];
     out += w * a.partial_out[(head * a.splits + s) * a.head_dim + d];
   }
-  static_cast<T*>(a.out)[head * a.head_dim + d] =
-      FromFloat<T>(sum > 0.f ? out / sum : 0.f);
+  float value = sum > 0.f ? out / sum : 0.f;
+  if (a.gates != nullptr) {
+    const int64_t row = head / a.heads, h = head % a.heads;
+    value = Round<T>(value) *
+            ToFloat(static_cast<const T*>(a.gates)[row * a.gate_stride + h]);
+  }
+  static_cast<T*>(a.out)[head * a.head_dim + d] = FromFloat<T>(value);
 }
 
 template <typename T, int G>

@@ -38,10 +38,13 @@ struct PagedDecodeArgs {
   const int64_t* positions = nullptr;
   const int64_t* row_len = nullptr;
   int rows = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  // [rows, kv_heads] bytes, or nullptr (all active): the (row, KV group)
-  // pairs attended. An inactive pair's heads read no key and output 0 (a
-  // group none of whose heads the row's token routes to: MoH's work list).
-  const uint8_t* active_groups = nullptr;
+  // [rows, heads] in the queries' type (rows gate_stride apart), or nullptr:
+  // MoH's gates. Each head's output is multiplied by its gate (rounded to
+  // the type first, as ATen's mul_ of the two), and a (row, KV group) whose
+  // heads' gates are all 0 reads no key and outputs 0: the work list of the
+  // groups none of a row's active heads uses.
+  const void* gates = nullptr;
+  int64_t gate_stride = 0;
   // Splits per row: ceil(max keys any row reads / kPagedDecodeSplit).
   int splits = 0;
   float scale = 1.0f;

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "model/core/llama_model.h"
-#include "model/core/paged_decode_attention.h"
 #include "tests/model/core/llama_test_util.h"
 
 namespace moh {
@@ -21,24 +20,6 @@ const std::string kFixtures = MOH_FIXTURES_DIR;
 int64_t ChunkWorkspace(int64_t rows, int64_t heads, int64_t chunk,
                        int64_t kv_len) {
   return rows * chunk * kv_len * (heads * 4 + 1);
-}
-
-// The decode work list (paged_decode_attention.h): a row's KV group is
-// attended when any of its heads has a nonzero gate; -0 is zero, NaN is not.
-TEST(ActiveKvGroupsTest, GroupsWithARoutedHead) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  const at::Tensor gates = at::tensor({0.5f, 0.0f, 0.0f, 0.0f, 0.0f, 0.2f,   //
-                                       0.0f, -0.0f, 0.0f, 0.0f, 0.0f, 0.0f,  //
-                                       0.0f, 0.0f, nan, 0.0f, 0.1f, 0.9f})
-                               .view({3, 6});
-  const at::Tensor active = ActiveKvGroups(gates, 3);  // groups of 2 heads
-  ASSERT_EQ(active.sizes(), (at::IntArrayRef{3, 3}));
-  ASSERT_EQ(active.scalar_type(), at::kBool);
-  const std::vector<int64_t> want = {1, 0, 1, 0, 0, 0, 0, 1, 1};
-  const at::Tensor flat = active.to(at::kLong).reshape({-1});
-  EXPECT_EQ(std::vector<int64_t>(flat.data_ptr<int64_t>(),
-                                 flat.data_ptr<int64_t>() + 9),
-            want);
 }
 
 TEST(DenseAttentionQueryChunkTest, LargestChunkUnderTheBudget) {

@@ -86,23 +86,28 @@ inline void CheckPagedDecode(
   ASSERT_FALSE(at::isnan(got).any().item<bool>());
   const double bound = c.tolerance * expected.abs().max().item<double>();
   EXPECT_LE((got - expected).abs().max().item<double>(), bound);
-  // A work list leaving (row, KV group) pairs out: their heads are 0, the
-  // others unchanged.
+  // MoH's gates: each head's output times its gate, exactly 0 where the
+  // gate is (a whole row's groups, -0, a head at 0 in a group that stays).
+  // That the groups whose gates are all 0 read no key (the work list) does
+  // not show in the outputs.
   {
-    PagedDecodeInputs listed = paged;
-    const at::Tensor active = at::rand({rows, c.kv_heads}) < 0.6;
-    active[0].fill_(false);  // a row with no group at all
-    listed.active_groups = active.to(device);
-    const at::Tensor out = run(listed).to(at::kFloat).cpu();
+    const int64_t group = c.heads / c.kv_heads;
+    const at::Tensor group_on = at::rand({rows, c.kv_heads}) < 0.6;
+    group_on[0].fill_(false);  // a row with no group at all
+    group_on[1].fill_(true);
+    const at::Tensor head_on = group_on.repeat_interleave(group, 1);
+    at::Tensor gates = (at::rand({rows, c.heads}) + 0.5) * head_on;
+    gates[1][0] = 0.0f;  // one head of an attended group
+    gates[2].masked_fill_(head_on[2].logical_not(), -0.0);
+    gates = gates.to(c.type);
+    PagedDecodeInputs gated = paged;
+    gated.gates = gates.to(device);
+    const at::Tensor out = run(gated).to(at::kFloat).cpu();
     ASSERT_FALSE(at::isnan(out).any().item<bool>());
-    const at::Tensor head_active =
-        active.repeat_interleave(c.heads / c.kv_heads, 1).unsqueeze(-1);
-    const at::Tensor want =
-        at::where(head_active, expected, at::zeros_like(expected));
-    EXPECT_LE((out - want).abs().max().item<double>(), bound);
-    EXPECT_EQ(
-        out.masked_select(head_active.logical_not()).abs().max().item<float>(),
-        0.0f);
+    const at::Tensor want = expected * gates.to(at::kFloat).unsqueeze(-1);
+    EXPECT_LE((out - want).abs().max().item<double>(), 2 * bound);
+    const at::Tensor zero = gates.to(at::kFloat).eq(0).unsqueeze(-1);
+    EXPECT_EQ(out.masked_select(zero).abs().max().item<float>(), 0.0f);
   }
   // One row at a time agrees too (no row reads another's keys).
   for (int64_t r = 0; r < rows; ++r) {
