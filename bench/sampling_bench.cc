@@ -4,12 +4,12 @@
 //     logits leaves to the host (SequenceOutput::Next: the Sampler over the
 //     row, and log-probabilities over it when asked);
 //   path 1, reduced: what is left once the step reduced the row where its
-//     logits lie (SequenceOutput::NextFromReduced over BestLogits and
-//     RowStats, best_logits.h; those are computed once here, since on a GPU
+//     logits lie (SequenceOutput::NextFromReduced over ReduceLogits' best
+//     logits and stats, best_logits.h; computed once here, since on a GPU
 //     they run on the device);
-//   path 2, reduced on the CPU: BestLogits and RowStats in LibTorch's CPU
-//     ops, then path 1's host work: why a CPU server keeps path 0
-//     (MOH_REDUCE_LOGITS=1 takes this path).
+//   path 2, reduced on the CPU: ReduceLogits in LibTorch's CPU ops (one
+//     pass, as the model runs it), then path 1's host work: why a CPU server
+//     keeps path 0 (MOH_REDUCE_LOGITS=1 takes this path).
 // Modes: 0 temperature alone (drawn on the device), 1 top-p 0.9, 2 top-k 50
 // with top-p 0.9, 3 greedy with 5 log-probabilities. The row is peaked as a
 // language model's is: 20 ids hold most of the mass over Gaussian noise.
@@ -51,16 +51,15 @@ void BM_HostDraw(benchmark::State& state) {
   const int64_t path = state.range(1);
   const at::Tensor row = PeakedRow();
   SequenceOutput output(ModeParams(mode), {1}, nullptr, {});
-  // What the step reduces to, as the executor plans it.
+  // What the step reduces to, as the executor plans it and the model
+  // reduces it (one ReduceLogits pass).
   auto reduce = [&](const SequenceOutput::Reduction& plan) {
-    const at::Tensor rows = row.unsqueeze(0);
-    auto [values, ids] = BestLogits(rows, plan.limit, plan.best);
-    at::Tensor stats;
-    if (plan.stats) {
-      stats = RowStats(rows, plan.limit, RowReductionParams({plan.row}))[0]
-                  .contiguous();
-    }
-    return std::make_tuple(values[0].contiguous(), ids[0].contiguous(), stats);
+    const ReducedLogits reduced = ReduceLogits(
+        row.unsqueeze(0), plan.limit, plan.best,
+        plan.stats ? RowReductionParams({plan.row}) : at::Tensor());
+    return std::make_tuple(
+        reduced.values[0].contiguous(), reduced.ids[0].contiguous(),
+        plan.stats ? reduced.stats[0].contiguous() : at::Tensor());
   };
   const std::optional<SequenceOutput::Reduction> first =
       output.PlanReduction(kVocab);
