@@ -76,19 +76,33 @@ __device__ inline void RotatePair(const T* x, int64_t position,
                              Round<T>(__fmul_rn(x1, ToFloat(sin[j + half])))));
 }
 
-// A thread per (token, head, pair).
+// This thread's (token, head, pair) of tokens x heads vectors of `half`
+// pairs each (a thread per pair); false past the last.
+struct Pair {
+  int64_t vector;  // token * heads + head
+  int64_t token, head;
+  int j;
+};
+__device__ inline bool ThreadPair(int tokens, int heads, int half, Pair* p) {
+  const int64_t i = int64_t{blockIdx.x} * kElementThreads + threadIdx.x;
+  if (i >= int64_t{tokens} * heads * half) return false;
+  p->j = static_cast<int>(i % half);
+  p->vector = i / half;
+  p->token = p->vector / heads;
+  p->head = p->vector % heads;
+  return true;
+}
+
 template <typename T>
 __global__ void RopeKernel(RopeArgs a) {
   const int half = a.head_dim / 2;
-  const int64_t i = int64_t{blockIdx.x} * kElementThreads + threadIdx.x;
-  if (i >= int64_t{a.tokens} * a.heads * half) return;
-  const int j = static_cast<int>(i % half);
-  const int64_t vector = i / half;  // token * heads + head
-  const int64_t t = vector / a.heads, head = vector % a.heads;
-  const T* x =
-      static_cast<const T*>(a.x) + t * a.token_stride + head * a.head_stride;
-  T* out = static_cast<T*>(a.out) + vector * a.head_dim;
-  RotatePair(x, a.positions[t], a.tables, j, half, out + j, out + j + half);
+  Pair p;
+  if (!ThreadPair(a.tokens, a.heads, half, &p)) return;
+  const T* x = static_cast<const T*>(a.x) + p.token * a.token_stride +
+               p.head * a.head_stride;
+  T* out = static_cast<T*>(a.out) + p.vector * a.head_dim;
+  RotatePair(x, a.positions[p.token], a.tables, p.j, half, out + p.j,
+             out + p.j + half);
 }
 
 // A thread per (token, head, pair): the key's pair rotated and the value's
@@ -96,17 +110,15 @@ __global__ void RopeKernel(RopeArgs a) {
 template <typename T>
 __global__ void RopeStoreKvKernel(RopeStoreKvArgs a) {
   const int half = a.head_dim / 2;
-  const int64_t i = int64_t{blockIdx.x} * kElementThreads + threadIdx.x;
-  if (i >= int64_t{a.tokens} * a.heads * half) return;
-  const int j = static_cast<int>(i % half);
-  const int64_t vector = i / half;
-  const int64_t t = vector / a.heads, head = vector % a.heads;
-  const int64_t from = t * a.token_stride + head * a.head_dim;
+  Pair p;
+  if (!ThreadPair(a.tokens, a.heads, half, &p)) return;
+  const int64_t t = p.token, j = p.j;
+  const int64_t from = t * a.token_stride + p.head * a.head_dim;
   const int64_t to = a.block[t] * a.stride_block +
-                     a.offset[t] * a.stride_position + head * a.stride_head;
+                     a.offset[t] * a.stride_position + p.head * a.stride_head;
   T* key = static_cast<T*>(a.key_cache) + to;
-  RotatePair(static_cast<const T*>(a.keys) + from, a.positions[t], a.tables, j,
-             half, key + j, key + j + half);
+  RotatePair(static_cast<const T*>(a.keys) + from, a.positions[t], a.tables,
+             p.j, half, key + j, key + j + half);
   const T* value = static_cast<const T*>(a.values) + from;
   T* stored = static_cast<T*>(a.value_cache) + to;
   stored[j] = value[j];
