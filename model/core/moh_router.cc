@@ -231,9 +231,9 @@ at::Tensor MohRouter::QueryNormGates(const at::Tensor& query,
   if (layer_.routed_heads() == 0) {
     return at::ones({n, layer_.num_heads}, query.options());
   }
-  at::Tensor logits =
-      at::linalg_vector_norm(query.narrow(1, shared, layer_.routed_heads()), 2,
-                             {-1}, false, c10::nullopt);  // [N, R]
+  at::Tensor logits = at::linalg_vector_norm(
+      query.narrow(1, shared, layer_.routed_heads()).to(at::kFloat), 2, {-1},
+      false, c10::nullopt);  // [N, R], float32
   at::Tensor std = at::std(logits, {1}, /*unbiased=*/true, /*keepdim=*/true);
   at::Tensor gates = at::softmax(logits / std, 1);
   at::Tensor mask = TopKMask(gates, top_k, max_top_k).to(query.scalar_type());

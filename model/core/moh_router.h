@@ -51,6 +51,10 @@ class MohRouter {
   // LearnedGates for float32 rows [n, C] (contiguous) on CPU.
   at::Tensor LearnedGatesLoop(const at::Tensor& x,
                               const at::Tensor& top_k) const;
+  // The query-norm router decides in float32 whatever the queries' type:
+  // rounding its norms and quotients to bfloat16 ties heads that float32
+  // tells apart (the bf16 fixture: gates 0.1766 and 0.1848 both 0.1865), and
+  // a tie is then settled by topk's arbitrary order, not by the model.
   at::Tensor QueryNormGates(const at::Tensor& query, const at::Tensor& top_k,
                             int64_t max_top_k) const;
 

@@ -148,9 +148,9 @@ __device__ inline bool RanksBefore(float gate_j, int j, float gate_r, int r) {
 }
 
 // A thread block per token. The routed heads' query norms (a warp each),
-// then on one thread their std, quotients and softmax, each rounded as its
-// ATen op (linalg_vector_norm, std, div, softmax); then each head's rank
-// among the gates: kept when below the token's K.
+// then on one thread their std, quotients and softmax, all in float32 as
+// MohRouter::QueryNormGates (whatever T: bf16 rounding would tie heads);
+// then each head's rank among the gates: kept when below the token's K.
 template <typename T>
 __global__ void __launch_bounds__(kRouterThreads)
     QueryNormGatesKernel(QueryNormGatesArgs a) {
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kRouterThreads)
       squares += v * v;
     }
     squares = WarpSum(squares);
-    if (lane == 0) gate[r] = Round<T>(sqrtf(squares));
+    if (lane == 0) gate[r] = sqrtf(squares);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -180,10 +180,10 @@ __global__ void __launch_bounds__(kRouterThreads)
       deviations += d * d;
     }
     // Unbiased: one routed head gives 0 / 0, NaN, as at::std.
-    const float std = Round<T>(sqrtf(deviations / static_cast<float>(n - 1)));
+    const float std = sqrtf(deviations / static_cast<float>(n - 1));
     float most = -INFINITY;
     for (int r = 0; r < n; ++r) {
-      gate[r] = Round<T>(__fdiv_rn(gate[r], std));
+      gate[r] = __fdiv_rn(gate[r], std);
       most = fmaxf(most, gate[r]);
     }
     float sum = 0.f;
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kRouterThreads)
       gate[r] = expf(gate[r] - most);
       sum += gate[r];
     }
-    for (int r = 0; r < n; ++r) gate[r] = Round<T>(__fdiv_rn(gate[r], sum));
+    for (int r = 0; r < n; ++r) gate[r] = __fdiv_rn(gate[r], sum);
   }
   __syncthreads();
   const int64_t k = a.top_k[t];

@@ -102,8 +102,9 @@ const char* LaunchSiluMul(const SiluMulArgs& args);
 // The query-norm router's gates [tokens, shared + routed] (contiguous, the
 // queries' type): 1 for the shared heads [0, shared); for the routed ones,
 // 1 on the top_k[t] (int64 [tokens]) largest of softmax(norm / std) over
-// the routed heads' query norms (std unbiased), 0 elsewhere. Equal gates:
-// the lower head first; NaN above every number (as ATen's topk).
+// the routed heads' query norms (std unbiased; all in float32, as
+// MohRouter::QueryNormGates), 0 elsewhere. Equal gates: the lower head
+// first; NaN above every number (as ATen's topk).
 struct QueryNormGatesArgs {
   CudaElement type = CudaElement::kFloat32;
   const void* queries = nullptr;  // [tokens, heads, head_dim]

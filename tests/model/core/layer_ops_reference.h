@@ -81,12 +81,12 @@ inline at::Tensor SiluMulChain(const at::Tensor& both) {
 }
 
 // The query-norm router's gates over the routed heads before top-K:
-// softmax(norm / std(norm)) in the queries' type ([N, routed], float32 on
-// the CPU).
+// softmax(norm / std(norm)) in float32 whatever the queries' type ([N,
+// routed], on the CPU).
 inline at::Tensor QueryNormChainGates(const at::Tensor& q, int64_t shared,
                                       int64_t routed) {
-  const at::Tensor norms = at::linalg_vector_norm(q.narrow(1, shared, routed),
-                                                  2, {-1}, false, c10::nullopt);
+  const at::Tensor norms = at::linalg_vector_norm(
+      q.narrow(1, shared, routed).to(at::kFloat), 2, {-1}, false, c10::nullopt);
   const at::Tensor std = at::std(norms, {1}, true, true);
   return at::softmax(norms / std, 1).to(at::kFloat).cpu();
 }
@@ -244,12 +244,11 @@ inline void CheckSiluMul(const LayerKernels& kernels,
   }
 }
 
-// Against MohRouter's ATen chain: equal in float32; in bfloat16, whose
-// rounded softmax ties heads, a valid top-K of the chain's own rounded
-// gates (ExpectTopKOf).
+// Against MohRouter's ATen chain: a valid top-K of its float32 gates
+// (ExpectTopKOf) and the same heads, for every type; and a near tie that
+// bfloat16 rounding would break the wrong way.
 inline void CheckQueryNormGates(const LayerKernels& kernels,
                                 const at::TensorOptions& options) {
-  const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
   constexpr int64_t kTokens = 50, kD = 64;
   for (const auto& [shared, routed] :
        std::vector<std::pair<int32_t, int32_t>>{{16, 16}, {0, 12}, {2, 3}}) {
@@ -274,12 +273,23 @@ inline void CheckQueryNormGates(const LayerKernels& kernels,
     ASSERT_TRUE(got.defined()) << what;
     ExpectTopKOf(got, QueryNormChainGates(q, shared, routed), top_k, shared,
                  routed, what);
-    if (type == at::kFloat) {
-      const at::Tensor want =
-          router->Gates(at::Tensor(), q, top_k, top_k.max().item<int64_t>());
-      EXPECT_TRUE(at::equal(got.cpu(), want.cpu())) << what;
-    }
+    // The router decides in float32 for every type: the same heads.
+    const at::Tensor want =
+        router->Gates(at::Tensor(), q, top_k, top_k.max().item<int64_t>());
+    EXPECT_TRUE(at::equal(got.cpu(), want.cpu())) << what;
   }
+  // Norms 1, 1.00195 and 0.5: in bf16 the first two round to 1.0 and tie
+  // (the lower head would win); in float32 the second is kept.
+  const at::Tensor near_tie =
+      at::tensor({0.f, 0.f, 1.f, 0.f, 1.f, 0.0625f, 0.5f, 0.f})
+          .to(options)
+          .view({1, 4, 2});
+  const at::Tensor k1 = at::ones({1}, options.dtype(at::kLong));
+  const at::Tensor got = kernels.query_norm_gates(near_tie, k1, 1, 3);
+  ASSERT_TRUE(got.defined());
+  EXPECT_TRUE(at::equal(got.to(at::kFloat).cpu(),
+                        at::tensor({1.f, 0.f, 1.f, 0.f}).view({1, 4})))
+      << Name(options) << " near tie: " << got;
 }
 
 }  // namespace moh::layer_ops_reference

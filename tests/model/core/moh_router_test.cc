@@ -1,0 +1,60 @@
+// MohRouter's query-norm router (MoH-LLaMA3) decides in float32 whatever the
+// queries' type: bfloat16 queries route to the heads the same values route to
+// in float32, including where rounding the router's norms to bfloat16 would
+// tie two heads.
+#include "model/core/moh_router.h"
+
+#include <gtest/gtest.h>
+
+#include <utility>
+
+namespace moh {
+namespace {
+
+MohRouter QueryNormRouter(int32_t shared, int32_t routed,
+                          const at::TensorOptions& options) {
+  MohLayerConfig layer;
+  layer.num_heads = shared + routed;
+  layer.shared_heads = shared;
+  layer.top_k = routed / 2;
+  TensorStore store;
+  auto router =
+      MohRouter::Load(RouterKind::kQueryNorm, layer, 64, "", store, options);
+  EXPECT_TRUE(router.ok()) << router.status();
+  return *std::move(router);
+}
+
+TEST(QueryNormRouterTest, BFloat16QueriesRouteAsTheirFloat32Values) {
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  const MohRouter router = QueryNormRouter(4, 12, bf16);
+  const MohRouter router32 = QueryNormRouter(4, 12, at::kFloat);
+  at::manual_seed(5);
+  const at::Tensor q = at::randn({200, 16, 64}, bf16);
+  const at::Tensor top_k = at::randint(13, {200}, at::kLong);
+  const int64_t max_k = top_k.max().item<int64_t>();
+  const at::Tensor got = router.Gates(at::Tensor(), q, top_k, max_k);
+  ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+  const at::Tensor want =
+      router32.Gates(at::Tensor(), q.to(at::kFloat), top_k, max_k);
+  EXPECT_TRUE(at::equal(got.to(at::kFloat), want));
+  EXPECT_TRUE(at::equal(got.narrow(1, 4, 12).sum(1).to(at::kLong), top_k));
+}
+
+// Routed norms 1, 1.00195 and 0.5 at K = 1: rounded to bfloat16 the first
+// two are both 1.0 (ATen's topk then picks either); in float32 the second
+// is larger and kept.
+TEST(QueryNormRouterTest, BFloat16NearTieKeepsTheLargerNorm) {
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  const MohRouter router = QueryNormRouter(1, 3, bf16);
+  const at::Tensor q = at::tensor({0.f, 0.f, 1.f, 0.f, 1.f, 0.0625f, 0.5f, 0.f})
+                           .to(bf16)
+                           .view({1, 4, 2});
+  const at::Tensor gates =
+      router.Gates(at::Tensor(), q, at::ones({1}, at::kLong), 1);
+  EXPECT_TRUE(at::equal(gates.to(at::kFloat),
+                        at::tensor({1.f, 0.f, 1.f, 0.f}).view({1, 4})))
+      << gates;
+}
+
+}  // namespace
+}  // namespace moh
