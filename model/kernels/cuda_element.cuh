@@ -52,6 +52,28 @@ __device__ inline void Load8(const __half* p, float* x) {
   }
 }
 
+// Eight floats stored as consecutive elements, each rounded to nearest
+// even; p as Load8's.
+__device__ inline void Store8(float* p, const float* x) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+}
+__device__ inline void Store8(__nv_bfloat16* p, const float* x) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    h[i] = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+__device__ inline void Store8(__half* p, const float* x) {
+  uint4 raw;
+  __half2* h = reinterpret_cast<__half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
 __device__ inline float ToFloat(float v) { return v; }
 __device__ inline float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ inline float ToFloat(__half v) { return __half2float(v); }

@@ -15,6 +15,10 @@
 // float32 and in bfloat16 the results are the chain's, up to the order of
 // a reduction's sums.
 //
+// AddRmsNorm and SiluMul move 8 elements a load where the widths are
+// multiples of 8 and every row starts 16-byte aligned (as the model's
+// tensors do), one element a load elsewhere.
+//
 // Plain pointers and strides: this header and its .cu see no ATen (the
 // wrappers are model/core/layer_ops_cuda.cc). Every launch returns nullptr
 // or the CUDA error's text.

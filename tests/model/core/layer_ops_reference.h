@@ -144,17 +144,28 @@ inline std::string Name(const at::TensorOptions& options) {
   return c10::toString(at::typeMetaToScalarType(options.dtype()));
 }
 
+// Rows of 16-byte loads (1, 2 and 3 of 4 a thread), of single elements
+// (width 7), and a residual 16-byte aligned nowhere (single elements too).
 inline void CheckAddRmsNorm(const LayerKernels& kernels,
                             const at::TensorOptions& options) {
   const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
-  for (const auto& [rows, width] : std::vector<std::pair<int64_t, int64_t>>{
-           {1, 4096}, {5, 1000}, {64, 256}, {3, 7}}) {
+  struct Case {
+    int64_t rows, width, residual_offset;
+  };
+  for (const auto& [rows, width, residual_offset] :
+       std::vector<Case>{{1, 4096, 0},
+                         {5, 1000, 0},
+                         {64, 256, 0},
+                         {3, 7, 0},
+                         {2, 5000, 0},
+                         {4, 256, 1}}) {
     const std::string what = Name(options) + " " + std::to_string(rows) + "x" +
-                             std::to_string(width);
+                             std::to_string(width) + "+" +
+                             std::to_string(residual_offset);
     at::Tensor hidden = at::randn({rows, width}, options);
     // A residual whose rows lie apart (a view of a wider product).
     const at::Tensor residual =
-        at::randn({rows, width + 8}, options).narrow(1, 0, width);
+        at::randn({rows, width + 8}, options).narrow(1, residual_offset, width);
     const at::Tensor weight = 1 + 0.1 * at::randn({width}, options);
     at::Tensor expected_hidden = hidden.clone();
     PoisonNext(rows * width, options);
@@ -229,14 +240,23 @@ inline void CheckRopeStoreKv(const LayerKernels& kernels,
   }
 }
 
+// 16-byte loads (a partial last block of columns at 1000), single
+// elements (widths 100 and 33, and a product 16-byte aligned nowhere).
 inline void CheckSiluMul(const LayerKernels& kernels,
                          const at::TensorOptions& options) {
   const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
-  for (const auto& [rows, inter] : std::vector<std::pair<int64_t, int64_t>>{
-           {1, 14336}, {3, 100}, {70, 33}}) {
+  struct Case {
+    int64_t rows, inter, offset;
+  };
+  for (const auto& [rows, inter, offset] : std::vector<Case>{
+           {1, 14336, 0}, {6, 1000, 0}, {3, 100, 0}, {70, 33, 0}, {5, 64, 1}}) {
     const std::string what = Name(options) + " " + std::to_string(rows) + "x" +
-                             std::to_string(inter);
-    const at::Tensor both = 3 * at::randn({rows, 2 * inter}, options);
+                             std::to_string(inter) + "+" +
+                             std::to_string(offset);
+    const int64_t numel = rows * 2 * inter;
+    const at::Tensor both = 3 * at::randn({numel + offset}, options)
+                                    .narrow(0, offset, numel)
+                                    .view({rows, 2 * inter});
     PoisonNext(rows * inter, options);
     const at::Tensor got = kernels.silu_mul(both);
     ASSERT_TRUE(got.defined()) << what;
