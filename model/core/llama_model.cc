@@ -607,14 +607,22 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
                                 gates);
   }
   // The query-norm router reads every query; the learned one only x.
-  at::Tensor q;
+  // Queries, keys and values in one product where every row is wide.
+  at::Tensor q, kv;
   if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
-    q = Linear(x, layer.q_proj, layer.q_bias).view({n, heads, d});
+    if (layer.qkv_proj.defined() && !step.narrow.any()) {
+      const at::Tensor qkv = Linear(x, layer.qkv_proj, layer.qkv_bias);
+      q = qkv.narrow(1, 0, heads * d);
+      kv = qkv.narrow(1, heads * d, qkv.size(1) - heads * d);
+    } else {
+      q = Linear(x, layer.q_proj, layer.q_bias);
+    }
+    q = q.view({n, heads, d});
   }
   *gates = RouterGates(layer, x, q, step.top_k[layer_index],
                        step.max_top_k[layer_index]);  // [N, H]
 
-  WriteKeysValues(layer_index, layer, x, step, cache);
+  WriteKeysValues(layer_index, layer, x, step, cache, kv);
   at::Tensor& key_cache = cache.keys(layer_index);
   at::Tensor& value_cache = cache.values(layer_index);
   NarrowRows narrow =

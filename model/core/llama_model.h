@@ -240,11 +240,13 @@ class LlamaModel {
     LinearWeight q_proj, k_proj, v_proj, o_proj;  // [out, in]
     at::Tensor q_bias, k_bias, v_bias, o_bias;    // when attention_bias
     LinearWeight gate_proj, up_proj, down_proj;
-    // k_proj over v_proj and gate_proj over up_proj as one W each (StackRows:
-    // the four are views of these), one product each; undefined when their
-    // formats differ. kv_bias likewise, when attention_bias.
-    LinearWeight kv_proj, gate_up_proj;
-    at::Tensor kv_bias;
+    // q_proj over k_proj over v_proj, and gate_proj over up_proj, as one W
+    // each (StackRows: the five are views of these), one product each where
+    // every head is projected; kv_proj is k_proj over v_proj (a view of
+    // qkv_proj), for the steps that project keys and values alone. Undefined
+    // when their formats differ. The biases likewise, when attention_bias.
+    LinearWeight qkv_proj, kv_proj, gate_up_proj;
+    at::Tensor qkv_bias, kv_bias;
     MohRouter router;
   };
 
@@ -338,9 +340,11 @@ class LlamaModel {
   // Rotates this layer's keys and values of the step's tokens and writes
   // them into the cache: all KV heads for wide rows, the narrow width only
   // (its projection rows only) for narrow rows.
+  // `kv`, when defined: the step's keys and values already projected
+  // ([N, 2 KV D], from the qkv product; only when no row is narrow).
   void WriteKeysValues(int64_t layer_index, const Layer& layer,
-                       const at::Tensor& x, const Step& step,
-                       KvCache& cache) const;
+                       const at::Tensor& x, const Step& step, KvCache& cache,
+                       const at::Tensor& kv = at::Tensor()) const;
   at::Tensor Attention(int64_t layer_index, const Layer& layer,
                        const at::Tensor& x, const Step& step, KvCache& cache,
                        at::Tensor* gates) const;

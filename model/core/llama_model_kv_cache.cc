@@ -140,14 +140,16 @@ int64_t NarrowKvHeads(const LlamaConfig& config) {
 
 void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
                                  const at::Tensor& x, const Step& step,
-                                 KvCache& cache) const {
+                                 KvCache& cache, const at::Tensor& kv) const {
   const int64_t kv_heads = config_.num_kv_heads, d = config_.head_dim;
-  // Projects, rotates and stores the first `heads` KV heads of `inputs`'
-  // tokens (at `positions`, into (block, offset) of `keys` and `values`):
-  // only those rows of k_proj and v_proj are computed.
+  // Projects (unless `projected`: every head's), rotates and stores the
+  // first `heads` KV heads of `inputs`' tokens (at `positions`, into
+  // (block, offset) of `keys` and `values`): only those rows of k_proj and
+  // v_proj are computed.
   auto write = [&](const at::Tensor& inputs, const at::Tensor& positions,
                    const at::Tensor& block, const at::Tensor& offset,
-                   int64_t heads, at::Tensor keys, at::Tensor values) {
+                   int64_t heads, at::Tensor keys, at::Tensor values,
+                   const at::Tensor& projected) {
     const int64_t n = inputs.size(0);
     auto rows = [&](const at::Tensor& t) {
       return !t.defined() || heads == kv_heads ? t : t.narrow(0, 0, heads * d);
@@ -156,15 +158,17 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
       return heads == kv_heads ? w : w.Rows(0, heads * d);
     };
     at::Tensor k, v;
-    if (heads == kv_heads && layer.kv_proj.defined()) {
+    if (projected.defined() || (heads == kv_heads && layer.kv_proj.defined())) {
       // Every KV head: keys and values in one product.
-      const at::Tensor kv = Linear(inputs, layer.kv_proj, layer.kv_bias);
-      if (StoreRotatedLoop(kv, positions, block, offset, rope_cos_, rope_sin_,
+      const at::Tensor both =
+          projected.defined() ? projected
+                              : Linear(inputs, layer.kv_proj, layer.kv_bias);
+      if (StoreRotatedLoop(both, positions, block, offset, rope_cos_, rope_sin_,
                            keys, values)) {
         return;
       }
-      k = kv.narrow(1, 0, heads * d);
-      v = kv.narrow(1, heads * d, heads * d);
+      k = both.narrow(1, 0, heads * d);
+      v = both.narrow(1, heads * d, heads * d);
     } else {
       k = Linear(inputs, weight_rows(layer.k_proj), rows(layer.k_bias));
       v = Linear(inputs, weight_rows(layer.v_proj), rows(layer.v_bias));
@@ -195,7 +199,7 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
   at::Tensor& value_cache = cache.values(layer_index);
   if (!step.narrow.any()) {
     write(x, step.token_pos, step.token_block, step.token_offset, kv_heads,
-          key_cache, value_cache);
+          key_cache, value_cache, kv);
     return;
   }
   const int64_t width = step.narrow.kv_heads;
@@ -203,7 +207,7 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
   const at::Tensor narrow_values = NarrowView(value_cache, width);
   if (step.wide_tokens.numel() == 0) {  // every row narrow: no copies
     write(x, step.token_pos, step.token_block, step.token_offset, width,
-          narrow_keys, narrow_values);
+          narrow_keys, narrow_values, at::Tensor());
     return;
   }
   for (const bool narrow : {true, false}) {
@@ -213,7 +217,7 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
           step.token_block.index_select(0, tokens),
           step.token_offset.index_select(0, tokens), narrow ? width : kv_heads,
           narrow ? narrow_keys : key_cache,
-          narrow ? narrow_values : value_cache);
+          narrow ? narrow_values : value_cache, at::Tensor());
   }
 }
 

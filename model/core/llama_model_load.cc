@@ -111,9 +111,18 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
                          take_linear(p + "mlp.up_proj.weight", {inter, c}));
     MOH_ASSIGN_OR_RETURN(layer.down_proj,
                          take_linear(p + "mlp.down_proj.weight", {c, inter}));
-    layer.kv_proj = StackRows({&layer.k_proj, &layer.v_proj});
-    if (layer.kv_proj.defined() && config.attention_bias) {
+    layer.qkv_proj = StackRows({&layer.q_proj, &layer.k_proj, &layer.v_proj});
+    layer.kv_proj = layer.qkv_proj.defined()
+                        ? layer.qkv_proj.Rows(q_dim, 2 * kv_dim)
+                        : StackRows({&layer.k_proj, &layer.v_proj});
+    if (layer.qkv_proj.defined() && config.attention_bias) {
+      layer.qkv_bias = at::cat({layer.q_bias, layer.k_bias, layer.v_bias});
+      layer.q_bias = layer.qkv_bias.narrow(0, 0, q_dim);
+      layer.kv_bias = layer.qkv_bias.narrow(0, q_dim, 2 * kv_dim);
+    } else if (layer.kv_proj.defined() && config.attention_bias) {
       layer.kv_bias = at::cat({layer.k_bias, layer.v_bias});
+    }
+    if (layer.kv_bias.defined()) {
       layer.k_bias = layer.kv_bias.narrow(0, 0, kv_dim);
       layer.v_bias = layer.kv_bias.narrow(0, kv_dim, kv_dim);
     }

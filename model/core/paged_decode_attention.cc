@@ -1,5 +1,6 @@
 #include "model/core/paged_decode_attention.h"
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -31,6 +32,7 @@ bool ArgumentsServed(const PagedDecodeInputs& in) {
          in.block_table.scalar_type() == at::kLong &&
          in.positions.scalar_type() == at::kLong &&
          in.row_len.scalar_type() == at::kLong && in.kv_len > 0 &&
+         in.split_keys >= 0 && in.split_keys <= kPagedDecodeSplit &&
          (!in.gates.defined() ||
           (in.gates.scalar_type() == in.queries.scalar_type() &&
            in.gates.device() == in.queries.device() && in.gates.dim() == 2 &&
@@ -51,7 +53,11 @@ bool PagedDecodeServes(const PagedDecodeInputs& in) {
 bool PagedDecodeArgsFor(const PagedDecodeInputs& in,
                         PagedDecodeLaunch* launch) {
   if (!ArgumentsServed(in)) return false;
-  const at::Tensor queries = in.queries.contiguous();
+  // The kernel reads queries 16 bytes at a time.
+  at::Tensor queries = in.queries.contiguous();
+  if (reinterpret_cast<uintptr_t>(queries.data_ptr()) % 16 != 0) {
+    queries = queries.clone();
+  }
   const at::Tensor table = in.block_table.contiguous();
   const at::Tensor positions = in.positions.reshape({-1}).contiguous();
   const at::Tensor row_len = in.row_len.contiguous();
@@ -74,8 +80,10 @@ bool PagedDecodeArgsFor(const PagedDecodeInputs& in,
   a.heads = static_cast<int>(heads);
   a.kv_heads = static_cast<int>(in.key_cache.size(2));
   a.head_dim = static_cast<int>(d);
-  a.splits =
-      static_cast<int>((in.kv_len + kPagedDecodeSplit - 1) / kPagedDecodeSplit);
+  a.split_keys = in.split_keys != 0
+                     ? in.split_keys
+                     : PagedDecodeSplitKeys(rows, a.kv_heads, in.kv_len);
+  a.splits = static_cast<int>((in.kv_len + a.split_keys - 1) / a.split_keys);
   a.scale = static_cast<float>(in.scale);
   if (in.gates.defined()) {
     a.gates = in.gates.data_ptr();

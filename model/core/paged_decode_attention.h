@@ -25,6 +25,9 @@ struct PagedDecodeInputs {
   // times its gate); a (row, KV group) whose gates are all 0 reads no key
   // (the work list).
   at::Tensor gates;
+  // Keys per thread block, in [1, kPagedDecodeSplit]; 0: the kernel's
+  // choice for the batch (PagedDecodeSplitKeys). Tests set it.
+  int split_keys = 0;
 };
 
 // Whether PagedDecode takes these inputs: a CUDA build, queries on CUDA in

@@ -1,11 +1,13 @@
 // Flash-decoding over the paged KV cache (see cuda_paged_decode.h).
 //
-// Kernel 1, a thread block per (row, KV head, split of kPagedDecodeSplit
+// Kernel 1, a thread block per (row, KV head, split of args.split_keys
 // keys):
-//   1. the group's G queries, scaled, into shared memory (float), and each
-//      key's place in the caches through the block table;
-//   2. scores: each thread takes whole keys, reads a key's head_dim elements
-//      16 bytes at a time and accumulates the G dot products;
+//   1. each key's place in the caches through the block table;
+//   2. scores: head_dim / 8 threads per key, each holding 8 dimensions of
+//      the G queries (scaled, float) in registers, read 16 bytes of the key
+//      and sum their G partial dot products across the key's threads
+//      (warp shuffles); the block's 128 / (head_dim / 8) key lanes take
+//      every lane-th key, several loads in flight per thread;
 //   3. per query head (a warp each): the split's max, exp(score - max) in
 //      place and their sum;
 //   4. values: head_dim / 8 threads per key read 16 bytes each, the thread
@@ -47,15 +49,14 @@ __global__ void __launch_bounds__(kThreads)
   const int row = blockIdx.x, kv = blockIdx.y, split = blockIdx.z;
   const int d_n = a.head_dim, tid = threadIdx.x;
   MOH_DYNAMIC_SHARED(shared);
-  float* q = shared;                  // [G][D]
-  float* p = q + G * d_n;             // [G][kSplit]
+  float* p = shared;                  // [G][kSplit]
   float* lanes = p + G * kSplit;      // [key lanes][D], one head at a time
   __shared__ int64_t offset[kSplit];  // each key's place in the caches
   __shared__ float split_max[G], split_sum[G];
 
-  const int64_t begin = int64_t{split} * kSplit;
+  const int64_t begin = int64_t{split} * a.split_keys;
   const int n = static_cast<int>(
-      max(int64_t{0}, min(int64_t{kSplit}, RowKeys(a, row) - begin)));
+      max(int64_t{0}, min(int64_t{a.split_keys}, RowKeys(a, row) - begin)));
   const int64_t head0 = int64_t{row} * a.heads + int64_t{kv} * G;
   const int64_t partial0 = head0 * a.splits + split;  // (row, head0, split)
   bool active = a.gates == nullptr;
@@ -76,10 +77,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  const T* queries = static_cast<const T*>(a.queries) + head0 * d_n;
-  for (int i = tid; i < G * d_n; i += kThreads) {
-    q[i] = ToFloat(queries[i]) * a.scale;
-  }
   const int64_t* table = a.block_table + int64_t{row} * a.table_stride;
   const int64_t head_offset = int64_t{kv} * a.stride_head;
   for (int j = tid; j < n; j += kThreads) {
@@ -87,26 +84,46 @@ __global__ void __launch_bounds__(kThreads)
     offset[j] = table[key / a.block_size] * a.stride_block +
                 (key % a.block_size) * a.stride_position + head_offset;
   }
+  // head_dim / 8 threads per key, 8 dimensions each (16-byte loads), in
+  // both passes; the thread block's key lanes take every key_lanes-th key.
+  const int per_key = d_n / 8, key_lanes = kThreads / per_key;
+  const int d0 = (tid % per_key) * 8, key_lane = tid / per_key;
+  // This thread's 8 dimensions of the G queries, scaled, in registers.
+  float query[G][8];
+  const T* queries = static_cast<const T*>(a.queries) + head0 * d_n + d0;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    Load8(queries + int64_t{g} * d_n, query[g]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) query[g][e] *= a.scale;
+  }
   __syncthreads();
 
+  // Scores: each thread's 8-dimension dot products, summed over the key's
+  // threads (adjacent lanes of one warp). Every lane runs every round, so
+  // the shuffles see the whole warp.
   const T* keys = static_cast<const T*>(a.key_cache);
   const T* values = static_cast<const T*>(a.value_cache);
-  for (int j = tid; j < n; j += kThreads) {
-    const T* k = keys + offset[j];
+#pragma unroll 4
+  for (int j0 = 0; j0 < n; j0 += key_lanes) {
+    const int j = j0 + key_lane;
+    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (j < n) Load8(keys + offset[j] + d0, x);
     float dot[G];
 #pragma unroll
-    for (int g = 0; g < G; ++g) dot[g] = 0.f;
-    for (int d = 0; d < d_n; d += 8) {
-      float x[8];
-      Load8(k + d, x);
+    for (int g = 0; g < G; ++g) {
+      dot[g] = 0.f;
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot[g] += q[g * d_n + d + e] * x[e];
-      }
+      for (int e = 0; e < 8; ++e) dot[g] += query[g][e] * x[e];
     }
+    for (int o = per_key / 2; o > 0; o >>= 1) {
 #pragma unroll
-    for (int g = 0; g < G; ++g) p[g * kSplit + j] = dot[g];
+      for (int g = 0; g < G; ++g) dot[g] += __shfl_xor_sync(~0u, dot[g], o);
+    }
+    if (j < n && d0 == 0) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) p[g * kSplit + j] = dot[g];
+    }
   }
   __syncthreads();
 
@@ -126,10 +143,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // Values: head_dim / 8 threads per key, 8 dimensions each (16-byte
-  // loads); the thread block's key lanes take every key_lanes-th key.
-  const int per_key = d_n / 8, key_lanes = kThreads / per_key;
-  const int d0 = (tid % per_key) * 8, key_lane = tid / per_key;
+  // Values: each thread's 8 dimensions of p * v over its key lane's keys.
   float acc[G][8];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -196,8 +210,7 @@ __global__ void PagedDecodeCombineKernel(PagedDecodeArgs a) {
 template <typename T, int G>
 cudaError_t Launch(const PagedDecodeArgs& a) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
-  const size_t shared =
-      sizeof(float) * (G * a.head_dim + G * kSplit + kThreads * 8);
+  const size_t shared = sizeof(float) * (G * kSplit + kThreads * 8);
   auto* const split_kernel = &PagedDecodeSplitKernel<T, G>;
   const cudaError_t split =
       MOH_CUDA_LAUNCH_SHARED(split_kernel, dim3(a.rows, a.kv_heads, a.splits),
@@ -236,6 +249,9 @@ bool PagedDecodeShapeSupported(int heads, int kv_heads, int head_dim) {
 const char* LaunchPagedDecode(const PagedDecodeArgs& args) {
   if (!PagedDecodeShapeSupported(args.heads, args.kv_heads, args.head_dim)) {
     return "paged decode: unsupported heads / kv_heads / head_dim";
+  }
+  if (args.split_keys < 1 || args.split_keys > kSplit) {
+    return "paged decode: split_keys out of [1, 256]";
   }
   if (args.rows == 0) return nullptr;
   cudaError_t error = cudaSuccess;

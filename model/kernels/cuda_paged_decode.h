@@ -3,9 +3,9 @@
 // row's block table (no gathered copy of the context, no mask, no padding
 // to the widest row). The heads of one KV group share a thread block, so
 // each key and value is read once per group (GQA without repeating keys),
-// and a row's keys are split into chunks of kPagedDecodeSplit keys, each a
-// thread block of its own (flash-decoding), whose partial softmax sums a
-// second kernel combines.
+// and a row's keys are split into chunks of at most kPagedDecodeSplit keys,
+// each a thread block of its own (flash-decoding), whose partial softmax
+// sums a second kernel combines.
 //
 // Plain pointers and strides: this header and its .cu see no ATen (the
 // wrapper is model/core/paged_decode_attention.cc).
@@ -17,8 +17,23 @@
 
 namespace moh {
 
-// Keys one thread block reads.
+// Keys one thread block reads, at most.
 inline constexpr int kPagedDecodeSplit = 256;
+
+// Keys a thread block reads for `rows` rows of `kv_heads` KV heads and up
+// to `kv_len` keys: kPagedDecodeSplit, halved (down to 32) while the launch
+// would have fewer than 512 thread blocks, so that a small batch still
+// gives every multiprocessor of a large GPU several blocks (an H200 has 132;
+// at batch 1 and 4k keys, 8 KV heads: 64 keys, 512 blocks, where 256 keys
+// gave 128 blocks of mostly waiting loads).
+inline int PagedDecodeSplitKeys(int64_t rows, int64_t kv_heads,
+                                int64_t kv_len) {
+  int keys = kPagedDecodeSplit;
+  while (keys > 32 && rows * kv_heads * ((kv_len + keys - 1) / keys) < 512) {
+    keys /= 2;
+  }
+  return keys;
+}
 
 struct PagedDecodeArgs {
   CudaElement type = CudaElement::kFloat32;
@@ -45,7 +60,9 @@ struct PagedDecodeArgs {
   // groups none of a row's active heads uses.
   const void* gates = nullptr;
   int64_t gate_stride = 0;
-  // Splits per row: ceil(max keys any row reads / kPagedDecodeSplit).
+  // Keys per split (at most kPagedDecodeSplit: PagedDecodeSplitKeys), and
+  // splits per row: ceil(max keys any row reads / split_keys).
+  int split_keys = kPagedDecodeSplit;
   int splits = 0;
   float scale = 1.0f;
   // Workspace, float32: rows * heads * splits * head_dim partial outputs and

@@ -13,6 +13,7 @@
 
 #include "model/core/dense_attention.h"
 #include "model/core/paged_decode_attention.h"
+#include "model/kernels/cuda_paged_decode.h"
 
 namespace moh {
 
@@ -27,14 +28,18 @@ struct PagedCase {
 
 // The kernel (`run`: PagedDecode on CUDA, or its emulation on the CPU, with
 // inputs on `device`) against DenseAttention on the CPU, on fresh random
-// inputs: rows of 1 to 700 keys (up to three splits), blocks two rows share,
+// inputs: rows of 1 to 700 keys (up to 22 splits), blocks two rows share,
 // a row whose position is below its length, a KV-head view of a wider
 // cache; with a work list leaving (row, KV group) pairs out; and each row
-// alone.
+// alone. The batch runs at each of `batch_splits` keys a thread block (0:
+// the kernel's choice), the rest at `split_keys` (the emulation takes
+// fewer thread blocks than the GPU: each is seconds on the CPU).
 inline void CheckPagedDecode(
     const PagedCase& c,
     const std::function<at::Tensor(const PagedDecodeInputs&)>& run,
-    const at::Device& device) {
+    const at::Device& device,
+    const std::vector<int>& batch_splits = {0, kPagedDecodeSplit},
+    int split_keys = 0) {
   constexpr int64_t kBlock = 16, kBlocks = 160;
   const std::vector<int64_t> lengths = {1, 17, 300, 700, 513, 256};
   const int64_t rows = static_cast<int64_t>(lengths.size());
@@ -81,11 +86,17 @@ inline void CheckPagedDecode(
                                 row_len.to(device),
                                 700,
                                 scale};
-  const at::Tensor got = run(paged).to(at::kFloat).cpu();
-  ASSERT_EQ(got.sizes(), expected.sizes());
-  ASSERT_FALSE(at::isnan(got).any().item<bool>());
   const double bound = c.tolerance * expected.abs().max().item<double>();
-  EXPECT_LE((got - expected).abs().max().item<double>(), bound);
+  // The kernel's choice for these 6 rows is 32 or 64 keys a thread block;
+  // a large batch's 256.
+  for (const int keys : batch_splits) {
+    PagedDecodeInputs split = paged;
+    split.split_keys = keys;
+    const at::Tensor got = run(split).to(at::kFloat).cpu();
+    ASSERT_EQ(got.sizes(), expected.sizes());
+    ASSERT_FALSE(at::isnan(got).any().item<bool>()) << keys;
+    EXPECT_LE((got - expected).abs().max().item<double>(), bound) << keys;
+  }
   // MoH's gates: each head's output times its gate, exactly 0 where the
   // gate is (a whole row's groups, -0, a head at 0 in a group that stays).
   // That the groups whose gates are all 0 read no key (the work list) does
@@ -102,6 +113,7 @@ inline void CheckPagedDecode(
     gates = gates.to(c.type);
     PagedDecodeInputs gated = paged;
     gated.gates = gates.to(device);
+    gated.split_keys = split_keys;
     const at::Tensor out = run(gated).to(at::kFloat).cpu();
     ASSERT_FALSE(at::isnan(out).any().item<bool>());
     const at::Tensor want = expected * gates.to(at::kFloat).unsqueeze(-1);
@@ -112,6 +124,7 @@ inline void CheckPagedDecode(
   // One row at a time agrees too (no row reads another's keys).
   for (int64_t r = 0; r < rows; ++r) {
     PagedDecodeInputs one = paged;
+    one.split_keys = split_keys;
     one.queries = paged.queries.narrow(0, r, 1);
     one.block_table = paged.block_table.narrow(0, r, 1);
     one.positions = paged.positions.narrow(0, r, 1);

@@ -125,7 +125,10 @@ at::Tensor EmulatedPagedDecode(const PagedDecodeInputs& in) {
 class PagedDecodeEmulatedTest : public ::testing::TestWithParam<PagedCase> {};
 
 TEST_P(PagedDecodeEmulatedTest, MatchesDenseAttention) {
-  CheckPagedDecode(GetParam(), EmulatedPagedDecode, at::kCPU);
+  // Splits of 100 keys (not a power of two; a few times the blocks of
+  // 256) and of 256.
+  CheckPagedDecode(GetParam(), EmulatedPagedDecode, at::kCPU,
+                   {100, kPagedDecodeSplit}, kPagedDecodeSplit);
 }
 
 // GpuPagedDecodeTest's shapes, fewer (an emulated launch runs its blocks'
@@ -137,6 +140,17 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{16, 4, 128, 8, at::kBFloat16, 1e-2},
                       PagedCase{4, 4, 32, 4, at::kHalf, 2e-3},
                       PagedCase{8, 2, 8, 2, at::kFloat, 1e-5}));
+
+// Keys a thread block reads: 256 while a launch has 512 blocks or more,
+// halved down to 32 for small batches.
+TEST(PagedDecodeSplitKeysTest, KeepsLaunchesWideForSmallBatches) {
+  EXPECT_EQ(PagedDecodeSplitKeys(1, 8, 4096), 64);  // 512 blocks
+  EXPECT_EQ(PagedDecodeSplitKeys(64, 8, 2048), 256);
+  EXPECT_EQ(PagedDecodeSplitKeys(4, 8, 4096), 256);
+  EXPECT_EQ(PagedDecodeSplitKeys(2, 8, 4096), 128);
+  EXPECT_EQ(PagedDecodeSplitKeys(1, 1, 10), 32);
+  EXPECT_EQ(PagedDecodeSplitKeys(6, 8, 700), 64);
+}
 
 // The emulation itself: it takes 1-D blocks only, and the kernels' own
 // errors come back.
