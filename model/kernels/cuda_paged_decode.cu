@@ -17,9 +17,10 @@
 //   It writes the split's unnormalised output, max and sum. A (row, KV
 //   group) whose heads' gates are all 0 (args.gates: MoH's work list) writes
 //   an empty split at once, so the combined output of its heads is 0.
-// Kernel 2, a thread block per (row, head), a thread per dimension: the
-// splits combined, out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s,
-// times the head's gate.
+// Kernel 2, a thread block per (row, head): the splits combined, out =
+// sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, times the head's gate;
+// the splits' weights in shared memory, 256 / head_dim threads per
+// dimension summing every few splits' outputs.
 #include <cfloat>
 
 #include "model/kernels/cuda_element.cuh"
@@ -37,6 +38,7 @@ using cuda::WarpSum;
 
 constexpr int kSplit = kPagedDecodeSplit;
 constexpr int kThreads = 128;
+constexpr int kCombineThreads = 256;  // head_dim at most
 
 // Keys row `row` reads.
 __device__ inline int64_t RowKeys(const PagedDecodeArgs& a, int row) {
@@ -182,29 +184,65 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The block's largest (or, `max` false, summed) v, on every thread;
+// `scratch` holds a float per warp, free again on return.
+__device__ inline float BlockReduce(float v, bool max, float* scratch) {
+  v = max ? WarpMax(v) : WarpSum(v);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = scratch[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) {
+    total = max ? fmaxf(total, scratch[w]) : total + scratch[w];
+  }
+  __syncthreads();
+  return total;
+}
+
 template <typename T>
-__global__ void PagedDecodeCombineKernel(PagedDecodeArgs a) {
+__global__ void __launch_bounds__(kCombineThreads)
+    PagedDecodeCombineKernel(PagedDecodeArgs a) {
   const int64_t head = blockIdx.x;  // row * heads + h
-  const int d = threadIdx.x;
+  const int d_n = a.head_dim, tid = threadIdx.x;
+  MOH_DYNAMIC_SHARED(shared);
+  float* weight = shared;               // [splits]: e^(m_s - M), 0 if empty
+  float* part_out = shared + a.splits;  // [parts][D]
+  __shared__ float scratch[kCombineThreads / 32];
   const float* ms = a.partial_max_sum + head * a.splits * 2;
   float m = -FLT_MAX;
-  for (int s = 0; s < a.splits; ++s) {
+  for (int s = tid; s < a.splits; s += kCombineThreads) {
     if (ms[2 * s + 1] > 0.f) m = fmaxf(m, ms[2 * s]);
   }
-  float sum = 0.f, out = 0.f;
-  for (int s = 0; s < a.splits; ++s) {
-    if (ms[2 * s + 1] <= 0.f) continue;
-    const float w = __expf(ms[2 * s] - m);
+  m = BlockReduce(m, true, scratch);
+  float sum = 0.f;
+  for (int s = tid; s < a.splits; s += kCombineThreads) {
+    const float w = ms[2 * s + 1] > 0.f ? __expf(ms[2 * s] - m) : 0.f;
+    weight[s] = w;
     sum += w * ms[2 * s + 1];
-    out += w * a.partial_out[(head * a.splits + s) * a.head_dim + d];
   }
-  float value = sum > 0.f ? out / sum : 0.f;
+  sum = BlockReduce(sum, false, scratch);  // and weight[] is whole
+  // `parts` threads per dimension, each over every parts-th split, several
+  // loads in flight; then the parts summed.
+  const int parts = kCombineThreads / d_n, part = tid / d_n, d = tid % d_n;
+  if (part < parts) {
+    const float* out = a.partial_out + head * a.splits * d_n + d;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int s = part; s < a.splits; s += parts) {
+      acc += weight[s] * out[int64_t{s} * d_n];
+    }
+    part_out[part * d_n + d] = acc;
+  }
+  __syncthreads();
+  if (tid >= d_n) return;
+  float total = 0.f;
+  for (int p = 0; p < parts; ++p) total += part_out[p * d_n + tid];
+  float value = sum > 0.f ? total / sum : 0.f;
   if (a.gates != nullptr) {
     const int64_t row = head / a.heads, h = head % a.heads;
     value = Round<T>(value) *
             ToFloat(static_cast<const T*>(a.gates)[row * a.gate_stride + h]);
   }
-  static_cast<T*>(a.out)[head * a.head_dim + d] = FromFloat<T>(value);
+  static_cast<T*>(a.out)[head * a.head_dim + tid] = FromFloat<T>(value);
 }
 
 template <typename T, int G>
@@ -216,8 +254,9 @@ cudaError_t Launch(const PagedDecodeArgs& a) {
       MOH_CUDA_LAUNCH_SHARED(split_kernel, dim3(a.rows, a.kv_heads, a.splits),
                              kThreads, shared, stream, a);
   if (split != cudaSuccess) return split;
-  return MOH_CUDA_LAUNCH(PagedDecodeCombineKernel<T>, a.rows * a.heads,
-                         a.head_dim, stream, a);
+  const size_t combine_shared = sizeof(float) * (a.splits + kCombineThreads);
+  return MOH_CUDA_LAUNCH_SHARED(PagedDecodeCombineKernel<T>, a.rows * a.heads,
+                                kCombineThreads, combine_shared, stream, a);
 }
 
 template <typename T>

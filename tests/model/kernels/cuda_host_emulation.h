@@ -21,13 +21,16 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -39,35 +42,50 @@ inline thread_local dim3 gridDim;
 
 namespace moh::emulation {
 
-// A reusable barrier of `count` threads.
+// A reusable barrier of `count` threads: a generation count the waiters
+// sleep on (a futex), which the last to arrive advances and wakes them all
+// from. With a mutex and condition variable each woken thread took the lock
+// in turn: the emulated paged kernel's shuffles spent most of their time
+// there.
 class Barrier {
  public:
   explicit Barrier(int count) : count_(count) {}
   void Wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const int64_t generation = generation_;
-    if (++arrived_ == count_) {
-      arrived_ = 0;
-      ++generation_;
-      done_.notify_all();
+    const uint32_t generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      Futex(FUTEX_WAKE_PRIVATE, INT_MAX);
       return;
     }
-    done_.wait(lock, [&] { return generation_ != generation; });
+    while (generation_.load(std::memory_order_acquire) == generation) {
+      Futex(FUTEX_WAIT_PRIVATE, static_cast<int>(generation));
+    }
   }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable done_;
+  void Futex(int op, int value) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), op, value,
+            nullptr, nullptr, 0);
+  }
+
   const int count_;
-  int arrived_ = 0;
-  int64_t generation_ = 0;
+  std::atomic<int> arrived_{0};
+  std::atomic<uint32_t> generation_{0};
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
 };
 
+// A warp's exchange for shuffles: two sets of values used in turn, so one
+// barrier a shuffle suffices (a lane overwrites a set only after every lane
+// has passed the next shuffle's barrier, so has read it).
 struct Warp {
   explicit Warp(int lanes) : barrier(lanes) {}
   Barrier barrier;
-  float values[32] = {};
+  float values[2][32] = {};
 };
+
+// Shuffles this thread made: which of its warp's sets the next one uses.
+inline thread_local unsigned shuffles = 0;
 
 struct Block {
   Block(int threads, size_t dynamic_bytes)
@@ -128,11 +146,10 @@ inline float __shfl_xor_sync(unsigned, float v, int offset) {
   moh::emulation::Warp& warp =
       *moh::emulation::current_block->warps[threadIdx.x / 32];
   const int lane = static_cast<int>(threadIdx.x % 32);
-  warp.values[lane] = v;
+  float* values = warp.values[moh::emulation::shuffles++ % 2];
+  values[lane] = v;
   warp.barrier.Wait();
-  const float other = warp.values[lane ^ offset];
-  warp.barrier.Wait();
-  return other;
+  return values[lane ^ offset];
 }
 
 // IEEE operations, rounded to nearest (the test target compiles with
