@@ -227,22 +227,45 @@ __device__ inline bool RanksBefore(float gate_j, int j, float gate_r, int r) {
 // then on one thread their std, quotients and softmax, all in float32 as
 // MohRouter::QueryNormGates (whatever T: bf16 rounding would tie heads);
 // then each head's rank among the gates: kept when below the token's K.
-template <typename T>
+// kChunks: head_dim / 8 adjacent threads per head read 16 bytes each (a
+// head_dim of 8 to 256, a power of two, rows aligned), every head's loads of
+// a round in flight together; else a warp per head, an element a load.
+template <typename T, bool kChunks>
 __global__ void __launch_bounds__(kRouterThreads)
     QueryNormGatesKernel(QueryNormGatesArgs a) {
   __shared__ float gate[kQueryNormMaxRouted];
   const int64_t t = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const T* q = static_cast<const T*>(a.queries) + t * a.token_stride;
-  for (int r = warp; r < a.routed; r += kRouterThreads / 32) {
-    const T* head = q + int64_t{a.shared + r} * a.head_stride;
-    float squares = 0.f;
-    for (int d = lane; d < a.head_dim; d += 32) {
-      const float v = ToFloat(head[d]);
-      squares += v * v;
+  if constexpr (kChunks) {
+    const int lanes = a.head_dim / 8, per_round = kRouterThreads / lanes;
+    const int group = threadIdx.x / lanes, d0 = threadIdx.x % lanes * 8;
+#pragma unroll 4
+    for (int r0 = 0; r0 < a.routed; r0 += per_round) {  // every lane each round
+      const int r = r0 + group;
+      float squares = 0.f;
+      if (r < a.routed) {
+        float x[8];
+        Load8(q + int64_t{a.shared + r} * a.head_stride + d0, x);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) squares += x[e] * x[e];
+      }
+      for (int o = lanes / 2; o > 0; o >>= 1) {
+        squares += __shfl_xor_sync(~0u, squares, o);
+      }
+      if (r < a.routed && d0 == 0) gate[r] = sqrtf(squares);
     }
-    squares = WarpSum(squares);
-    if (lane == 0) gate[r] = sqrtf(squares);
+  } else {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < a.routed; r += kRouterThreads / 32) {
+      const T* head = q + int64_t{a.shared + r} * a.head_stride;
+      float squares = 0.f;
+      for (int d = lane; d < a.head_dim; d += 32) {
+        const float v = ToFloat(head[d]);
+        squares += v * v;
+      }
+      squares = WarpSum(squares);
+      if (lane == 0) gate[r] = sqrtf(squares);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -370,10 +393,18 @@ const char* LaunchQueryNormGates(const QueryNormGatesArgs& args) {
     return "query-norm gates: routed heads out of [1, 256]";
   }
   if (args.tokens == 0) return nullptr;
+  const int d = args.head_dim;
+  const bool chunks = d >= 8 && d <= 256 && (d & (d - 1)) == 0 &&
+                      Aligned8(args.type, args.queries, args.token_stride) &&
+                      Aligned8(args.type, args.queries, args.head_stride);
   return Result(ByElement(args.type, [&](auto element) {
     using T = decltype(element);
-    return MOH_CUDA_LAUNCH(QueryNormGatesKernel<T>, args.tokens, kRouterThreads,
-                           Stream(args.stream), args);
+    if (chunks) {
+      return MOH_CUDA_LAUNCH((QueryNormGatesKernel<T, true>), args.tokens,
+                             kRouterThreads, Stream(args.stream), args);
+    }
+    return MOH_CUDA_LAUNCH((QueryNormGatesKernel<T, false>), args.tokens,
+                           kRouterThreads, Stream(args.stream), args);
   }));
 }
 

@@ -269,7 +269,7 @@ inline void CheckSiluMul(const LayerKernels& kernels,
 // bfloat16 rounding would break the wrong way.
 inline void CheckQueryNormGates(const LayerKernels& kernels,
                                 const at::TensorOptions& options) {
-  constexpr int64_t kTokens = 50, kD = 64;
+  constexpr int64_t kTokens = 50, kD = 128;  // 8 heads a round, 16 threads each
   for (const auto& [shared, routed] :
        std::vector<std::pair<int32_t, int32_t>>{{16, 16}, {0, 12}, {2, 3}}) {
     const std::string what = Name(options) + " S=" + std::to_string(shared) +
