@@ -39,6 +39,23 @@ __device__ inline float BlockSum(float v) {
   return total;
 }
 
+// This thread block's row of each operand.
+template <typename T>
+struct NormRow {
+  __device__ explicit NormRow(const AddRmsNormArgs& a)
+      : h(static_cast<T*>(a.hidden.data) +
+          int64_t{blockIdx.x} * a.hidden.row_stride),
+        r(static_cast<const T*>(a.residual.data) +
+          int64_t{blockIdx.x} * a.residual.row_stride),
+        w(static_cast<const T*>(a.weight)),
+        out(static_cast<T*>(a.out.data) +
+            int64_t{blockIdx.x} * a.out.row_stride) {}
+  T* h;        // hidden
+  const T* r;  // residual
+  const T* w;  // weight
+  T* out;
+};
+
 // A thread block per row: hidden += residual (rounded, as add_), then
 // out = hidden * rsqrt(mean(hidden^2) + eps) * weight in float, rounded once
 // (as at::rms_norm). Each thread reads back only what it wrote. Any width
@@ -46,23 +63,18 @@ __device__ inline float BlockSum(float v) {
 template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormKernel(AddRmsNormArgs a) {
-  const int64_t row = blockIdx.x;
-  T* h = static_cast<T*>(a.hidden.data) + row * a.hidden.row_stride;
-  const T* r =
-      static_cast<const T*>(a.residual.data) + row * a.residual.row_stride;
-  const T* w = static_cast<const T*>(a.weight);
-  T* out = static_cast<T*>(a.out.data) + row * a.out.row_stride;
+  const NormRow<T> row(a);
   float squares = 0.f;
   for (int i = threadIdx.x; i < a.width; i += kNormThreads) {
-    const T sum = FromFloat<T>(__fadd_rn(ToFloat(h[i]), ToFloat(r[i])));
-    h[i] = sum;
+    const T sum = FromFloat<T>(__fadd_rn(ToFloat(row.h[i]), ToFloat(row.r[i])));
+    row.h[i] = sum;
     const float s = ToFloat(sum);
     squares += s * s;
   }
   const float total = BlockSum(squares);
   const float scale = rsqrtf(total / static_cast<float>(a.width) + a.eps);
   for (int i = threadIdx.x; i < a.width; i += kNormThreads) {
-    out[i] = FromFloat<T>(ToFloat(h[i]) * scale * ToFloat(w[i]));
+    row.out[i] = FromFloat<T>(ToFloat(row.h[i]) * scale * ToFloat(row.w[i]));
   }
 }
 
@@ -73,12 +85,7 @@ __global__ void __launch_bounds__(kNormThreads)
 template <typename T, int kVectors>
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormVectorKernel(AddRmsNormArgs a) {
-  const int64_t row = blockIdx.x;
-  T* h = static_cast<T*>(a.hidden.data) + row * a.hidden.row_stride;
-  const T* r =
-      static_cast<const T*>(a.residual.data) + row * a.residual.row_stride;
-  const T* w = static_cast<const T*>(a.weight);
-  T* out = static_cast<T*>(a.out.data) + row * a.out.row_stride;
+  const NormRow<T> row(a);
   float sums[kVectors][8];
   float squares = 0.f;
 #pragma unroll
@@ -86,14 +93,14 @@ __global__ void __launch_bounds__(kNormThreads)
     const int i = (v * kNormThreads + threadIdx.x) * 8;
     if (i >= a.width) break;
     float x[8], y[8];
-    Load8(h + i, x);
-    Load8(r + i, y);
+    Load8(row.h + i, x);
+    Load8(row.r + i, y);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       sums[v][e] = Round<T>(__fadd_rn(x[e], y[e]));
       squares += sums[v][e] * sums[v][e];
     }
-    Store8(h + i, sums[v]);
+    Store8(row.h + i, sums[v]);
   }
   const float total = BlockSum(squares);
   const float scale = rsqrtf(total / static_cast<float>(a.width) + a.eps);
@@ -102,10 +109,10 @@ __global__ void __launch_bounds__(kNormThreads)
     const int i = (v * kNormThreads + threadIdx.x) * 8;
     if (i >= a.width) break;
     float x[8];
-    Load8(w + i, x);
+    Load8(row.w + i, x);
 #pragma unroll
     for (int e = 0; e < 8; ++e) x[e] = sums[v][e] * scale * x[e];
-    Store8(out + i, x);
+    Store8(row.out + i, x);
   }
 }
 

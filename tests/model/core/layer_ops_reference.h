@@ -264,6 +264,19 @@ inline void CheckSiluMul(const LayerKernels& kernels,
   }
 }
 
+// A query-norm router (it has no weights) of `shared` + `routed` heads, K =
+// routed / 2; moh_router_test's too.
+inline absl::StatusOr<MohRouter> QueryNormRouter(
+    int32_t shared, int32_t routed, const at::TensorOptions& options) {
+  MohLayerConfig layer;
+  layer.num_heads = shared + routed;
+  layer.shared_heads = shared;
+  layer.top_k = routed / 2;
+  TensorStore store;
+  return MohRouter::Load(RouterKind::kQueryNorm, layer, /*hidden_size=*/64, "",
+                         store, options);
+}
+
 // Against MohRouter's ATen chain: a valid top-K of its float32 gates
 // (ExpectTopKOf) and the same heads, for every type; and a near tie that
 // bfloat16 rounding would break the wrong way.
@@ -274,14 +287,9 @@ inline void CheckQueryNormGates(const LayerKernels& kernels,
        std::vector<std::pair<int32_t, int32_t>>{{16, 16}, {0, 12}, {2, 3}}) {
     const std::string what = Name(options) + " S=" + std::to_string(shared) +
                              " R=" + std::to_string(routed);
-    MohLayerConfig layer;
-    layer.num_heads = shared + routed;
-    layer.shared_heads = shared;
-    layer.top_k = routed / 2;
-    TensorStore store;
-    auto router =
-        MohRouter::Load(RouterKind::kQueryNorm, layer, kD, "", store, options);
+    auto router = QueryNormRouter(shared, routed, options);
     ASSERT_TRUE(router.ok()) << router.status();
+    const MohLayerConfig& layer = router->layer();
     // Queries as a view of a wider product.
     const at::Tensor q = at::randn({kTokens, 2 * layer.num_heads * kD}, options)
                              .narrow(1, 0, layer.num_heads * kD)

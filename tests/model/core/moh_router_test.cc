@@ -8,26 +8,22 @@
 
 #include <utility>
 
+#include "tests/model/core/layer_ops_reference.h"
+
 namespace moh {
 namespace {
 
-MohRouter QueryNormRouter(int32_t shared, int32_t routed,
-                          const at::TensorOptions& options) {
-  MohLayerConfig layer;
-  layer.num_heads = shared + routed;
-  layer.shared_heads = shared;
-  layer.top_k = routed / 2;
-  TensorStore store;
-  auto router =
-      MohRouter::Load(RouterKind::kQueryNorm, layer, 64, "", store, options);
+MohRouter Router(int32_t shared, int32_t routed,
+                 const at::TensorOptions& options) {
+  auto router = layer_ops_reference::QueryNormRouter(shared, routed, options);
   EXPECT_TRUE(router.ok()) << router.status();
   return *std::move(router);
 }
 
 TEST(QueryNormRouterTest, BFloat16QueriesRouteAsTheirFloat32Values) {
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
-  const MohRouter router = QueryNormRouter(4, 12, bf16);
-  const MohRouter router32 = QueryNormRouter(4, 12, at::kFloat);
+  const MohRouter router = Router(4, 12, bf16);
+  const MohRouter router32 = Router(4, 12, at::kFloat);
   at::manual_seed(5);
   const at::Tensor q = at::randn({200, 16, 64}, bf16);
   const at::Tensor top_k = at::randint(13, {200}, at::kLong);
@@ -45,7 +41,7 @@ TEST(QueryNormRouterTest, BFloat16QueriesRouteAsTheirFloat32Values) {
 // is larger and kept.
 TEST(QueryNormRouterTest, BFloat16NearTieKeepsTheLargerNorm) {
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
-  const MohRouter router = QueryNormRouter(1, 3, bf16);
+  const MohRouter router = Router(1, 3, bf16);
   const at::Tensor q = at::tensor({0.f, 0.f, 1.f, 0.f, 1.f, 0.0625f, 0.5f, 0.f})
                            .to(bf16)
                            .view({1, 4, 2});
