@@ -146,7 +146,9 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
         assert len(single["decode_tokens_per_s_runs"]) == 2
         assert single["decode_tokens_per_s"] > 0
         assert single["prefill_4k_tokens_per_s"] > 0
+        assert len(single["prefill_4k_tokens_per_s_runs"]) == 2
         assert tiny["batch64_2k"][ratio]["decode_tokens_per_s"] > 0
+        assert len(tiny["batch64_2k"][ratio]["prefill_tokens_per_s_runs"]) == 2
     assert tiny["batch1"]["bound_tokens_per_s"] > 0
     # Without CUDA graphs, side by side; on the CPU no step is a graph.
     assert len(tiny["batch1_eager"]["1.0"]["decode_tokens_per_s_runs"]) == 2
