@@ -1,6 +1,5 @@
 #include "model/core/paged_decode_attention.h"
 
-#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -53,18 +52,16 @@ bool PagedDecodeServes(const PagedDecodeInputs& in) {
 bool PagedDecodeArgsFor(const PagedDecodeInputs& in,
                         PagedDecodeLaunch* launch) {
   if (!ArgumentsServed(in)) return false;
+  PagedDecodeArgs& a = launch->args;
+  CudaElementOf(in.queries.scalar_type(), &a.type);
   // The kernel reads queries 16 bytes at a time.
   at::Tensor queries = in.queries.contiguous();
-  if (reinterpret_cast<uintptr_t>(queries.data_ptr()) % 16 != 0) {
-    queries = queries.clone();
-  }
+  if (!Aligned8(a.type, queries.data_ptr())) queries = queries.clone();
   const at::Tensor table = in.block_table.contiguous();
   const at::Tensor positions = in.positions.reshape({-1}).contiguous();
   const at::Tensor row_len = in.row_len.contiguous();
   const int64_t rows = queries.size(0), heads = queries.size(1);
   const int64_t d = queries.size(2);
-  PagedDecodeArgs& a = launch->args;
-  CudaElementOf(queries.scalar_type(), &a.type);
   a.queries = queries.data_ptr();
   a.key_cache = in.key_cache.data_ptr();
   a.value_cache = in.value_cache.data_ptr();

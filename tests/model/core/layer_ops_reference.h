@@ -277,6 +277,19 @@ inline absl::StatusOr<MohRouter> QueryNormRouter(
                          store, options);
 }
 
+// One token's queries, 1 shared head and 3 routed (head_dim 2) whose norms
+// are 1, 1.00195 and 0.5: rounded to bfloat16 the first two are both 1.0
+// and tie (topk then picks either, the kernels the lower head); in float32
+// the second is larger. At K = 1 the router keeps it: NearTieGates.
+inline at::Tensor NearTieQueries(const at::TensorOptions& options) {
+  return at::tensor({0.f, 0.f, 1.f, 0.f, 1.f, 0.0625f, 0.5f, 0.f})
+      .to(options)
+      .view({1, 4, 2});
+}
+inline at::Tensor NearTieGates() {
+  return at::tensor({1.f, 0.f, 1.f, 0.f}).view({1, 4});
+}
+
 // Against MohRouter's ATen chain: a valid top-K of its float32 gates
 // (ExpectTopKOf) and the same heads, for every type; and a near tie that
 // bfloat16 rounding would break the wrong way.
@@ -306,17 +319,11 @@ inline void CheckQueryNormGates(const LayerKernels& kernels,
         router->Gates(at::Tensor(), q, top_k, top_k.max().item<int64_t>());
     EXPECT_TRUE(at::equal(got.cpu(), want.cpu())) << what;
   }
-  // Norms 1, 1.00195 and 0.5: in bf16 the first two round to 1.0 and tie
-  // (the lower head would win); in float32 the second is kept.
-  const at::Tensor near_tie =
-      at::tensor({0.f, 0.f, 1.f, 0.f, 1.f, 0.0625f, 0.5f, 0.f})
-          .to(options)
-          .view({1, 4, 2});
   const at::Tensor k1 = at::ones({1}, options.dtype(at::kLong));
-  const at::Tensor got = kernels.query_norm_gates(near_tie, k1, 1, 3);
+  const at::Tensor got =
+      kernels.query_norm_gates(NearTieQueries(options), k1, 1, 3);
   ASSERT_TRUE(got.defined());
-  EXPECT_TRUE(at::equal(got.to(at::kFloat).cpu(),
-                        at::tensor({1.f, 0.f, 1.f, 0.f}).view({1, 4})))
+  EXPECT_TRUE(at::equal(got.to(at::kFloat).cpu(), NearTieGates()))
       << Name(options) << " near tie: " << got;
 }
 

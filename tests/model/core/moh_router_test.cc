@@ -36,19 +36,16 @@ TEST(QueryNormRouterTest, BFloat16QueriesRouteAsTheirFloat32Values) {
   EXPECT_TRUE(at::equal(got.narrow(1, 4, 12).sum(1).to(at::kLong), top_k));
 }
 
-// Routed norms 1, 1.00195 and 0.5 at K = 1: rounded to bfloat16 the first
-// two are both 1.0 (ATen's topk then picks either); in float32 the second
-// is larger and kept.
+// layer_ops_reference::NearTieQueries at K = 1: two routed norms that
+// bfloat16 rounds to one value; the larger in float32 is kept.
 TEST(QueryNormRouterTest, BFloat16NearTieKeepsTheLargerNorm) {
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
   const MohRouter router = Router(1, 3, bf16);
-  const at::Tensor q = at::tensor({0.f, 0.f, 1.f, 0.f, 1.f, 0.0625f, 0.5f, 0.f})
-                           .to(bf16)
-                           .view({1, 4, 2});
   const at::Tensor gates =
-      router.Gates(at::Tensor(), q, at::ones({1}, at::kLong), 1);
-  EXPECT_TRUE(at::equal(gates.to(at::kFloat),
-                        at::tensor({1.f, 0.f, 1.f, 0.f}).view({1, 4})))
+      router.Gates(at::Tensor(), layer_ops_reference::NearTieQueries(bf16),
+                   at::ones({1}, at::kLong), 1);
+  EXPECT_TRUE(
+      at::equal(gates.to(at::kFloat), layer_ops_reference::NearTieGates()))
       << gates;
 }
 
