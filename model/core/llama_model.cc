@@ -610,10 +610,11 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   // Queries, keys and values in one product where every row is wide.
   at::Tensor q, kv;
   if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
-    if (layer.qkv_proj.defined() && !step.narrow.any()) {
-      const at::Tensor qkv = Linear(x, layer.qkv_proj, layer.qkv_bias);
-      q = qkv.narrow(1, 0, heads * d);
-      kv = qkv.narrow(1, heads * d, qkv.size(1) - heads * d);
+    if (layer.kvq_proj.defined() && !step.narrow.any()) {
+      const at::Tensor kvq = Linear(x, layer.kvq_proj, layer.kvq_bias);
+      const int64_t kv_width = kvq.size(1) - heads * d;
+      kv = kvq.narrow(1, 0, kv_width);
+      q = kvq.narrow(1, kv_width, heads * d);
     } else {
       q = Linear(x, layer.q_proj, layer.q_bias);
     }
@@ -698,21 +699,38 @@ at::Tensor LlamaModel::SharedHeadsAttention(
   const int64_t kv = shared / (heads / config_.num_kv_heads);  // KV read
   if (layer.router.kind() == RouterKind::kQueryNorm) {
     // Its gates at K = 0: 1 for the shared heads, 0 for the routed ones
-    // (MohRouter::QueryNormGates), whatever the queries.
-    *gates = at::zeros({n, heads}, x.options());
-    gates->narrow(1, 0, shared).fill_(1);
+    // (MohRouter::QueryNormGates), whatever the queries: made once a step.
+    if (step.shared_gates_heads != shared) {
+      step.shared_gates = at::zeros({n, heads}, x.options());
+      step.shared_gates.narrow(1, 0, shared).fill_(1);
+      step.shared_gates_heads = shared;
+    }
+    *gates = step.shared_gates;
   } else {
     *gates = layer.router.Gates(x, at::Tensor(), step.top_k[layer_index], 0);
   }
+  // The keys and values with the shared heads' queries: one product where
+  // every row is wide (kvq_proj's first rows).
+  at::Tensor q, projected;
+  const int64_t kv_width = 2 * config_.num_kv_heads * d;
+  if (layer.kvq_proj.defined() && !step.narrow.any()) {
+    const int64_t width = kv_width + shared * d;
+    const at::Tensor kvq =
+        Linear(x, layer.kvq_proj.Rows(0, width),
+               layer.kvq_bias.defined() ? layer.kvq_bias.narrow(0, 0, width)
+                                        : at::Tensor());
+    projected = kvq.narrow(1, 0, kv_width);
+    q = kvq.narrow(1, kv_width, shared * d);
+  } else {
+    q = Linear(x, layer.q_proj.Rows(0, shared * d),
+               layer.q_bias.defined() ? layer.q_bias.narrow(0, 0, shared * d)
+                                      : at::Tensor());
+  }
+  q = q.view({n, shared, d});
   // Every KV head is still stored: a later step may read them.
-  WriteKeysValues(layer_index, layer, x, step, cache);
+  WriteKeysValues(layer_index, layer, x, step, cache, projected);
   const NarrowRows narrow = LayerNarrow(step.narrow, cache.keys(layer_index),
                                         cache.values(layer_index), kv);
-  const at::Tensor q =
-      Linear(x, layer.q_proj.Rows(0, shared * d),
-             layer.q_bias.defined() ? layer.q_bias.narrow(0, 0, shared * d)
-                                    : at::Tensor())
-          .view({n, shared, d});
   const at::Tensor attn =
       DenseHeads(q, cache.keys(layer_index).narrow(2, 0, kv),
                  cache.values(layer_index).narrow(2, 0, kv), narrow, step,

@@ -240,13 +240,15 @@ class LlamaModel {
     LinearWeight q_proj, k_proj, v_proj, o_proj;  // [out, in]
     at::Tensor q_bias, k_bias, v_bias, o_bias;    // when attention_bias
     LinearWeight gate_proj, up_proj, down_proj;
-    // q_proj over k_proj over v_proj, and gate_proj over up_proj, as one W
+    // k_proj over v_proj over q_proj, and gate_proj over up_proj, as one W
     // each (StackRows: the five are views of these), one product each where
     // every head is projected; kv_proj is k_proj over v_proj (a view of
-    // qkv_proj), for the steps that project keys and values alone. Undefined
-    // when their formats differ. The biases likewise, when attention_bias.
-    LinearWeight qkv_proj, kv_proj, gate_up_proj;
-    at::Tensor qkv_bias, kv_bias;
+    // kvq_proj), for the steps that project keys and values alone, and its
+    // rows with the first heads' of q_proj are one product where only the
+    // shared heads attend. Undefined when their formats differ. The biases
+    // likewise, when attention_bias.
+    LinearWeight kvq_proj, kv_proj, gate_up_proj;
+    at::Tensor kvq_bias, kv_bias;
     MohRouter router;
   };
 
@@ -317,6 +319,11 @@ class LlamaModel {
     // needs it whole and read by the others; the RoPE tables' rows of the
     // tokens' positions ([N, 1, D], RotateTokens' ATen path), likewise.
     mutable at::Tensor visible, rope_cos, rope_sin;
+    // The query-norm router's gates at K = 0 ([N, H]: 1 for the first
+    // shared_gates_heads heads, 0 after), made by the first layer whose
+    // routed heads are all off and read by the others with as many shared.
+    mutable at::Tensor shared_gates;
+    mutable int64_t shared_gates_heads = 0;
   };
   // The layer's gates [N, H] for x [N, C] (queries q [N, H, D] before RoPE,
   // where projected): one kernel for the query-norm router on CUDA
@@ -341,7 +348,7 @@ class LlamaModel {
   // them into the cache: all KV heads for wide rows, the narrow width only
   // (its projection rows only) for narrow rows.
   // `kv`, when defined: the step's keys and values already projected
-  // ([N, 2 KV D], from the qkv product; only when no row is narrow).
+  // ([N, 2 KV D], from the kvq product; only when no row is narrow).
   void WriteKeysValues(int64_t layer_index, const Layer& layer,
                        const at::Tensor& x, const Step& step, KvCache& cache,
                        const at::Tensor& kv = at::Tensor()) const;

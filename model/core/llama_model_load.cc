@@ -111,14 +111,16 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromTensors(
                          take_linear(p + "mlp.up_proj.weight", {inter, c}));
     MOH_ASSIGN_OR_RETURN(layer.down_proj,
                          take_linear(p + "mlp.down_proj.weight", {c, inter}));
-    layer.qkv_proj = StackRows({&layer.q_proj, &layer.k_proj, &layer.v_proj});
-    layer.kv_proj = layer.qkv_proj.defined()
-                        ? layer.qkv_proj.Rows(q_dim, 2 * kv_dim)
+    // Keys, values, then queries: the first shared heads' queries with the
+    // keys and values are one range of rows (SharedHeadsAttention).
+    layer.kvq_proj = StackRows({&layer.k_proj, &layer.v_proj, &layer.q_proj});
+    layer.kv_proj = layer.kvq_proj.defined()
+                        ? layer.kvq_proj.Rows(0, 2 * kv_dim)
                         : StackRows({&layer.k_proj, &layer.v_proj});
-    if (layer.qkv_proj.defined() && config.attention_bias) {
-      layer.qkv_bias = at::cat({layer.q_bias, layer.k_bias, layer.v_bias});
-      layer.q_bias = layer.qkv_bias.narrow(0, 0, q_dim);
-      layer.kv_bias = layer.qkv_bias.narrow(0, q_dim, 2 * kv_dim);
+    if (layer.kvq_proj.defined() && config.attention_bias) {
+      layer.kvq_bias = at::cat({layer.k_bias, layer.v_bias, layer.q_bias});
+      layer.kv_bias = layer.kvq_bias.narrow(0, 0, 2 * kv_dim);
+      layer.q_bias = layer.kvq_bias.narrow(0, 2 * kv_dim, q_dim);
     } else if (layer.kv_proj.defined() && config.attention_bias) {
       layer.kv_bias = at::cat({layer.k_bias, layer.v_bias});
     }
