@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/core/fused_layer_ops.h"
 #include "model/core/paged_decode_attention.h"
 #include "model/kernels/cuda_layer_ops.h"
 #include "model/kernels/cuda_paged_decode.h"
@@ -36,6 +37,9 @@ bool SiluMulArgsFor(const at::Tensor& both, at::Tensor* out, SiluMulArgs* args);
 bool QueryNormGatesArgsFor(const at::Tensor& queries, const at::Tensor& top_k,
                            int64_t shared, int64_t routed, at::Tensor* out,
                            QueryNormGatesArgs* args);
+bool AttentionPrologueArgsFor(const AttentionPrologueInputs& in,
+                              AttentionPrologue* out,
+                              AttentionPrologueArgs* args);
 
 // PagedDecode's launch: its arguments, the output and workspace they point
 // into, and the contiguous copies of its inputs they read, held until the

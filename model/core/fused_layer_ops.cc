@@ -174,6 +174,25 @@ bool QueryNormGatesArgsFor(const at::Tensor& queries, const at::Tensor& top_k,
   return true;
 }
 
+bool AttentionPrologueArgsFor(const AttentionPrologueInputs& in,
+                              AttentionPrologue* out,
+                              AttentionPrologueArgs* a) {
+  const AttentionPrologueInputs& i = in;
+  if (!RopeArgsFor(i.queries, i.positions, i.cos, i.sin, &out->rotated,
+                   &a->queries) ||
+      !RopeStoreKvArgsFor(i.keys, i.values, i.positions, i.cos, i.sin, i.block,
+                          i.offset, i.key_cache, i.value_cache,
+                          &a->keys_values) ||
+      a->keys_values.type != a->queries.type ||
+      (i.top_k.defined() &&
+       !QueryNormGatesArgsFor(i.queries, i.top_k, i.shared, i.routed,
+                              &out->gates, &a->router))) {
+    *out = AttentionPrologue();
+    return false;
+  }
+  return true;
+}
+
 at::Tensor FusedAddRmsNorm(at::Tensor& hidden, const at::Tensor& residual,
                            const at::Tensor& weight, double eps) {
   at::Tensor out;
@@ -238,6 +257,17 @@ at::Tensor FusedQueryNormGates(const at::Tensor& queries,
   return out;
 }
 
+AttentionPrologue FusedAttentionPrologue(const AttentionPrologueInputs& in) {
+  AttentionPrologue out;
+  AttentionPrologueArgs a;
+  if (!in.queries.is_cuda() || !AttentionPrologueArgsFor(in, &out, &a)) {
+    return AttentionPrologue();
+  }
+  a.queries.stream = CurrentStream();
+  Check(LaunchAttentionPrologue(a), "FusedAttentionPrologue");
+  return out;
+}
+
 #else  // a CPU LibTorch: no kernels, the ATen chains run
 
 at::Tensor FusedAddRmsNorm(at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -261,6 +291,10 @@ at::Tensor FusedSiluMul(const at::Tensor&) { return at::Tensor(); }
 at::Tensor FusedQueryNormGates(const at::Tensor&, const at::Tensor&, int64_t,
                                int64_t) {
   return at::Tensor();
+}
+
+AttentionPrologue FusedAttentionPrologue(const AttentionPrologueInputs&) {
+  return AttentionPrologue();
 }
 
 #endif

@@ -49,4 +49,26 @@ at::Tensor FusedQueryNormGates(const at::Tensor& queries,
                                const at::Tensor& top_k, int64_t shared,
                                int64_t routed);
 
+// What a layer does to its step's tokens before attending, one kernel:
+// the queries rotated (FusedRope), the keys rotated and stored with the
+// values (FusedRopeStoreKv) and, where top_k is defined, the query-norm
+// router's gates of the queries before RoPE (FusedQueryNormGates).
+struct AttentionPrologueInputs {
+  at::Tensor queries;        // [N, H, D], before RoPE
+  at::Tensor keys, values;   // [N, W, D], as FusedRopeStoreKv's
+  at::Tensor positions;      // [N] int64: of queries and keys
+  at::Tensor cos, sin;       // [P, D]
+  at::Tensor block, offset;  // [N] int64: each token's place in the caches
+  at::Tensor key_cache, value_cache;
+  at::Tensor top_k;                // [N] int64, or undefined: no gates
+  int64_t shared = 0, routed = 0;  // the router's heads (shared + routed = H)
+};
+struct AttentionPrologue {
+  at::Tensor rotated;  // [N, H, D] contiguous; undefined: not served
+  at::Tensor gates;    // [N, H], where routed
+};
+// Undefined outputs, and nothing written, where not served (any part's
+// kernel would not take its tensors).
+AttentionPrologue FusedAttentionPrologue(const AttentionPrologueInputs& in);
+
 }  // namespace moh

@@ -620,10 +620,15 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
     }
     q = q.view({n, heads, d});
   }
-  *gates = RouterGates(layer, x, q, step.top_k[layer_index],
-                       step.max_top_k[layer_index]);  // [N, H]
-
-  WriteKeysValues(layer_index, layer, x, step, cache, kv);
+  at::Tensor rotated;
+  if (sparse) {  // rotates the queries of the heads each row keeps
+    *gates = RouterGates(layer, x, q, step.top_k[layer_index],
+                         step.max_top_k[layer_index]);  // [N, H]
+    WriteKeysValues(layer_index, layer, x, step, cache, kv);
+  } else {
+    rotated =
+        PrepareAttention(layer_index, layer, x, q, kv, step, cache, gates);
+  }
   at::Tensor& key_cache = cache.keys(layer_index);
   at::Tensor& value_cache = cache.values(layer_index);
   NarrowRows narrow =
@@ -662,8 +667,53 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   // (padding queries are zeros at a valid position; their results are
   // dropped).
   const at::Tensor attn =
-      DenseHeads(q, key_cache, value_cache, narrow, step, *gates);
+      DenseHeads(rotated, key_cache, value_cache, narrow, step, *gates);
   return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
+}
+
+at::Tensor LlamaModel::PrepareAttention(int64_t layer_index, const Layer& layer,
+                                        const at::Tensor& x,
+                                        const at::Tensor& q,
+                                        const at::Tensor& kv, const Step& step,
+                                        KvCache& cache,
+                                        at::Tensor* gates) const {
+  const at::Tensor& top_k = step.top_k[layer_index];
+  const int64_t max_top_k = step.max_top_k[layer_index];
+  if (cuda_fused_ops_ && kv.defined()) {
+    const MohLayerConfig& moh = layer.router.layer();
+    const bool route = !gates->defined() &&
+                       layer.router.kind() == RouterKind::kQueryNorm &&
+                       moh.routed_heads() > 0;
+    if (!gates->defined() && !route) {
+      *gates = RouterGates(layer, x, q, top_k, max_top_k);
+    }
+    const int64_t n = q.size(0), kv_heads = config_.num_kv_heads;
+    const int64_t d = config_.head_dim;
+    AttentionPrologueInputs in;
+    in.queries = q;
+    in.keys = kv.narrow(1, 0, kv_heads * d).view({n, kv_heads, d});
+    in.values = kv.narrow(1, kv_heads * d, kv_heads * d).view({n, kv_heads, d});
+    in.positions = step.token_pos;
+    in.cos = rope_cos_;
+    in.sin = rope_sin_;
+    in.block = step.token_block;
+    in.offset = step.token_offset;
+    in.key_cache = cache.keys(layer_index);
+    in.value_cache = cache.values(layer_index);
+    if (route) {
+      in.top_k = top_k;
+      in.shared = moh.shared_heads;
+      in.routed = moh.routed_heads();
+    }
+    AttentionPrologue out = FusedAttentionPrologue(in);
+    if (out.rotated.defined()) {
+      if (route) *gates = std::move(out.gates);
+      return out.rotated;
+    }
+  }
+  if (!gates->defined()) *gates = RouterGates(layer, x, q, top_k, max_top_k);
+  WriteKeysValues(layer_index, layer, x, step, cache, kv);
+  return RotateTokens(q, step);
 }
 
 at::Tensor LlamaModel::RouterGates(const Layer& layer, const at::Tensor& x,
@@ -726,13 +776,14 @@ at::Tensor LlamaModel::SharedHeadsAttention(
                layer.q_bias.defined() ? layer.q_bias.narrow(0, 0, shared * d)
                                       : at::Tensor());
   }
-  q = q.view({n, shared, d});
   // Every KV head is still stored: a later step may read them.
-  WriteKeysValues(layer_index, layer, x, step, cache, projected);
+  const at::Tensor rotated =
+      PrepareAttention(layer_index, layer, x, q.view({n, shared, d}), projected,
+                       step, cache, gates);
   const NarrowRows narrow = LayerNarrow(step.narrow, cache.keys(layer_index),
                                         cache.values(layer_index), kv);
   const at::Tensor attn =
-      DenseHeads(q, cache.keys(layer_index).narrow(2, 0, kv),
+      DenseHeads(rotated, cache.keys(layer_index).narrow(2, 0, kv),
                  cache.values(layer_index).narrow(2, 0, kv), narrow, step,
                  gates->narrow(1, 0, shared));
   // The routed heads' outputs are 0: only the shared heads' columns of W_o.
@@ -799,17 +850,17 @@ at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,
   return out;
 }
 
-at::Tensor LlamaModel::DenseHeads(const at::Tensor& q,
+at::Tensor LlamaModel::DenseHeads(const at::Tensor& rotated,
                                   const at::Tensor& key_cache,
                                   const at::Tensor& value_cache,
                                   const NarrowRows& narrow, const Step& step,
                                   const at::Tensor& gates) const {
-  const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t n = rotated.size(0), heads = rotated.size(1);
+  const int64_t d = rotated.size(2);
   const int64_t rows = step.rows, width = step.width;
   // Every row full (decode, a lone prompt): the ragged tokens are the
   // padded layout already.
   const bool full = n == rows * width;
-  const at::Tensor rotated = RotateTokens(q, step);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   if (cuda_paged_decode_ && full && width == 1) {
     const at::Tensor out =

@@ -375,10 +375,19 @@ class LlamaModel {
                              const at::Tensor& value_cache,
                              const NarrowRows& narrow, const Step& step,
                              const at::Tensor& gates) const;
-  // Dense attention of the step's queries q [N, h, D] (unrotated) over
-  // caches of h / G KV heads, each head's output times its gate (gates
-  // [N, h]): [N, h, D].
-  at::Tensor DenseHeads(const at::Tensor& q, const at::Tensor& key_cache,
+  // The step's queries q [N, h, D] (before RoPE) rotated, once this
+  // layer's keys and values (kv as WriteKeysValues') are rotated and stored
+  // and *gates, where undefined, are the router's (RouterGates): on CUDA one
+  // kernel for the three where it takes the tensors (cuda_fused_ops_, kv
+  // projected: FusedAttentionPrologue).
+  at::Tensor PrepareAttention(int64_t layer_index, const Layer& layer,
+                              const at::Tensor& x, const at::Tensor& q,
+                              const at::Tensor& kv, const Step& step,
+                              KvCache& cache, at::Tensor* gates) const;
+  // Dense attention of the step's rotated queries [N, h, D] over caches of
+  // h / G KV heads, each head's output times its gate (gates [N, h]):
+  // [N, h, D].
+  at::Tensor DenseHeads(const at::Tensor& rotated, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, const NarrowRows& narrow,
                         const Step& step, const at::Tensor& gates) const;
 

@@ -143,8 +143,9 @@ struct Pair {
   int64_t token, head;
   int j;
 };
-__device__ inline bool ThreadPair(int tokens, int heads, int half, Pair* p) {
-  const int64_t i = int64_t{blockIdx.x} * kElementThreads + threadIdx.x;
+__device__ inline bool ThreadPair(int64_t block, int tokens, int heads,
+                                  int half, Pair* p) {
+  const int64_t i = block * kElementThreads + threadIdx.x;
   if (i >= int64_t{tokens} * heads * half) return false;
   p->j = static_cast<int>(i % half);
   p->vector = i / half;
@@ -153,11 +154,12 @@ __device__ inline bool ThreadPair(int tokens, int heads, int half, Pair* p) {
   return true;
 }
 
+// Thread block `block`'s pairs of the rotation, a thread each.
 template <typename T>
-__global__ void RopeKernel(RopeArgs a) {
+__device__ inline void RopeBlock(const RopeArgs& a, int64_t block) {
   const int half = a.head_dim / 2;
   Pair p;
-  if (!ThreadPair(a.tokens, a.heads, half, &p)) return;
+  if (!ThreadPair(block, a.tokens, a.heads, half, &p)) return;
   const T* x = static_cast<const T*>(a.x) + p.token * a.token_stride +
                p.head * a.head_stride;
   T* out = static_cast<T*>(a.out) + p.vector * a.head_dim;
@@ -165,13 +167,19 @@ __global__ void RopeKernel(RopeArgs a) {
              out + p.j + half);
 }
 
-// A thread per (token, head, pair): the key's pair rotated and the value's
-// copied into the token's place in the caches.
 template <typename T>
-__global__ void RopeStoreKvKernel(RopeStoreKvArgs a) {
+__global__ void RopeKernel(RopeArgs a) {
+  RopeBlock<T>(a, blockIdx.x);
+}
+
+// Thread block `block`'s (token, head, pair)s, a thread each: the key's pair
+// rotated and the value's copied into the token's place in the caches.
+template <typename T>
+__device__ inline void RopeStoreKvBlock(const RopeStoreKvArgs& a,
+                                        int64_t block) {
   const int half = a.head_dim / 2;
   Pair p;
-  if (!ThreadPair(a.tokens, a.heads, half, &p)) return;
+  if (!ThreadPair(block, a.tokens, a.heads, half, &p)) return;
   const int64_t t = p.token, j = p.j;
   const int64_t from = t * a.token_stride + p.head * a.head_dim;
   const int64_t to = a.block[t] * a.stride_block +
@@ -183,6 +191,11 @@ __global__ void RopeStoreKvKernel(RopeStoreKvArgs a) {
   T* stored = static_cast<T*>(a.value_cache) + to;
   stored[j] = value[j];
   stored[j + half] = value[j + half];
+}
+
+template <typename T>
+__global__ void RopeStoreKvKernel(RopeStoreKvArgs a) {
+  RopeStoreKvBlock<T>(a, blockIdx.x);
 }
 
 // silu_(gate) rounded, then times up rounded (ATen's two ops; its silu is
@@ -230,21 +243,21 @@ __device__ inline bool RanksBefore(float gate_j, int j, float gate_r, int r) {
   return gate_j > gate_r || (gate_j == gate_r && j < r);
 }
 
-// A thread block per token. The routed heads' query norms (a warp each),
+// Token t's gates, by a thread block of kThreads. The routed heads' query
+// norms (a warp each),
 // then on one thread their std, quotients and softmax, all in float32 as
 // MohRouter::QueryNormGates (whatever T: bf16 rounding would tie heads);
 // then each head's rank among the gates: kept when below the token's K.
 // kChunks: head_dim / 8 adjacent threads per head read 16 bytes each (a
 // head_dim of 8 to 256, a power of two, rows aligned), every head's loads of
 // a round in flight together; else a warp per head, an element a load.
-template <typename T, bool kChunks>
-__global__ void __launch_bounds__(kRouterThreads)
-    QueryNormGatesKernel(QueryNormGatesArgs a) {
+template <typename T, bool kChunks, int kThreads>
+__device__ inline void QueryNormGatesBlock(const QueryNormGatesArgs& a,
+                                           int64_t t) {
   __shared__ float gate[kQueryNormMaxRouted];
-  const int64_t t = blockIdx.x;
   const T* q = static_cast<const T*>(a.queries) + t * a.token_stride;
   if constexpr (kChunks) {
-    const int lanes = a.head_dim / 8, per_round = kRouterThreads / lanes;
+    const int lanes = a.head_dim / 8, per_round = kThreads / lanes;
     const int group = threadIdx.x / lanes, d0 = threadIdx.x % lanes * 8;
 #pragma unroll 4
     for (int r0 = 0; r0 < a.routed; r0 += per_round) {  // every lane each round
@@ -263,7 +276,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     }
   } else {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int r = warp; r < a.routed; r += kRouterThreads / 32) {
+    for (int r = warp; r < a.routed; r += kThreads / 32) {
       const T* head = q + int64_t{a.shared + r} * a.head_stride;
       float squares = 0.f;
       for (int d = lane; d < a.head_dim; d += 32) {
@@ -303,7 +316,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   const int64_t k = a.top_k[t];
   const int width = a.shared + a.routed;
   T* out = static_cast<T*>(a.gates) + t * width;
-  for (int h = threadIdx.x; h < width; h += kRouterThreads) {
+  for (int h = threadIdx.x; h < width; h += kThreads) {
     if (h < a.shared) {
       out[h] = FromFloat<T>(1.f);
       continue;
@@ -316,11 +329,50 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
 }
 
+template <typename T, bool kChunks>
+__global__ void __launch_bounds__(kRouterThreads)
+    QueryNormGatesKernel(QueryNormGatesArgs a) {
+  QueryNormGatesBlock<T, kChunks, kRouterThreads>(a, blockIdx.x);
+}
+
+// The three above in one launch (cuda_layer_ops.h): block-uniform
+// branches, so each part's barriers and shuffles see whole blocks.
+template <typename T, bool kChunks>
+__global__ void __launch_bounds__(kElementThreads)
+    AttentionPrologueKernel(AttentionPrologueArgs a, int query_blocks,
+                            int key_blocks) {
+  const int64_t b = blockIdx.x;
+  if (b < query_blocks) {
+    RopeBlock<T>(a.queries, b);
+  } else if (b < query_blocks + key_blocks) {
+    RopeStoreKvBlock<T>(a.keys_values, b - query_blocks);
+  } else {
+    QueryNormGatesBlock<T, kChunks, kElementThreads>(
+        a.router, b - query_blocks - key_blocks);
+  }
+}
+
 const char* Result(cudaError_t error) {
   return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
 }
 
 cudaStream_t Stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Why the router kernel does not take `args`, or nullptr.
+const char* RouterRefuses(const QueryNormGatesArgs& args) {
+  return args.routed <= 0 || args.routed > kQueryNormMaxRouted
+             ? "query-norm gates: routed heads out of [1, 256]"
+             : nullptr;
+}
+
+// Whether its queries go head_dim / 8 threads a head, 16 bytes each: an
+// aligned power-of-two head_dim in [8, 256].
+bool RouterChunks(const QueryNormGatesArgs& args) {
+  const int d = args.head_dim;
+  return d >= 8 && d <= 256 && (d & (d - 1)) == 0 &&
+         Aligned8(args.type, args.queries, args.token_stride) &&
+         Aligned8(args.type, args.queries, args.head_stride);
+}
 
 }  // namespace
 
@@ -396,22 +448,54 @@ const char* LaunchSiluMul(const SiluMulArgs& args) {
 }
 
 const char* LaunchQueryNormGates(const QueryNormGatesArgs& args) {
-  if (args.routed <= 0 || args.routed > kQueryNormMaxRouted) {
-    return "query-norm gates: routed heads out of [1, 256]";
-  }
+  if (const char* error = RouterRefuses(args)) return error;
   if (args.tokens == 0) return nullptr;
-  const int d = args.head_dim;
-  const bool chunks = d >= 8 && d <= 256 && (d & (d - 1)) == 0 &&
-                      Aligned8(args.type, args.queries, args.token_stride) &&
-                      Aligned8(args.type, args.queries, args.head_stride);
   return Result(ByElement(args.type, [&](auto element) {
     using T = decltype(element);
-    if (chunks) {
+    if (RouterChunks(args)) {
       return MOH_CUDA_LAUNCH((QueryNormGatesKernel<T, true>), args.tokens,
                              kRouterThreads, Stream(args.stream), args);
     }
     return MOH_CUDA_LAUNCH((QueryNormGatesKernel<T, false>), args.tokens,
                            kRouterThreads, Stream(args.stream), args);
+  }));
+}
+
+const char* LaunchAttentionPrologue(const AttentionPrologueArgs& args) {
+  const RopeArgs& q = args.queries;
+  const RopeStoreKvArgs& kv = args.keys_values;
+  const bool route = args.router.gates != nullptr;
+  if (q.head_dim % 2 != 0 || kv.head_dim % 2 != 0) {
+    return "attention prologue: odd head_dim";
+  }
+  if (kv.type != q.type || kv.tokens != q.tokens ||
+      (route &&
+       (args.router.type != q.type || args.router.tokens != q.tokens))) {
+    return "attention prologue: parts of different types or tokens";
+  }
+  if (const char* error = route ? RouterRefuses(args.router) : nullptr) {
+    return error;
+  }
+  const int64_t query_blocks =
+      Blocks(int64_t{q.tokens} * q.heads * (q.head_dim / 2));
+  const int64_t key_blocks =
+      Blocks(int64_t{kv.tokens} * kv.heads * (kv.head_dim / 2));
+  const int64_t blocks = query_blocks + key_blocks + (route ? q.tokens : 0);
+  if (blocks == 0) return nullptr;
+  if (blocks > INT32_MAX) return "attention prologue: too many tokens";
+  const bool chunks = route && RouterChunks(args.router);
+  return Result(ByElement(q.type, [&](auto element) {
+    using T = decltype(element);
+    const int grid = static_cast<int>(blocks);
+    const cudaStream_t stream = Stream(q.stream);
+    const int qb = static_cast<int>(query_blocks);
+    const int kb = static_cast<int>(key_blocks);
+    if (chunks) {
+      return MOH_CUDA_LAUNCH((AttentionPrologueKernel<T, true>), grid,
+                             kElementThreads, stream, args, qb, kb);
+    }
+    return MOH_CUDA_LAUNCH((AttentionPrologueKernel<T, false>), grid,
+                           kElementThreads, stream, args, qb, kb);
   }));
 }
 

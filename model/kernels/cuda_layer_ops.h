@@ -9,7 +9,9 @@
 //   blocks of the paged cache, 7 -> 1;
 // - SiluMul: SwiGLU's silu(gate) * up over the [gate | up] product, 2 -> 1;
 // - QueryNormGates: the query-norm router's gates (every shared head, and
-//   the top K routed heads by query norm), about 13 -> 1.
+//   the top K routed heads by query norm), about 13 -> 1;
+// - AttentionPrologue: Rope, RopeStoreKv and QueryNormGates of one layer's
+//   tokens in one launch, 3 -> 1.
 // Each rounds where the ATen chain rounds (every op's result to the
 // tensor's type, no fused multiply-add across an op's boundary), so in
 // float32 and in bfloat16 the results are the chain's, up to the order of
@@ -121,5 +123,21 @@ struct QueryNormGatesArgs {
 // Routed heads one launch takes (its shared memory).
 inline constexpr int kQueryNormMaxRouted = 256;
 const char* LaunchQueryNormGates(const QueryNormGatesArgs& args);
+
+// What a layer does to its step's tokens before attending, in one launch:
+// the queries rotated (as LaunchRope), the keys rotated and stored with the
+// values (as LaunchRopeStoreKv) and, where router.gates is set, the
+// query-norm router's gates of the same queries before RoPE (as
+// LaunchQueryNormGates; the rotated queries go to queries.out). Thread
+// blocks of the queries' pairs, then of the keys', then one a token
+// routing: each launch in a replayed CUDA graph costs about 3 µs of the
+// device between kernels (run 7). Every part in queries.type, over the same
+// tokens; queries.stream.
+struct AttentionPrologueArgs {
+  RopeArgs queries;
+  RopeStoreKvArgs keys_values;
+  QueryNormGatesArgs router;  // gates null: no routing
+};
+const char* LaunchAttentionPrologue(const AttentionPrologueArgs& args);
 
 }  // namespace moh

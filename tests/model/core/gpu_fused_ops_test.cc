@@ -22,8 +22,9 @@ using namespace layer_ops_reference;
 
 const std::string kFixtures = MOH_FIXTURES_DIR;
 
-const LayerKernels kFused = {FusedAddRmsNorm, FusedRope, FusedRopeStoreKv,
-                             FusedSiluMul, FusedQueryNormGates};
+const LayerKernels kFused = {FusedAddRmsNorm,     FusedRope,
+                             FusedRopeStoreKv,    FusedSiluMul,
+                             FusedQueryNormGates, FusedAttentionPrologue};
 
 class GpuFusedOpsTest : public ::testing::TestWithParam<at::ScalarType> {
  protected:
@@ -54,6 +55,10 @@ TEST_P(GpuFusedOpsTest, SiluMulIsSiluThenMul) {
 
 TEST_P(GpuFusedOpsTest, QueryNormGatesKeepTheRoutersHeads) {
   CheckQueryNormGates(kFused, Options());
+}
+
+TEST_P(GpuFusedOpsTest, AttentionPrologueIsRopeStoreAndGates) {
+  CheckAttentionPrologue(kFused, Options());
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, GpuFusedOpsTest,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/checkpoint/checkpoint.h"
+#include "model/core/fused_layer_ops.h"
 #include "model/core/kv_cache.h"
 #include "model/core/moh_router.h"
 
@@ -131,6 +132,8 @@ struct LayerKernels {
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
                            int64_t)>
       query_norm_gates;
+  std::function<AttentionPrologue(const AttentionPrologueInputs&)>
+      attention_prologue;
 };
 
 // A freed block goes back to the next allocation of its size (the CUDA
@@ -325,6 +328,78 @@ inline void CheckQueryNormGates(const LayerKernels& kernels,
   ASSERT_TRUE(got.defined());
   EXPECT_TRUE(at::equal(got.to(at::kFloat).cpu(), NearTieGates()))
       << Name(options) << " near tie: " << got;
+}
+
+// The prologue of a layer's attention, with the router and without, at
+// two shapes (the 8B layout's heads and head_dim; a small one whose
+// head_dim takes 4 lanes a head): the rotated queries as RopeChain's, the
+// keys and values where CheckRopeStoreKv wants them (the sentinel
+// elsewhere), the gates the router's.
+inline void CheckAttentionPrologue(const LayerKernels& kernels,
+                                   const at::TensorOptions& options) {
+  const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
+  const at::TensorOptions ints = options.dtype(at::kLong);
+  struct Case {
+    int32_t shared, routed;
+    int64_t kv_heads, d, tokens;
+    bool route;
+  };
+  for (const auto& [shared, routed, kv_heads, d, tokens, route] :
+       std::vector<Case>{{16, 16, 8, 128, 3, true},
+                         {2, 6, 2, 32, 5, true},
+                         {2, 6, 2, 32, 5, false}}) {
+    const int64_t heads = shared + routed, kBlocks = 4, kBlock = 4;
+    const std::string what = Name(options) + " H=" + std::to_string(heads) +
+                             " D=" + std::to_string(d) +
+                             (route ? " routed" : " unrouted");
+    const RopeTables tables = MakeRopeTables(64, d, options);
+    // Keys, values and queries as views of one product (kvq_proj's).
+    const int64_t kv_width = 2 * kv_heads * d;
+    const at::Tensor kvq = at::randn({tokens, kv_width + heads * d}, options);
+    AttentionPrologueInputs in;
+    in.keys = kvq.narrow(1, 0, kv_heads * d).view({tokens, kv_heads, d});
+    in.values =
+        kvq.narrow(1, kv_heads * d, kv_heads * d).view({tokens, kv_heads, d});
+    in.queries = kvq.narrow(1, kv_width, heads * d).view({tokens, heads, d});
+    in.positions = at::randint(64, {tokens}, ints);
+    in.cos = tables.cos;
+    in.sin = tables.sin;
+    const at::Tensor place =
+        at::randperm(kBlocks * kBlock, ints).narrow(0, 0, tokens);
+    in.block = place.div(kBlock, "floor");
+    in.offset = place.remainder(kBlock);
+    const at::Tensor sentinel =
+        at::full({kBlocks, kBlock, kv_heads, d}, 7.0, options);
+    in.key_cache = sentinel.clone();
+    in.value_cache = sentinel.clone();
+    auto router = QueryNormRouter(shared, routed, options);
+    ASSERT_TRUE(router.ok()) << router.status();
+    if (route) {
+      in.top_k = at::randint(routed + 1, {tokens}, ints);
+      in.shared = shared;
+      in.routed = routed;
+    }
+    PoisonNext(tokens * heads * d, options);
+    const AttentionPrologue got = kernels.attention_prologue(in);
+    ASSERT_TRUE(got.rotated.defined()) << what;
+    ExpectNear(got.rotated,
+               RopeChain(in.queries, in.positions, tables.cos, tables.sin),
+               Tolerance(type), what + " queries");
+    const at::Tensor want_keys = sentinel.clone();
+    const at::Tensor want_values = sentinel.clone();
+    want_keys.index_put_(
+        {in.block, in.offset},
+        RopeChain(in.keys, in.positions, tables.cos, tables.sin));
+    want_values.index_put_({in.block, in.offset}, in.values);
+    ExpectNear(in.key_cache, want_keys, Tolerance(type), what + " keys");
+    EXPECT_TRUE(at::equal(in.value_cache, want_values)) << what << " values";
+    ASSERT_EQ(got.gates.defined(), route) << what;
+    if (route) {
+      const at::Tensor want = router->Gates(at::Tensor(), in.queries, in.top_k,
+                                            in.top_k.max().item<int64_t>());
+      EXPECT_TRUE(at::equal(got.gates.cpu(), want.cpu())) << what << " gates";
+    }
+  }
 }
 
 }  // namespace moh::layer_ops_reference

@@ -77,8 +77,16 @@ at::Tensor QueryNormGates(const at::Tensor& queries, const at::Tensor& top_k,
   return Ran(LaunchQueryNormGates(a), out);
 }
 
-const LayerKernels kEmulated = {AddRmsNorm, Rope, RopeStoreKv, SiluMul,
-                                QueryNormGates};
+AttentionPrologue Prologue(const AttentionPrologueInputs& in) {
+  AttentionPrologue out;
+  AttentionPrologueArgs a;
+  if (!AttentionPrologueArgsFor(in, &out, &a)) return {};
+  if (!Ran(LaunchAttentionPrologue(a), out.rotated).defined()) return {};
+  return out;
+}
+
+const LayerKernels kEmulated = {AddRmsNorm, Rope,           RopeStoreKv,
+                                SiluMul,    QueryNormGates, Prologue};
 
 class CudaLayerOpsEmulatedTest
     : public ::testing::TestWithParam<at::ScalarType> {
@@ -107,6 +115,10 @@ TEST_P(CudaLayerOpsEmulatedTest, SiluMulIsSiluThenMul) {
 
 TEST_P(CudaLayerOpsEmulatedTest, QueryNormGatesKeepTheRoutersHeads) {
   CheckQueryNormGates(kEmulated, Options());
+}
+
+TEST_P(CudaLayerOpsEmulatedTest, AttentionPrologueIsRopeStoreAndGates) {
+  CheckAttentionPrologue(kEmulated, Options());
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaLayerOpsEmulatedTest,
