@@ -16,7 +16,10 @@ Everything is measured side by side in one run, on one device:
      load of the model (moh-generate --ratios; a leading untimed ratio-1.0
      run warms the device up; the table shows the mean of both orders and
      each);
-  3. serving overhead (the first layout): moh-server over gRPC, driven by
+  3. last, on the last layout, 64 sequences x a 4096-token prompt, then 32
+     tokens each, at ratios 1.0 and 0.5 in both orders (the goal's shape:
+     KV reads weigh more than at 2k);
+  4. serving overhead (the first layout): moh-server over gRPC, driven by
      moh-bench with 16 concurrent streams, against moh-generate --batch 16 in
      process: the same requests, greedy, 64 new tokens; medians of 3
      interleaved rounds; and the server at ratio 0.5 in the same rounds (the
@@ -48,8 +51,13 @@ RATIOS = [1.0, 0.75, 0.5]
 LAYOUT_DIRS = {"8b": "llama3-8b", "1b": "llama3-1b", "tiny": "llama3-tiny"}
 # (batch, prompt tokens, new tokens) of the two measurements; --quick: a
 # rehearsal on a CPU.
-SIZES = {"batch1": (1, 4096, 128), "batched": (64, 2048, 32)}
-QUICK_SIZES = {"batch1": (1, 256, 16), "batched": (8, 128, 8)}
+SIZES = {"batch1": (1, 4096, 128), "batched": (64, 2048, 32),
+         "batched_4k": (64, 4096, 32)}
+QUICK_SIZES = {"batch1": (1, 256, 16), "batched": (8, 128, 8),
+               "batched_4k": (8, 256, 8)}
+# The goal's shape (issue 30: ratio 0.5 >= 1.4x ratio 1.0 at 64 x 4k), last
+# in a run and on the last layout: ratios 1.0 and 0.5, each order.
+GOAL_RATIOS = [1.0, 0.5, 0.5, 1.0]
 
 
 def log(*args):
@@ -188,11 +196,18 @@ def layout_section(args, layout, bandwidth, results):
             "decode_tokens_per_s": f["decode_tokens_per_s"],
             "decode_tokens_per_s_runs": [x["decode_tokens_per_s"]
                                          for x in f["runs"]],
-            "of_bound": f["decode_tokens_per_s"] / bound}
+            "of_bound": f["decode_tokens_per_s"] / bound,
+            "prefill_4k_tokens_per_s": f["prefill_tokens_per_s"],
+            "prefill_4k_tokens_per_s_runs": [x["prefill_tokens_per_s"]
+                                             for x in f["runs"]]}
             for r, f in other.items()}
 
-    # Every step launched eagerly (no CUDA graphs): what the graphs buy.
-    entry["batch1_eager"] = batch1_with(["--cuda_graphs=0"])
+    # The prompt's attention through padded rows and a mask (DenseAttention,
+    # the path before FlashAttention over packed keys): what the varlen
+    # prefill buys. (Graphs against none, runs 4-7: 2.6-5.2x; no longer
+    # measured.)
+    entry["batch1_padded_prefill"] = batch1_with(
+        ["--cuda_varlen_prefill=false"])
     # Decode attention through the gathered copy of each row's context and
     # SDPA (the path before the paged kernel), graphs on: what attending over
     # the paged cache in place buys (64 x 2k through it: runs 5 and 6,
@@ -216,6 +231,21 @@ def layout_section(args, layout, bandwidth, results):
                          r["decode_tokens_per_s"] for r in f["runs"]]}
         for ratio, f in batched.items()}
     return model_dir
+
+
+def goal_section(args, model_dir, entry):
+    """64 sequences x 4k context at ratios 1.0 and 0.5, each order, with a
+    warm-up: entry["batch64_4k"]."""
+    sizes = (QUICK_SIZES if args.quick else SIZES)["batched_4k"]
+    batched = generate(args, model_dir, sizes, args.step_timeout,
+                       ratios=GOAL_RATIOS)
+    entry["batch64_4k_graph_replays"] = batched.pop("graph_replays")
+    entry["batch64_4k"] = {
+        str(ratio): {"decode_tokens_per_s": f["decode_tokens_per_s"],
+                     "decode_tokens_per_s_runs": [
+                         r["decode_tokens_per_s"] for r in f["runs"]],
+                     "prefill_tokens_per_s": f["prefill_tokens_per_s"]}
+        for ratio, f in batched.items()}
 
 
 def serving_overhead(args, model_dir, results, rounds=3):
@@ -387,17 +417,30 @@ def table(results):
                                        other["decode_tokens_per_s"])
                              if ours else "-"))
 
-        side_by_side("batch1_eager", "no CUDA graphs", "graphs / none")
+        padded = entry.get("batch1_padded_prefill", {}).get("1.0")
+        if padded:
+            lines.append("| %s | prefill 4k, padded rows + mask, tokens/s | %.0f "
+                         "| | | varlen / padded at 1.0: %s |" % (
+                             layout, padded["prefill_4k_tokens_per_s"],
+                             "%.2f" % (ours["prefill_4k_tokens_per_s"] /
+                                       padded["prefill_4k_tokens_per_s"])
+                             if ours else "-"))
         side_by_side("batch1_gathered", "gathered KV + SDPA", "paged / gathered")
         side_by_side("batch1_chained", "small ops as ATen chains",
                      "fused / chains")
         row("decode 64 x 2k, tokens/s", "batch64_2k", "decode_tokens_per_s", "%.0f")
+        if "batch64_4k" in entry:
+            row("decode 64 x 4k, tokens/s", "batch64_4k", "decode_tokens_per_s",
+                "%.0f")
         lines.append("| %s | decode steps replayed as CUDA graphs (b1 / 64 x 2k) "
                      "| %s / %s | | | |" % (
                          layout, entry.get("batch1", {}).get("graph_replays", "-"),
                          entry.get("batch64_2k_graph_replays", "-")))
         for section, label in (("batch1", "decode b1, runs"),
-                               ("batch64_2k", "decode 64 x 2k, runs")):
+                               ("batch64_2k", "decode 64 x 2k, runs"),
+                               ("batch64_4k", "decode 64 x 4k, runs")):
+            if section not in entry:
+                continue
             cells = ["/".join("%.0f" % v for v in entry.get(section, {})
                               .get(str(r), {}).get("decode_tokens_per_s_runs", []))
                      or "-" for r in RATIOS]
@@ -520,6 +563,12 @@ def main():
         except Exception as e:  # noqa: BLE001
             results["errors"]["transformers_peer"] = "%s: %s" % (
                 type(e).__name__, e)
+        save()
+    if model_dir:
+        try:
+            goal_section(args, model_dir, results[layout])
+        except Exception as e:  # noqa: BLE001
+            results["errors"]["batch64_4k"] = "%s: %s" % (type(e).__name__, e)
         save()
     text = table(results)
     with open(os.path.join(args.out, "gpu_bench.md"), "w") as f:

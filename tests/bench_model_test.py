@@ -150,10 +150,18 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
         assert tiny["batch64_2k"][ratio]["decode_tokens_per_s"] > 0
         assert len(tiny["batch64_2k"][ratio]["prefill_tokens_per_s_runs"]) == 2
     assert tiny["batch1"]["bound_tokens_per_s"] > 0
-    # Without CUDA graphs, side by side; on the CPU no step is a graph.
-    assert len(tiny["batch1_eager"]["1.0"]["decode_tokens_per_s_runs"]) == 2
+    # The goal's shape, last: ratios 1.0 and 0.5, each in both orders.
+    for ratio in ("1.0", "0.5"):
+        assert len(tiny["batch64_4k"][ratio]["decode_tokens_per_s_runs"]) == 2
+    assert "0.75" not in tiny["batch64_4k"]
+    assert "| tiny | decode 64 x 4k, tokens/s |" in result.stdout
+    # The prompt through padded rows and a mask (--cuda_varlen_prefill=false),
+    # side by side; on the CPU no step is a graph.
+    padded = tiny["batch1_padded_prefill"]["1.0"]
+    assert len(padded["prefill_4k_tokens_per_s_runs"]) == 2
+    assert padded["decode_tokens_per_s"] > 0
     assert tiny["batch1"]["graph_replays"] is None  # printed on CUDA only
-    assert "| tiny | decode b1 @4k, no CUDA graphs (of bound) |" in result.stdout
+    assert "| tiny | prefill 4k, padded rows + mask, tokens/s |" in result.stdout
     # Through the gathered copy (--cuda_paged_decode=false), side by side.
     assert tiny["batch1_gathered"]["1.0"]["decode_tokens_per_s"] > 0
     assert "| tiny | decode b1 @4k, gathered KV + SDPA (of bound) |" in result.stdout

@@ -65,6 +65,10 @@ ABSL_FLAG(bool, cuda_fused_ops, true,
           "On CUDA: a layer's norms, RoPE, KV store, SwiGLU and query-norm "
           "gates as one kernel each (see LlamaModel::set_cuda_fused_ops); "
           "false = chains of ATen ops");
+ABSL_FLAG(bool, cuda_varlen_prefill, true,
+          "On CUDA: prompt chunks through FlashAttention over packed keys (see "
+          "LlamaModel::set_cuda_varlen_prefill); false = padded rows and a "
+          "mask");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
 ABSL_FLAG(int32_t, batch, 1,
           "Generate this many copies of the request in one batch (throughput "
@@ -374,6 +378,7 @@ int main(int argc, char** argv) {
   lm->model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   lm->model->set_cuda_paged_decode(absl::GetFlag(FLAGS_cuda_paged_decode));
   lm->model->set_cuda_fused_ops(absl::GetFlag(FLAGS_cuda_fused_ops));
+  lm->model->set_cuda_varlen_prefill(absl::GetFlag(FLAGS_cuda_varlen_prefill));
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "

@@ -868,6 +868,20 @@ at::Tensor LlamaModel::DenseHeads(const at::Tensor& rotated,
                         narrow, step, gates);
     if (out.defined()) return out;  // gated
   }
+  // Prompt chunks: the rows' keys packed, no padding, no mask.
+  if (cuda_varlen_prefill_ && width > 1 && !narrow.any() &&
+      VarlenAttentionServes(rotated, key_cache)) {
+    if (!step.packed_keys.index.defined()) {
+      const DecoderBatch& b = step.batch;
+      step.packed_keys =
+          ToDevice(PackKeyLayout(b.num_tokens, b.start_positions,
+                                 b.block_tables, b.slots, key_cache.size(1)),
+                   rotated.device());
+    }
+    return VarlenAttention(
+               {rotated, key_cache, value_cache, step.packed_keys, scale})
+        .mul_(gates.unsqueeze(-1));
+  }
   DenseAttentionInputs dense;
   dense.queries = full ? rotated.view({rows, width, heads, d})
                        : Padded(rotated, step.token_flat, rows, width);

@@ -38,6 +38,7 @@
 #include "model/core/model_config.h"
 #include "model/core/moh_router.h"
 #include "model/core/runtime.h"
+#include "model/core/varlen_attention.h"
 
 namespace moh {
 
@@ -213,6 +214,12 @@ class LlamaModel {
   // kernels take the tensors; false: as chains of ATen ops. Same contract
   // as set_attention_mode.
   void set_cuda_fused_ops(bool on) { cuda_fused_ops_ = on; }
+  // On CUDA, steps of prompt chunks (more than one query in a row) attend
+  // through FlashAttention over the rows' packed keys, unpadded and without
+  // a mask (varlen_attention.h), in bfloat16 and float16 where it takes the
+  // shape; false: through DenseAttention's padded rows and mask. Same
+  // contract as set_attention_mode.
+  void set_cuda_varlen_prefill(bool on) { cuda_varlen_prefill_ = on; }
   // Decode steps that ran as a recorded graph (replays), for tests and logs.
   int64_t graph_replays() const;
   // The element type of the caches CreateKvCache makes (and CheckMemoryFits
@@ -324,6 +331,9 @@ class LlamaModel {
     // routed heads are all off and read by the others with as many shared.
     mutable at::Tensor shared_gates;
     mutable int64_t shared_gates_heads = 0;
+    // Where each row's keys lie, packed (VarlenAttention), made by the
+    // first layer that attends through it.
+    mutable PackedKeys packed_keys;
   };
   // The layer's gates [N, H] for x [N, C] (queries q [N, H, D] before RoPE,
   // where projected): one kernel for the query-norm router on CUDA
@@ -407,6 +417,7 @@ class LlamaModel {
   int64_t max_cuda_graphs_ = kDefaultCudaGraphs;
   bool cuda_paged_decode_ = true;
   bool cuda_fused_ops_ = true;
+  bool cuda_varlen_prefill_ = true;
   std::unique_ptr<StepGraphs> graphs_;
 };
 

@@ -260,6 +260,7 @@ def test_every_request_during_shutdown_gets_unavailable(api, server_factory):
         # When this client sent the last call the server answered (a call
         # made once gRPC shut down fails in the client, never reaching it).
         answered = time.monotonic()
+        trial_codes = []  # in order
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:
                 # Only once this client was quiet for the server's 250 ms (a
@@ -284,6 +285,16 @@ def test_every_request_during_shutdown_gets_unavailable(api, server_factory):
                     code = "AFTER_QUIET " + code
             except lib.ClientHang:
                 code = "CLIENT_HANG"  # not the server's (lib.drain_stream)
+            trial_codes.append(code)
+        # A call cancelled after the last one the server answered reached
+        # gRPC's own shutdown (the client starved between taking `sent` and
+        # sending: seen under CI load); one cancelled while the server still
+        # answered later calls is the server's fault.
+        last = max([i for i, c in enumerate(trial_codes)
+                    if c == "OK" or "draining" in c] or [-1])
+        for i, code in enumerate(trial_codes):
+            if i > last and code.startswith("CANCELLED"):
+                code = "AT_SHUTDOWN " + code
             codes[code] = codes.get(code, 0) + 1
         quiet = time.monotonic()
         assert server.proc.wait(timeout=30) == 0
@@ -292,7 +303,7 @@ def test_every_request_during_shutdown_gets_unavailable(api, server_factory):
         channel.close()
     bad = {c: n for c, n in codes.items()
            if c not in ("OK", "CLIENT_HANG") and
-           not c.startswith(("UNAVAILABLE", "AFTER_QUIET"))}
+           not c.startswith(("UNAVAILABLE", "AFTER_QUIET", "AT_SHUTDOWN"))}
     assert not bad, codes
     assert sum(n for c, n in codes.items() if c.startswith("UNAVAILABLE")) > 0
 

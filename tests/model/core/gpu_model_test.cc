@@ -30,9 +30,11 @@
 #include "model/core/dense_attention.h"
 #include "model/core/llama_model.h"
 #include "model/core/paged_decode_attention.h"
+#include "model/core/varlen_attention.h"
 #include "model/core/vit_model.h"
 #include "tests/model/core/llama_test_util.h"
 #include "tests/model/core/paged_decode_reference.h"
+#include "tests/model/core/varlen_attention_reference.h"
 
 namespace moh {
 namespace {
@@ -346,6 +348,59 @@ TEST(GpuPagedDecodeModelTest, NarrowRowsReadTheirBlocksInPlace) {
           next_block, kBlocks, 64));
     }
     EXPECT_GE(paged->graph_replays(), 20);
+  }
+}
+
+// Prompt chunks through FlashAttention over packed keys (the ragged step of
+// varlen_attention_reference.h: rows at different starts, a shared block)
+// against DenseAttention in float32 on the CPU, in bfloat16 and float16,
+// one, two and four heads per KV head.
+TEST(GpuVarlenAttentionTest, MatchesDenseAttentionOnCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(21);
+  for (const at::ScalarType type : {at::kBFloat16, at::kHalf}) {
+    for (const int64_t kv_heads : {int64_t{8}, int64_t{4}, int64_t{2}}) {
+      for (const int64_t d : {int64_t{64}, int64_t{128}}) {
+        const std::string what = std::string(c10::toString(type)) + " KV " +
+                                 std::to_string(kv_heads) + " D " +
+                                 std::to_string(d);
+        varlen_reference::RaggedStep s =
+            varlen_reference::MakeRaggedStep(8, kv_heads, d, at::kFloat);
+        const at::Tensor want = varlen_reference::DenseReference(s);
+        const at::TensorOptions cuda =
+            at::TensorOptions().device(at::kCUDA).dtype(type);
+        VarlenAttentionInputs in;
+        in.queries = s.queries.to(cuda);
+        in.key_cache = s.key_cache.to(cuda);
+        in.value_cache = s.value_cache.to(cuda);
+        ASSERT_TRUE(VarlenAttentionServes(in.queries, in.key_cache)) << what;
+        in.keys = ToDevice(varlen_reference::Layout(s), in.queries.device());
+        in.scale = s.scale;
+        ExpectClose(VarlenAttention(in), want, 2e-2, what);
+      }
+    }
+  }
+}
+
+// A model's chunked prompt beside a decoding row (one step's rows ragged)
+// in bfloat16 through FlashAttention and through the padded, masked path
+// agree within bfloat16's rounding, with the same heads.
+TEST(GpuVarlenAttentionTest, ModelPrefillMatchesThePaddedPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = kFixtures + "/llama_qnorm";
+  auto varlen = LlamaModel::Load(dir, DeviceOptions{"cuda", "bfloat16"});
+  auto padded = LlamaModel::Load(dir, DeviceOptions{"cuda", "bfloat16"});
+  ASSERT_TRUE(varlen.ok()) << varlen.status();
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  (*padded)->set_cuda_varlen_prefill(false);
+  auto a = ChunkedPromptBesideDecode(**varlen, {1.0f, 0.5f});
+  auto b = ChunkedPromptBesideDecode(**padded, {1.0f, 0.5f});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->size(), b->size());
+  for (size_t step = 0; step < a->size(); ++step) {
+    ExpectClose((*a)[step], (*b)[step].to(at::kFloat).cpu(), kBf16Tolerance,
+                "step " + std::to_string(step));
   }
 }
 
