@@ -679,7 +679,7 @@ at::Tensor LlamaModel::PrepareAttention(int64_t layer_index, const Layer& layer,
                                         at::Tensor* gates) const {
   const at::Tensor& top_k = step.top_k[layer_index];
   const int64_t max_top_k = step.max_top_k[layer_index];
-  if (cuda_fused_ops_ && kv.defined()) {
+  if (cuda_fused_ops_ && kv.defined() && q.is_cuda()) {
     const MohLayerConfig& moh = layer.router.layer();
     const bool route = !gates->defined() &&
                        layer.router.kind() == RouterKind::kQueryNorm &&
