@@ -150,7 +150,7 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
         assert tiny["batch64_2k"][ratio]["decode_tokens_per_s"] > 0
         assert len(tiny["batch64_2k"][ratio]["prefill_tokens_per_s_runs"]) == 2
     assert tiny["batch1"]["bound_tokens_per_s"] > 0
-    # The goal's shape, last: ratios 1.0 and 0.5, each in both orders.
+    # The goal's shape, after the layouts: ratios 1.0 and 0.5, each in both orders.
     for ratio in ("1.0", "0.5"):
         assert len(tiny["batch64_4k"][ratio]["decode_tokens_per_s_runs"]) == 2
     assert "0.75" not in tiny["batch64_4k"]

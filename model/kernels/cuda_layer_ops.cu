@@ -389,17 +389,12 @@ const char* LaunchAddRmsNorm(const AddRmsNormArgs& args) {
   return Result(ByElement(type, [&](auto element) {
     using T = decltype(element);
     const cudaStream_t stream = Stream(args.stream);
-    if (aligned && vectors <= 1) {
-      return MOH_CUDA_LAUNCH((AddRmsNormVectorKernel<T, 1>), args.rows,
-                             kNormThreads, stream, args);
-    }
-    if (aligned && vectors <= 2) {
-      return MOH_CUDA_LAUNCH((AddRmsNormVectorKernel<T, 2>), args.rows,
-                             kNormThreads, stream, args);
-    }
-    if (aligned && vectors <= 4) {
-      return MOH_CUDA_LAUNCH((AddRmsNormVectorKernel<T, 4>), args.rows,
-                             kNormThreads, stream, args);
+    if (aligned && vectors <= 4) {  // 1, 2 or 4 loads a thread
+      void (*kernel)(AddRmsNormArgs) =
+          vectors <= 1   ? AddRmsNormVectorKernel<T, 1>
+          : vectors <= 2 ? AddRmsNormVectorKernel<T, 2>
+                         : AddRmsNormVectorKernel<T, 4>;
+      return MOH_CUDA_LAUNCH(kernel, args.rows, kNormThreads, stream, args);
     }
     return MOH_CUDA_LAUNCH(AddRmsNormKernel<T>, args.rows, kNormThreads, stream,
                            args);
