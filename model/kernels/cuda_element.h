@@ -20,4 +20,12 @@ inline bool Aligned8(CudaElement type, const void* data, int64_t stride = 0) {
          stride * ElementBytes(type) % 16 == 0;
 }
 
+// Whether a head of head_dim elements goes to head_dim / 8 adjacent threads
+// reading 16 bytes each, a power-of-two group within a warp or spanning
+// whole warps: head_dim a power of two in [8, 256] (the paged decode and
+// router kernels).
+inline bool ChunkedHeadDim(int head_dim) {
+  return head_dim >= 8 && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0;
+}
+
 }  // namespace moh

@@ -244,10 +244,10 @@ __device__ inline bool RanksBefore(float gate_j, int j, float gate_r, int r) {
 }
 
 // Token t's gates, by a thread block of kThreads. The routed heads' query
-// norms (a warp each),
-// then on one thread their std, quotients and softmax, all in float32 as
-// MohRouter::QueryNormGates (whatever T: bf16 rounding would tie heads);
-// then each head's rank among the gates: kept when below the token's K.
+// norms (a warp each), then on one thread their std, quotients and
+// softmax, all in float32 as MohRouter::QueryNormGates (whatever T: bf16
+// rounding would tie heads); then each head's rank among the gates: kept
+// when below the token's K.
 // kChunks: head_dim / 8 adjacent threads per head read 16 bytes each (a
 // head_dim of 8 to 256, a power of two, rows aligned), every head's loads of
 // a round in flight together; else a warp per head, an element a load.
@@ -368,8 +368,7 @@ const char* RouterRefuses(const QueryNormGatesArgs& args) {
 // Whether its queries go head_dim / 8 threads a head, 16 bytes each: an
 // aligned power-of-two head_dim in [8, 256].
 bool RouterChunks(const QueryNormGatesArgs& args) {
-  const int d = args.head_dim;
-  return d >= 8 && d <= 256 && (d & (d - 1)) == 0 &&
+  return ChunkedHeadDim(args.head_dim) &&
          Aligned8(args.type, args.queries, args.token_stride) &&
          Aligned8(args.type, args.queries, args.head_stride);
 }

@@ -280,9 +280,8 @@ bool PagedDecodeShapeSupported(int heads, int kv_heads, int head_dim) {
   const int group = heads / kv_heads;
   // Whole 8-element loads, and key lanes of head_dim / 8 threads that
   // fill the thread block.
-  const bool dims = head_dim == 8 || head_dim == 16 || head_dim == 32 ||
-                    head_dim == 64 || head_dim == 128 || head_dim == 256;
-  return (group == 1 || group == 2 || group == 4 || group == 8) && dims;
+  return (group == 1 || group == 2 || group == 4 || group == 8) &&
+         ChunkedHeadDim(head_dim);
 }
 
 const char* LaunchPagedDecode(const PagedDecodeArgs& args) {
