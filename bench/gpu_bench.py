@@ -187,8 +187,8 @@ def layout_section(args, layout, bandwidth, results):
             "of_bound": f["decode_tokens_per_s"] / bound,
         }
     def batch1_with(extra):
-        """The batch-1 decode at ratio 1.0 (twice) with `extra` flags, in the
-        same run, against the same bound."""
+        """The batch-1 run at ratio 1.0 (twice) with `extra` flags, in the
+        same run: its decode against the same bound, and its 4k prefill."""
         other = generate(args, model_dir, sizes["batch1"], args.step_timeout,
                          ratios=[1.0, 1.0], extra=extra)
         other.pop("graph_replays")

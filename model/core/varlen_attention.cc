@@ -17,16 +17,16 @@ PackedKeyLayout PackKeyLayout(
     const std::vector<int32_t>& slots, int64_t block_size) {
   PackedKeyLayout layout;
   const size_t rows = num_tokens.size();
+  const bool paged = !block_tables.empty();  // else a slot per row
   layout.cum_q.assign(1, 0);
   layout.cum_k.assign(1, 0);
   for (size_t r = 0; r < rows; ++r) {
     const int64_t t = num_tokens[r];
     const int64_t keys = start_positions[r] + t;
     for (int64_t p = 0; p < keys; ++p) {
-      const int64_t block =
-          block_tables.empty() ? slots[r] : block_tables[r][p / block_size];
-      const int64_t within = block_tables.empty() ? p : p % block_size;
-      layout.index.push_back(block * block_size + within);
+      layout.index.push_back(
+          paged ? block_tables[r][p / block_size] * block_size + p % block_size
+                : slots[r] * block_size + p);
     }
     layout.cum_q.push_back(layout.cum_q.back() + static_cast<int32_t>(t));
     layout.cum_k.push_back(layout.cum_k.back() + static_cast<int32_t>(keys));
