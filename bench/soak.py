@@ -5,8 +5,9 @@ streams read to the end, streams the client cancels after two messages,
 streams whose deadline passes mid-way, image classification, label scoring,
 and bad input (a ratio out of range, a GIF). Checks, printed as a table:
   - every request got one final status of the kind its case allows;
-  - the server counted every request (moh_requests_total grew by the number
-    sent);
+  - the server counted every request it received (moh_requests_total grew
+    by the number sent, less at most the calls whose deadline passed before
+    they reached it);
   - resident memory after the warm-up (the first fifth) grew less than 5%;
   - open file descriptors did not grow.
 Exit status 1 when a check fails.
@@ -152,18 +153,28 @@ def soak(args, server, pb, stubs):
         t.join()
     end_rss, end_fds = process_figures(server.proc.pid)
     sent = sum(codes.values())
-    counted = lib.wait_until(
-        lambda: (lib.metric_value(server.samples(), "moh_requests_total") -
-                 counted_before) >= sent or None, 30,
-        "the server's count") and (
-            lib.metric_value(server.samples(), "moh_requests_total") -
-            counted_before)
+    # A call whose 50 ms deadline passes before it reaches the server (a busy
+    # machine) ends DEADLINE_EXCEEDED on the client and is never counted
+    # there: the server's count lies between the calls that surely reached it
+    # and all calls sent.
+    unseen = sum(n for (case, code), n in codes.items()
+                 if case == "deadline" and code == "DEADLINE_EXCEEDED")
+
+    def counted_now():
+        return (lib.metric_value(server.samples(), "moh_requests_total") -
+                counted_before)
+
+    lib.wait_until(lambda: counted_now() >= sent - unseen, 30,
+                   "the server's count")
+    counted = counted_now()
     growth = end_rss / warm_rss - 1
     checks = [
         ("one allowed final status per request", not wrong,
          "%d of %d unexpected %s" % (len(wrong), sent, sorted(set(wrong)))),
-        ("server counted every request", counted == sent,
-         "%d counted, %d sent" % (counted, sent)),
+        ("server counted every request it received",
+         sent - unseen <= counted <= sent,
+         "%d counted, %d sent, %d of them past their deadline" %
+         (counted, sent, unseen)),
         ("RSS growth after warm-up < 5%", growth < 0.05,
          "%.1f MiB -> %.1f MiB (%+.1f%%)" % (warm_rss / 2**20, end_rss / 2**20,
                                             100 * growth)),
