@@ -13,9 +13,15 @@ all kernel time; above it, the window's wall time per step against the time
 the device was busy (kernels, copies and fills, overlaps counted once). On a
 CPU trace (no kernels) it lists the host operators at the top of their
 stacks the same way.
+Below, the host's phases of a step (the "moh::" profiler scopes: the step's
+indices, its launches, the logits' reduction, the download and its wait,
+sampling, the next batch) with their time per step and, on CUDA, how much of
+the device's idle time falls inside each: what the host does while the
+device waits for it.
 """
 
 import argparse
+import bisect
 import collections
 import gzip
 import json
@@ -102,7 +108,60 @@ def summarise(events, steps, top):
                       "share": us / all_us})
     summary["rows"] = table
     summary["row_us_per_step"] = all_us / steps
+    summary["host_phases"] = host_phases(
+        complete, steps, idle_intervals(device, start, end) if kernels else None)
+    if kernels:
+        summary["idle_us_per_step"] = (summary["wall_us_per_step"] -
+                                       summary["busy_us_per_step"])
     return summary
+
+
+def idle_intervals(device, start, end):
+    """The gaps in [start, end) where no device event ran, sorted."""
+    gaps, at = [], start
+    for s, e in sorted((e["ts"], e["ts"] + e["dur"]) for e in device):
+        if s > at:
+            gaps.append((at, s))
+        at = max(at, e)
+    if end > at:
+        gaps.append((at, end))
+    return gaps
+
+
+def overlap_us(start, end, gaps, gap_starts):
+    """How much of [start, end) the sorted, disjoint `gaps` cover."""
+    total = 0.0
+    i = max(0, bisect.bisect_right(gap_starts, start) - 1)
+    while i < len(gaps) and gaps[i][0] < end:
+        total += max(0.0, min(end, gaps[i][1]) - max(start, gaps[i][0]))
+        i += 1
+    return total
+
+
+def host_phases(complete, steps, gaps):
+    """The host's named phases of a step (the "moh::" user scopes of
+    LlamaModel::Forward and the loops that drive it), each with its time
+    and, given the device's idle `gaps`, the idle time inside it."""
+    phases = [e for e in complete if e.get("cat") == "user_annotation"
+              and e["name"].startswith("moh::")]
+    gap_starts = [g[0] for g in gaps or []]
+    total = collections.defaultdict(float)
+    idle = collections.defaultdict(float)
+    count = collections.Counter()
+    for e in phases:
+        total[e["name"]] += e["dur"]
+        count[e["name"]] += 1
+        if gaps is not None:
+            idle[e["name"]] += overlap_us(e["ts"], e["ts"] + e["dur"], gaps,
+                                          gap_starts)
+    out = []
+    for name, us in sorted(total.items(), key=lambda kv: -kv[1]):
+        row = {"name": name, "per_step": count[name] / steps,
+               "us_per_step": us / steps}
+        if gaps is not None:
+            row["idle_us_per_step"] = idle[name] / steps
+        out.append(row)
+    return out
 
 
 def markdown(s):
@@ -124,6 +183,22 @@ def markdown(s):
         lines.append(f"| `{short(r['name'])}` | {r['per_step']:.1f} | "
                      f"{r['us_per_step']:.1f} | {r['mean_us']:.2f} | "
                      f"{r['share']:.1%} |")
+    phases = s["host_phases"]
+    if phases:
+        idle = "idle_us_per_step" in s
+        head = "host phases (the moh:: scopes; the profiler's cost is in them too)"
+        if idle:
+            inside = sum(p["idle_us_per_step"] for p in phases)
+            head += (f": the device idle {s['idle_us_per_step']:.0f} µs a step, "
+                     f"{inside:.0f} µs of it inside them")
+        lines += ["", head, "",
+                  "| host phase | per step | µs per step |" +
+                  (" device idle inside, µs per step |" if idle else ""),
+                  "|---|---|---|" + ("---|" if idle else "")]
+        for p in phases:
+            lines.append(f"| `{p['name']}` | {p['per_step']:.1f} | "
+                         f"{p['us_per_step']:.1f} |" +
+                         (f" {p['idle_us_per_step']:.1f} |" if idle else ""))
     return "\n".join(lines)
 
 

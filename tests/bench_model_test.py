@@ -100,6 +100,12 @@ def test_generate_profile_dir_traces_each_ratio(tmp_path):
     assert s["kind"] == "host operators" and 0 < len(s["rows"]) <= 5
     assert s["wall_us_per_step"] >= s["busy_us_per_step"] > 0
     assert all(r["per_step"] > 0 for r in s["rows"])
+    # The host's phases of each step, named (no device: no idle time).
+    phases = {p["name"]: p for p in s["host_phases"]}
+    assert {"moh::step_indices", "moh::layers", "moh::download",
+            "moh::sample", "moh::build_batch"} <= set(phases), phases
+    assert phases["moh::layers"]["per_step"] == 1.0
+    assert "idle_us_per_step" not in phases["moh::layers"]
     prefill = subprocess.run(
         [sys.executable, os.path.join(SOURCE, "bench", "trace_summary.py"),
          str(traces / "prefill-ratio-0.50.json"), "--label=prefill"],

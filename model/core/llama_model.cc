@@ -1,6 +1,7 @@
 #include "model/core/llama_model.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/version.h>
 
@@ -312,24 +313,35 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
   for (int64_t b = 0; b < rows; ++b) n += batch.num_tokens[b];
   const int64_t tail = batch.all_logits ? 0 : std::max(batch.logits_tail, 1);
   const bool graph = GraphEligible(batch);
-  const StepIndices indices(batch, config_.moh, cache.block_size(),
-                            narrow_fold(), num_layers, n, tail, graph);
+  // The host's phases of a step are named for LibTorch's profiler (user
+  // scopes "moh::...", a flag test when none runs): bench/trace_summary.py
+  // sets the device's idle time against them.
+  const StepIndices indices = [&] {
+    RECORD_USER_SCOPE("moh::step_indices");
+    return StepIndices(batch, config_.moh, cache.block_size(), narrow_fold(),
+                       num_layers, n, tail, graph);
+  }();
   std::optional<std::vector<at::Tensor>> results;
-  if (graph) results = RunGraph(batch, indices, cache);
-  if (!results) {
-    // On CPU the step's index tensors alias `indices.host`, which outlives
-    // them.
-    const std::vector<int64_t>& host = indices.host;
-    results = RunLayers(batch, indices,
-                        context_->Upload(at::from_blob(
-                            const_cast<int64_t*>(host.data()),
-                            {static_cast<int64_t>(host.size())}, at::kLong)),
-                        context_->Upload(batch.token_ids), cache);
+  {
+    // On CUDA the step's launches (a graph's replay), on the CPU its work.
+    RECORD_USER_SCOPE("moh::layers");
+    if (graph) results = RunGraph(batch, indices, cache);
+    if (!results) {
+      // On CPU the step's index tensors alias `indices.host`, which outlives
+      // them.
+      const std::vector<int64_t>& host = indices.host;
+      results = RunLayers(batch, indices,
+                          context_->Upload(at::from_blob(
+                              const_cast<int64_t*>(host.data()),
+                              {static_cast<int64_t>(host.size())}, at::kLong)),
+                          context_->Upload(batch.token_ids), cache);
+    }
   }
   const bool top = batch.top_logits > 0 && !batch.all_logits;
   const bool stats = top && !batch.row_reductions.empty();
   DecoderOutput out;
   if (top) {
+    RECORD_USER_SCOPE("moh::reduce_logits");
     // The best logits, the rows' stats and the rows wanted whole, in place
     // of every row.
     const at::Tensor logits = (*results)[0];
@@ -350,8 +362,11 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     results->push_back(reduced.values);
     results->push_back(reduced.ids);
   }
-  // One copy to the host and one wait for the whole step's results.
-  results = context_->Download(*results);
+  {
+    // One copy to the host and one wait for the whole step's results.
+    RECORD_USER_SCOPE("moh::download");
+    results = context_->Download(*results);
+  }
   if (top) {
     out.top_ids = results->back();
     results->pop_back();

@@ -1,8 +1,12 @@
 #include "model/generation/generator.h"
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "base/enum_names.h"
@@ -232,9 +236,83 @@ double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens) {
   return static_cast<double>(head_token_counts.sum().item<int64_t>()) / pairs;
 }
 
+bool ReduceLogitsWhereTheyLie(const LlamaModel& model) {
+  if (!model.options().device().is_cpu()) return true;
+  const char* value = std::getenv("MOH_REDUCE_LOGITS");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+StepDraws::StepDraws(std::vector<SequenceOutput*> outputs, int64_t vocab,
+                     bool reduce, DecoderBatch& batch)
+    : outputs_(std::move(outputs)),
+      plans_(outputs_.size()),
+      whole_row_(outputs_.size(), -1) {
+  const size_t rows = outputs_.size();
+  int64_t limit = 0;  // the leading logits read: one for every row
+  bool stats = false;
+  for (size_t b = 0; reduce && b < rows; ++b) {
+    if (outputs_[b] == nullptr) continue;
+    std::optional<SequenceOutput::Reduction> plan =
+        outputs_[b]->PlanReduction(vocab);
+    if (!plan || (limit != 0 && plan->limit != limit)) continue;
+    limit = plan->limit;
+    stats |= plan->stats;
+    plans_[b] = std::move(plan);
+  }
+  if (limit != 0) {
+    batch.top_logits_limit = limit;
+    batch.whole_logits.resize(rows);
+    if (stats) batch.row_reductions.resize(rows);
+    for (size_t b = 0; b < rows; ++b) {
+      // Rows that draw nothing (mid-prompt) read no logits.
+      batch.whole_logits[b] = !plans_[b] && outputs_[b] != nullptr;
+      if (!plans_[b]) continue;
+      batch.top_logits = std::max(batch.top_logits, plans_[b]->best);
+      if (plans_[b]->stats) batch.row_reductions[b] = plans_[b]->row;
+    }
+  }
+  int64_t next = 0;
+  for (size_t b = 0; b < rows; ++b) {
+    if (batch.top_logits == 0 || batch.whole_logits[b]) whole_row_[b] = next++;
+  }
+}
+
+absl::StatusOr<GenerationChunk> StepDraws::Next(size_t b,
+                                                const DecoderOutput& out,
+                                                const at::Tensor& row_logits,
+                                                From* from) {
+  SequenceOutput& output = *outputs_[b];
+  if (!plans_[b]) {
+    *from = From::kWhole;
+    return output.Next(row_logits);
+  }
+  const SequenceOutput::Reduction& plan = *plans_[b];
+  const at::Tensor ids = out.top_ids[b].contiguous();
+  const at::Tensor stats =
+      plan.stats ? out.row_stats[b].contiguous() : at::Tensor();
+  MOH_ASSIGN_OR_RETURN(
+      std::optional<GenerationChunk> reduced,
+      output.NextFromReduced(
+          plan, out.top_values[b],
+          absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel()),
+          plan.stats
+              ? absl::MakeConstSpan(stats.data_ptr<double>(), stats.numel())
+              : absl::Span<const double>()));
+  if (reduced) {
+    *from = From::kReduced;
+    return *std::move(reduced);
+  }
+  // Not decided by what was reduced: the row whole, where it lies.
+  *from = From::kReducedThenWhole;
+  return output.Next(out.resident_logits[b].to(at::kCPU, at::kFloat));
+}
+
 Generator::Generator(const LlamaModel& model, const Tokenizer* tokenizer,
                      std::vector<int32_t> eos_ids)
-    : model_(model), tokenizer_(tokenizer), eos_ids_(std::move(eos_ids)) {}
+    : model_(model),
+      tokenizer_(tokenizer),
+      eos_ids_(std::move(eos_ids)),
+      reduce_logits_(ReduceLogitsWhereTheyLie(model)) {}
 
 absl::Status Generator::Validate(const GenerationRequest& request,
                                  size_t index) const {
@@ -299,31 +377,45 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
   for (int64_t b = 0; b < n; ++b) active[b] = b;
 
   while (!active.empty()) {
+    std::vector<SequenceOutput*> outputs;
+    for (int64_t b : active) outputs.push_back(&rows[b].output);
+    StepDraws draws(std::move(outputs), model_.config().vocab_size,
+                    reduce_logits_, batch);
     MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache));
-    at::Tensor logits = out.logits.cpu();
-    std::vector<int64_t> still_active;
-    for (size_t i = 0; i < active.size(); ++i) {
-      Row& row = rows[active[i]];
-      GenerationResult& result = row.result;
-      at::Tensor counts = out.head_token_counts[i];
-      result.head_token_counts = result.head_token_counts.defined()
-                                     ? result.head_token_counts + counts
-                                     : counts;
-      MOH_ASSIGN_OR_RETURN(GenerationChunk chunk, row.output.Next(logits[i]));
-      result.token_ids.insert(result.token_ids.end(), chunk.token_ids.begin(),
-                              chunk.token_ids.end());
-      result.text += chunk.text;
-      result.logprobs.insert(result.logprobs.end(), chunk.logprobs.begin(),
-                             chunk.logprobs.end());
-      if (row.output.finish_reason()) {
-        result.finish_reason = *row.output.finish_reason();
+    {
+      // The host's phases, named for the profiler (as LlamaModel::Forward's).
+      RECORD_USER_SCOPE("moh::sample");
+      at::Tensor logits = out.logits.cpu();
+      std::vector<int64_t> still_active;
+      for (size_t i = 0; i < active.size(); ++i) {
+        Row& row = rows[active[i]];
+        GenerationResult& result = row.result;
+        at::Tensor counts = out.head_token_counts[i];
+        result.head_token_counts = result.head_token_counts.defined()
+                                       ? result.head_token_counts + counts
+                                       : counts;
+        const int64_t whole = draws.whole_row(i);
+        StepDraws::From from;
+        MOH_ASSIGN_OR_RETURN(
+            GenerationChunk chunk,
+            draws.Next(i, out, whole >= 0 ? logits[whole] : at::Tensor(),
+                       &from));
+        result.token_ids.insert(result.token_ids.end(), chunk.token_ids.begin(),
+                                chunk.token_ids.end());
+        result.text += chunk.text;
+        result.logprobs.insert(result.logprobs.end(), chunk.logprobs.begin(),
+                               chunk.logprobs.end());
+        if (row.output.finish_reason()) {
+          result.finish_reason = *row.output.finish_reason();
+        }
+        if (on_chunk) on_chunk(active[i], chunk);
+        if (!row.output.finish_reason()) still_active.push_back(active[i]);
       }
-      if (on_chunk) on_chunk(active[i], chunk);
-      if (!row.output.finish_reason()) still_active.push_back(active[i]);
+      active = std::move(still_active);
     }
-    active = std::move(still_active);
     if (active.empty()) break;
     // Next decode step: one new token per running row.
+    RECORD_USER_SCOPE("moh::build_batch");
     const int64_t a = active.size();
     batch = DecoderBatch();
     batch.token_ids = at::empty({a, 1}, at::kLong);

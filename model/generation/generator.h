@@ -151,13 +151,55 @@ class SequenceOutput {
   std::optional<FinishReason> finish_;
 };
 
+// Whether `model`'s steps reduce their rows' logits where they lie
+// (StepDraws): on a GPU; on the CPU, where the logits are already on the
+// host and reducing only adds passes over them, when the environment sets
+// MOH_REDUCE_LOGITS=1 (tests). Read when called.
+bool ReduceLogitsWhereTheyLie(const LlamaModel& model);
+
+// How each row of one step draws its token: from what its logits reduce to
+// where they lie (SequenceOutput::PlanReduction: a GPU step then downloads
+// at most 256 values and ids and a few sums a row, not [V] logits), or from
+// its whole row. Generator and the server's steps make one a step.
+class StepDraws {
+ public:
+  enum class From { kReduced, kWhole, kReducedThenWhole };
+
+  // outputs[b]: row b's sequence, or null where row b draws nothing this
+  // step (a prompt chunk short of its end). With `reduce`, plans the rows
+  // whose reduced logits decide their draw and sets `batch` to reduce so and
+  // to return whole only the other drawing rows (DecoderBatch::top_logits,
+  // whole_logits, row_reductions); `batch` stays as it is when no row
+  // qualifies.
+  StepDraws(std::vector<SequenceOutput*> outputs, int64_t vocab, bool reduce,
+            DecoderBatch& batch);
+
+  // Row b's index in the step's DecoderOutput::logits, or -1: its logits
+  // were reduced where they lie.
+  int64_t whole_row(size_t b) const { return whole_row_[b]; }
+
+  // Row b's next chunk (row b draws) from the step's `out`; `row_logits` is
+  // its whole row ([V] on the host) where whole_row(b) >= 0, else unused.
+  // *from: how the token was drawn.
+  absl::StatusOr<GenerationChunk> Next(size_t b, const DecoderOutput& out,
+                                       const at::Tensor& row_logits,
+                                       From* from);
+
+ private:
+  std::vector<SequenceOutput*> outputs_;
+  std::vector<std::optional<SequenceOutput::Reduction>> plans_;
+  std::vector<int64_t> whole_row_;
+};
+
 class Generator {
  public:
   using ChunkCallback =
       std::function<void(size_t row, const GenerationChunk& chunk)>;
 
   // `tokenizer` may be null: no text is produced and stop strings are refused.
-  // `eos_ids`: tokens that end a sequence.
+  // `eos_ids`: tokens that end a sequence. Its steps draw as the server's
+  // (StepDraws), reducing the logits where they lie when
+  // ReduceLogitsWhereTheyLie(model) says so here.
   Generator(const LlamaModel& model, const Tokenizer* tokenizer,
             std::vector<int32_t> eos_ids);
 
@@ -174,6 +216,8 @@ class Generator {
   const LlamaModel& model_;
   const Tokenizer* tokenizer_;
   std::vector<int32_t> eos_ids_;
+  // ReduceLogitsWhereTheyLie, read at construction.
+  const bool reduce_logits_;
 };
 
 // Label scoring keeps the logits of one Forward under this size.

@@ -1,11 +1,11 @@
 #include "service/language/language_steps.h"
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <exception>
 #include <optional>
-#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,9 +15,17 @@
 namespace moh {
 namespace {
 
-bool ReduceLogitsOnCpu() {
-  const char* value = std::getenv("MOH_REDUCE_LOGITS");
-  return value != nullptr && std::string_view(value) == "1";
+// The metrics' name for how a row drew.
+SampledFrom Sampled(StepDraws::From from) {
+  switch (from) {
+    case StepDraws::From::kReduced:
+      return SampledFrom::kReduced;
+    case StepDraws::From::kWhole:
+      return SampledFrom::kWhole;
+    case StepDraws::From::kReducedThenWhole:
+      break;
+  }
+  return SampledFrom::kReducedThenWhole;
 }
 
 // The language family's steps: one LlamaModel::Forward over the planned rows,
@@ -35,8 +43,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
                            model_.config().num_heads),
         cache_(model_.CreateKvCache(kv_blocks, kv_block_size)),
         graph_replays_(model_.graph_replays()),
-        reduce_logits_(!model_.options().device().is_cpu() ||
-                       ReduceLogitsOnCpu()) {}
+        reduce_logits_(ReduceLogitsWhereTheyLie(model_)) {}
 
   void Admit(Sequence& seq, const AdmittedRequest& admitted) override {
     if (admitted.lowered) {
@@ -108,34 +115,32 @@ class LanguageSteps : public StepExecutor<Sequence> {
       rows.push_back(all_rows[i]);
       seqs.push_back(all_seqs[i]);
     }
-    DecoderBatch batch = BuildBatch(rows, seqs);
-    batch.all_logits = all_logits;
-    // How each row's token is chosen: from what its logits are reduced to
-    // where they lie (`plans[b]`), or (none) from its whole row, which the
-    // step returns unless batch.whole_logits leaves it out.
-    std::vector<std::optional<SequenceOutput::Reduction>> plans(rows.size());
-    if (!all_logits && reduce_logits_) PlanReductions(rows, seqs, batch, plans);
+    // The host's phases are named for the profiler (as LlamaModel's).
+    DecoderBatch batch;
+    std::optional<StepDraws> draws;
+    {
+      RECORD_USER_SCOPE("moh::build_batch");
+      batch = BuildBatch(rows, seqs);
+      batch.all_logits = all_logits;
+      // How each row's token is chosen: from what its logits are reduced to
+      // where they lie, or from its whole row, which the step returns.
+      std::vector<SequenceOutput*> outputs(rows.size());
+      for (size_t b = 0; b < rows.size(); ++b) {
+        if (rows[b].emits) outputs[b] = &*seqs[b]->output;
+      }
+      draws.emplace(std::move(outputs), model_.config().vocab_size,
+                    reduce_logits_ && !all_logits, batch);
+    }
     MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
+    RECORD_USER_SCOPE("moh::sample");
     const int64_t replays = model_.graph_replays();
     if (metrics_ != nullptr)
       metrics_->CudaGraphReplays(replays - graph_replays_);
     graph_replays_ = replays;
     const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
-    int64_t whole_row = 0;  // rows of `logits` so far
     const at::Tensor counts =
         out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
     const int64_t* count_data = counts.data_ptr<int64_t>();
-    // The reduced rows' best ids, [B, K] (on the host, DecoderOutput) when
-    // the step reduced.
-    const at::Tensor top_ids =
-        batch.top_logits > 0 ? out.top_ids.contiguous() : at::Tensor();
-    const int64_t* top_id_data =
-        top_ids.defined() ? top_ids.data_ptr<int64_t>() : nullptr;
-    const at::Tensor row_stats = batch.row_reductions.empty()
-                                     ? at::Tensor()
-                                     : out.row_stats.contiguous();
-    const double* stats_data =
-        row_stats.defined() ? row_stats.data_ptr<double>() : nullptr;
     std::array<int64_t, 3> sampled{};  // tokens by SampledFrom
     for (size_t b = 0; b < rows.size(); ++b) {
       Sequence& seq = *seqs[b];
@@ -148,38 +153,18 @@ class LanguageSteps : public StepExecutor<Sequence> {
       if (rows[b].prefill && metrics_ != nullptr) {
         metrics_->PromptTokens(rows[b].num_tokens);
       }
-      const bool whole = batch.top_logits == 0 || batch.whole_logits[b];
-      const int64_t row = whole ? whole_row++ : -1;
+      const int64_t row = draws->whole_row(b);
       if (all_logits) AddPromptLogprobs(rows[b], logits[row], seq);
       if (!rows[b].emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
-      if (plans[b]) {
-        const int64_t* ids = top_id_data + b * batch.top_logits;
-        absl::StatusOr<std::optional<GenerationChunk>> reduced =
-            seq.output->NextFromReduced(
-                *plans[b], out.top_values[b],
-                absl::MakeConstSpan(ids, batch.top_logits),
-                plans[b]->stats
-                    ? absl::MakeConstSpan(stats_data + b * kRowStats, kRowStats)
-                    : absl::Span<const double>());
-        if (!reduced.ok()) {
-          outcome.error = Emit(seq, reduced.status());
-        } else if (reduced->has_value()) {
-          ++sampled[static_cast<int>(SampledFrom::kReduced)];
-          outcome.error = Emit(seq, std::move(**reduced));
-        } else {
-          // Not decided by what was reduced: the row whole, where it lies.
-          ++sampled[static_cast<int>(SampledFrom::kReducedThenWhole)];
-          outcome.error = Emit(seq, seq.output->Next(out.resident_logits[b].to(
-                                        at::kCPU, at::kFloat)));
-        }
-      } else {
-        ++sampled[static_cast<int>(SampledFrom::kWhole)];
-        outcome.error =
-            Emit(seq, seq.output->Next(all_logits
-                                           ? logits[row][rows[b].num_tokens - 1]
-                                           : logits[row]));
+      at::Tensor whole;
+      if (row >= 0) {
+        whole = all_logits ? logits[row][rows[b].num_tokens - 1] : logits[row];
       }
+      StepDraws::From from;
+      absl::StatusOr<GenerationChunk> next = draws->Next(b, out, whole, &from);
+      if (next.ok()) ++sampled[static_cast<int>(Sampled(from))];
+      outcome.error = Emit(seq, std::move(next));
       if (outcome.error.ok()) outcome.token = seq.output->history().back();
       outcome.finished = seq.output->finish_reason().has_value();
     }
@@ -226,42 +211,6 @@ class LanguageSteps : public StepExecutor<Sequence> {
       if (next >= prompt.size()) break;
       seq.prompt_logprobs.push_back(ComputeLogprobs(
           logits[i], prompt[next], *seq.job.sampling.prompt_logprobs));
-    }
-  }
-
-  // Sets plans[b] for the rows whose draw what their logits reduce to where
-  // they lie decides (SequenceOutput::PlanReduction: the best logits, and
-  // RowStats' sums for top-p alone, temperature alone and
-  // log-probabilities), and `batch` to reduce the logits so and return
-  // whole rows for the others only: a GPU step then downloads at most 256
-  // values and ids and a few sums per such row, not [V] floats. Leaves
-  // `batch` as it is when no row qualifies.
-  void PlanReductions(
-      const std::vector<PlannedRow>& rows, const std::vector<Sequence*>& seqs,
-      DecoderBatch& batch,
-      std::vector<std::optional<SequenceOutput::Reduction>>& plans) const {
-    const int64_t vocab = model_.config().vocab_size;
-    int64_t limit = 0;  // the leading logits read: one for every row
-    bool stats = false;
-    for (size_t b = 0; b < rows.size(); ++b) {
-      if (!rows[b].emits) continue;
-      std::optional<SequenceOutput::Reduction> plan =
-          seqs[b]->output->PlanReduction(vocab);
-      if (!plan || (limit != 0 && plan->limit != limit)) continue;
-      limit = plan->limit;
-      stats |= plan->stats;
-      plans[b] = std::move(plan);
-    }
-    if (limit == 0) return;
-    batch.top_logits_limit = limit;
-    // Rows in the middle of their prompt read no logits.
-    batch.whole_logits.resize(rows.size());
-    if (stats) batch.row_reductions.resize(rows.size());
-    for (size_t b = 0; b < rows.size(); ++b) {
-      batch.whole_logits[b] = !plans[b] && rows[b].emits;
-      if (!plans[b]) continue;
-      batch.top_logits = std::max(batch.top_logits, plans[b]->best);
-      if (plans[b]->stats) batch.row_reductions[b] = plans[b]->row;
     }
   }
 
@@ -317,9 +266,8 @@ class LanguageSteps : public StepExecutor<Sequence> {
   const size_t num_head_counters_;
   KvCache cache_;
   int64_t graph_replays_;  // the model's count after the last step
-  // Greedy and top-k rows take their best logits where the logits lie
-  // (PlanReductions): on a GPU, and on the CPU when MOH_REDUCE_LOGITS=1
-  // (tests; there it would only add passes over the logits).
+  // Rows draw from their logits reduced where they lie (StepDraws): on a
+  // GPU, and on the CPU when MOH_REDUCE_LOGITS=1 (tests).
   const bool reduce_logits_;
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -696,6 +697,88 @@ TEST(SamplerTest, ReducedDrawsNearAnEdgeAreLeftToTheWholeRow) {
   const std::optional<int32_t> drawn = nucleus.DrawNucleusFromBest(best, 5.0);
   ASSERT_TRUE(drawn.has_value());
   EXPECT_LT(*drawn, 3);
+}
+
+// A step's plan (StepDraws): the rows whose reduced logits decide their draw
+// set the batch's reduction, the others come back whole, in row order, and
+// rows that draw nothing read no logits. Without `reduce`, every row whole.
+TEST_F(GeneratorTest, StepDrawsReduceWhatTheReducedLogitsDecide) {
+  const int64_t vocab = lm_->model->config().vocab_size;
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  SamplingParams greedy, top_k, penalty, nucleus;
+  greedy.max_new_tokens = top_k.max_new_tokens = 4;
+  penalty.max_new_tokens = nucleus.max_new_tokens = 4;
+  top_k.temperature = penalty.temperature = nucleus.temperature = 0.7f;
+  top_k.top_k = 5;
+  penalty.presence_penalty = 0.5f;
+  nucleus.top_p = 0.9f;
+  const Tokenizer* tokenizer = lm_->tokenizer.get();
+  SequenceOutput a(greedy, prompt, tokenizer, {}),
+      b(penalty, prompt, tokenizer, {}), c(top_k, prompt, tokenizer, {}),
+      d(nucleus, prompt, tokenizer, {});
+  DecoderBatch batch;
+  StepDraws draws({&a, &b, nullptr, &c, &d}, vocab, true, batch);
+  EXPECT_EQ(batch.top_logits_limit, tokenizer->vocab_size());
+  EXPECT_EQ(batch.top_logits, 256);  // the nucleus's best 256
+  EXPECT_EQ(batch.whole_logits,
+            std::vector<bool>({false, true, false, false, false}));
+  ASSERT_EQ(batch.row_reductions.size(), 5u);
+  EXPECT_FLOAT_EQ(batch.row_reductions[4].temperature, 0.7f);
+  for (size_t r : {0, 2, 3}) {  // no sums asked: left at the defaults
+    EXPECT_EQ(batch.row_reductions[r].temperature, 1.0f) << "row " << r;
+  }
+  const std::vector<int64_t> rows = {draws.whole_row(0), draws.whole_row(1),
+                                     draws.whole_row(2), draws.whole_row(3),
+                                     draws.whole_row(4)};
+  EXPECT_EQ(rows, std::vector<int64_t>({-1, 0, -1, -1, -1}));
+
+  DecoderBatch plain;
+  StepDraws whole({&a, nullptr, &b}, vocab, false, plain);
+  EXPECT_EQ(plain.top_logits, 0);
+  EXPECT_TRUE(plain.whole_logits.empty());
+  EXPECT_EQ(whole.whole_row(0), 0);
+  EXPECT_EQ(whole.whole_row(1), 1);  // every row of the step's logits
+  EXPECT_EQ(whole.whole_row(2), 2);
+}
+
+// Generator with its steps reduced where the logits lie (what a GPU does;
+// MOH_REDUCE_LOGITS=1 here) generates what it does from whole rows: one
+// batch of greedy, top-k, top-p, temperature-alone, log-probability and
+// penalty rows at two ratios, the prefill step and the decode steps.
+TEST_F(GeneratorTest, StepsReducedWhereTheLogitsLieGenerateTheSame) {
+  setenv("MOH_REDUCE_LOGITS", "1", 1);
+  const Generator reducing(*lm_->model, lm_->tokenizer.get(), lm_->eos_ids);
+  unsetenv("MOH_REDUCE_LOGITS");
+  const Generator whole(*lm_->model, lm_->tokenizer.get(), lm_->eos_ids);
+  EXPECT_FALSE(ReduceLogitsWhereTheyLie(*lm_->model));
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r = Request(i % 2 ? "Once upon a time" : "the owl", 12);
+    r.ratio = i % 2 ? 0.5f : 1.0f;
+    r.sampling.ignore_eos = true;
+    r.sampling.seed = 60 + i;
+    if (i > 0) r.sampling.temperature = 0.9f;
+    if (i == 1) r.sampling.top_k = 4;
+    if (i == 2) r.sampling.top_p = 0.8f;
+    if (i == 3 || i == 1) r.sampling.logprobs = 2;
+    if (i == 5) r.sampling.frequency_penalty = 0.4f;
+    requests.push_back(r);
+  }
+  auto got = reducing.Generate(requests);
+  auto want = whole.Generate(requests);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerationResult& g = (*got)[i];
+    const GenerationResult& w = (*want)[i];
+    EXPECT_EQ(g.token_ids, w.token_ids) << "row " << i;
+    EXPECT_EQ(g.text, w.text) << "row " << i;
+    ASSERT_EQ(g.logprobs.size(), w.logprobs.size()) << "row " << i;
+    for (size_t t = 0; t < g.logprobs.size(); ++t) {
+      ExpectSameLogprob(g.logprobs[t].token, w.logprobs[t].token, t);
+      EXPECT_EQ(g.logprobs[t].rank, w.logprobs[t].rank) << "row " << i;
+    }
+  }
 }
 
 }  // namespace
