@@ -386,14 +386,21 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
       // The host's phases, named for the profiler (as LlamaModel::Forward's).
       RECORD_USER_SCOPE("moh::sample");
       at::Tensor logits = out.logits.cpu();
+      // [rows, L, H]: each row's counts added where they lie (no tensor op
+      // per row).
+      const at::Tensor counts =
+          out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
+      const int64_t pairs = counts.numel() / std::max<int64_t>(counts.size(0), 1);
       std::vector<int64_t> still_active;
       for (size_t i = 0; i < active.size(); ++i) {
         Row& row = rows[active[i]];
         GenerationResult& result = row.result;
-        at::Tensor counts = out.head_token_counts[i];
-        result.head_token_counts = result.head_token_counts.defined()
-                                       ? result.head_token_counts + counts
-                                       : counts;
+        if (!result.head_token_counts.defined()) {
+          result.head_token_counts = at::zeros(counts.sizes().slice(1), at::kLong);
+        }
+        const int64_t* add = counts.data_ptr<int64_t>() + i * pairs;
+        int64_t* total = result.head_token_counts.data_ptr<int64_t>();
+        for (int64_t k = 0; k < pairs; ++k) total[k] += add[k];
         const int64_t whole = draws.whole_row(i);
         StepDraws::From from;
         MOH_ASSIGN_OR_RETURN(
@@ -419,9 +426,10 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
     const int64_t a = active.size();
     batch = DecoderBatch();
     batch.token_ids = at::empty({a, 1}, at::kLong);
+    int64_t* next_ids = batch.token_ids.data_ptr<int64_t>();
     for (int64_t i = 0; i < a; ++i) {
       const Row& row = rows[active[i]];
-      batch.token_ids[i][0] = row.output.history().back();
+      next_ids[i] = row.output.history().back();
       batch.num_tokens.push_back(1);
       batch.slots.push_back(active[i]);
       batch.start_positions.push_back(row.output.history().size() - 1);
