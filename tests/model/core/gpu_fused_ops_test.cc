@@ -14,6 +14,7 @@
 #include "model/core/kv_cache.h"
 #include "model/core/llama_model.h"
 #include "tests/model/core/layer_ops_reference.h"
+#include "tests/model/core/llama_test_util.h"
 
 namespace moh {
 namespace {
@@ -74,13 +75,14 @@ TEST(GpuFusedOpsModelTest, FusedAndChainedStepsAgree) {
   for (const std::string fixture : {"llama_learned", "llama_qnorm"}) {
     SCOPED_TRACE(fixture);
     const std::string dir = kFixtures + "/" + fixture;
-    auto fused = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
-    auto chained = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
-    ASSERT_TRUE(fused.ok()) << fused.status();
-    ASSERT_TRUE(chained.ok()) << chained.status();
-    (*chained)->set_cuda_fused_ops(false);
-    std::vector<KvCache> caches = {(*fused)->CreateKvCache(16, 8),
-                                   (*chained)->CreateKvCache(16, 8)};
+    const auto models =
+        LoadEach(dir, {{"cuda", "float32"}, {"cuda", "float32"}});
+    ASSERT_EQ(models.size(), 2u);
+    LlamaModel& fused = *models[0];
+    LlamaModel& chained = *models[1];
+    chained.set_cuda_fused_ops(false);
+    std::vector<KvCache> caches = {fused.CreateKvCache(16, 8),
+                                   chained.CreateKvCache(16, 8)};
     at::manual_seed(14);
     DecoderBatch batch;
     batch.token_ids = at::randint(300, {3, 9}, at::kLong);
@@ -89,8 +91,8 @@ TEST(GpuFusedOpsModelTest, FusedAndChainedStepsAgree) {
     batch.block_tables = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}};
     batch.ratios = {1.0f, 0.5f, 0.75f};
     for (int step = 0; step < 14; ++step) {
-      auto a = (*fused)->Forward(batch, caches[0]);
-      auto b = (*chained)->Forward(batch, caches[1]);
+      auto a = fused.Forward(batch, caches[0]);
+      auto b = chained.Forward(batch, caches[1]);
       ASSERT_TRUE(a.ok()) << a.status();
       ASSERT_TRUE(b.ok()) << b.status();
       // Within 1e-4 of the largest logit, the same heads.
@@ -108,7 +110,7 @@ TEST(GpuFusedOpsModelTest, FusedAndChainedStepsAgree) {
       batch.token_ids = at::randint(300, {3, 1}, at::kLong);
       batch.num_tokens = {1, 1, 1};
     }
-    EXPECT_GE((*fused)->graph_replays(), 8);
+    EXPECT_GE(fused.graph_replays(), 8);
   }
 }
 

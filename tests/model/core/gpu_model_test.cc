@@ -101,16 +101,15 @@ void FullFloat32() { at::globalContext().setAllowTF32CuDNN(false); }
 
 TEST_P(GpuModelTest, CudaMatchesFp32OnCpuAtMixedRatios) {
   const auto& [fixture, dtype] = GetParam();
-  auto cuda =
-      LlamaModel::Load(kFixtures + "/" + fixture, DeviceOptions{"cuda", dtype});
-  auto cpu = LlamaModel::Load(kFixtures + "/" + fixture,
-                              DeviceOptions{"cpu", "float32"});
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const auto models = LoadEach(kFixtures + "/" + fixture,
+                               {{"cuda", dtype}, {"cpu", "float32"}});
+  ASSERT_EQ(models.size(), 2u);
+  const LlamaModel& cuda = *models[0];
+  const LlamaModel& cpu = *models[1];
   const bool bf16 = dtype == "bfloat16";
-  ASSERT_EQ((*cuda)->options().dtype(), bf16 ? at::kBFloat16 : at::kFloat);
-  KvCache cuda_cache = (*cuda)->CreateKvCache(4, 32);
-  KvCache cpu_cache = (*cpu)->CreateKvCache(4, 32);
+  ASSERT_EQ(cuda.options().dtype(), bf16 ? at::kBFloat16 : at::kFloat);
+  KvCache cuda_cache = cuda.CreateKvCache(4, 32);
+  KvCache cpu_cache = cpu.CreateKvCache(4, 32);
   at::manual_seed(3);
   const at::Tensor prompt = at::randint(300, {4, 7}, at::kLong);
   std::vector<int32_t> start(4, 0);
@@ -122,8 +121,8 @@ TEST_P(GpuModelTest, CudaMatchesFp32OnCpuAtMixedRatios) {
     batch.slots = {3, 0, 2, 1};
     batch.start_positions = start;
     batch.ratios = {0.5f, 0.0f, 1.0f, 0.75f};
-    auto a = (*cuda)->Forward(batch, cuda_cache);
-    auto b = (*cpu)->Forward(batch, cpu_cache);
+    auto a = cuda.Forward(batch, cuda_cache);
+    auto b = cpu.Forward(batch, cpu_cache);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_TRUE(a->logits.is_cpu());  // one download per step
@@ -149,12 +148,12 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelTest,
 TEST(GpuWorkListTest, DecodeAtLowRatiosMatchesCpu) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = kFixtures + "/llama_learned";
-  auto cuda = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
-  auto cpu = LlamaModel::Load(dir, DeviceOptions{"cpu", "float32"});
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  KvCache cuda_cache = (*cuda)->CreateKvCache(16, 8);
-  KvCache cpu_cache = (*cpu)->CreateKvCache(16, 8);
+  const auto models = LoadEach(dir, {{"cuda", "float32"}, {"cpu", "float32"}});
+  ASSERT_EQ(models.size(), 2u);
+  const LlamaModel& cuda = *models[0];
+  const LlamaModel& cpu = *models[1];
+  KvCache cuda_cache = cuda.CreateKvCache(16, 8);
+  KvCache cpu_cache = cpu.CreateKvCache(16, 8);
   at::manual_seed(23);
   DecoderBatch batch;
   batch.token_ids = at::randint(300, {4, 6}, at::kLong);
@@ -163,8 +162,8 @@ TEST(GpuWorkListTest, DecodeAtLowRatiosMatchesCpu) {
   batch.block_tables = {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 10, 11}};
   batch.ratios = {0.5f, 0.6f, 0.75f, 0.6f};
   for (int step = 0; step < 16; ++step) {
-    auto a = (*cuda)->Forward(batch, cuda_cache);
-    auto b = (*cpu)->Forward(batch, cpu_cache);
+    auto a = cuda.Forward(batch, cuda_cache);
+    auto b = cpu.Forward(batch, cpu_cache);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
     ExpectClose(a->logits, b->logits, kFp32Tolerance,
@@ -173,7 +172,7 @@ TEST(GpuWorkListTest, DecodeAtLowRatiosMatchesCpu) {
     batch.token_ids = at::randint(300, {4, 1}, at::kLong);
     batch.num_tokens = {1, 1, 1, 1};
   }
-  EXPECT_GE((*cuda)->graph_replays(), 5);
+  EXPECT_GE(cuda.graph_replays(), 5);
 }
 
 // Decode steps recorded as CUDA graphs and replayed (LlamaModel::
@@ -185,17 +184,16 @@ TEST(GpuWorkListTest, DecodeAtLowRatiosMatchesCpu) {
 TEST(GpuGraphTest, RecordedDecodeStepsMatchEagerAndCpu) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = kFixtures + "/llama_qnorm";
-  auto graphs = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
-  auto eager = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
-  auto cpu = LlamaModel::Load(dir, DeviceOptions{"cpu", "float32"});
-  ASSERT_TRUE(graphs.ok()) << graphs.status();
-  ASSERT_TRUE(eager.ok()) << eager.status();
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  (*eager)->set_cuda_graphs(0);
-  ASSERT_GT((*graphs)->cuda_graphs(), 0);
+  const auto loaded = LoadEach(
+      dir, {{"cuda", "float32"}, {"cuda", "float32"}, {"cpu", "float32"}});
+  ASSERT_EQ(loaded.size(), 3u);
+  LlamaModel& graphs = *loaded[0];
+  LlamaModel& eager = *loaded[1];
+  eager.set_cuda_graphs(0);
+  ASSERT_GT(graphs.cuda_graphs(), 0);
   constexpr int kBlock = 8, kBlocks = 40;
-  const std::vector<const LlamaModel*> models = {graphs->get(), eager->get(),
-                                                 cpu->get()};
+  const std::vector<const LlamaModel*> models = {&graphs, &eager,
+                                                 loaded[2].get()};
   std::vector<KvCache> caches;
   for (const LlamaModel* model : models) {
     caches.push_back(model->CreateKvCache(kBlocks, kBlock));
@@ -225,8 +223,8 @@ TEST(GpuGraphTest, RecordedDecodeStepsMatchEagerAndCpu) {
   // Keys from 13 to 82: buckets of 64 and 128 keys, each recorded at its
   // second step and replayed after (less the block tables' growth, which
   // changes the key too).
-  EXPECT_GE((*graphs)->graph_replays(), 50);
-  EXPECT_EQ((*eager)->graph_replays(), 0);
+  EXPECT_GE(graphs.graph_replays(), 50);
+  EXPECT_EQ(eager.graph_replays(), 0);
 }
 
 // The paged decode kernel against the dense path on the CPU in float32, on
@@ -270,13 +268,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(GpuPagedDecodeModelTest, PagedAndGatheredDecodeAgree) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = kFixtures + "/llama_qnorm";
-  auto paged = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
-  auto gathered = LlamaModel::Load(dir, DeviceOptions{"cuda", "float32"});
-  ASSERT_TRUE(paged.ok()) << paged.status();
-  ASSERT_TRUE(gathered.ok()) << gathered.status();
-  (*gathered)->set_cuda_paged_decode(false);
-  std::vector<KvCache> caches = {(*paged)->CreateKvCache(16, 8),
-                                 (*gathered)->CreateKvCache(16, 8)};
+  const auto models = LoadEach(dir, {{"cuda", "float32"}, {"cuda", "float32"}});
+  ASSERT_EQ(models.size(), 2u);
+  models[1]->set_cuda_paged_decode(false);  // gathered
+  std::vector<KvCache> caches = {models[0]->CreateKvCache(16, 8),
+                                 models[1]->CreateKvCache(16, 8)};
   at::manual_seed(12);
   DecoderBatch batch;
   batch.token_ids = at::randint(300, {2, 9}, at::kLong);
@@ -285,8 +281,8 @@ TEST(GpuPagedDecodeModelTest, PagedAndGatheredDecodeAgree) {
   batch.block_tables = {{0, 1, 2, 3}, {4, 5, 6, 7}};
   batch.ratios = {1.0f, 0.5f};
   for (int step = 0; step < 12; ++step) {
-    auto a = (*paged)->Forward(batch, caches[0]);
-    auto b = (*gathered)->Forward(batch, caches[1]);
+    auto a = models[0]->Forward(batch, caches[0]);
+    auto b = models[1]->Forward(batch, caches[1]);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
     ExpectClose(a->logits, b->logits.to(at::kFloat).cpu(), 1e-4,
@@ -388,13 +384,12 @@ TEST(GpuVarlenAttentionTest, MatchesDenseAttentionOnCpu) {
 TEST(GpuVarlenAttentionTest, ModelPrefillMatchesThePaddedPath) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = kFixtures + "/llama_qnorm";
-  auto varlen = LlamaModel::Load(dir, DeviceOptions{"cuda", "bfloat16"});
-  auto padded = LlamaModel::Load(dir, DeviceOptions{"cuda", "bfloat16"});
-  ASSERT_TRUE(varlen.ok()) << varlen.status();
-  ASSERT_TRUE(padded.ok()) << padded.status();
-  (*padded)->set_cuda_varlen_prefill(false);
-  auto a = ChunkedPromptBesideDecode(**varlen, {1.0f, 0.5f});
-  auto b = ChunkedPromptBesideDecode(**padded, {1.0f, 0.5f});
+  const auto models =
+      LoadEach(dir, {{"cuda", "bfloat16"}, {"cuda", "bfloat16"}});
+  ASSERT_EQ(models.size(), 2u);
+  models[1]->set_cuda_varlen_prefill(false);  // padded
+  auto a = ChunkedPromptBesideDecode(*models[0], {1.0f, 0.5f});
+  auto b = ChunkedPromptBesideDecode(*models[1], {1.0f, 0.5f});
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_EQ(a->size(), b->size());

@@ -72,6 +72,25 @@ inline LlamaConfig NarrowConfig(int32_t heads, int32_t kv_heads,
   return config;
 }
 
+// The checkpoint in `dir` loaded once for each of `each` (device and
+// dtype): a model per entry, in order, for tests that switch a path off in
+// one and compare; empty, the test failed, when a load fails.
+inline std::vector<std::unique_ptr<LlamaModel>> LoadEach(
+    const std::string& dir, const std::vector<DeviceOptions>& each) {
+  std::vector<std::unique_ptr<LlamaModel>> models;
+  for (const DeviceOptions& options : each) {
+    absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+        LlamaModel::Load(dir, options);
+    if (!model.ok()) {
+      ADD_FAILURE() << dir << " on " << options.device << ": "
+                    << model.status();
+      return {};
+    }
+    models.push_back(*std::move(model));
+  }
+  return models;
+}
+
 // Random weights (seeded) for `config`, in `options` (float32 on the CPU by
 // default); `poison_routed_kv`: the k/v projection rows of KV heads >=
 // narrow width are NaN, so a row that computed them would fail.
