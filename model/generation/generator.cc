@@ -390,13 +390,15 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Generate(
       // per row).
       const at::Tensor counts =
           out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
-      const int64_t pairs = counts.numel() / std::max<int64_t>(counts.size(0), 1);
+      const int64_t pairs =
+          counts.numel() / std::max<int64_t>(counts.size(0), 1);
       std::vector<int64_t> still_active;
       for (size_t i = 0; i < active.size(); ++i) {
         Row& row = rows[active[i]];
         GenerationResult& result = row.result;
         if (!result.head_token_counts.defined()) {
-          result.head_token_counts = at::zeros(counts.sizes().slice(1), at::kLong);
+          result.head_token_counts =
+              at::zeros(counts.sizes().slice(1), at::kLong);
         }
         const int64_t* add = counts.data_ptr<int64_t>() + i * pairs;
         int64_t* total = result.head_token_counts.data_ptr<int64_t>();
