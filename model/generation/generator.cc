@@ -237,9 +237,10 @@ double EffectiveRatio(const at::Tensor& head_token_counts, int64_t tokens) {
 }
 
 bool ReduceLogitsWhereTheyLie(const LlamaModel& model) {
-  if (!model.options().device().is_cpu()) return true;
   const char* value = std::getenv("MOH_REDUCE_LOGITS");
-  return value != nullptr && std::string_view(value) == "1";
+  const std::string_view set = value != nullptr ? value : "";
+  if (set == "0") return false;
+  return !model.options().device().is_cpu() || set == "1";
 }
 
 StepDraws::StepDraws(std::vector<SequenceOutput*> outputs, int64_t vocab,

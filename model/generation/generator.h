@@ -154,7 +154,9 @@ class SequenceOutput {
 // Whether `model`'s steps reduce their rows' logits where they lie
 // (StepDraws): on a GPU; on the CPU, where the logits are already on the
 // host and reducing only adds passes over them, when the environment sets
-// MOH_REDUCE_LOGITS=1 (tests). Read when called.
+// MOH_REDUCE_LOGITS=1 (tests). MOH_REDUCE_LOGITS=0 draws every row from its
+// whole logits on a GPU too (a fallback, and the GPU test's reference). Read
+// when called.
 bool ReduceLogitsWhereTheyLie(const LlamaModel& model);
 
 // How each row of one step draws its token: from what its logits reduce to

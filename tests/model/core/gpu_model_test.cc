@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -32,6 +33,8 @@
 #include "model/core/paged_decode_attention.h"
 #include "model/core/varlen_attention.h"
 #include "model/core/vit_model.h"
+#include "model/generation/generator.h"
+#include "model/generation/language_model.h"
 #include "tests/model/core/llama_test_util.h"
 #include "tests/model/core/paged_decode_reference.h"
 #include "tests/model/core/varlen_attention_reference.h"
@@ -479,6 +482,56 @@ TEST(GpuSamplingTest, RowStatsOnCudaMatchCpu) {
         EXPECT_EQ(g[kDrawLogit], w[kDrawLogit]) << dtype << " row " << r;
         EXPECT_EQ(g[kDrawRank], w[kDrawRank]) << dtype << " row " << r;
       }
+    }
+  }
+}
+
+// Generator (moh-generate, the GPU benchmark's loop) on CUDA draws from the
+// logits reduced where they lie (StepDraws) what it draws from whole rows
+// (MOH_REDUCE_LOGITS=0), on the same model and device: greedy, top-k,
+// top-p, temperature-alone, log-probability and penalty rows at two ratios,
+// the prefill step and the decode steps.
+TEST(GpuSamplingTest, GeneratorDrawsAlikeReducedAndWhole) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  auto lm = LanguageModel::Load(kFixtures + "/llama_learned",
+                                DeviceOptions{"cuda", "float32"});
+  ASSERT_TRUE(lm.ok()) << lm.status();
+  setenv("MOH_REDUCE_LOGITS", "0", 1);
+  const Generator whole(*lm->model, lm->tokenizer.get(), lm->eos_ids);
+  unsetenv("MOH_REDUCE_LOGITS");
+  const Generator reduced(*lm->model, lm->tokenizer.get(), lm->eos_ids);
+  ASSERT_TRUE(ReduceLogitsWhereTheyLie(*lm->model));
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r;
+    r.prompt_ids = lm->tokenizer->Encode(i % 2 ? "Once upon a time" : "the owl",
+                                         /*add_special_tokens=*/true);
+    r.sampling.max_new_tokens = 12;
+    r.ratio = i % 2 ? 0.5f : 1.0f;
+    r.sampling.ignore_eos = true;
+    r.sampling.seed = 60 + i;
+    if (i > 0) r.sampling.temperature = 0.9f;
+    if (i == 1) r.sampling.top_k = 4;
+    if (i == 2) r.sampling.top_p = 0.8f;
+    if (i == 1 || i == 3) r.sampling.logprobs = 2;
+    if (i == 5) r.sampling.frequency_penalty = 0.4f;
+    requests.push_back(r);
+  }
+  auto got = reduced.Generate(requests);
+  auto want = whole.Generate(requests);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerationResult& g = (*got)[i];
+    const GenerationResult& w = (*want)[i];
+    EXPECT_EQ(g.token_ids, w.token_ids) << "row " << i;
+    ASSERT_EQ(g.logprobs.size(), w.logprobs.size()) << "row " << i;
+    for (size_t t = 0; t < g.logprobs.size(); ++t) {
+      EXPECT_EQ(g.logprobs[t].token.id, w.logprobs[t].token.id);
+      EXPECT_NEAR(g.logprobs[t].token.logprob, w.logprobs[t].token.logprob,
+                  1e-5 * (1 + std::fabs(w.logprobs[t].token.logprob)))
+          << "row " << i << " token " << t;
+      EXPECT_EQ(g.logprobs[t].rank, w.logprobs[t].rank) << "row " << i;
     }
   }
 }

@@ -751,6 +751,11 @@ TEST_F(GeneratorTest, StepsReducedWhereTheLogitsLieGenerateTheSame) {
   unsetenv("MOH_REDUCE_LOGITS");
   const Generator whole(*lm_->model, lm_->tokenizer.get(), lm_->eos_ids);
   EXPECT_FALSE(ReduceLogitsWhereTheyLie(*lm_->model));
+  setenv("MOH_REDUCE_LOGITS", "0", 1);  // whole rows on any device
+  EXPECT_FALSE(ReduceLogitsWhereTheyLie(*lm_->model));
+  setenv("MOH_REDUCE_LOGITS", "1", 1);
+  EXPECT_TRUE(ReduceLogitsWhereTheyLie(*lm_->model));
+  unsetenv("MOH_REDUCE_LOGITS");
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 6; ++i) {
     GenerationRequest r = Request(i % 2 ? "Once upon a time" : "the owl", 12);
