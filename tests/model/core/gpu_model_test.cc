@@ -38,6 +38,7 @@
 #include "tests/model/core/llama_test_util.h"
 #include "tests/model/core/paged_decode_reference.h"
 #include "tests/model/core/varlen_attention_reference.h"
+#include "tests/model/generation/generator_test_util.h"
 
 namespace moh {
 namespace {
@@ -501,39 +502,13 @@ TEST(GpuSamplingTest, GeneratorDrawsAlikeReducedAndWhole) {
   unsetenv("MOH_REDUCE_LOGITS");
   const Generator reduced(*lm->model, lm->tokenizer.get(), lm->eos_ids);
   ASSERT_TRUE(ReduceLogitsWhereTheyLie(*lm->model));
-  std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 6; ++i) {
-    GenerationRequest r;
-    r.prompt_ids = lm->tokenizer->Encode(i % 2 ? "Once upon a time" : "the owl",
-                                         /*add_special_tokens=*/true);
-    r.sampling.max_new_tokens = 12;
-    r.ratio = i % 2 ? 0.5f : 1.0f;
-    r.sampling.ignore_eos = true;
-    r.sampling.seed = 60 + i;
-    if (i > 0) r.sampling.temperature = 0.9f;
-    if (i == 1) r.sampling.top_k = 4;
-    if (i == 2) r.sampling.top_p = 0.8f;
-    if (i == 1 || i == 3) r.sampling.logprobs = 2;
-    if (i == 5) r.sampling.frequency_penalty = 0.4f;
-    requests.push_back(r);
-  }
+  const std::vector<GenerationRequest> requests =
+      MixedDrawRequests(*lm->tokenizer);
   auto got = reduced.Generate(requests);
   auto want = whole.Generate(requests);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(want.ok()) << want.status();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const GenerationResult& g = (*got)[i];
-    const GenerationResult& w = (*want)[i];
-    EXPECT_EQ(g.token_ids, w.token_ids) << "row " << i;
-    ASSERT_EQ(g.logprobs.size(), w.logprobs.size()) << "row " << i;
-    for (size_t t = 0; t < g.logprobs.size(); ++t) {
-      EXPECT_EQ(g.logprobs[t].token.id, w.logprobs[t].token.id);
-      EXPECT_NEAR(g.logprobs[t].token.logprob, w.logprobs[t].token.logprob,
-                  1e-5 * (1 + std::fabs(w.logprobs[t].token.logprob)))
-          << "row " << i << " token " << t;
-      EXPECT_EQ(g.logprobs[t].rank, w.logprobs[t].rank) << "row " << i;
-    }
-  }
+  ExpectSameDraws(*got, *want, 1e-5);
 }
 
 }  // namespace

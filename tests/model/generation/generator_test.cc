@@ -14,6 +14,7 @@
 #include "model/core/best_logits.h"
 #include "model/generation/language_model.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/generation/generator_test_util.h"
 
 namespace moh {
 namespace {
@@ -756,34 +757,13 @@ TEST_F(GeneratorTest, StepsReducedWhereTheLogitsLieGenerateTheSame) {
   setenv("MOH_REDUCE_LOGITS", "1", 1);
   EXPECT_TRUE(ReduceLogitsWhereTheyLie(*lm_->model));
   unsetenv("MOH_REDUCE_LOGITS");
-  std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 6; ++i) {
-    GenerationRequest r = Request(i % 2 ? "Once upon a time" : "the owl", 12);
-    r.ratio = i % 2 ? 0.5f : 1.0f;
-    r.sampling.ignore_eos = true;
-    r.sampling.seed = 60 + i;
-    if (i > 0) r.sampling.temperature = 0.9f;
-    if (i == 1) r.sampling.top_k = 4;
-    if (i == 2) r.sampling.top_p = 0.8f;
-    if (i == 3 || i == 1) r.sampling.logprobs = 2;
-    if (i == 5) r.sampling.frequency_penalty = 0.4f;
-    requests.push_back(r);
-  }
+  const std::vector<GenerationRequest> requests =
+      MixedDrawRequests(*lm_->tokenizer);
   auto got = reducing.Generate(requests);
   auto want = whole.Generate(requests);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(want.ok()) << want.status();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const GenerationResult& g = (*got)[i];
-    const GenerationResult& w = (*want)[i];
-    EXPECT_EQ(g.token_ids, w.token_ids) << "row " << i;
-    EXPECT_EQ(g.text, w.text) << "row " << i;
-    ASSERT_EQ(g.logprobs.size(), w.logprobs.size()) << "row " << i;
-    for (size_t t = 0; t < g.logprobs.size(); ++t) {
-      ExpectSameLogprob(g.logprobs[t].token, w.logprobs[t].token, t);
-      EXPECT_EQ(g.logprobs[t].rank, w.logprobs[t].rank) << "row " << i;
-    }
-  }
+  ExpectSameDraws(*got, *want, 1e-6);
 }
 
 }  // namespace
