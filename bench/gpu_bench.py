@@ -208,11 +208,11 @@ def layout_section(args, layout, bandwidth, results):
     # measured.)
     entry["batch1_padded_prefill"] = batch1_with(
         ["--cuda_varlen_prefill=false"])
-    # Decode attention through the gathered copy of each row's context and
-    # SDPA (the path before the paged kernel), graphs on: what attending over
-    # the paged cache in place buys (64 x 2k through it: runs 5 and 6,
-    # bench/GPU_RESULTS.md).
-    entry["batch1_gathered"] = batch1_with(["--cuda_paged_decode=false"])
+    # The decode step's narrow products through cuBLAS (split-K and its
+    # reductions) and SwiGLU as its own kernel, in place of the skinny
+    # kernel: what that kernel buys. (The paged kernel against the gathered
+    # copy, runs 6 and 7: 1.37-1.60x at batch 1; no longer measured.)
+    entry["batch1_cublas"] = batch1_with(["--cuda_skinny_linear=false"])
     # A layer's small ops as chains of ATen kernels, graphs and the paged
     # kernel on: what the fused layer kernels buy.
     entry["batch1_chained"] = batch1_with(["--cuda_fused_ops=false"])
@@ -425,7 +425,8 @@ def table(results):
                              "%.2f" % (ours["prefill_4k_tokens_per_s"] /
                                        padded["prefill_4k_tokens_per_s"])
                              if ours else "-"))
-        side_by_side("batch1_gathered", "gathered KV + SDPA", "paged / gathered")
+        side_by_side("batch1_cublas", "narrow products on cuBLAS",
+                     "skinny / cuBLAS")
         side_by_side("batch1_chained", "small ops as ATen chains",
                      "fused / chains")
         row("decode 64 x 2k, tokens/s", "batch64_2k", "decode_tokens_per_s", "%.0f")

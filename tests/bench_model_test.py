@@ -168,9 +168,11 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
     assert padded["decode_tokens_per_s"] > 0
     assert tiny["batch1"]["graph_replays"] is None  # printed on CUDA only
     assert "| tiny | prefill 4k, padded rows + mask, tokens/s |" in result.stdout
-    # Through the gathered copy (--cuda_paged_decode=false), side by side.
-    assert tiny["batch1_gathered"]["1.0"]["decode_tokens_per_s"] > 0
-    assert "| tiny | decode b1 @4k, gathered KV + SDPA (of bound) |" in result.stdout
+    # The narrow products on cuBLAS (--cuda_skinny_linear=false), side by
+    # side.
+    assert tiny["batch1_cublas"]["1.0"]["decode_tokens_per_s"] > 0
+    assert ("| tiny | decode b1 @4k, narrow products on cuBLAS (of bound) |"
+            in result.stdout)
     # The small ops as ATen chains (--cuda_fused_ops=false), side by side.
     assert tiny["batch1_chained"]["1.0"]["decode_tokens_per_s"] > 0
     assert ("| tiny | decode b1 @4k, small ops as ATen chains (of bound) |"

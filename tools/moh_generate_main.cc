@@ -69,6 +69,10 @@ ABSL_FLAG(bool, cuda_varlen_prefill, true,
           "On CUDA: prompt chunks through FlashAttention over packed keys (see "
           "LlamaModel::set_cuda_varlen_prefill); false = padded rows and a "
           "mask");
+ABSL_FLAG(bool, cuda_skinny_linear, true,
+          "On CUDA: a decode step's products with few outputs as one kernel "
+          "each without split-K, SwiGLU inside the down projection (see "
+          "LlamaModel::set_cuda_skinny_linear); false = cuBLAS");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
 ABSL_FLAG(int32_t, batch, 1,
           "Generate this many copies of the request in one batch (throughput "
@@ -379,6 +383,7 @@ int main(int argc, char** argv) {
   lm->model->set_cuda_paged_decode(absl::GetFlag(FLAGS_cuda_paged_decode));
   lm->model->set_cuda_fused_ops(absl::GetFlag(FLAGS_cuda_fused_ops));
   lm->model->set_cuda_varlen_prefill(absl::GetFlag(FLAGS_cuda_varlen_prefill));
+  lm->model->set_cuda_skinny_linear(absl::GetFlag(FLAGS_cuda_skinny_linear));
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "

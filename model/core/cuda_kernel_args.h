@@ -15,6 +15,7 @@
 #include "model/core/paged_decode_attention.h"
 #include "model/kernels/cuda_layer_ops.h"
 #include "model/kernels/cuda_paged_decode.h"
+#include "model/kernels/cuda_skinny_linear.h"
 
 namespace moh {
 
@@ -34,6 +35,10 @@ bool RopeStoreKvArgsFor(const at::Tensor& keys, const at::Tensor& values,
                         const at::Tensor& offset, const at::Tensor& key_cache,
                         const at::Tensor& value_cache, RopeStoreKvArgs* args);
 bool SiluMulArgsFor(const at::Tensor& both, at::Tensor* out, SiluMulArgs* args);
+// Any number of outputs (FusedSkinnyLinear's limit aside).
+bool SkinnyLinearArgsFor(const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& bias, bool silu_mul, at::Tensor* out,
+                         SkinnyLinearArgs* args);
 bool QueryNormGatesArgsFor(const at::Tensor& queries, const at::Tensor& top_k,
                            int64_t shared, int64_t routed, at::Tensor* out,
                            QueryNormGatesArgs* args);

@@ -4,12 +4,14 @@
 #include <ATen/cuda/CUDAContext.h>
 
 #include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
 #include "model/core/cuda_element_of.h"
 #include "model/core/cuda_kernel_args.h"
 #include "model/kernels/cuda_layer_ops.h"
+#include "model/kernels/cuda_skinny_linear.h"
 #endif
 
 namespace moh {
@@ -152,6 +154,32 @@ bool SiluMulArgsFor(const at::Tensor& both, at::Tensor* out, SiluMulArgs* a) {
   return true;
 }
 
+bool SkinnyLinearArgsFor(const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& bias, bool silu_mul, at::Tensor* out,
+                         SkinnyLinearArgs* a) {
+  if (!Served({&x, &weight}, &a->type) || x.dim() != 2 || weight.dim() != 2 ||
+      x.size(0) < 1 || x.size(0) > kSkinnyMaxRows ||
+      x.size(1) != (silu_mul ? 2 : 1) * weight.size(1) ||
+      weight.size(0) > std::numeric_limits<int>::max() ||
+      weight.size(1) > std::numeric_limits<int>::max() / 2 ||
+      (bias.defined() &&
+       (!Served({&bias, &x}, &a->type) || bias.dim() != 1 ||
+        bias.size(0) != weight.size(0) || !bias.is_contiguous()))) {
+    return false;
+  }
+  a->x = CudaRows{x.data_ptr(), x.stride(0)};
+  a->silu_mul = silu_mul;
+  a->weight = CudaRows{weight.data_ptr(), weight.stride(0)};
+  a->bias = bias.defined() ? bias.data_ptr() : nullptr;
+  a->rows = static_cast<int>(x.size(0));
+  a->n = static_cast<int>(weight.size(0));
+  a->k = static_cast<int>(weight.size(1));
+  if (!SkinnyLinearTakes(*a)) return false;
+  *out = at::empty({x.size(0), weight.size(0)}, x.options());
+  a->out = CudaRows{out->data_ptr(), out->stride(0)};
+  return true;
+}
+
 bool QueryNormGatesArgsFor(const at::Tensor& queries, const at::Tensor& top_k,
                            int64_t shared, int64_t routed, at::Tensor* out,
                            QueryNormGatesArgs* a) {
@@ -243,6 +271,35 @@ at::Tensor FusedSiluMul(const at::Tensor& both) {
   return out;
 }
 
+namespace {
+
+// The skinny kernel's product, where FusedSkinnyLinear takes it.
+at::Tensor SkinnyProduct(const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& bias, bool silu_mul) {
+  at::Tensor out;
+  SkinnyLinearArgs a;
+  if (!x.is_cuda() || !weight.defined() ||
+      weight.size(0) > kSkinnyLinearMaxOutputs ||
+      !SkinnyLinearArgsFor(x, weight, bias, silu_mul, &out, &a)) {
+    return at::Tensor();
+  }
+  a.stream = CurrentStream();
+  Check(LaunchSkinnyLinear(a), "FusedSkinnyLinear");
+  return out;
+}
+
+}  // namespace
+
+at::Tensor FusedSkinnyLinear(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& bias) {
+  return SkinnyProduct(x, weight, bias, false);
+}
+
+at::Tensor FusedSiluMulLinear(const at::Tensor& both,
+                              const at::Tensor& weight) {
+  return SkinnyProduct(both, weight, at::Tensor(), true);
+}
+
 at::Tensor FusedQueryNormGates(const at::Tensor& queries,
                                const at::Tensor& top_k, int64_t shared,
                                int64_t routed) {
@@ -287,6 +344,15 @@ bool FusedRopeStoreKv(const at::Tensor&, const at::Tensor&, const at::Tensor&,
 }
 
 at::Tensor FusedSiluMul(const at::Tensor&) { return at::Tensor(); }
+
+at::Tensor FusedSkinnyLinear(const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&) {
+  return at::Tensor();
+}
+
+at::Tensor FusedSiluMulLinear(const at::Tensor&, const at::Tensor&) {
+  return at::Tensor();
+}
 
 at::Tensor FusedQueryNormGates(const at::Tensor&, const at::Tensor&, int64_t,
                                int64_t) {

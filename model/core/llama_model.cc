@@ -466,28 +466,40 @@ std::vector<at::Tensor> LlamaModel::RunLayers(const DecoderBatch& batch,
   return results;
 }
 
+at::Tensor LlamaModel::Product(const at::Tensor& x, const LinearWeight& weight,
+                               const at::Tensor& bias) const {
+  if (cuda_skinny_linear_ && x.is_cuda() && !weight.quantized()) {
+    at::Tensor out = FusedSkinnyLinear(x, weight.values, bias);
+    if (out.defined()) return out;
+  }
+  return Linear(x, weight, bias);
+}
+
+at::Tensor LlamaModel::SwiGlu(const at::Tensor& both) const {
+  const int64_t inter = both.size(-1) / 2;
+  if (cuda_fused_ops_) {
+    at::Tensor out = FusedSiluMul(both);
+    if (out.defined()) return out;
+  }
+  if (CpuFloat(both) && both.dim() == 2 && both.is_contiguous()) {
+    at::Tensor out = at::empty({both.size(0), inter}, both.options());
+    if (SiluMulRows(both.data_ptr<float>(), 2 * inter, both.size(0), inter,
+                    out.data_ptr<float>())) {
+      return out;
+    }
+  }
+  at::Tensor gate = both.narrow(-1, 0, inter);
+  return at::silu_(gate).mul_(both.narrow(-1, inter, inter));
+}
+
 at::Tensor LlamaModel::Mlp(const at::Tensor& x, const Layer& layer) const {
   if (layer.gate_up_proj.defined()) {  // gate and up in one product
-    const int64_t inter = layer.gate_proj.size(0);
-    const at::Tensor both = Linear(x, layer.gate_up_proj);  // [N, 2I]
-    if (cuda_fused_ops_) {
-      at::Tensor out = FusedSiluMul(both);
-      if (out.defined()) return out;
-    }
-    if (CpuFloat(both) && both.dim() == 2 && both.is_contiguous()) {
-      at::Tensor out = at::empty({both.size(0), inter}, both.options());
-      if (SiluMulRows(both.data_ptr<float>(), 2 * inter, both.size(0), inter,
-                      out.data_ptr<float>())) {
-        return out;
-      }
-    }
-    at::Tensor gate = both.narrow(-1, 0, inter);
-    return at::silu_(gate).mul_(both.narrow(-1, inter, inter));
+    return SwiGlu(Product(x, layer.gate_up_proj));  // of [N, 2I]
   }
   // In place on the gate's fresh product: two dispatches, no allocation
   // (ATen's silu is vectorized; a scalar loop's exp cost more than that).
-  at::Tensor gate = Linear(x, layer.gate_proj);
-  return at::silu_(gate).mul_(Linear(x, layer.up_proj));
+  at::Tensor gate = Product(x, layer.gate_proj);
+  return at::silu_(gate).mul_(Product(x, layer.up_proj));
 }
 
 at::Tensor LlamaModel::MlpDown(const at::Tensor& x, const Layer& layer) const {
@@ -505,7 +517,13 @@ at::Tensor LlamaModel::MlpDown(const at::Tensor& x, const Layer& layer) const {
       (int64_t{16} << 20) / (width * int64_t{sizeof(float)}), 128, 1024);
   const int64_t rows = x.dim() == 2 ? x.size(0) : 0;
   if (!x.is_cpu() || rows <= chunk || !x.is_contiguous()) {
-    return Linear(Mlp(x, layer), layer.down_proj);
+    if (cuda_skinny_linear_ && x.is_cuda() && layer.gate_up_proj.defined() &&
+        !layer.down_proj.quantized()) {  // SwiGLU inside the down projection
+      const at::Tensor both = Product(x, layer.gate_up_proj);
+      at::Tensor out = FusedSiluMulLinear(both, layer.down_proj.values);
+      return out.defined() ? out : Product(SwiGlu(both), layer.down_proj);
+    }
+    return Product(Mlp(x, layer), layer.down_proj);
   }
   at::Tensor out = at::empty({rows, layer.down_proj.size(0)}, x.options());
   for (int64_t r = 0; r < rows; r += chunk) {
@@ -626,12 +644,12 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   at::Tensor q, kv;
   if (!sparse || layer.router.kind() == RouterKind::kQueryNorm) {
     if (layer.kvq_proj.defined() && !step.narrow.any()) {
-      const at::Tensor kvq = Linear(x, layer.kvq_proj, layer.kvq_bias);
+      const at::Tensor kvq = Product(x, layer.kvq_proj, layer.kvq_bias);
       const int64_t kv_width = kvq.size(1) - heads * d;
       kv = kvq.narrow(1, 0, kv_width);
       q = kvq.narrow(1, kv_width, heads * d);
     } else {
-      q = Linear(x, layer.q_proj, layer.q_bias);
+      q = Product(x, layer.q_proj, layer.q_bias);
     }
     q = q.view({n, heads, d});
   }
@@ -683,7 +701,7 @@ at::Tensor LlamaModel::Attention(int64_t layer_index, const Layer& layer,
   // dropped).
   const at::Tensor attn =
       DenseHeads(rotated, key_cache, value_cache, narrow, step, *gates);
-  return Linear(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
+  return Product(attn.reshape({n, heads * d}), layer.o_proj, layer.o_bias);
 }
 
 at::Tensor LlamaModel::PrepareAttention(int64_t layer_index, const Layer& layer,
@@ -781,15 +799,15 @@ at::Tensor LlamaModel::SharedHeadsAttention(
   if (layer.kvq_proj.defined() && !step.narrow.any()) {
     const int64_t width = kv_width + shared * d;
     const at::Tensor kvq =
-        Linear(x, layer.kvq_proj.Rows(0, width),
-               layer.kvq_bias.defined() ? layer.kvq_bias.narrow(0, 0, width)
-                                        : at::Tensor());
+        Product(x, layer.kvq_proj.Rows(0, width),
+                layer.kvq_bias.defined() ? layer.kvq_bias.narrow(0, 0, width)
+                                         : at::Tensor());
     projected = kvq.narrow(1, 0, kv_width);
     q = kvq.narrow(1, kv_width, shared * d);
   } else {
-    q = Linear(x, layer.q_proj.Rows(0, shared * d),
-               layer.q_bias.defined() ? layer.q_bias.narrow(0, 0, shared * d)
-                                      : at::Tensor());
+    q = Product(x, layer.q_proj.Rows(0, shared * d),
+                layer.q_bias.defined() ? layer.q_bias.narrow(0, 0, shared * d)
+                                       : at::Tensor());
   }
   // Every KV head is still stored: a later step may read them.
   const at::Tensor rotated =
@@ -802,8 +820,8 @@ at::Tensor LlamaModel::SharedHeadsAttention(
                  cache.values(layer_index).narrow(2, 0, kv), narrow, step,
                  gates->narrow(1, 0, shared));
   // The routed heads' outputs are 0: only the shared heads' columns of W_o.
-  return Linear(attn.reshape({n, shared * d}),
-                layer.o_proj.Columns(0, shared * d), layer.o_bias);
+  return Product(attn.reshape({n, shared * d}),
+                 layer.o_proj.Columns(0, shared * d), layer.o_bias);
 }
 
 at::Tensor LlamaModel::PagedDecodeRows(const at::Tensor& queries,

@@ -220,6 +220,12 @@ class LlamaModel {
   // shape; false: through DenseAttention's padded rows and mask. Same
   // contract as set_attention_mode.
   void set_cuda_varlen_prefill(bool on) { cuda_varlen_prefill_ = on; }
+  // On CUDA, the products of a decode step's few rows with few outputs (the
+  // attention's projections and, with SwiGLU before it, the MLP's down
+  // projection) run as one kernel each without split-K (FusedSkinnyLinear,
+  // FusedSiluMulLinear) where it takes them; false: through cuBLAS (and a
+  // SwiGLU kernel). Same contract as set_attention_mode.
+  void set_cuda_skinny_linear(bool on) { cuda_skinny_linear_ = on; }
   // Decode steps that ran as a recorded graph (replays), for tests and logs.
   int64_t graph_replays() const;
   // The element type of the caches CreateKvCache makes (and CheckMemoryFits
@@ -345,8 +351,15 @@ class LlamaModel {
   // x [N, heads, D] of the step's tokens rotated at their positions (q, and
   // k of every token), the tables' rows gathered once per step.
   at::Tensor RotateTokens(const at::Tensor& x, const Step& step) const;
+  // x W^T (+ bias) for a layer's product: a CUDA decode step's few rows
+  // through FusedSkinnyLinear where it takes them (cuda_skinny_linear_),
+  // else Linear.
+  at::Tensor Product(const at::Tensor& x, const LinearWeight& weight,
+                     const at::Tensor& bias = {}) const;
   // silu(x W_gate^T) * x W_up^T: the MLP before its down projection.
   at::Tensor Mlp(const at::Tensor& x, const Layer& layer) const;
+  // silu(gate) * up over the [gate | up] product both [N, 2I].
+  at::Tensor SwiGlu(const at::Tensor& both) const;
   // The whole MLP, Mlp then down_proj; on CPU, a long step's rows in
   // chunks.
   at::Tensor MlpDown(const at::Tensor& x, const Layer& layer) const;
@@ -418,6 +431,7 @@ class LlamaModel {
   bool cuda_paged_decode_ = true;
   bool cuda_fused_ops_ = true;
   bool cuda_varlen_prefill_ = true;
+  bool cuda_skinny_linear_ = true;
   std::unique_ptr<StepGraphs> graphs_;
 };
 

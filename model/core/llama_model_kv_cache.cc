@@ -162,7 +162,7 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
       // Every KV head: keys and values in one product.
       const at::Tensor both =
           projected.defined() ? projected
-                              : Linear(inputs, layer.kv_proj, layer.kv_bias);
+                              : Product(inputs, layer.kv_proj, layer.kv_bias);
       if (StoreRotatedLoop(both, positions, block, offset, rope_cos_, rope_sin_,
                            keys, values)) {
         return;
@@ -170,8 +170,8 @@ void LlamaModel::WriteKeysValues(int64_t layer_index, const Layer& layer,
       k = both.narrow(1, 0, heads * d);
       v = both.narrow(1, heads * d, heads * d);
     } else {
-      k = Linear(inputs, weight_rows(layer.k_proj), rows(layer.k_bias));
-      v = Linear(inputs, weight_rows(layer.v_proj), rows(layer.v_bias));
+      k = Product(inputs, weight_rows(layer.k_proj), rows(layer.k_bias));
+      v = Product(inputs, weight_rows(layer.v_proj), rows(layer.v_bias));
     }
     // On CUDA, rotated and stored by one kernel.
     if (cuda_fused_ops_ &&

@@ -25,7 +25,8 @@ const std::string kFixtures = MOH_FIXTURES_DIR;
 
 const LayerKernels kFused = {FusedAddRmsNorm,     FusedRope,
                              FusedRopeStoreKv,    FusedSiluMul,
-                             FusedQueryNormGates, FusedAttentionPrologue};
+                             FusedQueryNormGates, FusedAttentionPrologue,
+                             FusedSkinnyLinear,   FusedSiluMulLinear};
 
 class GpuFusedOpsTest : public ::testing::TestWithParam<at::ScalarType> {
  protected:
@@ -62,27 +63,44 @@ TEST_P(GpuFusedOpsTest, AttentionPrologueIsRopeStoreAndGates) {
   CheckAttentionPrologue(kFused, Options());
 }
 
+TEST_P(GpuFusedOpsTest, SkinnyLinearIsTheProduct) {
+  CheckSkinnyLinear(kFused, Options());
+  // Past kSkinnyLinearMaxOutputs cuBLAS runs it (at bandwidth there).
+  const at::Tensor x = at::randn({1, 64}, Options());
+  EXPECT_FALSE(
+      FusedSkinnyLinear(
+          x, at::randn({kSkinnyLinearMaxOutputs + 1, 64}, Options()), {})
+          .defined());
+  EXPECT_TRUE(FusedSkinnyLinear(
+                  x, at::randn({kSkinnyLinearMaxOutputs, 64}, Options()), {})
+                  .defined());
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, GpuFusedOpsTest,
                          ::testing::Values(at::kFloat, at::kBFloat16));
 
-// A model's prefill and decode steps (CUDA graphs) with the fused kernels
-// and with the ATen chains, in float32: the learned router's fixture (fused
-// norms, RoPE, store and SwiGLU) and the query-norm one (its gates too), at
-// mixed ratios. (bfloat16 is GpuModelTest's, against the CPU: there one
+// A model's prefill and decode steps (CUDA graphs) with the fused kernels,
+// with the ATen chains, and with cuBLAS's products in place of the skinny
+// kernel, in float32: the learned router's fixture (fused norms, RoPE,
+// store and SwiGLU) and the query-norm one (its gates too), at mixed ratios;
+// the decode steps' 3 rows go through the skinny kernel (every product of
+// these fixtures, the LM head's too, and SwiGLU inside the down
+// projection). (bfloat16 is GpuModelTest's, against the CPU: there one
 // rounding more or less may flip a near tie of the routing, in either path.)
 TEST(GpuFusedOpsModelTest, FusedAndChainedStepsAgree) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   for (const std::string fixture : {"llama_learned", "llama_qnorm"}) {
     SCOPED_TRACE(fixture);
     const std::string dir = kFixtures + "/" + fixture;
-    const auto models =
-        LoadEach(dir, {{"cuda", "float32"}, {"cuda", "float32"}});
-    ASSERT_EQ(models.size(), 2u);
+    const auto models = LoadEach(
+        dir, {{"cuda", "float32"}, {"cuda", "float32"}, {"cuda", "float32"}});
+    ASSERT_EQ(models.size(), 3u);
     LlamaModel& fused = *models[0];
-    LlamaModel& chained = *models[1];
-    chained.set_cuda_fused_ops(false);
+    models[1]->set_cuda_fused_ops(false);
+    models[2]->set_cuda_skinny_linear(false);
     std::vector<KvCache> caches = {fused.CreateKvCache(16, 8),
-                                   chained.CreateKvCache(16, 8)};
+                                   models[1]->CreateKvCache(16, 8),
+                                   models[2]->CreateKvCache(16, 8)};
     at::manual_seed(14);
     DecoderBatch batch;
     batch.token_ids = at::randint(300, {3, 9}, at::kLong);
@@ -92,18 +110,20 @@ TEST(GpuFusedOpsModelTest, FusedAndChainedStepsAgree) {
     batch.ratios = {1.0f, 0.5f, 0.75f};
     for (int step = 0; step < 14; ++step) {
       auto a = fused.Forward(batch, caches[0]);
-      auto b = chained.Forward(batch, caches[1]);
       ASSERT_TRUE(a.ok()) << a.status();
-      ASSERT_TRUE(b.ok()) << b.status();
-      // Within 1e-4 of the largest logit, the same heads.
-      const at::Tensor want = b->logits.to(at::kFloat);
-      const double scale = std::max(1.0, want.abs().max().item<double>());
       const at::Tensor got = a->logits.to(at::kFloat);
       ASSERT_FALSE(at::isnan(got).any().item<bool>()) << "step " << step;
-      EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * scale)
-          << "step " << step;
-      EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts))
-          << "step " << step;
+      for (int other : {1, 2}) {
+        auto b = models[other]->Forward(batch, caches[other]);
+        ASSERT_TRUE(b.ok()) << b.status();
+        // Within 1e-4 of the largest logit, the same heads.
+        const at::Tensor want = b->logits.to(at::kFloat);
+        const double scale = std::max(1.0, want.abs().max().item<double>());
+        EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * scale)
+            << "step " << step << " against model " << other;
+        EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts))
+            << "step " << step << " against model " << other;
+      }
       for (int r = 0; r < 3; ++r) {
         batch.start_positions[r] += batch.num_tokens[r];
       }

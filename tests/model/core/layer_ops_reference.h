@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -134,6 +135,11 @@ struct LayerKernels {
       query_norm_gates;
   std::function<AttentionPrologue(const AttentionPrologueInputs&)>
       attention_prologue;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&)>
+      skinny_linear;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>
+      silu_mul_linear;
 };
 
 // A freed block goes back to the next allocation of its size (the CUDA
@@ -265,6 +271,71 @@ inline void CheckSiluMul(const LayerKernels& kernels,
     ASSERT_TRUE(got.defined()) << what;
     ExpectNear(got, SiluMulChain(both), Tolerance(type), what);
   }
+}
+
+// x W^T (+ bias) of the inputs as they are, summed in float32 and rounded
+// once to their type (cuBLAS's and the skinny kernel's arithmetic).
+inline at::Tensor LinearChain(const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& bias) {
+  const at::Tensor f =
+      at::linear(x.to(at::kFloat), weight.to(at::kFloat),
+                 bias.defined() ? bias.to(at::kFloat) : at::Tensor());
+  return f.to(x.scalar_type());
+}
+
+// A decode step's products through the skinny kernel: 1 to 8 rows (each of
+// its row counts: 1, 2, 4 and 8, 3 and 5 rounded up), inner widths of one
+// chunk of 8 to several chunks a thread (4,096 and 14,336: the 8B layer's),
+// output counts that leave a thread block's last columns empty, a weight
+// whose rows lie apart (a view of columns, as o_proj's shared heads), with
+// and without bias; and the same with SwiGLU's input [gate | up] (as
+// SiluMul, then the product). Each against LinearChain, the output
+// poisoned first; and the shapes it refuses (undefined: cuBLAS runs them).
+inline void CheckSkinnyLinear(const LayerKernels& kernels,
+                              const at::TensorOptions& options) {
+  const at::ScalarType type = at::typeMetaToScalarType(options.dtype());
+  struct Case {
+    int64_t rows, k, n, column0;
+    bool bias;
+  };
+  for (const auto& [rows, k, n, column0, bias] :
+       std::vector<Case>{{1, 4096, 6, 0, false},
+                         {2, 64, 13, 8, true},
+                         {3, 14336, 5, 0, false},
+                         {5, 8, 1, 0, true},
+                         {8, 2056, 9, 16, false}}) {
+    for (const bool silu_mul : {false, true}) {
+      const std::string what =
+          Name(options) + " " + std::to_string(rows) + "x" + std::to_string(k) +
+          "x" + std::to_string(n) + "+" + std::to_string(column0) +
+          (bias ? " bias" : "") + (silu_mul ? " silu_mul" : "");
+      const at::Tensor x = at::randn({rows, (silu_mul ? 2 : 1) * k}, options);
+      // Outputs of about 1 whatever k: float32's sums stay within 1e-5.
+      const at::Tensor weight =
+          (at::randn({n, column0 + k + 8}, options) / std::sqrt(k))
+              .narrow(1, column0, k);
+      const at::Tensor b =
+          bias && !silu_mul ? at::randn({n}, options) : at::Tensor();
+      PoisonNext(rows * n, options);
+      const at::Tensor got = silu_mul ? kernels.silu_mul_linear(x, weight)
+                                      : kernels.skinny_linear(x, weight, b);
+      ASSERT_TRUE(got.defined()) << what;
+      const at::Tensor input = silu_mul ? SiluMulChain(x) : x;
+      ExpectNear(got, LinearChain(input, weight, b), Tolerance(type), what);
+    }
+  }
+  const at::Tensor w = at::randn({4, 64}, options);
+  EXPECT_FALSE(kernels.skinny_linear(at::randn({9, 64}, options), w, {})
+                   .defined());  // more rows than a decode step's few
+  EXPECT_FALSE(kernels
+                   .skinny_linear(at::randn({1, 12}, options),
+                                  at::randn({4, 12}, options), {})
+                   .defined());  // k not a multiple of 8
+  EXPECT_FALSE(
+      kernels.skinny_linear(at::randn({1, 65}, options).narrow(1, 1, 64), w, {})
+          .defined());  // x not 16-byte aligned
+  EXPECT_FALSE(kernels.silu_mul_linear(at::randn({1, 64}, options), w)
+                   .defined());  // [gate | up] of the wrong width
 }
 
 // A query-norm router (it has no weights) of `shared` + `routed` heads, K =

@@ -13,6 +13,7 @@
 #define cudaGetErrorString(error) "emulated launch failed"
 #include "model/kernels/cuda_layer_ops.cu"
 #include "model/kernels/cuda_paged_decode.cu"
+#include "model/kernels/cuda_skinny_linear.cu"
 #undef cudaGetErrorString
 
 #include <ATen/ATen.h>
@@ -85,8 +86,24 @@ AttentionPrologue Prologue(const AttentionPrologueInputs& in) {
   return out;
 }
 
-const LayerKernels kEmulated = {AddRmsNorm, Rope,           RopeStoreKv,
-                                SiluMul,    QueryNormGates, Prologue};
+at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& weight,
+                        const at::Tensor& bias) {
+  at::Tensor out;
+  SkinnyLinearArgs a;
+  if (!SkinnyLinearArgsFor(x, weight, bias, false, &out, &a)) return {};
+  return Ran(LaunchSkinnyLinear(a), out);
+}
+
+at::Tensor SiluMulLinear(const at::Tensor& both, const at::Tensor& weight) {
+  at::Tensor out;
+  SkinnyLinearArgs a;
+  if (!SkinnyLinearArgsFor(both, weight, {}, true, &out, &a)) return {};
+  return Ran(LaunchSkinnyLinear(a), out);
+}
+
+const LayerKernels kEmulated = {AddRmsNorm,   Rope,           RopeStoreKv,
+                                SiluMul,      QueryNormGates, Prologue,
+                                SkinnyLinear, SiluMulLinear};
 
 class CudaLayerOpsEmulatedTest
     : public ::testing::TestWithParam<at::ScalarType> {
@@ -119,6 +136,10 @@ TEST_P(CudaLayerOpsEmulatedTest, QueryNormGatesKeepTheRoutersHeads) {
 
 TEST_P(CudaLayerOpsEmulatedTest, AttentionPrologueIsRopeStoreAndGates) {
   CheckAttentionPrologue(kEmulated, Options());
+}
+
+TEST_P(CudaLayerOpsEmulatedTest, SkinnyLinearIsTheProduct) {
+  CheckSkinnyLinear(kEmulated, Options());
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaLayerOpsEmulatedTest,
