@@ -100,14 +100,6 @@ __device__ inline float Round(float v) {
   return ToFloat(FromFloat<T>(v));
 }
 
-// SwiGLU's silu_(gate) rounded to T, then times up (ATen's two ops; its
-// silu is x / (1 + exp(-x)) in float); the caller rounds the product.
-template <typename T>
-__device__ inline float SiluTimes(float g, float up) {
-  const float silu = Round<T>(__fdiv_rn(g, __fadd_rn(1.f, expf(-g))));
-  return __fmul_rn(silu, up);
-}
-
 __device__ inline float WarpMax(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o));

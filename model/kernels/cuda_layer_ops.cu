@@ -15,7 +15,6 @@ using cuda::ByElement;
 using cuda::FromFloat;
 using cuda::Load8;
 using cuda::Round;
-using cuda::SiluTimes;
 using cuda::Store8;
 using cuda::ToFloat;
 using cuda::WarpSum;
@@ -197,6 +196,14 @@ __device__ inline void RopeStoreKvBlock(const RopeStoreKvArgs& a,
 template <typename T>
 __global__ void RopeStoreKvKernel(RopeStoreKvArgs a) {
   RopeStoreKvBlock<T>(a, blockIdx.x);
+}
+
+// silu_(gate) rounded, then times up rounded (ATen's two ops; its silu is
+// x / (1 + exp(-x)) in float).
+template <typename T>
+__device__ inline float SiluTimes(float g, float up) {
+  const float silu = Round<T>(__fdiv_rn(g, __fadd_rn(1.f, expf(-g))));
+  return __fmul_rn(silu, up);
 }
 
 // A thread per element: any width and alignment.
