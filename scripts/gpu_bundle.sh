@@ -37,7 +37,8 @@ out="${1:-.gpu-bundle}"
 # shellcheck source=torch_wheel.env
 . scripts/torch_wheel.env
 
-targets=(moh-server moh-client moh-bench moh-generate gpu_model_test)
+targets=(moh-server moh-client moh-bench moh-generate gpu_model_test
+  moh_cuda_linear_bench)
 bash scripts/install_deps.sh --torch=wheel
 bash scripts/build.sh --torch=wheel "${targets[@]}"
 
@@ -53,6 +54,7 @@ declare -A binary=(
   [moh-bench]=build-cuda/client/moh-bench
   [moh-generate]=build-cuda/tools/moh-generate
   [gpu_model_test]=build-cuda/tests/gpu_model_test
+  [moh_cuda_linear_bench]=build-cuda/bench/moh_cuda_linear_bench
 )
 for t in "${targets[@]}"; do
   objcopy --strip-debug "${binary[$t]}" "$out/bin/$t"

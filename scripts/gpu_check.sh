@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device check: on a machine with a CUDA GPU, runs the GPU suite
 # (`ctest -L gpu`: gpu_model_test in process, gpu_server_test through the real
-# moh-server) and the GPU benchmark (bench/gpu_bench.py), and leaves a log,
-# the test report and the benchmark's JSON under $OUT.
+# moh-server), the decode products' benchmark (moh_cuda_linear_bench: its
+# table in linear_bench.md) and the GPU benchmark (bench/gpu_bench.py), and
+# leaves a log, the test report and the benchmarks' results under $OUT.
 #
 #   scripts/gpu_check.sh [--bundle DIR] [--layouts 1b,8b | --no_bench |
 #                         --profile 8b]
@@ -86,6 +87,8 @@ if [ -n "$bundle" ]; then
   install -D "$bundle/bin/moh-bench" "$build/client/moh-bench"
   install -D "$bundle/bin/moh-generate" "$build/tools/moh-generate"
   install -D "$bundle/bin/gpu_model_test" "$build/tests/gpu_model_test"
+  install -D "$bundle/bin/moh_cuda_linear_bench" \
+    "$build/bench/moh_cuda_linear_bench"
   # The bundle's CTest files leave the Python to name.
   find "$build" -name CTestTestfile.cmake -exec \
     sed -i "s#@MOH_PYTHON3@#$python#g" {} +
@@ -107,7 +110,7 @@ fi
 # Debian's packages shows here what the bundle would lack).
 unresolved=0
 for f in service/moh-server client/moh-client client/moh-bench tools/moh-generate \
-  tests/gpu_model_test; do
+  tests/gpu_model_test bench/moh_cuda_linear_bench; do
   libs="$(ldd "$build/$f")"
   if grep -q "not found" <<<"$libs"; then
     echo "gpu_check: $f: $(grep 'not found' <<<"$libs" | tr -s ' \n\t' ' ')"
@@ -129,6 +132,13 @@ ctest --test-dir "$build" -L gpu "${ctest_args[@]}" --output-on-failure --timeou
 [ "${PIPESTATUS[0]}" = 0 ] || fail "ctest -L gpu"
 if grep -q "Not Run\|Skipped" "$out/ctest_gpu.log"; then
   fail "a GPU test was skipped: the device was not seen"
+fi
+
+if [ -n "$layouts" ]; then
+  step "the decode step's narrow products: cuBLAS against the skinny kernel"
+  timeout -k 5 60 "$build/bench/moh_cuda_linear_bench" 3 |
+    tee "$out/linear_bench.md"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail "moh_cuda_linear_bench"
 fi
 
 left=$(( ${MOH_GPU_CHECK_SECONDS:-480} - SECONDS - 15 ))
@@ -186,6 +196,7 @@ fi
 step "summary"
 grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Passed|\*\*\*" \
   "$out/ctest_gpu.log" | sed 's/^/  /'
+[ -f "$out/linear_bench.md" ] && cat "$out/linear_bench.md"
 if [ -f "$out/gpu_bench.md" ]; then
   cat "$out/gpu_bench.md"
 elif [ -f "$out/gpu_bench.json" ]; then  # cut short: what it measured
