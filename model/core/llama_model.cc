@@ -517,8 +517,9 @@ at::Tensor LlamaModel::MlpDown(const at::Tensor& x, const Layer& layer) const {
       (int64_t{16} << 20) / (width * int64_t{sizeof(float)}), 128, 1024);
   const int64_t rows = x.dim() == 2 ? x.size(0) : 0;
   if (!x.is_cpu() || rows <= chunk || !x.is_contiguous()) {
-    if (cuda_skinny_linear_ && x.is_cuda() && layer.gate_up_proj.defined() &&
-        !layer.down_proj.quantized()) {  // SwiGLU inside the down projection
+    // SwiGLU inside the down projection (a fused op: with the chains, not).
+    if (cuda_skinny_linear_ && cuda_fused_ops_ && x.is_cuda() &&
+        layer.gate_up_proj.defined() && !layer.down_proj.quantized()) {
       const at::Tensor both = Product(x, layer.gate_up_proj);
       at::Tensor out = FusedSiluMulLinear(both, layer.down_proj.values);
       return out.defined() ? out : Product(SwiGlu(both), layer.down_proj);

@@ -222,9 +222,10 @@ class LlamaModel {
   void set_cuda_varlen_prefill(bool on) { cuda_varlen_prefill_ = on; }
   // On CUDA, the products of a decode step's few rows with few outputs (the
   // attention's projections and, with SwiGLU before it, the MLP's down
-  // projection) run as one kernel each without split-K (FusedSkinnyLinear,
-  // FusedSiluMulLinear) where it takes them; false: through cuBLAS (and a
-  // SwiGLU kernel). Same contract as set_attention_mode.
+  // projection, with set_cuda_fused_ops) run as one kernel each without
+  // split-K (FusedSkinnyLinear, FusedSiluMulLinear) where it takes them;
+  // false: through cuBLAS (and a SwiGLU kernel). Same contract as
+  // set_attention_mode.
   void set_cuda_skinny_linear(bool on) { cuda_skinny_linear_ = on; }
   // Decode steps that ran as a recorded graph (replays), for tests and logs.
   int64_t graph_replays() const;
