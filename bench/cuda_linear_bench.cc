@@ -38,7 +38,8 @@ struct Shape {
 };
 
 // The products a decode step sends to the skinny kernel (at most
-// kSkinnyLinearMaxOutputs outputs).
+// kSkinnyLinearMaxOutputs outputs), and the wide ones it leaves to cuBLAS
+// (run here through it too: where the limit should lie).
 const Shape kShapes[] = {
     {"8b k,v,q (ratio > 0.5)", 6144, 4096, 4096, false},
     {"8b k,v,shared q (ratio 0.5)", 4096, 4096, 4096, false},
@@ -48,7 +49,11 @@ const Shape kShapes[] = {
     {"1b k,v,q", 3072, 2048, 2048, false},
     {"1b o", 2048, 2048, 2048, false},
     {"1b SwiGLU + down", 2048, 8192, 8192, true},
+    {"8b gate | up (cuBLAS in the model)", 28672, 4096, 4096, false},
+    {"8b LM head (cuBLAS in the model)", 128256, 4096, 4096, false},
+    {"1b gate | up (cuBLAS in the model)", 16384, 2048, 2048, false},
 };
+constexpr int64_t kAnyOutputs = int64_t{1} << 30;
 
 constexpr int64_t kRows[] = {1, 2, 4, 8};
 constexpr int64_t kColdBytes = int64_t{256} << 20;
@@ -102,8 +107,9 @@ int Run(int rounds) {
         return at::linear(shape.silu_mul ? FusedSiluMul(x) : x, w);
       };
       auto skinny = [&](const at::Tensor& w) {
-        return shape.silu_mul ? FusedSiluMulLinear(x, w)
-                              : FusedSkinnyLinear(x, w, at::Tensor());
+        return shape.silu_mul
+                   ? FusedSiluMulLinear(x, w, kAnyOutputs)
+                   : FusedSkinnyLinear(x, w, at::Tensor(), kAnyOutputs);
       };
       const at::Tensor want = cublas(weights[0]), got = skinny(weights[0]);
       if (!got.defined()) {

@@ -275,11 +275,11 @@ namespace {
 
 // The skinny kernel's product, where FusedSkinnyLinear takes it.
 at::Tensor SkinnyProduct(const at::Tensor& x, const at::Tensor& weight,
-                         const at::Tensor& bias, bool silu_mul) {
+                         const at::Tensor& bias, bool silu_mul,
+                         int64_t max_outputs) {
   at::Tensor out;
   SkinnyLinearArgs a;
-  if (!x.is_cuda() || !weight.defined() ||
-      weight.size(0) > kSkinnyLinearMaxOutputs ||
+  if (!x.is_cuda() || !weight.defined() || weight.size(0) > max_outputs ||
       !SkinnyLinearArgsFor(x, weight, bias, silu_mul, &out, &a)) {
     return at::Tensor();
   }
@@ -291,13 +291,13 @@ at::Tensor SkinnyProduct(const at::Tensor& x, const at::Tensor& weight,
 }  // namespace
 
 at::Tensor FusedSkinnyLinear(const at::Tensor& x, const at::Tensor& weight,
-                             const at::Tensor& bias) {
-  return SkinnyProduct(x, weight, bias, false);
+                             const at::Tensor& bias, int64_t max_outputs) {
+  return SkinnyProduct(x, weight, bias, false, max_outputs);
 }
 
-at::Tensor FusedSiluMulLinear(const at::Tensor& both,
-                              const at::Tensor& weight) {
-  return SkinnyProduct(both, weight, at::Tensor(), true);
+at::Tensor FusedSiluMulLinear(const at::Tensor& both, const at::Tensor& weight,
+                              int64_t max_outputs) {
+  return SkinnyProduct(both, weight, at::Tensor(), true, max_outputs);
 }
 
 at::Tensor FusedQueryNormGates(const at::Tensor& queries,
@@ -346,11 +346,11 @@ bool FusedRopeStoreKv(const at::Tensor&, const at::Tensor&, const at::Tensor&,
 at::Tensor FusedSiluMul(const at::Tensor&) { return at::Tensor(); }
 
 at::Tensor FusedSkinnyLinear(const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&) {
+                             const at::Tensor&, int64_t) {
   return at::Tensor();
 }
 
-at::Tensor FusedSiluMulLinear(const at::Tensor&, const at::Tensor&) {
+at::Tensor FusedSiluMulLinear(const at::Tensor&, const at::Tensor&, int64_t) {
   return at::Tensor();
 }
 

@@ -41,21 +41,23 @@ bool FusedRopeStoreKv(const at::Tensor& keys, const at::Tensor& values,
 // SwiGLU over the [gate | up] product both [N, 2I]: silu(gate) * up, [N, I].
 at::Tensor FusedSiluMul(const at::Tensor& both);
 
-// x [N, K] W^T (+ bias [M]) for a weight W [M, K] in x's type, as
-// at::linear, in one kernel without split-K (model/kernels/
-// cuda_skinny_linear.h): where N <= kSkinnyMaxRows (a decode step's batch)
-// and M <= kSkinnyLinearMaxOutputs, K a multiple of 8 and the rows 16-byte
-// aligned. Undefined elsewhere; cuBLAS then runs it.
-at::Tensor FusedSkinnyLinear(const at::Tensor& x, const at::Tensor& weight,
-                             const at::Tensor& bias);
-// FusedSiluMul(both) [N, K] times W^T: SwiGLU and the MLP's down projection
-// in one kernel, where FusedSkinnyLinear would take the product.
-at::Tensor FusedSiluMulLinear(const at::Tensor& both, const at::Tensor& weight);
 // Outputs up to which the skinny kernel runs a product. cuBLAS splits the
 // inner dimension of a product this narrow at batch 1 and reduces the
 // splits in a second kernel; its wide products (the 8B layer's [gate | up],
 // 28,672 outputs, and the LM head) ran at the copy bandwidth in run 7.
 inline constexpr int64_t kSkinnyLinearMaxOutputs = 8192;
+// x [N, K] W^T (+ bias [M]) for a weight W [M, K] in x's type, as
+// at::linear, in one kernel without split-K (model/kernels/
+// cuda_skinny_linear.h): where N <= kSkinnyMaxRows (a decode step's batch)
+// and M <= max_outputs, K a multiple of 8 and the rows 16-byte aligned.
+// Undefined elsewhere; cuBLAS then runs it.
+at::Tensor FusedSkinnyLinear(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& bias,
+                             int64_t max_outputs = kSkinnyLinearMaxOutputs);
+// FusedSiluMul(both) [N, K] times W^T: SwiGLU and the MLP's down projection
+// in one kernel, where FusedSkinnyLinear would take the product.
+at::Tensor FusedSiluMulLinear(const at::Tensor& both, const at::Tensor& weight,
+                              int64_t max_outputs = kSkinnyLinearMaxOutputs);
 
 // The query-norm router's gates [N, shared + routed] from the queries
 // [N, H, D] (before RoPE) and each token's routed K (int64 [N]): 1 for the

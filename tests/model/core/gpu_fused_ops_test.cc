@@ -23,10 +23,19 @@ using namespace layer_ops_reference;
 
 const std::string kFixtures = MOH_FIXTURES_DIR;
 
+at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& weight,
+                        const at::Tensor& bias) {
+  return FusedSkinnyLinear(x, weight, bias);
+}
+
+at::Tensor SiluMulLinear(const at::Tensor& both, const at::Tensor& weight) {
+  return FusedSiluMulLinear(both, weight);
+}
+
 const LayerKernels kFused = {FusedAddRmsNorm,     FusedRope,
                              FusedRopeStoreKv,    FusedSiluMul,
                              FusedQueryNormGates, FusedAttentionPrologue,
-                             FusedSkinnyLinear,   FusedSiluMulLinear};
+                             SkinnyLinear,        SiluMulLinear};
 
 class GpuFusedOpsTest : public ::testing::TestWithParam<at::ScalarType> {
  protected:
