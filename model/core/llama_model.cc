@@ -299,6 +299,21 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
 
 absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     const DecoderBatch& batch, KvCache& cache) const {
+  // A step recorded as a graph runs with its rows bucketed (GraphRows).
+  const int64_t rows = batch.token_ids.size(0);
+  const bool bucketed =
+      graph_rows_everywhere_ ? OneTokenRows(batch) : GraphEligible(batch);
+  if (bucketed && GraphRows(rows) > rows) {
+    absl::StatusOr<DecoderOutput> out =
+        ForwardRows(PadRows(batch, GraphRows(rows)), cache);
+    if (!out.ok()) return out;
+    return FirstRows(*std::move(out), rows);
+  }
+  return ForwardRows(batch, cache);
+}
+
+absl::StatusOr<DecoderOutput> LlamaModel::ForwardRows(const DecoderBatch& batch,
+                                                      KvCache& cache) const {
   // The model's device and stream (CUDA) for everything below, one step at
   // a time on CUDA.
   const std::unique_lock<std::mutex> lock = LockDevice();

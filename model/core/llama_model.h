@@ -121,6 +121,22 @@ int64_t NarrowKvHeads(const LlamaConfig& config);
 // serves that many consecutive steps; keys beyond a row's length are masked.
 int64_t GraphKvLen(int64_t kv_len);
 
+// Rows a graph-recorded decode step runs with when it has `rows`: 1, 2 or
+// 4, then a multiple of 8, so that one graph serves the steps of several
+// batch sizes (rows come and go in serving, and each new shape runs its
+// first step eagerly and its second records a graph).
+int64_t GraphRows(int64_t rows);
+
+// `batch` with rows appended up to `rows`, each a copy of its first row
+// (token, position, blocks, K, reductions; never drawn from whole). A copy
+// computes what the first row computes, so it writes the same keys and
+// values into the same place, and the rows before it are unchanged:
+// FirstRows of the padded step's output is the step's output.
+DecoderBatch PadRows(const DecoderBatch& batch, int64_t rows);
+
+// The first `rows` rows of every per-row output of `out`.
+DecoderOutput FirstRows(DecoderOutput out, int64_t rows);
+
 // Graphs a model keeps by default (LlamaModel::set_cuda_graphs).
 inline constexpr int64_t kDefaultCudaGraphs = 64;
 
@@ -227,6 +243,11 @@ class LlamaModel {
   // false: through cuBLAS (and a SwiGLU kernel). Same contract as
   // set_attention_mode.
   void set_cuda_skinny_linear(bool on) { cuda_skinny_linear_ = on; }
+  // Runs every step of one token a row with its rows padded as a CUDA graph
+  // step's are (GraphRows, PadRows), on any device: what a graph step
+  // computes, checked on the CPU (tests). Same contract as
+  // set_attention_mode.
+  void set_graph_rows_everywhere(bool on) { graph_rows_everywhere_ = on; }
   // Decode steps that ran as a recorded graph (replays), for tests and logs.
   int64_t graph_replays() const;
   // The element type of the caches CreateKvCache makes (and CheckMemoryFits
@@ -276,6 +297,9 @@ class LlamaModel {
   absl::Status Validate(const DecoderBatch& batch, const KvCache& cache) const;
   absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
                                                  KvCache& cache) const;
+  // ForwardUnchecked with the rows as given (it pads a graph step's).
+  absl::StatusOr<DecoderOutput> ForwardRows(const DecoderBatch& batch,
+                                            KvCache& cache) const;
   // The step's host-side indices (llama_model.cc).
   struct StepIndices;
   // The recorded decode steps (llama_model_graphs.cc).
@@ -287,6 +311,9 @@ class LlamaModel {
   // Whether `batch` may run as a graph: CUDA, decode rows only, dense
   // attention, no narrow row, no recorded gates, last logits only.
   bool GraphEligible(const DecoderBatch& batch) const;
+  // Whether every row of `batch` adds one token and wants its last logits
+  // only, without gates: the steps a graph may record.
+  static bool OneTokenRows(const DecoderBatch& batch);
   // Every layer of the step, from its indices uploaded as `ints` and its
   // token ids `token_ids` ([B, T], on the device): the step's results on the
   // device (logits, head counts [B, L, H], recorded gates). Launches
@@ -433,6 +460,7 @@ class LlamaModel {
   bool cuda_fused_ops_ = true;
   bool cuda_varlen_prefill_ = true;
   bool cuda_skinny_linear_ = true;
+  bool graph_rows_everywhere_ = false;
   std::unique_ptr<StepGraphs> graphs_;
 };
 

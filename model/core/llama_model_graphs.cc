@@ -8,7 +8,9 @@
 // reads (GraphKvLen), the routed K bounds of every layer (they size the
 // router's top-k) and the cache's tensors. What changes from step to step
 // (token ids, positions, block tables, row lengths, per-token K) is copied
-// into the recording's input tensors before each replay.
+// into the recording's input tensors before each replay. The rows are
+// bucketed (GraphRows): a step of 37 rows runs as 40, the last three copies
+// of its first (PadRows), and returns its 37 (FirstRows).
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -37,6 +39,59 @@ struct LlamaModel::StepGraphs {
   int64_t replays = 0;
 };
 
+int64_t GraphRows(int64_t rows) {
+  if (rows <= 2) return std::max<int64_t>(rows, 1);
+  if (rows <= 4) return 4;
+  return (rows + 7) / 8 * 8;
+}
+
+namespace {
+
+// `v` with copies of its first element appended up to `rows` (empty stays
+// empty: a field the batch does not use).
+template <typename T>
+void AppendFirst(std::vector<T>& v, int64_t rows) {
+  if (!v.empty()) v.resize(static_cast<size_t>(rows), T(v.front()));
+}
+
+}  // namespace
+
+DecoderBatch PadRows(const DecoderBatch& batch, int64_t rows) {
+  const int64_t have = batch.token_ids.size(0);
+  if (rows <= have || have == 0) return batch;
+  DecoderBatch padded = batch;
+  padded.token_ids =
+      at::cat({batch.token_ids,
+               batch.token_ids.narrow(0, 0, 1).expand({rows - have, -1})});
+  AppendFirst(padded.num_tokens, rows);
+  AppendFirst(padded.block_tables, rows);
+  AppendFirst(padded.slots, rows);
+  AppendFirst(padded.start_positions, rows);
+  AppendFirst(padded.narrow, rows);
+  AppendFirst(padded.top_k, rows);
+  AppendFirst(padded.ratios, rows);
+  AppendFirst(padded.row_reductions, rows);
+  if (!padded.whole_logits.empty()) padded.whole_logits.resize(rows, false);
+  return padded;
+}
+
+DecoderOutput FirstRows(DecoderOutput out, int64_t rows) {
+  auto first = [rows](at::Tensor& t) {
+    if (t.defined() && t.dim() > 0 && t.size(0) > rows)
+      t = t.narrow(0, 0, rows);
+  };
+  // (A reducing step's logits are the rows it was asked for whole: never a
+  // copy, so at most `rows` of them.)
+  first(out.logits);
+  first(out.head_token_counts);
+  for (at::Tensor& gates : out.gates) first(gates);
+  first(out.top_values);
+  first(out.top_ids);
+  first(out.row_stats);
+  first(out.resident_logits);
+  return out;
+}
+
 LlamaModel::LlamaModel(LlamaConfig config, at::TensorOptions options)
     : config_(std::move(config)),
       options_(options),
@@ -63,15 +118,19 @@ bool LlamaModel::GraphEligible(const DecoderBatch& batch) const {
       attention_mode_ == AttentionMode::kHeadSparseAten) {
     return false;
   }
-  if (batch.all_logits || batch.record_gates || batch.logits_tail > 1 ||
-      batch.token_ids.size(1) != 1) {
-    return false;
-  }
   // Narrow rows are read in place by the paged kernel (PagedDecodeRows),
   // beside wide ones or alone; the gathering path is not recorded with them.
   if (!cuda_paged_decode_ &&
       std::any_of(batch.narrow.begin(), batch.narrow.end(),
                   [](bool narrow) { return narrow; })) {
+    return false;
+  }
+  return OneTokenRows(batch);
+}
+
+bool LlamaModel::OneTokenRows(const DecoderBatch& batch) {
+  if (batch.all_logits || batch.record_gates || batch.logits_tail > 1 ||
+      batch.token_ids.size(1) != 1) {
     return false;
   }
   return std::all_of(batch.num_tokens.begin(), batch.num_tokens.end(),

@@ -231,6 +231,52 @@ TEST(GpuGraphTest, RecordedDecodeStepsMatchEagerAndCpu) {
   EXPECT_EQ(eager.graph_replays(), 0);
 }
 
+// Decode steps of 5, 6, 7 and 8 rows run as 8 (GraphRows: the first row's
+// copies fill the step) and so replay one graph, recorded at the second
+// step; each step's rows as the CPU computes them. (Without the buckets,
+// each row count records a graph of its own: 8 replays in these 12 steps.)
+TEST(GpuGraphTest, BatchSizesOfABucketShareAGraph) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const auto models = LoadEach(kFixtures + "/llama_qnorm",
+                               {{"cuda", "float32"}, {"cpu", "float32"}});
+  ASSERT_EQ(models.size(), 2u);
+  std::vector<KvCache> caches = {models[0]->CreateKvCache(40, 8),
+                                 models[1]->CreateKvCache(40, 8)};
+  at::manual_seed(13);
+  DecoderBatch prompt;  // 8 rows of 4 tokens, 4 blocks each
+  prompt.token_ids = at::randint(300, {8, 4}, at::kLong);
+  prompt.num_tokens.assign(8, 4);
+  prompt.start_positions.assign(8, 0);
+  for (int32_t r = 0; r < 8; ++r) {
+    prompt.block_tables.push_back({4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3});
+  }
+  prompt.ratios.assign(8, 0.75f);  // the same K bounds in every step
+  for (size_t m = 0; m < models.size(); ++m) {
+    ASSERT_TRUE(models[m]->Forward(prompt, caches[m]).ok());
+  }
+  std::vector<int32_t> position(8, 4);
+  for (int step = 0; step < 12; ++step) {
+    const int32_t rows = 5 + step % 4;
+    DecoderBatch batch;
+    batch.token_ids = at::randint(300, {rows, 1}, at::kLong);
+    batch.num_tokens.assign(rows, 1);
+    batch.start_positions.assign(position.begin(), position.begin() + rows);
+    batch.block_tables.assign(prompt.block_tables.begin(),
+                              prompt.block_tables.begin() + rows);
+    batch.ratios.assign(rows, 0.75f);
+    auto a = models[0]->Forward(batch, caches[0]);
+    auto b = models[1]->Forward(batch, caches[1]);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    const std::string what = "step " + std::to_string(step);
+    ASSERT_EQ(a->logits.size(0), rows) << what;
+    ExpectClose(a->logits, b->logits, kFp32Tolerance, what);
+    EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts)) << what;
+    for (int32_t r = 0; r < rows; ++r) ++position[r];
+  }
+  EXPECT_GE(models[0]->graph_replays(), 10);
+}
+
 // The paged decode kernel against the dense path on the CPU in float32, on
 // fresh random inputs: every supported group size, head dims 8-256, rows of
 // 1 to 700 keys (up to three splits of 256), blocks shared between rows, a

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -242,6 +243,90 @@ TEST(LlamaConfigTest, ReleasedMohLlama3ConfigGetsQueryNormRouter) {
     EXPECT_EQ(layer.top_k, 2);
   }
   EXPECT_DOUBLE_EQ(moh.DefaultRatio(), 0.75);
+}
+
+// A graph step's rows: 1, 2 and 4, then multiples of 8.
+TEST(GraphRowsTest, BucketsTheRows) {
+  const std::vector<std::pair<int64_t, int64_t>> cases = {
+      {1, 1}, {2, 2},  {3, 4},   {4, 4},   {5, 8},
+      {8, 8}, {9, 16}, {37, 40}, {64, 64}, {65, 72}};
+  for (const auto& [rows, bucket] : cases) {
+    EXPECT_EQ(GraphRows(rows), bucket) << rows;
+  }
+}
+
+// A graph step runs with its rows padded by copies of its first (PadRows),
+// which write what the first writes. Decode steps of 5 rows (padded to 8)
+// at mixed ratios, with reduced logits (each row's best, a row whole, row
+// stats), give the 5 rows and the cache what the same steps give unpadded,
+// on both routers' fixtures; and PadRows copies every per-row field.
+TEST(GraphRowsTest, CopiesOfTheFirstRowChangeNoOtherRow) {
+  for (const std::string fixture : {"llama_learned", "llama_qnorm"}) {
+    SCOPED_TRACE(fixture);
+    const auto models = LoadEach(kFixtures + "/" + fixture,
+                                 {{"cpu", "float32"}, {"cpu", "float32"}});
+    ASSERT_EQ(models.size(), 2u);
+    models[0]->set_graph_rows_everywhere(true);
+    std::vector<KvCache> caches = {models[0]->CreateKvCache(24, 8),
+                                   models[1]->CreateKvCache(24, 8)};
+    at::manual_seed(21);
+    DecoderBatch batch;
+    batch.token_ids = at::randint(300, {5, 9}, at::kLong);
+    batch.num_tokens = {9, 4, 6, 2, 7};
+    batch.start_positions = {0, 0, 0, 0, 0};
+    for (int32_t r = 0; r < 5; ++r) {
+      batch.block_tables.push_back({4 * r, 4 * r + 1, 4 * r + 2, 4 * r + 3});
+    }
+    batch.ratios = {1.0f, 0.5f, 0.75f, 0.5f, 1.0f};
+    for (int step = 0; step < 6; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      auto a = models[0]->Forward(batch, caches[0]);
+      auto b = models[1]->Forward(batch, caches[1]);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      auto near = [](const at::Tensor& got, const at::Tensor& want,
+                     const char* what) {
+        ASSERT_EQ(got.sizes(), want.sizes()) << what;
+        EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << what;
+      };
+      near(a->logits, b->logits, "logits");
+      EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts));
+      if (step > 0) {
+        near(a->top_values, b->top_values, "top values");
+        EXPECT_TRUE(at::equal(a->top_ids, b->top_ids));
+        near(a->row_stats, b->row_stats, "row stats");
+        near(a->resident_logits, b->resident_logits, "resident logits");
+      }
+      for (int32_t r = 0; r < 5; ++r) {
+        batch.start_positions[r] += batch.num_tokens[r];
+      }
+      batch.token_ids = at::randint(300, {5, 1}, at::kLong);
+      batch.num_tokens = {1, 1, 1, 1, 1};
+      batch.top_logits = 4;
+      batch.top_logits_limit = 320;
+      batch.whole_logits = {false, true, false, false, false};
+      batch.row_reductions = {RowReduction{}, RowReduction{0.7f},
+                              RowReduction{}, RowReduction{1.3f},
+                              RowReduction{}};
+    }
+    for (int64_t l = 0; l < models[0]->config().num_layers; ++l) {
+      EXPECT_TRUE(
+          at::allclose(caches[0].keys(l), caches[1].keys(l), 1e-5, 1e-5));
+      EXPECT_TRUE(
+          at::allclose(caches[0].values(l), caches[1].values(l), 1e-5, 1e-5));
+    }
+    const DecoderBatch padded = PadRows(batch, 8);
+    EXPECT_EQ(padded.token_ids.size(0), 8);
+    EXPECT_TRUE(at::equal(padded.token_ids.narrow(0, 5, 3),
+                          batch.token_ids.narrow(0, 0, 1).expand({3, 1})));
+    EXPECT_EQ(padded.block_tables[7], batch.block_tables[0]);
+    EXPECT_EQ(padded.start_positions[6], batch.start_positions[0]);
+    EXPECT_EQ(padded.ratios[5], batch.ratios[0]);
+    EXPECT_EQ(padded.row_reductions.size(), 8u);
+    EXPECT_EQ(padded.whole_logits,
+              (std::vector<bool>{false, true, false, false, false, false, false,
+                                 false}));
+  }
 }
 
 TEST(LlamaForwardTest, RejectsBadBatchesWithoutTouchingTheCache) {
