@@ -213,9 +213,12 @@ def layout_section(args, layout, bandwidth, results):
     # kernel: what that kernel buys. (The paged kernel against the gathered
     # copy, runs 6 and 7: 1.37-1.60x at batch 1; no longer measured.)
     entry["batch1_cublas"] = batch1_with(["--cuda_skinny_linear=false"])
-    # A layer's small ops as chains of ATen kernels, graphs and the paged
-    # kernel on: what the fused layer kernels buy.
-    entry["batch1_chained"] = batch1_with(["--cuda_fused_ops=false"])
+    # This project's kernels launched to overlap the kernel before them
+    # (programmatic dependent launch, off by default): what it would buy.
+    # (The fused layer kernels against ATen chains, run 7: 1.18x at 8b and
+    # 1.34x at 1b; no longer measured.)
+    entry["batch1_overlapped"] = batch1_with(
+        ["--cuda_programmatic_launch=true"])
     # With its own warm-up too: on the H100 the first batched decode at ratio
     # 1.0 without one ran at 0.19-0.48 of the same decode measured later in
     # the process (the caching allocator growing, kernels loading).
@@ -427,8 +430,8 @@ def table(results):
                              if ours else "-"))
         side_by_side("batch1_cublas", "narrow products on cuBLAS",
                      "skinny / cuBLAS")
-        side_by_side("batch1_chained", "small ops as ATen chains",
-                     "fused / chains")
+        side_by_side("batch1_overlapped", "overlapped launches (PDL)",
+                     "default / overlapped")
         row("decode 64 x 2k, tokens/s", "batch64_2k", "decode_tokens_per_s", "%.0f")
         if "batch64_4k" in entry:
             row("decode 64 x 4k, tokens/s", "batch64_4k", "decode_tokens_per_s",

@@ -173,9 +173,9 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
     assert tiny["batch1_cublas"]["1.0"]["decode_tokens_per_s"] > 0
     assert ("| tiny | decode b1 @4k, narrow products on cuBLAS (of bound) |"
             in result.stdout)
-    # The small ops as ATen chains (--cuda_fused_ops=false), side by side.
-    assert tiny["batch1_chained"]["1.0"]["decode_tokens_per_s"] > 0
-    assert ("| tiny | decode b1 @4k, small ops as ATen chains (of bound) |"
+    # With overlapped launches (--cuda_programmatic_launch), side by side.
+    assert tiny["batch1_overlapped"]["1.0"]["decode_tokens_per_s"] > 0
+    assert ("| tiny | decode b1 @4k, overlapped launches (PDL) (of bound) |"
             in result.stdout)
     overhead = results["serving_overhead"]
     assert len(overhead["server_runs"]) == 3

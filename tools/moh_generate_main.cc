@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "model/core/fused_layer_ops.h"
 #include "model/core/runtime.h"
 #include "model/generation/generator.h"
 #include "model/generation/language_model.h"
@@ -73,6 +74,10 @@ ABSL_FLAG(bool, cuda_skinny_linear, true,
           "On CUDA: a decode step's products with few outputs as one kernel "
           "each without split-K, SwiGLU inside the down projection (see "
           "LlamaModel::set_cuda_skinny_linear); false = cuBLAS");
+ABSL_FLAG(bool, cuda_programmatic_launch, false,
+          "On CUDA (Hopper and later): this project's kernels launch to "
+          "overlap the kernel before them (programmatic dependent launch; "
+          "see model/kernels/cuda_launch.h)");
 ABSL_FLAG(bool, routing, false, "Print tokens served per (layer, head)");
 ABSL_FLAG(int32_t, batch, 1,
           "Generate this many copies of the request in one batch (throughput "
@@ -384,6 +389,7 @@ int main(int argc, char** argv) {
   lm->model->set_cuda_fused_ops(absl::GetFlag(FLAGS_cuda_fused_ops));
   lm->model->set_cuda_varlen_prefill(absl::GetFlag(FLAGS_cuda_varlen_prefill));
   lm->model->set_cuda_skinny_linear(absl::GetFlag(FLAGS_cuda_skinny_linear));
+  moh::SetCudaProgrammaticLaunch(absl::GetFlag(FLAGS_cuda_programmatic_launch));
   const moh::LlamaConfig& config = lm->model->config();
   MOH_LOG(Info) << absl::StrFormat(
       "loaded %s in %.2fs: %d layers, %d heads, router %s, default ratio "

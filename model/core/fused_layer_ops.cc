@@ -10,6 +10,7 @@
 
 #include "model/core/cuda_element_of.h"
 #include "model/core/cuda_kernel_args.h"
+#include "model/kernels/cuda_launch.h"
 #include "model/kernels/cuda_layer_ops.h"
 #include "model/kernels/cuda_skinny_linear.h"
 #endif
@@ -271,6 +272,8 @@ at::Tensor FusedSiluMul(const at::Tensor& both) {
   return out;
 }
 
+void SetCudaProgrammaticLaunch(bool on) { cuda::SetProgrammaticLaunch(on); }
+
 namespace {
 
 // The skinny kernel's product, where FusedSkinnyLinear takes it.
@@ -344,6 +347,8 @@ bool FusedRopeStoreKv(const at::Tensor&, const at::Tensor&, const at::Tensor&,
 }
 
 at::Tensor FusedSiluMul(const at::Tensor&) { return at::Tensor(); }
+
+void SetCudaProgrammaticLaunch(bool) {}
 
 at::Tensor FusedSkinnyLinear(const at::Tensor&, const at::Tensor&,
                              const at::Tensor&, int64_t) {

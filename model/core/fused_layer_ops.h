@@ -41,6 +41,12 @@ bool FusedRopeStoreKv(const at::Tensor& keys, const at::Tensor& values,
 // SwiGLU over the [gate | up] product both [N, 2I]: silu(gate) * up, [N, I].
 at::Tensor FusedSiluMul(const at::Tensor& both);
 
+// Whether this project's CUDA kernels launch to overlap the kernel before
+// them in the stream (programmatic dependent launch, Hopper and later:
+// model/kernels/cuda_launch.h), process-wide, from now on; off by default.
+// A no-op in a build against a CPU LibTorch.
+void SetCudaProgrammaticLaunch(bool on);
+
 // Outputs up to which the skinny kernel runs a product. cuBLAS splits the
 // inner dimension of a product this narrow at batch 1 and reduces the
 // splits in a second kernel; its wide products (the 8B layer's [gate | up],

@@ -7,24 +7,60 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "model/kernels/cuda_element.h"
+#include <utility>
 
-// kernel<<<grid, block, 0, stream>>>(args...), then the launch's error. A
-// test may define these three first to run the kernels elsewhere
-// (tests/model/kernels/cuda_host_emulation.h: on the CPU).
+#include "model/kernels/cuda_element.h"
+#include "model/kernels/cuda_launch.h"
+
+// kernel<<<grid, block, 0, stream>>>(args...), then the launch's error; with
+// ProgrammaticLaunch() on, launched to overlap the kernel before it in the
+// stream (cuda_launch.h). A test may define these three first to run the
+// kernels elsewhere (tests/model/kernels/cuda_host_emulation.h: on the CPU).
 #ifndef MOH_CUDA_LAUNCH
+namespace moh::cuda {
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block,
+                   size_t bytes, cudaStream_t stream, Args&&... args) {
+  if (!ProgrammaticLaunch()) {
+    kernel<<<grid, block, bytes, stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute overlap[1] = {};
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = bytes;
+  config.stream = stream;
+  config.attrs = overlap;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+}  // namespace moh::cuda
 #define MOH_CUDA_LAUNCH(kernel, grid, block, stream, ...) \
-  (kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__), cudaGetLastError())
+  moh::cuda::Launch(kernel, grid, block, 0, stream, __VA_ARGS__)
 // The same with `bytes` of dynamic shared memory, which the kernel names
 // with MOH_DYNAMIC_SHARED(name) (float name[]).
 #define MOH_CUDA_LAUNCH_SHARED(kernel, grid, block, bytes, stream, ...) \
-  (kernel<<<(grid), (block), (bytes), (stream)>>>(__VA_ARGS__),         \
-   cudaGetLastError())
+  moh::cuda::Launch(kernel, grid, block, bytes, stream, __VA_ARGS__)
 #define MOH_DYNAMIC_SHARED(name) extern __shared__ float name[]
 #endif
 
 namespace moh {
 namespace cuda {
+
+// The first statement of every kernel here: waits until the kernel before
+// it in the stream has finished and its writes are visible (at once unless
+// this one was launched to overlap it: ProgrammaticLaunch), then lets the
+// kernel after it start its blocks, which wait here in turn. Hopper (sm_90)
+// and later; a no-op before, and on the host.
+__device__ inline void StartAfterPriorGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
 
 // Eight consecutive elements as float; p is 16-byte aligned (32 for float).
 __device__ inline void Load8(const float* p, float* x) {

@@ -63,6 +63,7 @@ struct NormRow {
 template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormKernel(AddRmsNormArgs a) {
+  cuda::StartAfterPriorGrid();
   const NormRow<T> row(a);
   float squares = 0.f;
   for (int i = threadIdx.x; i < a.width; i += kNormThreads) {
@@ -85,6 +86,7 @@ __global__ void __launch_bounds__(kNormThreads)
 template <typename T, int kVectors>
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormVectorKernel(AddRmsNormArgs a) {
+  cuda::StartAfterPriorGrid();
   const NormRow<T> row(a);
   float sums[kVectors][8];
   float squares = 0.f;
@@ -169,6 +171,7 @@ __device__ inline void RopeBlock(const RopeArgs& a, int64_t block) {
 
 template <typename T>
 __global__ void RopeKernel(RopeArgs a) {
+  cuda::StartAfterPriorGrid();
   RopeBlock<T>(a, blockIdx.x);
 }
 
@@ -195,6 +198,7 @@ __device__ inline void RopeStoreKvBlock(const RopeStoreKvArgs& a,
 
 template <typename T>
 __global__ void RopeStoreKvKernel(RopeStoreKvArgs a) {
+  cuda::StartAfterPriorGrid();
   RopeStoreKvBlock<T>(a, blockIdx.x);
 }
 
@@ -209,6 +213,7 @@ __device__ inline float SiluTimes(float g, float up) {
 // A thread per element: any width and alignment.
 template <typename T>
 __global__ void SiluMulKernel(SiluMulArgs a) {
+  cuda::StartAfterPriorGrid();
   const int64_t i = int64_t{blockIdx.x} * kElementThreads + threadIdx.x;
   if (i >= a.rows * a.inter) return;
   const int64_t row = i / a.inter, c = i % a.inter;
@@ -222,6 +227,7 @@ __global__ void SiluMulKernel(SiluMulArgs a) {
 // a layer of a 64 x 2k prefill).
 template <typename T>
 __global__ void SiluMulVectorKernel(SiluMulArgs a) {
+  cuda::StartAfterPriorGrid();
   const int64_t c = (int64_t{blockIdx.x} * kElementThreads + threadIdx.x) * 8;
   if (c >= a.inter) return;
   for (int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
@@ -332,6 +338,7 @@ __device__ inline void QueryNormGatesBlock(const QueryNormGatesArgs& a,
 template <typename T, bool kChunks>
 __global__ void __launch_bounds__(kRouterThreads)
     QueryNormGatesKernel(QueryNormGatesArgs a) {
+  cuda::StartAfterPriorGrid();
   QueryNormGatesBlock<T, kChunks, kRouterThreads>(a, blockIdx.x);
 }
 
@@ -341,6 +348,7 @@ template <typename T, bool kChunks>
 __global__ void __launch_bounds__(kElementThreads)
     AttentionPrologueKernel(AttentionPrologueArgs a, int query_blocks,
                             int key_blocks) {
+  cuda::StartAfterPriorGrid();
   const int64_t b = blockIdx.x;
   if (b < query_blocks) {
     RopeBlock<T>(a.queries, b);

@@ -48,6 +48,7 @@ __device__ inline int64_t RowKeys(const PagedDecodeArgs& a, int row) {
 template <typename T, int G>
 __global__ void __launch_bounds__(kThreads)
     PagedDecodeSplitKernel(PagedDecodeArgs a) {
+  cuda::StartAfterPriorGrid();
   const int row = blockIdx.x, kv = blockIdx.y, split = blockIdx.z;
   const int d_n = a.head_dim, tid = threadIdx.x;
   MOH_DYNAMIC_SHARED(shared);
@@ -201,6 +202,7 @@ __device__ inline float BlockReduce(float v, bool max, float* scratch) {
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads)
     PagedDecodeCombineKernel(PagedDecodeArgs a) {
+  cuda::StartAfterPriorGrid();
   const int64_t head = blockIdx.x;  // row * heads + h
   const int d_n = a.head_dim, tid = threadIdx.x;
   MOH_DYNAMIC_SHARED(shared);

@@ -24,6 +24,7 @@ constexpr int kSkinnyWarps = kSkinnyThreads / 32;
 template <typename T, int kRows, bool kSiluMul>
 __global__ void __launch_bounds__(kSkinnyThreads)
     SkinnyLinearKernel(SkinnyLinearArgs a) {
+  cuda::StartAfterPriorGrid();
   const int j0 = blockIdx.x * kSkinnyColumns;
   const int columns = min(kSkinnyColumns, a.n - j0);
   const T* w =
