@@ -111,12 +111,7 @@ TEST(GpuFusedOpsModelTest, FusedAndChainedStepsAgree) {
                                    models[1]->CreateKvCache(16, 8),
                                    models[2]->CreateKvCache(16, 8)};
     at::manual_seed(14);
-    DecoderBatch batch;
-    batch.token_ids = at::randint(300, {3, 9}, at::kLong);
-    batch.num_tokens = {9, 4, 6};
-    batch.start_positions = {0, 0, 0};
-    batch.block_tables = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}};
-    batch.ratios = {1.0f, 0.5f, 0.75f};
+    DecoderBatch batch = ThreeMixedPrompts();
     for (int step = 0; step < 14; ++step) {
       auto a = fused.Forward(batch, caches[0]);
       ASSERT_TRUE(a.ok()) << a.status();
@@ -133,11 +128,7 @@ TEST(GpuFusedOpsModelTest, FusedAndChainedStepsAgree) {
         EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts))
             << "step " << step << " against model " << other;
       }
-      for (int r = 0; r < 3; ++r) {
-        batch.start_positions[r] += batch.num_tokens[r];
-      }
-      batch.token_ids = at::randint(300, {3, 1}, at::kLong);
-      batch.num_tokens = {1, 1, 1};
+      NextTokenEach(batch);
     }
     EXPECT_GE(fused.graph_replays(), 8);
   }

@@ -292,12 +292,7 @@ TEST(GpuGraphTest, OverlappedLaunchesGiveTheSameSteps) {
   std::vector<KvCache> caches = {models[0]->CreateKvCache(16, 8),
                                  models[1]->CreateKvCache(16, 8)};
   at::manual_seed(15);
-  DecoderBatch batch;
-  batch.token_ids = at::randint(300, {3, 9}, at::kLong);
-  batch.num_tokens = {9, 4, 6};
-  batch.start_positions = {0, 0, 0};
-  batch.block_tables = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}};
-  batch.ratios = {1.0f, 0.5f, 0.75f};
+  DecoderBatch batch = ThreeMixedPrompts();
   for (int step = 0; step < 14; ++step) {
     SetCudaProgrammaticLaunch(true);
     auto a = models[0]->Forward(batch, caches[0]);
@@ -308,9 +303,7 @@ TEST(GpuGraphTest, OverlappedLaunchesGiveTheSameSteps) {
     const std::string what = "step " + std::to_string(step);
     ExpectClose(a->logits, b->logits, 1e-5, what);
     EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts)) << what;
-    for (int r = 0; r < 3; ++r) batch.start_positions[r] += batch.num_tokens[r];
-    batch.token_ids = at::randint(300, {3, 1}, at::kLong);
-    batch.num_tokens = {1, 1, 1};
+    NextTokenEach(batch);
   }
   EXPECT_GE(models[0]->graph_replays(), 8);  // recorded with the overlap
 }

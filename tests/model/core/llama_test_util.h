@@ -91,6 +91,30 @@ inline std::vector<std::unique_ptr<LlamaModel>> LoadEach(
   return models;
 }
 
+// Three rows' prompts of 9, 4 and 6 random token ids (below 300), each in
+// 4 blocks of its own ({0-3}, {4-7}, {8-11}: 32 positions of 8), at ratios
+// 1.0, 0.5 and 0.75.
+inline DecoderBatch ThreeMixedPrompts() {
+  DecoderBatch batch;
+  batch.token_ids = at::randint(300, {3, 9}, at::kLong);
+  batch.num_tokens = {9, 4, 6};
+  batch.start_positions = {0, 0, 0};
+  batch.block_tables = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}};
+  batch.ratios = {1.0f, 0.5f, 0.75f};
+  return batch;
+}
+
+// `batch` moved on to its next decode step: every row past the tokens it
+// had, one new random token id (below 300) each.
+inline void NextTokenEach(DecoderBatch& batch) {
+  const int64_t rows = batch.token_ids.size(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    batch.start_positions[r] += batch.num_tokens[r];
+  }
+  batch.token_ids = at::randint(300, {rows, 1}, at::kLong);
+  batch.num_tokens.assign(rows, 1);
+}
+
 // Random weights (seeded) for `config`, in `options` (float32 on the CPU by
 // default); `poison_routed_kv`: the k/v projection rows of KV heads >=
 // narrow width are NaN, so a row that computed them would fail.
