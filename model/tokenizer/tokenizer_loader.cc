@@ -378,6 +378,14 @@ absl::Status Load(const json& root, TokenizerPipeline* impl) {
   int32_t size = 0;
   for (const auto& [token, id] : impl->vocab) size = std::max(size, id + 1);
   for (const AddedToken& t : impl->added) size = std::max(size, t.id + 1);
+  const int64_t named = static_cast<int64_t>(impl->vocab.size()) +
+                        static_cast<int64_t>(impl->added.size());
+  if (size - named > kMaxUnusedTokenIds) {
+    return Invalid("(token ids)",
+                   absl::StrCat("the largest id, ", size - 1, ", leaves ",
+                                size - named, " ids below it unnamed; at most ",
+                                kMaxUnusedTokenIds, " may be"));
+  }
   impl->id_to_token.resize(size);
   impl->id_kind.assign(size, TokenizerPipeline::kMissing);
   for (const auto& [token, id] : impl->vocab) {

@@ -621,6 +621,29 @@ TEST(TokenizerErrorTest, DeeplyNestedSequencesAreRefusedNotRecursed) {
   EXPECT_TRUE(two.ok()) << two.status();
 }
 
+// Found by fuzzing: an added token's id of 16 million in a 200-byte file
+// allocated a table of 16 million strings (a timeout under ASan). Ids may
+// leave at most kMaxUnusedTokenIds unnamed below the largest.
+TEST(TokenizerErrorTest, SparseIdsAreRefused) {
+  auto sparse = LoadEdited(kMetaspace, [](nlohmann::json& j) {
+    j["added_tokens"] = nlohmann::json::parse(
+        R"([{"id": 16114084, "content": "x", "special": true}])");
+  });
+  ASSERT_FALSE(sparse.ok());
+  EXPECT_EQ(sparse.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(sparse.status().message()),
+              HasSubstr("the largest id, 16114084, leaves"));
+  EXPECT_THAT(std::string(sparse.status().message()),
+              HasSubstr("at most 65536 may be"));
+  // A gap of 65,536 ids past the vocabulary still loads.
+  const int64_t vocab = ReadJson(kMetaspace)["model"]["vocab"].size();
+  auto gap = LoadEdited(kMetaspace, [&](nlohmann::json& j) {
+    j["added_tokens"] = nlohmann::json::array(
+        {{{"id", vocab + 65536 - 1}, {"content", "x"}, {"special", true}}});
+  });
+  EXPECT_TRUE(gap.ok()) << gap.status();
+}
+
 TEST(TokenizerErrorTest, FilesThatCannotBeReadOrParsed) {
   const std::string missing = TestdataPath("tokenizer_does_not_exist.json");
   auto tok = Tokenizer::FromFile(missing);
