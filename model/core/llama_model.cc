@@ -299,21 +299,24 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x,
 
 absl::StatusOr<DecoderOutput> LlamaModel::ForwardUnchecked(
     const DecoderBatch& batch, KvCache& cache) const {
-  // A step recorded as a graph runs with its rows bucketed (GraphRows).
+  // A step recorded as a graph runs with its rows bucketed (GraphRows);
+  // the copies it is padded with leave it eligible.
   const int64_t rows = batch.token_ids.size(0);
+  const bool graph = GraphEligible(batch);
   const bool bucketed =
-      graph_rows_everywhere_ ? OneTokenRows(batch) : GraphEligible(batch);
+      graph || (graph_rows_everywhere_ && OneTokenRows(batch));
   if (bucketed && GraphRows(rows) > rows) {
     absl::StatusOr<DecoderOutput> out =
-        ForwardRows(PadRows(batch, GraphRows(rows)), cache);
+        ForwardRows(PadRows(batch, GraphRows(rows)), cache, graph);
     if (!out.ok()) return out;
     return FirstRows(*std::move(out), rows);
   }
-  return ForwardRows(batch, cache);
+  return ForwardRows(batch, cache, graph);
 }
 
 absl::StatusOr<DecoderOutput> LlamaModel::ForwardRows(const DecoderBatch& batch,
-                                                      KvCache& cache) const {
+                                                      KvCache& cache,
+                                                      bool graph) const {
   // The model's device and stream (CUDA) for everything below, one step at
   // a time on CUDA.
   const std::unique_lock<std::mutex> lock = LockDevice();
@@ -327,7 +330,6 @@ absl::StatusOr<DecoderOutput> LlamaModel::ForwardRows(const DecoderBatch& batch,
   int64_t n = 0;
   for (int64_t b = 0; b < rows; ++b) n += batch.num_tokens[b];
   const int64_t tail = batch.all_logits ? 0 : std::max(batch.logits_tail, 1);
-  const bool graph = GraphEligible(batch);
   // The host's phases of a step are named for LibTorch's profiler (user
   // scopes "moh::...", a flag test when none runs): bench/trace_summary.py
   // sets the device's idle time against them.

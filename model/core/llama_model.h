@@ -297,9 +297,10 @@ class LlamaModel {
   absl::Status Validate(const DecoderBatch& batch, const KvCache& cache) const;
   absl::StatusOr<DecoderOutput> ForwardUnchecked(const DecoderBatch& batch,
                                                  KvCache& cache) const;
-  // ForwardUnchecked with the rows as given (it pads a graph step's).
+  // ForwardUnchecked with the rows as given (it pads a graph step's);
+  // `graph`: GraphEligible(batch).
   absl::StatusOr<DecoderOutput> ForwardRows(const DecoderBatch& batch,
-                                            KvCache& cache) const;
+                                            KvCache& cache, bool graph) const;
   // The step's host-side indices (llama_model.cc).
   struct StepIndices;
   // The recorded decode steps (llama_model_graphs.cc).
