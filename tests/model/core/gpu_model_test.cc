@@ -173,9 +173,7 @@ TEST(GpuWorkListTest, DecodeAtLowRatiosMatchesCpu) {
     ASSERT_TRUE(b.ok()) << b.status();
     ExpectClose(a->logits, b->logits, kFp32Tolerance,
                 "step " + std::to_string(step));
-    for (int r = 0; r < 4; ++r) batch.start_positions[r] += batch.num_tokens[r];
-    batch.token_ids = at::randint(300, {4, 1}, at::kLong);
-    batch.num_tokens = {1, 1, 1, 1};
+    NextTokenEach(batch);
   }
   EXPECT_GE(cuda.graph_replays(), 5);
 }
@@ -368,9 +366,7 @@ TEST(GpuPagedDecodeModelTest, PagedAndGatheredDecodeAgree) {
     ASSERT_TRUE(b.ok()) << b.status();
     ExpectClose(a->logits, b->logits.to(at::kFloat).cpu(), 1e-4,
                 "step " + std::to_string(step));
-    for (int r = 0; r < 2; ++r) batch.start_positions[r] += batch.num_tokens[r];
-    batch.token_ids = at::randint(300, {2, 1}, at::kLong);
-    batch.num_tokens = {1, 1};
+    NextTokenEach(batch);
   }
 }
 

@@ -297,11 +297,7 @@ TEST(GraphRowsTest, CopiesOfTheFirstRowChangeNoOtherRow) {
         near(a->row_stats, b->row_stats, "row stats");
         near(a->resident_logits, b->resident_logits, "resident logits");
       }
-      for (int32_t r = 0; r < 5; ++r) {
-        batch.start_positions[r] += batch.num_tokens[r];
-      }
-      batch.token_ids = at::randint(300, {5, 1}, at::kLong);
-      batch.num_tokens = {1, 1, 1, 1, 1};
+      NextTokenEach(batch);
       batch.top_logits = 4;
       batch.top_logits_limit = 320;
       batch.whole_logits = {false, true, false, false, false};
@@ -494,17 +490,6 @@ DecoderBatch RaggedPrefill(std::vector<int32_t> num_tokens,
   return batch;
 }
 
-// `batch` made the next decode step: one random token per row after what
-// it ran.
-void NextDecodeStep(DecoderBatch& batch) {
-  const int64_t rows = batch.token_ids.size(0);
-  for (int64_t r = 0; r < rows; ++r) {
-    batch.start_positions[r] += batch.num_tokens[r];
-  }
-  batch.token_ids = at::randint(300, {rows, 1}, at::kLong);
-  batch.num_tokens.assign(rows, 1);
-}
-
 // The ATen path CUDA runs (bfloat16, dense attention; here on the CPU)
 // over prefill rows of different widths, then decode steps (rows without
 // padding): it routes as float32 does (llama_qnorm's top-k margins are
@@ -532,7 +517,7 @@ TEST(LlamaDtypeTest, BFloat16DenseStepsFollowFloat32) {
     const double scale = b->logits.abs().max().item<double>();
     EXPECT_LE((a->logits - b->logits).abs().max().item<double>(), 0.05 * scale)
         << what;
-    NextDecodeStep(batch);
+    NextTokenEach(batch);
   }
 }
 
@@ -586,7 +571,7 @@ TEST(DenseSharedHeadsTest, KZeroReadsOnlyTheSharedKvGroups) {
           << what;
       EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts))
           << what;
-      NextDecodeStep(batch);
+      NextTokenEach(batch);
     }
   }
 }
