@@ -1,24 +1,45 @@
-"""Soak: one moh-server serving the demo models under mixed load.
+"""Soak: one moh-server serving the three demo models on every door under mixed load.
 
-Client threads loop over a seeded mix of requests for --duration seconds:
-streams read to the end, streams the client cancels after two messages,
-streams whose deadline passes mid-way, image classification, label scoring,
-and bad input (a ratio out of range, a GIF). Checks, printed as a table:
-  - every request got one final status of the kind its case allows;
-  - the server counted every request it received (moh_requests_total grew
-    by the number sent, less at most the calls whose deadline passed before
+Client threads loop over a seeded mix of requests for --duration seconds,
+through gRPC and the HTTP API (OpenAI and Anthropic), and every answer that
+the server promises exactly is checked against what it must be:
+  gRPC   greedy streams (by ratio, and through the alias demo-lm@0.5) equal the
+         Python model's tokens (models/demo-lm/golden.json); n = 2 sampled
+         streams with log-probabilities and a stop string end both samples;
+         adaptive activation stays within [min_ratio, ratio]; JSON mode yields
+         JSON when it ends; streams the client cancels after two messages;
+         streams whose deadline passes mid-way; label scores, digit
+         probabilities and DiT images (with progress, or cancelled) equal the
+         Python models' within the demo tests' tolerances; random PNGs;
+         bad input (a ratio out of range, a GIF).
+  HTTP   greedy completions (echo, log-probabilities) and streamed chat equal
+         what the same request got alone before the load; clients that leave a
+         stream; a JSON-schema chat yields the schema's object when it ends;
+         Anthropic message streams end with message_stop; bad bodies get the
+         error naming the field.
+Checks, printed as a table:
+  - every request got one final status its case allows, and every checked
+    answer was right;
+  - the server counted every request it received (moh_requests_total grew by
+    the number sent, less at most the gRPC calls whose deadline passed before
     they reached it);
   - resident memory after the warm-up (the first fifth) grew less than 5%;
-  - open file descriptors did not grow.
+  - open file descriptors did not grow;
+  - on SIGTERM the server drains and exits 0 (with an ASan build under
+    detect_leaks=1, LeakSanitizer's verdict at exit).
 Exit status 1 when a check fails.
 
   python3 bench/soak.py [--duration 600] [--clients 8] [--seed 1]
 (after `scripts/build.sh`; the integration tests' helpers start the server).
 """
 import argparse
+import http.client
+import io
+import json
 import os
 import random
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -26,27 +47,57 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(HERE)
+MODELS = os.path.join(SOURCE_DIR, "models")
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "integration"))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "training"))
 
 import grpc  # noqa: E402
 
+import demo_eval  # noqa: E402
 import moh_testdata  # noqa: E402
 import moh_testlib as lib  # noqa: E402
 
 GIF_1X1 = (b"GIF89a\x01\x00\x01\x00\x80\x00\x00\xff\xff\xff\x00\x00\x00"
            b"!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01"
            b"\x00\x00\x02\x02D\x01\x00;")
-OK = grpc.StatusCode.OK
-# Each case: the codes its final status may have.
+# The demo tests' tolerances (tests/integration/test_demo_models.py).
+PROB_TOLERANCE = 1e-4
+LOG_LIKELIHOOD_TOLERANCE = 2e-3
+PIXEL_TOLERANCE = 1
+HTTP_TIMEOUT = 60
+ALIAS = "demo-lm@0.5"
+JSON_SCHEMA = {"type": "object", "properties": {"digit": {"type": "integer"}},
+               "required": ["digit"]}
+
+OK = "OK"
+# Each case: the final statuses it may end with (gRPC codes; HTTP_<status>).
 ALLOWED = {
-    "stream": {OK},
-    "cancel": {grpc.StatusCode.CANCELLED, OK},
-    "deadline": {grpc.StatusCode.DEADLINE_EXCEEDED, OK},
-    "image": {OK},
+    "greedy": {OK},
+    "sampled": {OK},
+    "adaptive": {OK},
+    "json_mode": {OK},
+    "cancel": {"CANCELLED", OK},
+    "deadline": {"DEADLINE_EXCEEDED", OK},
+    "bad_ratio": {"INVALID_ARGUMENT"},
     "labels": {OK},
-    "bad_ratio": {grpc.StatusCode.INVALID_ARGUMENT},
-    "bad_image": {grpc.StatusCode.INVALID_ARGUMENT},
+    "digits": {OK},
+    "image": {OK},
+    "bad_image": {"INVALID_ARGUMENT"},
+    "dit": {OK},
+    "dit_cancel": {"CANCELLED", OK},
+    "http_completion": {"HTTP_200"},
+    "http_chat_stream": {"HTTP_200"},
+    "http_leave": {"HTTP_200"},
+    "http_json_schema": {"HTTP_200"},
+    "anthropic_stream": {"HTTP_200"},
+    "http_bad": {"HTTP_400"},
 }
+# gRPC calls that may end on the client before they reach the server.
+MAY_BE_UNSEEN = {("deadline", "DEADLINE_EXCEEDED")}
+
+
+class Wrong(Exception):
+    """An answer that is not what the server promises."""
 
 
 def load_api(workdir):
@@ -62,39 +113,368 @@ def load_api(workdir):
     return pb, stubs
 
 
-def run_case(case, pb, stub, rng):
-    """Sends one request of `case`; returns its final status code."""
+def png_pixels(png):
+    from PIL import Image
+    with Image.open(io.BytesIO(png)) as image:
+        return list(image.getdata())
+
+
+def expect(condition, what):
+    if not condition:
+        raise Wrong(what)
+
+
+# --- HTTP ---
+
+
+def http_call(port, method, path, body, stream=False):
+    """(status, parsed JSON or the list of SSE data/event lines)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT)
     try:
-        if case in ("stream", "cancel", "deadline", "bad_ratio"):
-            request = lib.generate_request(
-                pb, prompt="Once upon a time",
-                max_new_tokens=200 if case == "deadline" else 24,
-                ratio=7.0 if case == "bad_ratio" else rng.choice([0.0, 0.5]),
-                temperature=rng.choice([0.0, 0.8]), seed=rng.randrange(1000))
-            timeout = 0.05 if case == "deadline" else 60
-            call = stub.Generate(request, timeout=timeout)
-            if case == "cancel":
-                next(call)
-                next(call)
-                call.cancel()
-            for _ in call:
-                pass
-            return OK
-        if case == "labels":
-            stub.Classify(pb.ClassifyRequest(
-                model="demo-lm", text="the owl said", labels=["yes", "no"]),
-                timeout=60)
-            return OK
-        image = (GIF_1X1 if case == "bad_image" else moh_testdata.encode_png(
+        data = body if isinstance(body, bytes) else json.dumps(body)
+        conn.request(method, path, body=data,
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if stream and response.status == 200:
+            lines = []
+            while True:
+                line = response.readline()
+                if not line:
+                    return response.status, lines
+                line = line.decode().rstrip("\r\n")
+                if line:
+                    lines.append(line)
+        return response.status, json.loads(response.read().decode())
+    finally:
+        conn.close()
+
+
+def sse_data(lines):
+    """The JSON of each `data:` line but [DONE], and whether [DONE] came."""
+    events = [line[len("data: "):] for line in lines
+              if line.startswith("data: ")]
+    done = bool(events) and events[-1] == "[DONE]"
+    return [json.loads(e) for e in events if e != "[DONE]"], done
+
+
+class Soak:
+    """The requests of each case (case_NAME) and what their answers must
+    be."""
+
+    def __init__(self, server, pb, stubs):
+        self.server = server
+        self.pb = pb
+        self.stubs = stubs
+        self.lm = demo_eval.read_json(MODELS, "demo-lm", "golden.json")
+        self.vit = demo_eval.read_json(MODELS, "demo-vit", "golden.json")
+        self.dit = demo_eval.read_json(MODELS, "demo-dit", "golden.json")
+        self.digits = demo_eval.heldout_digits(MODELS)[0]
+        self.references = {}
+
+    # Answers the HTTP cases must repeat: each request alone, before the load.
+
+    def completion_body(self, case, echo):
+        return {"model": "demo-lm", "prompt": case["prompt"],
+                "max_tokens": self.lm["new_tokens"], "temperature": 0,
+                "logprobs": 2, "echo": echo}
+
+    def chat_body(self, case, stream):
+        return {"model": "demo-lm", "max_tokens": 16, "temperature": 0,
+                "stream": stream,
+                "messages": [{"role": "user", "content": case["prompt"]}]}
+
+    def record_references(self):
+        port = self.server.http_port
+        for i, case in enumerate(self.lm["cases"]):
+            for echo in (False, True):
+                status, body = http_call(port, "POST", "/v1/completions",
+                                         self.completion_body(case, echo))
+                assert status == 200, body
+                self.references[("completion", i, echo)] = completion_answer(
+                    body)
+            status, body = http_call(port, "POST", "/v1/chat/completions",
+                                     self.chat_body(case, False))
+            assert status == 200, body
+            self.references[("chat", i)] = body["choices"][0]["message"][
+                "content"]
+
+    # One request of `name`; returns its final status.
+
+    def run(self, name, stub, rng):
+        try:
+            return getattr(self, "case_" + name)(stub, rng)
+        except grpc.RpcError as e:
+            return e.code().name
+        except StopIteration:
+            return OK  # a stream shorter than what the case reads
+
+    def case_greedy(self, stub, rng):
+        case = rng.choice(self.lm["cases"])
+        ratio = rng.choice(sorted(case["greedy"]))
+        alias = ratio == "0.5" and rng.random() < 0.5
+        request = lib.generate_request(
+            self.pb, prompt=case["prompt"], model=ALIAS if alias else "demo-lm",
+            ratio=0.0 if alias else float(ratio), temperature=0.0,
+            max_new_tokens=self.lm["new_tokens"],
+            include_routing=rng.random() < 0.5)
+        messages = list(stub.Generate(request, timeout=60))
+        want = case["greedy"][ratio]
+        got = lib.token_ids_of(messages)
+        expect(got[:len(want)] == want,
+               "greedy %r at %s: %s, want %s" % (case["prompt"], ratio, got,
+                                                 want))
+        expect(messages[-1].usage.prompt_tokens == len(case["prompt_ids"]),
+               "prompt_tokens %d" % messages[-1].usage.prompt_tokens)
+        return OK
+
+    def case_sampled(self, stub, rng):
+        request = lib.generate_request(
+            self.pb, prompt=rng.choice(self.lm["cases"])["prompt"],
+            max_new_tokens=24, temperature=0.8, top_p=0.9,
+            seed=rng.randrange(1000), logprobs=2, stop=[" the"],
+            ratio=rng.choice([0.0, 0.5, 1.0]))
+        request.n = 2
+        ends = {}
+        for m in stub.Generate(request, timeout=60):
+            expect(len(m.logprobs) == len(m.token_ids),
+                   "%d log-probabilities for %d tokens" %
+                   (len(m.logprobs), len(m.token_ids)))
+            if m.finish_reason:
+                ends[m.index] = ends.get(m.index, 0) + 1
+        expect(ends == {0: 1, 1: 1}, "samples' last messages %s" % ends)
+        return OK
+
+    def case_adaptive(self, stub, rng):
+        request = lib.generate_request(
+            self.pb, prompt=rng.choice(self.lm["cases"])["prompt"],
+            max_new_tokens=16, temperature=0.0, ratio=1.0, min_ratio=0.5)
+        request.priority = rng.randrange(-5, 6)
+        last = list(stub.Generate(request, timeout=60))[-1]
+        expect(0.5 - 1e-6 <= last.activation_ratio <= 1.0 + 1e-6,
+               "activation_ratio %g outside [0.5, 1]" % last.activation_ratio)
+        return OK
+
+    def case_json_mode(self, stub, rng):
+        request = lib.generate_request(
+            self.pb, prompt="Once upon a time", max_new_tokens=48,
+            temperature=rng.choice([0.0, 0.8]), seed=rng.randrange(1000))
+        request.response_format.json_object.SetInParent()
+        messages = list(stub.Generate(request, timeout=60))
+        if messages[-1].finish_reason == self.pb.EOS:
+            text = "".join(m.text for m in messages)
+            try:
+                expect(isinstance(json.loads(text), dict),
+                       "JSON mode: not an object: %r" % text)
+            except ValueError:
+                raise Wrong("JSON mode: not JSON: %r" % text)
+        return OK
+
+    def case_cancel(self, stub, rng):
+        call = stub.Generate(lib.generate_request(
+            self.pb, prompt="Once upon a time", max_new_tokens=24,
+            temperature=0.8, seed=rng.randrange(1000)), timeout=60)
+        next(call)
+        next(call)
+        call.cancel()
+        for _ in call:
+            pass
+        return OK
+
+    def case_deadline(self, stub, rng):
+        for _ in stub.Generate(lib.generate_request(
+                self.pb, prompt="Once upon a time", max_new_tokens=200,
+                ratio=rng.choice([0.0, 0.5])), timeout=0.05):
+            pass
+        return OK
+
+    def case_bad_ratio(self, stub, rng):
+        list(stub.Generate(lib.generate_request(
+            self.pb, prompt="Once upon a time", ratio=7.0), timeout=60))
+        return OK
+
+    def case_labels(self, stub, rng):
+        case = rng.choice(self.lm["cases"])
+        ratio = rng.choice(sorted(case["label_log_likelihoods"]))
+        request = self.pb.ClassifyRequest(model="demo-lm", text=case["prompt"])
+        request.labels.extend(case["labels"])
+        request.activation.ratio = float(ratio)
+        response = stub.Classify(request, timeout=60)
+        got = {c.index: c.log_likelihood for c in response.classes}
+        for i, want in enumerate(case["label_log_likelihoods"][ratio]):
+            expect(abs(got[i] - want) <= LOG_LIKELIHOOD_TOLERANCE,
+                   "label %r at %s: %g, want %g" % (case["labels"][i], ratio,
+                                                    got[i], want))
+        return OK
+
+    def case_digits(self, stub, rng):
+        case = rng.choice(self.vit["cases"])
+        ratio = rng.choice(sorted(case["probabilities"]))
+        response = stub.Classify(demo_eval.pixels_request(
+            self.pb, self.digits[case["heldout_index"]], float(ratio),
+            top_n=10), timeout=60)
+        got = {c.index: c.score for c in response.classes}
+        for k, want in enumerate(case["probabilities"][ratio]):
+            expect(abs(got[k] - want) <= PROB_TOLERANCE,
+                   "digit %d at %s: p(%d) %g, want %g" % (
+                       case["heldout_index"], ratio, k, got[k], want))
+        return OK
+
+    def case_image(self, stub, rng):
+        image = moh_testdata.encode_png(
             [[[rng.random() for _ in range(16)] for _ in range(16)]
-             for _ in range(3)]))
-        stub.Classify(pb.ClassifyRequest(model="demo-vit", image=image),
+             for _ in range(3)])
+        stub.Classify(self.pb.ClassifyRequest(model="demo-vit", image=image),
                       timeout=60)
         return OK
-    except StopIteration:
-        return OK  # a stream shorter than two messages
-    except grpc.RpcError as e:
-        return e.code()
+
+    def case_bad_image(self, stub, rng):
+        stub.Classify(self.pb.ClassifyRequest(model="demo-vit", image=GIF_1X1),
+                      timeout=60)
+        return OK
+
+    def image_request(self, sample, progress):
+        request = demo_eval.image_request(
+            self.pb, sample["class"], sample["seed"], sample["ratio"],
+            sample["steps"], sample["guidance"])
+        request.progress = progress
+        return request
+
+    def case_dit(self, stub, rng):
+        sample = rng.choice(self.dit["samples"])
+        messages = list(stub.GenerateImage(
+            self.image_request(sample, rng.random() < 0.5), timeout=60))
+        got = png_pixels(messages[-1].png)
+        want = [v for row in sample["image_u8"][0] for v in row]
+        worst = max(abs(g - w) for g, w in zip(got, want))
+        expect(len(got) == len(want) and worst <= PIXEL_TOLERANCE,
+               "image of class %d seed %d at %g: off by %d" % (
+                   sample["class"], sample["seed"], sample["ratio"], worst))
+        return OK
+
+    def case_dit_cancel(self, stub, rng):
+        call = stub.GenerateImage(
+            self.image_request(rng.choice(self.dit["samples"]), True),
+            timeout=60)
+        next(call)
+        call.cancel()
+        for _ in call:
+            pass
+        return OK
+
+    def case_http_completion(self, stub, rng):
+        i = rng.randrange(len(self.lm["cases"]))
+        echo = rng.random() < 0.5
+        status, body = http_call(self.server.http_port, "POST",
+                                 "/v1/completions",
+                                 self.completion_body(self.lm["cases"][i],
+                                                      echo))
+        if status == 200:
+            got = completion_answer(body)
+            want = self.references[("completion", i, echo)]
+            expect(got == want, "completion %d (echo %s): %r, want %r" %
+                   (i, echo, got, want))
+        return "HTTP_%d" % status
+
+    def case_http_chat_stream(self, stub, rng):
+        i = rng.randrange(len(self.lm["cases"]))
+        status, lines = http_call(self.server.http_port, "POST",
+                                  "/v1/chat/completions",
+                                  self.chat_body(self.lm["cases"][i], True),
+                                  stream=True)
+        if status == 200:
+            chunks, done = sse_data(lines)
+            expect(done, "chat stream without [DONE]")
+            text = "".join(c["choices"][0]["delta"].get("content") or ""
+                           for c in chunks if c.get("choices"))
+            want = self.references[("chat", i)]
+            expect(text == want, "chat %d: %r, want %r" % (i, text, want))
+        return "HTTP_%d" % status
+
+    def case_http_leave(self, stub, rng):
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port,
+                                          timeout=HTTP_TIMEOUT)
+        try:
+            conn.request("POST", "/v1/completions", body=json.dumps({
+                "model": "demo-lm", "prompt": "Once upon a time",
+                "max_tokens": 200, "stream": True,
+                "seed": rng.randrange(1000)}),
+                headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            if response.status == 200:
+                response.readline()
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            return "HTTP_%d" % response.status
+        finally:
+            conn.close()
+
+    def case_http_json_schema(self, stub, rng):
+        status, body = http_call(
+            self.server.http_port, "POST", "/v1/chat/completions", {
+                "model": "demo-lm", "max_tokens": 48,
+                "temperature": rng.choice([0, 0.8]),
+                "seed": rng.randrange(1000),
+                "messages": [{"role": "user", "content": "A digit, please"}],
+                "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "digit", "schema": JSON_SCHEMA}}})
+        if status == 200 and body["choices"][0]["finish_reason"] == "stop":
+            text = body["choices"][0]["message"]["content"]
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise Wrong("json_schema: not JSON: %r" % text)
+            expect(isinstance(value, dict) and set(value) == {"digit"} and
+                   isinstance(value["digit"], int),
+                   "json_schema: %r is not the schema's" % text)
+        return "HTTP_%d" % status
+
+    def case_anthropic_stream(self, stub, rng):
+        status, lines = http_call(
+            self.server.http_port, "POST", "/v1/messages", {
+                "model": rng.choice(["demo-lm", ALIAS]), "max_tokens": 16,
+                "stream": True, "temperature": rng.choice([0, 0.8]),
+                "messages": [{"role": "user", "content": "Once upon a time"}]},
+            stream=True)
+        if status == 200:
+            events = [line[len("event: "):] for line in lines
+                      if line.startswith("event: ")]
+            events = [e for e in events if e != "ping"]
+            expect(events[:2] == ["message_start", "content_block_start"] and
+                   events[-3:] == ["content_block_stop", "message_delta",
+                                   "message_stop"] and
+                   set(events[2:-3]) <= {"content_block_delta"},
+                   "Anthropic events %s" % events)
+        return "HTTP_%d" % status
+
+    def case_http_bad(self, stub, rng):
+        body, field = rng.choice([
+            (b'{"model": "demo-lm", "prompt": ', "JSON"),
+            ({"model": "demo-lm", "prompt": "x", "temperature": 7},
+             "temperature"),
+            ({"model": "demo-lm", "prompt": "x", "activation_ratio": 2},
+             "activation_ratio"),
+        ])
+        status, answer = http_call(self.server.http_port, "POST",
+                                   "/v1/completions", body)
+        message = answer["error"]["message"] if isinstance(answer, dict) else ""
+        expect(field in message, "bad body: %r does not name %s" %
+               (message, field))
+        return "HTTP_%d" % status
+
+
+def completion_answer(body):
+    """What a greedy completion must repeat: its text and tokens."""
+    choice = body["choices"][0]
+    return choice["text"], (choice.get("logprobs") or {}).get("tokens")
+
+
+def first_of_each(wrong):
+    """Per case: how many were wrong, and the first of them (shortened)."""
+    first, count = {}, {}
+    for case, problem in wrong:
+        first.setdefault(case, problem)
+        count[case] = count.get(case, 0) + 1
+    return "".join("; %s x%d, first: %s" % (case, count[case], first[case][:300])
+                   for case in sorted(first))
 
 
 def process_figures(pid):
@@ -112,21 +492,35 @@ def main():
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="moh-soak-")
     pb, stubs = load_api(workdir)
-    models = os.path.join(SOURCE_DIR, "models")
     server = lib.MohServer("soak", workdir, [
-        ("demo-lm", os.path.join(models, "demo-lm"),
-         "generation { max_running: 8 }"),
-        ("demo-vit", os.path.join(models, "demo-vit"), ""),
-    ], threads=1)
+        ("demo-lm", os.path.join(MODELS, "demo-lm"),
+         "generation { max_running: 8 } aliases { name: %s "
+         "activation_ratio: 0.5 }" % json.dumps(ALIAS)),
+        ("demo-vit", os.path.join(MODELS, "demo-vit"), ""),
+        ("demo-dit", os.path.join(MODELS, "demo-dit"),
+         "generation { max_running: 4 }"),
+    ], threads=1, http=True)
     try:
         server.start()
-        return soak(args, server, pb, stubs)
+        soak = Soak(server, pb, stubs)
+        soak.record_references()
+        status = run_soak(args, soak)
+        if status != 0:
+            # The log goes with the work directory: its end, and every
+            # sanitizer report, are printed first.
+            log = server.log().splitlines()
+            reports = [line for line in log
+                       if "Sanitizer" in line or "runtime error" in line]
+            print("\nmoh-server's log (%d lines), last 60:\n%s" % (
+                len(log), "\n".join(reports + log[-60:])))
+        return status
     finally:
         server.kill()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def soak(args, server, pb, stubs):
+def run_soak(args, soak):
+    server = soak.server
     counted_before = lib.metric_value(server.samples(), "moh_requests_total")
     codes, wrong = {}, []
     lock = threading.Lock()
@@ -134,14 +528,19 @@ def soak(args, server, pb, stubs):
 
     def client(index):
         rng = random.Random(args.seed * 1000 + index)
-        stub = stubs.InferenceStub(server.new_channel())
+        stub = soak.stubs.InferenceStub(server.new_channel())
         while time.monotonic() < stop_at:
             case = rng.choice(sorted(ALLOWED))
-            code = run_case(case, pb, stub, rng)
+            try:
+                code, problem = soak.run(case, stub, rng), None
+            except Wrong as e:
+                code, problem = "wrong answer", str(e)
             with lock:
-                codes[(case, code.name)] = codes.get((case, code.name), 0) + 1
-                if code not in ALLOWED[case]:
-                    wrong.append((case, code.name))
+                codes[(case, code)] = codes.get((case, code), 0) + 1
+                if problem:
+                    wrong.append((case, problem))
+                elif code not in ALLOWED[case]:
+                    wrong.append((case, "ended " + code))
 
     threads = [threading.Thread(target=client, args=(i,))
                for i in range(args.clients)]
@@ -157,8 +556,7 @@ def soak(args, server, pb, stubs):
     # machine) ends DEADLINE_EXCEEDED on the client and is never counted
     # there: the server's count lies between the calls that surely reached it
     # and all calls sent.
-    unseen = sum(n for (case, code), n in codes.items()
-                 if case == "deadline" and code == "DEADLINE_EXCEEDED")
+    unseen = sum(n for key, n in codes.items() if key in MAY_BE_UNSEEN)
 
     def counted_now():
         return (lib.metric_value(server.samples(), "moh_requests_total") -
@@ -168,9 +566,15 @@ def soak(args, server, pb, stubs):
                    "the server's count")
     counted = counted_now()
     growth = end_rss / warm_rss - 1
+    # Last, a drain: SIGTERM, then exit status 0 (under LeakSanitizer, no
+    # leak at exit either).
+    try:
+        status = server.terminate_and_wait(timeout=120)
+    except AssertionError:  # killed after the timeout
+        status = None
     checks = [
-        ("one allowed final status per request", not wrong,
-         "%d of %d unexpected %s" % (len(wrong), sent, sorted(set(wrong)))),
+        ("one allowed final status and a right answer per request", not wrong,
+         "%d of %d wrong%s" % (len(wrong), sent, first_of_each(wrong))),
         ("server counted every request it received",
          sent - unseen <= counted <= sent,
          "%d counted, %d sent, %d of them past their deadline" %
@@ -180,6 +584,9 @@ def soak(args, server, pb, stubs):
                                             100 * growth)),
         ("no descriptor leak", end_fds <= warm_fds + 2,
          "%d -> %d open fds" % (warm_fds, end_fds)),
+        ("drains and exits 0 on SIGTERM", status == 0,
+         "exit status %s" % ("none within 120 s" if status is None else
+                             status)),
     ]
     print("## Soak: %.0f s, %d clients, %d requests (%.1f/s)\n" %
           (args.duration, args.clients, sent, sent / args.duration))
