@@ -217,6 +217,10 @@ class Soak:
             ratio=0.0 if alias else float(ratio), temperature=0.0,
             max_new_tokens=self.lm["new_tokens"],
             include_routing=rng.random() < 0.5)
+        if rng.random() < 0.3:
+            # Its prompt runs in a forward of its own; the tokens are the same.
+            request.sampling.prompt_logprobs = 1
+            request.sampling.logprobs = 1
         messages = list(stub.Generate(request, timeout=60))
         want = case["greedy"][ratio]
         got = lib.token_ids_of(messages)
@@ -227,12 +231,21 @@ class Soak:
                "prompt_tokens %d" % messages[-1].usage.prompt_tokens)
         return OK
 
+    # Draws of every kind: from the reduced logits, and from whole rows
+    # (penalties, min_tokens, min_p).
+    SAMPLING = [{}, {"top_k": 5}, {"min_p": 0.1}, {"repetition_penalty": 1.3},
+                {"presence_penalty": 0.5, "frequency_penalty": 0.5},
+                {"min_tokens": 4, "stop_token_ids": [44]}, {"ignore_eos": True}]
+
     def case_sampled(self, stub, rng):
+        extra = dict(rng.choice(self.SAMPLING))
+        stop_ids = extra.pop("stop_token_ids", [])
         request = lib.generate_request(
             self.pb, prompt=rng.choice(self.lm["cases"])["prompt"],
             max_new_tokens=24, temperature=0.8, top_p=0.9,
             seed=rng.randrange(1000), logprobs=2, stop=[" the"],
-            ratio=rng.choice([0.0, 0.5, 1.0]))
+            ratio=rng.choice([0.0, 0.5, 1.0]), **extra)
+        request.sampling.stop_token_ids.extend(stop_ids)
         request.n = 2
         ends = {}
         for m in stub.Generate(request, timeout=60):
