@@ -30,7 +30,11 @@ Checks, printed as a table:
 Exit status 1 when a check fails.
 
   python3 bench/soak.py [--duration 600] [--clients 8] [--seed 1]
-(after `scripts/build.sh`; the integration tests' helpers start the server).
+                        [--device cuda]
+(after `scripts/build.sh`; the integration tests' helpers start the server,
+$MOH_SERVER if set). With --device cuda the models run there in bfloat16 and
+the answers are checked for their form (counts, order, ranges, JSON), not
+against the float32 goldens; the device check runs it so.
 """
 import argparse
 import http.client
@@ -161,7 +165,10 @@ class Soak:
     """The requests of each case (case_NAME) and what their answers must
     be."""
 
-    def __init__(self, server, pb, stubs):
+    def __init__(self, server, pb, stubs, exact):
+        # exact: answers against the goldens; else (bfloat16 on a GPU, off
+        # the float32 goldens by rounding) their form only.
+        self.exact = exact
         self.server = server
         self.pb = pb
         self.stubs = stubs
@@ -224,7 +231,8 @@ class Soak:
         messages = list(stub.Generate(request, timeout=60))
         want = case["greedy"][ratio]
         got = lib.token_ids_of(messages)
-        expect(got[:len(want)] == want,
+        expect(got[:len(want)] == want if self.exact else
+               0 < len(got) <= self.lm["new_tokens"],
                "greedy %r at %s: %s, want %s" % (case["prompt"], ratio, got,
                                                  want))
         expect(messages[-1].usage.prompt_tokens == len(case["prompt_ids"]),
@@ -313,8 +321,11 @@ class Soak:
         request.activation.ratio = float(ratio)
         response = stub.Classify(request, timeout=60)
         got = {c.index: c.log_likelihood for c in response.classes}
+        expect(sorted(got) == list(range(len(case["labels"]))) and
+               all(v <= 0 for v in got.values()), "label scores %s" % got)
         for i, want in enumerate(case["label_log_likelihoods"][ratio]):
-            expect(abs(got[i] - want) <= LOG_LIKELIHOOD_TOLERANCE,
+            expect(not self.exact or
+                   abs(got[i] - want) <= LOG_LIKELIHOOD_TOLERANCE,
                    "label %r at %s: %g, want %g" % (case["labels"][i], ratio,
                                                     got[i], want))
         return OK
@@ -326,8 +337,10 @@ class Soak:
             self.pb, self.digits[case["heldout_index"]], float(ratio),
             top_n=10), timeout=60)
         got = {c.index: c.score for c in response.classes}
+        expect(sorted(got) == list(range(10)) and
+               abs(sum(got.values()) - 1) < 1e-3, "digit scores %s" % got)
         for k, want in enumerate(case["probabilities"][ratio]):
-            expect(abs(got[k] - want) <= PROB_TOLERANCE,
+            expect(not self.exact or abs(got[k] - want) <= PROB_TOLERANCE,
                    "digit %d at %s: p(%d) %g, want %g" % (
                        case["heldout_index"], ratio, k, got[k], want))
         return OK
@@ -356,7 +369,13 @@ class Soak:
         sample = rng.choice(self.dit["samples"])
         messages = list(stub.GenerateImage(
             self.image_request(sample, rng.random() < 0.5), timeout=60))
-        got = png_pixels(messages[-1].png)
+        last = messages[-1]
+        expect(last.png.startswith(b"\x89PNG") and
+               (last.width, last.height) == (8, 8),
+               "image %dx%d, PNG %r" % (last.width, last.height, last.png[:8]))
+        if not self.exact:
+            return OK
+        got = png_pixels(last.png)
         want = [v for row in sample["image_u8"][0] for v in row]
         worst = max(abs(g - w) for g, w in zip(got, want))
         expect(len(got) == len(want) and worst <= PIXEL_TOLERANCE,
@@ -381,7 +400,7 @@ class Soak:
                                  "/v1/completions",
                                  self.completion_body(self.lm["cases"][i],
                                                       echo))
-        if status == 200:
+        if status == 200 and self.exact:
             got = completion_answer(body)
             want = self.references[("completion", i, echo)]
             expect(got == want, "completion %d (echo %s): %r, want %r" %
@@ -399,7 +418,7 @@ class Soak:
             expect(done, "chat stream without [DONE]")
             text = "".join(c["choices"][0]["delta"].get("content") or ""
                            for c in chunks if c.get("choices"))
-            want = self.references[("chat", i)]
+            want = self.references.get(("chat", i), text)
             expect(text == want, "chat %d: %r, want %r" % (i, text, want))
         return "HTTP_%d" % status
 
@@ -502,32 +521,40 @@ def main():
     parser.add_argument("--duration", type=float, default=600)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--device", default="cpu",
+        help="the models' device; on cuda (bfloat16) the answers are checked "
+        "for their form, not against the float32 goldens")
     args = parser.parse_args()
+    exact = args.device == "cpu"
+    device = "" if exact else "device: %s " % json.dumps(args.device)
     workdir = tempfile.mkdtemp(prefix="moh-soak-")
     pb, stubs = load_api(workdir)
     server = lib.MohServer("soak", workdir, [
         ("demo-lm", os.path.join(MODELS, "demo-lm"),
-         "generation { max_running: 8 } aliases { name: %s "
+         device + "generation { max_running: 8 } aliases { name: %s "
          "activation_ratio: 0.5 }" % json.dumps(ALIAS)),
-        ("demo-vit", os.path.join(MODELS, "demo-vit"), ""),
+        ("demo-vit", os.path.join(MODELS, "demo-vit"), device),
         ("demo-dit", os.path.join(MODELS, "demo-dit"),
-         "generation { max_running: 4 }"),
+         device + "generation { max_running: 4 }"),
     ], threads=1, http=True)
+    status = 1
     try:
         server.start()
-        soak = Soak(server, pb, stubs)
-        soak.record_references()
+        soak = Soak(server, pb, stubs, exact)
+        if exact:
+            soak.record_references()
         status = run_soak(args, soak)
+        return status
+    finally:
         if status != 0:
-            # The log goes with the work directory: its end, and every
-            # sanitizer report, are printed first.
+            # The log goes with the work directory: its sanitizer reports
+            # and its end.
             log = server.log().splitlines()
             reports = [line for line in log
                        if "Sanitizer" in line or "runtime error" in line]
             print("\nmoh-server's log (%d lines), last 60:\n%s" % (
                 len(log), "\n".join(reports + log[-60:])))
-        return status
-    finally:
         server.kill()
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -601,8 +628,10 @@ def run_soak(args, soak):
          "exit status %s" % ("none within 120 s" if status is None else
                              status)),
     ]
-    print("## Soak: %.0f s, %d clients, %d requests (%.1f/s)\n" %
-          (args.duration, args.clients, sent, sent / args.duration))
+    print("## Soak: %.0f s, %d clients, %d requests (%.1f/s), %s\n" %
+          (args.duration, args.clients, sent, sent / args.duration,
+           "answers against the goldens" if soak.exact else
+           "the models on %s, answers checked for their form" % args.device))
     print("| case | final status | requests |\n|---|---|---|")
     for (case, code), n in sorted(codes.items()):
         print("| %s | %s | %d |" % (case, code, n))

@@ -6,7 +6,7 @@
 # leaves a log, the test report and the benchmarks' results under $OUT.
 #
 #   scripts/gpu_check.sh [--bundle DIR] [--layouts 1b,8b | --no_bench |
-#                         --profile 8b]
+#                         --profile 8b] [--no_tests] [--soak SECONDS]
 #
 # Two ways to get the binaries:
 #   --bundle DIR  binaries packed by scripts/gpu_bundle.sh on a build machine
@@ -28,6 +28,10 @@
 # 2k, ratios 1.0 and 0.5, after a warm-up that records the CUDA graphs) and
 # leaves bench/trace_summary.py's tables of each prefill and decode
 # (profile.md) and the traces, gzipped, in traces.tar under $OUT.
+# --no_tests leaves out `ctest -L gpu` (run by an earlier command of the same
+# lease). --soak SECONDS runs bench/soak.py that long with the demo models on
+# CUDA in bfloat16 (every door, 8 clients; answers checked for their form):
+# soak.md under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -35,13 +39,18 @@ bundle=""
 [ -d .gpu-bundle ] && bundle=.gpu-bundle
 layouts=1b,8b
 profile=""
+no_tests=""
+soak=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle="$2"; shift 2 ;;
     --layouts) layouts="$2"; shift 2 ;;
     --no_bench) layouts=""; shift ;;
     --profile) profile="$2"; layouts=""; shift 2 ;;
-    *) echo "usage: $0 [--bundle DIR] [--layouts 1b,8b | --no_bench | --profile 8b]" >&2
+    --no_tests) no_tests=1; shift ;;
+    --soak) soak="$2"; shift 2 ;;
+    *) echo "usage: $0 [--bundle DIR] [--layouts 1b,8b | --no_bench |" \
+         "--profile 8b] [--no_tests] [--soak SECONDS]" >&2
        exit 2 ;;
   esac
 done
@@ -126,12 +135,14 @@ done
 "$build/service/moh-server" --version || unresolved=1
 [ "$unresolved" = 0 ] || { fail "the binaries' libraries"; exit 1; }
 
-step "ctest -L gpu"
-ctest --test-dir "$build" -L gpu "${ctest_args[@]}" --output-on-failure --timeout 300 \
-  --output-junit "$out/ctest_gpu.xml" 2>&1 | tee "$out/ctest_gpu.log"
-[ "${PIPESTATUS[0]}" = 0 ] || fail "ctest -L gpu"
-if grep -q "Not Run\|Skipped" "$out/ctest_gpu.log"; then
-  fail "a GPU test was skipped: the device was not seen"
+if [ -z "$no_tests" ]; then
+  step "ctest -L gpu"
+  ctest --test-dir "$build" -L gpu "${ctest_args[@]}" --output-on-failure --timeout 300 \
+    --output-junit "$out/ctest_gpu.xml" 2>&1 | tee "$out/ctest_gpu.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail "ctest -L gpu"
+  if grep -q "Not Run\|Skipped" "$out/ctest_gpu.log"; then
+    fail "a GPU test was skipped: the device was not seen"
+  fi
 fi
 
 if [ -n "$layouts" ]; then
@@ -139,6 +150,16 @@ if [ -n "$layouts" ]; then
   timeout -k 5 60 "$build/bench/moh_cuda_linear_bench" 3 |
     tee "$out/linear_bench.md"
   [ "${PIPESTATUS[0]}" = 0 ] || fail "moh_cuda_linear_bench"
+fi
+
+# Serving under mixed load on the device: row buckets of recorded graphs as
+# requests come and go, cancellations, every sampler, the HTTP doors, images.
+if [ -n "$soak" ]; then
+  step "bench/soak.py on CUDA for ${soak}s"
+  MOH_SERVER="$build/service/moh-server" timeout -k 10 $(( soak + 150 )) \
+    "$python" bench/soak.py --device cuda --duration "$soak" --clients 8 \
+    >"$out/soak.md" 2>&1 || fail "bench/soak.py on CUDA (exit $?)"
+  cat "$out/soak.md"
 fi
 
 left=$(( ${MOH_GPU_CHECK_SECONDS:-480} - SECONDS - 15 ))
@@ -194,8 +215,11 @@ if [ -n "$profile" ]; then
 fi
 
 step "summary"
-grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Passed|\*\*\*" \
-  "$out/ctest_gpu.log" | sed 's/^/  /'
+[ -f "$out/ctest_gpu.log" ] &&
+  grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Passed|\*\*\*" \
+    "$out/ctest_gpu.log" | sed 's/^/  /'
+[ -f "$out/soak.md" ] &&
+  grep -E "^## Soak|^\| .* \| (ok|FAILED) \|" "$out/soak.md"
 [ -f "$out/linear_bench.md" ] && cat "$out/linear_bench.md"
 if [ -f "$out/gpu_bench.md" ]; then
   cat "$out/gpu_bench.md"
