@@ -15,8 +15,11 @@ the server promises exactly is checked against what it must be:
   HTTP   greedy completions (echo, log-probabilities) and streamed chat equal
          what the same request got alone before the load; clients that leave a
          stream; a JSON-schema chat yields the schema's object when it ends;
-         Anthropic message streams end with message_stop; bad bodies get the
-         error naming the field.
+         Anthropic message streams come in their event order; bad bodies get
+         the error naming the field; /tokenize gives the goldens' prompt ids
+         and /detokenize the prompt back.
+  Meta   ListModels and GET /v1/models list every model and alias, READY;
+         /health answers 200; /metrics scrapes under the load.
 Checks, printed as a table:
   - every request got one final status its case allows, and every checked
     answer was right;
@@ -95,9 +98,16 @@ ALLOWED = {
     "http_json_schema": {"HTTP_200"},
     "anthropic_stream": {"HTTP_200"},
     "http_bad": {"HTTP_400"},
+    "tokenize": {"HTTP_200"},
+    "metadata": {OK},
 }
+# How many requests of moh_requests_total one run of a case makes, where not
+# one (ListModels, /v1/models, /health and /metrics are not counted).
+COUNTED = {"tokenize": 2, "metadata": 0}
 # gRPC calls that may end on the client before they reach the server.
 MAY_BE_UNSEEN = {("deadline", "DEADLINE_EXCEEDED")}
+# What ListModels and GET /v1/models list.
+MODEL_NAMES = ["demo-dit", "demo-lm", "demo-lm@0.5", "demo-vit"]
 
 
 class Wrong(Exception):
@@ -131,11 +141,13 @@ def expect(condition, what):
 # --- HTTP ---
 
 
-def http_call(port, method, path, body, stream=False):
-    """(status, parsed JSON or the list of SSE data/event lines)."""
+def http_call(port, method, path, body, stream=False, raw=False):
+    """(status, parsed JSON, the body's text when `raw`, or the list of SSE
+    data/event lines)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT)
     try:
-        data = body if isinstance(body, bytes) else json.dumps(body)
+        data = (body if isinstance(body, bytes) or body is None else
+                json.dumps(body))
         conn.request(method, path, body=data,
                      headers={"Content-Type": "application/json"})
         response = conn.getresponse()
@@ -148,7 +160,8 @@ def http_call(port, method, path, body, stream=False):
                 line = line.decode().rstrip("\r\n")
                 if line:
                     lines.append(line)
-        return response.status, json.loads(response.read().decode())
+        text = response.read().decode()
+        return response.status, text if raw else json.loads(text)
     finally:
         conn.close()
 
@@ -493,6 +506,44 @@ class Soak:
         return "HTTP_%d" % status
 
 
+    def case_tokenize(self, stub, rng):
+        case = rng.choice(self.lm["cases"])
+        port = self.server.http_port
+        status, body = http_call(port, "POST", "/tokenize", {
+            "model": "demo-lm", "prompt": case["prompt"]})
+        if status != 200:
+            return "HTTP_%d" % status
+        expect(body["tokens"] == case["prompt_ids"],
+               "tokenize %r: %s, want %s" % (case["prompt"], body["tokens"],
+                                             case["prompt_ids"]))
+        status, body = http_call(port, "POST", "/detokenize", {
+            "model": "demo-lm", "tokens": case["prompt_ids"][1:]})
+        if status == 200:
+            expect(body["prompt"] == case["prompt"],
+                   "detokenize: %r, want %r" % (body["prompt"], case["prompt"]))
+        return "HTTP_%d" % status
+
+    def case_metadata(self, stub, rng):
+        """ListModels, GET /v1/models, /health and a scrape of /metrics."""
+        models = stub.ListModels(self.pb.ListModelsRequest(), timeout=60).models
+        expect(sorted(m.name for m in models) == MODEL_NAMES and
+               all(m.state == self.pb.ModelInfo.READY for m in models),
+               "ListModels: %s" % [(m.name, m.state) for m in models])
+        status, body = http_call(self.server.http_port, "GET", "/v1/models",
+                                 None)
+        expect(status == 200 and
+               sorted(m["id"] for m in body["data"]) == MODEL_NAMES,
+               "GET /v1/models: %s %s" % (status, body))
+        status, _ = http_call(self.server.http_port, "GET", "/health", None,
+                              raw=True)
+        expect(status == 200, "GET /health: %s" % status)
+        samples = self.server.samples()
+        expect(lib.metric_value(samples, "moh_requests_running",
+                                model="demo-lm") is not None,
+               "/metrics without moh_requests_running")
+        return OK
+
+
 def completion_answer(body):
     """What a greedy completion must repeat: its text and tokens."""
     choice = body["choices"][0]
@@ -591,7 +642,8 @@ def run_soak(args, soak):
     for t in threads:
         t.join()
     end_rss, end_fds = process_figures(server.proc.pid)
-    sent = sum(codes.values())
+    runs = sum(codes.values())
+    sent = sum(n * COUNTED.get(case, 1) for (case, _), n in codes.items())
     # A call whose 50 ms deadline passes before it reaches the server (a busy
     # machine) ends DEADLINE_EXCEEDED on the client and is never counted
     # there: the server's count lies between the calls that surely reached it
@@ -614,7 +666,7 @@ def run_soak(args, soak):
         status = None
     checks = [
         ("one allowed final status and a right answer per request", not wrong,
-         "%d of %d wrong%s" % (len(wrong), sent, first_of_each(wrong))),
+         "%d of %d wrong%s" % (len(wrong), runs, first_of_each(wrong))),
         ("server counted every request it received",
          sent - unseen <= counted <= sent,
          "%d counted, %d sent, %d of them past their deadline" %
@@ -629,7 +681,7 @@ def run_soak(args, soak):
                              status)),
     ]
     print("## Soak: %.0f s, %d clients, %d requests (%.1f/s), %s\n" %
-          (args.duration, args.clients, sent, sent / args.duration,
+          (args.duration, args.clients, runs, runs / args.duration,
            "answers against the goldens" if soak.exact else
            "the models on %s, answers checked for their form" % args.device))
     print("| case | final status | requests |\n|---|---|---|")
