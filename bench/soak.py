@@ -166,6 +166,16 @@ def http_call(port, method, path, body, stream=False, raw=False):
         conn.close()
 
 
+def cancel_after(call, messages):
+    """Reads `messages` messages of a stream, then cancels it."""
+    for _ in range(messages):
+        next(call)
+    call.cancel()
+    for _ in call:
+        pass
+    return OK
+
+
 def sse_data(lines):
     """The JSON of each `data:` line but [DONE], and whether [DONE] came."""
     events = [line[len("data: "):] for line in lines
@@ -307,12 +317,7 @@ class Soak:
         call = stub.Generate(lib.generate_request(
             self.pb, prompt="Once upon a time", max_new_tokens=24,
             temperature=0.8, seed=rng.randrange(1000)), timeout=60)
-        next(call)
-        next(call)
-        call.cancel()
-        for _ in call:
-            pass
-        return OK
+        return cancel_after(call, 2)
 
     def case_deadline(self, stub, rng):
         for _ in stub.Generate(lib.generate_request(
@@ -400,11 +405,7 @@ class Soak:
         call = stub.GenerateImage(
             self.image_request(rng.choice(self.dit["samples"]), True),
             timeout=60)
-        next(call)
-        call.cancel()
-        for _ in call:
-            pass
-        return OK
+        return cancel_after(call, 1)
 
     def case_http_completion(self, stub, rng):
         i = rng.randrange(len(self.lm["cases"]))
