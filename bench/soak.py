@@ -4,7 +4,8 @@ Client threads loop over a seeded mix of requests for --duration seconds,
 through gRPC and the HTTP API (OpenAI and Anthropic), and every answer that
 the server promises exactly is checked against what it must be:
   gRPC   greedy streams (by ratio, and through the alias demo-lm@0.5) equal the
-         Python model's tokens (models/demo-lm/golden.json); n = 2 sampled
+         Python model's tokens (models/demo-lm/golden.json); long prompts that
+         share a prefix equal what they gave alone, cached or not; n = 2 sampled
          streams with log-probabilities and a stop string end both samples;
          adaptive activation stays within [min_ratio, ratio]; JSON mode yields
          JSON when it ends; streams the client cancels after two messages;
@@ -26,6 +27,8 @@ Checks, printed as a table:
   - the server counted every request it received (moh_requests_total grew by
     the number sent, less at most the gRPC calls whose deadline passed before
     they reached it);
+  - the long prompts, which share their first KV blocks and repeat, hit the
+    prefix cache (and, above, equal what they gave alone);
   - resident memory after the warm-up (the first fifth) grew less than 5%;
   - open file descriptors did not grow;
   - on SIGTERM the server drains and exits 0 (with an ASan build under
@@ -100,12 +103,20 @@ ALLOWED = {
     "http_bad": {"HTTP_400"},
     "tokenize": {"HTTP_200"},
     "metadata": {OK},
+    "long_prefix": {OK},
 }
 # How many requests of moh_requests_total one run of a case makes, where not
 # one (ListModels, /v1/models, /health and /metrics are not counted).
 COUNTED = {"tokenize": 2, "metadata": 0}
 # gRPC calls that may end on the client before they reach the server.
 MAY_BE_UNSEEN = {("deadline", "DEADLINE_EXCEEDED")}
+# Long prompts that share their first KV blocks (the prefix cache's, which
+# other traffic evicts now and then) and each repeat whole.
+LONG_PREFIX = ("The owl said that the night was long, and the stars were bright "
+               "over the quiet hills. ") * 5
+LONG_PROMPTS = [LONG_PREFIX + ending for ending in (
+    "Then the fox came out of the wood.", "In the morning the king rode away.",
+    "She opened the door and looked outside.", "Once upon a time there was")]
 # What ListModels and GET /v1/models list.
 MODEL_NAMES = ["demo-dit", "demo-lm", "demo-lm@0.5", "demo-vit"]
 
@@ -213,7 +224,17 @@ class Soak:
                 "stream": stream,
                 "messages": [{"role": "user", "content": case["prompt"]}]}
 
+    def long_request(self, prompt):
+        return lib.generate_request(self.pb, prompt=prompt, temperature=0.0,
+                                    max_new_tokens=8)
+
     def record_references(self):
+        stub = self.stubs.InferenceStub(self.server.channel())
+        for prompt in LONG_PROMPTS:
+            messages = list(stub.Generate(self.long_request(prompt), timeout=60))
+            prompt_tokens = messages[-1].usage.prompt_tokens
+            assert 100 <= prompt_tokens <= 200, prompt_tokens
+            self.references[("long", prompt)] = lib.token_ids_of(messages)
         port = self.server.http_port
         for i, case in enumerate(self.lm["cases"]):
             for echo in (False, True):
@@ -329,6 +350,16 @@ class Soak:
     def case_bad_ratio(self, stub, rng):
         list(stub.Generate(lib.generate_request(
             self.pb, prompt="Once upon a time", ratio=7.0), timeout=60))
+        return OK
+
+    def case_long_prefix(self, stub, rng):
+        prompt = rng.choice(LONG_PROMPTS)
+        messages = list(stub.Generate(self.long_request(prompt), timeout=60))
+        got = lib.token_ids_of(messages)
+        want = self.references.get(("long", prompt), got)
+        expect(got == want and len(got) == 8,
+               "long prompt %d: %s, alone %s" % (LONG_PROMPTS.index(prompt),
+                                                got, want))
         return OK
 
     def case_labels(self, stub, rng):
@@ -613,7 +644,13 @@ def main():
 
 def run_soak(args, soak):
     server = soak.server
-    counted_before = lib.metric_value(server.samples(), "moh_requests_total")
+    before = server.samples()
+    counted_before = lib.metric_value(before, "moh_requests_total")
+
+    def prefix_tokens(samples):
+        return [lib.metric_value(samples, "moh_prefix_cache_%s_total" % kind,
+                                 model="demo-lm") or 0
+                for kind in ("queries", "hits")]
     codes, wrong = {}, []
     lock = threading.Lock()
     stop_at = time.monotonic() + args.duration
@@ -658,6 +695,8 @@ def run_soak(args, soak):
     lib.wait_until(lambda: counted_now() >= sent - unseen, 30,
                    "the server's count")
     counted = counted_now()
+    queried, hits = [after - b for after, b in zip(
+        prefix_tokens(server.samples()), prefix_tokens(before))]
     growth = end_rss / warm_rss - 1
     # Last, a drain: SIGTERM, then exit status 0 (under LeakSanitizer, no
     # leak at exit either).
@@ -672,6 +711,8 @@ def run_soak(args, soak):
          sent - unseen <= counted <= sent,
          "%d counted, %d sent, %d of them past their deadline" %
          (counted, sent, unseen)),
+        ("the long prompts hit the prefix cache", hits > 0,
+         "%d of %d prompt tokens looked up were cached" % (hits, queried)),
         ("RSS growth after warm-up < 5%", growth < 0.05,
          "%.1f MiB -> %.1f MiB (%+.1f%%)" % (warm_rss / 2**20, end_rss / 2**20,
                                             100 * growth)),
