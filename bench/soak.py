@@ -357,7 +357,7 @@ class Soak:
         messages = list(stub.Generate(self.long_request(prompt), timeout=60))
         got = lib.token_ids_of(messages)
         want = self.references.get(("long", prompt), got)
-        expect(got == want and len(got) == 8,
+        expect(got == want and 0 < len(got) <= 8,
                "long prompt %d: %s, alone %s" % (LONG_PROMPTS.index(prompt),
                                                 got, want))
         return OK
