@@ -49,6 +49,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -609,6 +610,8 @@ def main():
         help="the models' device; on cuda (bfloat16) the answers are checked "
         "for their form, not against the float32 goldens")
     args = parser.parse_args()
+    # Stopped from outside (a timeout): the server goes too, as on any exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     exact = args.device == "cpu"
     device = "" if exact else "device: %s " % json.dumps(args.device)
     workdir = tempfile.mkdtemp(prefix="moh-soak-")
@@ -671,7 +674,7 @@ def run_soak(args, soak):
                 elif code not in ALLOWED[case]:
                     wrong.append((case, "ended " + code))
 
-    threads = [threading.Thread(target=client, args=(i,))
+    threads = [threading.Thread(target=client, args=(i,), daemon=True)
                for i in range(args.clients)]
     for t in threads:
         t.start()
