@@ -213,7 +213,8 @@ class Soak:
         self.digits = demo_eval.heldout_digits(MODELS)[0]
         self.references = {}
 
-    # Answers the HTTP cases must repeat: each request alone, before the load.
+    # Answers the long prompts and the HTTP cases must repeat: each request
+    # alone, before the load.
 
     def completion_body(self, case, echo):
         return {"model": "demo-lm", "prompt": case["prompt"],
