@@ -75,7 +75,6 @@ GIF_1X1 = (b"GIF89a\x01\x00\x01\x00\x80\x00\x00\xff\xff\xff\x00\x00\x00"
 PROB_TOLERANCE = 1e-4
 LOG_LIKELIHOOD_TOLERANCE = 2e-3
 PIXEL_TOLERANCE = 1
-HTTP_TIMEOUT = 60
 ALIAS = "demo-lm@0.5"
 JSON_SCHEMA = {"type": "object", "properties": {"digit": {"type": "integer"}},
                "required": ["digit"]}
@@ -150,32 +149,18 @@ def expect(condition, what):
         raise Wrong(what)
 
 
-# --- HTTP ---
+def http_call(server, method, path, body=None):
+    """(status, parsed JSON or text) of one request to `server`'s HTTP API
+    (moh_testlib's)."""
+    status, _, answer = lib.http_request(server, method, path, body)
+    return status, answer
 
 
-def http_call(port, method, path, body, stream=False, raw=False):
-    """(status, parsed JSON, the body's text when `raw`, or the list of SSE
-    data/event lines)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT)
-    try:
-        data = (body if isinstance(body, bytes) or body is None else
-                json.dumps(body))
-        conn.request(method, path, body=data,
-                     headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if stream and response.status == 200:
-            lines = []
-            while True:
-                line = response.readline()
-                if not line:
-                    return response.status, lines
-                line = line.decode().rstrip("\r\n")
-                if line:
-                    lines.append(line)
-        text = response.read().decode()
-        return response.status, text if raw else json.loads(text)
-    finally:
-        conn.close()
+def http_stream(server, path, body):
+    """(status, the non-empty lines of a 200's event stream, or the error)."""
+    status, answer = http_call(server, "POST", path, body)
+    return status, ([line for line in answer.splitlines() if line]
+                    if status == 200 else answer)
 
 
 def cancel_after(call, messages):
@@ -237,15 +222,16 @@ class Soak:
             prompt_tokens = messages[-1].usage.prompt_tokens
             assert 100 <= prompt_tokens <= 200, prompt_tokens
             self.references[("long", prompt)] = lib.token_ids_of(messages)
-        port = self.server.http_port
         for i, case in enumerate(self.lm["cases"]):
             for echo in (False, True):
-                status, body = http_call(port, "POST", "/v1/completions",
+                status, body = http_call(self.server, "POST",
+                                         "/v1/completions",
                                          self.completion_body(case, echo))
                 assert status == 200, body
                 self.references[("completion", i, echo)] = completion_answer(
                     body)
-            status, body = http_call(port, "POST", "/v1/chat/completions",
+            status, body = http_call(self.server, "POST",
+                                     "/v1/chat/completions",
                                      self.chat_body(case, False))
             assert status == 200, body
             self.references[("chat", i)] = body["choices"][0]["message"][
@@ -443,10 +429,9 @@ class Soak:
     def case_http_completion(self, stub, rng):
         i = rng.randrange(len(self.lm["cases"]))
         echo = rng.random() < 0.5
-        status, body = http_call(self.server.http_port, "POST",
-                                 "/v1/completions",
-                                 self.completion_body(self.lm["cases"][i],
-                                                      echo))
+        status, body = http_call(
+            self.server, "POST", "/v1/completions",
+            self.completion_body(self.lm["cases"][i], echo))
         if status == 200 and self.exact:
             got = completion_answer(body)
             want = self.references[("completion", i, echo)]
@@ -456,10 +441,8 @@ class Soak:
 
     def case_http_chat_stream(self, stub, rng):
         i = rng.randrange(len(self.lm["cases"]))
-        status, lines = http_call(self.server.http_port, "POST",
-                                  "/v1/chat/completions",
-                                  self.chat_body(self.lm["cases"][i], True),
-                                  stream=True)
+        status, lines = http_stream(self.server, "/v1/chat/completions",
+                                    self.chat_body(self.lm["cases"][i], True))
         if status == 200:
             chunks, done = sse_data(lines)
             expect(done, "chat stream without [DONE]")
@@ -471,7 +454,7 @@ class Soak:
 
     def case_http_leave(self, stub, rng):
         conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port,
-                                          timeout=HTTP_TIMEOUT)
+                                          timeout=lib.RPC_TIMEOUT)
         try:
             conn.request("POST", "/v1/completions", body=json.dumps({
                 "model": "demo-lm", "prompt": "Once upon a time",
@@ -488,7 +471,7 @@ class Soak:
 
     def case_http_json_schema(self, stub, rng):
         status, body = http_call(
-            self.server.http_port, "POST", "/v1/chat/completions", {
+            self.server, "POST", "/v1/chat/completions", {
                 "model": "demo-lm", "max_tokens": 48,
                 "temperature": rng.choice([0, 0.8]),
                 "seed": rng.randrange(1000),
@@ -507,12 +490,10 @@ class Soak:
         return "HTTP_%d" % status
 
     def case_anthropic_stream(self, stub, rng):
-        status, lines = http_call(
-            self.server.http_port, "POST", "/v1/messages", {
-                "model": rng.choice(["demo-lm", ALIAS]), "max_tokens": 16,
-                "stream": True, "temperature": rng.choice([0, 0.8]),
-                "messages": [{"role": "user", "content": "Once upon a time"}]},
-            stream=True)
+        status, lines = http_stream(self.server, "/v1/messages", {
+            "model": rng.choice(["demo-lm", ALIAS]), "max_tokens": 16,
+            "stream": True, "temperature": rng.choice([0, 0.8]),
+            "messages": [{"role": "user", "content": "Once upon a time"}]})
         if status == 200:
             events = [line[len("event: "):] for line in lines
                       if line.startswith("event: ")]
@@ -532,25 +513,23 @@ class Soak:
             ({"model": "demo-lm", "prompt": "x", "activation_ratio": 2},
              "activation_ratio"),
         ])
-        status, answer = http_call(self.server.http_port, "POST",
-                                   "/v1/completions", body)
+        status, answer = http_call(self.server, "POST", "/v1/completions",
+                                   body)
         message = answer["error"]["message"] if isinstance(answer, dict) else ""
         expect(field in message, "bad body: %r does not name %s" %
                (message, field))
         return "HTTP_%d" % status
 
-
     def case_tokenize(self, stub, rng):
         case = rng.choice(self.lm["cases"])
-        port = self.server.http_port
-        status, body = http_call(port, "POST", "/tokenize", {
+        status, body = http_call(self.server, "POST", "/tokenize", {
             "model": "demo-lm", "prompt": case["prompt"]})
         if status != 200:
             return "HTTP_%d" % status
         expect(body["tokens"] == case["prompt_ids"],
                "tokenize %r: %s, want %s" % (case["prompt"], body["tokens"],
                                              case["prompt_ids"]))
-        status, body = http_call(port, "POST", "/detokenize", {
+        status, body = http_call(self.server, "POST", "/detokenize", {
             "model": "demo-lm", "tokens": case["prompt_ids"][1:]})
         if status == 200:
             expect(body["prompt"] == case["prompt"],
@@ -563,13 +542,11 @@ class Soak:
         expect(sorted(m.name for m in models) == MODEL_NAMES and
                all(m.state == self.pb.ModelInfo.READY for m in models),
                "ListModels: %s" % [(m.name, m.state) for m in models])
-        status, body = http_call(self.server.http_port, "GET", "/v1/models",
-                                 None)
+        status, body = http_call(self.server, "GET", "/v1/models")
         expect(status == 200 and
                sorted(m["id"] for m in body["data"]) == MODEL_NAMES,
                "GET /v1/models: %s %s" % (status, body))
-        status, _ = http_call(self.server.http_port, "GET", "/health", None,
-                              raw=True)
+        status, _ = http_call(self.server, "GET", "/health")
         expect(status == 200, "GET /health: %s" % status)
         samples = self.server.samples()
         expect(lib.metric_value(samples, "moh_requests_running",
@@ -655,6 +632,7 @@ def run_soak(args, soak):
         return [lib.metric_value(samples, "moh_prefix_cache_%s_total" % kind,
                                  model="demo-lm") or 0
                 for kind in ("queries", "hits")]
+
     codes, wrong = {}, []
     lock = threading.Lock()
     stop_at = time.monotonic() + args.duration
