@@ -26,6 +26,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "model/core/device_context.h"
+#include "model/core/fused_layer_ops.h"
 #include "model/core/runtime.h"
 #include "service/config/config_limits.h"
 #include "service/config/server_config.h"
@@ -74,6 +75,9 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(int32_t, health_port, 0,
           "Plaintext port serving only grpc.health.v1, for probes that cannot "
           "speak TLS (default 0: off)");
+ABSL_FLAG(bool, cuda_programmatic_launch, false,
+          "CUDA: this project's kernels launch with programmatic dependent "
+          "launch (config cuda_programmatic_launch)");
 ABSL_FLAG(std::optional<bool>, reflection, std::nullopt,
           "gRPC server reflection (default true)");
 
@@ -153,6 +157,9 @@ absl::StatusOr<v1::ServerConfig> BuildConfig() {
   }
   if (absl::GetFlag(FLAGS_health_port) != 0) {
     config.set_health_port(absl::GetFlag(FLAGS_health_port));
+  }
+  if (absl::GetFlag(FLAGS_cuda_programmatic_launch)) {
+    config.set_cuda_programmatic_launch(true);
   }
   if (absl::GetFlag(FLAGS_reflection).has_value()) {
     config.set_reflection(*absl::GetFlag(FLAGS_reflection));
@@ -302,6 +309,11 @@ void ConfigureProcess(const v1::ServerConfig& config) {
   ConfigureCpuThreads(config.threads());
   MOH_LOG(Info) << LibTorchBuildSummary();
   MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();
+  SetCudaProgrammaticLaunch(config.cuda_programmatic_launch());
+  if (config.cuda_programmatic_launch()) {
+    MOH_LOG(Info) << "CUDA kernels launch with programmatic dependent launch "
+                     "(cuda_programmatic_launch)";
+  }
 }
 
 // A CUDA build's GPU memory gauge, read at each scrape.

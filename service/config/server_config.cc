@@ -122,6 +122,12 @@ absl::Status ResolveModel(const std::string& path, v1::ModelConfig* m) {
         config_limits::kCudaGraphs.min, ", ", config_limits::kCudaGraphs.max,
         "], got ", g->cuda_graphs()));
   }
+  // Every CUDA path on unless switched off.
+  v1::CudaPaths* paths = g->mutable_cuda_paths();
+  if (!paths->has_paged_decode()) paths->set_paged_decode(true);
+  if (!paths->has_fused_ops()) paths->set_fused_ops(true);
+  if (!paths->has_varlen_prefill()) paths->set_varlen_prefill(true);
+  if (!paths->has_skinny_linear()) paths->set_skinny_linear(true);
   if (g->kv_cache_dtype().empty()) {
     g->set_kv_cache_dtype(config_limits::kDefaultDtype);
   }

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/field_error.h"
 #include "base/log.h"
 #include "base/status_macros.h"
@@ -18,6 +21,25 @@ constexpr size_t kMaxPromptBytes = 1 << 20;
 constexpr size_t kMaxLabels = 64;
 constexpr size_t kMaxTextBytes = 1 << 20;
 constexpr size_t kMaxLabelBytes = 64 << 10;
+
+// generation.cuda_paths on the model; logs the paths switched off.
+void SetCudaPaths(const std::string& name, const v1::CudaPaths& paths,
+                  LlamaModel& model) {
+  model.set_cuda_paged_decode(paths.paged_decode());
+  model.set_cuda_fused_ops(paths.fused_ops());
+  model.set_cuda_varlen_prefill(paths.varlen_prefill());
+  model.set_cuda_skinny_linear(paths.skinny_linear());
+  std::vector<std::string> off;
+  if (!paths.paged_decode()) off.push_back("paged_decode");
+  if (!paths.fused_ops()) off.push_back("fused_ops");
+  if (!paths.varlen_prefill()) off.push_back("varlen_prefill");
+  if (!paths.skinny_linear()) off.push_back("skinny_linear");
+  if (!off.empty()) {
+    MOH_LOG(Info) << "model " << name
+                  << ": CUDA paths off: " << absl::StrJoin(off, ", ")
+                  << " (generation.cuda_paths)";
+  }
+}
 
 }  // namespace
 
@@ -67,6 +89,7 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
                                              << 20);
   static_assert(config_limits::kCudaGraphs.default_value == kDefaultCudaGraphs);
   model.model->set_cuda_graphs(g.cuda_graphs());
+  SetCudaPaths(config.name(), g.cuda_paths(), *model.model);
   MOH_RETURN_IF_ERROR(model.model->set_kv_cache_dtype(
       g.kv_cache_dtype(), "generation.kv_cache_dtype"));
   // Label scoring (Classify of a text) uses one sequence's cache beside the

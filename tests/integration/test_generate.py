@@ -403,3 +403,25 @@ def test_prompt_logprobs_beside_other_requests(api, stub):
         [e.logprob for e in want], abs=5e-5)
     assert ([(e.token_id, e.rank) for e in together[0][0].prompt_logprobs] ==
             [(e.token_id, e.rank) for e in alone[0].prompt_logprobs])
+
+
+def test_cuda_switches_are_taken_and_logged(api, server_factory):
+    """generation.cuda_paths and cuda_programmatic_launch (CUDA only: the
+    operator's fallbacks should a kernel path misbehave on a device; on a
+    CUDA device test_gpu.py serves them) are accepted, logged, and change
+    nothing of a CPU model's answers."""
+    paths = ("paged_decode", "fused_ops", "varlen_prefill", "skinny_linear")
+    server = server_factory("cuda_switches", [
+        ("lm", lib.LM_DIR,
+         'device: "cpu" generation { max_running: 4 cuda_paths { %s } }' %
+         " ".join("%s: false" % p for p in paths)),
+    ], extra="cuda_programmatic_launch: true", metrics=False)
+    stub = api.grpc.InferenceStub(server.channel())
+    for case in CASES[:2]:
+        request = golden_request(api, case)
+        request.model = "lm"
+        check_golden_stream(api, case, lib.run_generate(stub, request))
+    log = server.log()
+    assert "model lm: CUDA paths off: %s (generation.cuda_paths)" % (
+        ", ".join(paths)) in log, log
+    assert "programmatic dependent launch (cuda_programmatic_launch)" in log

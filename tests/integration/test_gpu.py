@@ -30,6 +30,12 @@ def gpu_server(start_server, api):
         ("lm-cuda", lib.LM_DIR, 'device: "cuda" generation { max_running: 4 }'),
         ("lm-cpu", lib.LM_DIR, 'device: "cpu" generation { max_running: 4 }'),
         ("vit-cuda", lib.VIT_DIR, 'device: "cuda"'),
+        # Every kernel path of this project switched off (the operator's
+        # fallbacks): the ATen and cuBLAS paths before them.
+        ("lm-cuda-fallbacks", lib.LM_DIR,
+         'device: "cuda" generation { max_running: 4 cuda_paths { '
+         'paged_decode: false fused_ops: false varlen_prefill: false '
+         'skinny_linear: false } }'),
     ])
 
 
@@ -46,22 +52,25 @@ def test_models_report_cuda_and_bfloat16(gpu_server, api):
 def test_streamed_generation_on_cuda_matches_cpu(gpu_server, api, ratio):
     stub = api.grpc.InferenceStub(gpu_server.channel())
     results = {}
-    for model in ("lm-cuda", "lm-cpu"):
+    for model in ("lm-cuda", "lm-cuda-fallbacks", "lm-cpu"):
         request = lib.generate_request(api.pb, token_ids=[5, 9, 17, 33],
                                        model=model, ratio=ratio,
                                        max_new_tokens=12)
         messages = lib.run_generate(stub, request)
         assert len(messages) > 1, "not streamed"
         results[model] = messages
-    cuda, cpu = results["lm-cuda"], results["lm-cpu"]
-    assert cuda[-1].usage.completion_tokens == 12
-    # K per token is fixed by the ratio: the fraction of (token, head) pairs
-    # computed is the same whatever bf16 rounding does to the selections.
-    assert cuda[-1].effective_activation_ratio == pytest.approx(
-        cpu[-1].effective_activation_ratio, abs=1e-6)
-    # bf16 greedy decoding follows fp32 until a near tie: the first tokens
-    # agree.
-    assert lib.token_ids_of(cuda)[:2] == lib.token_ids_of(cpu)[:2]
+    cpu = results["lm-cpu"]
+    for model in ("lm-cuda", "lm-cuda-fallbacks"):
+        cuda = results[model]
+        assert cuda[-1].usage.completion_tokens == 12, model
+        # K per token is fixed by the ratio: the fraction of (token, head)
+        # pairs computed is the same whatever bf16 rounding does to the
+        # selections.
+        assert cuda[-1].effective_activation_ratio == pytest.approx(
+            cpu[-1].effective_activation_ratio, abs=1e-6), model
+        # bf16 greedy decoding follows fp32 until a near tie: the first
+        # tokens agree.
+        assert lib.token_ids_of(cuda)[:2] == lib.token_ids_of(cpu)[:2], model
 
 
 def test_mixed_ratios_in_one_cuda_batch(gpu_server, api):

@@ -62,6 +62,12 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_TRUE(lm.generation().prefix_caching());
   EXPECT_EQ(lm.generation().idle_gather_us(), 300);
   EXPECT_EQ(lm.generation().cuda_graphs(), 64);
+  const v1::CudaPaths& paths = lm.generation().cuda_paths();
+  EXPECT_TRUE(paths.paged_decode());
+  EXPECT_TRUE(paths.fused_ops());
+  EXPECT_TRUE(paths.varlen_prefill());
+  EXPECT_TRUE(paths.skinny_linear());
+  EXPECT_FALSE(config->cuda_programmatic_launch());
   EXPECT_EQ(config->models(1).generation().max_running(), 4);
   std::remove(path.c_str());
 }
@@ -209,6 +215,22 @@ TEST(ServerConfigTest, ZeroCudaGraphsStaysOff) {
   config.mutable_models(0)->set_model_dir("m");
   ASSERT_TRUE(ResolveServerConfig(&config).ok());
   EXPECT_EQ(config.models(0).generation().cuda_graphs(), 0);
+}
+
+// A path switched off stays off; the others take their default, on.
+TEST(ServerConfigTest, CudaPathsSwitchedOffStayOff) {
+  v1::ServerConfig config;
+  v1::ModelConfig* model = config.add_models();
+  model->set_model_dir("m");
+  v1::CudaPaths* paths = model->mutable_generation()->mutable_cuda_paths();
+  paths->set_fused_ops(false);
+  paths->set_skinny_linear(false);
+  ASSERT_TRUE(ResolveServerConfig(&config).ok());
+  const v1::CudaPaths& resolved = config.models(0).generation().cuda_paths();
+  EXPECT_TRUE(resolved.paged_decode());
+  EXPECT_FALSE(resolved.fused_ops());
+  EXPECT_TRUE(resolved.varlen_prefill());
+  EXPECT_FALSE(resolved.skinny_linear());
 }
 
 TEST(ServerConfigTest, UnsetMaxSeqLenIsTheModelMaximumCappedAt4096) {
