@@ -29,7 +29,12 @@ Everything is measured side by side in one run, on one device:
 
 Writes DIR/gpu_bench.json and prints a Markdown table (last, so that a device
 tool's output tail carries it). Every step is bounded in time; a step that
-fails or overruns is recorded as such and the rest still run.
+fails or overruns is recorded as such and the rest still run. Should the
+default path fail (a kernel new since the last lease), the run is tried with
+each of this project's CUDA paths switched off in turn (CUDA_PATHS), and the
+benchmark goes on with the first set that runs, saying so above its table:
+a lease still measures the rest. $MOH_CUDA_PATHS_OFF=a,b switches some off
+from the start.
 """
 import argparse
 import json
@@ -44,6 +49,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_paths import (CUDA_PATHS, env_paths_off, path_config,  # noqa: E402
+                        path_flags)
 from suite_server import free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +65,12 @@ QUICK_SIZES = {"batch1": (1, 256, 16), "batched": (8, 128, 8),
 # The goal's shape (issue 30: ratio 0.5 >= 1.4x ratio 1.0 at 64 x 4k), after
 # the layouts, on the last one: ratios 1.0 and 0.5, each order.
 GOAL_RATIOS = [1.0, 0.5, 0.5, 1.0]
+# Should the default path fail, the triage (working_paths) finds which of
+# this project's CUDA paths (cuda_paths.CUDA_PATHS) to leave off so that a
+# lease still measures the rest; $MOH_CUDA_PATHS_OFF leaves some off from
+# the start. A probe of the triage, and a side-by-side measurement, may take
+# PROBE_TIMEOUT seconds (a hang must not take the lease's command).
+PROBE_TIMEOUT = 120
 
 
 def log(*args):
@@ -133,7 +146,8 @@ def generate(args, model_dir, sizes, timeout, warmup=True, ratios=None,
                "--dtype=bfloat16", "--temperature=0",
                "--batch=%d" % batch, "--prompt_tokens=%d" % prompt_tokens,
                "--max_new_tokens=%d" % new_tokens,
-               "--ratios=" + ",".join("%g" % r for r in ratios)] + list(extra),
+               "--ratios=" + ",".join("%g" % r for r in ratios)] +
+              path_flags(args.paths_off) + list(extra),
               timeout).stderr
     replays = [int(line.split("=")[1]) for line in err.splitlines()
                if line.startswith("cuda_graph_replays=")]
@@ -156,6 +170,53 @@ def generate(args, model_dir, sizes, timeout, warmup=True, ratios=None,
     return out
 
 
+def gist(e):
+    """An exception's type and its last line (a failed run's: the end of its
+    stderr, where the error is)."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return "%s: %s" % (type(e).__name__, lines[-1] if lines else "")
+
+
+def working_paths(args, model_dir, sizes, results, where, error):
+    """After the default path failed at `where`: the run again with each
+    path off alone, newest first, then all of them; the first that runs
+    becomes args.paths_off for the rest of the benchmark (and the server's
+    config). Recorded in results["paths"]; raises if none runs."""
+    tried = {}
+    results["paths"] = {"failed_at": where, "error": error, "tried": tried,
+                        "off": None}
+    default_off = args.paths_off
+    for off in [[p] for p in CUDA_PATHS] + [CUDA_PATHS]:
+        args.paths_off = default_off + [p for p in off if p not in default_off]
+        try:
+            generate(args, model_dir, sizes, PROBE_TIMEOUT, warmup=False,
+                     ratios=[1.0, 0.5])
+        except Exception as e:  # noqa: BLE001 - the next set is tried
+            tried[",".join(off)] = gist(e)
+            log("with %s off: failed" % ",".join(off))
+            continue
+        tried[",".join(off)] = "ok"
+        results["paths"]["off"] = args.paths_off
+        log("the rest of the benchmark runs with %s off" % ",".join(off))
+        return
+    args.paths_off = default_off
+    raise RuntimeError("the run failed with every path off too: %s" % error)
+
+
+def measured(args, model_dir, sizes, results, where, **kwargs):
+    """generate(...); where it fails and no triage ran yet, the triage
+    (working_paths), then the same run with the paths it left off."""
+    try:
+        return generate(args, model_dir, sizes, args.step_timeout, **kwargs)
+    except Exception as e:  # noqa: BLE001 - triaged once, else raised
+        if "paths" in results:
+            raise
+        error = gist(e)
+        log("%s failed; finding the paths that run: %s" % (where, e))
+    working_paths(args, model_dir, sizes, results, where, error)
+    return generate(args, model_dir, sizes, args.step_timeout, **kwargs)
+
+
 def layout_section(args, layout, bandwidth, results):
     model_dir = os.path.join(args.work, LAYOUT_DIRS[layout])
     if not os.path.exists(os.path.join(model_dir, "config.json")):
@@ -167,7 +228,8 @@ def layout_section(args, layout, bandwidth, results):
     entry["weight_bytes"] = total
     entry["kv_bytes_per_position"] = kv_pos
     sizes = QUICK_SIZES if args.quick else SIZES
-    single = generate(args, model_dir, sizes["batch1"], args.step_timeout)
+    single = measured(args, model_dir, sizes["batch1"], results,
+                      layout + " batch 1")
     # Mean context over the decoded tokens.
     _, prompt, new = sizes["batch1"]
     bound = bandwidth / (per_token + kv_pos * (prompt + new / 2))
@@ -186,13 +248,38 @@ def layout_section(args, layout, bandwidth, results):
                                          for r in f["runs"]],
             "of_bound": f["decode_tokens_per_s"] / bound,
         }
-    def batch1_with(extra):
-        """The batch-1 run at ratio 1.0 (twice) with `extra` flags, in the
-        same run: its decode against the same bound, and its 4k prefill."""
-        other = generate(args, model_dir, sizes["batch1"], args.step_timeout,
-                         ratios=[1.0, 1.0], extra=extra)
+    # With its own warm-up too: on the H100 the first batched decode at ratio
+    # 1.0 without one ran at 0.19-0.48 of the same decode measured later in
+    # the process (the caching allocator growing, kernels loading).
+    batched = measured(args, model_dir, sizes["batched"], results,
+                       layout + " 64 x 2k")
+    entry["batch64_2k_graph_replays"] = batched.pop("graph_replays")
+    entry["sizes"] = sizes
+    entry["batch64_2k"] = {
+        str(ratio): {"decode_tokens_per_s": f["decode_tokens_per_s"],
+                     "prefill_tokens_per_s": f["prefill_tokens_per_s"],
+                     "prefill_tokens_per_s_runs": [
+                         r["prefill_tokens_per_s"] for r in f["runs"]],
+                     "decode_tokens_per_s_runs": [
+                         r["decode_tokens_per_s"] for r in f["runs"]]}
+        for ratio, f in batched.items()}
+
+    # The side-by-side measurements, after the main ones: each that fails or
+    # overruns is recorded, and the others still run.
+    def batch1_with(name, extra):
+        """entry[name]: the batch-1 run at ratio 1.0 (twice) with `extra`
+        flags, in the same run: its decode against the same bound, and its
+        4k prefill."""
+        try:
+            other = generate(args, model_dir, sizes["batch1"],
+                             min(args.step_timeout, PROBE_TIMEOUT),
+                             ratios=[1.0, 1.0], extra=extra)
+        except Exception as e:  # noqa: BLE001 - recorded, the rest still run
+            results["errors"]["%s %s" % (layout, name)] = "%s: %s" % (
+                type(e).__name__, e)
+            return
         other.pop("graph_replays")
-        return {str(r): {
+        entry[name] = {str(r): {
             "decode_tokens_per_s": f["decode_tokens_per_s"],
             "decode_tokens_per_s_runs": [x["decode_tokens_per_s"]
                                          for x in f["runs"]],
@@ -206,41 +293,26 @@ def layout_section(args, layout, bandwidth, results):
     # the path before FlashAttention over packed keys): what the varlen
     # prefill buys. (Graphs against none, runs 4-7: 2.6-5.2x; no longer
     # measured.)
-    entry["batch1_padded_prefill"] = batch1_with(
-        ["--cuda_varlen_prefill=false"])
+    batch1_with("batch1_padded_prefill", ["--cuda_varlen_prefill=false"])
     # The decode step's narrow products through cuBLAS (split-K and its
     # reductions) and SwiGLU as its own kernel, in place of the skinny
     # kernel: what that kernel buys. (The paged kernel against the gathered
     # copy, runs 6 and 7: 1.37-1.60x at batch 1; no longer measured.)
-    entry["batch1_cublas"] = batch1_with(["--cuda_skinny_linear=false"])
+    batch1_with("batch1_cublas", ["--cuda_skinny_linear=false"])
     # This project's kernels launched to overlap the kernel before them
     # (programmatic dependent launch, off by default): what it would buy.
     # (The fused layer kernels against ATen chains, run 7: 1.18x at 8b and
     # 1.34x at 1b; no longer measured.)
-    entry["batch1_overlapped"] = batch1_with(
-        ["--cuda_programmatic_launch=true"])
-    # With its own warm-up too: on the H100 the first batched decode at ratio
-    # 1.0 without one ran at 0.19-0.48 of the same decode measured later in
-    # the process (the caching allocator growing, kernels loading).
-    batched = generate(args, model_dir, sizes["batched"], args.step_timeout)
-    entry["batch64_2k_graph_replays"] = batched.pop("graph_replays")
-    entry["sizes"] = sizes
-    entry["batch64_2k"] = {
-        str(ratio): {"decode_tokens_per_s": f["decode_tokens_per_s"],
-                     "prefill_tokens_per_s": f["prefill_tokens_per_s"],
-                     "prefill_tokens_per_s_runs": [
-                         r["prefill_tokens_per_s"] for r in f["runs"]],
-                     "decode_tokens_per_s_runs": [
-                         r["decode_tokens_per_s"] for r in f["runs"]]}
-        for ratio, f in batched.items()}
+    batch1_with("batch1_overlapped", ["--cuda_programmatic_launch=true"])
     return model_dir
 
 
-def goal_section(args, model_dir, entry):
+def goal_section(args, model_dir, results, layout):
     """64 sequences x 4k context at ratios 1.0 and 0.5, each order, with a
-    warm-up: entry["batch64_4k"]."""
+    warm-up: results[layout]["batch64_4k"]."""
+    entry = results[layout]
     sizes = (QUICK_SIZES if args.quick else SIZES)["batched_4k"]
-    batched = generate(args, model_dir, sizes, args.step_timeout,
+    batched = measured(args, model_dir, sizes, results, layout + " 64 x 4k",
                        ratios=GOAL_RATIOS)
     entry["batch64_4k_graph_replays"] = batched.pop("graph_replays")
     entry["batch64_4k"] = {
@@ -260,8 +332,9 @@ def serving_overhead(args, model_dir, results, rounds=3):
     with open(config, "w") as f:
         f.write('port: %d\nmetrics_port: -1\nhttp_port: -1\nhost: "127.0.0.1"\n'
                 'models { name: "lm" model_dir: "%s" device: "%s" dtype: '
-                '"bfloat16" generation { max_running: %d max_seq_len: 512 } }\n'
-                % (port, model_dir, args.device, concurrency))
+                '"bfloat16" generation { max_running: %d max_seq_len: 512%s } }\n'
+                % (port, model_dir, args.device, concurrency,
+                   path_config(args.paths_off)))
     server_log = os.path.join(args.out, "gpu-bench-server.log")
     with open(server_log, "w") as logf:
         server = subprocess.Popen(
@@ -301,7 +374,8 @@ def serving_overhead(args, model_dir, results, rounds=3):
                        "--prompt=Once upon a time",
                        "--max_new_tokens=%d" % new_tokens,
                        "--batch=%d" % concurrency, "--repeat=%d" % waves,
-                       "--warmup=1"], args.step_timeout).stderr
+                       "--warmup=1"] + path_flags(args.paths_off),
+                      args.step_timeout).stderr
             line = next(l[l.find("batch="):] for l in err.splitlines()
                         if "tokens_per_s=" in l and "batch=" in l)
             local.append(float(dict(kv.split("=") for kv in line.split())
@@ -386,6 +460,17 @@ def table(results):
     bw = results.get("copy_bandwidth_bytes_per_s")
     if bw:
         lines.append("device-to-device copy: %.0f GB/s (read + write)" % (bw / 1e9))
+        lines.append("")
+    paths = results.get("paths")
+    if paths:
+        lines.append("THE DEFAULT PATH FAILED (%s): %s" % (
+            paths["failed_at"], paths["error"]))
+        for off, outcome in paths["tried"].items():
+            lines.append("- with %s off: %s" % (off, outcome))
+        lines.append("")
+    if paths and paths.get("off") or results.get("paths_off"):
+        lines.append("measured with CUDA paths off: %s" % ", ".join(
+            (paths or {}).get("off") or results["paths_off"]))
         lines.append("")
     lines.append("| layout | measure | ratio 1.0 | ratio 0.75 | ratio 0.5 | 0.5 / 1.0 |")
     lines.append("|---|---|---|---|---|---|")
@@ -512,8 +597,12 @@ def main():
         parser.error("--build, --work and --out are required")
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
+    try:
+        args.paths_off = env_paths_off()
+    except ValueError as e:
+        parser.error("MOH_CUDA_PATHS_OFF: %s" % e)
     results = {"host": platform.node(), "torch": torch.__version__,
-               "errors": {}}
+               "errors": {}, "paths_off": list(args.paths_off)}
     path = os.path.join(args.out, "gpu_bench.json")
 
     def save():
@@ -560,7 +649,7 @@ def main():
     # run since the first).
     if model_dir:
         try:
-            goal_section(args, model_dir, results[layout])
+            goal_section(args, model_dir, results, layout)
         except Exception as e:  # noqa: BLE001
             results["errors"]["batch64_4k"] = "%s: %s" % (type(e).__name__, e)
         save()

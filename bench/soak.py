@@ -64,6 +64,8 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "training"))
 
 import grpc  # noqa: E402
 
+from cuda_paths import path_config, paths_off_from  # noqa: E402
+
 import demo_eval  # noqa: E402
 import moh_testdata  # noqa: E402
 import moh_testlib as lib  # noqa: E402
@@ -587,7 +589,15 @@ def main():
         "--device", default="cpu",
         help="the models' device; on cuda (bfloat16) the answers are checked "
         "for their form, not against the float32 goldens")
+    parser.add_argument(
+        "--cuda_paths_off", default=os.environ.get("MOH_CUDA_PATHS_OFF", ""),
+        help="demo-lm's CUDA paths switched off (comma-separated, "
+        "bench/cuda_paths.py; default $MOH_CUDA_PATHS_OFF)")
     args = parser.parse_args()
+    try:
+        paths = path_config(paths_off_from(args.cuda_paths_off))
+    except ValueError as e:
+        parser.error("--cuda_paths_off: %s" % e)
     # Stopped from outside (a timeout): the server goes too, as on any exit.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     exact = args.device == "cpu"
@@ -596,8 +606,8 @@ def main():
     pb, stubs = load_api(workdir)
     server = lib.MohServer("soak", workdir, [
         ("demo-lm", os.path.join(MODELS, "demo-lm"),
-         device + "generation { max_running: 8 } aliases { name: %s "
-         "activation_ratio: 0.5 }" % json.dumps(ALIAS)),
+         device + "generation { max_running: 8%s } aliases { name: %s "
+         "activation_ratio: 0.5 }" % (paths, json.dumps(ALIAS))),
         ("demo-vit", os.path.join(MODELS, "demo-vit"), device),
         ("demo-dit", os.path.join(MODELS, "demo-dit"),
          device + "generation { max_running: 4 }"),
@@ -704,10 +714,12 @@ def run_soak(args, soak):
          "exit status %s" % ("none within 120 s" if status is None else
                              status)),
     ]
-    print("## Soak: %.0f s, %d clients, %d requests (%.1f/s), %s\n" %
+    print("## Soak: %.0f s, %d clients, %d requests (%.1f/s), %s%s\n" %
           (args.duration, args.clients, runs, runs / args.duration,
            "answers against the goldens" if soak.exact else
-           "the models on %s, answers checked for their form" % args.device))
+           "the models on %s, answers checked for their form" % args.device,
+           ", demo-lm's CUDA paths off: " + args.cuda_paths_off
+           if args.cuda_paths_off else ""))
     print("| case | final status | requests |\n|---|---|---|")
     for (case, code), n in sorted(codes.items()):
         print("| %s | %s | %d |" % (case, code, n))

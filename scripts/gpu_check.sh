@@ -32,6 +32,11 @@
 # lease). --soak SECONDS runs bench/soak.py that long with the demo models on
 # CUDA in bfloat16 (every door, 8 clients; answers checked for their form):
 # soak.md under $OUT.
+# Should the benchmark's default path fail, it finds which of this project's
+# CUDA paths to switch off and measures the rest so (bench/cuda_paths.py);
+# $MOH_CUDA_PATHS_OFF=a,b switches paths off from the start, for the
+# benchmark and the soak alike (a later command of the same lease, after
+# the first found one failing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"

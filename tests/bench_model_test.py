@@ -188,3 +188,63 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
     with open(out / "gpu-bench-server.log") as f:
         assert "narrow KV width 4 of 8" in f.read()
     assert "| tiny | decode b1 @4k, tokens/s |" in result.stdout
+
+
+@pytest.mark.skipif(
+    SANITIZE != "" or os.environ.get("MOH_TORCH_CUDA") == "ON",
+    reason="the benchmark's orchestration in Python, the same in every "
+    "build: run in the Debian build's tests only")
+def test_gpu_bench_goes_on_past_failing_paths(tmp_path):
+    """Where the default path fails (a kernel new since the last lease),
+    gpu_bench.py tries each CUDA path off in turn and measures everything with
+    the first set that runs, moh-server's config included; a side-by-side
+    measurement that fails is an error of its own, and the rest stand.
+    Rehearsed with a moh-generate that fails unless --cuda_varlen_prefill=false
+    (the second path tried) and always with overlapped launches, beside the
+    real moh-server."""
+    build = os.path.dirname(os.path.dirname(GENERATE))
+    fake = tmp_path / "build"
+    (fake / "tools").mkdir(parents=True)
+    wrapper = fake / "tools" / "moh-generate"
+    wrapper.write_text(
+        '#!/bin/sh\n'
+        'case " $* " in *" --cuda_programmatic_launch=true "*)\n'
+        '  echo "CUDA error: an illegal instruction" >&2; exit 1 ;; esac\n'
+        'case " $* " in *" --cuda_varlen_prefill=false "*) exec %s "$@" ;; esac\n'
+        'echo "CUDA error: misaligned address" >&2\nexit 1\n' % GENERATE)
+    wrapper.chmod(0o755)
+    for part in ("service", "client"):
+        os.symlink(os.path.join(build, part), fake / part)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, os.path.join(SOURCE, "bench", "gpu_bench.py"),
+         "--build=%s" % fake, "--work=%s" % (tmp_path / "work"),
+         "--out=%s" % out, "--layouts=tiny", "--device=cpu", "--quick",
+         "--no_hf_peer"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    with open(out / "gpu_bench.json") as f:
+        results = json.load(f)
+    assert list(results["errors"]) == ["tiny batch1_overlapped"]
+    assert "illegal instruction" in results["errors"]["tiny batch1_overlapped"]
+    assert "ERROR in tiny batch1_overlapped: RuntimeError" in result.stdout
+    paths = results["paths"]
+    assert paths["failed_at"] == "tiny batch 1"
+    assert paths["error"] == "RuntimeError: CUDA error: misaligned address"
+    assert list(paths["tried"]) == ["skinny_linear", "varlen_prefill"]
+    assert paths["tried"]["skinny_linear"] == paths["error"]
+    assert paths["tried"]["varlen_prefill"] == "ok"
+    assert paths["off"] == ["varlen_prefill"]
+    tiny = results["tiny"]
+    for ratio in ("1.0", "0.5"):
+        assert tiny["batch1"][ratio]["decode_tokens_per_s"] > 0
+        assert tiny["batch64_2k"][ratio]["decode_tokens_per_s"] > 0
+        assert tiny["batch64_4k"][ratio]["decode_tokens_per_s"] > 0
+    assert tiny["batch1_cublas"]["1.0"]["decode_tokens_per_s"] > 0
+    assert "batch1_overlapped" not in tiny
+    assert results["serving_overhead"]["server_tokens_per_s"] > 0
+    with open(out / "gpu-bench-server.log") as f:
+        assert ("CUDA paths off: varlen_prefill (generation.cuda_paths)"
+                in f.read())
+    assert "THE DEFAULT PATH FAILED (tiny batch 1)" in result.stdout
+    assert "- with varlen_prefill off: ok" in result.stdout
+    assert "measured with CUDA paths off: varlen_prefill" in result.stdout
