@@ -18,12 +18,17 @@ Everything is measured side by side in one run, on one device:
      each);
   3. on the last layout, 64 sequences x a 4096-token prompt, then 32
      tokens each, at ratios 1.0 and 0.5 in both orders (the goal's shape:
-     KV reads weigh more than at 2k), before the transformers peer;
+     KV reads weigh more than at 2k);
   4. serving overhead (the first layout): moh-server over gRPC, driven by
      moh-bench with 16 concurrent streams, against moh-generate --batch 16 in
      process: the same requests, greedy, 64 new tokens; medians of 3
      interleaved rounds; and the server at ratio 0.5 in the same rounds (the
      released layout's rows then narrow: the ratio ceiling);
+  5. side by side, each layout's batch-1 decode and 4k prefill at ratio 1.0
+     another way (the last layout's first): the prompt through padded rows
+     and a mask, the narrow products on cuBLAS, overlapped launches;
+  6. the transformers peer on the last layout.
+In that order, so that an overrun cuts what matters least.
 
   gpu_bench.py --build build-cuda --work DIR --out DIR [--layouts a,b]
 
@@ -263,9 +268,17 @@ def layout_section(args, layout, bandwidth, results):
                      "decode_tokens_per_s_runs": [
                          r["decode_tokens_per_s"] for r in f["runs"]]}
         for ratio, f in batched.items()}
+    return model_dir
 
-    # The side-by-side measurements, after the main ones: each that fails or
-    # overruns is recorded, and the others still run.
+
+def side_by_side_section(args, layout, model_dir, results):
+    """The batch-1 decode measured other ways in the same run (after every
+    main measurement, which they must not cut short): each that fails or
+    overruns is recorded, and the others still run."""
+    entry = results[layout]
+    sizes = QUICK_SIZES if args.quick else SIZES
+    bound = entry["batch1"]["bound_tokens_per_s"]
+
     def batch1_with(name, extra):
         """entry[name]: the batch-1 run at ratio 1.0 (twice) with `extra`
         flags, in the same run: its decode against the same bound, and its
@@ -304,7 +317,6 @@ def layout_section(args, layout, bandwidth, results):
     # (The fused layer kernels against ATen chains, run 7: 1.18x at 8b and
     # 1.34x at 1b; no longer measured.)
     batch1_with("batch1_overlapped", ["--cuda_programmatic_launch=true"])
-    return model_dir
 
 
 def goal_section(args, model_dir, results, layout):
@@ -626,17 +638,21 @@ def main():
     log("copy bandwidth %.0f GB/s" % (bandwidth / 1e9))
     save()
     # Each step is recorded as it ends (a later overrun keeps what came
-    # before): every layout, the serving overhead after the first one, then
-    # 64 x 4k and the transformers peer on the last one.
-    model_dir = None
-    for i, layout in enumerate(args.layouts.split(",")):
+    # before): every layout's main measurements, the serving overhead after
+    # the first one, 64 x 4k on the last one, then the side-by-side runs
+    # (the last layout's first) and the transformers peer (measured in every
+    # run since the first): what matters most comes first.
+    layouts = args.layouts.split(",")
+    model_dirs = {}
+    for i, layout in enumerate(layouts):
         try:
-            model_dir = layout_section(args, layout, bandwidth, results)
+            model_dirs[layout] = layout_section(args, layout, bandwidth,
+                                                results)
         except Exception as e:  # noqa: BLE001 - recorded, the rest still run
             results["errors"][layout] = "%s: %s" % (type(e).__name__, e)
             log("layout %s failed: %s" % (layout, e))
-            model_dir = None
         save()
+        model_dir = model_dirs.get(layout)
         if i == 0 and model_dir:
             try:
                 serving_overhead(args, model_dir, results)
@@ -645,14 +661,16 @@ def main():
                 results["errors"]["serving_overhead"] = "%s: %s" % (
                     type(e).__name__, e)
             save()
-    # The goal's shape before the peer (the peer has been measured in every
-    # run since the first).
     if model_dir:
         try:
             goal_section(args, model_dir, results, layout)
         except Exception as e:  # noqa: BLE001
             results["errors"]["batch64_4k"] = "%s: %s" % (type(e).__name__, e)
         save()
+    for other in reversed(layouts):
+        if other in model_dirs:
+            side_by_side_section(args, other, model_dirs[other], results)
+            save()
     if model_dir and args.hf_peer_too:
         try:
             out = run([sys.executable, os.path.abspath(__file__), "--hf_peer",
