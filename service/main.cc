@@ -398,20 +398,33 @@ int Run() {
                 << " model(s) loading)";
 
   std::atomic<bool> draining{false};
+  absl::Notification stop_watching;
   std::thread readiness([&] {
     models.WaitLoaded();
     if (draining) return;
-    if (models.AllReady()) {
-      set_health(true);
-      MOH_LOG(Info) << "ready: every model loaded and warmed up";
-    } else {
+    if (!models.AllReady()) {
       MOH_LOG(Error) << "not ready: a model failed to load (see ListModels)";
+      return;
+    }
+    set_health(true);
+    MOH_LOG(Info) << "ready: every model loaded and warmed up";
+    // A model whose device is lost since (a CUDA context lost to an illegal
+    // memory access, an ECC error) serves nothing more: NOT_SERVING, so
+    // that an orchestrator routes around the server and restarts it.
+    while (!stop_watching.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      if (!models.AllReady()) {
+        set_health(false);
+        MOH_LOG(Error) << "not serving: a model lost its device (see "
+                          "ListModels); restart the server";
+        return;
+      }
     }
   });
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   draining = true;
+  stop_watching.Notify();
   MOH_LOG(Info) << "signal " << signal_number << ": draining (up to "
                 << absl::Seconds(config->drain_timeout_seconds()) << ")";
   set_health(false);

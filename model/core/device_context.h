@@ -40,6 +40,14 @@ std::vector<GpuMemoryStats> GpuMemory();
 // (host memory is the operating system's to account).
 int64_t DeviceMemoryCapacity(const at::Device& device);
 
+// OK while `device` can still run work; UNAVAILABLE naming the error once
+// it cannot: a CUDA context lost to a sticky error (an illegal memory
+// access, a misaligned address, an ECC error, a device that fell off the
+// bus), which every later call on it returns, so the process must restart.
+// Waits for the device's work (two synchronizations: the first also clears
+// an error that is not sticky). For after a step failed; always OK on CPU.
+absl::Status DeviceLost(const at::Device& device);
+
 // A model's device context. On CUDA: the model's device and a stream taken
 // from LibTorch's pool when the context is made; Enter() makes both current
 // on the calling thread until the returned scope ends, so the kernels of

@@ -17,6 +17,8 @@ std::vector<GpuMemoryStats> GpuMemory() { return {}; }
 
 int64_t DeviceMemoryCapacity(const at::Device&) { return -1; }
 
+absl::Status DeviceLost(const at::Device&) { return absl::OkStatus(); }
+
 struct DeviceContext::Impl {};
 
 DeviceContext::DeviceContext(at::Device device)

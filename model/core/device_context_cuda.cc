@@ -46,6 +46,18 @@ int64_t DeviceMemoryCapacity(const at::Device& device) {
       at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
 }
 
+absl::Status DeviceLost(const at::Device& device) {
+  if (!device.is_cuda()) return absl::OkStatus();
+  c10::cuda::CUDAGuard guard(device);
+  if (cudaDeviceSynchronize() == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();  // clears an error that is not sticky
+  const cudaError_t again = cudaDeviceSynchronize();
+  if (again == cudaSuccess) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat(device.str(), " lost: ", cudaGetErrorString(again),
+                   " (the process must restart to use it again)"));
+}
+
 struct DeviceContext::Impl {
   std::optional<c10::cuda::CUDAStream> stream;
   // The memory pool of this context's graphs, made at the first capture.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/core/activation.h"
+#include "model/core/device_context.h"
 #include "model/generation/dit_sampler.h"
 #include "service/diffusion/image_encoder.h"
 #include "service/engine/engine_loop.h"
@@ -108,6 +109,10 @@ class DiffusionSteps : public StepExecutor<ImageRequestState> {
 
   // Every image sampled so far has reached its observer.
   bool AllDelivered() const { return undelivered_.load() == 0; }
+
+  absl::Status DeviceLost() override {
+    return moh::DeviceLost(model_.options().device());
+  }
 
   void Admit(ImageRequestState& r, const AdmittedRequest& admitted) override {
     if (admitted.lowered) {
@@ -306,6 +311,7 @@ class DiffusionExecutor::Impl {
     loop.planner.max_queued_requests = options.max_queued_requests;
     loop.planner.prefill_token_budget = 1;  // no prompts
     loop.planner.adaptive_queue_depth = options.adaptive_queue_depth;
+    loop.on_device_lost = options.on_device_lost;
     return loop;
   }
 

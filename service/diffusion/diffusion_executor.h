@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,6 +60,8 @@ class DiffusionExecutor {
     int32_t max_queued_requests =
         config_limits::kGenerationMaxQueuedRequests.default_value;
     int32_t adaptive_queue_depth = config_limits::kAdaptiveQueueDepthOff;
+    // As LanguageExecutor::Options::on_device_lost.
+    std::function<void(const absl::Status&)> on_device_lost;
   };
 
   // `model` and `vae` (null: pixel space) outlive the executor.

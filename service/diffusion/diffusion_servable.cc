@@ -27,6 +27,10 @@ absl::StatusOr<std::unique_ptr<DiffusionServable>> DiffusionServable::Load(
   options.max_running = config.generation().max_running();
   options.max_queued_requests = config.generation().max_queued_requests();
   options.adaptive_queue_depth = config.adaptive().queue_depth();
+  DiffusionServable* self = servable.get();
+  options.on_device_lost = [self](const absl::Status& status) {
+    self->MarkDeviceLost(status);
+  };
   MOH_ASSIGN_OR_RETURN(
       servable->executor_,
       DiffusionExecutor::Create(options, *servable->model_,

@@ -77,6 +77,10 @@ class StepExecutor {
   // After each iteration of the loop (and after its shutdown): where an
   // executor that queues its observers' calls hands them over.
   virtual void StepDone() {}
+  // After a step failed: OK, or UNAVAILABLE once the model's device can run
+  // nothing more (DeviceLost, model/core/device_context.h). The loop then
+  // stops as if shut down, every request ending with that status.
+  virtual absl::Status DeviceLost() { return absl::OkStatus(); }
 };
 
 struct EngineLoopOptions {
@@ -97,6 +101,9 @@ struct EngineLoopOptions {
   // request takes several, the wait ends by time as before.) Zero: no wait.
   // Real time.
   absl::Duration idle_gather = absl::ZeroDuration();
+  // Called once, on the loop thread, when a failed step left the model's
+  // device lost (StepExecutor::DeviceLost), with its status. May be null.
+  std::function<void(const absl::Status&)> on_device_lost;
 };
 
 template <typename Request>
@@ -122,7 +129,8 @@ class EngineLoop {
 
   // Stops the loop after the step under way: requests still queued or
   // running end kFailed with UNAVAILABLE; later Submit() calls get
-  // UNAVAILABLE. Idempotent; the destructor calls it.
+  // UNAVAILABLE. Idempotent; the destructor calls it. (A lost device stops
+  // it so too, with its own status.)
   void Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -148,7 +156,7 @@ class EngineLoop {
       const PlannedWork& work, std::vector<std::unique_ptr<Request>> requests,
       const std::function<void(uint64_t)>& on_queued = nullptr) {
     absl::MutexLock lock(&mu_);
-    if (!accepting_) return DrainingError();
+    if (!accepting_) return lost_.ok() ? DrainingError() : lost_;
     const int64_t n = requests.size();
     if (WaitingLocked() + n > options_.planner.max_queued_requests) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -316,8 +324,11 @@ class EngineLoop {
       groups_.clear();
       group_of_.clear();
     }
-    const absl::Status shutdown =
-        absl::UnavailableError("server shutting down");
+    absl::Status shutdown = absl::UnavailableError("server shutting down");
+    {
+      absl::MutexLock lock(&mu_);
+      if (!lost_.ok()) shutdown = lost_;
+    }
     for (const EndedRequest& e : ended) End(e.id, EndKind::kFailed, shutdown);
     executor_->StepDone();
     PublishGauges();
@@ -369,12 +380,29 @@ class EngineLoop {
       }
       return;
     }
-    // Only this step's requests fail; the loop and the queue go on.
     MOH_LOG(Error) << "model " << options_.name
                    << ": step failed: " << status.message();
-    const absl::Status error =
-        absl::InternalError(absl::StrCat("model error: ", status.message()));
+    const absl::Status lost = executor_->DeviceLost();
+    if (lost.ok()) {
+      // Only this step's requests fail; the loop and the queue go on.
+      const absl::Status error =
+          absl::InternalError(absl::StrCat("model error: ", status.message()));
+      for (uint64_t id : done) End(id, EndKind::kFailed, error);
+      return;
+    }
+    // Nothing more can run: the loop stops, every request ends with the
+    // loss, and the model's owner is told.
+    MOH_LOG(Error) << "model " << options_.name << ": " << lost.message();
+    const absl::Status error = absl::UnavailableError(
+        absl::StrCat("model '", options_.name, "': ", lost.message()));
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      accepting_ = false;
+      lost_ = error;
+    }
     for (uint64_t id : done) End(id, EndKind::kFailed, error);
+    if (options_.on_device_lost) options_.on_device_lost(error);
   }
 
   void End(uint64_t id, EndKind kind, const absl::Status& status) {
@@ -417,6 +445,7 @@ class EngineLoop {
   int64_t busy_peak_rows_ = 0;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status lost_ ABSL_GUARDED_BY(mu_);  // the device's loss, once lost
   std::thread thread_;
 };
 

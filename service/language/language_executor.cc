@@ -170,6 +170,7 @@ class LanguageExecutor::Impl {
     loop.planner.kv_block_size = options.kv_block_size;
     loop.planner.prefix_caching = options.prefix_caching;
     loop.idle_gather = options.idle_gather;
+    loop.on_device_lost = options.on_device_lost;
     return loop;
   }
 

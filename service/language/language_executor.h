@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,6 +87,10 @@ class LanguageExecutor {
     // An idle loop's wait for more arrivals (EngineLoopOptions::idle_gather).
     absl::Duration idle_gather =
         absl::Microseconds(config_limits::kIdleGatherUs.default_value);
+    // Called once (on the loop's thread) if a failed step left the model's
+    // device lost: the executor has stopped, every job ended UNAVAILABLE with
+    // `status`, and later Submit() calls get it. May be null.
+    std::function<void(const absl::Status&)> on_device_lost;
   };
 
   // `model` must outlive the executor; `metrics` may be null.

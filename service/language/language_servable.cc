@@ -85,6 +85,9 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
   options.kv_blocks = g.kv_blocks();
   options.prefix_caching = g.prefix_caching();
   options.idle_gather = absl::Microseconds(g.idle_gather_us());
+  options.on_device_lost = [self](const absl::Status& status) {
+    self->MarkDeviceLost(status);
+  };
   model.model->set_attention_workspace_bytes(int64_t{g.attention_workspace_mb()}
                                              << 20);
   static_assert(config_limits::kCudaGraphs.default_value == kDefaultCudaGraphs);

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <exception>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/core/device_context.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace moh {
@@ -28,6 +30,14 @@ SampledFrom Sampled(StepDraws::From from) {
   return SampledFrom::kReducedThenWhole;
 }
 
+// Tests only: with $MOH_TEST_DEVICE_LOST_AFTER_STEPS=N every language
+// model's step after its first N fails as one on a lost device would (a
+// real loss needs a broken GPU); -1 when unset.
+int64_t InjectedLossAfterSteps() {
+  const char* value = std::getenv("MOH_TEST_DEVICE_LOST_AFTER_STEPS");
+  return value != nullptr ? std::atoll(value) : -1;
+}
+
 // The language family's steps: one LlamaModel::Forward over the planned rows,
 // then sampling and streaming for each row that emits.
 class LanguageSteps : public StepExecutor<Sequence> {
@@ -43,7 +53,8 @@ class LanguageSteps : public StepExecutor<Sequence> {
                            model_.config().num_heads),
         cache_(model_.CreateKvCache(kv_blocks, kv_block_size)),
         graph_replays_(model_.graph_replays()),
-        reduce_logits_(ReduceLogitsWhereTheyLie(model_)) {}
+        reduce_logits_(ReduceLogitsWhereTheyLie(model_)),
+        lose_after_steps_(InjectedLossAfterSteps()) {}
 
   void Admit(Sequence& seq, const AdmittedRequest& admitted) override {
     if (admitted.lowered) {
@@ -57,6 +68,10 @@ class LanguageSteps : public StepExecutor<Sequence> {
   absl::Status Run(const std::vector<PlannedRow>& rows,
                    const std::vector<Sequence*>& seqs,
                    std::vector<RowOutcome>* outcomes) override {
+    if (lose_after_steps_ >= 0 && steps_++ >= lose_after_steps_) {
+      injected_loss_ = true;
+      return absl::InternalError("injected device fault");
+    }
     try {
       return RunUnchecked(rows, seqs, outcomes);
     } catch (const std::exception& e) {
@@ -65,6 +80,14 @@ class LanguageSteps : public StepExecutor<Sequence> {
   }
 
   void StepDone() override { callbacks_->Flush(); }
+
+  absl::Status DeviceLost() override {
+    if (injected_loss_) {
+      return absl::UnavailableError(
+          "device lost (injected: $MOH_TEST_DEVICE_LOST_AFTER_STEPS)");
+    }
+    return moh::DeviceLost(model_.options().device());
+  }
 
   void End(Sequence& seq, EndKind kind, const absl::Status& status) override {
     if (kind == EndKind::kFailed) {
@@ -269,6 +292,11 @@ class LanguageSteps : public StepExecutor<Sequence> {
   // Rows draw from their logits reduced where they lie (StepDraws): on a
   // GPU, and on the CPU when MOH_REDUCE_LOGITS=1 (tests).
   const bool reduce_logits_;
+  // $MOH_TEST_DEVICE_LOST_AFTER_STEPS (-1: none), the steps run, and whether
+  // the injected loss happened.
+  const int64_t lose_after_steps_;
+  int64_t steps_ = 0;
+  bool injected_loss_ = false;
 };
 
 }  // namespace

@@ -72,6 +72,16 @@ absl::StatusOr<uint64_t> Servable::Generate(
 
 void Servable::CancelGenerate(uint64_t) {}
 
+absl::Status Servable::device_lost() const {
+  absl::MutexLock lock(&lost_mu_);
+  return lost_;
+}
+
+void Servable::MarkDeviceLost(const absl::Status& status) {
+  absl::MutexLock lock(&lost_mu_);
+  if (lost_.ok()) lost_ = status;
+}
+
 absl::StatusOr<std::string> Servable::ChatPrompt(
     const std::vector<ChatMessage>&, bool) const {
   return NotServedError("model", name_, family_, Task::kGenerate,

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "model/core/model_config.h"
 #include "model/generation/sampler.h"
@@ -92,8 +93,19 @@ class Servable {
   // Nothing accepted is still running or waiting.
   virtual bool Idle() const = 0;
 
+  // OK, or (UNAVAILABLE) why the model's device can run nothing more: a
+  // step failed and left it lost (DeviceLost, model/core/device_context.h).
+  // The model's owner then reports it FAILED and the server NOT_SERVING.
+  absl::Status device_lost() const;
+
+ protected:
+  // Records the loss (the first one reported), from any thread.
+  void MarkDeviceLost(const absl::Status& status);
+
  private:
   const std::string name_, family_;
+  mutable absl::Mutex lost_mu_;
+  absl::Status lost_ ABSL_GUARDED_BY(lost_mu_);
 };
 
 // The MoH part of ListModels: router, heads per layer, default and lowest

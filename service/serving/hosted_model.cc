@@ -94,6 +94,14 @@ absl::Status HostedModel::LoadUnchecked() {
 
 HostedModel::State HostedModel::state() const {
   absl::MutexLock lock(&mu_);
+  return StateLocked();
+}
+
+HostedModel::State HostedModel::StateLocked() const {
+  // A READY model whose device was lost since can serve nothing more.
+  if (state_ == State::kReady && !servable_->device_lost().ok()) {
+    return State::kFailed;
+  }
   return state_;
 }
 
@@ -101,6 +109,9 @@ absl::StatusOr<Servable*> HostedModel::Ready() const {
   absl::MutexLock lock(&mu_);
   switch (state_) {
     case State::kReady:
+      if (absl::Status lost = servable_->device_lost(); !lost.ok()) {
+        return lost;
+      }
       if (!accepting_) return DrainingError();
       return servable_.get();
     case State::kLoading:
@@ -123,8 +134,10 @@ v1::ModelInfo HostedModel::Info() const {
   State state;
   {
     absl::MutexLock lock(&mu_);
-    state = state_;
-    info.set_failure_reason(failure_reason_);
+    state = StateLocked();
+    info.set_failure_reason(
+        state == state_ ? failure_reason_
+                        : std::string(servable_->device_lost().message()));
   }
   info.set_state(state == State::kReady     ? v1::ModelInfo::READY
                  : state == State::kLoading ? v1::ModelInfo::LOADING

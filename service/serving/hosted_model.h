@@ -32,14 +32,16 @@ class HostedModel {
   ~HostedModel();
 
   // Loads the model with its family's loader and warms it up. Blocking; call
-  // once. Leaves the model READY, or FAILED with the reason.
+  // once. Leaves the model READY, or FAILED with the reason. A READY model
+  // becomes FAILED if a step leaves its device lost (Servable::device_lost).
   void Load();
 
   const std::string& name() const { return config_.name(); }
   State state() const;
   v1::ModelInfo Info() const;
   // The servable while READY and accepting; UNAVAILABLE while loading or
-  // draining, FAILED_PRECONDITION after a failed load.
+  // draining, or once its device was lost (naming it), FAILED_PRECONDITION
+  // after a failed load.
   absl::StatusOr<Servable*> Ready() const;
   // READY and its family serves `task`.
   bool Serves(Task task) const;
@@ -51,6 +53,7 @@ class HostedModel {
 
  private:
   absl::Status LoadUnchecked();
+  State StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::ModelConfig config_;
   Metrics* const metrics_;

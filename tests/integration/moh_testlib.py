@@ -292,8 +292,9 @@ class MohServer:
     """
 
     def __init__(self, name, workdir, models, drain_timeout=60, threads=1,
-                 metrics=True, extra="", flags=None, http=False):
+                 metrics=True, extra="", flags=None, http=False, env=None):
         self.name = name
+        self.env = env  # variables added to the server's environment
         self.workdir = workdir
         self.models = models
         self.drain_timeout = drain_timeout
@@ -351,10 +352,10 @@ class MohServer:
             log.write(("=== %s (attempt %d): %s\n" %
                        (self.name, attempt + 1, " ".join(command))).encode())
             log.flush()
-            self.proc = subprocess.Popen(command,
-                                         stdout=log,
-                                         stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(os.environ, **self.env) if self.env else None)
             log.close()
             wait_until(
                 lambda: self.proc.poll() is not None or

@@ -121,6 +121,51 @@ def test_bad_model_dir_stays_not_serving_and_reports_failed(
     assert "FAILED" in server.log()
 
 
+def test_a_lost_device_fails_its_model_and_the_health(api, server_factory):
+    """A step that leaves its model's device lost (on a GPU: a CUDA context
+    lost to an illegal memory access or an ECC error; injected here through
+    $MOH_TEST_DEVICE_LOST_AFTER_STEPS, since the CPU never loses it) ends the
+    model's requests UNAVAILABLE naming the loss, makes it FAILED with the
+    reason, and the server NOT_SERVING (so that an orchestrator restarts
+    it); the other models keep answering meanwhile."""
+    server = server_factory("device_lost", [
+        ("lm", lib.LM_DIR, "generation { max_running: 4 }"),
+        ("vit", lib.VIT_DIR, ""),
+    ], metrics=False, env={"MOH_TEST_DEVICE_LOST_AFTER_STEPS": "3"})
+    assert lib.health_check(server.channel()) == "SERVING"
+    stub = api.grpc.InferenceStub(server.channel())
+    request = lib.generate_request(api.pb, model="lm", token_ids=[5, 9, 17],
+                                   max_new_tokens=8)
+    call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
+    tokens = []
+    with pytest.raises(grpc.RpcError) as error:
+        for message in call:
+            tokens += message.token_ids
+    # Three steps ran (the prompt's, then two decode steps), the fourth failed.
+    assert len(tokens) == 3, tokens
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.value.details() == (
+        "model 'lm': device lost (injected: $MOH_TEST_DEVICE_LOST_AFTER_STEPS)")
+    models = list_models(api, server)
+    assert models["lm"].state == api.pb.ModelInfo.FAILED
+    assert "device lost" in models["lm"].failure_reason
+    assert models["vit"].state == api.pb.ModelInfo.READY
+    lib.wait_until(lambda: lib.health_check(server.channel()) == "NOT_SERVING",
+                   10, "NOT_SERVING after the loss")
+    assert lib.health_check(server.channel(), SERVICE) == "NOT_SERVING"
+    later = lib.rpc_error(lib.run_generate, stub, request)
+    assert later.code() == grpc.StatusCode.UNAVAILABLE
+    assert "device lost" in later.details()
+    # The other model still answers, and the server keeps running.
+    classify = api.pb.ClassifyRequest(model="vit")
+    classify.pixels.shape.extend([3, 16, 16])
+    classify.pixels.data.extend([0.5] * (3 * 16 * 16))
+    response = stub.Classify(classify, timeout=lib.RPC_TIMEOUT)
+    assert len(response.classes) == 5
+    assert server.proc.poll() is None
+    assert "lost its device" in server.log()
+
+
 def test_reflection_lists_and_describes_the_service(main_server):
     # ServerReflectionRequest{list_services: ""} (field 7) and
     # {file_containing_symbol: "moh.v1.Inference"} (field 4).

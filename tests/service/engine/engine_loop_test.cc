@@ -1,7 +1,8 @@
 // EngineLoop with a fake executor on a fake clock: requests run to the end,
 // cancellations and deadlines are messages the loop applies between steps,
-// limits and drain answer at once, a failed step fails its requests only,
-// and shutdown ends everything. No LibTorch; steps are gated by the test, so
+// limits and drain answer at once, a failed step fails its requests only
+// (unless it left the device lost: then everything ends with the loss), and
+// shutdown ends everything. No LibTorch; steps are gated by the test, so
 // nothing sleeps.
 #include "service/engine/engine_loop.h"
 
@@ -51,6 +52,8 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
 
   // Called on the loop thread as each step starts. Set before the loop.
   std::function<void()> on_step;
+  // What DeviceLost() says after a failed step. Set before the loop.
+  absl::Status lost;
 
   void Admit(FakeRequest& request, const AdmittedRequest&) override {
     request.outcome->admitted = true;
@@ -87,6 +90,7 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
     request.outcome->status = status;
     request.outcome->ended.Notify();
   }
+  absl::Status DeviceLost() override { return lost; }
 
  private:
   const int32_t max_outputs_;
@@ -300,6 +304,43 @@ TEST_F(EngineLoopTest, StopEndsQueuedAndRunningRequests) {
   EXPECT_EQ(running->outputs, 1);
   auto late = loop.Submit(PlannedWork(), std::make_unique<FakeRequest>());
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A failed step that left the device lost ends every request, running or
+// queued, with the loss (UNAVAILABLE, naming the model), stops the loop,
+// refuses later requests with it, and tells the model's owner once.
+TEST_F(EngineLoopTest, LostDeviceEndsEverythingWithTheLoss) {
+  options_.planner.max_running = 1;
+  absl::Notification told;
+  absl::Status told_status;
+  int told_count = 0;
+  options_.on_device_lost = [&](const absl::Status& status) {
+    told_status = status;
+    ++told_count;
+    told.Notify();
+  };
+  executor_.lost =
+      absl::UnavailableError("cuda:0 lost: an illegal memory access");
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  executor_.Allow(1 << 20);
+  auto running = Submit(loop, absl::InfiniteFuture(), nullptr, 1);
+  auto queued = Submit(loop, absl::InfiniteFuture());
+  running->ended.WaitForNotification();
+  queued->ended.WaitForNotification();
+  ASSERT_TRUE(told.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  for (const auto& r : {running, queued}) {
+    EXPECT_EQ(r->kind, EndKind::kFailed);
+    EXPECT_EQ(r->status.code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(r->status.message(),
+              "model 'fake': cuda:0 lost: an illegal memory access");
+  }
+  EXPECT_EQ(running->outputs, 1);
+  EXPECT_EQ(queued->outputs, 0);  // never ran
+  EXPECT_EQ(told_status, running->status);
+  auto late = loop.Submit(PlannedWork(), std::make_unique<FakeRequest>());
+  EXPECT_EQ(late.status(), running->status);
+  loop.Stop();
+  EXPECT_EQ(told_count, 1);
 }
 
 }  // namespace
