@@ -57,6 +57,8 @@ class ImageClassifier {
 
   virtual const MohConfig& moh() const = 0;
   virtual const std::vector<std::string>& labels() const = 0;
+  // Where the model's weights lie and its forward runs.
+  virtual at::Device device() const = 0;
   virtual ImagePreprocessing preprocessing() const = 0;
   // Tokens of one image that each layer routes.
   virtual std::vector<int64_t> LayerTokens() const = 0;

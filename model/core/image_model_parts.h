@@ -91,6 +91,7 @@ class ConfiguredImageClassifier : public ImageClassifier {
 
   const Config& config() const { return config_; }
   const at::TensorOptions& options() const { return options_; }
+  at::Device device() const override { return options_.device(); }
 
  protected:
   ConfiguredImageClassifier(Config config, at::TensorOptions options)

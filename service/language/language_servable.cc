@@ -407,7 +407,8 @@ void LanguageServable::ScoreLabels(ClassifyTask& task) {
                             task.activation, executor_->max_seq_len());
   });
   if (!scored.ok()) {
-    classifier_->Finish(task, scored.status());
+    classifier_->Finish(
+        task, ForwardFailed(lm_.model->options().device(), scored.status()));
     return;
   }
   const std::vector<double>& ll = scored->log_likelihoods;

@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/enum_names.h"
 #include "base/field_error.h"
+#include "base/log.h"
+#include "model/core/device_context.h"
 
 namespace moh {
 
@@ -80,6 +82,17 @@ absl::Status Servable::device_lost() const {
 void Servable::MarkDeviceLost(const absl::Status& status) {
   absl::MutexLock lock(&lost_mu_);
   if (lost_.ok()) lost_ = status;
+}
+
+absl::Status Servable::ForwardFailed(const at::Device& device,
+                                     absl::Status error) {
+  const absl::Status lost = DeviceLost(device);
+  if (lost.ok()) return error;
+  error = absl::UnavailableError(
+      absl::StrCat("model '", name(), "': ", lost.message()));
+  MOH_LOG(Error) << error.message();
+  MarkDeviceLost(error);
+  return error;
 }
 
 absl::StatusOr<std::string> Servable::ChatPrompt(

@@ -144,7 +144,8 @@ void VisionServable::RunBatch(std::vector<ClassifyTask>& batch) {
   }
   auto out = model_->ForwardWithTopK(at::stack(pixels), top_k);
   if (!out.ok()) {
-    for (ClassifyTask& task : batch) classifier_->Finish(task, out.status());
+    const absl::Status error = ForwardFailed(model_->device(), out.status());
+    for (ClassifyTask& task : batch) classifier_->Finish(task, error);
     return;
   }
   const std::vector<std::string>& labels = model_->labels();
