@@ -122,6 +122,20 @@ def test_generate_profile_dir_traces_each_ratio(tmp_path):
     assert bad.returncode == 2 and "--steps" in bad.stderr
 
 
+def rehearse_gpu_bench(build, tmp_path):
+    """bench/gpu_bench.py on the CPU (--device cpu --quick, the tiny layout,
+    no transformers peer) with `build`'s binaries, its output under
+    tmp_path/out: (the finished process, its results JSON)."""
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, os.path.join(SOURCE, "bench", "gpu_bench.py"),
+         "--build=%s" % build, "--work=%s" % (tmp_path / "work"),
+         "--out=%s" % out, "--layouts=tiny", "--device=cpu", "--quick",
+         "--no_hf_peer"], capture_output=True, text=True, timeout=600)
+    with open(out / "gpu_bench.json") as f:
+        return result, json.load(f)
+
+
 @pytest.mark.skipif(
     SANITIZE != "",
     reason="a benchmark's orchestration: 145 s under AddressSanitizer, and "
@@ -134,14 +148,8 @@ def test_gpu_bench_rehearsal_on_cpu(tmp_path):
     moh-server and moh-bench; a results JSON and the table."""
     build = os.path.dirname(os.path.dirname(GENERATE))
     out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, os.path.join(SOURCE, "bench", "gpu_bench.py"),
-         "--build=%s" % build, "--work=%s" % (tmp_path / "work"),
-         "--out=%s" % out, "--layouts=tiny", "--device=cpu", "--quick",
-         "--no_hf_peer"], capture_output=True, text=True, timeout=600)
+    result, results = rehearse_gpu_bench(build, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    with open(out / "gpu_bench.json") as f:
-        results = json.load(f)
     assert results["errors"] == {}
     with open(tmp_path / "work" / "llama3-tiny" / "config.json") as f:
         config = json.load(f)
@@ -216,14 +224,8 @@ def test_gpu_bench_goes_on_past_failing_paths(tmp_path):
     for part in ("service", "client"):
         os.symlink(os.path.join(build, part), fake / part)
     out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, os.path.join(SOURCE, "bench", "gpu_bench.py"),
-         "--build=%s" % fake, "--work=%s" % (tmp_path / "work"),
-         "--out=%s" % out, "--layouts=tiny", "--device=cpu", "--quick",
-         "--no_hf_peer"], capture_output=True, text=True, timeout=600)
+    result, results = rehearse_gpu_bench(fake, tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
-    with open(out / "gpu_bench.json") as f:
-        results = json.load(f)
     assert list(results["errors"]) == ["tiny batch1_overlapped"]
     assert "illegal instruction" in results["errors"]["tiny batch1_overlapped"]
     assert "ERROR in tiny batch1_overlapped: RuntimeError" in result.stdout
