@@ -42,10 +42,11 @@ int64_t DeviceMemoryCapacity(const at::Device& device);
 
 // OK while `device` can still run work; UNAVAILABLE naming the error once
 // it cannot: a CUDA context lost to a sticky error (an illegal memory
-// access, a misaligned address, an ECC error, a device that fell off the
-// bus), which every later call on it returns, so the process must restart.
-// Waits for the device's work (two synchronizations: the first also clears
-// an error that is not sticky). For after a step failed; always OK on CPU.
+// access, a misaligned address, a kernel's trap or assertion, an
+// uncorrectable ECC error), which every later call returns, so the process
+// must restart. Waits for the device's work (one synchronization; an error
+// that is not sticky is cleared and passes). For after a forward failed;
+// always OK on CPU.
 absl::Status DeviceLost(const at::Device& device);
 
 // A model's device context. On CUDA: the model's device and a stream taken

@@ -46,15 +46,43 @@ int64_t DeviceMemoryCapacity(const at::Device& device) {
       at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
 }
 
+namespace {
+
+// The errors that leave a CUDA context unusable: CUDA's documentation calls
+// them sticky (every later call of the process returns them). Others (a
+// launch's bad configuration, a call refused while another thread records a
+// graph) pass.
+bool Sticky(cudaError_t error) {
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 absl::Status DeviceLost(const at::Device& device) {
   if (!device.is_cuda()) return absl::OkStatus();
   c10::cuda::CUDAGuard guard(device);
-  if (cudaDeviceSynchronize() == cudaSuccess) return absl::OkStatus();
-  (void)cudaGetLastError();  // clears an error that is not sticky
-  const cudaError_t again = cudaDeviceSynchronize();
-  if (again == cudaSuccess) return absl::OkStatus();
+  const cudaError_t error = cudaDeviceSynchronize();
+  if (error == cudaSuccess) return absl::OkStatus();
+  if (!Sticky(error)) {
+    (void)cudaGetLastError();  // this thread's, cleared
+    return absl::OkStatus();
+  }
   return absl::UnavailableError(
-      absl::StrCat(device.str(), " lost: ", cudaGetErrorString(again),
+      absl::StrCat(device.str(), " lost: ", cudaGetErrorString(error),
                    " (the process must restart to use it again)"));
 }
 

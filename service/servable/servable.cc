@@ -86,6 +86,9 @@ void Servable::MarkDeviceLost(const absl::Status& status) {
 
 absl::Status Servable::ForwardFailed(const at::Device& device,
                                      absl::Status error) {
+  // LibTorch's errors (CatchTorchErrors) only: a refused input is not the
+  // device's doing, and the check waits for the device.
+  if (error.code() != absl::StatusCode::kInternal) return error;
   const absl::Status lost = DeviceLost(device);
   if (lost.ok()) return error;
   error = absl::UnavailableError(

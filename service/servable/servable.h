@@ -102,8 +102,9 @@ class Servable {
   // Records the loss (the first one reported), from any thread.
   void MarkDeviceLost(const absl::Status& status);
   // A forward on `device` failed with `error`: the error to report. Where it
-  // left the device lost (DeviceLost), that loss, as UNAVAILABLE naming the
-  // model, logged and recorded (MarkDeviceLost).
+  // was LibTorch's (INTERNAL) and left the device lost (DeviceLost), that
+  // loss, as UNAVAILABLE naming the model, logged and recorded
+  // (MarkDeviceLost).
   absl::Status ForwardFailed(const at::Device& device, absl::Status error);
 
  private:
