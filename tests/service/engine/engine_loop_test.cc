@@ -322,9 +322,9 @@ TEST_F(EngineLoopTest, LostDeviceEndsEverythingWithTheLoss) {
   executor_.lost =
       absl::UnavailableError("cuda:0 lost: an illegal memory access");
   EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
-  executor_.Allow(1 << 20);
   auto running = Submit(loop, absl::InfiniteFuture(), nullptr, 1);
   auto queued = Submit(loop, absl::InfiniteFuture());
+  executor_.Allow(1 << 20);  // both in before the loss
   running->ended.WaitForNotification();
   queued->ended.WaitForNotification();
   ASSERT_TRUE(told.WaitForNotificationWithTimeout(absl::Seconds(60)));
