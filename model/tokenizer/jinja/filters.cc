@@ -97,7 +97,11 @@ absl::StatusOr<Value> ToJson(const Value& value, const CallArgs& args,
   options.ensure_ascii = p.Get(0, Value::Bool(false)).Truthy();
   const Value indent = p.Get(1);
   if (indent.is(Kind::kInt)) {
-    options.indent = std::string(std::max<int64_t>(0, indent.AsInt()), ' ');
+    // More than `limit` spaces can never be written (a value that needs no
+    // line break writes none): the string stops at limit + 1.
+    options.indent = std::string(
+        std::clamp<int64_t>(indent.AsInt(), 0, static_cast<int64_t>(limit) + 1),
+        ' ');
   } else if (indent.is(Kind::kString)) {
     options.indent = indent.AsString();
   } else if (!indent.is(Kind::kNone)) {

@@ -143,10 +143,14 @@ class JsonWriter {
     return CheckLimit();
   }
 
+  // Stops once past the limit (CheckLimit then fails): a long indent
+  // times the depth is not written whole first.
   void NewLine(int level) {
     if (!options_.indent) return;
     out_->push_back('\n');
-    for (int i = 0; i < level; ++i) out_->append(*options_.indent);
+    for (int i = 0; i < level && out_->size() <= limit_; ++i) {
+      out_->append(*options_.indent);
+    }
   }
 
   absl::Status CheckLimit() const {

@@ -271,6 +271,17 @@ TEST(ChatTemplateTest, OutputAndValuesAreBounded) {
       Msg(RenderSource("{% set ns = namespace() %}{% set ns.me = [ns] %}")
               .status()),
       HasSubstr("a namespace cannot hold a namespace"));
+  // An indent of more spaces than the output may hold (found by the
+  // fuzzer: it allocated the spaces first): refused once a line break
+  // needs it, harmless where none does, as json.dumps.
+  EXPECT_THAT(
+      Msg(RenderSource("{{ [1, [2]]|tojson(indent=555555555552) }}").status()),
+      HasSubstr("longer than 1048576 bytes"));
+  EXPECT_EQ(*RenderSource("{{ 7|tojson(indent=555555555552) }}"), "7");
+  EXPECT_THAT(Msg(RenderSource("{% set s = ' ' * 1000000 %}"
+                               "{{ [[[[[[[[1]]]]]]]]|tojson(indent=s) }}")
+                      .status()),
+              HasSubstr("longer than 1048576 bytes"));
   EXPECT_THAT(Msg(RenderSource("{{ 9223372036854775807 + 1 }}").status()),
               HasSubstr("does not fit in 64 bits"));
 }
