@@ -9,19 +9,17 @@ CUDA_PATHS = ["skinny_linear", "varlen_prefill", "fused_ops", "paged_decode",
               "graphs"]
 
 
-def paths_off_from(text):
-    """The names in a comma-separated list (ValueError naming any unknown)."""
+def paths_off(text=None):
+    """The names in a comma-separated list, $MOH_CUDA_PATHS_OFF's when
+    `text` is None (ValueError naming any unknown)."""
+    if text is None:
+        text = os.environ.get("MOH_CUDA_PATHS_OFF", "")
     off = [p for p in text.split(",") if p]
     unknown = [p for p in off if p not in CUDA_PATHS]
     if unknown:
         raise ValueError("%s not among %s" % (",".join(unknown),
                                               ",".join(CUDA_PATHS)))
     return off
-
-
-def env_paths_off():
-    """$MOH_CUDA_PATHS_OFF's names."""
-    return paths_off_from(os.environ.get("MOH_CUDA_PATHS_OFF", ""))
 
 
 def path_flags(off):

@@ -54,7 +54,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cuda_paths import (CUDA_PATHS, env_paths_off, path_config,  # noqa: E402
+from cuda_paths import (CUDA_PATHS, path_config, paths_off,  # noqa: E402
                         path_flags)
 from suite_server import free_port  # noqa: E402
 
@@ -185,11 +185,11 @@ def gist(e):
 def working_paths(args, model_dir, sizes, results, where, error):
     """After the default path failed at `where`: the run again with each
     path off alone, newest first, then all of them; the first that runs
-    becomes args.paths_off for the rest of the benchmark (and the server's
-    config). Recorded in results["paths"]; raises if none runs."""
+    becomes args.paths_off (and results["paths_off"]) for the rest of the
+    benchmark and the server's config. The tries are recorded in
+    results["paths"]; raises if none runs."""
     tried = {}
-    results["paths"] = {"failed_at": where, "error": error, "tried": tried,
-                        "off": None}
+    results["paths"] = {"failed_at": where, "error": error, "tried": tried}
     default_off = args.paths_off
     for off in [[p] for p in CUDA_PATHS] + [CUDA_PATHS]:
         args.paths_off = default_off + [p for p in off if p not in default_off]
@@ -201,7 +201,7 @@ def working_paths(args, model_dir, sizes, results, where, error):
             log("with %s off: failed" % ",".join(off))
             continue
         tried[",".join(off)] = "ok"
-        results["paths"]["off"] = args.paths_off
+        results["paths_off"] = list(args.paths_off)
         log("the rest of the benchmark runs with %s off" % ",".join(off))
         return
     args.paths_off = default_off
@@ -480,9 +480,9 @@ def table(results):
         for off, outcome in paths["tried"].items():
             lines.append("- with %s off: %s" % (off, outcome))
         lines.append("")
-    if paths and paths.get("off") or results.get("paths_off"):
+    if results.get("paths_off"):
         lines.append("measured with CUDA paths off: %s" % ", ".join(
-            (paths or {}).get("off") or results["paths_off"]))
+            results["paths_off"]))
         lines.append("")
     lines.append("| layout | measure | ratio 1.0 | ratio 0.75 | ratio 0.5 | 0.5 / 1.0 |")
     lines.append("|---|---|---|---|---|---|")
@@ -610,7 +610,7 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
     try:
-        args.paths_off = env_paths_off()
+        args.paths_off = paths_off()
     except ValueError as e:
         parser.error("MOH_CUDA_PATHS_OFF: %s" % e)
     results = {"host": platform.node(), "torch": torch.__version__,

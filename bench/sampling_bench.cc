@@ -79,7 +79,7 @@ void BM_HostDraw(benchmark::State& state) {
     if (path == 2) reduced = reduce(*plan);
     const auto& [values, ids, stats] = reduced;
     auto chunk = output.NextFromReduced(
-        *plan, values,
+        *plan, absl::MakeConstSpan(values.data_ptr<float>(), values.numel()),
         absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel()),
         stats.defined()
             ? absl::MakeConstSpan(stats.data_ptr<double>(), stats.numel())

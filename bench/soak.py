@@ -64,7 +64,7 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "training"))
 
 import grpc  # noqa: E402
 
-from cuda_paths import path_config, paths_off_from  # noqa: E402
+from cuda_paths import path_config, paths_off  # noqa: E402
 
 import demo_eval  # noqa: E402
 import moh_testdata  # noqa: E402
@@ -590,14 +590,16 @@ def main():
         help="the models' device; on cuda (bfloat16) the answers are checked "
         "for their form, not against the float32 goldens")
     parser.add_argument(
-        "--cuda_paths_off", default=os.environ.get("MOH_CUDA_PATHS_OFF", ""),
+        "--cuda_paths_off", default=None,
         help="demo-lm's CUDA paths switched off (comma-separated, "
         "bench/cuda_paths.py; default $MOH_CUDA_PATHS_OFF)")
     args = parser.parse_args()
     try:
-        paths = path_config(paths_off_from(args.cuda_paths_off))
+        off = paths_off(args.cuda_paths_off)
     except ValueError as e:
         parser.error("--cuda_paths_off: %s" % e)
+    args.cuda_paths_off = ",".join(off)
+    paths = path_config(off)
     # Stopped from outside (a timeout): the server goes too, as on any exit.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     exact = args.device == "cpu"

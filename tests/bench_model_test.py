@@ -235,7 +235,7 @@ def test_gpu_bench_goes_on_past_failing_paths(tmp_path):
     assert list(paths["tried"]) == ["skinny_linear", "varlen_prefill"]
     assert paths["tried"]["skinny_linear"] == paths["error"]
     assert paths["tried"]["varlen_prefill"] == "ok"
-    assert paths["off"] == ["varlen_prefill"]
+    assert results["paths_off"] == ["varlen_prefill"]
     tiny = results["tiny"]
     for ratio in ("1.0", "0.5"):
         assert tiny["batch1"][ratio]["decode_tokens_per_s"] > 0

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <new>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -184,6 +185,20 @@ std::string CpuThreadingSummary() {
       break;
   }
   return absl::StrCat(at::get_num_threads(), " intra-op threads, ", blas);
+}
+
+absl::Status StatusFromException(const std::exception& e,
+                                 absl::string_view what) {
+  const auto* torch = dynamic_cast<const c10::Error*>(&e);
+  const std::string message = absl::StrCat(
+      what, what.empty() ? "" : ": ",
+      torch != nullptr ? torch->what_without_backtrace() : e.what());
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+      dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory: ", message));
+  }
+  return absl::InternalError(message);
 }
 
 std::string DtypeName(at::ScalarType dtype) {

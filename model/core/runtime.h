@@ -78,17 +78,25 @@ std::string CpuThreadingSummary();
 
 std::string DtypeName(at::ScalarType dtype);
 
-// Runs `fn` (returning an absl::Status or StatusOr) and turns a LibTorch
-// exception into INTERNAL "<what>: <cause>", without LibTorch's backtrace.
+// The status for an exception thrown while running a model: "<what>: "
+// (when given) and its message, without LibTorch's backtrace.
+// RESOURCE_EXHAUSTED, "out of memory: ...", when an allocator could not give
+// the memory asked (c10::OutOfMemoryError: CUDA's caching allocator once it
+// has freed its cache and retried; std::bad_alloc): the device is sound,
+// and the same work in a smaller batch, or later, may fit. INTERNAL
+// otherwise (LibTorch's CPU allocator fails with a plain c10::Error: on the
+// host, memory runs out through the kernel's OOM killer first).
+absl::Status StatusFromException(const std::exception& e,
+                                 absl::string_view what = {});
+
+// Runs `fn` (returning an absl::Status or StatusOr) and turns an exception
+// into StatusFromException(e, what).
 template <typename Fn>
 auto CatchTorchErrors(const char* what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat(what, ": ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+    return StatusFromException(e, what);
   }
 }
 

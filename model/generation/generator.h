@@ -106,13 +106,13 @@ class SequenceOutput {
   };
   std::optional<Reduction> PlanReduction(int64_t vocab);
   // Next() from what the step reduced as `plan` (PlanReduction's) asked: the
-  // row's best logits (float32 `values` on the host, at least `best` of them,
-  // in BestLogits' order) and their `ids`, and RowStats' `stats` (kRowStats;
+  // row's best logits (`values` on the host, at least `best` of them, in
+  // BestLogits' order) and their `ids`, and RowStats' `stats` (kRowStats;
   // empty without). nullopt, having drawn nothing, when they do not decide
   // the draw after all (a top-p nucleus past them, or a sum too close to a
   // decision's edge to tell): pass the whole row to Next() then.
   absl::StatusOr<std::optional<GenerationChunk>> NextFromReduced(
-      const Reduction& plan, const at::Tensor& values,
+      const Reduction& plan, absl::Span<const float> values,
       absl::Span<const int64_t> ids, absl::Span<const double> stats);
 
   // Set once the sequence has ended.

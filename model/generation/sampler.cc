@@ -287,6 +287,22 @@ int32_t Sampler::Sample(const at::Tensor& logits,
                         absl::Span<const int32_t> history, size_t generated,
                         std::optional<absl::Span<const uint32_t>> allowed) {
   LoadLogits(logits);
+  return SampleLoaded(history, generated, allowed);
+}
+
+int32_t Sampler::Sample(absl::Span<const float> logits,
+                        absl::Span<const int32_t> history, size_t generated,
+                        std::optional<absl::Span<const uint32_t>> allowed) {
+  TORCH_CHECK(
+      !logits.empty() && logits.size() <= std::numeric_limits<int32_t>::max(),
+      "Sampler: logits must be non-empty, got ", logits.size());
+  logits_.assign(logits.begin(), logits.end());
+  return SampleLoaded(history, generated, allowed);
+}
+
+int32_t Sampler::SampleLoaded(
+    absl::Span<const int32_t> history, size_t generated,
+    std::optional<absl::Span<const uint32_t>> allowed) {
   ApplyRepetitionPenalty(history);
   ApplyOutputPenalties(history.last(std::min(generated, history.size())));
   const size_t vocab = logits_.size();

@@ -144,6 +144,11 @@ class Sampler {
   int32_t Sample(const at::Tensor& logits, absl::Span<const int32_t> history,
                  size_t generated = 0,
                  std::optional<absl::Span<const uint32_t>> allowed = {});
+  // The same from float32 logits on the host, without a tensor (a step's
+  // best logits, read in place).
+  int32_t Sample(absl::Span<const float> logits,
+                 absl::Span<const int32_t> history, size_t generated = 0,
+                 std::optional<absl::Span<const uint32_t>> allowed = {});
 
   // The uniform the next draw uses (a draw by inverse CDF at it times the
   // weights' sum), drawn now from the RNG if no draw has taken it yet: a
@@ -185,6 +190,9 @@ class Sampler {
 
   // Copies logits into logits_.
   void LoadLogits(const at::Tensor& logits);
+  // Sample() once logits_ holds the logits.
+  int32_t SampleLoaded(absl::Span<const int32_t> history, size_t generated,
+                       std::optional<absl::Span<const uint32_t>> allowed);
   void ApplyRepetitionPenalty(absl::Span<const int32_t> history);
   void ApplyOutputPenalties(absl::Span<const int32_t> output);
   // Sets the logits of ids `allowed` leaves out to -inf; returns the lowest

@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "model/core/activation.h"
 #include "model/core/device_context.h"
+#include "model/core/runtime.h"
 #include "model/generation/dit_sampler.h"
 #include "service/diffusion/image_encoder.h"
 #include "service/engine/engine_loop.h"
@@ -144,7 +145,7 @@ class DiffusionSteps : public StepExecutor<ImageRequestState> {
       }
       return absl::OkStatus();
     } catch (const std::exception& e) {
-      return absl::InternalError(e.what());
+      return StatusFromException(e);
     }
   }
 
@@ -181,7 +182,7 @@ class DiffusionSteps : public StepExecutor<ImageRequestState> {
     try {
       status = Finish(image, &result);
     } catch (const std::exception& e) {
-      status = absl::InternalError(e.what());
+      status = StatusFromException(e);
     }
     if (status.ok()) {
       if (metrics_ != nullptr) {

@@ -384,9 +384,14 @@ class EngineLoop {
                    << ": step failed: " << status.message();
     const absl::Status lost = executor_->DeviceLost();
     if (lost.ok()) {
-      // Only this step's requests fail; the loop and the queue go on.
-      const absl::Status error =
-          absl::InternalError(absl::StrCat("model error: ", status.message()));
+      // Only this step's requests fail; the loop and the queue go on. Out
+      // of memory stays RESOURCE_EXHAUSTED (StatusFromException): a retry,
+      // in a smaller batch or later, may fit.
+      const absl::Status error(
+          status.code() == absl::StatusCode::kResourceExhausted
+              ? absl::StatusCode::kResourceExhausted
+              : absl::StatusCode::kInternal,
+          absl::StrCat("model error: ", status.message()));
       for (uint64_t id : done) End(id, EndKind::kFailed, error);
       return;
     }

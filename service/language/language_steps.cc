@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/core/device_context.h"
+#include "model/core/runtime.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace moh {
@@ -30,13 +31,21 @@ SampledFrom Sampled(StepDraws::From from) {
   return SampledFrom::kReducedThenWhole;
 }
 
-// Tests only: with $MOH_TEST_DEVICE_LOST_AFTER_STEPS=N every language
-// model's step after its first N fails as one on a lost device would (a
-// real loss needs a broken GPU); -1 when unset.
-int64_t InjectedLossAfterSteps() {
-  const char* value = std::getenv("MOH_TEST_DEVICE_LOST_AFTER_STEPS");
+// An integer from the environment; -1 when unset.
+int64_t EnvSteps(const char* name) {
+  const char* value = std::getenv(name);
   return value != nullptr ? std::atoll(value) : -1;
 }
+
+// Tests only: faults a GPU can have and the CPU never does, injected into
+// every language model's steps. With $MOH_TEST_DEVICE_LOST_AFTER_STEPS=N each
+// step after the first N fails as one on a lost device would; with
+// $MOH_TEST_OUT_OF_MEMORY_AT_STEP=N step N (from 0) runs out of memory, as
+// one whose activations the device cannot hold would. -1: none.
+struct InjectedFaults {
+  int64_t lost_after_steps = EnvSteps("MOH_TEST_DEVICE_LOST_AFTER_STEPS");
+  int64_t out_of_memory_at_step = EnvSteps("MOH_TEST_OUT_OF_MEMORY_AT_STEP");
+};
 
 // The language family's steps: one LlamaModel::Forward over the planned rows,
 // then sampling and streaming for each row that emits.
@@ -53,8 +62,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
                            model_.config().num_heads),
         cache_(model_.CreateKvCache(kv_blocks, kv_block_size)),
         graph_replays_(model_.graph_replays()),
-        reduce_logits_(ReduceLogitsWhereTheyLie(model_)),
-        lose_after_steps_(InjectedLossAfterSteps()) {}
+        reduce_logits_(ReduceLogitsWhereTheyLie(model_)) {}
 
   void Admit(Sequence& seq, const AdmittedRequest& admitted) override {
     if (admitted.lowered) {
@@ -68,14 +76,17 @@ class LanguageSteps : public StepExecutor<Sequence> {
   absl::Status Run(const std::vector<PlannedRow>& rows,
                    const std::vector<Sequence*>& seqs,
                    std::vector<RowOutcome>* outcomes) override {
-    if (lose_after_steps_ >= 0 && steps_++ >= lose_after_steps_) {
+    const int64_t step = steps_++;
+    if (faults_.lost_after_steps >= 0 && step >= faults_.lost_after_steps) {
       injected_loss_ = true;
       return absl::InternalError("injected device fault");
     }
     try {
+      TORCH_CHECK_WITH(OutOfMemoryError, step != faults_.out_of_memory_at_step,
+                       "injected: $MOH_TEST_OUT_OF_MEMORY_AT_STEP=", step);
       return RunUnchecked(rows, seqs, outcomes);
     } catch (const std::exception& e) {
-      return absl::InternalError(e.what());
+      return StatusFromException(e);
     }
   }
 
@@ -292,9 +303,9 @@ class LanguageSteps : public StepExecutor<Sequence> {
   // Rows draw from their logits reduced where they lie (StepDraws): on a
   // GPU, and on the CPU when MOH_REDUCE_LOGITS=1 (tests).
   const bool reduce_logits_;
-  // $MOH_TEST_DEVICE_LOST_AFTER_STEPS (-1: none), the steps run, and whether
-  // the injected loss happened.
-  const int64_t lose_after_steps_;
+  // The faults tests inject, the steps run, and whether the injected loss
+  // happened.
+  const InjectedFaults faults_;
   int64_t steps_ = 0;
   bool injected_loss_ = false;
 };

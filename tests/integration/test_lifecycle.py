@@ -166,6 +166,37 @@ def test_a_lost_device_fails_its_model_and_the_health(api, server_factory):
     assert "lost its device" in server.log()
 
 
+def test_a_step_out_of_memory_fails_its_requests_retryably(api, server_factory):
+    """A step the device has no memory for (on a GPU: CUDA's allocator out
+    of memory for a batch's activations; injected here through
+    $MOH_TEST_OUT_OF_MEMORY_AT_STEP) ends its requests RESOURCE_EXHAUSTED,
+    which a client may retry; the device is sound, so the model stays READY,
+    the server SERVING, and the same request then runs to its end."""
+    server = server_factory("out_of_memory", [
+        ("lm", lib.LM_DIR, "generation { max_running: 4 }"),
+    ], metrics=False, env={"MOH_TEST_OUT_OF_MEMORY_AT_STEP": "2"})
+    stub = api.grpc.InferenceStub(server.channel())
+    request = lib.generate_request(api.pb, model="lm", token_ids=[5, 9, 17],
+                                   max_new_tokens=8)
+    call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
+    tokens = []
+    with pytest.raises(grpc.RpcError) as error:
+        for message in call:
+            tokens += message.token_ids
+    # Two steps ran (the prompt's, then one decode step), the third failed.
+    assert len(tokens) == 2, tokens
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.value.details() == (
+        "model error: out of memory: injected: "
+        "$MOH_TEST_OUT_OF_MEMORY_AT_STEP=2")
+    assert list_models(api, server)["lm"].state == api.pb.ModelInfo.READY
+    assert lib.health_check(server.channel()) == "SERVING"
+    messages = lib.run_generate(stub, request)
+    assert messages[-1].usage.completion_tokens == 8
+    assert sum(len(m.token_ids) for m in messages) == 8
+    assert server.proc.poll() is None
+
+
 def test_reflection_lists_and_describes_the_service(main_server):
     # ServerReflectionRequest{list_services: ""} (field 7) and
     # {file_containing_symbol: "moh.v1.Inference"} (field 4).

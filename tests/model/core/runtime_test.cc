@@ -8,6 +8,8 @@
 #include <malloc.h>
 
 #include <cstdlib>
+#include <new>
+#include <stdexcept>
 
 namespace moh {
 namespace {
@@ -57,6 +59,53 @@ TEST(ConfigureCpuAllocatorTest, LeavesTheEnvironmentsSettingAlone) {
         std::exit(BlockIsMapped() ? 0 : 1);
       },
       testing::ExitedWithCode(0), "");
+}
+
+// Running out of memory is RESOURCE_EXHAUSTED (the device is sound: a
+// smaller batch, or later, may fit); every other failure INTERNAL; either
+// names where it happened and leaves LibTorch's backtrace out.
+TEST(StatusFromExceptionTest, OutOfMemoryIsRetryableTheRestInternal) {
+  try {
+    TORCH_CHECK_WITH(OutOfMemoryError, false,
+                     "CUDA out of memory. Tried 2 GiB");
+  } catch (const std::exception& e) {
+    const absl::Status status = StatusFromException(e, "forward");
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(status.message(),
+              "out of memory: forward: CUDA out of memory. Tried 2 GiB");
+  }
+  const absl::Status bad_alloc = StatusFromException(std::bad_alloc());
+  EXPECT_EQ(bad_alloc.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(bad_alloc.message(), "out of memory: std::bad_alloc");
+  try {
+    TORCH_CHECK(false, "shapes do not match");
+  } catch (const std::exception& e) {
+    const absl::Status status = StatusFromException(e, "forward");
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+    EXPECT_EQ(status.message(), "forward: shapes do not match");
+  }
+  const absl::Status other = StatusFromException(std::runtime_error("boom"));
+  EXPECT_EQ(other.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(other.message(), "boom");
+}
+
+// CatchTorchErrors gives a model's forward the same statuses.
+TEST(StatusFromExceptionTest, CatchTorchErrorsMapsThem) {
+  const absl::StatusOr<int> oom = CatchTorchErrors("forward", [] {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory");
+    return absl::StatusOr<int>(1);
+  });
+  EXPECT_EQ(oom.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(oom.status().message(),
+            "out of memory: forward: CUDA out of memory");
+  const absl::StatusOr<int> other = CatchTorchErrors("forward", [] {
+    at::zeros({2}).view({3});  // a shape error
+    return absl::StatusOr<int>(1);
+  });
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(other.status().message().find("forward: "), 0u) << other.status();
+  EXPECT_EQ(other.status().message().find("Exception raised from"),
+            std::string::npos);
 }
 
 }  // namespace

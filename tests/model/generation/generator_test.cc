@@ -384,7 +384,8 @@ absl::StatusOr<GenerationChunk> ReducedStep(
                 .contiguous();
   }
   auto reduced = output.NextFromReduced(
-      plan, values, absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel()),
+      plan, absl::MakeConstSpan(values.data_ptr<float>(), values.numel()),
+      absl::MakeConstSpan(ids.data_ptr<int64_t>(), ids.numel()),
       stats.defined()
           ? absl::MakeConstSpan(stats.data_ptr<double>(), stats.numel())
           : absl::Span<const double>());

@@ -381,6 +381,26 @@ TEST(SamplerTest, AcceptsOtherDtypesAndStrides) {
   EXPECT_EQ(sampler.Sample(Logits({1, 4, 2}).to(at::kHalf), {}), 1);
 }
 
+TEST(SamplerTest, LogitsOnTheHostDrawAsTheirTensor) {
+  const at::Tensor logits = VariedLogits();
+  const auto host = absl::MakeConstSpan(logits.data_ptr<float>(), 100);
+  const std::vector<int32_t> history = {3, 7, 7, 42};
+  for (SamplingParams params :
+       {Params(0.0f), Params(0.8f), Params(1.3f, 5), Params(0.7f, 0, 0.9f),
+        Params(1.0f, 10, 0.5f)}) {
+    params.repetition_penalty = 1.3f;
+    params.min_p = 0.01f;
+    Sampler from_tensor(params), from_span(params);
+    for (int i = 0; i < 50; ++i) {
+      ASSERT_EQ(from_span.Sample(host, history, 2),
+                from_tensor.Sample(logits, history, 2))
+          << "draw " << i << " temperature " << params.temperature;
+    }
+  }
+  Sampler sampler(Params(1.0f));
+  EXPECT_THROW(sampler.Sample(absl::Span<const float>(), {}), c10::Error);
+}
+
 TEST(SamplerTest, RejectsMalformedLogits) {
   Sampler sampler(Params(1.0f));
   EXPECT_THROW(sampler.Sample(at::zeros({2, 3}), {}), c10::Error);

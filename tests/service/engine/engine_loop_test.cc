@@ -54,6 +54,8 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
   std::function<void()> on_step;
   // What DeviceLost() says after a failed step. Set before the loop.
   absl::Status lost;
+  // What a failing step (FakeRequest::fail_at) returns. Set before the loop.
+  absl::Status failure = absl::InternalError("fake failure");
 
   void Admit(FakeRequest& request, const AdmittedRequest&) override {
     request.outcome->admitted = true;
@@ -72,9 +74,7 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
     if (on_step) on_step();
     for (size_t i = 0; i < rows.size(); ++i) {
       Outcome& r = *requests[i]->outcome;
-      if (r.outputs == requests[i]->fail_at) {
-        return absl::InternalError("fake failure");
-      }
+      if (r.outputs == requests[i]->fail_at) return failure;
       if (r.outputs == requests[i]->row_fail_at) {
         (*outcomes)[i].error = absl::InvalidArgumentError("fake row failure");
         continue;
@@ -265,6 +265,22 @@ TEST_F(EngineLoopTest, FailedStepFailsItsRequestsOnly) {
   EXPECT_EQ(bad->kind, EndKind::kFailed);
   EXPECT_EQ(bad->status.code(), absl::StatusCode::kInternal);
   EXPECT_NE(bad->status.message().find("fake failure"), std::string::npos);
+  EXPECT_EQ(good->kind, EndKind::kFinished);
+  EXPECT_EQ(good->outputs, kOutputs);
+}
+
+TEST_F(EngineLoopTest, AStepOutOfMemoryFailsRetryably) {
+  options_.planner.max_running = 1;
+  executor_.failure = absl::ResourceExhaustedError("out of memory: fake");
+  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
+  executor_.Allow(1 << 20);
+  auto bad = Submit(loop, absl::InfiniteFuture(), nullptr, 1);
+  auto good = Submit(loop, absl::InfiniteFuture());
+  bad->ended.WaitForNotification();
+  good->ended.WaitForNotification();
+  EXPECT_EQ(bad->kind, EndKind::kFailed);
+  EXPECT_EQ(bad->status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(bad->status.message(), "model error: out of memory: fake");
   EXPECT_EQ(good->kind, EndKind::kFinished);
   EXPECT_EQ(good->outputs, kOutputs);
 }
