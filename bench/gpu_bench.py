@@ -126,6 +126,19 @@ def kv_bytes_per_position(cfg):
             2 * 2)  # keys and values, bfloat16
 
 
+def precision(device):
+    """moh-generate's precision flags and moh-server's model fields: bfloat16
+    on a GPU; on the CPU (the rehearsal) float32 activations over bfloat16
+    weights, which this project's kernels widen in registers on any x86
+    (bfloat16 activations go through ATen's bfloat16 matmul, scalar without
+    AVX-512 BF16: on an AVX2 EPYC 16x slower in prefill than float32, and the
+    rehearsal's serving overhead ran past its timeout)."""
+    if device == "cpu":
+        return (["--dtype=float32", "--weights=bfloat16"],
+                'dtype: "float32" weights: "bfloat16"')
+    return ["--dtype=bfloat16"], 'dtype: "bfloat16"'
+
+
 def run(cmd, timeout, **kwargs):
     log("$", " ".join(cmd))
     start = time.time()
@@ -148,7 +161,7 @@ def generate(args, model_dir, sizes, timeout, warmup=True, ratios=None,
     ratios = ([1.0] if warmup else []) + (ratios or RATIOS + RATIOS[::-1])
     err = run([os.path.join(args.build, "tools", "moh-generate"),
                "--model_dir=" + model_dir, "--device=" + args.device,
-               "--dtype=bfloat16", "--temperature=0",
+               "--temperature=0"] + precision(args.device)[0] + [
                "--batch=%d" % batch, "--prompt_tokens=%d" % prompt_tokens,
                "--max_new_tokens=%d" % new_tokens,
                "--ratios=" + ",".join("%g" % r for r in ratios)] +
@@ -343,10 +356,10 @@ def serving_overhead(args, model_dir, results, rounds=3):
     config = os.path.join(args.work, "gpu-bench-server.textproto")
     with open(config, "w") as f:
         f.write('port: %d\nmetrics_port: -1\nhttp_port: -1\nhost: "127.0.0.1"\n'
-                'models { name: "lm" model_dir: "%s" device: "%s" dtype: '
-                '"bfloat16" generation { max_running: %d max_seq_len: 512%s } }\n'
-                % (port, model_dir, args.device, concurrency,
-                   path_config(args.paths_off)))
+                'models { name: "lm" model_dir: "%s" device: "%s" %s '
+                'generation { max_running: %d max_seq_len: 512%s } }\n'
+                % (port, model_dir, args.device, precision(args.device)[1],
+                   concurrency, path_config(args.paths_off)))
     server_log = os.path.join(args.out, "gpu-bench-server.log")
     with open(server_log, "w") as logf:
         server = subprocess.Popen(
@@ -382,7 +395,7 @@ def serving_overhead(args, model_dir, results, rounds=3):
         for _ in range(rounds):
             err = run([os.path.join(args.build, "tools", "moh-generate"),
                        "--model_dir=" + model_dir, "--device=" + args.device,
-                       "--dtype=bfloat16", "--temperature=0",
+                       "--temperature=0"] + precision(args.device)[0] + [
                        "--prompt=Once upon a time",
                        "--max_new_tokens=%d" % new_tokens,
                        "--batch=%d" % concurrency, "--repeat=%d" % waves,
