@@ -121,6 +121,16 @@ def test_bad_model_dir_stays_not_serving_and_reports_failed(
     assert "FAILED" in server.log()
 
 
+def stream_until_error(stub, request):
+    """Generate's stream of `request`, which must end in an error: (the
+    token ids streamed before it, the error)."""
+    tokens = []
+    with pytest.raises(grpc.RpcError) as error:
+        for message in stub.Generate(request, timeout=lib.RPC_TIMEOUT):
+            tokens += message.token_ids
+    return tokens, error.value
+
+
 def test_a_lost_device_fails_its_model_and_the_health(api, server_factory):
     """A step that leaves its model's device lost (on a GPU: a CUDA context
     lost to an illegal memory access or an ECC error; injected here through
@@ -136,15 +146,11 @@ def test_a_lost_device_fails_its_model_and_the_health(api, server_factory):
     stub = api.grpc.InferenceStub(server.channel())
     request = lib.generate_request(api.pb, model="lm", token_ids=[5, 9, 17],
                                    max_new_tokens=8)
-    call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
-    tokens = []
-    with pytest.raises(grpc.RpcError) as error:
-        for message in call:
-            tokens += message.token_ids
+    tokens, error = stream_until_error(stub, request)
     # Three steps ran (the prompt's, then two decode steps), the fourth failed.
     assert len(tokens) == 3, tokens
-    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert error.value.details() == (
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.details() == (
         "model 'lm': device lost (injected: $MOH_TEST_DEVICE_LOST_AFTER_STEPS)")
     models = list_models(api, server)
     assert models["lm"].state == api.pb.ModelInfo.FAILED
@@ -178,15 +184,11 @@ def test_a_step_out_of_memory_fails_its_requests_retryably(api, server_factory):
     stub = api.grpc.InferenceStub(server.channel())
     request = lib.generate_request(api.pb, model="lm", token_ids=[5, 9, 17],
                                    max_new_tokens=8)
-    call = stub.Generate(request, timeout=lib.RPC_TIMEOUT)
-    tokens = []
-    with pytest.raises(grpc.RpcError) as error:
-        for message in call:
-            tokens += message.token_ids
+    tokens, error = stream_until_error(stub, request)
     # Two steps ran (the prompt's, then one decode step), the third failed.
     assert len(tokens) == 2, tokens
-    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert error.value.details() == (
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.details() == (
         "model error: out of memory: injected: "
         "$MOH_TEST_OUT_OF_MEMORY_AT_STEP=2")
     assert list_models(api, server)["lm"].state == api.pb.ModelInfo.READY

@@ -184,3 +184,21 @@ def test_prequantized_checkpoints_serve_as_int8(api, stub, models, layout):
     for label in LABELS:
         assert scored[layout][label] == pytest.approx(
             scored["int8"][label], rel=1e-5, abs=1e-5), label
+
+
+def test_bfloat16_activations_on_a_cpu_without_avx512_bf16_are_warned_of(
+        server_factory):
+    """A model with bfloat16 activations on a CPU whose kernels have no
+    AVX512_BF16 (forced here: MOH_CPU_ISA=avx2) runs LibTorch's generic
+    bfloat16 kernels, many times slower than float32: its load says so and
+    names the configuration that holds the weights at the same size; float32
+    activations over bfloat16 weights load without it."""
+    server = server_factory("bf16_activations", [
+        ("act-bf16", lib.LM_DIR, 'dtype: "bfloat16"'),
+        ("weights-bf16", lib.LM_DIR, 'weights: "bfloat16"'),
+    ], metrics=False, env={"MOH_CPU_ISA": "avx2"})
+    log = server.log()
+    assert ("model act-bf16: bfloat16 activations on a CPU without AVX512_BF16 "
+            "run LibTorch's generic bfloat16 kernels" in log), log
+    assert 'dtype: "float32" with weights: "bfloat16"' in log
+    assert "model weights-bf16: bfloat16 activations" not in log

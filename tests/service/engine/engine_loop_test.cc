@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 
 namespace moh {
@@ -127,6 +128,28 @@ class EngineLoopTest : public ::testing::Test {
     EXPECT_TRUE(submitted.ok()) << submitted.status();
     if (id != nullptr && submitted.ok()) *id = *submitted;
     return outcome;
+  }
+
+  // A step that fails (the executor's `failure`) fails the requests in it
+  // with `code` and "model error: <failure's message>"; the next request runs.
+  void ExpectAFailedStepFailsItsRequestsOnly(const absl::Status& failure,
+                                             absl::StatusCode code) {
+    EngineLoopOptions options = options_;
+    options.planner.max_running = 1;
+    FakeExecutor executor(kOutputs);
+    executor.failure = failure;
+    EngineLoop<FakeRequest> loop(options, &executor, nullptr);
+    executor.Allow(1 << 20);
+    auto bad = Submit(loop, absl::InfiniteFuture(), nullptr, 1);
+    auto good = Submit(loop, absl::InfiniteFuture());
+    bad->ended.WaitForNotification();
+    good->ended.WaitForNotification();
+    EXPECT_EQ(bad->kind, EndKind::kFailed);
+    EXPECT_EQ(bad->status.code(), code);
+    EXPECT_EQ(bad->status.message(),
+              absl::StrCat("model error: ", failure.message()));
+    EXPECT_EQ(good->kind, EndKind::kFinished);
+    EXPECT_EQ(good->outputs, kOutputs);
   }
 
   FakeClock clock_;
@@ -255,34 +278,19 @@ TEST_F(EngineLoopTest, GroupsQueueAllOrNoneAndCancelTogether) {
 }
 
 TEST_F(EngineLoopTest, FailedStepFailsItsRequestsOnly) {
-  options_.planner.max_running = 1;
-  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
-  executor_.Allow(1 << 20);
-  auto bad = Submit(loop, absl::InfiniteFuture(), nullptr, 1);
-  auto good = Submit(loop, absl::InfiniteFuture());
-  bad->ended.WaitForNotification();
-  good->ended.WaitForNotification();
-  EXPECT_EQ(bad->kind, EndKind::kFailed);
-  EXPECT_EQ(bad->status.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(bad->status.message().find("fake failure"), std::string::npos);
-  EXPECT_EQ(good->kind, EndKind::kFinished);
-  EXPECT_EQ(good->outputs, kOutputs);
+  ExpectAFailedStepFailsItsRequestsOnly(absl::InternalError("fake failure"),
+                                        absl::StatusCode::kInternal);
 }
 
+// Out of memory stays RESOURCE_EXHAUSTED, which a client may retry; any
+// other failure is INTERNAL.
 TEST_F(EngineLoopTest, AStepOutOfMemoryFailsRetryably) {
-  options_.planner.max_running = 1;
-  executor_.failure = absl::ResourceExhaustedError("out of memory: fake");
-  EngineLoop<FakeRequest> loop(options_, &executor_, nullptr);
-  executor_.Allow(1 << 20);
-  auto bad = Submit(loop, absl::InfiniteFuture(), nullptr, 1);
-  auto good = Submit(loop, absl::InfiniteFuture());
-  bad->ended.WaitForNotification();
-  good->ended.WaitForNotification();
-  EXPECT_EQ(bad->kind, EndKind::kFailed);
-  EXPECT_EQ(bad->status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(bad->status.message(), "model error: out of memory: fake");
-  EXPECT_EQ(good->kind, EndKind::kFinished);
-  EXPECT_EQ(good->outputs, kOutputs);
+  ExpectAFailedStepFailsItsRequestsOnly(
+      absl::ResourceExhaustedError("out of memory: fake"),
+      absl::StatusCode::kResourceExhausted);
+  ExpectAFailedStepFailsItsRequestsOnly(
+      absl::InvalidArgumentError("a shape the model refused"),
+      absl::StatusCode::kInternal);
 }
 
 TEST_F(EngineLoopTest, FailedRowFailsItsRequestOnly) {
