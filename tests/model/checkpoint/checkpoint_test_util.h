@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/checkpoint/checkpoint.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace checkpoint_test {
@@ -64,8 +65,8 @@ class CheckpointTest : public ::testing::Test {
                             std::to_string(::getpid()));
     fs::remove_all(*root_);
     fs::create_directories(*root_);
-    const std::string command = std::string(MOH_PYTHON3) + " " +
-                                MOH_REFERENCE_DIR +
+    const std::string command = test_paths::Python3() + " " +
+                                test_paths::ReferenceDir() +
                                 "/ckpt_make_test_checkpoints.py " + *root_;
     generated_ = std::system(command.c_str()) == 0;
   }

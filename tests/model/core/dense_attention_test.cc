@@ -11,11 +11,12 @@
 
 #include "model/core/llama_model.h"
 #include "tests/model/core/llama_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 
 int64_t ChunkWorkspace(int64_t rows, int64_t heads, int64_t chunk,
                        int64_t kv_len) {

@@ -14,13 +14,14 @@
 #include "model/generation/dit_sampler.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/core/golden_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
 
 using nlohmann::json;
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 const DeviceOptions kCpu{"cpu", "float32"};
 
 // A fixture's name, or a directory path (the shipped demo).
@@ -170,7 +171,7 @@ TEST_P(DitGoldenTest, SamplesMatchTheReferenceAloneAndBatched) {
 // training recipe wrote with the same reference.
 INSTANTIATE_TEST_SUITE_P(Fixtures, DitGoldenTest,
                          ::testing::Values("dit_tiny", "dit_tiny_pixels",
-                                           std::string(MOH_MODELS_DIR) +
+                                           test_paths::ModelsDir() +
                                                "/demo-dit"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name =

@@ -15,13 +15,14 @@
 #include "model/core/llama_model.h"
 #include "tests/model/core/layer_ops_reference.h"
 #include "tests/model/core/llama_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
 
 using namespace layer_ops_reference;
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 
 at::Tensor SkinnyLinear(const at::Tensor& x, const at::Tensor& weight,
                         const at::Tensor& bias) {

@@ -40,11 +40,12 @@
 #include "tests/model/core/paged_decode_reference.h"
 #include "tests/model/core/varlen_attention_reference.h"
 #include "tests/model/generation/generator_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 constexpr double kBf16Tolerance = 0.05;
 constexpr double kFp32Tolerance = 1e-3;
 

@@ -32,11 +32,12 @@
 #include "nlohmann/json.hpp"
 #include "tests/model/core/llama_test_util.h"
 #include "tests/model/core/lowp_weights_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 
 std::unique_ptr<LlamaModel> Load(const std::string& weights = "") {
   return LoadWithWeights<LlamaModel>(kFixtures + "/llama_learned", weights);

@@ -15,13 +15,14 @@
 #include "nlohmann/json.hpp"
 #include "tests/model/core/golden_test_util.h"
 #include "tests/model/core/llama_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
 
 using nlohmann::json;
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 
 json ReadGolden(const std::string& model) {
   return ReadJson(kFixtures + "/" + model + "/golden.json");

@@ -10,13 +10,14 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/core/golden_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
 
 using nlohmann::json;
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 const DeviceOptions kCpu{"cpu", "float32"};
 
 std::unique_ptr<TransNextModel> LoadOrDie(const std::string& dir) {

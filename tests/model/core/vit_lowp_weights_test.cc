@@ -15,11 +15,12 @@
 #include "model/core/transnext_model.h"
 #include "model/core/vit_model.h"
 #include "tests/model/core/lowp_weights_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 
 // Model of `dir` with p.weights against float32 on 64 images of standard
 // normal pixels, ratios 0.25 to 1.
@@ -155,7 +156,7 @@ TEST_P(DitLowpWeightsTest, PredictionWithinBoundOfFloat32) {
   }
 }
 
-const std::string kDemoDit = std::string(MOH_MODELS_DIR) + "/demo-dit";
+const std::string kDemoDit = test_paths::ModelsDir() + "/demo-dit";
 
 // Measured, the largest over the three modes (the same under avx512f, avx2
 // and portable; AVX512_BF16 and VNNI round x too): dit_tiny bfloat16 0.0043

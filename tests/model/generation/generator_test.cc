@@ -15,6 +15,7 @@
 #include "model/generation/language_model.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/generation/generator_test_util.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-const std::string kModelDir = std::string(MOH_FIXTURES_DIR) + "/llama_learned";
+const std::string kModelDir = test_paths::FixturesDir() + "/llama_learned";
 
 json Golden() {
   std::ifstream in(kModelDir + "/golden.json");

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "model/generation/generator.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
@@ -22,7 +23,7 @@ constexpr int32_t kEos = 767;  // the demo model's <|end_of_text|>
 class GrammarTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto tokenizer = Tokenizer::FromFile(std::string(MOH_MODELS_DIR) +
+    auto tokenizer = Tokenizer::FromFile(test_paths::ModelsDir() +
                                          "/demo-lm/tokenizer.json");
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = tokenizer->release();

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_paths.h"
+
 namespace moh {
 namespace {
 
@@ -26,7 +28,7 @@ using json = nlohmann::json;
 using Variables = std::map<std::string, std::string>;
 
 json ReadTestdata(const std::string& name) {
-  std::ifstream in(std::string(MOH_TESTDATA_DIR) + "/" + name);
+  std::ifstream in(test_paths::TestdataDir() + "/" + name);
   EXPECT_TRUE(in) << name;
   return json::parse(in);
 }
@@ -360,7 +362,7 @@ TEST_F(LoadChatTemplateTest, StringTemplateAndStringTokens) {
 // training/train_demo_lm.py); expected text as jinja2 renders it.
 TEST(LoadChatTemplateDemoTest, DemoLmTemplateRenders) {
   absl::StatusOr<LoadedChatTemplate> loaded =
-      LoadChatTemplate(std::string(MOH_MODELS_DIR) + "/demo-lm");
+      LoadChatTemplate(test_paths::ModelsDir() + "/demo-lm");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->bos_token, "<|begin_of_text|>");
   EXPECT_EQ(loaded->eos_token, "<|end_of_text|>");

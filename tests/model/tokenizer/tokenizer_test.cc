@@ -33,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_paths.h"
+
 namespace moh {
 namespace {
 
@@ -46,7 +48,7 @@ const std::string kByteLevel = "tokenizer_bytelevel.json";
 const std::string kMetaspace = "tokenizer_metaspace.json";
 
 std::string TestdataPath(const std::string& name) {
-  return std::string(MOH_TESTDATA_DIR) + "/" + name;
+  return test_paths::TestdataDir() + "/" + name;
 }
 
 std::unique_ptr<Tokenizer> Load(const std::string& name) {

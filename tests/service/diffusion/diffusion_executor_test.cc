@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "service/vision/image_decoder.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
@@ -24,7 +25,7 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-const std::string kFixtures = MOH_FIXTURES_DIR;
+const std::string kFixtures = test_paths::FixturesDir();
 
 json ReadJson(const std::string& path) {
   std::ifstream in(path);

@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 #include "service/metrics/metrics.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
@@ -30,7 +31,7 @@ using nlohmann::json;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-const std::string kModelDir = std::string(MOH_FIXTURES_DIR) + "/llama_learned";
+const std::string kModelDir = test_paths::FixturesDir() + "/llama_learned";
 const absl::Duration kWait = absl::Seconds(60);
 
 json Golden() {

@@ -18,6 +18,7 @@
 #include "service/diffusion/image_encoder.h"
 #include "service/engine/image_decode_budget.h"
 #include "service/vision/image_resize.h"
+#include "tests/test_paths.h"
 
 namespace moh {
 namespace {
@@ -381,7 +382,7 @@ TEST(ImageDecoderTest, RefusesOversizedImagesFromTheirHeader) {
 
 // Files from tests/reference/make_image_fixtures.py: images and what
 // torchvision's Resize + CenterCrop on Pillow made of them, before /255.
-const std::string kImageFixtures = MOH_IMAGE_FIXTURES_DIR;
+const std::string kImageFixtures = test_paths::ImageFixturesDir();
 
 std::string ReadFixture(const std::string& name) {
   std::ifstream file(kImageFixtures + "/" + name, std::ios::binary);
