@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "model/checkpoint/checkpoint.h"
-#include "tests/test_paths.h"
+#include "tests/base/test_paths.h"
 
 namespace moh {
 namespace checkpoint_test {

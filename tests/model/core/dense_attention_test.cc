@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "model/core/llama_model.h"
+#include "tests/base/test_paths.h"
 #include "tests/model/core/llama_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

@@ -13,8 +13,8 @@
 #include "model/generation/diffusion.h"
 #include "model/generation/dit_sampler.h"
 #include "nlohmann/json.hpp"
+#include "tests/base/test_paths.h"
 #include "tests/model/core/golden_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

@@ -13,9 +13,9 @@
 #include "model/core/fused_layer_ops.h"
 #include "model/core/kv_cache.h"
 #include "model/core/llama_model.h"
+#include "tests/base/test_paths.h"
 #include "tests/model/core/layer_ops_reference.h"
 #include "tests/model/core/llama_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

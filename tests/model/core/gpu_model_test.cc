@@ -36,11 +36,11 @@
 #include "model/core/vit_model.h"
 #include "model/generation/generator.h"
 #include "model/generation/language_model.h"
+#include "tests/base/test_paths.h"
 #include "tests/model/core/llama_test_util.h"
 #include "tests/model/core/paged_decode_reference.h"
 #include "tests/model/core/varlen_attention_reference.h"
 #include "tests/model/generation/generator_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

@@ -30,9 +30,9 @@
 #include "model/core/llama_model.h"
 #include "model/kernels/cpu_isa.h"
 #include "nlohmann/json.hpp"
+#include "tests/base/test_paths.h"
 #include "tests/model/core/llama_test_util.h"
 #include "tests/model/core/lowp_weights_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

@@ -13,9 +13,9 @@
 #include "model/core/vit_model.h"
 #include "model/generation/generator.h"
 #include "nlohmann/json.hpp"
+#include "tests/base/test_paths.h"
 #include "tests/model/core/golden_test_util.h"
 #include "tests/model/core/llama_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

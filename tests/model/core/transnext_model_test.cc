@@ -9,8 +9,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/base/test_paths.h"
 #include "tests/model/core/golden_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

@@ -14,8 +14,8 @@
 #include "model/core/dit_model.h"
 #include "model/core/transnext_model.h"
 #include "model/core/vit_model.h"
+#include "tests/base/test_paths.h"
 #include "tests/model/core/lowp_weights_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

@@ -14,8 +14,8 @@
 #include "model/core/best_logits.h"
 #include "model/generation/language_model.h"
 #include "nlohmann/json.hpp"
+#include "tests/base/test_paths.h"
 #include "tests/model/generation/generator_test_util.h"
-#include "tests/test_paths.h"
 
 namespace moh {
 namespace {

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "model/generation/generator.h"
 #include "nlohmann/json.hpp"
-#include "tests/test_paths.h"
+#include "tests/base/test_paths.h"
 
 namespace moh {
 namespace {

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/test_paths.h"
+#include "tests/base/test_paths.h"
 
 namespace moh {
 namespace {

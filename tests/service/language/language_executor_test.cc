@@ -22,7 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 #include "service/metrics/metrics.h"
-#include "tests/test_paths.h"
+#include "tests/base/test_paths.h"
 
 namespace moh {
 namespace {

@@ -18,7 +18,7 @@
 #include "service/diffusion/image_encoder.h"
 #include "service/engine/image_decode_budget.h"
 #include "service/vision/image_resize.h"
-#include "tests/test_paths.h"
+#include "tests/base/test_paths.h"
 
 namespace moh {
 namespace {

@@ -1,4 +1,4 @@
-#include "test_paths.h"
+#include "tests/base/test_paths.h"
 
 namespace moh::test_paths {
 
