@@ -78,6 +78,13 @@ absl::Status SampleStep(const DitModel& model,
                     at::tensor(classes, at::kLong), top_k));
   at::Tensor output = out.out.cpu();
   return CatchTorchErrors("SampleStep", [&]() -> absl::Status {
+    // Each sample's next state, made before any sample takes it: a failure
+    // leaves every one as it was (its noise generator included).
+    struct Next {
+      at::Tensor x, head_tokens;
+      at::Generator generator;
+    };
+    std::vector<Next> next;
     const int64_t channels = c.in_channels;
     const int64_t guided = std::min<int64_t>(kGuidedChannels, output.size(1));
     int64_t row = 0;
@@ -90,19 +97,28 @@ absl::Status SampleStep(const DitModel& model,
             at::cat({uncond + s->request_.guidance * (cond - uncond),
                      output[row].narrow(0, guided, output.size(1) - guided)});
       }
+      Next n;
+      n.head_tokens = s->head_tokens_.clone();
+      n.generator = s->generator_.clone();
       for (int32_t r = 0; r < s->rows(); ++r) {
-        s->head_tokens_ += out.head_token_counts[row + r];
+        n.head_tokens += out.head_token_counts[row + r];
       }
       row += s->rows();
       // randn_like of the request's rows ([z, z] when guided), in one draw
       // of that shape; row 0's is the request's.
       at::Tensor noise =
           at::randn({s->rows(), channels, c.input_size, c.input_size},
-                    s->generator_, at::TensorOptions().dtype(at::kFloat))[0];
-      s->x_ =
-          s->diffusion_->Step(s->next_, s->x_, result.narrow(0, 0, channels),
-                              result.narrow(0, channels, channels), noise);
-      --s->next_;
+                    n.generator, at::TensorOptions().dtype(at::kFloat))[0];
+      n.x = s->diffusion_->Step(s->next_, s->x_, result.narrow(0, 0, channels),
+                                result.narrow(0, channels, channels), noise);
+      next.push_back(std::move(n));
+    }
+    for (size_t i = 0; i < samples.size(); ++i) {
+      ImageSample& s = *samples[i];
+      s.x_ = std::move(next[i].x);
+      s.head_tokens_ = std::move(next[i].head_tokens);
+      s.generator_ = std::move(next[i].generator);
+      --s.next_;
     }
     return absl::OkStatus();
   });

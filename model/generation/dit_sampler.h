@@ -85,7 +85,7 @@ class ImageSample {
 };
 
 // Advances every sample (none done) by one step in one forward of `model`.
-// On error no sample has advanced.
+// On error no sample has advanced (nor drawn noise): the step can run again.
 absl::Status SampleStep(const DitModel& model,
                         const std::vector<ImageSample*>& samples);
 

@@ -126,10 +126,12 @@ class DiffusionSteps : public StepExecutor<ImageRequestState> {
   absl::Status Run(const std::vector<PlannedRow>& rows,
                    const std::vector<ImageRequestState*>& requests,
                    std::vector<RowOutcome>* outcomes) override {
+    undone_ = true;
     try {
       std::vector<ImageSample*> samples;
       for (ImageRequestState* r : requests) samples.push_back(r->sample.get());
       MOH_RETURN_IF_ERROR(SampleStep(model_, samples));
+      undone_ = false;
       if (metrics_ != nullptr) metrics_->DiffusionSteps(samples.size());
       const absl::Time now = absl::Now();
       for (size_t i = 0; i < requests.size(); ++i) {
@@ -148,6 +150,9 @@ class DiffusionSteps : public StepExecutor<ImageRequestState> {
       return StatusFromException(e);
     }
   }
+
+  // SampleStep advances every sample or none.
+  bool StepUndone() const override { return undone_; }
 
   void End(ImageRequestState& r, EndKind kind,
            const absl::Status& status) override {
@@ -227,6 +232,7 @@ class DiffusionSteps : public StepExecutor<ImageRequestState> {
   const VaeDecoder* const vae_;
   ModelMetrics* const metrics_;
   std::atomic<int64_t> undelivered_{0};
+  bool undone_ = false;  // the last step failed before any sample advanced
   std::unique_ptr<DecodeWorker> decoder_;  // last: joined first
 };
 

@@ -67,13 +67,21 @@ class StepExecutor {
   virtual void Admit(Request& request, const AdmittedRequest& admitted) = 0;
   // Computes one step: rows[i] belongs to *requests[i]; (*outcomes)[i] says
   // what became of it. A returned error (the model's forward failed) fails
-  // every request of the step; the loop and the other requests go on.
+  // every request of the step; the loop and the other requests go on. Out
+  // of memory (RESOURCE_EXHAUSTED) in a step that StepUndone() says left its
+  // requests as they were is not an error of theirs: the loop computes their
+  // rows again, in smaller steps (StepPlanner::ShrinkSteps).
   virtual absl::Status Run(const std::vector<PlannedRow>& rows,
                            const std::vector<Request*>& requests,
                            std::vector<RowOutcome>* outcomes) = 0;
   // The request leaves; called exactly once per submitted request.
   virtual void End(Request& request, EndKind kind,
                    const absl::Status& status) = 0;
+  // After Run() failed: whether the step left each of its requests as it
+  // was before the step (nothing streamed, nothing counted, no state
+  // advanced; keys and values it wrote are written again the same), so that
+  // their rows can run again.
+  virtual bool StepUndone() const { return false; }
   // After each iteration of the loop (and after its shutdown): where an
   // executor that queues its observers' calls hands them over.
   virtual void StepDone() {}
@@ -359,6 +367,7 @@ class EngineLoop {
         row_errors[plan.rows[i].id] = outcomes[i].error;
       }
     }
+    if (!status.ok() && RetrySmaller(plan, status)) return;
     std::vector<uint64_t> done;
     {
       absl::MutexLock lock(&mu_);
@@ -408,6 +417,29 @@ class EngineLoop {
     }
     for (uint64_t id : done) End(id, EndKind::kFailed, error);
     if (options_.on_device_lost) options_.on_device_lost(error);
+  }
+
+  // A step that ran out of memory but left its requests as they were runs
+  // again in smaller steps: true. False (its requests fail) where it cannot
+  // be smaller, or was not undone.
+  bool RetrySmaller(const StepPlan& plan, const absl::Status& status) {
+    if (!absl::IsResourceExhausted(status) || !executor_->StepUndone()) {
+      return false;
+    }
+    int64_t limit = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!planner_.ShrinkSteps(plan)) return false;
+      limit = planner_.step_token_limit();
+    }
+    int64_t tokens = 0;
+    for (const PlannedRow& row : plan.rows) tokens += row.num_tokens;
+    MOH_LOG(Warning) << "model " << options_.name
+                     << ": step failed: " << status.message() << "; its "
+                     << tokens << " tokens run again, in steps of at most "
+                     << limit << " tokens for a while";
+    if (metrics_ != nullptr) metrics_->StepsRetried();
+    return true;
   }
 
   void End(uint64_t id, EndKind kind, const absl::Status& status) {

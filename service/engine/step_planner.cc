@@ -1,6 +1,7 @@
 #include "service/engine/step_planner.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "service/config/config_limits.h"
@@ -221,22 +222,37 @@ void StepPlanner::AdmitQueued(absl::Time now, StepPlan& plan) {
 }
 
 // The step: a decode row per request past its prompt (slot order), then
-// prompt chunks, first admitted first, under the prefill budget.
+// prompt chunks, first admitted first, under the prefill budget. Under a step
+// token limit (ShrinkSteps) the decode rows start from the first one the last
+// step left out, and prompt chunks have what the decode rows leave.
 void StepPlanner::PlanRows(StepPlan& plan) {
+  const int64_t limit = step_token_limit_ > 0
+                            ? step_token_limit_
+                            : std::numeric_limits<int64_t>::max();
+  const int32_t slots = options_.max_running;
+  int64_t tokens = 0;
+  int32_t left_out = -1;  // the first slot whose decode row did not fit
   std::vector<Running*> prefilling;
-  for (uint64_t id : slot_owner_) {
+  for (int32_t i = 0; i < slots; ++i) {
+    const int32_t slot = (first_decode_slot_ + i) % slots;
+    const uint64_t id = slot_owner_[slot];
     if (id == 0) continue;
     Running& r = running_.at(id);
-    if (r.cached >= r.work.prompt_len) {
-      AddRow(PlannedRow{id, r.slot, r.cached, 1, false, true}, r, plan);
-    } else {
+    if (r.cached < r.work.prompt_len) {
       prefilling.push_back(&r);
+    } else if (tokens < limit) {
+      AddRow(PlannedRow{id, r.slot, r.cached, 1, false, true}, r, plan);
+      ++tokens;
+    } else if (left_out < 0) {
+      left_out = slot;
     }
   }
+  first_decode_slot_ = std::max(left_out, 0);
   std::sort(
       prefilling.begin(), prefilling.end(),
       [](const Running* a, const Running* b) { return a->order < b->order; });
-  int32_t budget = options_.prefill_token_budget;
+  int32_t budget = static_cast<int32_t>(
+      std::min<int64_t>(options_.prefill_token_budget, limit - tokens));
   for (Running* r : prefilling) {
     if (budget == 0) break;
     const int32_t n = std::min(r->work.prompt_len - r->cached, budget);
@@ -272,7 +288,25 @@ std::vector<uint64_t> StepPlanner::Update(const StepPlan& plan,
     if (i < finished.size() && finished[i]) done.push_back(row.id);
   }
   for (uint64_t id : done) Release(id);
+  if (step_token_limit_ > 0 && ++steps_at_limit_ == kStepsBeforeRaising) {
+    steps_at_limit_ = 0;
+    step_token_limit_ *= 2;
+    // Past every token a step can have: the limit is off.
+    if (step_token_limit_ >=
+        int64_t{options_.max_running} + options_.prefill_token_budget) {
+      step_token_limit_ = 0;
+    }
+  }
   return done;
+}
+
+bool StepPlanner::ShrinkSteps(const StepPlan& plan) {
+  int64_t tokens = 0;
+  for (const PlannedRow& row : plan.rows) tokens += row.num_tokens;
+  if (tokens <= 1) return false;
+  step_token_limit_ = tokens / 2;
+  steps_at_limit_ = 0;
+  return true;
 }
 
 std::vector<uint64_t> StepPlanner::Fail(const StepPlan& plan) {

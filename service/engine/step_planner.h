@@ -22,6 +22,10 @@
 // of computing them; they are evicted least recently used first when free
 // blocks run out.
 //
+// A step that runs out of memory can be planned again smaller (ShrinkSteps):
+// steps then compute at most half its tokens for a while, the limit doubling
+// back after steps that ran.
+//
 // The ratio ceiling: a request whose KV is stored narrow (PlannedWork::
 // kv_fold > 1: it can never read the routed KV heads, so it stores only the
 // shared ones) holds kv_block_size * kv_fold of its positions per block, so
@@ -162,6 +166,17 @@ class StepPlanner {
                                const std::vector<int32_t>& emitted = {});
   // The step failed: every request with a row in it leaves. Returns them.
   std::vector<uint64_t> Fail(const StepPlan& plan);
+  // The step ran out of memory and left its requests as they were: their
+  // rows are planned again, and later steps compute at most half its tokens
+  // (decode rows and prompt chunks together; the decode rows a step leaves
+  // out go first in the next), until kStepsBeforeRaising steps have run
+  // without failing, when the limit doubles, and so on until it is off.
+  // False when `plan` computed a single token, which no smaller step can:
+  // then nothing changes (the caller fails its request).
+  bool ShrinkSteps(const StepPlan& plan);
+  static constexpr int64_t kStepsBeforeRaising = 32;
+  // The most tokens a step computes since ShrinkSteps (0: no such limit).
+  int64_t step_token_limit() const { return step_token_limit_; }
   // Every request, queued then running, leaves: returns their ids.
   std::vector<EndedRequest> Shutdown();
 
@@ -238,6 +253,12 @@ class StepPlanner {
   std::unique_ptr<KvBlockPool> pool_;  // paged
   int64_t blocks_to_allocate_ = 0;     // paged: sum of Running::to_allocate
   uint64_t next_order_ = 0;
+  // Out of memory (ShrinkSteps): the most tokens a step computes (0: no
+  // limit but the options'), the steps run since it last changed, and the
+  // slot the decode rows of the next step start from.
+  int64_t step_token_limit_ = 0;
+  int64_t steps_at_limit_ = 0;
+  int32_t first_decode_slot_ = 0;
 };
 
 }  // namespace moh

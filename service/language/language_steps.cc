@@ -77,6 +77,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
                    const std::vector<Sequence*>& seqs,
                    std::vector<RowOutcome>* outcomes) override {
     const int64_t step = steps_++;
+    undone_ = true;
     if (faults_.lost_after_steps >= 0 && step >= faults_.lost_after_steps) {
       injected_loss_ = true;
       return absl::InternalError("injected device fault");
@@ -89,6 +90,8 @@ class LanguageSteps : public StepExecutor<Sequence> {
       return StatusFromException(e);
     }
   }
+
+  bool StepUndone() const override { return undone_; }
 
   void StepDone() override { callbacks_->Flush(); }
 
@@ -117,9 +120,25 @@ class LanguageSteps : public StepExecutor<Sequence> {
   }
 
  private:
+  // One forward's rows (rows[i] of the step for i in `which`), and what it
+  // computed, on the host but for what the draws read where it lies.
+  struct Computed {
+    std::vector<size_t> which;
+    std::vector<PlannedRow> rows;
+    std::vector<Sequence*> seqs;
+    bool all_logits = false;
+    std::optional<StepDraws> draws;
+    DecoderOutput out;
+    at::Tensor logits;  // float
+    at::Tensor counts;  // int64, contiguous
+  };
+
   // Rows whose prompt log-probabilities are asked for need the logits of
   // every position: they run in a forward of their own, so that the others'
-  // (and their padding) never cost [rows, width, vocab] logits.
+  // (and their padding) never cost [rows, width, vocab] logits. Every
+  // forward runs before any row takes its token: until then, the step has
+  // changed nothing but keys and values that a retry writes again the same
+  // (StepUndone).
   absl::Status RunUnchecked(const std::vector<PlannedRow>& rows,
                             const std::vector<Sequence*>& seqs,
                             std::vector<RowOutcome>* outcomes) {
@@ -129,74 +148,85 @@ class LanguageSteps : public StepExecutor<Sequence> {
           rows[b].prefill && seqs[b]->job.sampling.prompt_logprobs.has_value();
       (all ? all_logits : last_logits).push_back(b);
     }
-    if (!last_logits.empty()) {
-      MOH_RETURN_IF_ERROR(RunRows(rows, seqs, last_logits, false, outcomes));
+    std::vector<Computed> computed;
+    for (bool all : {false, true}) {
+      std::vector<size_t>& which = all ? all_logits : last_logits;
+      if (which.empty()) continue;
+      computed.emplace_back();
+      MOH_RETURN_IF_ERROR(
+          Compute(rows, seqs, std::move(which), all, computed.back()));
     }
-    if (!all_logits.empty()) {
-      MOH_RETURN_IF_ERROR(RunRows(rows, seqs, all_logits, true, outcomes));
-    }
-    return absl::OkStatus();
-  }
-
-  // One forward over rows[i] for i in `which`.
-  absl::Status RunRows(const std::vector<PlannedRow>& all_rows,
-                       const std::vector<Sequence*>& all_seqs,
-                       const std::vector<size_t>& which, bool all_logits,
-                       std::vector<RowOutcome>* outcomes) {
-    std::vector<PlannedRow> rows;
-    std::vector<Sequence*> seqs;
-    for (size_t i : which) {
-      rows.push_back(all_rows[i]);
-      seqs.push_back(all_seqs[i]);
-    }
-    // The host's phases are named for the profiler (as LlamaModel's).
-    DecoderBatch batch;
-    std::optional<StepDraws> draws;
-    {
-      RECORD_USER_SCOPE("moh::build_batch");
-      batch = BuildBatch(rows, seqs);
-      batch.all_logits = all_logits;
-      // How each row's token is chosen: from what its logits are reduced to
-      // where they lie, or from its whole row, which the step returns.
-      std::vector<SequenceOutput*> outputs(rows.size());
-      for (size_t b = 0; b < rows.size(); ++b) {
-        if (rows[b].emits) outputs[b] = &*seqs[b]->output;
-      }
-      draws.emplace(std::move(outputs), model_.config().vocab_size,
-                    reduce_logits_ && !all_logits, batch);
-    }
-    MOH_ASSIGN_OR_RETURN(DecoderOutput out, model_.Forward(batch, cache_));
+    undone_ = false;
     RECORD_USER_SCOPE("moh::sample");
     const int64_t replays = model_.graph_replays();
     if (metrics_ != nullptr)
       metrics_->CudaGraphReplays(replays - graph_replays_);
     graph_replays_ = replays;
-    const at::Tensor logits = out.logits.to(at::kCPU, at::kFloat);
-    const at::Tensor counts =
-        out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* count_data = counts.data_ptr<int64_t>();
+    for (Computed& c : computed) Apply(c, outcomes);
+    return absl::OkStatus();
+  }
+
+  // The forward of `c`'s rows, and the downloads of its results.
+  absl::Status Compute(const std::vector<PlannedRow>& all_rows,
+                       const std::vector<Sequence*>& all_seqs,
+                       std::vector<size_t> which, bool all_logits,
+                       Computed& c) {
+    c.which = std::move(which);
+    c.all_logits = all_logits;
+    for (size_t i : c.which) {
+      c.rows.push_back(all_rows[i]);
+      c.seqs.push_back(all_seqs[i]);
+    }
+    // The host's phases are named for the profiler (as LlamaModel's).
+    DecoderBatch batch;
+    {
+      RECORD_USER_SCOPE("moh::build_batch");
+      batch = BuildBatch(c.rows, c.seqs);
+      batch.all_logits = all_logits;
+      // How each row's token is chosen: from what its logits are reduced to
+      // where they lie, or from its whole row, which the step returns.
+      std::vector<SequenceOutput*> outputs(c.rows.size());
+      for (size_t b = 0; b < c.rows.size(); ++b) {
+        if (c.rows[b].emits) outputs[b] = &*c.seqs[b]->output;
+      }
+      c.draws.emplace(std::move(outputs), model_.config().vocab_size,
+                      reduce_logits_ && !all_logits, batch);
+    }
+    MOH_ASSIGN_OR_RETURN(c.out, model_.Forward(batch, cache_));
+    RECORD_USER_SCOPE("moh::sample");
+    c.logits = c.out.logits.to(at::kCPU, at::kFloat);
+    c.counts = c.out.head_token_counts.to(at::kCPU, at::kLong).contiguous();
+    return absl::OkStatus();
+  }
+
+  // What `c`'s rows come to: counts, tokens drawn and streamed.
+  void Apply(Computed& c, std::vector<RowOutcome>* outcomes) {
+    const int64_t* count_data = c.counts.data_ptr<int64_t>();
     std::array<int64_t, 3> sampled{};  // tokens by SampledFrom
-    for (size_t b = 0; b < rows.size(); ++b) {
-      Sequence& seq = *seqs[b];
-      RowOutcome& outcome = (*outcomes)[which[b]];
+    for (size_t b = 0; b < c.rows.size(); ++b) {
+      const PlannedRow& row = c.rows[b];
+      Sequence& seq = *c.seqs[b];
+      RowOutcome& outcome = (*outcomes)[c.which[b]];
       const int64_t* row_counts = count_data + b * num_head_counters_;
       for (size_t k = 0; k < num_head_counters_; ++k) {
         seq.head_tokens[k] += row_counts[k];
       }
-      seq.processed += rows[b].num_tokens;
-      if (rows[b].prefill && metrics_ != nullptr) {
-        metrics_->PromptTokens(rows[b].num_tokens);
+      seq.processed += row.num_tokens;
+      if (row.prefill && metrics_ != nullptr) {
+        metrics_->PromptTokens(row.num_tokens);
       }
-      const int64_t row = draws->whole_row(b);
-      if (all_logits) AddPromptLogprobs(rows[b], logits[row], seq);
-      if (!rows[b].emits) continue;  // mid-prompt chunk
+      const int64_t whole_row = c.draws->whole_row(b);
+      if (c.all_logits) AddPromptLogprobs(row, c.logits[whole_row], seq);
+      if (!row.emits) continue;  // mid-prompt chunk
       // A row that cannot sample or decode fails alone; its batch goes on.
       at::Tensor whole;
-      if (row >= 0) {
-        whole = all_logits ? logits[row][rows[b].num_tokens - 1] : logits[row];
+      if (whole_row >= 0) {
+        whole = c.all_logits ? c.logits[whole_row][row.num_tokens - 1]
+                             : c.logits[whole_row];
       }
       StepDraws::From from;
-      absl::StatusOr<GenerationChunk> next = draws->Next(b, out, whole, &from);
+      absl::StatusOr<GenerationChunk> next =
+          c.draws->Next(b, c.out, whole, &from);
       if (next.ok()) ++sampled[static_cast<int>(Sampled(from))];
       outcome.error = Emit(seq, std::move(next));
       if (outcome.error.ok()) outcome.token = seq.output->history().back();
@@ -208,7 +238,6 @@ class LanguageSteps : public StepExecutor<Sequence> {
         metrics_->SampledTokens(from, sampled[static_cast<int>(from)]);
       }
     }
-    return absl::OkStatus();
   }
 
   DecoderBatch BuildBatch(const std::vector<PlannedRow>& rows,
@@ -308,6 +337,9 @@ class LanguageSteps : public StepExecutor<Sequence> {
   const InjectedFaults faults_;
   int64_t steps_ = 0;
   bool injected_loss_ = false;
+  // Whether the last step, failing, left its rows as they were: it failed
+  // before any row took its token.
+  bool undone_ = false;
 };
 
 }  // namespace

@@ -173,6 +173,11 @@ struct Metrics::Families {
         ratio_lowered(Register(
             prometheus::BuildCounter(), "moh_activation_ratio_lowered_total",
             "Times adaptive mode lowered the activation ratio.", r)),
+        steps_retried(Register(
+            prometheus::BuildCounter(), "moh_steps_retried_total",
+            "Steps that ran out of memory and whose rows ran again in smaller "
+            "steps.",
+            r)),
         load_seconds(Register(prometheus::BuildGauge(),
                               "moh_model_load_seconds",
                               "Seconds it took to load the model.", r)),
@@ -210,6 +215,7 @@ struct Metrics::Families {
   Family<Histogram>& activation_ratio;
   Family<Counter>& head_tokens;
   Family<Counter>& ratio_lowered;
+  Family<Counter>& steps_retried;
   Family<Gauge>& load_seconds;
   Family<Counter>& cuda_graph_replays;
   Family<Counter>& sampled_tokens;
@@ -243,6 +249,7 @@ struct ModelMetrics::Impl {
   std::vector<Counter*> head_tokens;  // [layer * num_heads + head]; fixed.
   std::atomic<bool> head_size_mismatch_logged{false};
   Counter* ratio_lowered = nullptr;
+  Counter* steps_retried = nullptr;
   Gauge* load_seconds = nullptr;
   Counter* cuda_graph_replays = nullptr;
   std::array<Counter*, 3> sampled_tokens{};  // by SampledFrom
@@ -376,6 +383,8 @@ void ModelMetrics::HeadTokens(const std::vector<int64_t>& counts) {
 
 void ModelMetrics::RatioLowered() { impl_->ratio_lowered->Increment(); }
 
+void ModelMetrics::StepsRetried() { impl_->steps_retried->Increment(); }
+
 void ModelMetrics::SetLoadSeconds(double seconds) {
   impl_->load_seconds->Set(seconds);
 }
@@ -487,6 +496,7 @@ ModelMetrics* Metrics::ForModel(const std::string& name,
     }
   }
   impl->ratio_lowered = &f.ratio_lowered.Add(model);
+  impl->steps_retried = &f.steps_retried.Add(model);
   impl->load_seconds = &f.load_seconds.Add(model);
 
   slot.reset(new ModelMetrics());

@@ -112,6 +112,9 @@ class ModelMetrics {
   void HeadTokens(const std::vector<int64_t>& counts);
   // moh_activation_ratio_lowered_total{model}: adaptive mode lowered a ratio.
   void RatioLowered();
+  // moh_steps_retried_total{model}: a step ran out of memory and its rows
+  // run again in smaller steps (EngineLoop).
+  void StepsRetried();
   // moh_model_load_seconds{model}.
   void SetLoadSeconds(double seconds);
 

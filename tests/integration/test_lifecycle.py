@@ -199,6 +199,33 @@ def test_a_step_out_of_memory_fails_its_requests_retryably(api, server_factory):
     assert server.proc.poll() is None
 
 
+def test_a_step_out_of_memory_runs_again_in_smaller_steps(api, server_factory):
+    """A step that runs out of memory before any of its rows took a token
+    is computed again in steps of at most half its tokens, so that its
+    requests (here one prompt of 6 tokens, the first step) run to their end
+    with the tokens they would have had; the metrics and log say so."""
+    server = server_factory("out_of_memory_retry", [
+        ("lm", lib.LM_DIR, "generation { max_running: 4 }"),
+    ], env={"MOH_TEST_OUT_OF_MEMORY_AT_STEP": "0"})
+    stub = api.grpc.InferenceStub(server.channel())
+    request = lib.generate_request(api.pb, model="lm",
+                                   token_ids=[5, 9, 17, 33, 2, 61],
+                                   max_new_tokens=8, temperature=0.0)
+    tokens = [lib.run_generate(stub, request) for _ in range(2)]
+    ids = [[t for m in messages for t in m.token_ids] for messages in tokens]
+    assert len(ids[0]) == 8 and ids[0] == ids[1], ids
+    assert tokens[0][-1].usage.prompt_tokens == 6
+    samples = server.samples()
+    assert lib.metric_value(samples, "moh_steps_retried_total",
+                            model="lm") == 1
+    # Both requests' prompts counted once each, the failed step's not at all.
+    assert lib.metric_value(samples, "moh_prompt_tokens_total",
+                            model="lm") == 12
+    assert ("model lm: step failed: out of memory: injected: "
+            "$MOH_TEST_OUT_OF_MEMORY_AT_STEP=0; its 6 tokens run again, in "
+            "steps of at most 3 tokens for a while") in server.log()
+
+
 def test_reflection_lists_and_describes_the_service(main_server):
     # ServerReflectionRequest{list_services: ""} (field 7) and
     # {file_containing_symbol: "moh.v1.Inference"} (field 4).

@@ -41,6 +41,7 @@ FAMILIES = {
     "moh_activation_ratio": "histogram",
     "moh_head_tokens_total": "counter",
     "moh_activation_ratio_lowered_total": "counter",
+    "moh_steps_retried_total": "counter",
     "moh_model_load_seconds": "gauge",
     "process_cpu_seconds_total": "counter",
     "process_resident_memory_bytes": "gauge",

@@ -57,6 +57,14 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
   absl::Status lost;
   // What a failing step (FakeRequest::fail_at) returns. Set before the loop.
   absl::Status failure = absl::InternalError("fake failure");
+  // The step (from 0) that runs out of memory, leaving its requests as they
+  // were; -1: none. Set before the loop.
+  int out_of_memory_at_step = -1;
+  // The tokens of each step run so far.
+  std::vector<int32_t> step_tokens() {
+    absl::MutexLock lock(&mu_);
+    return step_tokens_;
+  }
 
   void Admit(FakeRequest& request, const AdmittedRequest&) override {
     request.outcome->admitted = true;
@@ -73,6 +81,16 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
       waiting_ = false;
     }
     if (on_step) on_step();
+    int32_t tokens = 0;
+    for (const PlannedRow& row : rows) tokens += row.num_tokens;
+    int step = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      step = static_cast<int>(step_tokens_.size());
+      step_tokens_.push_back(tokens);
+    }
+    undone_ = step == out_of_memory_at_step;
+    if (undone_) return absl::ResourceExhaustedError("out of memory: fake");
     for (size_t i = 0; i < rows.size(); ++i) {
       Outcome& r = *requests[i]->outcome;
       if (r.outputs == requests[i]->fail_at) return failure;
@@ -92,12 +110,15 @@ class FakeExecutor : public StepExecutor<FakeRequest> {
     request.outcome->ended.Notify();
   }
   absl::Status DeviceLost() override { return lost; }
+  bool StepUndone() const override { return undone_; }
 
  private:
   const int32_t max_outputs_;
   absl::Mutex mu_;
   int allowed_ ABSL_GUARDED_BY(mu_) = 0;
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int32_t> step_tokens_ ABSL_GUARDED_BY(mu_);
+  bool undone_ = false;  // loop thread
 };
 
 class EngineLoopTest : public ::testing::Test {
@@ -291,6 +312,45 @@ TEST_F(EngineLoopTest, AStepOutOfMemoryFailsRetryably) {
   ExpectAFailedStepFailsItsRequestsOnly(
       absl::InvalidArgumentError("a shape the model refused"),
       absl::StatusCode::kInternal);
+}
+
+// A step that runs out of memory but left its requests as they were is
+// planned again in smaller steps (at most half its tokens): its requests run
+// to their end. A step of a single token cannot be smaller: it fails its
+// request, retryably.
+TEST_F(EngineLoopTest, AStepOutOfMemoryRunsAgainInSmallerSteps) {
+  FakeExecutor executor(kOutputs);
+  executor.out_of_memory_at_step = 0;
+  EngineLoop<FakeRequest> loop(options_, &executor, nullptr);
+  auto a = Submit(loop, absl::InfiniteFuture());
+  executor.AwaitWaitingStep();  // step 0: a's prompt, 4 tokens
+  auto b = Submit(loop, absl::InfiniteFuture());
+  executor.Allow(1 << 20);
+  for (const std::shared_ptr<Outcome>& r : {a, b}) {
+    r->ended.WaitForNotification();
+    EXPECT_EQ(r->kind, EndKind::kFinished) << r->status;
+    EXPECT_EQ(r->outputs, kOutputs);
+  }
+  const std::vector<int32_t> tokens = executor.step_tokens();
+  ASSERT_GT(tokens.size(), 2u);
+  EXPECT_EQ(tokens[0], 4);
+  // a's prompt in two chunks of 2, then at most 2 tokens a step: a's decode
+  // row beside b's prompt chunks of 1, then both decode rows.
+  EXPECT_EQ(tokens[1], 2);
+  EXPECT_EQ(tokens[2], 2);
+  for (size_t i = 1; i < tokens.size(); ++i) EXPECT_LE(tokens[i], 2) << i;
+
+  FakeExecutor single(kOutputs);
+  single.out_of_memory_at_step = 1;  // a's first decode row
+  EngineLoop<FakeRequest> second(options_, &single, nullptr);
+  single.Allow(1 << 20);
+  auto c = Submit(second, absl::InfiniteFuture());
+  c->ended.WaitForNotification();
+  EXPECT_EQ(c->kind, EndKind::kFailed);
+  EXPECT_EQ(c->status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c->status.message(), "model error: out of memory: fake");
+  EXPECT_EQ(c->outputs, 1);
+  EXPECT_EQ(single.step_tokens(), (std::vector<int32_t>{4, 1}));
 }
 
 TEST_F(EngineLoopTest, FailedRowFailsItsRequestOnly) {

@@ -255,6 +255,69 @@ TEST(StepPlannerTest, FailedStepEndsItsRequestsOnly) {
   EXPECT_EQ(Ids(plan.admitted), (std::vector<uint64_t>{2}));
 }
 
+// The rows of each step: (id, tokens).
+std::vector<std::pair<uint64_t, int32_t>> RowsOf(const StepPlan& plan) {
+  std::vector<std::pair<uint64_t, int32_t>> rows;
+  for (const PlannedRow& r : plan.rows) rows.emplace_back(r.id, r.num_tokens);
+  return rows;
+}
+
+TEST(StepPlannerTest, AStepOutOfMemoryHalvesLaterStepsUntilStepsRun) {
+  StepPlannerOptions options = Options(/*max_running=*/4, /*budget=*/8);
+  options.max_seq_len = 1000;
+  StepPlanner planner(options);
+  FakeModel model;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    planner.Enqueue(id, Work(1, 200), kT0);
+    model.Expect(id, 200);
+  }
+  StepPlan plan = planner.Schedule(kT0);
+  planner.Update(plan, model.Run(plan));  // 1-3 are decoding now
+  planner.Enqueue(4, Work(10, 200), kT0);
+  model.Expect(4, 200);
+  plan = planner.Schedule(kT0);  // 3 decode rows and 4's first 8 tokens
+  using Rows = std::vector<std::pair<uint64_t, int32_t>>;
+  EXPECT_EQ(RowsOf(plan), (Rows{{1, 1}, {2, 1}, {3, 1}, {4, 8}}));
+  ASSERT_TRUE(planner.ShrinkSteps(plan));  // 11 tokens: 5 a step now
+  EXPECT_EQ(planner.step_token_limit(), 5);
+  // The same rows again, 5 tokens a step; prompt chunks get what the
+  // decode rows leave.
+  plan = planner.Schedule(kT0);
+  EXPECT_EQ(RowsOf(plan), (Rows{{1, 1}, {2, 1}, {3, 1}, {4, 2}}));
+  ASSERT_TRUE(planner.ShrinkSteps(plan));  // out of memory too: 2 a step
+  // The decode rows take the 2 tokens (4's prompt waits), round the slots:
+  // those a step leaves out go first in the next.
+  const std::vector<Rows> expected = {
+      {{1, 1}, {2, 1}}, {{3, 1}, {1, 1}}, {{2, 1}, {3, 1}}};
+  for (const Rows& rows : expected) {
+    plan = planner.Schedule(kT0);
+    EXPECT_EQ(RowsOf(plan), rows);
+    planner.Update(plan, model.Run(plan));
+  }
+  // A step of one token cannot be smaller.
+  StepPlan one;
+  one.rows.push_back(PlannedRow{1, 0, 5, 1, false, true});
+  EXPECT_FALSE(planner.ShrinkSteps(one));
+  EXPECT_EQ(planner.step_token_limit(), 2);
+  // Steps that run raise the limit again: doubled every
+  // kStepsBeforeRaising, off once past every token a step can have (4
+  // decode rows + 8 prompt tokens).
+  int steps = 3;
+  int64_t before = 2;
+  for (int64_t limit : {4, 8, 0}) {
+    for (; steps < StepPlanner::kStepsBeforeRaising; ++steps) {
+      EXPECT_EQ(planner.step_token_limit(), before);
+      plan = planner.Schedule(kT0);
+      planner.Update(plan, model.Run(plan));
+    }
+    steps = 0;
+    before = limit;
+    EXPECT_EQ(planner.step_token_limit(), limit);
+  }
+  plan = planner.Schedule(kT0);  // every row, 4's whole prompt chunk
+  EXPECT_EQ(plan.rows.size(), 4u);
+}
+
 TEST(StepPlannerTest, ShutdownEndsQueuedThenRunning) {
   StepPlanner planner(Options(/*max_running=*/1));
   planner.Enqueue(1, Work(3, 4), kT0);
