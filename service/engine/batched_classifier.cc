@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "service/engine/adaptive_activation.h"
 
@@ -17,7 +18,8 @@ BatchedClassifier::BatchedClassifier(const v1::ModelConfig& config,
                                      const MohConfig& moh,
                                      ModelMetrics* metrics,
                                      RunBatchFn run_batch)
-    : moh_(moh),
+    : name_(config.name()),
+      moh_(moh),
       adaptive_queue_depth_(config.adaptive().queue_depth()),
       metrics_(metrics),
       run_batch_(std::move(run_batch)) {}
@@ -109,7 +111,29 @@ void BatchedClassifier::ProcessBatch(std::vector<ClassifyTask> batch) {
   }
   if (live.empty()) return;
   metrics_->BatchSize(BatchKind::kClassify, live.size());
-  run_batch_(live);
+  RunLive(live);
+}
+
+void BatchedClassifier::RunLive(std::vector<ClassifyTask>& live) {
+  const absl::Status status = run_batch_(live);
+  if (status.ok()) return;
+  if (live.size() == 1) {
+    Finish(live[0], status);
+    return;
+  }
+  MOH_LOG(Warning) << "model " << name_ << ": a Classify batch of "
+                   << live.size() << " failed: " << status.message()
+                   << "; its halves run again";
+  metrics_->StepsRetried();
+  const size_t half = live.size() / 2;
+  for (auto [begin, end] :
+       {std::make_pair(size_t{0}, half), std::make_pair(half, live.size())}) {
+    std::vector<ClassifyTask> part;
+    for (size_t i = begin; i < end; ++i) {
+      if (!FinishIfGone(live[i])) part.push_back(std::move(live[i]));
+    }
+    if (!part.empty()) RunLive(part);
+  }
 }
 
 }  // namespace moh

@@ -44,8 +44,12 @@ std::vector<int64_t> HeadTokenVector(const at::Tensor& counts);
 
 class BatchedClassifier {
  public:
-  // Computes a batch of live tasks; calls Finish() once for each.
-  using RunBatchFn = std::function<void(std::vector<ClassifyTask>& batch)>;
+  // Computes a batch of live tasks and calls Finish() once for each: OK. Or,
+  // having finished none, returns out of memory (RESOURCE_EXHAUSTED): the
+  // classifier then runs the batch's halves (their tasks still live), and
+  // fails a single task with it.
+  using RunBatchFn =
+      std::function<absl::Status(std::vector<ClassifyTask>& batch)>;
 
   // `config`: the model's (batching, adaptive); `metrics` outlives it.
   static absl::StatusOr<std::unique_ptr<BatchedClassifier>> Create(
@@ -70,7 +74,10 @@ class BatchedClassifier {
   BatchedClassifier(const v1::ModelConfig& config, const MohConfig& moh,
                     ModelMetrics* metrics, RunBatchFn run_batch);
   void ProcessBatch(std::vector<ClassifyTask> batch);
+  // Runs `live` (every task live), in halves while it runs out of memory.
+  void RunLive(std::vector<ClassifyTask>& live);
 
+  const std::string name_;  // the model's: logs
   const MohConfig& moh_;
   const int32_t adaptive_queue_depth_;
   ModelMetrics* const metrics_;

@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<LanguageServable>> LanguageServable::Load(
                                     }
                                     self->ScoreLabels(task);
                                   }
+                                  return absl::OkStatus();
                                 }));
   return servable;
 }

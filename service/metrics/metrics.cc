@@ -175,8 +175,8 @@ struct Metrics::Families {
             "Times adaptive mode lowered the activation ratio.", r)),
         steps_retried(Register(
             prometheus::BuildCounter(), "moh_steps_retried_total",
-            "Steps that ran out of memory and whose rows ran again in smaller "
-            "steps.",
+            "Steps (and Classify batches) that ran out of memory and ran "
+            "again smaller.",
             r)),
         load_seconds(Register(prometheus::BuildGauge(),
                               "moh_model_load_seconds",

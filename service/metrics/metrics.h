@@ -113,7 +113,8 @@ class ModelMetrics {
   // moh_activation_ratio_lowered_total{model}: adaptive mode lowered a ratio.
   void RatioLowered();
   // moh_steps_retried_total{model}: a step ran out of memory and its rows
-  // run again in smaller steps (EngineLoop).
+  // run again in smaller steps (EngineLoop), or a Classify batch did and its
+  // halves run again (BatchedClassifier).
   void StepsRetried();
   // moh_model_load_seconds{model}.
   void SetLoadSeconds(double seconds);

@@ -1,6 +1,7 @@
 #include "service/vision/vision_servable.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,9 +38,10 @@ absl::StatusOr<std::unique_ptr<VisionServable>> VisionServable::Load(
   VisionServable* self = servable.get();
   MOH_ASSIGN_OR_RETURN(
       servable->classifier_,
-      BatchedClassifier::Create(
-          config, self->model_->moh(), model_metrics,
-          [self](std::vector<ClassifyTask>& batch) { self->RunBatch(batch); }));
+      BatchedClassifier::Create(config, self->model_->moh(), model_metrics,
+                                [self](std::vector<ClassifyTask>& batch) {
+                                  return self->RunBatch(batch);
+                                }));
   return servable;
 }
 
@@ -54,7 +56,11 @@ VisionServable::VisionServable(const std::string& name,
       layer_tokens_(model_->LayerTokens()),
       routable_pairs_(RoutablePairs(model_->moh(), layer_tokens_)),
       metrics_(metrics),
-      image_decode_budget_(image_decode_budget) {}
+      image_decode_budget_(image_decode_budget),
+      out_of_memory_over_batch_(
+          std::getenv("MOH_TEST_OUT_OF_MEMORY_OVER_BATCH") != nullptr
+              ? std::atoll(std::getenv("MOH_TEST_OUT_OF_MEMORY_OVER_BATCH"))
+              : -1) {}
 
 absl::Status VisionServable::Warmup() const {
   const ImagePreprocessing& p = preprocessing_;
@@ -135,18 +141,28 @@ absl::StatusOr<ClassifyTask> VisionServable::Prepare(ClassifyCall& call) const {
   return task;
 }
 
-void VisionServable::RunBatch(std::vector<ClassifyTask>& batch) {
+absl::Status VisionServable::RunBatch(std::vector<ClassifyTask>& batch) {
   std::vector<at::Tensor> pixels;
   std::vector<LayerTopK> top_k;
   for (const ClassifyTask& task : batch) {
     pixels.push_back(task.pixels);
     top_k.push_back(task.activation.top_k());
   }
-  auto out = model_->ForwardWithTopK(at::stack(pixels), top_k);
+  absl::StatusOr<ClassifierOutput> out;
+  if (out_of_memory_over_batch_ >= 0 &&
+      static_cast<int64_t>(batch.size()) > out_of_memory_over_batch_) {
+    out = absl::ResourceExhaustedError(
+        absl::StrCat("out of memory: injected: batch of ", batch.size(),
+                     " over $MOH_TEST_OUT_OF_MEMORY_OVER_BATCH"));
+  } else {
+    out = model_->ForwardWithTopK(at::stack(pixels), top_k);
+  }
   if (!out.ok()) {
+    // Out of memory: the classifier runs the batch's halves.
+    if (absl::IsResourceExhausted(out.status())) return out.status();
     const absl::Status error = ForwardFailed(model_->device(), out.status());
     for (ClassifyTask& task : batch) classifier_->Finish(task, error);
-    return;
+    return absl::OkStatus();
   }
   const std::vector<std::string>& labels = model_->labels();
   const int64_t tokens =
@@ -172,6 +188,7 @@ void VisionServable::RunBatch(std::vector<ClassifyTask>& batch) {
     result.head_tokens = HeadTokenVector(counts);
     classifier_->Finish(task, std::move(result));
   }
+  return absl::OkStatus();
 }
 
 }  // namespace moh

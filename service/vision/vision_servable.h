@@ -44,7 +44,8 @@ class VisionServable : public Servable {
                  std::unique_ptr<ImageClassifier> model, ModelMetrics* metrics,
                  ImageDecodeBudget* image_decode_budget);
   absl::StatusOr<ClassifyTask> Prepare(ClassifyCall& call) const;
-  void RunBatch(std::vector<ClassifyTask>& batch);
+  // BatchedClassifier::RunBatchFn.
+  absl::Status RunBatch(std::vector<ClassifyTask>& batch);
 
   const std::unique_ptr<ImageClassifier> model_;
   const ImagePreprocessing preprocessing_;
@@ -52,6 +53,10 @@ class VisionServable : public Servable {
   const int64_t routable_pairs_;  // tokens x heads over the layers
   ModelMetrics* const metrics_;
   ImageDecodeBudget* const image_decode_budget_;
+  // Tests only: batches of more images than $MOH_TEST_OUT_OF_MEMORY_OVER_BATCH
+  // run out of memory, as batches whose activations a device cannot hold
+  // would. -1: none.
+  const int64_t out_of_memory_over_batch_;
   std::unique_ptr<BatchedClassifier> classifier_;  // last: stopped first
 };
 

@@ -163,6 +163,37 @@ def test_concurrent_classify_requests_get_their_own_results(api, stub):
             assert c.score == pytest.approx(expected[c.index], abs=1e-4)
 
 
+def test_a_batch_out_of_memory_runs_again_in_halves(api, server_factory):
+    """A Classify batch the device has no memory for (injected: batches of
+    more than one image) runs again in halves, down to single images: every
+    request gets its own result, and the metrics and log say so."""
+    server = server_factory("classify_out_of_memory", [
+        ("demo-vit", lib.VIT_DIR,
+         "batching { max_batch_size: 4 max_queue_delay_ms: 10000 }"),
+    ], env={"MOH_TEST_OUT_OF_MEMORY_OVER_BATCH": "1"})
+    stub = api.grpc.InferenceStub(server.channel())
+    from concurrent.futures import ThreadPoolExecutor
+    cases = CASES[:4]
+    requests = [pixels_request(api, _GOLDEN["pixels"][case["image"]],
+                               ratio=case["ratio"]) for case in cases]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        responses = list(pool.map(
+            lambda r: stub.Classify(r, timeout=lib.RPC_TIMEOUT), requests))
+    for case, response in zip(cases, responses):
+        expected = lib.softmax(case["logits"])
+        for c in response.classes:
+            assert c.score == pytest.approx(expected[c.index], abs=1e-4)
+    # The batch of 4 and its two halves of 2 ran out of memory.
+    samples = server.samples()
+    assert lib.metric_value(samples, "moh_steps_retried_total",
+                            model="demo-vit") == 3
+    assert lib.metric_value(samples, "moh_requests_total", model="demo-vit",
+                            code="OK") == 4
+    assert ("model demo-vit: a Classify batch of 4 failed: out of memory: "
+            "injected: batch of 4 over $MOH_TEST_OUT_OF_MEMORY_OVER_BATCH; "
+            "its halves run again") in server.log()
+
+
 def test_lm_label_scoring(api, stub):
     labels = ["yes", "no", "maybe so"]
     response = stub.Classify(api.pb.ClassifyRequest(model="demo-lm",

@@ -44,6 +44,30 @@ class BatchedClassifierTest : public ::testing::Test {
             ++computed_;
             classifier_->Finish(task, ClassifyResult());
           }
+          return absl::OkStatus();
+        });
+    EXPECT_TRUE(made.ok()) << made.status();
+    return std::move(made).value();
+  }
+
+  // Batches of more than `fits` tasks run out of memory; the others are
+  // computed. Records every batch's size.
+  std::unique_ptr<BatchedClassifier> MakeOutOfMemoryOver(size_t fits) {
+    auto made = BatchedClassifier::Create(
+        config_, moh_, model_metrics_,
+        [this, fits](std::vector<ClassifyTask>& batch) {
+          {
+            absl::MutexLock lock(&mu_);
+            sizes_.push_back(batch.size());
+          }
+          if (batch.size() > fits) {
+            return absl::ResourceExhaustedError("out of memory: fake");
+          }
+          for (ClassifyTask& task : batch) {
+            ++computed_;
+            classifier_->Finish(task, ClassifyResult());
+          }
+          return absl::OkStatus();
         });
     EXPECT_TRUE(made.ok()) << made.status();
     return std::move(made).value();
@@ -70,6 +94,8 @@ class BatchedClassifierTest : public ::testing::Test {
   ModelMetrics* model_metrics_;
   std::unique_ptr<BatchedClassifier> classifier_;
   std::atomic<int> computed_{0};
+  absl::Mutex mu_;
+  std::vector<size_t> sizes_ ABSL_GUARDED_BY(mu_);
 };
 
 TEST_F(BatchedClassifierTest, ExpiredAndCancelledTasksAreNeverComputed) {
@@ -98,6 +124,34 @@ TEST_F(BatchedClassifierTest, AClientLeavingDuringTheBatchSkipsItsTask) {
   EXPECT_TRUE(first->status.ok());
   EXPECT_EQ(second->status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(computed_, 1);
+}
+
+// A batch out of memory runs again in halves, down to single tasks; a single
+// task out of memory fails with it (RESOURCE_EXHAUSTED, retryable).
+TEST_F(BatchedClassifierTest, ABatchOutOfMemoryRunsAgainInHalves) {
+  config_.mutable_batching()->set_max_batch_size(3);
+  config_.mutable_batching()->set_max_queue_delay_ms(10000);  // full: 3
+  classifier_ = MakeOutOfMemoryOver(1);
+  std::vector<std::shared_ptr<Outcome>> outcomes;
+  for (int i = 0; i < 3; ++i)
+    outcomes.push_back(Submit(absl::InfiniteFuture()));
+  for (const auto& o : outcomes) {
+    o->done.WaitForNotification();
+    EXPECT_TRUE(o->status.ok()) << o->status;
+  }
+  EXPECT_EQ(computed_, 3);
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(sizes_, (std::vector<size_t>{3, 1, 2, 1, 1}));
+  }
+  classifier_ = nullptr;
+  config_.mutable_batching()->set_max_batch_size(1);
+  classifier_ = MakeOutOfMemoryOver(0);
+  auto alone = Submit(absl::InfiniteFuture());
+  alone->done.WaitForNotification();
+  EXPECT_EQ(alone->status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(alone->status.message(), "out of memory: fake");
+  EXPECT_EQ(computed_, 3);
 }
 
 }  // namespace
