@@ -77,51 +77,57 @@ absl::Status SampleStep(const DitModel& model,
       model.Forward(at::stack(inputs), at::tensor(timesteps, at::kLong),
                     at::tensor(classes, at::kLong), top_k));
   at::Tensor output = out.out.cpu();
-  return CatchTorchErrors("SampleStep", [&]() -> absl::Status {
-    // Each sample's next state, made before any sample takes it: a failure
-    // leaves every one as it was (its noise generator included).
-    struct Next {
-      at::Tensor x, head_tokens;
-      at::Generator generator;
-    };
-    std::vector<Next> next;
-    const int64_t channels = c.in_channels;
-    const int64_t guided = std::min<int64_t>(kGuidedChannels, output.size(1));
-    int64_t row = 0;
-    for (ImageSample* s : samples) {
-      at::Tensor result = output[row];
-      if (s->guided()) {
-        at::Tensor cond = output[row].narrow(0, 0, guided);
-        at::Tensor uncond = output[row + 1].narrow(0, 0, guided);
-        result =
-            at::cat({uncond + s->request_.guidance * (cond - uncond),
-                     output[row].narrow(0, guided, output.size(1) - guided)});
-      }
-      Next n;
-      n.head_tokens = s->head_tokens_.clone();
-      n.generator = s->generator_.clone();
-      for (int32_t r = 0; r < s->rows(); ++r) {
-        n.head_tokens += out.head_token_counts[row + r];
-      }
-      row += s->rows();
-      // randn_like of the request's rows ([z, z] when guided), in one draw
-      // of that shape; row 0's is the request's.
-      at::Tensor noise =
-          at::randn({s->rows(), channels, c.input_size, c.input_size},
-                    n.generator, at::TensorOptions().dtype(at::kFloat))[0];
-      n.x = s->diffusion_->Step(s->next_, s->x_, result.narrow(0, 0, channels),
-                                result.narrow(0, channels, channels), noise);
-      next.push_back(std::move(n));
-    }
+  // Each generator's state, put back if the step fails after drawing noise.
+  // (Not Generator::clone(): LibTorch 1.13 leaks every clone's state.)
+  std::vector<at::Tensor> states;
+  for (ImageSample* s : samples) states.push_back(s->generator_.get_state());
+  const absl::Status status =
+      CatchTorchErrors("SampleStep", [&]() -> absl::Status {
+        // Each sample's next state, made before any sample takes it: a
+        // failure leaves every one as it was.
+        std::vector<at::Tensor> x, head_tokens;
+        const int64_t channels = c.in_channels;
+        const int64_t guided =
+            std::min<int64_t>(kGuidedChannels, output.size(1));
+        int64_t row = 0;
+        for (ImageSample* s : samples) {
+          at::Tensor result = output[row];
+          if (s->guided()) {
+            at::Tensor cond = output[row].narrow(0, 0, guided);
+            at::Tensor uncond = output[row + 1].narrow(0, 0, guided);
+            result = at::cat(
+                {uncond + s->request_.guidance * (cond - uncond),
+                 output[row].narrow(0, guided, output.size(1) - guided)});
+          }
+          at::Tensor counts = s->head_tokens_;
+          for (int32_t r = 0; r < s->rows(); ++r) {
+            counts = counts + out.head_token_counts[row + r];
+          }
+          head_tokens.push_back(counts);
+          row += s->rows();
+          // randn_like of the request's rows ([z, z] when guided), in one
+          // draw of that shape; row 0's is the request's.
+          at::Tensor noise = at::randn(
+              {s->rows(), channels, c.input_size, c.input_size}, s->generator_,
+              at::TensorOptions().dtype(at::kFloat))[0];
+          x.push_back(s->diffusion_->Step(
+              s->next_, s->x_, result.narrow(0, 0, channels),
+              result.narrow(0, channels, channels), noise));
+        }
+        for (size_t i = 0; i < samples.size(); ++i) {
+          ImageSample& s = *samples[i];
+          s.x_ = std::move(x[i]);
+          s.head_tokens_ = std::move(head_tokens[i]);
+          --s.next_;
+        }
+        return absl::OkStatus();
+      });
+  if (!status.ok()) {
     for (size_t i = 0; i < samples.size(); ++i) {
-      ImageSample& s = *samples[i];
-      s.x_ = std::move(next[i].x);
-      s.head_tokens_ = std::move(next[i].head_tokens);
-      s.generator_ = std::move(next[i].generator);
-      --s.next_;
+      samples[i]->generator_.set_state(states[i]);
     }
-    return absl::OkStatus();
-  });
+  }
+  return status;
 }
 
 absl::StatusOr<at::Tensor> SampleImage(const ImageSample& sample,
