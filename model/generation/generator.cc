@@ -83,8 +83,9 @@ absl::StatusOr<GenerationChunk> SequenceOutput::Next(const at::Tensor& logits) {
 
 bool SequenceOutput::DrawsFromRawLogits() const {
   const SamplingParams& p = sampler_.params();
-  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && !matcher_ && generated_ >= min_tokens_;
+  return p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         !matcher_ && generated_ >= min_tokens_;
 }
 
 namespace {

@@ -89,8 +89,8 @@ class SequenceOutput {
   // How a step may reduce this row's logits where they lie (the model's
   // device: BestLogits and RowStats, best_logits.h) instead of returning
   // the whole row, when its draw reads the logits as the model made them
-  // (no penalty, grammar, or end token held back by min_tokens): from
-  // logits [0, limit), the `best` best and, when `stats`, RowStats under
+  // (no logit bias, penalty, grammar, or end token held back by min_tokens):
+  // from logits [0, limit), the `best` best and, when `stats`, RowStats under
   // `row`. Greedy: the best (and log-probabilities' alternatives); top-k:
   // top_k + 1; top-p alone: 256; temperature alone: a draw on the device at
   // the Sampler's next uniform (peeked now). Log-probabilities add the log
@@ -132,8 +132,8 @@ class SequenceOutput {
   // Ids the tokenizer can decode: [0, vocab_limit_); 0 = no tokenizer.
   const int32_t vocab_limit_;
   const std::vector<int32_t> eos_ids_;
-  // A draw from the logits as the model made them: no penalty, grammar or
-  // end token held back (what PlanReduction asks first).
+  // A draw from the logits as the model made them: no bias, penalty, grammar
+  // or end token held back (what PlanReduction asks first).
   bool DrawsFromRawLogits() const;
   // The rest of Next() once `token` is chosen; its log-probabilities are
   // `logprobs` if given, else read from `streamable` (the logits of the ids

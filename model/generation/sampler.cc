@@ -140,6 +140,20 @@ absl::Status ValidateSamplingParams(const SamplingParams& params,
   for (int32_t id : params.stop_token_ids) {
     if (id < 0) return OutOfRange("stop_token_ids", "ids >= 0", id);
   }
+  if (params.logit_bias.size() > static_cast<size_t>(kMaxLogitBias)) {
+    return OutOfRange("logit_bias",
+                      absl::StrCat("at most ", kMaxLogitBias, " entries"),
+                      absl::StrCat(params.logit_bias.size(), " entries"));
+  }
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id < 0) return OutOfRange("logit_bias", "token ids >= 0", id);
+    if (!(std::fabs(bias) <= kMaxLogitBiasValue)) {
+      return OutOfRange("logit_bias",
+                        absl::StrCat("biases in [", -kMaxLogitBiasValue, ", ",
+                                     kMaxLogitBiasValue, "]"),
+                        bias);
+    }
+  }
   if (params.min_tokens < 0 || params.min_tokens > params.max_new_tokens) {
     return OutOfRange(
         "min_tokens",
@@ -165,6 +179,13 @@ void Sampler::LoadLogits(const at::Tensor& logits) {
   logits_.resize(logits.numel());
   // One copy handles device, dtype and strides.
   at::from_blob(logits_.data(), {logits.numel()}, at::kFloat).copy_(logits);
+}
+
+void Sampler::ApplyLogitBias() {
+  const auto vocab = static_cast<int32_t>(logits_.size());
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && id < vocab) logits_[id] += bias;
+  }
 }
 
 void Sampler::ApplyRepetitionPenalty(absl::Span<const int32_t> history) {
@@ -303,6 +324,7 @@ int32_t Sampler::Sample(absl::Span<const float> logits,
 int32_t Sampler::SampleLoaded(
     absl::Span<const int32_t> history, size_t generated,
     std::optional<absl::Span<const uint32_t>> allowed) {
+  ApplyLogitBias();
   ApplyRepetitionPenalty(history);
   ApplyOutputPenalties(history.last(std::min(generated, history.size())));
   const size_t vocab = logits_.size();

@@ -1,10 +1,10 @@
 // Token sampling for generation: per-request sampling settings, their
 // validation, a per-sequence Sampler and a streaming stop-string matcher.
 //
-// Sampling order (vLLM's): repetition, presence and frequency penalties ->
-// greedy argmax if temperature == 0 -> divide by temperature -> min-p ->
-// top-k -> top-p -> softmax -> one draw by inverse CDF from the sequence's own
-// RNG.
+// Sampling order (vLLM's): logit bias -> repetition, presence and frequency
+// penalties -> greedy argmax if temperature == 0 -> divide by temperature ->
+// min-p -> top-k -> top-p -> softmax -> one draw by inverse CDF from the
+// sequence's own RNG.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,6 +31,10 @@ inline constexpr int kMaxStopTokenIds = 64;
 inline constexpr int kMaxLogprobs = 20;
 // Range of the presence and frequency penalties (OpenAI's).
 inline constexpr float kMaxOutputPenalty = 2.0f;
+// Limits on SamplingParams::logit_bias: entries, and each bias's magnitude
+// (OpenAI's range).
+inline constexpr int kMaxLogitBias = 1024;
+inline constexpr float kMaxLogitBiasValue = 100.0f;
 
 // Per-request sampling settings; the defaults are what an omitted field means.
 struct SamplingParams {
@@ -71,6 +76,11 @@ struct SamplingParams {
   // Tokens generated before an end-of-sequence or stop token may be: those
   // tokens are masked until then. In [0, max_new_tokens].
   int32_t min_tokens = 0;
+  // Added to the logits of these token ids before anything else (OpenAI's
+  // logit_bias): at most kMaxLogitBias entries, each id >= 0 and within the
+  // vocabulary (checked by the scheduler, which knows it), each bias in
+  // [-kMaxLogitBiasValue, kMaxLogitBiasValue]; an id listed twice adds both.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // Log-probabilities returned with each generated token: unset none, else
   // the sampled token's and those of the `logprobs` most likely tokens, in
   // [0, kMaxLogprobs]. They are the model's own distribution (log-softmax of
@@ -193,6 +203,7 @@ class Sampler {
   // Sample() once logits_ holds the logits.
   int32_t SampleLoaded(absl::Span<const int32_t> history, size_t generated,
                        std::optional<absl::Span<const uint32_t>> allowed);
+  void ApplyLogitBias();
   void ApplyRepetitionPenalty(absl::Span<const int32_t> history);
   void ApplyOutputPenalties(absl::Span<const int32_t> output);
   // Sets the logits of ids `allowed` leaves out to -inf; returns the lowest

@@ -41,6 +41,9 @@ void FromProto(const v1::SamplingParams& p, GenerateCall* call) {
   s.repetition_penalty =
       p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  for (const auto& [id, bias] : p.logit_bias()) {
+    s.logit_bias.emplace_back(id, bias);
+  }
   s.ignore_eos = p.ignore_eos();
   s.min_tokens = p.min_tokens();
   s.min_p = p.min_p();

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -43,8 +44,7 @@ absl::Status CheckUnsupported(Endpoint endpoint, const Fields& f) {
   for (const Off& o :
        {Off{endpoint == Endpoint::kChatCompletions ? "echo" : "", "false"},
         Off{"best_of", "null or 1"}, Off{"suffix", "null or \"\""},
-        Off{"logit_bias", "null or {}"}, Off{"tools", "null or []"},
-        Off{"tool_choice", "null or \"none\""}}) {
+        Off{"tools", "null or []"}, Off{"tool_choice", "null or \"none\""}}) {
     const json* v = *o.name != '\0' ? f.Get(o.name) : nullptr;
     if (v == nullptr) continue;
     const bool off =
@@ -210,6 +210,39 @@ absl::Status ReadStop(const Fields& f, SamplingParams* sampling) {
   return absl::OkStatus();
 }
 
+// logit_bias: an object from token ids (as strings, as JSON keys are) to
+// the biases added to their logits. The sampler checks the count and the
+// ranges, the model the ids.
+absl::Status ReadLogitBias(const Fields& f, SamplingParams* sampling) {
+  const json* bias = f.Get("logit_bias");
+  if (bias == nullptr) return absl::OkStatus();
+  if (!bias->is_object()) {
+    return Invalid("logit_bias",
+                   "must be an object from token ids to biases in [-100, 100]");
+  }
+  if (bias->size() > static_cast<size_t>(kMaxLogitBias)) {
+    return Invalid("logit_bias",
+                   absl::StrCat("must have at most ", kMaxLogitBias,
+                                " entries, got ", bias->size()));
+  }
+  for (const auto& [key, value] : bias->items()) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(key, &id) || id < 0) {
+      return Invalid("logit_bias",
+                     absl::StrCat("keys must be token ids (integers >= 0), "
+                                  "got \"",
+                                  Abbreviate(key, 32), "\""));
+    }
+    if (!value.is_number()) {
+      return Invalid("logit_bias",
+                     absl::StrCat("values must be numbers in [-100, 100], got ",
+                                  value.type_name(), " for token ", id));
+    }
+    sampling->logit_bias.emplace_back(id, value.get<float>());
+  }
+  return absl::OkStatus();
+}
+
 // Completions: logprobs, the number of alternatives (an integer). Chat:
 // logprobs true, with top_logprobs alternatives. Both: prompt_logprobs
 // (vLLM's).
@@ -240,8 +273,9 @@ std::set<std::string> KnownFields(Endpoint endpoint) {
       "stop_token_ids", "ignore_eos", "min_tokens", "stream", "stream_options",
       "n", "repetition_penalty", "user", "logprobs", "prompt_logprobs", "min_p",
       "presence_penalty", "frequency_penalty", "priority", "response_format",
+      "logit_bias",
       // Accepted only at their defaults (CheckUnsupported).
-      "echo", "best_of", "suffix", "logit_bias"};
+      "echo", "best_of", "suffix"};
   if (endpoint == Endpoint::kCompletions) {
     known.insert("prompt");
   } else {
@@ -295,6 +329,7 @@ absl::Status ReadSampling(Endpoint endpoint, const Fields& f,
   s.repetition_penalty = static_cast<float>(penalty.value_or(1.0));
   call.sampling_set.repetition_penalty = penalty.has_value();
   MOH_RETURN_IF_ERROR(ReadStop(f, &s));
+  MOH_RETURN_IF_ERROR(ReadLogitBias(f, &s));
   if (const json* ids = f.Get("stop_token_ids")) {
     if (!ids->is_array()) {
       return Invalid("stop_token_ids", "must be a list of token ids");

@@ -228,6 +228,13 @@ absl::StatusOr<Activation> LanguageExecutor::Impl::Validate(
           absl::StrCat("must be in [0, ", config.vocab_size, "), got ", id));
     }
   }
+  for (const auto& [id, bias] : job.sampling.logit_bias) {
+    if (id >= config.vocab_size) {
+      return FieldError("sampling.logit_bias",
+                        absl::StrCat("token ids must be in [0, ",
+                                     config.vocab_size, "), got ", id));
+    }
+  }
   if (!job.sampling.stop.empty() && lm_.tokenizer == nullptr) {
     return FieldError("sampling.stop", "needs a model with a tokenizer");
   }

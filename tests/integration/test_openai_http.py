@@ -18,6 +18,7 @@ import re
 import shutil
 import socket
 
+import grpc
 import pytest
 
 import moh_testlib as lib
@@ -527,6 +528,61 @@ def test_penalties_min_p_and_priority_equal_grpcs(api, client, stub):
             client.completions.create(model="demo-lm", prompt=PROMPT,
                                       extra_body={field: value})
         assert message in e.value.message
+
+
+def test_logit_bias_steers_the_draw_as_over_grpc(api, client, stub):
+    def grpc_ids(bias=None, **fields):
+        request = lib.generate_request(api.pb, prompt=PROMPT, model="demo-lm",
+                                       temperature=0.0, max_new_tokens=6)
+        for name, value in fields.items():
+            setattr(request.sampling, name, value)
+        for token, value in (bias or {}).items():
+            request.sampling.logit_bias[token] = value
+        messages = lib.run_generate(stub, request)
+        return ([t for m in messages for t in m.token_ids],
+                "".join(m.text for m in messages))
+
+    plain, _ = grpc_ids()
+    # -100 bans the greedy first token; +100 makes another every token.
+    banned, _ = grpc_ids({plain[0]: -100.0})
+    assert banned[0] != plain[0]
+    forced = plain[1] if plain[1] != plain[0] else banned[0]
+    ids, text = grpc_ids({forced: 100.0})
+    assert ids == [forced] * 6
+    got = client.completions.create(model="demo-lm", prompt=PROMPT, max_tokens=6,
+                                    temperature=0.0,
+                                    logit_bias={str(forced): 100})
+    assert got.choices[0].text == text
+    # Sampled: the same draws over both doors (the bias changes them).
+    bias = {plain[0]: 3.0, banned[0]: -2.5}
+    _, sampled = grpc_ids(bias, temperature=1.0, seed=11)
+    got = client.completions.create(
+        model="demo-lm", prompt=PROMPT, max_tokens=6, temperature=1.0, seed=11,
+        logit_bias={str(k): v for k, v in bias.items()})
+    assert got.choices[0].text == sampled
+    chat = client.chat.completions.create(
+        model="demo-lm", messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3, temperature=0.0, logit_bias={str(forced): 100})
+    assert chat.usage.completion_tokens == 3
+    assert chat.choices[0].message.content * 2 == text
+    for bias, message in (
+            ({"abc": 1}, 'logit_bias keys must be token ids (integers >= 0), '
+                         'got "abc"'),
+            ({"5": 101}, "logit_bias must be biases in [-100, 100], got 101"),
+            ({"5": "x"}, "logit_bias values must be numbers in [-100, 100], "
+                         "got string for token 5"),
+            ({"99999": 1}, "logit_bias token ids must be in [0, 768), got "
+                           "99999")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="demo-lm", prompt=PROMPT,
+                                      logit_bias=bias)
+        assert message in e.value.message
+        assert e.value.body["param"] == "logit_bias"
+    with pytest.raises(grpc.RpcError) as e:
+        grpc_ids({99999: 1.0})
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == (
+        "sampling.logit_bias token ids must be in [0, 768), got 99999")
 
 
 def test_generation_config_min_p(api, client, stub):

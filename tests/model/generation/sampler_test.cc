@@ -18,6 +18,7 @@ namespace {
 using ::testing::Each;
 using ::testing::HasSubstr;
 using ::testing::Lt;
+using ::testing::Ne;
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -325,6 +326,31 @@ TEST(SamplerTest, PresenceAndFrequencyPenaltiesCountTheOutputOnly) {
   EXPECT_EQ(Sampler(params).Sample(Logits({1.0, 1.5}), {0, 7, -2}, 3), 0);
 }
 
+TEST(SamplerTest, LogitBiasIsAddedBeforeThePenalties) {
+  SamplingParams params = Params(0.0f);
+  params.logit_bias = {{1, 0.75f}, {2, -100.0f}, {7, 50.0f}};  // 7: no such id
+  Sampler sampler(params);
+  EXPECT_EQ(sampler.Sample(Logits({2.0, 1.5, 3.0}), {}), 1);  // 2.25 > 2.0
+  EXPECT_EQ(sampler.Sample(Logits({2.0, 1.0, 3.0}), {}), 0);  // 1.75 < 2.0
+  // Then the repetition penalty, on the biased logit: (-0.1 + 1) / 2 < 0.5
+  // (the penalty first would give -0.1 * 2 + 1 > 0.5).
+  params.logit_bias = {{1, 1.0f}};
+  EXPECT_EQ(Sampler(params).Sample(Logits({0.5, -0.1}), {1}), 1);
+  params.repetition_penalty = 2.0f;
+  EXPECT_EQ(Sampler(params).Sample(Logits({0.5, -0.1}), {1}), 0);
+  // When sampling, -100 leaves a token no probability to speak of, 100
+  // takes it all.
+  params = Params(1.0f);
+  params.logit_bias = {{0, -100.0f}};
+  EXPECT_THAT(Draws(params, Logits({5.0, 0.0, 0.0}), 50), Each(Ne(0)));
+  params.logit_bias = {{2, 100.0f}};
+  EXPECT_THAT(Draws(params, Logits({5.0, 0.0, 0.0}), 50), Each(2));
+  // An id listed twice adds both.
+  params = Params(0.0f);
+  params.logit_bias = {{1, 0.6f}, {1, 0.6f}};
+  EXPECT_EQ(Sampler(params).Sample(Logits({2.0, 1.0}), {}), 1);
+}
+
 TEST(SamplerTest, MinPKeepsTokensAtLeastMinPTimesTheBest) {
   // Probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps p >= 0.25, i.e.
   // {0, 1}; min_p 0.25 keeps p >= 0.125: {0, 1, 2}.
@@ -480,6 +506,26 @@ TEST(ValidateSamplingParamsTest, NamesTheFieldAndRange) {
        "sampling.logprobs must be in [0, 20] (absent = none), got 21"},
       {"prompt_logprobs", [](SamplingParams& p) { p.prompt_logprobs = -1; },
        "sampling.prompt_logprobs must be in [0, 20] (absent = none), got -1"},
+      {"logit_bias id",
+       [](SamplingParams& p) {
+         p.logit_bias = {{-3, 1.0f}};
+       },
+       "sampling.logit_bias must be token ids >= 0, got -3"},
+      {"logit_bias value",
+       [](SamplingParams& p) {
+         p.logit_bias = {{3, 100.5f}};
+       },
+       "sampling.logit_bias must be biases in [-100, 100], got 100.5"},
+      {"logit_bias nan",
+       [](SamplingParams& p) {
+         p.logit_bias = {{3, kNan}};
+       },
+       "sampling.logit_bias must be biases in [-100, 100], got nan"},
+      {"logit_bias entries",
+       [](SamplingParams& p) {
+         p.logit_bias.assign(kMaxLogitBias + 1, {0, 1});
+       },
+       "sampling.logit_bias must be at most 1024 entries, got 1025 entries"},
   };
   for (const BadCase& c : cases) {
     SamplingParams params;
