@@ -13,10 +13,21 @@ using nlohmann::json;
 
 absl::StatusOr<json> ReadObject(absl::string_view body,
                                 const std::set<std::string>& known) {
-  json parsed = json::parse(body.begin(), body.end(), nullptr,
-                            /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return absl::InvalidArgumentError("the body must be JSON");
+  json parsed;
+  try {
+    parsed = json::parse(body.begin(), body.end());
+  } catch (const json::exception& e) {
+    // Where, and what the parser met there: "parse error at line 1, column
+    // 9: syntax error while parsing value - invalid literal; last read:
+    // '...'" without the client's bytes that it quotes, or "number overflow
+    // parsing '1e309'"; not the library's "[json.exception...] " tag.
+    std::string what = e.what();
+    const size_t tag = what.find("] ");
+    what = tag == std::string::npos ? "" : what.substr(tag + 2);
+    what = what.substr(0, what.find("; last read"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body must be JSON", what.empty() ? "" : " (",
+                     Abbreviate(what, 160), what.empty() ? "" : ")"));
   }
   if (!parsed.is_object()) {
     return absl::InvalidArgumentError("the body must be a JSON object");

@@ -201,7 +201,13 @@ def test_errors_are_openais_and_name_the_field(client, server):
         client.completions.create(model="nope", prompt=PROMPT)
     assert "nope" in e.value.message
     status, _, body = request(server, "POST", "/v1/completions", b"{not json")
-    assert status == 400 and body["error"]["message"] == "the body must be JSON"
+    assert status == 400 and body["error"]["message"] == (
+        "the body must be JSON (parse error at line 1, column 3: syntax error "
+        "while parsing object key - invalid literal)")
+    status, _, body = request(server, "POST", "/v1/completions",
+                              b'{"temperature": 1e999}')
+    assert status == 400 and body["error"]["message"] == (
+        "the body must be JSON (number overflow parsing '1e999')")
     status, _, body = request(server, "GET", "/v1/completions")
     assert status == 405 and "takes POST" in body["error"]["message"]
     status, _, body = request(server, "GET", "/v2/things")
