@@ -29,6 +29,10 @@ Checks, printed as a table:
     they reached it);
   - the long prompts, which share their first KV blocks and repeat, hit the
     prefix cache (and, above, equal what they gave alone);
+  - steps that ran out of memory ran again in smaller steps: the server runs
+    with injected faults (--memory_tokens: demo-lm's steps of more than 32
+    tokens run out of memory, demo-vit's batches of more than 2 images), so
+    every answer above came through them;
   - resident memory after the warm-up (the first fifth) grew less than 5%;
   - open file descriptors did not grow;
   - on SIGTERM the server drains and exits 0 (with an ASan build under
@@ -36,7 +40,7 @@ Checks, printed as a table:
 Exit status 1 when a check fails.
 
   python3 bench/soak.py [--duration 600] [--clients 8] [--seed 1]
-                        [--device cuda]
+                        [--device cuda] [--memory_tokens 32|-1]
 (after `scripts/build.sh`; the integration tests' helpers start the server,
 $MOH_SERVER if set). With --device cuda the models run there in bfloat16 and
 the answers are checked for their form (counts, order, ranges, JSON), not
@@ -580,6 +584,14 @@ def process_figures(pid):
     return rss, len(os.listdir("/proc/%d/fd" % pid))
 
 
+def fault_env(args):
+    """The server's environment for the out-of-memory faults asked for."""
+    if args.memory_tokens < 0:
+        return {}
+    return {"MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS": str(args.memory_tokens),
+            "MOH_TEST_OUT_OF_MEMORY_OVER_BATCH": str(args.memory_images)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=600)
@@ -593,6 +605,12 @@ def main():
         "--cuda_paths_off", default=None,
         help="demo-lm's CUDA paths switched off (comma-separated, "
         "bench/cuda_paths.py; default $MOH_CUDA_PATHS_OFF)")
+    parser.add_argument(
+        "--memory_tokens", type=int, default=32,
+        help="demo-lm's steps of more than this many tokens run out of memory "
+        "(injected), and demo-vit's Classify batches of more than "
+        "--memory_images images; -1: no such fault")
+    parser.add_argument("--memory_images", type=int, default=2)
     args = parser.parse_args()
     try:
         off = paths_off(args.cuda_paths_off)
@@ -613,7 +631,7 @@ def main():
         ("demo-vit", os.path.join(MODELS, "demo-vit"), device),
         ("demo-dit", os.path.join(MODELS, "demo-dit"),
          device + "generation { max_running: 4 }"),
-    ], threads=1, http=True)
+    ], threads=1, http=True, env=fault_env(args))
     status = 1
     try:
         server.start()
@@ -691,6 +709,9 @@ def run_soak(args, soak):
     counted = counted_now()
     queried, hits = [after - b for after, b in zip(
         prefix_tokens(server.samples()), prefix_tokens(before))]
+    retried = {model: lib.metric_value(server.samples(),
+                                       "moh_steps_retried_total", model=model)
+               for model in ("demo-lm", "demo-vit")}
     growth = end_rss / warm_rss - 1
     # Last, a drain: SIGTERM, then exit status 0 (under LeakSanitizer, no
     # leak at exit either).
@@ -707,6 +728,12 @@ def run_soak(args, soak):
          (counted, sent, unseen)),
         ("the long prompts hit the prefix cache", hits > 0,
          "%d of %d prompt tokens looked up were cached" % (hits, queried)),
+        ("steps out of memory ran again smaller (injected)",
+         args.memory_tokens < 0 or retried["demo-lm"] > 0,
+         "off" if args.memory_tokens < 0 else
+         "demo-lm: %d steps of more than %d tokens, demo-vit: %d batches of "
+         "more than %d images" % (retried["demo-lm"], args.memory_tokens,
+                                  retried["demo-vit"], args.memory_images)),
         ("RSS growth after warm-up < 5%", growth < 0.05,
          "%.1f MiB -> %.1f MiB (%+.1f%%)" % (warm_rss / 2**20, end_rss / 2**20,
                                             100 * growth)),

@@ -41,10 +41,14 @@ int64_t EnvSteps(const char* name) {
 // every language model's steps. With $MOH_TEST_DEVICE_LOST_AFTER_STEPS=N each
 // step after the first N fails as one on a lost device would; with
 // $MOH_TEST_OUT_OF_MEMORY_AT_STEP=N step N (from 0) runs out of memory, as
-// one whose activations the device cannot hold would. -1: none.
+// one whose activations the device cannot hold would, and with
+// $MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS=N every step of more than N tokens
+// does, as on a device with room for N tokens' activations. -1: none.
 struct InjectedFaults {
   int64_t lost_after_steps = EnvSteps("MOH_TEST_DEVICE_LOST_AFTER_STEPS");
   int64_t out_of_memory_at_step = EnvSteps("MOH_TEST_OUT_OF_MEMORY_AT_STEP");
+  int64_t out_of_memory_over_tokens =
+      EnvSteps("MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS");
 };
 
 // The language family's steps: one LlamaModel::Forward over the planned rows,
@@ -85,6 +89,13 @@ class LanguageSteps : public StepExecutor<Sequence> {
     try {
       TORCH_CHECK_WITH(OutOfMemoryError, step != faults_.out_of_memory_at_step,
                        "injected: $MOH_TEST_OUT_OF_MEMORY_AT_STEP=", step);
+      int64_t tokens = 0;
+      for (const PlannedRow& row : rows) tokens += row.num_tokens;
+      TORCH_CHECK_WITH(OutOfMemoryError,
+                       faults_.out_of_memory_over_tokens < 0 ||
+                           tokens <= faults_.out_of_memory_over_tokens,
+                       "injected: a step of ", tokens,
+                       " tokens over $MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS");
       return RunUnchecked(rows, seqs, outcomes);
     } catch (const std::exception& e) {
       return StatusFromException(e);
