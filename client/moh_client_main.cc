@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
@@ -29,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/chat_command.h"
 #include "client/commands.h"
 #include "client/connection.h"
@@ -60,6 +62,9 @@ ABSL_FLAG(float, presence_penalty, 0,
           "Penalty in [-2, 2] on tokens already generated; 0 = off");
 ABSL_FLAG(float, frequency_penalty, 0,
           "Penalty in [-2, 2] per occurrence in the output; 0 = off");
+ABSL_FLAG(std::vector<std::string>, logit_bias, {},
+          "Comma-separated TOKEN_ID:BIAS pairs; each bias (in [-100, 100]) is "
+          "added to its token's logit before sampling");
 ABSL_FLAG(std::optional<int32_t>, logprobs, std::nullopt,
           "generate: print each token's log-probability and this many "
           "alternatives (0-20) to stderr");
@@ -107,10 +112,26 @@ const std::vector<Command>& Commands() {
       {"models", "models                   list the hosted models", {}},
       {"generate",
        "generate PROMPT          stream a completion of PROMPT to stdout",
-       {"model", "ratio", "min_ratio", "max_new_tokens", "temperature", "top_k",
-        "top_p", "min_p", "seed", "stop", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "logprobs", "prompt_logprobs",
-        "n", "priority", "token_ids", "routing"}},
+       {"model",
+        "ratio",
+        "min_ratio",
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "seed",
+        "stop",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "prompt_logprobs",
+        "n",
+        "priority",
+        "token_ids",
+        "routing"}},
       {"classify",
        "classify IMAGE_FILE      classify a PNG or JPEG image\n"
        "  classify --text=TEXT --labels=a,b,c\n"
@@ -132,7 +153,8 @@ const std::vector<Command>& Commands() {
        "streamed to stdout",
        {"model", "ratio", "min_ratio", "max_new_tokens", "temperature", "top_k",
         "top_p", "min_p", "seed", "stop", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "priority", "system"},
+        "presence_penalty", "frequency_penalty", "logit_bias", "priority",
+        "system"},
        "http"},
   };
   return *commands;
@@ -255,8 +277,24 @@ moh::v1::Activation ActivationFromFlags() {
   return activation;
 }
 
+// --logit_bias's pairs into `bias`; an error message, or "". The server
+// checks the ranges.
+std::string LogitBiasFromFlags(std::vector<std::pair<int32_t, float>>* bias) {
+  for (const std::string& pair : absl::GetFlag(FLAGS_logit_bias)) {
+    const std::vector<std::string> parts = absl::StrSplit(pair, ':');
+    int32_t id = 0;
+    float value = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &id) ||
+        !absl::SimpleAtof(parts[1], &value)) {
+      return absl::StrFormat("--logit_bias: '%s' is not TOKEN_ID:BIAS", pair);
+    }
+    bias->emplace_back(id, value);
+  }
+  return "";
+}
+
 // The request fields of `chat` (OpenAI's names); unset flags are left out,
-// so the server's defaults apply.
+// so the server's defaults apply. --logit_bias parses (LogitBiasFromFlags).
 nlohmann::json ChatFieldsFromFlags() {
   nlohmann::json fields = nlohmann::json::object();
   if (const std::string model = absl::GetFlag(FLAGS_model); !model.empty()) {
@@ -284,6 +322,11 @@ nlohmann::json ChatFieldsFromFlags() {
   }
   if (const int32_t p = absl::GetFlag(FLAGS_priority); p != 0) {
     fields["priority"] = p;
+  }
+  std::vector<std::pair<int32_t, float>> bias;
+  LogitBiasFromFlags(&bias);
+  for (const auto& [id, value] : bias) {
+    fields["logit_bias"][std::to_string(id)] = Decimal(value);
   }
   if (const float r = absl::GetFlag(FLAGS_ratio); r != 0) {
     fields["activation_ratio"] = Decimal(r);
@@ -348,6 +391,12 @@ std::string BuildGenerateRequest(const std::vector<std::string>& args,
   sampling->set_min_p(absl::GetFlag(FLAGS_min_p));
   sampling->set_presence_penalty(absl::GetFlag(FLAGS_presence_penalty));
   sampling->set_frequency_penalty(absl::GetFlag(FLAGS_frequency_penalty));
+  std::vector<std::pair<int32_t, float>> bias;
+  if (std::string error = LogitBiasFromFlags(&bias); !error.empty()) {
+    return error;
+  }
+  for (const auto& [id, value] : bias)
+    (*sampling->mutable_logit_bias())[id] = value;
   if (auto v = absl::GetFlag(FLAGS_logprobs)) sampling->set_logprobs(*v);
   if (auto v = absl::GetFlag(FLAGS_prompt_logprobs)) {
     sampling->set_prompt_logprobs(*v);
@@ -427,6 +476,10 @@ int Main(int argc, char** argv) {
     return UsageError(std::string(connection.status().message()));
   if (name == "chat") {
     if (!args.empty()) return UsageError("chat takes no arguments");
+    std::vector<std::pair<int32_t, float>> bias;
+    if (std::string error = LogitBiasFromFlags(&bias); !error.empty()) {
+      return UsageError(error);
+    }
     ChatOptions options;
     options.system = absl::GetFlag(FLAGS_system);
     options.fields = ChatFieldsFromFlags();

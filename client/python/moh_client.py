@@ -94,6 +94,7 @@ def build_generate_request(pb,
                            frequency_penalty=0.0,
                            logprobs=None,
                            prompt_logprobs=None,
+                           logit_bias=None,
                            n=1,
                            priority=0,
                            ratio=0.0,
@@ -104,6 +105,8 @@ def build_generate_request(pb,
     logprobs=K returns each generated token's log-probability with the K most
     likely alternatives (0..20); prompt_logprobs=K the same for the prompt.
     n samples share one prefill; their messages carry `index`.
+    logit_bias={token_id: bias} adds each bias (in [-100, 100]) to its token's
+    logit before sampling.
     """
     if (prompt is None) == (not token_ids):
         raise ValueError("give exactly one of prompt or token_ids")
@@ -128,6 +131,8 @@ def build_generate_request(pb,
     sampling.frequency_penalty = frequency_penalty
     sampling.top_k = top_k
     sampling.stop.extend(stop)
+    for token, bias in (logit_bias or {}).items():
+        sampling.logit_bias[token] = bias
     request.activation.ratio = ratio
     request.activation.min_ratio = min_ratio
     return request

@@ -86,6 +86,11 @@ def test_python_client_samples_and_logprobs(client):
     alone = client.generate_samples("Once upon a time", model="demo-lm",
                                     max_new_tokens=5, temperature=1.0, seed=8)
     assert alone[0].token_ids == samples[1].token_ids
+    # A bias of 100 on one token makes it every token, greedy or not.
+    forced = client.generate_samples("Once upon a time", model="demo-lm",
+                                     max_new_tokens=4, temperature=1.0, seed=7,
+                                     logit_bias={alone[0].token_ids[0]: 100})
+    assert forced[0].token_ids == [alone[0].token_ids[0]] * 4
 
 
 def test_python_client_cancel_and_errors(client):
@@ -193,6 +198,21 @@ def test_cli_generate_samples_and_logprobs(api, stub, main_server):
     result = cli(main_server, "generate", "hi", "--model=demo-lm", "--n=20")
     assert result.returncode == 1
     assert "n must be in [1, 16], got 20" in result.stderr
+    # --logit_bias: as over gRPC.
+    request = lib.generate_request(api.pb, prompt="Once upon a time",
+                                   model="demo-lm", max_new_tokens=4,
+                                   temperature=1.0, seed=11)
+    request.sampling.logit_bias[entries[0].token_id] = -100
+    request.sampling.logit_bias[7] = 2.5
+    biased = "".join(m.text for m in lib.run_generate(stub, request))
+    result = cli(main_server, "generate", "Once upon a time", "--model=demo-lm",
+                 "--max_new_tokens=4", "--temperature=1", "--seed=11",
+                 "--logit_bias=%d:-100,7:2.5" % entries[0].token_id)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == biased
+    result = cli(main_server, "generate", "hi", "--logit_bias=7")
+    assert result.returncode == 2
+    assert "--logit_bias: '7' is not TOKEN_ID:BIAS" in result.stderr
 
 
 def test_cli_classify_png_file(main_server, tmp_path):
@@ -297,6 +317,15 @@ def test_cli_chat_keeps_the_conversation(http_server):
                if line.startswith("usage:")]
     assert prompts[1] > prompts[0] + 12  # the whole conversation
     assert "> " not in result.stderr  # stdin is not a terminal: no prompt
+    # --logit_bias goes as OpenAI's field.
+    result = chat(http_server, turns[:1], "--max_new_tokens=5",
+                  "--temperature=0", "--logit_bias=65:100,66:-3.5")
+    assert result.returncode == 0, result.stderr
+    biased = chat_completion(http_server,
+                             [{"role": "user", "content": turns[0]}],
+                             max_tokens=5, temperature=0,
+                             logit_bias={"65": 100, "66": -3.5})
+    assert result.stdout == biased + "\n"
 
 
 def test_cli_chat_eof_exits_zero(http_server):
