@@ -100,7 +100,9 @@ class DeviceContext {
   // once), and keep what one graph made that is read later alive (the pool
   // does not hand out the memory of a live tensor). FAILED_PRECONDITION
   // when `body` did what a graph cannot hold (a wait for the device, a copy
-  // to the host); UNIMPLEMENTED on CPU. Call inside a scope.
+  // to the host); RESOURCE_EXHAUSTED when the pool could not get the memory
+  // `body` asked (the same recording may fit later); UNIMPLEMENTED on CPU.
+  // Call inside a scope.
   absl::StatusOr<std::unique_ptr<Graph>> Capture(
       const std::function<void()>& body) const;
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/core/device_context.h"
+#include "model/core/runtime.h"
 
 namespace moh {
 
@@ -187,8 +188,9 @@ absl::StatusOr<std::unique_ptr<DeviceContext::Graph>> DeviceContext::Capture(
     // A failed capture can leave a sticky "operation not permitted when
     // capturing" error behind; clear it so the next launch does not fail.
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA graph capture failed: ", e.what()));
+    absl::Status status = StatusFromException(e, "CUDA graph capture failed");
+    if (absl::IsResourceExhausted(status)) return status;
+    return absl::FailedPreconditionError(status.message());
   }
   return std::unique_ptr<DeviceContext::Graph>(std::move(graph));
 }

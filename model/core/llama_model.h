@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/core/activation.h"
@@ -136,6 +137,42 @@ DecoderBatch PadRows(const DecoderBatch& batch, int64_t rows);
 
 // The first `rows` rows of every per-row output of `out`.
 DecoderOutput FirstRows(DecoderOutput out, int64_t rows);
+
+// When a decode-step shape (a graph's key) records its graph. Its first
+// step runs eagerly (a shape seen once may not come back) and its second
+// records, while the model keeps fewer graphs than its maximum. A recording
+// that ran out of device memory (RESOURCE_EXHAUSTED) is tried again once
+// the shape has seen twice as many steps as it had then: memory that
+// finished requests free may let it fit, and a shape that keeps failing
+// costs a try ever more rarely. A recording that failed otherwise (the step
+// did what a graph cannot hold) is never tried again: that shape always
+// runs eagerly.
+class GraphRecording {
+ public:
+  // A step of this shape that has no graph yet; `room`: the model keeps
+  // fewer graphs than its maximum. Whether this step records.
+  bool Step(bool room) {
+    ++seen_;
+    return !never_ && room && seen_ >= next_try_;
+  }
+  // The recording this step tried failed with `status`.
+  void Failed(const absl::Status& status) {
+    if (absl::IsResourceExhausted(status)) {
+      next_try_ = 2 * seen_;
+    } else {
+      never_ = true;
+    }
+  }
+  // Whether the shape always runs eagerly.
+  bool never() const { return never_; }
+  // The step of this shape (from 1) that tries to record next.
+  int64_t next_try() const { return next_try_; }
+
+ private:
+  int64_t seen_ = 0;
+  int64_t next_try_ = 2;
+  bool never_ = false;
+};
 
 // Graphs a model keeps by default (LlamaModel::set_cuda_graphs).
 inline constexpr int64_t kDefaultCudaGraphs = 64;

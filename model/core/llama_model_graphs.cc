@@ -24,8 +24,7 @@ namespace moh {
 
 struct LlamaModel::StepGraphs {
   struct Entry {
-    int64_t seen = 0;                 // steps of this key so far
-    bool failed = false;              // the recording failed: always eagerly
+    GraphRecording recording;         // when (and whether) it records
     at::Tensor ints, token_ids;       // the inputs the graph reads
     std::vector<at::Tensor> outputs;  // what it writes
     std::unique_ptr<DeviceContext::Graph> graph;
@@ -157,11 +156,8 @@ std::optional<std::vector<at::Tensor>> LlamaModel::RunGraph(
   }
 
   StepGraphs::Entry& entry = graphs_->entries[key];
-  ++entry.seen;
-  if (entry.failed) return std::nullopt;
   if (!entry.graph) {
-    // A shape seen once may not come back: its first step runs eagerly.
-    if (entry.seen < 2 || graphs_->recorded >= max_cuda_graphs_) {
+    if (!entry.recording.Step(graphs_->recorded < max_cuda_graphs_)) {
       return std::nullopt;
     }
     entry.ints = at::empty({static_cast<int64_t>(indices.host.size())},
@@ -174,11 +170,22 @@ std::optional<std::vector<at::Tensor>> LlamaModel::RunGraph(
               RunLayers(batch, indices, entry.ints, entry.token_ids, cache);
         });
     if (!graph.ok()) {
-      MOH_LOG(Warning) << "decode steps of " << batch.token_ids.size(0)
-                       << " rows run without a CUDA graph: "
-                       << graph.status().message();
+      // What the failed recording holds goes back to the pool.
+      GraphRecording recording = entry.recording;
+      recording.Failed(graph.status());
       entry = StepGraphs::Entry();
-      entry.failed = true;
+      entry.recording = recording;
+      if (recording.never()) {
+        MOH_LOG(Warning) << "decode steps of " << batch.token_ids.size(0)
+                         << " rows run without a CUDA graph: "
+                         << graph.status().message();
+      } else {
+        MOH_LOG(Warning) << "decode steps of " << batch.token_ids.size(0)
+                         << " rows run without a CUDA graph until their step "
+                         << recording.next_try()
+                         << " of this shape tries again: "
+                         << graph.status().message();
+      }
       return std::nullopt;
     }
     entry.graph = std::move(*graph);

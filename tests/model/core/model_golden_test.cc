@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/core/llama_model.h"
@@ -254,6 +255,38 @@ TEST(GraphRowsTest, BucketsTheRows) {
   for (const auto& [rows, bucket] : cases) {
     EXPECT_EQ(GraphRows(rows), bucket) << rows;
   }
+}
+
+// A shape records on its second step, and only while the model has room
+// for another graph.
+TEST(GraphRecordingTest, RecordsOnTheSecondStepWhileThereIsRoom) {
+  GraphRecording recording;
+  EXPECT_FALSE(recording.Step(true));
+  EXPECT_FALSE(recording.Step(false));
+  EXPECT_FALSE(recording.Step(false));
+  EXPECT_TRUE(recording.Step(true));
+}
+
+// A recording that ran out of memory is tried again at step 2x, 4x, ... of
+// the one that failed; one that failed otherwise never is.
+TEST(GraphRecordingTest, OutOfMemoryTriesAgainEverMoreRarely) {
+  GraphRecording recording;
+  std::vector<int64_t> tries;
+  for (int64_t step = 1; step <= 40; ++step) {
+    if (!recording.Step(true)) continue;
+    tries.push_back(step);
+    recording.Failed(absl::ResourceExhaustedError("out of memory: CUDA"));
+    EXPECT_FALSE(recording.never());
+  }
+  EXPECT_EQ(tries, (std::vector<int64_t>{2, 4, 8, 16, 32}));
+  EXPECT_EQ(recording.next_try(), 64);
+
+  GraphRecording other;
+  other.Step(true);
+  ASSERT_TRUE(other.Step(true));
+  other.Failed(absl::FailedPreconditionError("capture failed: sync"));
+  EXPECT_TRUE(other.never());
+  for (int step = 0; step < 100; ++step) EXPECT_FALSE(other.Step(true));
 }
 
 // A graph step runs with its rows padded by copies of its first (PadRows),
