@@ -294,8 +294,9 @@ std::string LogitBiasFromFlags(std::vector<std::pair<int32_t, float>>* bias) {
 }
 
 // The request fields of `chat` (OpenAI's names); unset flags are left out,
-// so the server's defaults apply. --logit_bias parses (LogitBiasFromFlags).
-nlohmann::json ChatFieldsFromFlags() {
+// so the server's defaults apply. `bias`: --logit_bias's pairs.
+nlohmann::json ChatFieldsFromFlags(
+    const std::vector<std::pair<int32_t, float>>& bias) {
   nlohmann::json fields = nlohmann::json::object();
   if (const std::string model = absl::GetFlag(FLAGS_model); !model.empty()) {
     fields["model"] = model;
@@ -323,8 +324,6 @@ nlohmann::json ChatFieldsFromFlags() {
   if (const int32_t p = absl::GetFlag(FLAGS_priority); p != 0) {
     fields["priority"] = p;
   }
-  std::vector<std::pair<int32_t, float>> bias;
-  LogitBiasFromFlags(&bias);
   for (const auto& [id, value] : bias) {
     fields["logit_bias"][std::to_string(id)] = Decimal(value);
   }
@@ -482,7 +481,7 @@ int Main(int argc, char** argv) {
     }
     ChatOptions options;
     options.system = absl::GetFlag(FLAGS_system);
-    options.fields = ChatFieldsFromFlags();
+    options.fields = ChatFieldsFromFlags(bias);
     options.show_prompt = isatty(STDIN_FILENO);
     return RunChat(OpenAiHttpClient(*connection, call.timeout), options,
                    std::cin);

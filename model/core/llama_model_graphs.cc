@@ -16,6 +16,7 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "model/core/llama_model.h"
 #include "model/core/llama_model_step.h"
@@ -171,21 +172,16 @@ std::optional<std::vector<at::Tensor>> LlamaModel::RunGraph(
         });
     if (!graph.ok()) {
       // What the failed recording holds goes back to the pool.
-      GraphRecording recording = entry.recording;
-      recording.Failed(graph.status());
-      entry = StepGraphs::Entry();
-      entry.recording = recording;
-      if (recording.never()) {
-        MOH_LOG(Warning) << "decode steps of " << batch.token_ids.size(0)
-                         << " rows run without a CUDA graph: "
-                         << graph.status().message();
-      } else {
-        MOH_LOG(Warning) << "decode steps of " << batch.token_ids.size(0)
-                         << " rows run without a CUDA graph until their step "
-                         << recording.next_try()
-                         << " of this shape tries again: "
-                         << graph.status().message();
-      }
+      entry = StepGraphs::Entry{entry.recording};
+      entry.recording.Failed(graph.status());
+      MOH_LOG(Warning) << "decode steps of " << batch.token_ids.size(0)
+                       << " rows run without a CUDA graph"
+                       << (entry.recording.never()
+                               ? ""
+                               : absl::StrCat(" until their step ",
+                                              entry.recording.next_try(),
+                                              " of this shape tries again"))
+                       << ": " << graph.status().message();
       return std::nullopt;
     }
     entry.graph = std::move(*graph);

@@ -432,12 +432,11 @@ class EngineLoop {
       if (!planner_.ShrinkSteps(plan)) return false;
       limit = planner_.step_token_limit();
     }
-    int64_t tokens = 0;
-    for (const PlannedRow& row : plan.rows) tokens += row.num_tokens;
     MOH_LOG(Warning) << "model " << options_.name
                      << ": step failed: " << status.message() << "; its "
-                     << tokens << " tokens run again, in steps of at most "
-                     << limit << " tokens for a while";
+                     << PlannedTokens(plan.rows)
+                     << " tokens run again, in steps of at most " << limit
+                     << " tokens for a while";
     if (metrics_ != nullptr) metrics_->StepsRetried();
     return true;
   }

@@ -9,6 +9,12 @@
 
 namespace moh {
 
+int64_t PlannedTokens(const std::vector<PlannedRow>& rows) {
+  int64_t tokens = 0;
+  for (const PlannedRow& row : rows) tokens += row.num_tokens;
+  return tokens;
+}
+
 int64_t StepPlan::decode_rows() const {
   return std::count_if(rows.begin(), rows.end(),
                        [](const PlannedRow& r) { return !r.prefill; });
@@ -301,8 +307,7 @@ std::vector<uint64_t> StepPlanner::Update(const StepPlan& plan,
 }
 
 bool StepPlanner::ShrinkSteps(const StepPlan& plan) {
-  int64_t tokens = 0;
-  for (const PlannedRow& row : plan.rows) tokens += row.num_tokens;
+  const int64_t tokens = PlannedTokens(plan.rows);
   if (tokens <= 1) return false;
   step_token_limit_ = tokens / 2;
   steps_at_limit_ = 0;

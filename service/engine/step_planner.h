@@ -114,6 +114,9 @@ struct PlannedRow {
   std::vector<int32_t> blocks;
 };
 
+// The tokens `rows` compute.
+int64_t PlannedTokens(const std::vector<PlannedRow>& rows);
+
 // A request leaving before the step.
 struct EndedRequest {
   uint64_t id = 0;

@@ -211,8 +211,8 @@ absl::Status ReadStop(const Fields& f, SamplingParams* sampling) {
 }
 
 // logit_bias: an object from token ids (as strings, as JSON keys are) to
-// the biases added to their logits. The sampler checks the count and the
-// ranges, the model the ids.
+// the biases added to their logits. The count is checked before the entries
+// are copied; the sampler checks the biases' range, the model the ids.
 absl::Status ReadLogitBias(const Fields& f, SamplingParams* sampling) {
   const json* bias = f.Get("logit_bias");
   if (bias == nullptr) return absl::OkStatus();

@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <exception>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/env.h"
 #include "base/status_macros.h"
 #include "model/core/device_context.h"
 #include "model/core/runtime.h"
@@ -31,12 +31,6 @@ SampledFrom Sampled(StepDraws::From from) {
   return SampledFrom::kReducedThenWhole;
 }
 
-// An integer from the environment; -1 when unset.
-int64_t EnvSteps(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::atoll(value) : -1;
-}
-
 // Tests only: faults a GPU can have and the CPU never does, injected into
 // every language model's steps. With $MOH_TEST_DEVICE_LOST_AFTER_STEPS=N each
 // step after the first N fails as one on a lost device would; with
@@ -45,10 +39,10 @@ int64_t EnvSteps(const char* name) {
 // $MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS=N every step of more than N tokens
 // does, as on a device with room for N tokens' activations. -1: none.
 struct InjectedFaults {
-  int64_t lost_after_steps = EnvSteps("MOH_TEST_DEVICE_LOST_AFTER_STEPS");
-  int64_t out_of_memory_at_step = EnvSteps("MOH_TEST_OUT_OF_MEMORY_AT_STEP");
+  int64_t lost_after_steps = EnvInt("MOH_TEST_DEVICE_LOST_AFTER_STEPS", -1);
+  int64_t out_of_memory_at_step = EnvInt("MOH_TEST_OUT_OF_MEMORY_AT_STEP", -1);
   int64_t out_of_memory_over_tokens =
-      EnvSteps("MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS");
+      EnvInt("MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS", -1);
 };
 
 // The language family's steps: one LlamaModel::Forward over the planned rows,
@@ -89,8 +83,7 @@ class LanguageSteps : public StepExecutor<Sequence> {
     try {
       TORCH_CHECK_WITH(OutOfMemoryError, step != faults_.out_of_memory_at_step,
                        "injected: $MOH_TEST_OUT_OF_MEMORY_AT_STEP=", step);
-      int64_t tokens = 0;
-      for (const PlannedRow& row : rows) tokens += row.num_tokens;
+      const int64_t tokens = PlannedTokens(rows);
       TORCH_CHECK_WITH(OutOfMemoryError,
                        faults_.out_of_memory_over_tokens < 0 ||
                            tokens <= faults_.out_of_memory_over_tokens,

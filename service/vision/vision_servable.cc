@@ -1,10 +1,10 @@
 #include "service/vision/vision_servable.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/env.h"
 #include "base/status_macros.h"
 #include "model/core/transnext_model.h"
 #include "model/core/vit_model.h"
@@ -58,9 +58,7 @@ VisionServable::VisionServable(const std::string& name,
       metrics_(metrics),
       image_decode_budget_(image_decode_budget),
       out_of_memory_over_batch_(
-          std::getenv("MOH_TEST_OUT_OF_MEMORY_OVER_BATCH") != nullptr
-              ? std::atoll(std::getenv("MOH_TEST_OUT_OF_MEMORY_OVER_BATCH"))
-              : -1) {}
+          EnvInt("MOH_TEST_OUT_OF_MEMORY_OVER_BATCH", -1)) {}
 
 absl::Status VisionServable::Warmup() const {
   const ImagePreprocessing& p = preprocessing_;
