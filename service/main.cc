@@ -78,6 +78,9 @@ ABSL_FLAG(int32_t, health_port, 0,
 ABSL_FLAG(bool, cuda_programmatic_launch, false,
           "CUDA: this project's kernels launch with programmatic dependent "
           "launch (config cuda_programmatic_launch)");
+ABSL_FLAG(double, gpu_memory_fraction, 0,
+          "CUDA: the share of each GPU's memory this process may hold, in "
+          "(0, 1] (0 = the config's, default 1; config gpu_memory_fraction)");
 ABSL_FLAG(std::optional<bool>, reflection, std::nullopt,
           "gRPC server reflection (default true)");
 
@@ -160,6 +163,9 @@ absl::StatusOr<v1::ServerConfig> BuildConfig() {
   }
   if (absl::GetFlag(FLAGS_cuda_programmatic_launch)) {
     config.set_cuda_programmatic_launch(true);
+  }
+  if (absl::GetFlag(FLAGS_gpu_memory_fraction) != 0) {
+    config.set_gpu_memory_fraction(absl::GetFlag(FLAGS_gpu_memory_fraction));
   }
   if (absl::GetFlag(FLAGS_reflection).has_value()) {
     config.set_reflection(*absl::GetFlag(FLAGS_reflection));
@@ -309,6 +315,12 @@ void ConfigureProcess(const v1::ServerConfig& config) {
   ConfigureCpuThreads(config.threads());
   MOH_LOG(Info) << LibTorchBuildSummary();
   MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();
+  SetGpuMemoryFraction(config.gpu_memory_fraction());
+  if (config.gpu_memory_fraction() < 1) {
+    MOH_LOG(Info) << "each GPU a model uses: at most "
+                  << config.gpu_memory_fraction()
+                  << " of its memory (gpu_memory_fraction)";
+  }
   SetCudaProgrammaticLaunch(config.cuda_programmatic_launch());
   if (config.cuda_programmatic_launch()) {
     MOH_LOG(Info) << "CUDA kernels launch with programmatic dependent launch "

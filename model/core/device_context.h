@@ -36,9 +36,15 @@ struct GpuMemoryStats {
 // Reads counters only: no sync, no allocation on the device.
 std::vector<GpuMemoryStats> GpuMemory();
 
-// Total memory of `device` in bytes when it is a CUDA device; -1 otherwise
-// (host memory is the operating system's to account).
+// Memory of `device` this process may use, in bytes, when it is a CUDA
+// device: its total times GpuMemoryFraction(); -1 otherwise (host memory is
+// the operating system's to account).
 int64_t DeviceMemoryCapacity(const at::Device& device);
+
+// Applies GpuMemoryFraction() (model/core/runtime.h) to `device`'s caching
+// allocator when it is a CUDA device: past that share of its memory an
+// allocation fails as out of memory. Nothing otherwise.
+void LimitGpuMemory(const at::Device& device);
 
 // OK while `device` can still run work; UNAVAILABLE naming the error once
 // it cannot: a CUDA context lost to a sticky error (an illegal memory
@@ -48,6 +54,12 @@ int64_t DeviceMemoryCapacity(const at::Device& device);
 // that is not sticky is cleared and passes). For after a forward failed;
 // always OK on CPU.
 absl::Status DeviceLost(const at::Device& device);
+
+// Tests only: makes a CUDA `device` lost for real. Launches, on its current
+// stream, a gather whose index is out of range, which fails a device-side
+// assertion: the sticky error DeviceLost then reports, at the next wait for
+// the device. Nothing on CPU (which cannot be lost).
+void LaunchDeviceFault(const at::Device& device);
 
 // A model's device context. On CUDA: the model's device and a stream taken
 // from LibTorch's pool when the context is made; Enter() makes both current

@@ -17,7 +17,11 @@ std::vector<GpuMemoryStats> GpuMemory() { return {}; }
 
 int64_t DeviceMemoryCapacity(const at::Device&) { return -1; }
 
+void LimitGpuMemory(const at::Device&) {}
+
 absl::Status DeviceLost(const at::Device&) { return absl::OkStatus(); }
+
+void LaunchDeviceFault(const at::Device&) {}
 
 struct DeviceContext::Impl {};
 

@@ -43,8 +43,15 @@ std::vector<GpuMemoryStats> GpuMemory() {
 
 int64_t DeviceMemoryCapacity(const at::Device& device) {
   if (!device.is_cuda()) return -1;
-  return static_cast<int64_t>(
+  const double total = static_cast<double>(
       at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+  return static_cast<int64_t>(total * GpuMemoryFraction());
+}
+
+void LimitGpuMemory(const at::Device& device) {
+  if (!device.is_cuda()) return;
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(GpuMemoryFraction(),
+                                                     device.index());
 }
 
 namespace {
@@ -85,6 +92,16 @@ absl::Status DeviceLost(const at::Device& device) {
   return absl::UnavailableError(
       absl::StrCat(device.str(), " lost: ", cudaGetErrorString(error),
                    " (the process must restart to use it again)"));
+}
+
+void LaunchDeviceFault(const at::Device& device) {
+  if (!device.is_cuda()) return;
+  c10::cuda::CUDAGuard guard(device);
+  const at::Tensor table = at::zeros({1}, at::TensorOptions().device(device));
+  const at::Tensor index =
+      at::full({1}, int64_t{1} << 20,
+               at::TensorOptions().dtype(at::kLong).device(device));
+  (void)table.index_select(0, index);  // asserts on the device, not here
 }
 
 struct DeviceContext::Impl {

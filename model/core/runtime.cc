@@ -6,6 +6,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/abbreviate.h"
+#include "model/core/device_context.h"
 
 namespace moh {
 
@@ -126,7 +128,20 @@ absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
   if (!device.ok()) return device.status();
   auto dtype = ResolveDtype(options.dtype, *device);
   if (!dtype.ok()) return dtype.status();
+  LimitGpuMemory(*device);
   return at::TensorOptions().device(*device).dtype(*dtype);
+}
+
+namespace {
+std::atomic<double> gpu_memory_fraction{1.0};
+}  // namespace
+
+void SetGpuMemoryFraction(double fraction) {
+  gpu_memory_fraction.store(fraction, std::memory_order_relaxed);
+}
+
+double GpuMemoryFraction() {
+  return gpu_memory_fraction.load(std::memory_order_relaxed);
 }
 
 namespace {

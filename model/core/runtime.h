@@ -48,8 +48,19 @@ absl::StatusOr<at::ScalarType> ResolveDtype(absl::string_view name,
 absl::StatusOr<at::ScalarType> ResolveKvCacheDtype(
     absl::string_view name, const at::TensorOptions& model,
     absl::string_view field = "kv_cache_dtype");
+// Also applies GpuMemoryFraction() to a CUDA device (LimitGpuMemory): every
+// model resolves its options so before its weights load.
 absl::StatusOr<at::TensorOptions> ResolveTensorOptions(
     const DeviceOptions& options);
+
+// The share of each GPU's memory, in (0, 1], that LibTorch's caching
+// allocator may hold for this process (moh-server's gpu_memory_fraction: a
+// GPU shared with other processes; default 1). Past it an allocation fails
+// as out of memory, as on a smaller device, and DeviceMemoryCapacity reports
+// the share. Set it before models load: a device takes it when a model is
+// placed there (ResolveTensorOptions).
+void SetGpuMemoryFraction(double fraction);
+double GpuMemoryFraction();
 
 // Sets LibTorch's intra-op (OpenMP) thread count; <= 0 means the default.
 // With OpenBLAS's OpenMP build, LibTorch and OpenBLAS share one pool and a

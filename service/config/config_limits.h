@@ -71,6 +71,9 @@ inline constexpr char kDefaultHost[] = "0.0.0.0";
 // drain_timeout_seconds: how long in-flight requests may run after SIGTERM.
 inline constexpr ConfigLimits<double> kDrainTimeoutSeconds{30.0, 0.001,
                                                            86400.0};
+// gpu_memory_fraction: the share of each GPU's memory the process may hold.
+inline constexpr ConfigLimits<double> kGpuMemoryFraction{
+    1.0, 0.0, 1.0, /*min_exclusive=*/true};
 // threads: LibTorch intra-op threads; 0 (the default) leaves the choice to
 // model/core/runtime.h.
 inline constexpr int32_t kMinThreads = 0;

@@ -231,6 +231,8 @@ absl::Status ResolveProcessLimits(v1::ServerConfig* config) {
               config_limits::kDrainTimeoutSeconds);
   MOH_RETURN_IF_ERROR(AtLeast("threads", config->threads(),
                               config_limits::kMinThreads, "the default"));
+  MOH_DEFAULT(config, gpu_memory_fraction, std::string("gpu_memory_fraction"),
+              config_limits::kGpuMemoryFraction);
   MOH_DEFAULT(config, max_message_mb, std::string("max_message_mb"),
               config_limits::kMaxMessageMb);
   MOH_DEFAULT(config, http_body_memory_mb, std::string("http_body_memory_mb"),

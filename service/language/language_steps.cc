@@ -37,9 +37,14 @@ SampledFrom Sampled(StepDraws::From from) {
 // $MOH_TEST_OUT_OF_MEMORY_AT_STEP=N step N (from 0) runs out of memory, as
 // one whose activations the device cannot hold would, and with
 // $MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS=N every step of more than N tokens
-// does, as on a device with room for N tokens' activations. -1: none.
+// does, as on a device with room for N tokens' activations. With
+// $MOH_TEST_DEVICE_FAULT_AT_STEP=N a CUDA model's step N first launches a
+// kernel that fails a device-side assertion (LaunchDeviceFault): a real
+// sticky error, the CUDA side of a lost device; the CPU runs it as any
+// other step. -1: none.
 struct InjectedFaults {
   int64_t lost_after_steps = EnvInt("MOH_TEST_DEVICE_LOST_AFTER_STEPS", -1);
+  int64_t device_fault_at_step = EnvInt("MOH_TEST_DEVICE_FAULT_AT_STEP", -1);
   int64_t out_of_memory_at_step = EnvInt("MOH_TEST_OUT_OF_MEMORY_AT_STEP", -1);
   int64_t out_of_memory_over_tokens =
       EnvInt("MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS", -1);
@@ -89,6 +94,9 @@ class LanguageSteps : public StepExecutor<Sequence> {
                            tokens <= faults_.out_of_memory_over_tokens,
                        "injected: a step of ", tokens,
                        " tokens over $MOH_TEST_OUT_OF_MEMORY_OVER_TOKENS");
+      if (step == faults_.device_fault_at_step) {
+        LaunchDeviceFault(model_.options().device());
+      }
       return RunUnchecked(rows, seqs, outcomes);
     } catch (const std::exception& e) {
       return StatusFromException(e);

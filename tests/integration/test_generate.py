@@ -7,6 +7,7 @@ model, and the effective activation ratio it computed.
 import json
 import math
 import os
+import subprocess
 import time
 
 import grpc
@@ -406,8 +407,9 @@ def test_prompt_logprobs_beside_other_requests(api, stub):
 
 
 def test_cuda_switches_are_taken_and_logged(api, server_factory):
-    """generation.cuda_paths and cuda_programmatic_launch (CUDA only: the
-    operator's fallbacks should a kernel path misbehave on a device; on a
+    """generation.cuda_paths, cuda_programmatic_launch and
+    gpu_memory_fraction (CUDA only: the operator's fallbacks should a kernel
+    path misbehave on a device, and a GPU shared with other processes; on a
     CUDA device test_gpu.py serves them) are accepted, logged, and change
     nothing of a CPU model's answers."""
     paths = ("paged_decode", "fused_ops", "varlen_prefill", "skinny_linear")
@@ -415,7 +417,8 @@ def test_cuda_switches_are_taken_and_logged(api, server_factory):
         ("lm", lib.LM_DIR,
          'device: "cpu" generation { max_running: 4 cuda_paths { %s } }' %
          " ".join("%s: false" % p for p in paths)),
-    ], extra="cuda_programmatic_launch: true", metrics=False)
+    ], extra="cuda_programmatic_launch: true gpu_memory_fraction: 0.5",
+       metrics=False)
     stub = api.grpc.InferenceStub(server.channel())
     for case in CASES[:2]:
         request = golden_request(api, case)
@@ -425,3 +428,13 @@ def test_cuda_switches_are_taken_and_logged(api, server_factory):
     assert "model lm: CUDA paths off: %s (generation.cuda_paths)" % (
         ", ".join(paths)) in log, log
     assert "programmatic dependent launch (cuda_programmatic_launch)" in log
+    assert "at most 0.5 of its memory (gpu_memory_fraction)" in log
+
+
+def test_out_of_range_gpu_memory_fraction_is_refused():
+    run = subprocess.run([lib.SERVER, "--gpu_memory_fraction=1.5",
+                          "--model_dir=" + lib.LM_DIR], capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert run.returncode == 2, run
+    assert ("gpu_memory_fraction must be in (0, 1], got 1.5"
+            in run.stdout + run.stderr), run

@@ -8,6 +8,7 @@ cpu (fp32), and asked the same streamed, greedy requests at several ratios."""
 import re
 import subprocess
 
+import grpc
 import pytest
 
 import moh_testlib as lib
@@ -109,3 +110,77 @@ def test_cuda_graph_replays_metric(gpu_server, api):
     assert len(before) == 1 and len(after) == 1
     assert after[0] > before[0]
     assert replays(samples, "lm-cpu") == [0]
+
+
+def test_a_real_device_fault_fails_its_model_and_the_health(server_factory,
+                                                             api):
+    """A CUDA context lost for real: $MOH_TEST_DEVICE_FAULT_AT_STEP=1 makes
+    lm-cuda's first decode step launch a gather whose index is out of range,
+    which fails a device-side assertion (a sticky error; the CPU model's
+    steps run as ever). DeviceLost's CUDA side (one cudaDeviceSynchronize,
+    the sticky errors' list) reads it: the stream ends UNAVAILABLE naming the
+    loss, lm-cuda is FAILED, the server NOT_SERVING; the CPU model and the
+    metrics keep answering, and SIGTERM still ends the process cleanly.
+    (test_lifecycle.py checks the same on the CPU through a simulated
+    loss.)"""
+    server = server_factory("device_fault", [
+        ("lm-cuda", lib.LM_DIR, 'device: "cuda" generation { max_running: 4 }'),
+        ("lm-cpu", lib.LM_DIR, 'device: "cpu" generation { max_running: 4 }'),
+    ], env={"MOH_TEST_DEVICE_FAULT_AT_STEP": "1"})
+    stub = api.grpc.InferenceStub(server.channel())
+    request = lib.generate_request(api.pb, model="lm-cuda",
+                                   token_ids=[5, 9, 17], max_new_tokens=8)
+    tokens = []
+    error = None
+    try:
+        for message in stub.Generate(request, timeout=lib.RPC_TIMEOUT):
+            tokens += message.token_ids
+    except grpc.RpcError as e:
+        error = e
+    assert error is not None, "the stream ended without an error: %s" % tokens
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+    assert error.details().startswith("model 'lm-cuda': cuda:0 lost: "), (
+        error.details())
+    assert "the process must restart" in error.details()
+    models = {m.name: m for m in stub.ListModels(
+        api.pb.ListModelsRequest(), timeout=lib.RPC_TIMEOUT).models}
+    assert models["lm-cuda"].state == api.pb.ModelInfo.FAILED
+    assert "lost" in models["lm-cuda"].failure_reason
+    assert models["lm-cpu"].state == api.pb.ModelInfo.READY
+    lib.wait_until(lambda: lib.health_check(server.channel()) == "NOT_SERVING",
+                   10, "NOT_SERVING after the loss")
+    # The CPU model still generates; the metrics still scrape.
+    messages = lib.run_generate(stub, lib.generate_request(
+        api.pb, model="lm-cpu", token_ids=[5, 9, 17], max_new_tokens=4))
+    assert messages[-1].usage.completion_tokens == 4
+    assert lib.metric_value(server.samples(), "moh_gpu_memory_bytes",
+                            device="cuda:0") is not None
+    # The prompt's step gave one token; the first decode step failed.
+    assert len(tokens) == 1, tokens
+    assert server.terminate_and_wait() == 0, server.log()[-3000:]
+
+
+def test_gpu_memory_fraction_caps_what_a_model_may_hold(server_factory, api):
+    """gpu_memory_fraction: 0.01 (a GPU shared with other processes) caps
+    LibTorch's caching allocator at 1% of the device (0.8 GB on an H100, 1.4
+    on an H200). A model whose KV cache (65,536 blocks of 256 positions at
+    256 bytes each: 4 GiB) would not fit that share is FAILED at load, the
+    share named; one whose cache fits loads and generates as on the whole
+    device."""
+    server = server_factory("memory_fraction", [
+        ("lm-fits", lib.LM_DIR, 'device: "cuda" generation { max_running: 4 }'),
+        ("lm-too-big", lib.LM_DIR,
+         'device: "cuda" generation { kv_blocks: 65536 kv_block_size: 256 }'),
+    ], extra="gpu_memory_fraction: 0.01", wait_serving=False)
+    models = lib.wait_models_loaded(api, server)
+    assert models["lm-fits"].state == api.pb.ModelInfo.READY
+    assert models["lm-too-big"].state == api.pb.ModelInfo.FAILED
+    reason = models["lm-too-big"].failure_reason
+    share = re.search(r"exceed 90% of its (\d+\.\d+) GiB", reason)
+    assert share, reason
+    assert 0.5 < float(share.group(1)) < 2.0, reason  # 1% of 80-192 GB
+    assert "at most 0.01 of its memory (gpu_memory_fraction)" in server.log()
+    stub = api.grpc.InferenceStub(server.channel())
+    messages = lib.run_generate(stub, lib.generate_request(
+        api.pb, model="lm-fits", token_ids=[5, 9, 17], max_new_tokens=8))
+    assert messages[-1].usage.completion_tokens == 8

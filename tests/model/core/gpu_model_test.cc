@@ -29,9 +29,11 @@
 
 #include "model/core/best_logits.h"
 #include "model/core/dense_attention.h"
+#include "model/core/device_context.h"
 #include "model/core/fused_layer_ops.h"
 #include "model/core/llama_model.h"
 #include "model/core/paged_decode_attention.h"
+#include "model/core/runtime.h"
 #include "model/core/varlen_attention.h"
 #include "model/core/vit_model.h"
 #include "model/generation/generator.h"
@@ -275,6 +277,71 @@ TEST(GpuGraphTest, BatchSizesOfABucketShareAGraph) {
     for (int32_t r = 0; r < rows; ++r) ++position[r];
   }
   EXPECT_GE(models[0]->graph_replays(), 10);
+}
+
+// A recording that runs out of device memory is tried again later
+// (GraphRecording), on a real CUDA out-of-memory error inside a capture: with
+// LibTorch's caching allocator capped just above what it holds after the
+// decode shape's first (eager) step (SetGpuMemoryFraction), the second
+// step's recording cannot get a segment for the graphs' private pool. That
+// step and the third run eagerly, as the CPU computes them; with the cap
+// lifted, the fourth records (GraphRecording's retry at step 4) and every
+// step after replays.
+TEST(GpuGraphTest, RecordingOutOfDeviceMemoryIsTriedAgain) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const auto models = LoadEach(kFixtures + "/llama_qnorm",
+                               {{"cuda", "float32"}, {"cpu", "float32"}});
+  ASSERT_EQ(models.size(), 2u);
+  std::vector<KvCache> caches = {models[0]->CreateKvCache(16, 8),
+                                 models[1]->CreateKvCache(16, 8)};
+  const at::Device device = caches[0].keys(0).device();
+  struct Uncapped {  // whatever happens below
+    at::Device device;
+    ~Uncapped() {
+      SetGpuMemoryFraction(1.0);
+      LimitGpuMemory(device);
+    }
+  } uncapped{device};
+  at::manual_seed(17);
+  DecoderBatch batch = ThreeMixedPrompts();
+  for (int step = 0; step < 9; ++step) {  // 0: the prompts; 1-8: decode
+    if (step == 2) {
+      {  // freed, cached blocks for the eager steps (not the graphs' pool)
+        std::vector<at::Tensor> slack;
+        for (int i = 0; i < 16; ++i) {
+          slack.push_back(at::empty({1 << 14}, caches[0].keys(0).options()));
+        }
+        slack.push_back(at::empty({8 << 20}, caches[0].keys(0).options()));
+      }
+      const double total = static_cast<double>(DeviceMemoryCapacity(device));
+      int64_t reserved = 0;
+      for (const GpuMemoryStats& gpu : GpuMemory()) {
+        if (gpu.device == device.index()) reserved = gpu.reserved_bytes;
+      }
+      ASSERT_GT(reserved, 0);
+      // A segment is at least 2 MiB: none more fits.
+      SetGpuMemoryFraction((reserved + (1 << 20)) / total);
+      LimitGpuMemory(device);
+    }
+    if (step == 4) {
+      SetGpuMemoryFraction(1.0);
+      LimitGpuMemory(device);
+    }
+    auto a = models[0]->Forward(batch, caches[0]);
+    auto b = models[1]->Forward(batch, caches[1]);
+    const std::string what = "step " + std::to_string(step);
+    ASSERT_TRUE(a.ok()) << what << ": " << a.status();
+    ASSERT_TRUE(b.ok()) << what << ": " << b.status();
+    ExpectClose(a->logits, b->logits, kFp32Tolerance, what);
+    EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts)) << what;
+    if (step == 3) {
+      EXPECT_EQ(models[0]->graph_replays(), 0) << "recorded under the cap";
+    }
+    NextTokenEach(batch);
+  }
+  EXPECT_EQ(models[0]->graph_replays(), 5)
+      << "steps 4-8 should replay the recording step 4 made (the log's "
+         "warning says how step 2's failed)";
 }
 
 // This project's kernels launched to overlap the kernel before them

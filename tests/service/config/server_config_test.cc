@@ -46,6 +46,7 @@ TEST(ServerConfigTest, ReadsTextFormatAndFillsDefaults) {
   EXPECT_EQ(config->http_header_timeout_seconds(), 30);
   EXPECT_EQ(config->http_body_timeout_seconds(), 60);
   EXPECT_EQ(config->http_threads(), 2);
+  EXPECT_DOUBLE_EQ(config->gpu_memory_fraction(), 1.0);
   const v1::ModelConfig& lm = config->models(0);
   EXPECT_EQ(lm.name(), "lm");  // the directory's base name
   EXPECT_EQ(lm.device(), "auto");
@@ -116,6 +117,10 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "http_body_timeout_seconds must be in [1, 3600]"},
       {"http_threads: 65 models { model_dir: \"m\" }",
        "http_threads must be in [1, 64]"},
+      {"gpu_memory_fraction: 1.5 models { model_dir: \"m\" }",
+       "gpu_memory_fraction must be in (0, 1], got 1.5"},
+      {"gpu_memory_fraction: -0.25 models { model_dir: \"m\" }",
+       "gpu_memory_fraction must be in (0, 1], got -0.25"},
       {"http_body_memory_mb: -1 models { model_dir: \"m\" }",
        "http_body_memory_mb must be in [1, 1048576]"},
       {"max_message_mb: 64 http_body_memory_mb: 32 models { model_dir: \"m\" }",
