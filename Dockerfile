@@ -61,7 +61,7 @@ FROM deps AS torch-cpu
 ENV MOH_TORCH=debian
 
 FROM deps AS torch-cuda
-COPY scripts/torch_wheel.env scripts/torch_wheel.env
+COPY scripts/torch_wheel.env scripts/peer_requirements.txt scripts/
 # 1. The torch wheel's venv (install_deps.sh --torch=wheel). 2. The CUDA
 # toolkit wheels of the version the torch wheel pins (its `cuda-toolkit`
 # requirement): nvcc, its headers and NVVM, into the same venv. 3. A CUDA_HOME

@@ -27,7 +27,8 @@ Everything is measured side by side in one run, on one device:
   5. side by side, each layout's batch-1 decode and 4k prefill at ratio 1.0
      another way (the last layout's first): the prompt through padded rows
      and a mask, the narrow products on cuBLAS, overlapped launches;
-  6. the transformers peer on the last layout.
+  6. the transformers peer on the last layout: dense, and with the official
+     MoH-LLaMA3 router (bench/moh_peer.py).
 In that order, so that an overrun cuts what matters least.
 
   gpu_bench.py --build build-cuda --work DIR --out DIR [--layouts a,b]
@@ -56,6 +57,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_paths import (CUDA_PATHS, path_config, paths_off,  # noqa: E402
                         path_flags)
+from moh_peer import add_official_router, official_routing  # noqa: E402
 from suite_server import free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -428,21 +430,43 @@ def serving_overhead(args, model_dir, results, rounds=3):
 
 
 def hf_peer(model_dir, device, sizes):
-    """Hugging Face transformers' LlamaForCausalLM of the checkpoint's shape
-    (dense: every head, as MoH at ratio 1.0 computes them, without the
-    router), random bfloat16 weights on the GPU: batch-1 greedy decode of 128
-    tokens after the 4096-token prompt, eager and SDPA attention. A stand-in
-    for the official MoH modeling code, which the device machine lacks."""
+    """Hugging Face transformers' LlamaForCausalLM of the checkpoint's shape,
+    random bfloat16 weights on the GPU, batch-1 greedy decode of 128 tokens
+    after the 4096-token prompt, eager and SDPA attention, each measured twice
+    on one model: dense (every head, as MoH at ratio 1.0 computes them,
+    without a router; runs 1-7's stand-in) and with the official MoH-LLaMA3
+    query-norm router added (bench/moh_peer.py: the released code's math at
+    its default, 16 shared heads and 8 of 16 routed on the 8B layout; the
+    device machines lack that code itself)."""
     import transformers
 
     def sync():
         if device == "cuda":
             torch.cuda.synchronize()
 
+    def timed(model, ids, new):
+        with torch.no_grad():
+            model.generate(ids[:, :64], max_new_tokens=8, min_new_tokens=8,
+                           do_sample=False)  # warm-up
+            sync()
+            start = time.time()
+            model(ids)
+            sync()
+            prefill_s = time.time() - start
+            start = time.time()
+            model.generate(ids, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False)
+            sync()
+            total_s = time.time() - start
+        return {"prefill_4k_tokens_per_s": ids.shape[1] / prefill_s,
+                "decode_tokens_per_s": (new - 1) / max(total_s - prefill_s, 1e-9)}
+
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     out = {"transformers": transformers.__version__}
     prompt, new = sizes["batch1"][1:]
+    shared, routed = official_routing(cfg["num_attention_heads"])
+    out["router"] = {"shared_heads": shared, "routed_top_k": routed}
     for attn in ("sdpa", "eager"):
         config = transformers.LlamaConfig(
             vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
@@ -457,24 +481,14 @@ def hf_peer(model_dir, device, sizes):
         with torch.device(device):
             model = transformers.LlamaForCausalLM._from_config(
                 config, dtype=torch.bfloat16).eval()
-        ids = torch.randint(0, 768, (1, prompt), device=device)
-        with torch.no_grad():
-            model.generate(ids[:, :64], max_new_tokens=8, min_new_tokens=8,
-                           do_sample=False)  # warm-up
-            sync()
-            start = time.time()
-            model(ids)
-            sync()
-            prefill_s = time.time() - start
-            start = time.time()
-            model.generate(ids, max_new_tokens=new, min_new_tokens=new,
-                           do_sample=False)
-            sync()
-            total_s = time.time() - start
-        out[attn] = {"prefill_4k_tokens_per_s": prompt / prefill_s,
-                     "decode_tokens_per_s": (new - 1) / max(total_s - prefill_s, 1e-9)}
+        ids = torch.randint(0, min(768, cfg["vocab_size"]), (1, prompt),
+                            device=device)
+        out[attn] = timed(model, ids, new)
+        add_official_router(model, shared, routed)
+        out[attn + "_moh"] = timed(model, ids, new)
         del model
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
@@ -567,14 +581,19 @@ def table(results):
     if peer:
         layout = peer.get("layout", "?")
         ours = results.get(layout, {}).get("batch1", {}).get("1.0", {})
-        for attn in ("sdpa", "eager"):
+        default = results.get(layout, {}).get("batch1", {}).get("0.75", {})
+        for attn, kind, mine, ratio in (
+                ("sdpa", "dense", ours, "1.0"), ("eager", "dense", ours, "1.0"),
+                ("sdpa_moh", "official MoH router", default, "0.75"),
+                ("eager_moh", "official MoH router", default, "0.75")):
             if attn in peer:
                 d = peer[attn]["decode_tokens_per_s"]
-                lines.append("| %s | transformers %s %s (dense) decode b1 @4k | %.1f "
-                             "| | | moh 1.0 / it: %s |" % (
-                                 layout, peer["transformers"], attn, d,
-                                 "%.2f" % (ours["decode_tokens_per_s"] / d)
-                                 if ours else "-"))
+                lines.append("| %s | transformers %s %s (%s) decode b1 @4k | %.1f "
+                             "| | | moh %s / it: %s |" % (
+                                 layout, peer["transformers"], attn.split("_")[0],
+                                 kind, d, ratio,
+                                 "%.2f" % (mine["decode_tokens_per_s"] / d)
+                                 if mine else "-"))
     so = results.get("serving_overhead")
     if so:
         lines += ["", "serving overhead (%s, %d streams, %d tokens, medians): in "

@@ -7,7 +7,8 @@
 #                        (install_xgrammar.sh, xgrammar.env) for every build
 #   --torch=wheel        also the second build's LibTorch: the PyPI torch wheel
 #                        (2.x with CUDA, version pinned in torch_wheel.env) in
-#                        the virtual environment $MOH_TORCH_VENV
+#                        the virtual environment $MOH_TORCH_VENV, with the GPU
+#                        benchmark's transformers peer (peer_requirements.txt)
 #   --bench              also the benchmark suite's peer engine: llama.cpp
 #                        (llama-cpp-python, built from source for this CPU)
 #                        and gguf, and matplotlib for its plots, pinned in
@@ -124,7 +125,8 @@ main() {
     # shellcheck source=torch_wheel.env
     . "$here/torch_wheel.env"
     py="$MOH_TORCH_VENV/bin/python"
-    if [ -x "$py" ] && [ "$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null)" = \
+    # (torch.__version__ carries the wheel's local label: 2.11.0+cu130.)
+    if [ -x "$py" ] && [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = \
         "$MOH_TORCH_WHEEL_VERSION" ]; then
       echo "install_deps: torch $MOH_TORCH_WHEEL_VERSION present in $MOH_TORCH_VENV"
     else
@@ -132,6 +134,15 @@ main() {
       /usr/bin/python3 -m venv "$MOH_TORCH_VENV"
       "$MOH_TORCH_VENV/bin/pip" install -q --disable-pip-version-check \
         "torch==$MOH_TORCH_WHEEL_VERSION"
+    fi
+    # The GPU benchmark's transformers peer, beside the torch it runs on.
+    if cmp -s "$here/peer_requirements.txt" "$MOH_TORCH_VENV/peer_requirements.txt"; then
+      echo "install_deps: peer_requirements.txt present in $MOH_TORCH_VENV"
+    else
+      echo "install_deps: installing peer_requirements.txt into $MOH_TORCH_VENV"
+      "$MOH_TORCH_VENV/bin/pip" install -q --disable-pip-version-check \
+        -r "$here/peer_requirements.txt"
+      cp "$here/peer_requirements.txt" "$MOH_TORCH_VENV/peer_requirements.txt"
     fi
   fi
 
