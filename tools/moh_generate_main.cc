@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -192,6 +193,13 @@ class PhaseTrace {
 
   void Open(absl::string_view phase) {
     if (!status_.ok() || open_) return;
+    std::error_code error;
+    std::filesystem::create_directories(dir_, error);
+    if (error) {
+      status_ = absl::FailedPreconditionError(absl::StrCat(
+          "--profile_dir: cannot make ", dir_, ": ", error.message()));
+      return;
+    }
     status_ = Guard("start", [&] {
       torch::autograd::profiler::prepareProfiler(config_, activities_);
       torch::autograd::profiler::enableProfiler(config_, activities_);
@@ -207,6 +215,11 @@ class PhaseTrace {
     status_ = Guard("save", [&] {
       torch::autograd::profiler::disableProfiler()->save(path_);
     });
+    // (Kineto logs a file it cannot write, and returns.)
+    if (status_.ok() && !std::filesystem::exists(path_)) {
+      status_ = absl::FailedPreconditionError(
+          absl::StrCat("--profile_dir: the trace was not written to ", path_));
+    }
     if (status_.ok()) paths_.push_back(path_);
   }
 
