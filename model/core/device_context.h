@@ -57,8 +57,9 @@ absl::Status DeviceLost(const at::Device& device);
 
 // Tests only: makes a CUDA `device` lost for real. Launches, on its current
 // stream, a gather whose index is out of range, which fails a device-side
-// assertion: the sticky error DeviceLost then reports, at the next wait for
-// the device. Nothing on CPU (which cannot be lost).
+// assertion, and waits for it: on return every later CUDA call of the
+// process fails with that sticky error, as DeviceLost reports. Nothing on
+// CPU (which cannot be lost).
 void LaunchDeviceFault(const at::Device& device);
 
 // A model's device context. On CUDA: the model's device and a stream taken

@@ -102,6 +102,8 @@ void LaunchDeviceFault(const at::Device& device) {
       at::full({1}, int64_t{1} << 20,
                at::TensorOptions().dtype(at::kLong).device(device));
   (void)table.index_select(0, index);  // asserts on the device, not here
+  // Waits for it: the error is there (for every later call) on return.
+  (void)cudaDeviceSynchronize();
 }
 
 struct DeviceContext::Impl {
