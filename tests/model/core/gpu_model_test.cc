@@ -233,17 +233,30 @@ TEST(GpuGraphTest, RecordedDecodeStepsMatchEagerAndCpu) {
   EXPECT_EQ(eager.graph_replays(), 0);
 }
 
+// llama_qnorm in float32 on CUDA and on the CPU (models empty, the test
+// failed, when a load fails), each with a cache of `blocks` blocks of 8.
+struct QnormOnCudaAndCpu {
+  explicit QnormOnCudaAndCpu(int64_t blocks)
+      : models(LoadEach(kFixtures + "/llama_qnorm",
+                        {{"cuda", "float32"}, {"cpu", "float32"}})) {
+    for (const auto& model : models) {
+      caches.push_back(model->CreateKvCache(blocks, 8));
+    }
+  }
+  std::vector<std::unique_ptr<LlamaModel>> models;
+  std::vector<KvCache> caches;
+};
+
 // Decode steps of 5, 6, 7 and 8 rows run as 8 (GraphRows: the first row's
 // copies fill the step) and so replay one graph, recorded at the second
 // step; each step's rows as the CPU computes them. (Without the buckets,
 // each row count records a graph of its own: 8 replays in these 12 steps.)
 TEST(GpuGraphTest, BatchSizesOfABucketShareAGraph) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  const auto models = LoadEach(kFixtures + "/llama_qnorm",
-                               {{"cuda", "float32"}, {"cpu", "float32"}});
-  ASSERT_EQ(models.size(), 2u);
-  std::vector<KvCache> caches = {models[0]->CreateKvCache(40, 8),
-                                 models[1]->CreateKvCache(40, 8)};
+  QnormOnCudaAndCpu both(40);
+  ASSERT_EQ(both.models.size(), 2u);
+  const auto& models = both.models;
+  std::vector<KvCache>& caches = both.caches;
   at::manual_seed(13);
   DecoderBatch prompt;  // 8 rows of 4 tokens, 4 blocks each
   prompt.token_ids = at::randint(300, {8, 4}, at::kLong);
@@ -289,12 +302,9 @@ TEST(GpuGraphTest, BatchSizesOfABucketShareAGraph) {
 // step after replays.
 TEST(GpuGraphTest, RecordingOutOfDeviceMemoryIsTriedAgain) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  const auto models = LoadEach(kFixtures + "/llama_qnorm",
-                               {{"cuda", "float32"}, {"cpu", "float32"}});
-  ASSERT_EQ(models.size(), 2u);
-  std::vector<KvCache> caches = {models[0]->CreateKvCache(16, 8),
-                                 models[1]->CreateKvCache(16, 8)};
-  const at::Device device = caches[0].keys(0).device();
+  QnormOnCudaAndCpu both(16);
+  ASSERT_EQ(both.models.size(), 2u);
+  const at::Device device = both.caches[0].keys(0).device();
   struct Uncapped {  // whatever happens below
     at::Device device;
     ~Uncapped() {
@@ -307,11 +317,12 @@ TEST(GpuGraphTest, RecordingOutOfDeviceMemoryIsTriedAgain) {
   for (int step = 0; step < 9; ++step) {  // 0: the prompts; 1-8: decode
     if (step == 2) {
       {  // freed, cached blocks for the eager steps (not the graphs' pool)
+        const at::TensorOptions on_device = both.caches[0].keys(0).options();
         std::vector<at::Tensor> slack;
         for (int i = 0; i < 16; ++i) {
-          slack.push_back(at::empty({1 << 14}, caches[0].keys(0).options()));
+          slack.push_back(at::empty({1 << 14}, on_device));
         }
-        slack.push_back(at::empty({8 << 20}, caches[0].keys(0).options()));
+        slack.push_back(at::empty({8 << 20}, on_device));
       }
       const double total = static_cast<double>(DeviceMemoryCapacity(device));
       int64_t reserved = 0;
@@ -327,19 +338,19 @@ TEST(GpuGraphTest, RecordingOutOfDeviceMemoryIsTriedAgain) {
       SetGpuMemoryFraction(1.0);
       LimitGpuMemory(device);
     }
-    auto a = models[0]->Forward(batch, caches[0]);
-    auto b = models[1]->Forward(batch, caches[1]);
+    auto a = both.models[0]->Forward(batch, both.caches[0]);
+    auto b = both.models[1]->Forward(batch, both.caches[1]);
     const std::string what = "step " + std::to_string(step);
     ASSERT_TRUE(a.ok()) << what << ": " << a.status();
     ASSERT_TRUE(b.ok()) << what << ": " << b.status();
     ExpectClose(a->logits, b->logits, kFp32Tolerance, what);
     EXPECT_TRUE(at::equal(a->head_token_counts, b->head_token_counts)) << what;
     if (step == 3) {
-      EXPECT_EQ(models[0]->graph_replays(), 0) << "recorded under the cap";
+      EXPECT_EQ(both.models[0]->graph_replays(), 0) << "recorded under the cap";
     }
     NextTokenEach(batch);
   }
-  EXPECT_EQ(models[0]->graph_replays(), 5)
+  EXPECT_EQ(both.models[0]->graph_replays(), 5)
       << "steps 4-8 should replay the recording step 4 made (the log's "
          "warning says how step 2's failed)";
 }
