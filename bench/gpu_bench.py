@@ -352,14 +352,17 @@ def goal_section(args, model_dir, results, layout):
 
 def serving_overhead(args, model_dir, results, rounds=3):
     """moh-server over gRPC against moh-generate in process, `rounds`
-    interleaved rounds (the server up throughout), medians."""
+    interleaved rounds (the server up throughout), medians. The server's
+    prefix cache is off: its 16 identical prompts would otherwise share one
+    prefill where moh-generate computes each (runs 3-7 measured above 1)."""
     concurrency, new_tokens, waves = 16, 64, 4
     port = free_port()
     config = os.path.join(args.work, "gpu-bench-server.textproto")
     with open(config, "w") as f:
         f.write('port: %d\nmetrics_port: -1\nhttp_port: -1\nhost: "127.0.0.1"\n'
                 'models { name: "lm" model_dir: "%s" device: "%s" %s '
-                'generation { max_running: %d max_seq_len: 512%s } }\n'
+                'generation { max_running: %d max_seq_len: 512 '
+                'prefix_caching: false%s } }\n'
                 % (port, model_dir, args.device, precision(args.device)[1],
                    concurrency, path_config(args.paths_off)))
     server_log = os.path.join(args.out, "gpu-bench-server.log")
