@@ -43,7 +43,9 @@ int64_t DeviceMemoryCapacity(const at::Device& device);
 
 // Applies GpuMemoryFraction() (model/core/runtime.h) to `device`'s caching
 // allocator when it is a CUDA device: past that share of its memory an
-// allocation fails as out of memory. Nothing otherwise.
+// allocation fails as out of memory. Nothing otherwise, nor while the share
+// is 1 and no smaller one was applied (the allocator stays as LibTorch
+// leaves it). Initializes CUDA if nothing did yet.
 void LimitGpuMemory(const at::Device& device);
 
 // OK while `device` can still run work; UNAVAILABLE naming the error once

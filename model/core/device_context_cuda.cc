@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <exception>
 #include <optional>
 
@@ -49,9 +50,15 @@ int64_t DeviceMemoryCapacity(const at::Device& device) {
 }
 
 void LimitGpuMemory(const at::Device& device) {
-  if (!device.is_cuda()) return;
-  c10::cuda::CUDACachingAllocator::setMemoryFraction(GpuMemoryFraction(),
-                                                     device.index());
+  // Untouched until a share below 1 is asked for: the allocator as ever.
+  static std::atomic<bool> capped{false};
+  const double fraction = GpuMemoryFraction();
+  if (!device.is_cuda() || (fraction >= 1 && !capped.load())) return;
+  capped.store(true);
+  // The allocator knows its devices once CUDA is initialized (a process's
+  // first CUDA tensor does it; this may come before).
+  at::globalContext().lazyInitDevice(at::kCUDA);
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
 }
 
 namespace {
