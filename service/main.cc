@@ -328,13 +328,15 @@ void ConfigureProcess(const v1::ServerConfig& config) {
   }
 }
 
-// A CUDA build's GPU memory gauge, read at each scrape.
+// A CUDA build's GPU memory gauges, read at each scrape.
 void WatchGpuMemory(Metrics& metrics) {
   metrics.SetGpuMemoryReader([] {
-    std::map<std::string, double> bytes;
+    std::map<std::string, GpuMemoryReading> bytes;
     for (const GpuMemoryStats& gpu : GpuMemory()) {
-      bytes[absl::StrCat("cuda:", gpu.device)] =
-          static_cast<double>(gpu.allocated_bytes);
+      bytes[absl::StrCat("cuda:", gpu.device)] = {
+          static_cast<double>(gpu.allocated_bytes),
+          static_cast<double>(DeviceMemoryCapacity(at::Device(
+              at::kCUDA, static_cast<c10::DeviceIndex>(gpu.device))))};
     }
     return bytes;
   });

@@ -401,6 +401,9 @@ const ProcessCollector::Descriptions kProcessDescriptions = {
     {"process_open_fds", "Number of open file descriptors."},
     {"process_max_fds", "Maximum number of open file descriptors."},
     {"moh_gpu_memory_bytes", "GPU memory in use in bytes, by device."},
+    {"moh_gpu_memory_limit_bytes",
+     "GPU memory this process may hold in bytes (its gpu_memory_fraction of "
+     "the device), by device."},
 };
 
 Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
@@ -504,8 +507,7 @@ ModelMetrics* Metrics::ForModel(const std::string& name,
   return slot.get();
 }
 
-void Metrics::SetGpuMemoryReader(
-    std::function<std::map<std::string, double>()> reader) {
+void Metrics::SetGpuMemoryReader(GpuMemoryReader reader) {
   process_collector_->SetGpuMemoryReader(std::move(reader));
 }
 

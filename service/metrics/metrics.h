@@ -25,10 +25,9 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "service/metrics/process_collector.h"
 
 namespace moh {
-
-class ProcessCollector;  // service/metrics/process_collector.h
 
 // The RPCs served by one model: the gRPC methods, and the HTTP endpoints
 // (openai_http.h: OpenAI's, and Anthropic's Messages). ListModels is the
@@ -131,9 +130,9 @@ class Metrics {
   // Registers every moh_ family in `registry`. The process collector
   // (process_cpu_seconds_total, process_resident_memory_bytes,
   // process_virtual_memory_bytes, process_start_time_seconds,
-  // process_open_fds, process_max_fds; and moh_gpu_memory_bytes when a GPU
-  // reader is set) is a separate Collectable owned by Metrics: serve
-  // Collectables(), not just the registry.
+  // process_open_fds, process_max_fds; and moh_gpu_memory_bytes and
+  // moh_gpu_memory_limit_bytes when a GPU reader is set) is a separate
+  // Collectable owned by Metrics: serve Collectables(), not just the registry.
   explicit Metrics(std::shared_ptr<prometheus::Registry> registry);
   ~Metrics();
 
@@ -153,10 +152,10 @@ class Metrics {
   // failed or draining): counted in moh_requests_total with model="".
   void RequestWithoutModel(Rpc rpc, absl::StatusCode code);
 
-  // Reads GPU memory in use in bytes (e.g. from the CUDA allocator); exported
-  // as moh_gpu_memory_bytes{device} at scrape time. Optional.
-  void SetGpuMemoryReader(
-      std::function<std::map<std::string, double>()> reader);
+  // Reads each GPU's memory (e.g. from the CUDA allocator); exported as
+  // moh_gpu_memory_bytes{device} and moh_gpu_memory_limit_bytes{device} at
+  // scrape time. Optional.
+  void SetGpuMemoryReader(GpuMemoryReader reader);
 
   const std::shared_ptr<prometheus::Registry>& registry() const {
     return registry_;

@@ -99,8 +99,7 @@ ProcessCollector::ProcessCollector(const Descriptions& descriptions)
   }
 }
 
-void ProcessCollector::SetGpuMemoryReader(
-    std::function<std::map<std::string, double>()> reader) {
+void ProcessCollector::SetGpuMemoryReader(GpuMemoryReader reader) {
   absl::MutexLock lock(&mu_);
   gpu_reader_ = std::move(reader);
 }
@@ -132,27 +131,31 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
     out.push_back(Single(d.max_fds, prometheus::MetricType::Gauge,
                          static_cast<double>(lim.rlim_cur)));
   }
-  std::function<std::map<std::string, double>()> reader;
+  GpuMemoryReader reader;
   {
     absl::MutexLock lock(&mu_);
     reader = gpu_reader_;
   }
-  if (reader) {
-    std::map<std::string, double> usage = reader();
-    if (!usage.empty()) {
-      prometheus::MetricFamily gpu;
-      gpu.name = d.gpu_memory.name;
-      gpu.help = d.gpu_memory.help;
-      gpu.type = prometheus::MetricType::Gauge;
-      for (const auto& [device, bytes] : usage) {
-        prometheus::ClientMetric m;
-        m.label.push_back({"device", device});
-        m.gauge.value = bytes;
-        gpu.metric.push_back(std::move(m));
-      }
-      out.push_back(std::move(gpu));
+  const std::map<std::string, GpuMemoryReading> gpus =
+      reader ? reader() : std::map<std::string, GpuMemoryReading>{};
+  if (gpus.empty()) return out;
+  // One gauge per device of each figure.
+  auto per_device = [&](const MetricDescription& description,
+                        double GpuMemoryReading::*figure) {
+    prometheus::MetricFamily family;
+    family.name = description.name;
+    family.help = description.help;
+    family.type = prometheus::MetricType::Gauge;
+    for (const auto& [device, reading] : gpus) {
+      prometheus::ClientMetric m;
+      m.label.push_back({"device", device});
+      m.gauge.value = reading.*figure;
+      family.metric.push_back(std::move(m));
     }
-  }
+    out.push_back(std::move(family));
+  };
+  per_device(d.gpu_memory, &GpuMemoryReading::in_use);
+  per_device(d.gpu_memory_limit, &GpuMemoryReading::limit);
   return out;
 }
 

@@ -1,6 +1,7 @@
 // ProcessCollector: the standard process_* metrics of this process, read from
-// /proc at scrape time, plus moh_gpu_memory_bytes{device} from an optional
-// reader. A prometheus::Collectable: serve it next to the registry.
+// /proc at scrape time, plus moh_gpu_memory_bytes{device} and
+// moh_gpu_memory_limit_bytes{device} from an optional reader. A
+// prometheus::Collectable: serve it next to the registry.
 //
 // It exports the names and help texts it is given: they are written, with
 // every other name moh-server exports, in service/metrics/metrics.cc.
@@ -26,6 +27,15 @@ struct MetricDescription {
   const char* help;
 };
 
+// One GPU's memory, in bytes: held by tensors, and what this process may hold
+// (its share of the device: moh-server's gpu_memory_fraction).
+struct GpuMemoryReading {
+  double in_use = 0;
+  double limit = 0;
+};
+using GpuMemoryReader =
+    std::function<std::map<std::string, GpuMemoryReading>()>;
+
 class ProcessCollector : public prometheus::Collectable {
  public:
   struct Descriptions {
@@ -36,14 +46,15 @@ class ProcessCollector : public prometheus::Collectable {
     MetricDescription open_fds;         // gauge
     MetricDescription max_fds;          // gauge
     MetricDescription gpu_memory;       // gauge{device}, bytes
+    MetricDescription gpu_memory_limit;  // gauge{device}, bytes
   };
 
   explicit ProcessCollector(const Descriptions& descriptions);
 
-  // Reads GPU memory in use in bytes by device; exported as `gpu_memory` at
-  // scrape time when it returns a non-empty map. Optional.
-  void SetGpuMemoryReader(std::function<std::map<std::string, double>()> reader)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads each GPU's memory by device; exported as `gpu_memory` and
+  // `gpu_memory_limit` at scrape time when it returns a non-empty map.
+  // Optional.
+  void SetGpuMemoryReader(GpuMemoryReader reader) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A family for each value /proc (and the GPU reader) could give.
   std::vector<prometheus::MetricFamily> Collect() const override
@@ -55,8 +66,7 @@ class ProcessCollector : public prometheus::Collectable {
   const double page_size_;
   double start_time_seconds_ = 0;  // 0 when unknown
   mutable absl::Mutex mu_;
-  std::function<std::map<std::string, double>()> gpu_reader_
-      ABSL_GUARDED_BY(mu_);
+  GpuMemoryReader gpu_reader_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace moh

@@ -36,7 +36,8 @@ NAME = re.compile(r"\b((?:moh|process)_[a-z0-9_]+)\b")
 TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "endpoint",
                  "container", "deployment", "le", "__name__"}
 # Exported only on CUDA (service/metrics/metrics.h), with its label.
-CUDA_ONLY = {"moh_gpu_memory_bytes": {"device"}}
+CUDA_ONLY = {"moh_gpu_memory_bytes": {"device"},
+             "moh_gpu_memory_limit_bytes": {"device"}}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 

@@ -89,6 +89,11 @@ def test_gpu_memory_metric(gpu_server, api):
     samples = gpu_server.samples()
     used = lib.metric_value(samples, "moh_gpu_memory_bytes", device="cuda:0")
     assert used is not None and used > 0
+    # No gpu_memory_fraction: the whole device (16 GB and more on the cards
+    # this project is lent).
+    limit = lib.metric_value(samples, "moh_gpu_memory_limit_bytes",
+                             device="cuda:0")
+    assert limit is not None and limit > max(used, 16e9)
 
 
 def test_cuda_graph_replays_metric(gpu_server, api):
@@ -179,6 +184,9 @@ def test_gpu_memory_fraction_caps_what_a_model_may_hold(server_factory, api):
     share = re.search(r"exceed 90% of its (\d+\.\d+) GiB", reason)
     assert share, reason
     assert 0.5 < float(share.group(1)) < 2.0, reason  # 1% of 80-192 GB
+    limit = lib.metric_value(server.samples(), "moh_gpu_memory_limit_bytes",
+                             device="cuda:0")
+    assert limit == pytest.approx(float(share.group(1)) * 2**30, rel=0.01)
     assert "at most 0.01 of its memory (gpu_memory_fraction)" in server.log()
     stub = api.grpc.InferenceStub(server.channel())
     messages = lib.run_generate(stub, lib.generate_request(

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -151,7 +152,7 @@ TEST_F(MetricsTest, ForModelReturnsSameObject) {
 TEST_F(MetricsTest, EveryFamilyPresentWithHelpAndType) {
   metrics_.ForModel("m", 1, 2, true)->SetKvCacheConfig(16, 64);
   metrics_.SetGpuMemoryReader([] {
-    return std::map<std::string, double>{{"cuda:0", 1.0}};
+    return std::map<std::string, GpuMemoryReading>{{"cuda:0", {1.0, 2.0}}};
   });
   const std::vector<MetricFamily> families = Collect();
   const std::map<std::string, MetricType> expected = {
@@ -186,6 +187,7 @@ TEST_F(MetricsTest, EveryFamilyPresentWithHelpAndType) {
       {"process_start_time_seconds", MetricType::Gauge},
       {"process_open_fds", MetricType::Gauge},
       {"moh_gpu_memory_bytes", MetricType::Gauge},
+      {"moh_gpu_memory_limit_bytes", MetricType::Gauge},
   };
   for (const auto& [name, type] : expected) {
     const MetricFamily* f = FindFamily(families, name);
@@ -579,18 +581,23 @@ TEST_F(MetricsTest, ProcessMetrics) {
 
 TEST_F(MetricsTest, GpuMemoryFromReader) {
   EXPECT_EQ(FindFamily(Collect(), "moh_gpu_memory_bytes"), nullptr);
+  EXPECT_EQ(FindFamily(Collect(), "moh_gpu_memory_limit_bytes"), nullptr);
   metrics_.SetGpuMemoryReader([] {
-    return std::map<std::string, double>{{"cuda:0", 1024}, {"cuda:1", 2048}};
+    return std::map<std::string, GpuMemoryReading>{{"cuda:0", {1024, 8192}},
+                                                   {"cuda:1", {2048, 4096}}};
   });
   const std::vector<MetricFamily> families = Collect();
-  const ClientMetric* d0 =
-      FindSeries(families, "moh_gpu_memory_bytes", {{"device", "cuda:0"}});
-  const ClientMetric* d1 =
-      FindSeries(families, "moh_gpu_memory_bytes", {{"device", "cuda:1"}});
-  ASSERT_NE(d0, nullptr);
-  ASSERT_NE(d1, nullptr);
-  EXPECT_EQ(d0->gauge.value, 1024);
-  EXPECT_EQ(d1->gauge.value, 2048);
+  for (const auto& [device, in_use, limit] :
+       {std::tuple{"cuda:0", 1024, 8192}, std::tuple{"cuda:1", 2048, 4096}}) {
+    const ClientMetric* used =
+        FindSeries(families, "moh_gpu_memory_bytes", {{"device", device}});
+    const ClientMetric* may = FindSeries(families, "moh_gpu_memory_limit_bytes",
+                                         {{"device", device}});
+    ASSERT_NE(used, nullptr) << device;
+    ASSERT_NE(may, nullptr) << device;
+    EXPECT_EQ(used->gauge.value, in_use) << device;
+    EXPECT_EQ(may->gauge.value, limit) << device;
+  }
 }
 
 TEST_F(MetricsTest, CollectablesDoNotOutliveMetricsCollector) {
@@ -630,7 +637,7 @@ TEST_F(MetricsTest, PromtoolCheckMetricsPasses) {
   m->RatioLowered();
   m->SetLoadSeconds(0.75);
   metrics_.SetGpuMemoryReader([] {
-    return std::map<std::string, double>{{"cuda:0", 4096}};
+    return std::map<std::string, GpuMemoryReading>{{"cuda:0", {4096, 65536}}};
   });
 
   const std::string path = ::testing::TempDir() + "/moh_metrics_test.prom";
