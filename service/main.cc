@@ -11,6 +11,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
@@ -328,15 +329,22 @@ void ConfigureProcess(const v1::ServerConfig& config) {
   }
 }
 
-// A CUDA build's GPU memory gauges, read at each scrape.
+// A CUDA build's GPU memory gauges, read at each scrape. When LibTorch
+// cannot give the figures (a lost device, say) the scrape goes on without
+// them.
 void WatchGpuMemory(Metrics& metrics) {
   metrics.SetGpuMemoryReader([] {
     std::map<std::string, GpuMemoryReading> bytes;
-    for (const GpuMemoryStats& gpu : GpuMemory()) {
-      bytes[absl::StrCat("cuda:", gpu.device)] = {
-          static_cast<double>(gpu.allocated_bytes),
-          static_cast<double>(DeviceMemoryCapacity(at::Device(
-              at::kCUDA, static_cast<c10::DeviceIndex>(gpu.device))))};
+    try {
+      for (const GpuMemoryStats& gpu : GpuMemory()) {
+        bytes[absl::StrCat("cuda:", gpu.device)] = {
+            static_cast<double>(gpu.allocated_bytes),
+            static_cast<double>(DeviceMemoryCapacity(at::Device(
+                at::kCUDA, static_cast<c10::DeviceIndex>(gpu.device))))};
+      }
+    } catch (const std::exception& e) {
+      MOH_LOG(Warning) << "GPU memory figures: " << e.what();
+      bytes.clear();
     }
     return bytes;
   });
