@@ -339,8 +339,7 @@ void WatchGpuMemory(Metrics& metrics) {
       for (const GpuMemoryStats& gpu : GpuMemory()) {
         bytes[absl::StrCat("cuda:", gpu.device)] = {
             static_cast<double>(gpu.allocated_bytes),
-            static_cast<double>(DeviceMemoryCapacity(at::Device(
-                at::kCUDA, static_cast<c10::DeviceIndex>(gpu.device))))};
+            static_cast<double>(gpu.limit_bytes)};
       }
     } catch (const std::exception& e) {
       MOH_LOG(Warning) << "GPU memory figures: " << e.what();

@@ -30,6 +30,7 @@ struct GpuMemoryStats {
   int device = 0;
   int64_t allocated_bytes = 0;  // held by live tensors
   int64_t reserved_bytes = 0;   // held by the caching allocator (>= allocated)
+  int64_t limit_bytes = 0;  // what the process may hold: DeviceMemoryCapacity
 };
 
 // One entry per visible CUDA device (empty on CPU builds or without GPUs).

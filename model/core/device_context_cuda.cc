@@ -37,7 +37,9 @@ std::vector<GpuMemoryStats> GpuMemory() {
         static_cast<c10::DeviceIndex>(d));
     constexpr size_t kAll = 0;  // StatType::AGGREGATE
     out.push_back({d, stats.allocated_bytes[kAll].current,
-                   stats.reserved_bytes[kAll].current});
+                   stats.reserved_bytes[kAll].current,
+                   DeviceMemoryCapacity(at::Device(
+                       at::kCUDA, static_cast<c10::DeviceIndex>(d)))});
   }
   return out;
 }

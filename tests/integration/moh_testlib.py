@@ -567,6 +567,19 @@ def token_ids_of(messages):
     return [t for m in messages for t in m.token_ids]
 
 
+def stream_until_error(stub, request):
+    """Generate's stream of `request`, which must end in an error: (the
+    token ids streamed before it, the grpc.RpcError)."""
+    import grpc
+    tokens = []
+    try:
+        for message in stub.Generate(request, timeout=RPC_TIMEOUT):
+            tokens += message.token_ids
+    except grpc.RpcError as e:
+        return tokens, e
+    raise AssertionError("the stream ended without an error: %s" % tokens)
+
+
 def rpc_error(call, *args, **kwargs):
     """The grpc.RpcError that call(*args) raises (consuming a stream); fails
     if it succeeds."""

@@ -135,14 +135,7 @@ def test_a_real_device_fault_fails_its_model_and_the_health(server_factory,
     stub = api.grpc.InferenceStub(server.channel())
     request = lib.generate_request(api.pb, model="lm-cuda",
                                    token_ids=[5, 9, 17], max_new_tokens=8)
-    tokens = []
-    error = None
-    try:
-        for message in stub.Generate(request, timeout=lib.RPC_TIMEOUT):
-            tokens += message.token_ids
-    except grpc.RpcError as e:
-        error = e
-    assert error is not None, "the stream ended without an error: %s" % tokens
+    tokens, error = lib.stream_until_error(stub, request)
     assert error.code() == grpc.StatusCode.UNAVAILABLE, error
     assert error.details().startswith("model 'lm-cuda': cuda:0 lost: "), (
         error.details())

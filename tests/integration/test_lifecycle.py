@@ -121,16 +121,6 @@ def test_bad_model_dir_stays_not_serving_and_reports_failed(
     assert "FAILED" in server.log()
 
 
-def stream_until_error(stub, request):
-    """Generate's stream of `request`, which must end in an error: (the
-    token ids streamed before it, the error)."""
-    tokens = []
-    with pytest.raises(grpc.RpcError) as error:
-        for message in stub.Generate(request, timeout=lib.RPC_TIMEOUT):
-            tokens += message.token_ids
-    return tokens, error.value
-
-
 def test_a_lost_device_fails_its_model_and_the_health(api, server_factory):
     """A step that leaves its model's device lost (on a GPU: a CUDA context
     lost to an illegal memory access or an ECC error; injected here through
@@ -146,7 +136,7 @@ def test_a_lost_device_fails_its_model_and_the_health(api, server_factory):
     stub = api.grpc.InferenceStub(server.channel())
     request = lib.generate_request(api.pb, model="lm", token_ids=[5, 9, 17],
                                    max_new_tokens=8)
-    tokens, error = stream_until_error(stub, request)
+    tokens, error = lib.stream_until_error(stub, request)
     # Three steps ran (the prompt's, then two decode steps), the fourth failed.
     assert len(tokens) == 3, tokens
     assert error.code() == grpc.StatusCode.UNAVAILABLE
@@ -184,7 +174,7 @@ def test_a_step_out_of_memory_fails_its_requests_retryably(api, server_factory):
     stub = api.grpc.InferenceStub(server.channel())
     request = lib.generate_request(api.pb, model="lm", token_ids=[5, 9, 17],
                                    max_new_tokens=8)
-    tokens, error = stream_until_error(stub, request)
+    tokens, error = lib.stream_until_error(stub, request)
     # Two steps ran (the prompt's, then one decode step), the third failed.
     assert len(tokens) == 2, tokens
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

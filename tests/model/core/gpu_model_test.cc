@@ -305,13 +305,14 @@ TEST(GpuGraphTest, RecordingOutOfDeviceMemoryIsTriedAgain) {
   QnormOnCudaAndCpu both(16);
   ASSERT_EQ(both.models.size(), 2u);
   const at::Device device = both.caches[0].keys(0).device();
-  struct Uncapped {  // whatever happens below
+  struct AllocatorShare {  // the whole device again, whatever happens below
     at::Device device;
-    ~Uncapped() {
-      SetGpuMemoryFraction(1.0);
+    void Set(double fraction) const {
+      SetGpuMemoryFraction(fraction);
       LimitGpuMemory(device);
     }
-  } uncapped{device};
+    ~AllocatorShare() { Set(1.0); }
+  } share{device};
   at::manual_seed(17);
   DecoderBatch batch = ThreeMixedPrompts();
   for (int step = 0; step < 9; ++step) {  // 0: the prompts; 1-8: decode
@@ -330,14 +331,9 @@ TEST(GpuGraphTest, RecordingOutOfDeviceMemoryIsTriedAgain) {
         if (gpu.device == device.index()) reserved = gpu.reserved_bytes;
       }
       ASSERT_GT(reserved, 0);
-      // A segment is at least 2 MiB: none more fits.
-      SetGpuMemoryFraction((reserved + (1 << 20)) / total);
-      LimitGpuMemory(device);
+      share.Set((reserved + (1 << 20)) / total);  // a segment is >= 2 MiB
     }
-    if (step == 4) {
-      SetGpuMemoryFraction(1.0);
-      LimitGpuMemory(device);
-    }
+    if (step == 4) share.Set(1.0);
     auto a = both.models[0]->Forward(batch, both.caches[0]);
     auto b = both.models[1]->Forward(batch, both.caches[1]);
     const std::string what = "step " + std::to_string(step);
