@@ -189,17 +189,17 @@ class PhaseTrace {
         config_(torch::profiler::impl::ProfilerState::KINETO),
         activities_{torch::profiler::impl::ActivityType::CPU} {
     if (cuda) activities_.insert(torch::profiler::impl::ActivityType::CUDA);
-  }
-
-  void Open(absl::string_view phase) {
-    if (!status_.ok() || open_) return;
+    // Made once here, so that no phase's trace holds a file system call.
     std::error_code error;
     std::filesystem::create_directories(dir_, error);
     if (error) {
       status_ = absl::FailedPreconditionError(absl::StrCat(
           "--profile_dir: cannot make ", dir_, ": ", error.message()));
-      return;
     }
+  }
+
+  void Open(absl::string_view phase) {
+    if (!status_.ok() || open_) return;
     status_ = Guard("start", [&] {
       torch::autograd::profiler::prepareProfiler(config_, activities_);
       torch::autograd::profiler::enableProfiler(config_, activities_);
