@@ -86,7 +86,7 @@ main() {
     python3 python3-torch python3-numpy python3-pil
     python3-grpcio python3-protobuf python3-pytest python3-pytest-xdist
     python3-yaml python3-jinja2
-    python3-jsonschema
+    python3-jsonschema python3-hypothesis
     prometheus curl zlib1g-dev openssl
     clang libclang-rt-14-dev
   )
