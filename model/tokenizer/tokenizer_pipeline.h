@@ -21,21 +21,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/utf8.h"
 
 namespace moh {
 namespace tokenizer_internal {
 
-inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
-
-// Length of the valid UTF-8 character starting non-empty `s`; 0 when `s`
-// holds only an incomplete but so far valid prefix; -k when its first k bytes
-// form a maximal invalid subpart (Unicode 3.9, as Rust's from_utf8_lossy).
-int NextUtf8(std::string_view s);
-// Appends `s` with each maximal invalid subpart replaced by U+FFFD. An
-// incomplete character at the end is left unconsumed unless `final`.
-// Returns the number of bytes consumed.
-size_t AppendLossyUtf8(std::string_view s, bool final, std::string* out);
-bool IsValidUtf8(std::string_view s);
+// base/utf8.h's, under the names the tokenizer has always used.
+using ::moh::AppendLossyUtf8;
+using ::moh::IsValidUtf8;
+using ::moh::kReplacementChar;
+using ::moh::NextUtf8;
 // Code point at the start of non-empty `s`, U+FFFD if invalid; sets `*len`
 // to the bytes it spans (>= 1).
 char32_t DecodeUtf8(std::string_view s, int* len);

@@ -7,7 +7,8 @@
 
 namespace moh {
 
-// Same code (absl and gRPC share the numbering), same message.
+// Same code (absl and gRPC share the numbering), same message, made valid
+// UTF-8 (base/utf8.h: a message may quote bytes read from a file).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace moh

@@ -339,7 +339,7 @@ std::string ModelsJson(const std::vector<v1::ModelInfo>& models) {
                       {"max_seq_len", m.max_seq_len()}}}});
     if (!m.alias_of().empty()) data.back()["moh"]["alias_of"] = root;
   }
-  return json{{"object", "list"}, {"data", data}}.dump();
+  return Dump(json{{"object", "list"}, {"data", data}});
 }
 
 }  // namespace openai

@@ -6,6 +6,7 @@
 #include "base/abbreviate.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 #include "model/core/runtime.h"
 #include "model/kernels/cpu_isa.h"
 #include "service/diffusion/diffusion_servable.h"
@@ -149,9 +150,11 @@ v1::ModelInfo HostedModel::Info() const {
   {
     absl::MutexLock lock(&mu_);
     state = StateLocked();
+    // Valid UTF-8, or no client could parse the whole ListModels answer: a
+    // checkpoint's error may quote its bytes (a pickle's global name).
     info.set_failure_reason(
-        state == state_ ? failure_reason_
-                        : std::string(servable_->device_lost().message()));
+        LossyUtf8(state == state_ ? failure_reason_
+                                  : servable_->device_lost().message()));
   }
   info.set_state(state == State::kReady     ? v1::ModelInfo::READY
                  : state == State::kLoading ? v1::ModelInfo::LOADING

@@ -84,22 +84,36 @@ def test_bad_model_dir_stays_not_serving_and_reports_failed(
     shutil.copytree(lib.LM_DIR, bad_sampling)
     with open(os.path.join(bad_sampling, "generation_config.json"), "w") as f:
         f.write('{"do_sample": true, "temperature": "hot"}')
+    # A checkpoint whose pickle names a global with a byte that is not
+    # UTF-8: its error quotes the name, and ListModels must still parse.
+    bad_bytes = os.path.join(workdir, "bad_bytes_model")
+    shutil.rmtree(bad_bytes, ignore_errors=True)
+    shutil.copytree(lib.FIXTURES + "/llama_learned_bin", bad_bytes)
+    weights = os.path.join(bad_bytes, "pytorch_model.bin")
+    with open(weights, "rb") as f:
+        data = f.read()
+    assert data.count(b"torch._utils") == 1
+    with open(weights, "wb") as f:
+        f.write(data.replace(b"torch._utils", b"torch._\xc8tils"))
     server = server_factory("bad_models", [
         ("good", lib.LM_DIR, ""),
         ("missing", missing, ""),
         ("corrupt", corrupt, ""),
         ("bad_sampling", bad_sampling, ""),
+        ("bad_bytes", bad_bytes, ""),
     ], wait_serving=False, metrics=False)
 
     models = lib.wait_models_loaded(api, server)
     assert models["good"].state == api.pb.ModelInfo.READY
-    for name in ("missing", "corrupt", "bad_sampling"):
+    for name in ("missing", "corrupt", "bad_sampling", "bad_bytes"):
         assert models[name].state == api.pb.ModelInfo.FAILED, models[name]
         assert models[name].failure_reason, models[name]
     assert "config.json" in models["corrupt"].failure_reason
     assert ("generation_config.json: field 'temperature' must be a number in [0, 100]"
             in models["bad_sampling"].failure_reason)
     assert missing in models["missing"].failure_reason
+    assert "'torch._\ufffdtils._rebuild_tensor_v2'" in models[
+        "bad_bytes"].failure_reason
     # It stays NOT_SERVING (polled over a while), but keeps running.
     for _ in range(10):
         assert lib.health_check(server.channel()) == "NOT_SERVING"
