@@ -5,8 +5,10 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "service/config/config_limits.h"
@@ -286,7 +288,21 @@ absl::Status ResolveModels(v1::ServerConfig* config) {
     return absl::InvalidArgumentError("models: at least one model is needed");
   }
   std::set<std::string> names;
+  // A name travels in every answer, metric label and log line: valid UTF-8
+  // (a client's protobuf library refuses anything else) on one line, and
+  // unique.
   const auto unique = [&](const std::string& field, const std::string& name) {
+    if (!IsValidUtf8(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " must be valid UTF-8, got \"", LossyUtf8(name), "\""));
+    }
+    for (const char c : name) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " must not hold control characters, got \"",
+                         absl::CEscape(name), "\""));
+      }
+    }
     if (names.insert(name).second) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         field, " \"", name, "\" is used by another model or alias"));

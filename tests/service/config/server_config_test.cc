@@ -149,6 +149,12 @@ TEST(ServerConfigTest, RejectsOutOfRangeFieldsNamingThem) {
        "models[0].adaptive.queue_depth"},
       {"models { model_dir: \"a/m\" } models { model_dir: \"b/m\" }",
        "models[1].name \"m\" is used by another model"},
+      {"models { model_dir: \"bad\\xc8name\" }",
+       "models[0].name must be valid UTF-8, got \"bad\xEF\xBF\xBDname\""},
+      {"models { model_dir: \"m\" aliases { name: \"a\\nb\" "
+       "activation_ratio: 0.5 } }",
+       "models[0].aliases[0].name must not hold control characters, got "
+       "\"a\\nb\""},
       {"models { model_dir: \"m\" aliases { activation_ratio: 0.5 } }",
        "models[0].aliases[0].name must be set"},
       {"models { model_dir: \"m\" aliases { name: \"m@0\" } }",
