@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "model/core/activation.h"
+#include "model/core/runtime.h"
 #include "service/engine/callback_thread.h"
 #include "service/engine/engine_loop.h"
 #include "service/engine/ratio_ceiling.h"
@@ -290,8 +291,11 @@ absl::StatusOr<std::unique_ptr<LanguageExecutor>> LanguageExecutor::Create(
   try {
     impl = std::make_unique<Impl>(resolved, model, metrics);
   } catch (const std::exception& e) {
+    // Whatever the allocator threw (LibTorch's CPU allocator: a plain
+    // c10::Error), without its backtrace: the operator's answer is fewer
+    // kv_blocks.
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate the KV cache: ", e.what()));
+        StatusFromException(e, "cannot allocate the KV cache").message());
   }
   if (metrics != nullptr) {
     metrics->SetKvCacheConfig(resolved.kv_block_size, resolved.kv_blocks);

@@ -62,9 +62,9 @@ void HostedModel::Load() {
     status = LoadUnchecked();
   } catch (const std::exception& e) {
     // LibTorch errors, failed allocations: a FAILED model, never a dead
-    // server. Their messages can carry a backtrace: keep the start.
-    status = absl::InternalError(
-        absl::StrCat("loading failed: ", Abbreviate(e.what(), 512)));
+    // server. LibTorch's message without its backtrace, cut short.
+    status = absl::InternalError(absl::StrCat(
+        "loading failed: ", Abbreviate(StatusFromException(e).message(), 512)));
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   absl::MutexLock lock(&mu_);
