@@ -314,6 +314,13 @@ void ConfigureProcess(const v1::ServerConfig& config) {
   SetAccessLog(config.access_log());
   ConfigureCpuAllocator();
   ConfigureCpuThreads(config.threads());
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (cores > 0 && config.threads() > cores) {
+    MOH_LOG(Warning) << "threads " << config.threads() << " is more than this "
+                     << "machine's " << cores
+                     << " hardware threads: the intra-op threads will wait "
+                        "on each other";
+  }
   MOH_LOG(Info) << LibTorchBuildSummary();
   MOH_LOG(Info) << "CPU: " << CpuThreadingSummary();
   SetGpuMemoryFraction(config.gpu_memory_fraction());

@@ -75,8 +75,10 @@ inline constexpr ConfigLimits<double> kDrainTimeoutSeconds{30.0, 0.001,
 inline constexpr ConfigLimits<double> kGpuMemoryFraction{
     1.0, 0.0, 1.0, /*min_exclusive=*/true};
 // threads: LibTorch intra-op threads; 0 (the default) leaves the choice to
-// model/core/runtime.h.
+// model/core/runtime.h. At most kMaxThreads: OpenMP starts them all at once
+// (4096 kept a 2-core machine from listening for over a minute).
 inline constexpr int32_t kMinThreads = 0;
+inline constexpr int32_t kMaxThreads = 1024;
 
 // max_message_mb: the largest request message, MiB.
 inline constexpr ConfigLimits<int32_t> kMaxMessageMb{64, 1, 1024};

@@ -231,8 +231,13 @@ absl::Status ResolveProcessLimits(v1::ServerConfig* config) {
   MOH_DEFAULT(config, drain_timeout_seconds,
               std::string("drain_timeout_seconds"),
               config_limits::kDrainTimeoutSeconds);
-  MOH_RETURN_IF_ERROR(AtLeast("threads", config->threads(),
-                              config_limits::kMinThreads, "the default"));
+  if (config->threads() < config_limits::kMinThreads ||
+      config->threads() > config_limits::kMaxThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be in [", config_limits::kMinThreads, ", ",
+                     config_limits::kMaxThreads, "] (0 = the default), got ",
+                     config->threads()));
+  }
   MOH_DEFAULT(config, gpu_memory_fraction, std::string("gpu_memory_fraction"),
               config_limits::kGpuMemoryFraction);
   MOH_DEFAULT(config, max_message_mb, std::string("max_message_mb"),
