@@ -338,19 +338,27 @@ def api_pb(message):
     return sys.modules[type(message).__module__]
 
 
-def test_random_generate_requests(api, server, stub, models, reference):
+def search(api, server, stub, reference, requests, call, expect):
+    """Draws `requests`, answers each with call(request): a client's error
+    or a result that expect(request, result) accepts; then the server is
+    unharmed."""
     @random_settings
-    @given(generate_requests(api.pb))
+    @given(requests)
     def check(request):
-        messages, error = outcome(lambda: lib.run_generate(stub, request))
+        answer, error = outcome(lambda: call(request))
         if error is not None:
             expect_client_error(error, request)
         else:
-            expect_generation(request, messages)
+            expect(request, answer)
         assert server.proc.poll() is None, "moh-server exited"
 
     check()
     expect_unharmed(api, server, stub, reference)
+
+
+def test_random_generate_requests(api, server, stub, models, reference):
+    search(api, server, stub, reference, generate_requests(api.pb),
+           lambda r: lib.run_generate(stub, r), expect_generation)
 
 
 def pngs(cut=False):
@@ -446,19 +454,8 @@ def expect_classes(request, response):
 
 
 def test_random_classify_requests(api, server, stub, models, reference):
-    @random_settings
-    @given(classify_requests(api.pb))
-    def check(request):
-        response, error = outcome(
-            lambda: stub.Classify(request, timeout=lib.RPC_TIMEOUT))
-        if error is not None:
-            expect_client_error(error, request)
-        else:
-            expect_classes(request, response)
-        assert server.proc.poll() is None, "moh-server exited"
-
-    check()
-    expect_unharmed(api, server, stub, reference)
+    search(api, server, stub, reference, classify_requests(api.pb),
+           lambda r: stub.Classify(r, timeout=lib.RPC_TIMEOUT), expect_classes)
 
 
 def image_requests(pb):
@@ -511,20 +508,10 @@ def expect_image(request, messages):
 
 
 def test_random_generate_image_requests(api, server, stub, models, reference):
-    @random_settings
-    @given(image_requests(api.pb))
-    def check(request):
-        messages, error = outcome(lambda: lib.drain_stream(
-            stub.GenerateImage(request, timeout=lib.RPC_TIMEOUT),
-            lib.RPC_TIMEOUT))
-        if error is not None:
-            expect_client_error(error, request)
-        else:
-            expect_image(request, messages)
-        assert server.proc.poll() is None, "moh-server exited"
-
-    check()
-    expect_unharmed(api, server, stub, reference)
+    search(api, server, stub, reference, image_requests(api.pb),
+           lambda r: lib.drain_stream(
+               stub.GenerateImage(r, timeout=lib.RPC_TIMEOUT),
+               lib.RPC_TIMEOUT), expect_image)
 
 
 def test_random_requests_at_once(api, server, stub, models, reference):
