@@ -689,7 +689,22 @@ def http_requests():
         {"messages": chat_messages(True, roles=("user", "assistant"))},
         {"messages": wild(chat_messages(False))},
         required=("model", "messages", "max_tokens"))
-    return st.one_of(completions, chat, messages)
+    model = (st.just("chat"), wild(st.sampled_from(["demo-vit", "nope", ""])))
+    tokenize = st.tuples(st.just("/tokenize"), mixed(
+        {"model": model[0], "prompt": texts(min_size=1),
+         "add_special_tokens": st.booleans(),
+         "return_token_strs": st.booleans()},
+        {"model": model[1], "prompt": wild(long_texts()),
+         "messages": wild(chat_messages(True)),
+         "add_generation_prompt": json_values(),
+         "add_special_tokens": json_values()},
+        required=("model", "prompt")))
+    detokenize = st.tuples(st.just("/detokenize"), mixed(
+        {"model": model[0], "tokens": st.lists(st.integers(0, 767),
+                                               max_size=40)},
+        {"model": model[1], "tokens": wild(token_ids(valid=False))},
+        required=("model", "tokens")))
+    return st.one_of(completions, chat, messages, tokenize, detokenize)
 
 
 def expect_http_answer(path, body, status, text):
@@ -700,7 +715,13 @@ def expect_http_answer(path, body, status, text):
         assert isinstance(error, dict) and error.get("message"), text
         return
     if body.get("stream") is True:
-        assert isinstance(text, str) and "data:" in text or "event:" in text
+        assert isinstance(text, str) and ("data:" in text or
+                                          "event:" in text), text
+    elif path == "/tokenize":
+        assert text["count"] == len(text["tokens"]), text
+        assert all(0 <= t < 768 for t in text["tokens"]), text
+    elif path == "/detokenize":
+        assert isinstance(text["prompt"], str), text
     elif path == "/v1/messages":
         assert text["type"] == "message" and text["stop_reason"], text
     else:
