@@ -56,6 +56,10 @@ UnparsableRequestCounter::UnparsableRequestCounter(Metrics* metrics)
            Rpc::kGenerate, v1::GenerateRequest::descriptor()->full_name()},
           {absl::StrCat("/", v1::Inference::service_full_name(), "/Classify"),
            Rpc::kClassify, v1::ClassifyRequest::descriptor()->full_name()},
+          {absl::StrCat("/", v1::Inference::service_full_name(),
+                        "/GenerateImage"),
+           Rpc::kGenerateImage,
+           v1::GenerateImageRequest::descriptor()->full_name()},
       }) {}
 
 grpc::experimental::Interceptor*

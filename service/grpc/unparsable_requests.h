@@ -20,8 +20,9 @@ class UnparsableRequestCounter
   // `metrics` outlives the server.
   explicit UnparsableRequestCounter(Metrics* metrics);
 
-  // An interceptor for moh.v1.Inference's Generate and Classify; null (no
-  // interception) for every other method.
+  // An interceptor for moh.v1.Inference's Generate, Classify and
+  // GenerateImage; null (no interception) for ListModels, whose request has
+  // no field to get wrong.
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
 

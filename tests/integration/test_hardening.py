@@ -252,10 +252,11 @@ def test_an_unparsable_request_is_invalid_argument_and_counted(
     channel = server.channel()
     # Field 1 (model, a string) whose length runs past the end of the message.
     garbage = b"\x0a\x7fshort"
-    for method, count in (("Generate", 2), ("Classify", 1)):
+    for method, count in (("Generate", 2), ("Classify", 1),
+                          ("GenerateImage", 1)):
         for _ in range(count):
-            if method == "Generate":
-                call = channel.unary_stream("/moh.v1.Inference/Generate")
+            if method != "Classify":
+                call = channel.unary_stream("/moh.v1.Inference/" + method)
                 with pytest.raises(grpc.RpcError) as e:
                     list(call(garbage, timeout=lib.RPC_TIMEOUT))
             else:
@@ -269,6 +270,8 @@ def test_an_unparsable_request_is_invalid_argument_and_counted(
                             rpc="Generate", code="INVALID_ARGUMENT") == 2
     assert lib.metric_value(samples, "moh_requests_total", model="",
                             rpc="Classify", code="INVALID_ARGUMENT") == 1
+    assert lib.metric_value(samples, "moh_requests_total", model="",
+                            rpc="GenerateImage", code="INVALID_ARGUMENT") == 1
     # The server goes on.
     stub = api.grpc.InferenceStub(channel)
     assert lib.run_generate(stub, lib.generate_request(
