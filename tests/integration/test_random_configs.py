@@ -113,6 +113,11 @@ def values_for(field):
     return scalars(field)
 
 
+def path_name(path):
+    """A drawn path's key ("model" or "server", then full field names)."""
+    return (path[0],) + tuple(f.full_name for f in path[1:])
+
+
 @st.composite
 def changes(draw, pb):
     model_fields = list(leaf_paths(pb.ModelConfig.DESCRIPTOR))
@@ -120,8 +125,7 @@ def changes(draw, pb):
     paths = [("server",) + p for p in server_fields] + [
         ("model",) + p for p in model_fields]
     chosen = draw(st.lists(st.sampled_from(paths), min_size=1, max_size=3,
-                           unique_by=lambda p: tuple(f.full_name for f in
-                                                     p[1:])))
+                           unique_by=path_name))
     return [(p, draw(values_for(p[-1]))) for p in chosen]
 
 

@@ -18,6 +18,7 @@ The draws are derandomized: the same examples in every run.
 MOH_RANDOM_EXAMPLES sets how many requests each test draws (default 40);
 raise it for a longer search by hand.
 """
+import functools
 import io
 import math
 import os
@@ -148,11 +149,25 @@ def texts(max_size=24, min_size=0):
                          "{\"a\": [1, 2]}", "\n\n", "<|endoftext|>"]))
 
 
+# Strategies take named functions, not lambdas: hypothesis describes each
+# draw's functions, a lambda by reading its source file again.
+def repeat(piece, times):
+    return piece * times
+
+
+def as_pixels(data):
+    return "pixels", ([3, 16, 16], data)
+
+
+def tag(rpc, request):
+    return rpc, request
+
+
 def long_texts():
     """Up to a few thousand characters (more tokens than the demo LM's
     256 positions hold)."""
-    return st.builds(lambda piece, times: piece * times,
-                     st.text(min_size=1, max_size=8), st.integers(1, 600))
+    return st.builds(repeat, st.text(min_size=1, max_size=8),
+                     st.integers(1, 600))
 
 
 def token_ids(valid=True):
@@ -409,8 +424,7 @@ def pixel_data(specials=0):
 
 
 def classify_requests(pb):
-    pixels = st.builds(lambda data: ("pixels", ([3, 16, 16], data)),
-                       pixel_data())
+    pixels = st.builds(as_pixels, pixel_data())
     valid = dict(ACTIVATION_VALID, **{
         "model": st.just("demo-vit"),
         "input": st.one_of(pixels, st.tuples(st.just("image"), pngs())),
@@ -428,8 +442,7 @@ def classify_requests(pb):
             st.tuples(st.just("image"), st.one_of(pngs(cut=True),
                                                   st.binary(max_size=64))),
             st.tuples(st.just("pixels"), any_shape),
-            st.builds(lambda data: ("pixels", ([3, 16, 16], data)),
-                      pixel_data(specials=4)),
+            st.builds(as_pixels, pixel_data(specials=4)),
             st.tuples(st.just("text"), st.one_of(texts(), long_texts()))),
         "labels": st.lists(texts(12), max_size=6),
         "top_n": int32s((-2, 8)),
@@ -541,9 +554,9 @@ def test_random_requests_at_once(api, server, stub, models, reference):
     checks = {"Generate": expect_generation, "Classify": expect_classes,
               "GenerateImage": expect_image}
     calls = st.one_of(
-        generate_requests(api.pb).map(lambda r: ("Generate", r)),
-        classify_requests(api.pb).map(lambda r: ("Classify", r)),
-        image_requests(api.pb).map(lambda r: ("GenerateImage", r)))
+        generate_requests(api.pb).map(functools.partial(tag, "Generate")),
+        classify_requests(api.pb).map(functools.partial(tag, "Classify")),
+        image_requests(api.pb).map(functools.partial(tag, "GenerateImage")))
     ends = st.sampled_from(["whole", "whole", "cancel", "deadline"])
 
     def run(rpc, request, end, timeout, barrier):
@@ -583,6 +596,61 @@ def test_random_requests_at_once(api, server, stub, models, reference):
     expect_unharmed(api, server, stub, reference)
 
 
+@st.composite
+def request_bytes(draw, pb):
+    """(method, bytes): a drawn request's wire bytes with a few bytes
+    overwritten, cut short or extended, or bytes from nowhere."""
+    method, request = draw(st.sampled_from([
+        ("Generate", generate_requests(pb)),
+        ("Classify", classify_requests(pb)),
+        ("GenerateImage", image_requests(pb))]))
+    data = bytearray(draw(request).SerializeToString())
+    how = draw(st.sampled_from(["overwrite", "cut", "extend", "random"]))
+    if how == "random" or not data:
+        return method, draw(st.binary(max_size=64))
+    if how == "cut":
+        return method, bytes(data[:draw(st.integers(0, len(data) - 1))])
+    if how == "extend":
+        return method, bytes(data) + draw(st.binary(min_size=1, max_size=16))
+    for _ in range(draw(st.integers(1, 4))):
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return method, bytes(data)
+
+
+def test_random_request_bytes(api, server, stub, models, reference):
+    """Wire bytes that may not parse as the method's message at all: the
+    answer is a result, or a client's error (INVALID_ARGUMENT naming the
+    message type when they do not parse), never INTERNAL."""
+    channel = server.channel()
+    responses = {"Generate": api.pb.GenerateResponse,
+                 "Classify": api.pb.ClassifyResponse,
+                 "GenerateImage": api.pb.GenerateImageResponse}
+
+    def call(method, data):
+        path = "/moh.v1.Inference/" + method
+        parse = responses[method].FromString
+        if method == "Classify":
+            return channel.unary_unary(path, response_deserializer=parse)(
+                data, timeout=lib.RPC_TIMEOUT)
+        return lib.drain_stream(channel.unary_stream(
+            path, response_deserializer=parse)(data, timeout=lib.RPC_TIMEOUT),
+            lib.RPC_TIMEOUT)
+
+    @random_settings
+    @given(request_bytes(api.pb))
+    def check(drawn):
+        method, data = drawn
+        _, error = outcome(lambda: call(method, data))
+        if error is not None:
+            code, details = error.code(), error.details()
+            assert code in CLIENT_ERRORS, (code, details)
+            assert details, code
+        assert server.proc.poll() is None, "moh-server exited"
+
+    check()
+    expect_unharmed(api, server, stub, reference)
+
+
 # --- HTTP ---
 
 
@@ -592,11 +660,12 @@ def json_values():
                        st.integers(-(1 << 70), 1 << 70),
                        st.floats(allow_nan=False, allow_infinity=False),
                        st.text(max_size=12))
-    return st.recursive(
-        leaves, lambda inner: st.one_of(
-            st.lists(inner, max_size=4),
-            st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-        max_leaves=8)
+    return st.recursive(leaves, json_containers, max_leaves=8)
+
+
+def json_containers(inner):
+    return st.one_of(st.lists(inner, max_size=4),
+                     st.dictionaries(st.text(max_size=8), inner, max_size=4))
 
 
 def numbers():
